@@ -1,0 +1,1 @@
+"""Shardflow stage logic: one module per stage plus the contracts stages share."""

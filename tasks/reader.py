@@ -1,0 +1,65 @@
+"""The public shard reader: the only way training, evaluation and benchmarks see data.
+
+It depends on the manifest and the record schema, never on the code that wrote the shards.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tasks.manifest import ShardManifest, load_manifest
+from tasks.schema import IMAGE_KEY, LABEL_KEY
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+
+def read_split(
+    shards_dir: str | Path,
+    split: str,
+    *,
+    batch_size: int,
+    training: bool,
+    seed: int | None = None,
+    shuffle_buffer: int = 2048,
+    manifest: ShardManifest | None = None,
+    with_metadata: bool = False,
+) -> tf.data.Dataset:
+    """Batched ``(images, labels)`` of one split: uint8 [B, H, W, 3] and int32 [B].
+
+    ``training=True`` shuffles files and records (reproducibly when ``seed`` is given) and
+    drops the last partial batch so every batch has a static shape. ``training=False``
+    reads in manifest order and keeps every record. The dataset's length is known from
+    the manifest without a scan. ``with_metadata=True`` yields the parsed feature dict
+    instead (adds ``content_hash`` and ``source``), for evaluation reports.
+    """
+    import tensorflow as tf
+
+    shards_dir = Path(shards_dir)
+    manifest = manifest or load_manifest(shards_dir)
+    info = manifest.split(split)
+    schema = manifest.record_schema
+    files = [str(shards_dir / shard.file) for shard in info.shards]
+    deterministic = seed is not None or not training
+
+    ds = tf.data.Dataset.from_tensor_slices(files)
+    # Shuffle the file order first, then interleave records from several files at once.
+    ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True) if training else ds
+    ds = ds.interleave(
+        lambda path: tf.data.TFRecordDataset(path, compression_type=manifest.compression_type),
+        cycle_length=min(len(files), 8) if training else 1,
+        block_length=1 if training else None,
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=deterministic,
+    )
+    ds = ds.apply(tf.data.experimental.assert_cardinality(info.num_records))
+    ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True) if training else ds
+    # Batch serialized records first so parsing and raw decoding are vectorised per batch.
+    ds = ds.batch(batch_size, drop_remainder=training)
+    ds = ds.map(
+        schema.parse_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic
+    )
+    if not with_metadata:
+        ds = ds.map(lambda features: (features[IMAGE_KEY], features[LABEL_KEY]))
+    return ds.prefetch(tf.data.AUTOTUNE)
