@@ -128,3 +128,61 @@ def flatten(section: BaseModel, prefix: str) -> dict[str, Any]:
         else:
             out[name] = value
     return out
+
+
+def _partial(model: type[BaseModel]) -> type[BaseModel]:
+    """The same fields as ``model``, each optional (None = keep the params.yaml value)."""
+    from pydantic import create_model
+
+    fields: dict[str, Any] = {
+        name: (info.annotation | None, None) for name, info in model.model_fields.items()
+    }
+    return create_model(f"{model.__name__}Override", __config__=ConfigDict(extra="forbid"), **fields)
+
+
+IngestOverride = _partial(IngestParams)
+ShardOverride = _partial(ShardParams)
+TrainOverride = _partial(TrainParams)
+EvaluateOverride = _partial(EvaluateParams)
+
+
+class ParamOverrides(_Strict):
+    """Typed per-run overrides of ``params.yaml`` (what a deployment run's ``--param`` sets)."""
+
+    ingest: IngestOverride | None = None  # type: ignore[valid-type]
+    shard: ShardOverride | None = None  # type: ignore[valid-type]
+    train: TrainOverride | None = None  # type: ignore[valid-type]
+    evaluate: EvaluateOverride | None = None  # type: ignore[valid-type]
+
+    def as_dict(self) -> dict[str, Any]:
+        """Only the values that were set, nested like params.yaml."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+def apply_overrides(path: str | Path, overrides: dict[str, Any]) -> Params:
+    """Write overrides into ``params.yaml`` (comments kept) and return the validated result.
+
+    The file stays the single source of truth, so `dvc status` and `dvc repro` agree with a
+    run that was started with overrides.
+    """
+    from ruamel.yaml import YAML
+
+    path = Path(path)
+    merged = load_params(path, overrides)  # validate before touching the file
+    if not overrides:
+        return merged
+    yaml_rt = YAML()
+    yaml_rt.preserve_quotes = True
+    document = yaml_rt.load(path.read_text()) if path.exists() else {}
+
+    def merge_into(node: Any, update: dict[str, Any]) -> None:
+        for key, value in update.items():
+            if isinstance(value, dict) and isinstance(node.get(key), dict):
+                merge_into(node[key], value)
+            else:
+                node[key] = value
+
+    merge_into(document, overrides)
+    with path.open("w") as handle:
+        yaml_rt.dump(document, handle)
+    return merged

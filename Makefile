@@ -1,0 +1,63 @@
+# Shardflow: `make run` trains a tracked model on the demo data; `make test` runs every check.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell sha256sum requirements.lock | cut -c1-16)
+
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export DO_NOT_TRACK := true
+export MLFLOW_DISABLE_TELEMETRY := true
+export DVC_NO_ANALYTICS := 1
+export TF_CPP_MIN_LOG_LEVEL := 2
+
+.PHONY: install run test lint demo-data serve stop ui bench lock clean
+
+install: $(STAMP)  ## create .venv from the hash-pinned lock (idempotent)
+
+$(STAMP): requirements.lock
+	@test -n "$(PYTHON)" || { echo "need python3.11 on PATH"; exit 1; }
+	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Python 3.11 needed, found {sys.version}"'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --require-hashes --no-deps -r requirements.lock
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+demo-data: install  ## generate the demo dataset into data/demo unless it exists
+	$(BIN)/python -m tasks.demo_data data/demo --if-missing
+
+run: install demo-data  ## the whole pipeline with `dvc repro` (starts a local Prefect server)
+	$(BIN)/python -m flows.server ensure
+	$(BIN)/dvc repro
+	@echo "Done. Metrics: metrics/eval.json; model: models/model.keras; reports/; plots/."
+	@echo "Compare runs: make ui (MLflow, 127.0.0.1:5000); Prefect UI: 127.0.0.1:4200."
+
+lint: install  ## ruff, mypy and the import-linter contract (training never imports shard code)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy tasks flows bench
+	$(BIN)/lint-imports
+
+test: install lint  ## every check and test
+	$(BIN)/pytest
+
+serve: install  ## Prefect server + a process serving the deployments, on 127.0.0.1
+	$(BIN)/python -m flows.server ensure
+	$(BIN)/python -m flows.deployments
+
+stop:  ## stop the Prefect server that `make run`/`make serve` started
+	$(BIN)/python -m flows.server stop
+
+ui: install  ## MLflow UI on 127.0.0.1:5000 over the project's tracking store
+	$(BIN)/mlflow ui --backend-store-uri $${MLFLOW_TRACKING_URI:-sqlite:///mlflow.db} --host 127.0.0.1 --port 5000
+
+bench: install  ## benchmarks -> reports/bench.json, reports/bench.png
+	$(BIN)/python -m bench
+
+lock:  ## recompile requirements.lock from requirements.in (needs uv)
+	uv pip compile --python-version 3.11 --generate-hashes --no-emit-index-url \
+	  --no-emit-find-links --no-header -o requirements.lock requirements.in
+
+clean:  ## remove generated data and outputs (keeps .venv and the tracking store)
+	rm -rf data/ingest data/shards models metrics plots reports .shardflow
