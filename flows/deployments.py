@@ -1,0 +1,42 @@
+"""Serve the deployments `pipeline/local`, `data/local` and `training/local`.
+
+``make serve`` runs this next to a local Prefect server; then, from the repo root,
+``prefect deployment run 'pipeline/local' --watch`` runs the pipeline through it.
+"""
+
+from __future__ import annotations
+
+from prefect import serve
+
+from flows.common import configure_environment
+from flows.data import data_flow
+from flows.pipeline import pipeline
+from flows.server import require_server
+from flows.training import training_flow
+
+
+def main() -> None:
+    configure_environment()
+    require_server()
+    serve(
+        pipeline.to_deployment(
+            name="local",
+            description="Data flow then training flow; skips stages DVC finds up to date.",
+            parameters={"params_path": "params.yaml", "root": "."},
+        ),
+        data_flow.to_deployment(
+            name="local",
+            description="ingest -> shard -> validate, recorded in dvc.lock.",
+            parameters={"dvc_bookkeeping": True},
+        ),
+        training_flow.to_deployment(
+            name="local",
+            description="train -> evaluate -> promote, recorded in dvc.lock.",
+            parameters={"dvc_bookkeeping": True},
+        ),
+        limit=1,  # one run at a time: runs share the working tree and dvc.lock
+    )
+
+
+if __name__ == "__main__":
+    main()

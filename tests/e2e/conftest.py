@@ -1,0 +1,120 @@
+"""End-to-end fixtures: a real Prefect server on a free loopback port, and a throwaway copy
+of the project (its own git repo, DVC cache and remote, tracking store) on tiny data."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flows.server import start_server, wait_healthy
+
+REPO = Path(__file__).resolve().parents[2]
+PROJECT_FILES = ["tasks", "flows", "dvc.yaml", "params.yaml", "prefect.toml", "pyproject.toml",
+                 ".dvc/config", ".dvcignore"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real `prefect server start` on 127.0.0.1 (SQLite in a temp PREFECT_HOME)."""
+    home = tmp_path_factory.mktemp("prefect_home")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/api"
+    env = {"PREFECT_HOME": str(home), "PREFECT_API_URL": url}
+    process = start_server("127.0.0.1", port, home / "server.log", env=env)
+    try:
+        wait_healthy(url, timeout=120, process=process)
+        yield url
+    finally:
+        os.killpg(process.pid, 15)
+        process.wait(timeout=30)
+
+
+def run(cmd: list[str], cwd: Path, env: dict[str, str], check: bool = True,
+        timeout: int = 600) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
+                            timeout=timeout, check=False)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {result.returncode}\n{result.stdout[-4000:]}"
+                             f"\n{result.stderr[-6000:]}")
+    return result
+
+
+class Project:
+    """A copy of the project in its own git repo, configured for tiny, fast runs."""
+
+    def __init__(self, root: Path, env: dict[str, str]) -> None:
+        self.root = root
+        self.env = env
+
+    def run(self, *cmd: str, check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+        return run(list(cmd), self.root, self.env, check=check, timeout=timeout)
+
+    def dvc(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self.run(sys.executable, "-m", "dvc", *args, check=check)
+
+    def set_params(self, **sections: dict[str, object]) -> None:
+        path = self.root / "params.yaml"
+        params = yaml.safe_load(path.read_text())
+        for section, values in sections.items():
+            params[section].update(values)
+        path.write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+@pytest.fixture
+def project(tmp_path: Path, prefect_server: str) -> Project:
+    from tasks.demo_data import generate
+
+    root = tmp_path / "project"
+    root.mkdir()
+    for name in PROJECT_FILES:
+        src, dst = REPO / name, root / name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, dst)
+    generate(root / "data" / "demo", per_class=14, min_size=24, max_size=48,
+             classes=("circle", "square", "stripes"))
+    bin_dir = str(Path(sys.executable).parent)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": str(root),
+        "PREFECT_API_URL": prefect_server,
+        "PREFECT_HOME": str(tmp_path / "prefect_client"),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "DO_NOT_TRACK": "true",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "DVC_NO_ANALYTICS": "1",
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+    }
+    proj = Project(root, env)
+    proj.set_params(
+        ingest={"splits": {"train": 0.6, "val": 0.2, "test": 0.2}, "workers": 1},
+        shard={"image_size": [24, 24], "target_shard_mb": 0.01, "workers": 2},
+        train={"epochs": 2, "batch_size": 8, "early_stopping_patience": 0},
+        evaluate={"top_k": 2},
+    )
+    proj.run("git", "init", "-q")
+    proj.run("git", "config", "user.email", "ci@shardflow.invalid")
+    proj.run("git", "config", "user.name", "ci")
+    proj.dvc("remote", "modify", "local", "url", str(tmp_path / "dvc-remote"))
+    (root / ".gitignore").write_text("/data/demo/\n/mlflow.db\n/.shardflow/\n")
+    proj.run("git", "add", "-A")
+    proj.run("git", "commit", "-qm", "project under test")
+    return proj

@@ -1,0 +1,92 @@
+"""`prefect deployment run 'pipeline/local'` against a real server and a serving process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.e2e.conftest import Project
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def served(project: Project) -> Iterator[Project]:
+    """`python -m flows.deployments` serving the three deployments from the project root."""
+    log = (project.root / "serve.log").open("w")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "flows.deployments"],
+        cwd=project.root,
+        env=project.env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            listing = project.run("prefect", "deployment", "ls", check=False).stdout
+            if all(name in listing for name in ("pipeline/local", "data/local", "training/local")):
+                break
+            assert process.poll() is None, (project.root / "serve.log").read_text()[-4000:]
+            time.sleep(1)
+        else:
+            raise AssertionError("deployments never appeared:\n" + listing)
+        yield project
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+        log.close()
+
+
+def deployment_run(project: Project, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return project.run("prefect", "deployment", "run", "pipeline/local", "--watch",
+                       "--watch-timeout", "900", *args, check=check, timeout=960)
+
+
+def test_pipeline_deployment_end_to_end(served: Project) -> None:
+    project = served
+    first = deployment_run(project, "--params", json.dumps({"overrides": {"train": {"epochs": 1}}}))
+    assert "Completed" in first.stdout
+
+    # The run's overrides landed in params.yaml, and dvc.lock records what the flow produced.
+    assert "epochs: 1" in (project.root / "params.yaml").read_text()
+    status = project.dvc("status").stdout
+    assert "up to date" in status, status
+
+    # The MLflow run carries the dataset fingerprint and the Prefect flow run id.
+    from mlflow.tracking import MlflowClient
+
+    manifest = json.loads((project.root / "data/shards/manifest.json").read_text())
+    client = MlflowClient(tracking_uri=project.env["MLFLOW_TRACKING_URI"])
+    runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    assert len(runs) == 1
+    run = runs[0]
+    values = {**run.data.params, **run.data.tags}
+    assert manifest["fingerprint"] in values.values()
+    assert any("prefect" in key and value for key, value in run.data.tags.items())
+    assert "accuracy" in " ".join(run.data.metrics)
+
+    # Nothing changed: the second run skips every stage and says so.
+    second = deployment_run(project)
+    assert "Completed" in second.stdout
+    log = (project.root / "serve.log").read_text()
+    for stage in ("ingest", "shard", "validate", "train", "evaluate"):
+        assert f"Stage '{stage}' is up to date" in log
+    runs_after = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    assert len(runs_after) == 1  # no new training run
+
+    # A failing stage fails the flow run with its message, and no training starts.
+    bad = deployment_run(
+        project,
+        "--param", 'overrides={"ingest": {"source_dir": "data/missing"}}',
+        check=False,
+    )
+    assert bad.returncode != 0 or "Failed" in bad.stdout
+    assert "data/missing" in (project.root / "serve.log").read_text()
+    runs_final = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    assert len(runs_final) == 1
