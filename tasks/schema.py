@@ -151,7 +151,9 @@ class RecordSchema:
                 features[IMAGE_KEY],
                 fn_output_signature=tf.TensorSpec(self.image_shape, tf.uint8),
             )
-        images = tf.ensure_shape(images, (None, *self.image_shape))
+        # parse_example keeps a static batch size (drop_remainder batches); reshape(-1) loses it.
+        batch_size = features[LABEL_KEY].shape[0]
+        images = tf.ensure_shape(images, (batch_size, *self.image_shape))
         return {
             IMAGE_KEY: images,
             LABEL_KEY: tf.cast(features[LABEL_KEY], tf.int32),

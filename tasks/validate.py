@@ -1,0 +1,433 @@
+"""Validate stage: re-read every shard and check it against the manifest and the ingest index.
+
+Bad data never raises here: each problem becomes a failed, named check in
+``reports/validation.json`` (plus a Markdown summary). The flow calls :func:`raise_if_failed`
+after the report is written, so the stage exits non-zero with the evidence on disk.
+
+Checks: ``manifest``, ``files``, ``records``, ``labels``, ``class_counts``, ``leakage`` and,
+with an index, ``index``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tasks.manifest import MANIFEST_NAME, SPLITS, ShardManifest, file_sha256
+from tasks.schema import HASH_KEY, LABEL_KEY, RecordSchema
+
+BATCH_SIZE = 256
+MAX_EXAMPLES = 20  # failures listed per check; the counts are always complete
+
+
+class ValidationFailed(RuntimeError):
+    """The shard set failed validation; the message names the failed checks."""
+
+
+@dataclass
+class ShardContents:
+    """What re-reading one shard found: labels and hashes in file order, and any error."""
+
+    split: str
+    file: str
+    labels: list[int] = field(default_factory=list)
+    hashes: list[str] = field(default_factory=list)
+    error: dict[str, Any] | None = None  # {"file", "record_index", "error"}
+
+
+def check(name: str, problems: list[Any], ok: str, bad: str, **details: Any) -> dict[str, Any]:
+    """One report entry; fails when ``problems`` is non-empty (the first few are listed)."""
+    details = {**details, "problems": len(problems)}
+    if problems:
+        details["examples"] = problems[:MAX_EXAMPLES]
+    return {
+        "name": name,
+        "passed": not problems,
+        "message": bad if problems else ok,
+        "details": details,
+    }
+
+
+# -- manifest and files ----------------------------------------------------------------------
+
+
+def load_manifest_lenient(shards_dir: Path) -> tuple[ShardManifest | None, dict[str, Any]]:
+    """Parse the manifest even when its fingerprint is off, so the other checks still run."""
+    path = shards_dir / MANIFEST_NAME
+    if not path.exists():
+        return None, check(
+            "manifest", [f"{path}: missing"], "", f"{path}: no manifest; run the shard stage"
+        )
+    try:
+        manifest = ShardManifest.model_validate_json(path.read_text())
+        manifest.record_schema  # noqa: B018 - raises SchemaError on an unsupported version
+    except Exception as exc:  # any parse or schema error is a failed check
+        return None, check("manifest", [str(exc)], "", f"{path}: unreadable: {exc}")
+    problems: list[str] = []
+    if manifest.fingerprint != manifest.compute_fingerprint():
+        problems.append(f"{path}: fingerprint does not match its contents (edited by hand?)")
+    for name, info in manifest.splits.items():
+        total = sum(s.num_records for s in info.shards)
+        if not info.num_records == total == sum(info.class_counts.values()):
+            problems.append(
+                f"{path}: split {name!r} num_records {info.num_records}, shards hold {total}, "
+                f"class_counts sum to {sum(info.class_counts.values())}"
+            )
+    details = {"fingerprint": manifest.fingerprint, "schema": manifest.schema_}
+    return manifest, check(
+        "manifest", problems, "manifest loads and is consistent", "; ".join(problems), **details
+    )
+
+
+def check_files(manifest: ShardManifest, shards_dir: Path) -> dict[str, Any]:
+    """Every shard exists with the manifest's size and sha256."""
+    problems: list[dict[str, Any]] = []
+    total = 0
+    for info in manifest.splits.values():
+        for shard in info.shards:
+            path = shards_dir / shard.file
+            if not path.is_file():
+                problems.append({"file": shard.file, "problem": "missing"})
+                continue
+            size = path.stat().st_size
+            total += size
+            if size != shard.bytes:
+                problems.append(
+                    {"file": shard.file, "problem": f"size {size} != manifest {shard.bytes}"}
+                )
+            elif file_sha256(path) != shard.sha256:
+                problems.append({"file": shard.file, "problem": "sha256 differs from manifest"})
+    message = "; ".join(f"{p['file']}: {p['problem']}" for p in problems[:5])
+    shards = sum(len(i.shards) for i in manifest.splits.values())
+    return check(
+        "files",
+        problems,
+        f"{shards} shards match sizes and sha256",
+        message,
+        shards=shards,
+        bytes=total,
+    )
+
+
+# -- reading records -------------------------------------------------------------------------
+
+
+def read_shards(manifest: ShardManifest, shards_dir: Path) -> list[ShardContents]:
+    """Labels and hashes of every record of every existing shard, in manifest order.
+
+    Fast path: one tf.data pipeline over all files (batched parse and decode). If it hits an
+    error, each file is read on its own and a failing file is scanned record by record.
+    """
+    targets = [
+        ShardContents(split, shard.file)
+        for split, info in manifest.splits.items()
+        for shard in info.shards
+        if (shards_dir / shard.file).is_file()
+    ]
+    if not targets:
+        return targets
+    schema = manifest.record_schema
+    compression = manifest.compression_type
+    try:
+        _read_fast(schema, compression, [shards_dir / t.file for t in targets], targets)
+        return targets
+    except Exception:  # any tf error sends us to the slow path that locates it
+        pass
+    for target in targets:
+        target.labels, target.hashes = [], []
+        try:
+            _read_fast(schema, compression, [shards_dir / target.file], [target])
+        except Exception:
+            target.labels, target.hashes = [], []
+            _scan_records(schema, compression, shards_dir / target.file, target)
+    return targets
+
+
+def _read_fast(
+    schema: RecordSchema, compression: str, paths: list[Path], targets: list[ShardContents]
+) -> None:
+    import tensorflow as tf
+
+    def file_batches(file_index: Any, path: Any) -> Any:
+        records = tf.data.TFRecordDataset(path, compression_type=compression)
+        # Batches never straddle files, so each batch carries its file's index.
+        return records.batch(BATCH_SIZE).map(lambda s: (file_index, schema.parse_batch(s)))
+
+    files = tf.data.Dataset.from_tensor_slices(
+        (tf.range(len(paths), dtype=tf.int64), [str(p) for p in paths])
+    )
+    ds = files.flat_map(file_batches).prefetch(tf.data.AUTOTUNE)
+    for file_index, features in ds:
+        target = targets[int(file_index)]
+        target.labels.extend(int(v) for v in features[LABEL_KEY].numpy())
+        target.hashes.extend(v.decode() for v in features[HASH_KEY].numpy())
+
+
+def _scan_records(
+    schema: RecordSchema, compression: str, path: Path, target: ShardContents
+) -> None:
+    """Read one file a record at a time; stop at the first bad record and note its index."""
+    import tensorflow as tf
+
+    iterator = iter(tf.data.TFRecordDataset(str(path), compression_type=compression))
+    position = 0
+    while True:
+        try:
+            serialized = next(iterator)
+        except StopIteration:
+            return
+        except tf.errors.OpError as exc:  # DataLossError: CRC mismatch or truncated file
+            target.error = _record_error(path, position, exc)
+            return
+        try:
+            features = schema.parse_single(serialized)
+        except (tf.errors.OpError, ValueError) as exc:
+            target.error = _record_error(path, position, exc)
+            return
+        target.labels.append(int(features[LABEL_KEY].numpy()))
+        target.hashes.append(features[HASH_KEY].numpy().decode())
+        position += 1
+
+
+def _record_error(path: Path, position: int, exc: Exception) -> dict[str, Any]:
+    """Where a record failed and why, without TensorFlow's op-name decorations."""
+    message = getattr(exc, "message", None) or str(exc)
+    message = re.sub(r"\{\{function_node [^}]*\}\}\s*|\s*\[Op:\w+\].*$", "", message.strip())
+    error = f"{type(exc).__name__}: {message.splitlines()[0] if message else ''}"
+    return {"file": path.name, "record_index": position, "error": error}
+
+
+def check_records(manifest: ShardManifest, contents: list[ShardContents]) -> dict[str, Any]:
+    """Every record parses and decodes to the declared shape; counts match the manifest."""
+    expected = {s.file: s.num_records for info in manifest.splits.values() for s in info.shards}
+    read = {t.file for t in contents}
+    problems: list[dict[str, Any]] = [
+        {"file": name, "problem": "missing, no records read"}
+        for name in expected
+        if name not in read
+    ]
+    for target in contents:
+        if target.error:
+            problems.append(target.error)
+        elif len(target.labels) != expected[target.file]:
+            problems.append(
+                {
+                    "file": target.file,
+                    "problem": f"{len(target.labels)} records, manifest: {expected[target.file]}",
+                }
+            )
+    message = "; ".join(_describe(p) for p in problems[:5])
+    records = sum(len(t.labels) for t in contents)
+    shape = list(manifest.record_schema.image_shape)
+    ok = f"{records} records parse and decode to {shape}"
+    return check("records", problems, ok, message, records=records, image_shape=shape)
+
+
+def _describe(problem: dict[str, Any]) -> str:
+    if "record_index" in problem:
+        return f"{problem['file']} record {problem['record_index']}: {problem['error']}"
+    return f"{problem['file']}: {problem['problem']}"
+
+
+# -- content checks --------------------------------------------------------------------------
+
+
+def check_labels(manifest: ShardManifest, contents: list[ShardContents]) -> dict[str, Any]:
+    """Every label indexes into the manifest's classes."""
+    num_classes = len(manifest.classes)
+    problems = [
+        {"file": t.file, "record_index": i, "label": label}
+        for t in contents
+        for i, label in enumerate(t.labels)
+        if not 0 <= label < num_classes
+    ]
+    message = f"{len(problems)} labels outside [0, {num_classes})" + "".join(
+        f"; {p['file']} record {p['record_index']}: label {p['label']}" for p in problems[:3]
+    )
+    return check(
+        "labels", problems, f"all labels in [0, {num_classes})", message, num_classes=num_classes
+    )
+
+
+def check_class_counts(manifest: ShardManifest, contents: list[ShardContents]) -> dict[str, Any]:
+    """Per split and class, the records read equal the manifest's class_counts."""
+    problems: list[dict[str, Any]] = []
+    for split, info in manifest.splits.items():
+        seen = Counter(label for t in contents if t.split == split for label in t.labels)
+        for index, name in enumerate(manifest.classes):
+            declared = info.class_counts.get(name, 0)
+            if seen[index] != declared:
+                problems.append(
+                    {"split": split, "class": name, "manifest": declared, "found": seen[index]}
+                )
+    message = "; ".join(
+        f"{p['split']}/{p['class']}: manifest {p['manifest']}, found {p['found']}"
+        for p in problems[:5]
+    )
+    return check("class_counts", problems, "class counts match the manifest", message)
+
+
+def check_leakage(contents: list[ShardContents]) -> dict[str, Any]:
+    """No content hash in two splits, and none twice within a split."""
+    where: dict[str, list[tuple[str, str, int]]] = defaultdict(list)
+    for target in contents:
+        for position, digest in enumerate(target.hashes):
+            where[digest].append((target.split, target.file, position))
+    problems: list[dict[str, Any]] = []
+    for digest, places in where.items():
+        if len(places) < 2:
+            continue
+        splits = sorted({split for split, _, _ in places})
+        kind = (
+            "leak across splits " + "/".join(splits)
+            if len(splits) > 1
+            else f"duplicate in {splits[0]}"
+        )
+        problems.append(
+            {"content_hash": digest, "problem": kind, "records": [f"{f}#{i}" for _, f, i in places]}
+        )
+    leaks = sum(1 for p in problems if p["problem"].startswith("leak"))
+    dupes = len(problems) - leaks
+    message = f"{leaks} contents in more than one split, {dupes} duplicated within a split"
+    return check(
+        "leakage", problems, "no content in two splits or twice in one", message, leaks=leaks
+    )
+
+
+def check_index(
+    index_path: Path, manifest: ShardManifest, contents: list[ShardContents]
+) -> dict[str, Any]:
+    """Every accepted index record is in the shards exactly once, with its split and label."""
+    from tasks.ingest import load_index
+
+    try:
+        index = load_index(index_path)
+    except (OSError, ValueError) as exc:
+        return check("index", [str(exc)], "", str(exc))
+    found: dict[str, list[tuple[str, int]]] = defaultdict(list)
+    for target in contents:
+        for digest, label in zip(target.hashes, target.labels, strict=True):
+            found[digest].append((target.split, label))
+    problems: list[dict[str, Any]] = []
+    for record in index["records"]:
+        seen = found.pop(record["sha256"], [])
+        want = (record["split"], int(record["label_index"]))
+        if seen != [want]:
+            problems.append(
+                {"path": record["path"], "index": list(want), "shards": [list(s) for s in seen]}
+            )
+    extra = [
+        {"content_hash": digest, "shards": [list(s) for s in places]}
+        for digest, places in found.items()
+    ]
+    if list(index["classes"]) != manifest.classes:
+        problems.append(
+            {"problem": f"index classes {index['classes']} != manifest {manifest.classes}"}
+        )
+    message = (
+        f"{len(problems)} index records missing or mismatched, "
+        f"{len(extra)} shard records not in the index"
+    )
+    ok = f"all {len(index['records'])} index records present once with their split and label"
+    return check(
+        "index",
+        problems + extra,
+        ok,
+        message,
+        index_records=len(index["records"]),
+        missing_or_mismatched=len(problems),
+        extra=len(extra),
+    )
+
+
+# -- the stage -------------------------------------------------------------------------------
+
+
+def run_validate(
+    shards_dir: Path, report_path: Path, summary_path: Path, *, index_path: Path | None = None
+) -> dict[str, Any]:
+    """Check a shard set; write the JSON report and Markdown summary; return the report."""
+    shards_dir = Path(shards_dir)
+    manifest, manifest_check = load_manifest_lenient(shards_dir)
+    checks = [manifest_check]
+    contents: list[ShardContents] = []
+    if manifest is not None:
+        contents = read_shards(manifest, shards_dir)
+        checks += [
+            check_files(manifest, shards_dir),
+            check_records(manifest, contents),
+            check_labels(manifest, contents),
+            check_class_counts(manifest, contents),
+            check_leakage(contents),
+        ]
+        if index_path is not None:
+            checks.append(check_index(Path(index_path), manifest, contents))
+    report = {
+        "passed": all(c["passed"] for c in checks),
+        "fingerprint": manifest.fingerprint if manifest else None,
+        "shards_dir": str(shards_dir),
+        "num_records": {
+            s: sum(len(t.labels) for t in contents if t.split == s) for s in _splits(manifest)
+        },
+        "checks": checks,
+    }
+    _write_atomic(Path(report_path), json.dumps(report, indent=2, sort_keys=True) + "\n")
+    _write_atomic(Path(summary_path), summary_markdown(report))
+    return report
+
+
+def raise_if_failed(report: dict[str, Any]) -> None:
+    """Raise :class:`ValidationFailed` naming each failed check and its message."""
+    failed = [c for c in report["checks"] if not c["passed"]]
+    if failed:
+        reasons = "; ".join(f"{c['name']}: {c['message']}" for c in failed)
+        raise ValidationFailed(
+            f"shard validation failed for {report.get('shards_dir')} ({reasons}); "
+            "see reports/validation.json, then fix the data or rerun the shard stage"
+        )
+
+
+def summary_markdown(report: dict[str, Any]) -> str:
+    """Human-readable summary: verdict, records per split, one table row per check."""
+    verdict = "PASSED" if report["passed"] else "FAILED"
+    lines = [
+        f"# Shard validation: {verdict}",
+        "",
+        f"- shards: `{report['shards_dir']}`",
+        f"- fingerprint: `{report['fingerprint']}`",
+        "- records: " + ", ".join(f"{s} {n}" for s, n in report["num_records"].items()),
+        "",
+        "| check | result | message | figures |",
+        "|---|---|---|---|",
+    ]
+    for c in report["checks"]:
+        figures = ", ".join(
+            f"{k}={v}"
+            for k, v in c["details"].items()
+            if isinstance(v, int | float | str) and k != "fingerprint"
+        )
+        message = str(c["message"]).replace("|", "\\|")
+        lines.append(
+            f"| {c['name']} | {'pass' if c['passed'] else '**FAIL**'} | {message} | {figures} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _splits(manifest: ShardManifest | None) -> list[str]:
+    if manifest is None:
+        return []
+    return [s for s in SPLITS if s in manifest.splits] + [
+        s for s in manifest.splits if s not in SPLITS
+    ]
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)

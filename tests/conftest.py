@@ -1,0 +1,76 @@
+"""Shared fixtures: tiny synthetic image folders under ``tmp_path`` (no network, no demo data)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+TINY_CLASSES = {"blue": (40, 40, 200), "green": (40, 200, 40), "red": (200, 40, 40)}
+
+
+def write_image_folder(root: Path, *, per_class: int = 12, seed: int = 0) -> Path:
+    """Write ``root/<class>/<i>.png|jpg``: noisy solid colours, 20-60 px, every file distinct."""
+    rng = np.random.default_rng(seed)
+    for name, colour in TINY_CLASSES.items():
+        class_dir = root / name
+        class_dir.mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            height, width = (int(v) for v in rng.integers(20, 61, size=2))
+            noise = rng.integers(-40, 41, size=(height, width, 3))
+            pixels = np.clip(np.array(colour) + noise, 0, 255).astype(np.uint8)
+            suffix = "jpg" if i % 3 == 0 else "png"  # both decoders get exercised
+            Image.fromarray(pixels, mode="RGB").save(class_dir / f"{i:03d}.{suffix}")
+    return root
+
+
+@pytest.fixture
+def tiny_dataset(tmp_path: Path) -> Path:
+    """A 3-class x 12-image folder dataset; returns the source dir."""
+    return write_image_folder(tmp_path / "images")
+
+
+@pytest.fixture(scope="session")
+def tiny_index(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Ingest index of a tiny dataset (splits 0.5/0.25/0.25, none empty); shared, read-only."""
+    from tasks.ingest import run_ingest
+    from tasks.params import IngestParams, SplitFractions
+
+    root = tmp_path_factory.mktemp("tiny_index")
+    source = write_image_folder(root / "images")
+    splits = SplitFractions(train=0.5, val=0.25, test=0.25)
+    params = IngestParams(source_dir=str(source), splits=splits, workers=1)
+    run_ingest(params, root / "index.json", root / "ingest.json")
+    return root / "index.json"
+
+
+# -- training side (tiny validated shards, offline tracking) ---------------------------------
+
+# No telemetry or analytics calls from tests (offline CI); set before mlflow/prefect import.
+for _name, _value in {
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DO_NOT_TRACK": "true",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "TF_CPP_MIN_LOG_LEVEL": "2",
+}.items():
+    os.environ.setdefault(_name, _value)
+
+
+@pytest.fixture
+def tiny_shards(tmp_path: Path) -> Path:
+    """A project root with validated 3-class 16x16 shards (train 72, val 18, test 30)."""
+    from tests.tiny_shards import write_tiny_shards
+
+    write_tiny_shards(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture
+def mlflow_uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Point MLflow at a SQLite store under ``tmp_path``."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    return uri

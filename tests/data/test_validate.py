@@ -1,0 +1,232 @@
+"""Validation of real shard sets: a clean set passes, each kind of damage fails its named check."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tasks.manifest import MANIFEST_NAME, ShardFile, ShardManifest, build_manifest, file_sha256
+from tasks.params import ShardParams
+from tasks.shard import run_shard
+from tasks.validate import ValidationFailed, raise_if_failed, run_validate
+
+ALL_CHECKS = ["manifest", "files", "records", "labels", "class_counts", "leakage", "index"]
+
+
+@pytest.fixture(scope="module")
+def clean_shards(tiny_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    shards_dir = tmp_path_factory.mktemp("clean") / "shards"
+    params = ShardParams(image_size=(16, 16), target_shard_mb=0.002, workers=1)
+    run_shard(params, tiny_index, shards_dir)
+    return shards_dir
+
+
+@pytest.fixture
+def shards(clean_shards: Path, tmp_path: Path) -> Path:
+    """A private copy of the clean shard set, free to damage."""
+    return Path(shutil.copytree(clean_shards, tmp_path / "shards"))
+
+
+def validate(shards_dir: Path, index: Path | None = None) -> dict[str, Any]:
+    reports = shards_dir.parent / "reports"
+    return run_validate(
+        shards_dir, reports / "validation.json", reports / "validation.md", index_path=index
+    )
+
+
+def failed(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in report["checks"] if not c["passed"]}
+
+
+def load(shards_dir: Path) -> ShardManifest:
+    return ShardManifest.model_validate_json((shards_dir / MANIFEST_NAME).read_text())
+
+
+def save(shards_dir: Path, manifest: ShardManifest, *, refingerprint: bool) -> None:
+    if refingerprint:
+        manifest.fingerprint = manifest.compute_fingerprint()
+    (shards_dir / MANIFEST_NAME).write_text(manifest.to_json())
+
+
+def test_clean_set_passes_every_check(shards: Path, tiny_index: Path) -> None:
+    report = validate(shards, tiny_index)
+    manifest = load(shards)
+    assert report["passed"] is True
+    assert [c["name"] for c in report["checks"]] == ALL_CHECKS
+    assert all(c["passed"] for c in report["checks"])
+    assert report["fingerprint"] == manifest.fingerprint
+    assert report["num_records"] == {s: i.num_records for s, i in manifest.splits.items()}
+    on_disk = json.loads((shards.parent / "reports" / "validation.json").read_text())
+    assert on_disk == report
+    summary = (shards.parent / "reports" / "validation.md").read_text()
+    assert "PASSED" in summary and "| records | pass |" in summary
+    raise_if_failed(report)  # no exception
+
+
+@pytest.mark.parametrize("encoding", ["jpeg", "png"])
+def test_encoded_clean_sets_pass(encoding: str, tiny_index: Path, tmp_path: Path) -> None:
+    params = ShardParams(image_size=(16, 16), target_shard_mb=0.001, encoding=encoding, workers=1)
+    manifest = run_shard(params, tiny_index, tmp_path / "shards")
+    report = validate(tmp_path / "shards", tiny_index)
+    assert report["passed"] is True, failed(report)
+    assert report["checks"][2]["details"]["records"] == sum(
+        i.num_records for i in manifest.splits.values()
+    )
+
+
+def test_flipped_byte_names_the_shard_and_record(shards: Path) -> None:
+    target = load(shards).split("train").shards[1].file
+    data = bytearray((shards / target).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (shards / target).write_bytes(bytes(data))
+
+    report = validate(shards)
+    bad = failed(report)
+    assert report["passed"] is False
+    assert target in bad["files"]["message"]
+    corrupt = bad["records"]["details"]["examples"][0]
+    assert corrupt["file"] == target and isinstance(corrupt["record_index"], int)
+    assert "DataLossError" in corrupt["error"]
+    assert "manifest" not in bad and "leakage" not in bad
+    summary = (shards.parent / "reports" / "validation.md").read_text()
+    assert "| files | **FAIL** |" in summary and target in summary
+    with pytest.raises(ValidationFailed, match=rf"files: {target}"):
+        raise_if_failed(report)
+
+
+def test_flipped_byte_in_gzip_shard_is_located(tiny_index: Path, tmp_path: Path) -> None:
+    params = ShardParams(image_size=(16, 16), target_shard_mb=0.002, workers=1, compression="gzip")
+    manifest = run_shard(params, tiny_index, tmp_path / "shards")
+    target = manifest.split("val").shards[0].file
+    data = bytearray((tmp_path / "shards" / target).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (tmp_path / "shards" / target).write_bytes(bytes(data))
+    bad = failed(validate(tmp_path / "shards"))
+    assert bad["records"]["details"]["examples"][0]["file"] == target
+    assert target in bad["files"]["message"]
+
+
+def test_truncated_shard_fails_files_and_records(shards: Path) -> None:
+    target = load(shards).split("test").shards[0].file
+    data = (shards / target).read_bytes()
+    (shards / target).write_bytes(data[: len(data) - 10])
+    bad = failed(validate(shards))
+    assert "size" in bad["files"]["message"] and target in bad["files"]["message"]
+    assert bad["records"]["details"]["examples"][0]["file"] == target
+
+
+def test_hand_edited_counts_fail_manifest_and_class_counts(shards: Path) -> None:
+    manifest = load(shards)
+    counts = manifest.splits["train"].class_counts
+    first, second = list(counts)[:2]
+    counts[first] += 1
+    counts[second] -= 1  # totals still add up: only the fingerprint and the data disagree
+    save(shards, manifest, refingerprint=False)
+
+    report = validate(shards)
+    bad = failed(report)
+    assert set(bad) == {"manifest", "class_counts"}
+    assert "fingerprint" in bad["manifest"]["message"]
+    assert f"train/{first}" in bad["class_counts"]["message"]
+    with pytest.raises(ValidationFailed, match=r"manifest: .*class_counts: "):
+        raise_if_failed(report)
+
+
+def test_shard_count_off_by_one_fails_records(shards: Path) -> None:
+    manifest = load(shards)
+    shard = manifest.splits["val"].shards[0]
+    manifest.splits["val"].shards[0] = shard.model_copy(
+        update={"num_records": shard.num_records + 1}
+    )
+    manifest.splits["val"].num_records += 1
+    first_class = manifest.classes[0]
+    manifest.splits["val"].class_counts[first_class] += 1
+    save(shards, manifest, refingerprint=True)  # self-consistent manifest, wrong about the data
+
+    bad = failed(validate(shards))
+    assert "records" in bad and "manifest" not in bad
+    assert shard.file in bad["records"]["message"]
+
+
+def test_split_leak_fails_leakage(shards: Path, tiny_index: Path) -> None:
+    manifest = load(shards)
+    leaked = manifest.splits["train"].shards[0]
+    copy_name = "test.tfrecord-leaked"
+    shutil.copyfile(shards / leaked.file, shards / copy_name)
+    splits = manifest.splits
+    splits["test"].shards.append(
+        ShardFile(
+            file=copy_name,
+            num_records=leaked.num_records,
+            bytes=leaked.bytes,
+            sha256=file_sha256(shards / copy_name),
+        )
+    )
+    splits["test"].num_records += leaked.num_records
+    splits["test"].class_counts = {
+        name: splits["test"].class_counts[name] + _count(shards, leaked.file, i)
+        for i, name in enumerate(manifest.classes)
+    }
+    rebuilt = build_manifest(manifest.record_schema, manifest.classes, "none", splits)
+    save(shards, rebuilt, refingerprint=False)
+
+    report = validate(shards)
+    assert set(failed(report)) == {"leakage"}
+    leak = failed(report)["leakage"]
+    assert leak["details"]["leaks"] == leaked.num_records
+    assert "leak across splits test/train" in {e["problem"] for e in leak["details"]["examples"]}
+    assert "index" in failed(validate(shards, tiny_index))  # extra records vs the index
+    with pytest.raises(ValidationFailed, match="leakage: "):
+        raise_if_failed(report)
+
+
+def _count(shards: Path, file: str, label: int) -> int:
+    """Records of one class in one shard, read independently of the validator."""
+    import tensorflow as tf
+
+    schema = load(shards).record_schema
+    ds = tf.data.TFRecordDataset(str(shards / file)).map(schema.parse_single)
+    return sum(int(f["label"]) == label for f in ds)
+
+
+def test_labels_out_of_range_are_reported(shards: Path) -> None:
+    manifest = load(shards)
+    dropped = manifest.classes[-1]
+    for info in manifest.splits.values():
+        del info.class_counts[dropped]
+    truncated = build_manifest(
+        manifest.record_schema, manifest.classes[:-1], "none", manifest.splits
+    )
+    save(shards, truncated, refingerprint=False)
+    bad = failed(validate(shards))
+    assert "labels" in bad
+    example = bad["labels"]["details"]["examples"][0]
+    assert example["label"] == 2 and example["file"].endswith(tuple("012345678"))
+
+
+def test_index_mismatch_names_the_record(shards: Path, tiny_index: Path, tmp_path: Path) -> None:
+    index = json.loads(tiny_index.read_text())
+    record = next(r for r in index["records"] if r["split"] == "train")
+    record["split"] = "val"
+    edited = tmp_path / "index.json"
+    edited.write_text(json.dumps(index))
+    bad = failed(validate(shards, edited))
+    assert set(bad) == {"index"}
+    assert bad["index"]["details"]["examples"][0]["path"] == record["path"]
+
+
+def test_missing_shard_and_missing_manifest(shards: Path) -> None:
+    target = load(shards).split("train").shards[0].file
+    (shards / target).unlink()
+    bad = failed(validate(shards))
+    assert f"{target}: missing" in bad["files"]["message"] and "records" in bad
+
+    (shards / MANIFEST_NAME).unlink()
+    report = validate(shards)  # a report, not an exception
+    assert report["passed"] is False and set(failed(report)) == {"manifest"}
+    with pytest.raises(ValidationFailed, match=r"manifest: .*no manifest"):
+        raise_if_failed(report)

@@ -1,0 +1,237 @@
+"""The shard stage: resize policies, deterministic plans and bytes, resume, reading back."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+from tasks.ingest import load_index
+from tasks.manifest import MANIFEST_NAME, load_manifest
+from tasks.params import ShardParams
+from tasks.reader import read_split
+from tasks.schema import HASH_KEY, LABEL_KEY
+from tasks.shard import plan_shards, resize_image, run_shard, write_shard
+
+SIZE = (16, 16)
+TINY = 0.002  # MiB: about two 16x16 raw records per shard, so every split has several shards
+
+
+def params(**overrides: object) -> ShardParams:
+    values: dict[str, object] = {"image_size": SIZE, "target_shard_mb": TINY, "workers": 1}
+    return ShardParams.model_validate({**values, **overrides})
+
+
+def digests(folder: Path) -> dict[str, str]:
+    """sha256 of every file in a folder (hidden plan file and manifest included)."""
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+# -- resize ----------------------------------------------------------------------------------
+
+
+def bands(width: int, height: int) -> Image.Image:
+    """Three vertical bands: red | green | blue."""
+    pixels = np.zeros((height, width, 3), np.uint8)
+    third = width // 3
+    pixels[:, :third, 0] = 255
+    pixels[:, third : 2 * third, 1] = 255
+    pixels[:, 2 * third :, 2] = 255
+    return Image.fromarray(pixels, mode="RGB")
+
+
+@pytest.mark.parametrize("policy", ["pad", "crop", "stretch"])
+@pytest.mark.parametrize("source", [(90, 30), (30, 90), (7, 7), (200, 201)])
+def test_resize_gives_target_shape(policy: str, source: tuple[int, int]) -> None:
+    out = resize_image(bands(*source), (12, 20), policy)
+    assert out.shape == (12, 20, 3) and out.dtype == np.uint8
+
+
+def test_pad_letterboxes_wide_image_on_black() -> None:
+    white = Image.new("RGB", (40, 10), (255, 255, 255))
+    out = resize_image(white, (16, 16), "pad")
+    assert out[:6].max() == 0 and out[-6:].max() == 0  # 16x4 image centred: 6 black rows each side
+    assert out[6:10].min() == 255
+
+
+def test_crop_keeps_the_centre_of_a_wide_image() -> None:
+    out = resize_image(bands(90, 30), (16, 16), "crop")  # centre 30x30 is the green band
+    assert out[..., 1].min() > 200 and out[..., 0].max() < 50 and out[..., 2].max() < 50
+
+
+def test_stretch_keeps_every_band() -> None:
+    out = resize_image(bands(90, 30), (16, 16), "stretch")
+    assert out[:, 0, 0].min() > 200 and out[:, 8, 1].min() > 200 and out[:, -1, 2].min() > 200
+    assert out.min(axis=(0, 1)).max() < 255  # no black border, no constant image
+    assert not (out == 0).all(axis=-1).any()
+
+
+# -- plan ------------------------------------------------------------------------------------
+
+
+def test_plan_is_deterministic_and_covers_every_record(tiny_index: Path) -> None:
+    index = load_index(tiny_index)
+    first, second = plan_shards(params(), index), plan_shards(params(), index)
+    assert first == second
+    planned = sorted(r.sha256 for spec in first for r in spec.records)
+    assert planned == sorted(r["sha256"] for r in index["records"])
+    for split in ("train", "val", "test"):
+        specs = [s for s in first if s.split == split]
+        assert len(specs) > 1, f"{split}: expected several shards at {TINY} MiB"
+        assert [s.file for s in specs] == [
+            f"{split}.tfrecord-{i:05d}-of-{len(specs):05d}" for i in range(len(specs))
+        ]
+        sizes = [len(s.records) for s in specs]
+        assert max(sizes) - min(sizes) <= 1  # evenly cut
+    assert pickle.loads(pickle.dumps(first[0])) == first[0]  # can ship to other processes
+
+
+def test_plan_order_follows_the_seed(tiny_index: Path) -> None:
+    index = load_index(tiny_index)
+    order = [r.sha256 for s in plan_shards(params(seed=1), index) for r in s.records]
+    other = [r.sha256 for s in plan_shards(params(seed=2), index) for r in s.records]
+    assert sorted(order) == sorted(other) and order != other
+
+
+def test_large_target_gives_one_shard_per_split(tiny_index: Path) -> None:
+    specs = plan_shards(params(target_shard_mb=16.0), load_index(tiny_index))
+    assert [(s.split, s.num_shards) for s in specs] == [("train", 1), ("val", 1), ("test", 1)]
+
+
+def test_encoded_plans_are_deterministic(tiny_index: Path) -> None:
+    index = load_index(tiny_index)
+    for encoding in ("jpeg", "png"):
+        specs = plan_shards(params(encoding=encoding, target_shard_mb=0.001), index)
+        assert specs == plan_shards(params(encoding=encoding, target_shard_mb=0.001), index)
+        assert sum(len(s.records) for s in specs) == len(index["records"])
+
+
+# -- writing ---------------------------------------------------------------------------------
+
+
+def test_manifest_matches_index_and_files(tiny_index: Path, tmp_path: Path) -> None:
+    index = load_index(tiny_index)
+    manifest = run_shard(params(), tiny_index, tmp_path)
+    assert load_manifest(tmp_path) == manifest
+    assert manifest.classes == index["classes"]
+    for split, info in manifest.splits.items():
+        in_split = [r for r in index["records"] if r["split"] == split]
+        assert info.num_records == len(in_split)
+        expected = {c: sum(r["label"] == c for r in in_split) for c in index["classes"]}
+        assert info.class_counts == expected
+        for shard in info.shards:
+            assert (tmp_path / shard.file).stat().st_size == shard.bytes
+    names = {s.file for info in manifest.splits.values() for s in info.shards}
+    assert {p.name for p in tmp_path.glob("*.tfrecord-*")} == names
+
+
+def test_shards_are_byte_identical_across_runs_and_workers(
+    tiny_index: Path, tmp_path: Path
+) -> None:
+    run_shard(params(), tiny_index, tmp_path / "a", workers=1)
+    run_shard(params(), tiny_index, tmp_path / "b", workers=1)
+    run_shard(params(), tiny_index, tmp_path / "c", workers=2)
+    a = digests(tmp_path / "a")
+    assert MANIFEST_NAME in a and len(a) > 5
+    assert digests(tmp_path / "b") == a
+    assert digests(tmp_path / "c") == a
+
+
+def test_gzip_shards_are_deterministic_and_readable(tiny_index: Path, tmp_path: Path) -> None:
+    manifest = run_shard(params(compression="gzip"), tiny_index, tmp_path / "a")
+    run_shard(params(compression="gzip"), tiny_index, tmp_path / "b")
+    assert digests(tmp_path / "a") == digests(tmp_path / "b")
+    shard = tmp_path / "a" / manifest.split("train").shards[0].file
+    header = shard.read_bytes()[:10]
+    assert header[:2] == b"\x1f\x8b" and header[4:8] == b"\0\0\0\0"  # gzip, no mtime stamped
+    total = sum(
+        int(b.shape[0])
+        for b, _ in read_split(tmp_path / "a", "train", batch_size=4, training=False)
+    )
+    assert total == manifest.split("train").num_records
+
+
+def test_write_shard_is_idempotent(tiny_index: Path, tmp_path: Path) -> None:
+    spec = plan_shards(params(), load_index(tiny_index))[0]
+    first = write_shard(spec, tmp_path)
+    second = write_shard(spec, tmp_path)
+    assert first == second and first.num_records == len(spec.records)
+    assert [p.name for p in tmp_path.iterdir()] == [spec.file]  # no temporary left
+
+
+def test_resume_after_a_kill_completes_identically(tiny_index: Path, tmp_path: Path) -> None:
+    clean = run_shard(params(), tiny_index, tmp_path / "clean")
+    manifest = run_shard(params(), tiny_index, tmp_path / "run")
+    run = tmp_path / "run"
+    lost, kept = manifest.split("train").shards[0].file, manifest.split("val").shards[0].file
+    # Simulate a kill mid-run: one shard never renamed, manifest not yet written.
+    (run / lost).unlink()
+    (run / MANIFEST_NAME).unlink()
+    (run / f".{lost}.tmp-99999").write_bytes(b"half a shard")
+    kept_mtime = (run / kept).stat().st_mtime_ns
+
+    assert run_shard(params(), tiny_index, run) == clean
+    assert digests(run) == digests(tmp_path / "clean")
+    assert (run / kept).stat().st_mtime_ns == kept_mtime  # finished shards were reused
+    assert not list(run.glob(".*.tmp-*"))
+
+
+def test_changed_plan_removes_stale_shards(tiny_index: Path, tmp_path: Path) -> None:
+    run_shard(params(), tiny_index, tmp_path)
+    (tmp_path / f".{'x'}.tmp-1").write_bytes(b"junk")
+    manifest = run_shard(params(target_shard_mb=16.0), tiny_index, tmp_path)
+    names = {s.file for info in manifest.splits.values() for s in info.shards}
+    assert {p.name for p in tmp_path.glob("*.tfrecord-*")} == names
+    assert len(names) == 3 and not list(tmp_path.glob(".*.tmp-*"))
+
+
+def test_changed_source_fails_naming_the_file(tiny_index: Path, tmp_path: Path) -> None:
+    index = load_index(tiny_index)
+    record = index["records"][0]
+    index["records"][0] = {**record, "sha256": "0" * 64}
+    index_path = tmp_path / "index.json"
+    index_path.write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=record["path"]):
+        run_shard(params(target_shard_mb=16.0), index_path, tmp_path / "shards")
+
+
+# -- reading back ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_shards(tiny_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    shards_dir = tmp_path_factory.mktemp("tiny_shards")
+    run_shard(params(), tiny_index, shards_dir)
+    return shards_dir
+
+
+def test_read_split_training_has_static_batches(tiny_shards: Path) -> None:
+    n = load_manifest(tiny_shards).split("train").num_records
+    ds = read_split(tiny_shards, "train", batch_size=4, training=True, seed=0)
+    images, labels = ds.element_spec
+    assert images.shape.as_list() == [4, *SIZE, 3] and images.dtype == tf.uint8
+    assert labels.shape.as_list() == [4] and labels.dtype == tf.int32
+    assert int(ds.cardinality()) == n // 4
+    assert sum(1 for _ in ds) == n // 4
+
+
+def test_read_split_eval_yields_every_record_once(tiny_index: Path, tiny_shards: Path) -> None:
+    index = load_index(tiny_index)
+    for split in ("train", "val", "test"):
+        expected = {r["sha256"]: r["label_index"] for r in index["records"] if r["split"] == split}
+        ds = read_split(tiny_shards, split, batch_size=3, training=False, with_metadata=True)
+        assert ds.element_spec["image"].shape.as_list() == [None, *SIZE, 3]
+        assert int(ds.cardinality()) == math.ceil(len(expected) / 3)
+        seen: list[tuple[str, int]] = []
+        for batch in ds:
+            hashes = [h.decode() for h in batch[HASH_KEY].numpy()]
+            seen.extend(zip(hashes, batch[LABEL_KEY].numpy().tolist(), strict=True))
+        assert len(seen) == len(expected)
+        assert dict(seen) == expected
