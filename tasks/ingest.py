@@ -63,7 +63,7 @@ def decode_rgb(data: bytes, *, source: str, max_pixels: int, min_side: int) -> I
     except UnidentifiedImageError:
         raise ImageRejected("not an image (format not recognised from its bytes)") from None
     except Exception as exc:  # noqa: BLE001 - any header parser failure is a bad file
-        raise ImageRejected(f"unreadable header: {exc}") from None
+        raise ImageRejected(f"truncated or corrupt header: {exc}") from None
     width, height = image.size
     if width * height > max_pixels or min(width, height) < min_side:
         raise ImageRejected(
@@ -150,7 +150,8 @@ def discover(source_dir: Path, labels_csv: Path | None = None) -> list[Candidate
         if class_dir.name.startswith("."):
             continue
         for file in sorted(class_dir.rglob("*")):
-            if file.is_file() and not file.name.startswith("."):
+            # Broken symlinks count too: they are reported as unreadable, not silently skipped.
+            if (file.is_file() or file.is_symlink()) and not file.name.startswith("."):
                 found.append(Candidate(file.relative_to(source_dir).as_posix(), class_dir.name))
     if not found:
         raise ValueError(f"{source_dir}: no files found in class sub-folders")

@@ -1,0 +1,180 @@
+"""Ingest: every file accounted for, bad files quarantined with reasons, stable splits."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tasks.demo_data import _exif_rotated_jpeg, _png_header_only, draw_shape, generate
+from tasks.ingest import ImageRejected, assign_split, decode_rgb, run_ingest
+from tasks.params import IngestParams, SplitFractions
+
+
+def encode(image: Image.Image, fmt: str, **kwargs: object) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format=fmt, **kwargs)
+    return buffer.getvalue()
+
+
+def ingest(source: Path, tmp_path: Path, **kwargs: object) -> tuple[dict, dict]:
+    params = IngestParams(source_dir=str(source), workers=1, **kwargs)  # type: ignore[arg-type]
+    report = run_ingest(params, tmp_path / "index.json", tmp_path / "ingest.json")
+    return report, json.loads((tmp_path / "index.json").read_text())
+
+
+@pytest.fixture
+def bad_inputs(tmp_path: Path) -> Path:
+    """One class folder per kind of trouble, next to good images."""
+    rng = np.random.default_rng(0)
+    src = tmp_path / "src"
+    for label in ("a", "b"):
+        (src / label).mkdir(parents=True)
+        for i in range(6):
+            (src / label / f"good_{i}.png").write_bytes(
+                encode(draw_shape(rng, "circle" if label == "a" else "square", (32, 32)), "PNG")
+            )
+    jpeg = encode(draw_shape(rng, "circle", (40, 40)), "JPEG")
+    (src / "a" / "truncated.jpg").write_bytes(jpeg[: len(jpeg) // 2])
+    (src / "a" / "empty.jpg").write_bytes(b"")
+    (src / "a" / "notes.png").write_bytes(b"not an image at all")
+    (src / "a" / "bomb.png").write_bytes(_png_header_only(100_000, 100_000))
+    (src / "a" / "sliver.png").write_bytes(encode(Image.new("RGB", (3, 40)), "PNG"))
+    (src / "b" / "unreadable.png").symlink_to(src / "b" / "does-not-exist.png")
+    (src / "a" / "same_label_copy.png").write_bytes((src / "a" / "good_0.png").read_bytes())
+    (src / "b" / "other_label_copy.png").write_bytes((src / "a" / "good_1.png").read_bytes())
+    return src
+
+
+def test_every_bad_file_is_quarantined_with_its_reason(bad_inputs: Path, tmp_path: Path) -> None:
+    report, index = ingest(bad_inputs, tmp_path)
+    reasons = {q["path"]: q["reason"] for q in report["quarantined"]}
+    assert reasons["a/truncated.jpg"].startswith("truncated or corrupt")
+    assert reasons["a/empty.jpg"] == "empty file (0 bytes)"
+    assert reasons["a/notes.png"].startswith("not an image")
+    assert reasons["a/bomb.png"].startswith("absurd dimensions 100000x100000")
+    assert reasons["a/sliver.png"].startswith("absurd dimensions 3x40")
+    assert reasons["b/unreadable.png"].startswith("unreadable")
+    # Conflicting labels: both copies are quarantined, naming each other.
+    assert "conflicting labels" in reasons["a/good_1.png"]
+    assert "b/other_label_copy.png" in reasons["a/good_1.png"]
+    assert "conflicting labels" in reasons["b/other_label_copy.png"]
+    assert report["duplicates"] == [
+        {"path": "a/same_label_copy.png", "label": "a", "duplicate_of": "a/good_0.png"}
+    ]
+    # Nothing lost: accepted + quarantined + duplicates = found, and the index holds the accepted.
+    assert report["files_found"] == 20
+    assert report["accepted"] + report["quarantined_count"] + report["duplicate_count"] == 20
+    assert len(index["records"]) == report["accepted"] == 11  # 12 good, 1 in a conflict
+    accepted = {r["path"] for r in index["records"]}
+    assert accepted.isdisjoint(reasons) and "a/same_label_copy.png" not in accepted
+
+
+def test_format_comes_from_bytes_not_extension(tmp_path: Path) -> None:
+    src = tmp_path / "src" / "x"
+    src.mkdir(parents=True)
+    rng = np.random.default_rng(1)
+    (src / "really_a_png.jpg").write_bytes(encode(draw_shape(rng, "ring", (30, 30)), "PNG"))
+    (src / "really_a_jpeg.png").write_bytes(encode(draw_shape(rng, "ring", (30, 30)), "JPEG"))
+    _, index = ingest(tmp_path / "src", tmp_path)
+    formats = {r["path"]: r["format"] for r in index["records"]}
+    assert formats == {"x/really_a_jpeg.png": "JPEG", "x/really_a_png.jpg": "PNG"}
+
+
+@pytest.mark.parametrize(
+    "mode_image",
+    [
+        Image.new("L", (20, 10), 128),
+        Image.new("P", (20, 10), 3),
+        Image.new("RGBA", (20, 10), (255, 0, 0, 0)),
+        Image.new("CMYK", (20, 10), (0, 255, 0, 0)),
+        Image.fromarray(np.full((10, 20), 65535, np.uint16)),
+        Image.new("1", (20, 10), 1),
+    ],
+    ids=["L", "P", "RGBA", "CMYK", "I16", "1"],
+)
+def test_every_mode_normalises_to_rgb(mode_image: Image.Image) -> None:
+    fmt = "JPEG" if mode_image.mode == "CMYK" else "PNG"
+    rgb = decode_rgb(encode(mode_image, fmt), source="x", max_pixels=10**6, min_side=4)
+    assert rgb.mode == "RGB" and rgb.size == (20, 10)
+    pixels = np.asarray(rgb)
+    if mode_image.mode == "I;16":
+        assert pixels.min() == 255  # scaled from 16 bits, not clipped to garbage
+    if mode_image.mode == "RGBA":
+        assert pixels.max() == 0  # fully transparent red composites to black
+
+
+def test_exif_orientation_is_applied() -> None:
+    image = Image.new("RGB", (40, 20), (0, 0, 0))
+    image.paste((255, 255, 255), (0, 0, 20, 20))  # left half white
+    rgb = decode_rgb(_exif_rotated_jpeg(image), source="x", max_pixels=10**6, min_side=4)
+    pixels = np.asarray(rgb).mean(axis=2)
+    assert rgb.size == (40, 20)
+    assert pixels[:, :15].mean() > 200 and pixels[:, 25:].mean() < 50
+
+
+def test_decode_rejects_with_reason() -> None:
+    with pytest.raises(ImageRejected, match="empty file"):
+        decode_rgb(b"", source="x", max_pixels=10, min_side=1)
+
+
+def test_adding_files_never_moves_existing_files(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    generate(src, per_class=30, broken=False, classes=("circle", "square"), min_size=16, max_size=24)
+    _, before = ingest(src, tmp_path / "one")
+    extra = tmp_path / "extra"
+    generate(extra, per_class=20, seed=99, broken=False, classes=("circle", "square", "ring"),
+             min_size=16, max_size=24)
+    for file in extra.rglob("*.*"):
+        target = src / file.parent.name / f"new_{file.name}"
+        target.parent.mkdir(exist_ok=True)
+        target.write_bytes(file.read_bytes())
+    _, after = ingest(src, tmp_path / "two")
+    old = {r["path"]: r["split"] for r in before["records"]}
+    new = {r["path"]: r["split"] for r in after["records"]}
+    assert len(new) > len(old)
+    assert {path: new[path] for path in old} == old
+
+
+def test_split_fractions_hold_per_class() -> None:
+    fractions = SplitFractions(train=0.7, val=0.2, test=0.1)
+    splits = [assign_split(f"{i:064x}", fractions, seed=3) for i in range(4000)]
+    assert abs(splits.count("train") / 4000 - 0.7) < 0.03
+    assert abs(splits.count("test") / 4000 - 0.1) < 0.02
+    assert assign_split("ab" * 32, fractions, 3) == assign_split("ab" * 32, fractions, 3)
+    assert {assign_split("ab" * 32, fractions, s) for s in range(50)} == {"train", "val", "test"}
+
+
+def test_labels_from_csv(tmp_path: Path) -> None:
+    src = tmp_path / "flat"
+    src.mkdir()
+    rng = np.random.default_rng(2)
+    rows = ["path,label"]
+    for i in range(6):
+        name = f"img_{i}.png"
+        (src / name).write_bytes(encode(draw_shape(rng, "cross", (24, 24)), "PNG"))
+        rows.append(f"{name},{'odd' if i % 2 else 'even'}")
+    rows.append("missing.png,odd")
+    (tmp_path / "labels.csv").write_text("\n".join(rows) + "\n")
+    report, index = ingest(src, tmp_path, labels_csv=str(tmp_path / "labels.csv"))
+    assert index["classes"] == ["even", "odd"]
+    assert report["accepted"] == 6 and report["quarantined"][0]["path"] == "missing.png"
+    assert {r["path"]: r["label"] for r in index["records"]}["img_3.png"] == "odd"
+
+
+def test_missing_source_dir_names_it(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        ingest(tmp_path / "nowhere", tmp_path)
+
+
+def test_parallel_ingest_matches_serial(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    generate(src, per_class=70, classes=("circle", "square"), min_size=16, max_size=24)
+    serial = run_ingest(IngestParams(source_dir=str(src), workers=1), tmp_path / "i1.json", tmp_path / "r1.json")
+    parallel = run_ingest(IngestParams(source_dir=str(src), workers=2), tmp_path / "i2.json", tmp_path / "r2.json")
+    assert serial == parallel
+    assert (tmp_path / "i1.json").read_bytes() == (tmp_path / "i2.json").read_bytes()
