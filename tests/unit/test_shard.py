@@ -206,15 +206,15 @@ def test_changed_source_fails_naming_the_file(tiny_index: Path, tmp_path: Path) 
 
 
 @pytest.fixture(scope="module")
-def tiny_shards(tiny_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    shards_dir = tmp_path_factory.mktemp("tiny_shards")
+def written_shards(tiny_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    shards_dir = tmp_path_factory.mktemp("written_shards")
     run_shard(params(), tiny_index, shards_dir)
     return shards_dir
 
 
-def test_read_split_training_has_static_batches(tiny_shards: Path) -> None:
-    n = load_manifest(tiny_shards).split("train").num_records
-    ds = read_split(tiny_shards, "train", batch_size=4, training=True, seed=0)
+def test_read_split_training_has_static_batches(written_shards: Path) -> None:
+    n = load_manifest(written_shards).split("train").num_records
+    ds = read_split(written_shards, "train", batch_size=4, training=True, seed=0)
     images, labels = ds.element_spec
     assert images.shape.as_list() == [4, *SIZE, 3] and images.dtype == tf.uint8
     assert labels.shape.as_list() == [4] and labels.dtype == tf.int32
@@ -222,11 +222,11 @@ def test_read_split_training_has_static_batches(tiny_shards: Path) -> None:
     assert sum(1 for _ in ds) == n // 4
 
 
-def test_read_split_eval_yields_every_record_once(tiny_index: Path, tiny_shards: Path) -> None:
+def test_read_split_eval_yields_every_record_once(tiny_index: Path, written_shards: Path) -> None:
     index = load_index(tiny_index)
     for split in ("train", "val", "test"):
         expected = {r["sha256"]: r["label_index"] for r in index["records"] if r["split"] == split}
-        ds = read_split(tiny_shards, split, batch_size=3, training=False, with_metadata=True)
+        ds = read_split(written_shards, split, batch_size=3, training=False, with_metadata=True)
         assert ds.element_spec["image"].shape.as_list() == [None, *SIZE, 3]
         assert int(ds.cardinality()) == math.ceil(len(expected) / 3)
         seen: list[tuple[str, int]] = []
