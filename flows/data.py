@@ -91,7 +91,8 @@ def validate_task(layout: Layout) -> dict[str, Any]:
     create_markdown_artifact(
         key="validation-report",
         markdown=layout.validation_summary.read_text(),
-        description=f"shards {report['fingerprint'][:12]}: {'passed' if report['passed'] else 'FAILED'}",
+        description=f"shards {(report['fingerprint'] or 'unknown')[:12]}: "
+        + ("passed" if report["passed"] else "FAILED"),
     )
     validate.raise_if_failed(report)  # after the report is written, so it can be read
     return {"passed": report["passed"], "fingerprint": report["fingerprint"]}

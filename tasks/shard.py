@@ -41,6 +41,7 @@ from tasks.manifest import (
     SplitInfo,
     build_manifest,
     file_sha256,
+    load_manifest,
 )
 from tasks.params import ShardParams
 from tasks.schema import RecordSchema
@@ -251,21 +252,40 @@ def prepare_shards_dir(specs: list[ShardSpec], shards_dir: Path) -> list[ShardSp
     """Get ``shards_dir`` ready for ``specs``; return the specs whose shard is still missing.
 
     Always removes temporaries and the manifest (rewritten last). Finished shards are kept
-    only when ``.plan.json`` records the same plan; otherwise every shard file goes.
+    only when ``.plan.json`` records the same plan; otherwise every shard file goes. When the
+    previous manifest survives, a kept shard must also still match its recorded size and
+    sha256, so a shard damaged after it was written is rewritten rather than reused.
     """
     shards_dir.mkdir(parents=True, exist_ok=True)
     digest = plan_hash(specs)
     plan_path = shards_dir / PLAN_NAME
     same_plan = plan_path.exists() and _read_plan_hash(plan_path) == digest
     wanted = {s.file for s in specs}
+    recorded = _recorded_shards(shards_dir) if same_plan else {}
     (shards_dir / MANIFEST_NAME).unlink(missing_ok=True)
     for stale in shards_dir.glob(".*.tmp-*"):
         stale.unlink()
     for old in shards_dir.glob("*.tfrecord-*"):
-        if not same_plan or old.name not in wanted:
+        if not same_plan or old.name not in wanted or not _matches(old, recorded.get(old.name)):
             old.unlink()
     _write_atomic(plan_path, json.dumps({"plan_hash": digest, "shards": len(specs)}) + "\n")
     return [s for s in specs if not (shards_dir / s.file).exists()]
+
+
+def _recorded_shards(shards_dir: Path) -> dict[str, ShardFile]:
+    """Shard entries of the previous (complete) run's manifest, if it is still there."""
+    try:
+        previous = load_manifest(shards_dir)
+    except (OSError, ValueError):
+        return {}
+    return {f.file: f for split in previous.splits.values() for f in split.shards}
+
+
+def _matches(path: Path, recorded: ShardFile | None) -> bool:
+    """A shard with no manifest entry was renamed into place complete: trust it."""
+    if recorded is None:
+        return True
+    return path.stat().st_size == recorded.bytes and file_sha256(path) == recorded.sha256
 
 
 def write_shards(specs: list[ShardSpec], shards_dir: Path, workers: int) -> list[ShardFile]:

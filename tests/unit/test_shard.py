@@ -14,7 +14,7 @@ import tensorflow as tf
 from PIL import Image
 
 from tasks.ingest import load_index
-from tasks.manifest import MANIFEST_NAME, load_manifest
+from tasks.manifest import MANIFEST_NAME, file_sha256, load_manifest
 from tasks.params import ShardParams
 from tasks.reader import read_split
 from tasks.schema import HASH_KEY, LABEL_KEY
@@ -235,3 +235,17 @@ def test_read_split_eval_yields_every_record_once(tiny_index: Path, written_shar
             seen.extend(zip(hashes, batch[LABEL_KEY].numpy().tolist(), strict=True))
         assert len(seen) == len(expected)
         assert dict(seen) == expected
+
+
+def test_damaged_shard_is_rewritten_not_reused(tiny_index: Path, tmp_path: Path) -> None:
+    """Same plan, but a shard changed after the manifest recorded it: rewrite that shard."""
+    params = ShardParams(image_size=(16, 16), target_shard_mb=0.002, workers=1)
+    shards_dir = tmp_path / "shards"
+    first = run_shard(params, tiny_index, shards_dir)
+    victim = shards_dir / first.splits["train"].shards[0].file
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    second = run_shard(params, tiny_index, shards_dir)
+    assert second.fingerprint == first.fingerprint
+    assert file_sha256(victim) == first.splits["train"].shards[0].sha256
