@@ -1,0 +1,121 @@
+"""The training flow: train, evaluate (and promote), then a summary artifact.
+
+python -m flows.training              # both stages
+python -m flows.training train        # one stage, as the dvc.yaml stages run it
+python -m flows.training evaluate
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.tasks import exponential_backoff
+
+from tasks.evaluate import run_evaluate
+from tasks.layout import Layout
+from tasks.params import Params, load_params
+from tasks.train import ShardsNotValidated, run_train
+
+STAGES = ("train", "evaluate")
+
+
+def _retry_unless_refused(task: Any, task_run: Any, state: Any) -> bool:
+    """Retry I/O failures, never a refusal: unvalidated shards stay unvalidated."""
+    try:
+        state.result()
+    except ShardsNotValidated:
+        return False
+    except Exception:
+        return True
+    return True
+
+
+# A retry resumes from the BackupAndRestore state, so it costs at most one epoch.
+@task(retries=1, retry_delay_seconds=10, retry_condition_fn=_retry_unless_refused)
+def train_task(params: Params, layout: Layout) -> dict[str, Any]:
+    summary = run_train(params, layout)
+    return {key: value for key, value in summary.items() if key != "history"}
+
+
+# Registry and artifact writes go over the tracking store, which can blip.
+@task(retries=2, retry_delay_seconds=exponential_backoff(backoff_factor=5))
+def evaluate_task(params: Params, layout: Layout) -> dict[str, Any]:
+    result = run_evaluate(params, layout)
+    return {key: value for key, value in result.items() if key != "per_class"}
+
+
+@flow(name="training", log_prints=True)
+def training_flow(
+    params_path: str = "params.yaml", root: str = ".", stages: Sequence[str] = STAGES
+) -> dict[str, Any]:
+    unknown = set(stages) - set(STAGES)
+    if unknown:
+        raise ValueError(f"unknown stages {sorted(unknown)}; choose from {STAGES}")
+    layout = Layout().with_root(root)
+    params = load_params(Path(root) / params_path)
+
+    trained = train_task(params, layout) if "train" in stages else None
+    evaluated = evaluate_task(params, layout) if "evaluate" in stages else None
+
+    create_markdown_artifact(
+        summary_markdown(trained, evaluated, layout),
+        key="training-summary",
+        description="Training run: MLflow link, key metrics, promotion decision",
+    )
+    return {"train": trained, "evaluate": evaluated}
+
+
+def summary_markdown(
+    trained: dict[str, Any] | None, evaluated: dict[str, Any] | None, layout: Layout
+) -> str:
+    """The Prefect artifact: where the run is tracked and how it did."""
+    from tasks import tracking
+
+    lines = ["# Training run", ""]
+    run_id = (trained or evaluated or {}).get("run_id")
+    if run_id:
+        lines += [f"- MLflow run: {tracking.run_url(tracking.client(layout.root), run_id)}"]
+    if trained:
+        final = trained.get("final", {})
+        lines += [
+            f"- epochs: {trained['epochs_completed']} (resumed from epoch "
+            f"{trained['resumed_from_epoch']}), throughput {trained['images_per_sec'] or 0:.0f} "
+            f"images/s on {trained['num_replicas']} replica(s), {trained['precision_policy']}",
+            f"- final val accuracy: {final.get('val_accuracy', float('nan')):.4f}, "
+            f"val loss: {final.get('val_loss', float('nan')):.4f}",
+        ]
+    if evaluated:
+        promotion = evaluated["promotion"]
+        lines += [
+            "",
+            "| metric | test |",
+            "|---|---:|",
+            *(
+                f"| {key} | {evaluated[key]:.4f} |"
+                for key in ("accuracy", "top_k_accuracy", "macro_f1")
+            ),
+            "",
+            f"- registered `{promotion['model_name']}` v{evaluated['model_version']}: "
+            f"{'**promoted** to champion' if promotion['promoted'] else 'champion kept'} "
+            f"({promotion['reason']})",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("stage", nargs="?", choices=STAGES, help="run only this stage")
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--root", default=".")
+    args = parser.parse_args(argv)
+    stages = (args.stage,) if args.stage else STAGES
+    training_flow(params_path=args.params, root=args.root, stages=stages)
+
+
+if __name__ == "__main__":
+    main()

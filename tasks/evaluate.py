@@ -1,0 +1,370 @@
+"""Evaluate stage: test-split metrics, reports and plots, then registry promotion.
+
+``evaluate_model`` is the pure core (model + shards in, metrics and report files out);
+``promote`` decides whether a registered version takes the ``champion`` alias; and
+``run_evaluate`` wires both to the layout and to the training run in MLflow.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tasks.layout import Layout
+from tasks.manifest import load_manifest
+from tasks.params import Params, flatten
+from tasks.reader import read_split
+from tasks.schema import IMAGE_KEY, LABEL_KEY, SOURCE_KEY
+
+if TYPE_CHECKING:
+    import keras
+    from mlflow import MlflowClient
+
+CHAMPION = "champion"
+MAX_MISCLASSIFIED_SHOWN = 16
+BATCH_SIZE = 256
+
+
+# -- metrics -------------------------------------------------------------------------------
+
+
+def confusion_matrix(labels: np.ndarray, predicted: np.ndarray, num_classes: int) -> np.ndarray:
+    """Counts [true, predicted]."""
+    matrix = np.zeros((num_classes, num_classes), dtype=np.int64)
+    np.add.at(matrix, (labels, predicted), 1)
+    return matrix
+
+
+def top_k_accuracy(labels: np.ndarray, probs: np.ndarray, k: int) -> float:
+    top = np.argsort(-probs, axis=1, kind="stable")[:, :k]
+    return float(np.mean(np.any(top == labels[:, None], axis=1))) if len(labels) else 0.0
+
+
+def classification_metrics(
+    labels: np.ndarray, probs: np.ndarray, classes: list[str], *, top_k: int
+) -> dict[str, Any]:
+    """Accuracy, top-k, macro precision/recall/F1 and a per-class table.
+
+    A class never predicted has precision 0; a class absent from the test set counts in the
+    macro averages with recall 0 (its row shows ``support: 0``).
+    """
+    k = max(1, min(top_k, len(classes)))
+    predicted = probs.argmax(axis=1)
+    matrix = confusion_matrix(labels, predicted, len(classes))
+    true_pos = np.diag(matrix).astype(float)
+    support, predicted_count = matrix.sum(axis=1), matrix.sum(axis=0)
+    precision = np.divide(
+        true_pos, predicted_count, out=np.zeros_like(true_pos), where=predicted_count > 0
+    )
+    recall = np.divide(true_pos, support, out=np.zeros_like(true_pos), where=support > 0)
+    denominator = precision + recall
+    f1 = np.divide(
+        2 * precision * recall, denominator, out=np.zeros_like(true_pos), where=denominator > 0
+    )
+    per_class = [
+        {
+            "class": name,
+            "precision": float(precision[i]),
+            "recall": float(recall[i]),
+            "f1": float(f1[i]),
+            "support": int(support[i]),
+        }
+        for i, name in enumerate(classes)
+    ]
+    return {
+        "accuracy": float(np.mean(predicted == labels)) if len(labels) else 0.0,
+        "top_k": k,
+        "top_k_accuracy": top_k_accuracy(labels, probs, k),
+        "macro_precision": float(precision.mean()),
+        "macro_recall": float(recall.mean()),
+        "macro_f1": float(f1.mean()),
+        "num_test_records": len(labels),
+        "per_class": per_class,
+        "confusion_matrix": matrix.tolist(),
+    }
+
+
+# -- the core ------------------------------------------------------------------------------
+
+
+def predict_split(
+    model: keras.Model, shards_dir: Path, split: str = "test"
+) -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]]]:
+    """Labels, class probabilities, and the misclassified records (image and source)."""
+    dataset = read_split(
+        shards_dir, split, batch_size=BATCH_SIZE, training=False, with_metadata=True
+    )
+    labels: list[np.ndarray] = []
+    probs: list[np.ndarray] = []
+    wrong: list[dict[str, Any]] = []
+    for features in dataset:
+        images = features[IMAGE_KEY]
+        # training=False: the model's augmentation layers would otherwise stay active.
+        batch_probs = np.asarray(model(images, training=False), dtype=np.float32)
+        batch_labels = features[LABEL_KEY].numpy()
+        labels.append(batch_labels)
+        probs.append(batch_probs)
+        for i in np.flatnonzero(batch_probs.argmax(axis=1) != batch_labels):
+            if len(wrong) < MAX_MISCLASSIFIED_SHOWN:
+                wrong.append(
+                    {
+                        "image": images[i].numpy(),
+                        "label": int(batch_labels[i]),
+                        "predicted": int(batch_probs[i].argmax()),
+                        "source": features[SOURCE_KEY][i].numpy().decode(),
+                    }
+                )
+    num_classes = model.output_shape[-1]
+    if not labels:
+        return np.zeros(0, np.int32), np.zeros((0, num_classes), np.float32), wrong
+    return np.concatenate(labels), np.concatenate(probs), wrong
+
+
+def evaluate_model(
+    model_file: str | Path, shards_dir: str | Path, out_dir: str | Path, *, top_k: int
+) -> dict[str, Any]:
+    """Test-split metrics plus the per-class table (JSON, Markdown) and two PNGs in out_dir."""
+    import keras
+
+    shards_dir, out_dir = Path(shards_dir), Path(out_dir)
+    manifest = load_manifest(shards_dir)
+    model = keras.saving.load_model(model_file)
+    labels, probs, wrong = predict_split(model, shards_dir)
+    metrics = classification_metrics(labels, probs, manifest.classes, top_k=top_k)
+    metrics["test_fingerprint"] = manifest.fingerprint
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "per_class.json").write_text(json.dumps(metrics["per_class"], indent=2) + "\n")
+    (out_dir / "per_class.md").write_text(per_class_markdown(metrics["per_class"]))
+    plot_confusion(
+        np.asarray(metrics["confusion_matrix"]), manifest.classes, out_dir / "confusion_matrix.png"
+    )
+    plot_misclassified(wrong, manifest.classes, out_dir / "misclassified.png")
+    return metrics
+
+
+def per_class_markdown(rows: list[dict[str, Any]]) -> str:
+    lines = ["| class | precision | recall | f1 | support |", "|---|---:|---:|---:|---:|"]
+    lines += [
+        f"| {r['class']} | {r['precision']:.3f} | {r['recall']:.3f} | {r['f1']:.3f} "
+        f"| {r['support']} |"
+        for r in rows
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def plot_confusion(matrix: np.ndarray, classes: list[str], path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    size = max(4.0, 0.5 * len(classes) + 2)
+    figure = Figure(figsize=(size, size))
+    axis = figure.subplots()
+    image = axis.imshow(matrix, cmap="Blues")
+    figure.colorbar(image, ax=axis)
+    axis.set_xticks(range(len(classes)), classes, rotation=90)
+    axis.set_yticks(range(len(classes)), classes)
+    axis.set_xlabel("predicted")
+    axis.set_ylabel("true")
+    if len(classes) <= 20:  # counts stop being legible beyond that
+        for (row, col), count in np.ndenumerate(matrix):
+            axis.text(col, row, str(count), ha="center", va="center", fontsize=8)
+    figure.savefig(path, dpi=100, bbox_inches="tight")
+
+
+def plot_misclassified(wrong: list[dict[str, Any]], classes: list[str], path: Path) -> None:
+    """A grid of misclassified test images, titled true -> predicted (or a 'none' note)."""
+    from matplotlib.figure import Figure
+
+    columns = 4
+    rows = max(1, -(-len(wrong) // columns))
+    figure = Figure(figsize=(3 * columns, 3 * rows))
+    axes = np.atleast_1d(figure.subplots(rows, columns)).ravel()
+    for axis in axes:
+        axis.axis("off")
+    if not wrong:
+        axes[0].text(0.5, 0.5, "no misclassified test images", ha="center", va="center")
+    for axis, item in zip(axes, wrong, strict=False):
+        axis.imshow(item["image"])
+        axis.set_title(
+            f"{classes[item['label']]} -> {classes[item['predicted']]}\n"
+            f"{Path(item['source']).name}",
+            fontsize=8,
+        )
+    figure.savefig(path, dpi=80, bbox_inches="tight")
+
+
+# -- promotion -----------------------------------------------------------------------------
+
+
+def promote(
+    client: MlflowClient,
+    model_name: str,
+    version: str,
+    *,
+    metric: str,
+    value: float,
+    test_fingerprint: str,
+    margin: float = 0.0,
+) -> dict[str, Any]:
+    """Move ``champion`` to ``version`` if it beats the current champion by ``margin``.
+
+    Each version carries its figure and test fingerprint as tags, so the comparison needs
+    no other run. When the champion was scored on another test set the figures are not
+    comparable: the rule still applies, but ``comparable`` is False and the reason says so.
+    """
+    from mlflow.exceptions import MlflowException
+
+    client.set_model_version_tag(model_name, version, f"eval.{metric}", str(value))
+    client.set_model_version_tag(model_name, version, "eval.test_fingerprint", test_fingerprint)
+    try:
+        champion = client.get_model_version_by_alias(model_name, CHAMPION)
+    except MlflowException:
+        champion = None
+    decision: dict[str, Any] = {
+        "metric": metric,
+        "candidate_version": version,
+        "candidate_value": value,
+        "margin": margin,
+        "champion_version": None,
+        "champion_value": None,
+        "comparable": True,
+    }
+    if champion is None:
+        decision.update(promoted=True, reason=f"no {CHAMPION} yet: version {version} becomes it")
+    elif champion.version == version:
+        decision.update(
+            promoted=True,
+            champion_version=version,
+            champion_value=value,
+            reason=f"version {version} already is {CHAMPION}",
+        )
+    else:
+        champion_value = float(champion.tags.get(f"eval.{metric}", "nan"))
+        comparable = champion.tags.get("eval.test_fingerprint") == test_fingerprint
+        # A champion without a recorded figure cannot block a measured candidate.
+        beats = math.isnan(champion_value) or value > champion_value + margin
+        verdict = "beats" if beats else "does not beat"
+        reason = (
+            f"{metric} {value:.4f} {verdict} {CHAMPION} v{champion.version} "
+            f"({champion_value:.4f}) by more than margin {margin}"
+        )
+        if not comparable:
+            reason += (
+                f"; NOT COMPARABLE: {CHAMPION} was evaluated on test set "
+                f"{champion.tags.get('eval.test_fingerprint', 'unknown')[:12]}, this model on "
+                f"{test_fingerprint[:12]}"
+            )
+        decision.update(
+            promoted=beats,
+            reason=reason,
+            comparable=comparable,
+            champion_version=str(champion.version),
+            champion_value=champion_value,
+        )
+    if decision["promoted"]:
+        client.set_registered_model_alias(model_name, CHAMPION, version)
+    return decision
+
+
+def register_model(
+    client: MlflowClient, run_id: str, model_file: Path, model_name: str, sample: np.ndarray
+) -> str:
+    """Log the Keras model to the run as an MLflow model and register a version of it."""
+    import keras
+    import mlflow
+    import mlflow.keras
+    from mlflow.models import infer_signature
+
+    model = keras.saving.load_model(model_file)
+    signature = infer_signature(sample, np.asarray(model(sample, training=False)))
+    mlflow.set_tracking_uri(client.tracking_uri)
+    mlflow.set_registry_uri(client.tracking_uri)
+    with mlflow.start_run(run_id=run_id):
+        info = mlflow.keras.log_model(
+            model,
+            name="model",
+            signature=signature,
+            # Pinned here so logging never shells out to infer requirements.
+            pip_requirements=[f"tensorflow=={tf_version()}", f"keras=={keras.__version__}"],
+        )
+    version = mlflow.register_model(info.model_uri, model_name)
+    return str(version.version)
+
+
+def tf_version() -> str:
+    import tensorflow as tf
+
+    return str(tf.__version__)
+
+
+# -- the stage -----------------------------------------------------------------------------
+
+
+def run_evaluate(params: Params, layout: Layout) -> dict[str, Any]:
+    """Evaluate the trained model, log onto its training run, register and maybe promote."""
+    from mlflow.entities import Metric, Param, RunTag
+
+    from tasks import tracking
+
+    record = json.loads(layout.train_run.read_text())
+    run_id = record["run_id"]
+    settings = params.evaluate
+    metrics = evaluate_model(
+        layout.model_file, layout.shards_dir, layout.eval_dir, top_k=settings.top_k
+    )
+    if settings.promotion_metric not in metrics:
+        raise KeyError(
+            f"evaluate.promotion_metric={settings.promotion_metric!r} is not an eval metric; "
+            f"choose one of accuracy, top_k_accuracy, macro_f1, macro_precision, macro_recall"
+        )
+    client = tracking.client(layout.root)
+    client.update_run(run_id, status="RUNNING")
+    scalar = {k: v for k, v in metrics.items() if isinstance(v, int | float)}
+    now = tracking.timestamp_ms()
+    client.log_batch(
+        run_id,
+        metrics=[Metric(f"test_{key}", float(value), now, 0) for key, value in scalar.items()],
+        params=[Param(k, str(v)) for k, v in flatten(settings, "evaluate").items()],
+        tags=[RunTag("eval.test_fingerprint", metrics["test_fingerprint"])],
+    )
+    client.log_artifacts(run_id, str(layout.eval_dir), "eval")
+
+    sample = next(iter(read_split(layout.shards_dir, "test", batch_size=2, training=False)))
+    version = register_model(
+        client, run_id, layout.model_file, settings.model_name, sample[0].numpy()
+    )
+    decision = promote(
+        client,
+        settings.model_name,
+        version,
+        metric=settings.promotion_metric,
+        value=float(metrics[settings.promotion_metric]),
+        test_fingerprint=metrics["test_fingerprint"],
+        margin=settings.promotion_margin,
+    )
+    decision["model_name"] = settings.model_name
+    client.log_batch(
+        run_id,
+        metrics=[Metric("promotion.promoted", float(decision["promoted"]), now, 0)]
+        + (
+            [Metric("promotion.champion_value", decision["champion_value"], now, 0)]
+            if decision["champion_value"] is not None
+            else []
+        ),
+        tags=[
+            RunTag("promotion.decision", "promoted" if decision["promoted"] else "kept"),
+            RunTag("promotion.reason", decision["reason"]),
+            RunTag("promotion.comparable", str(decision["comparable"]).lower()),
+            RunTag("registry.version", version),
+        ],
+    )
+    result = {key: value for key, value in metrics.items() if key != "confusion_matrix"}
+    result.update(promotion=decision, run_id=run_id, model_version=version)
+    layout.eval_metrics.parent.mkdir(parents=True, exist_ok=True)
+    layout.eval_metrics.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    client.log_artifact(run_id, str(layout.eval_metrics), "eval")
+    client.set_terminated(run_id, status="FINISHED")
+    return result

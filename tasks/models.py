@@ -1,0 +1,137 @@
+"""Model builders: a small CNN for CPU runs and keras.applications backbones for transfer.
+
+Every model takes uint8-range images [B, H, W, 3] and does its own augmentation (active only
+in training) and scaling, so the input pipeline and the saved model agree on what they feed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tasks.params import AugmentParams, TrainParams
+
+if TYPE_CHECKING:
+    import keras
+
+BACKBONES = ("mobilenet_v3_small", "efficientnet_b0")
+MODELS = ("small_cnn", *BACKBONES)
+
+
+def build_model(
+    params: TrainParams, num_classes: int, image_shape: tuple[int, int, int]
+) -> keras.Model:
+    """Uncompiled classifier for ``params.model``: augmentation -> features -> softmax.
+
+    The softmax runs in float32 even under a mixed-precision policy, so losses stay stable.
+    """
+    import keras
+
+    if params.model not in MODELS:
+        raise ValueError(f"train.model={params.model!r} is unknown; choose one of {MODELS}")
+    inputs = keras.Input(shape=image_shape, name="image")
+    # The functional model casts the uint8 batches to the input's float32 on the way in.
+    augment = augmentation(params.augment, seed=params.seed)
+    x = augment(inputs) if augment.layers else inputs
+    if params.model == "small_cnn":
+        x = small_cnn_features(x)
+    else:
+        backbone = build_backbone(params.model, params.weights, image_shape)
+        backbone.trainable = False
+        # training=False keeps BatchNorm in inference mode, also after partial unfreezing.
+        x = backbone(x, training=False)
+        x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
+        x = keras.layers.Dropout(0.2, seed=params.seed, name="head_dropout")(x)
+    outputs = keras.layers.Dense(num_classes, activation="softmax", dtype="float32", name="probs")(
+        x
+    )
+    return keras.Model(inputs, outputs, name=params.model)
+
+
+def augmentation(params: AugmentParams, *, seed: int) -> keras.Sequential:
+    """Seeded Keras preprocessing layers on [0, 255] floats; identity at inference."""
+    import keras
+
+    layers: list[keras.layers.Layer] = []
+    if params.flip:
+        layers.append(keras.layers.RandomFlip("horizontal", seed=seed, name="flip"))
+    if params.crop > 0:
+        # A negative zoom factor zooms in: crop up to `crop` of each side, resize back.
+        layers.append(
+            keras.layers.RandomZoom((-params.crop, 0.0), fill_mode="reflect", seed=seed + 1)
+        )
+    if params.brightness > 0:
+        layers.append(
+            keras.layers.RandomBrightness(params.brightness, value_range=(0, 255), seed=seed + 2)
+        )
+    if params.contrast > 0:
+        layers.append(
+            keras.layers.RandomContrast(params.contrast, value_range=(0, 255), seed=seed + 3)
+        )
+    return keras.Sequential(layers, name="augment")
+
+
+def small_cnn_features(x: keras.KerasTensor) -> keras.KerasTensor:
+    """Three conv blocks and global pooling: a few seconds an epoch on 64x64 images on CPU."""
+    import keras
+
+    x = keras.layers.Rescaling(1.0 / 255, name="rescale")(x)
+    for index, filters in enumerate((32, 64, 128)):
+        x = keras.layers.Conv2D(filters, 3, padding="same", use_bias=False, name=f"conv{index}")(x)
+        x = keras.layers.BatchNormalization(name=f"bn{index}")(x)
+        x = keras.layers.Activation("relu", name=f"relu{index}")(x)
+        x = keras.layers.MaxPooling2D(2, padding="same", name=f"pool{index}")(x)
+    x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
+    return keras.layers.Dropout(0.2, name="dropout")(x)
+
+
+def build_backbone(
+    name: str, weights: str | None, image_shape: tuple[int, int, int]
+) -> keras.Model:
+    """A headless keras.applications backbone taking [0, 255] inputs.
+
+    ``weights`` is None (random init), "imagenet" (downloads once, needs network) or the
+    path of a local weights file such as one saved with ``backbone.save_weights``.
+    """
+    import keras
+
+    if name == "mobilenet_v3_small":
+        return keras.applications.MobileNetV3Small(
+            input_shape=image_shape,
+            include_top=False,
+            weights=weights,
+            include_preprocessing=True,
+        )
+    if name == "efficientnet_b0":
+        return keras.applications.EfficientNetB0(
+            input_shape=image_shape, include_top=False, weights=weights
+        )
+    raise ValueError(f"unknown backbone {name!r}; choose one of {BACKBONES}")
+
+
+def backbone_of(model: keras.Model) -> keras.Model | None:
+    """The nested keras.applications backbone of a transfer model, if it has one."""
+    import keras
+
+    nested = [layer for layer in model.layers if isinstance(layer, keras.Model)]
+    backbones = [layer for layer in nested if layer.name != "augment"]
+    return backbones[0] if backbones else None
+
+
+def unfreeze_top(model: keras.Model, num_layers: int) -> int:
+    """Make the top ``num_layers`` backbone layers trainable (BatchNorm stays frozen).
+
+    Returns how many layers became trainable. Recompile the model afterwards.
+    """
+    import keras
+
+    backbone = backbone_of(model)
+    if backbone is None or num_layers <= 0:
+        return 0
+    backbone.trainable = True
+    unfrozen = 0
+    for index, layer in enumerate(backbone.layers):
+        in_top = index >= len(backbone.layers) - num_layers
+        trainable = in_top and not isinstance(layer, keras.layers.BatchNormalization)
+        layer.trainable = trainable
+        unfrozen += int(trainable)
+    return unfrozen

@@ -1,0 +1,196 @@
+"""MLflow tracking: where runs go, and what a training run records about its inputs.
+
+Nothing here runs at import time. Entry points (the training flow, tests) call
+:func:`experiment_id` to set tracking up, then open runs with :func:`start_train_run`.
+Everything goes through an explicit ``MlflowClient`` (no fluent active-run state), so two
+runs in one process never step on each other.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from tasks.manifest import ShardManifest
+from tasks.params import Params, flatten
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+EXPERIMENT_NAME = "shardflow"
+DB_NAME = "mlflow.db"
+ARTIFACTS_NAME = "mlartifacts"
+UNTRACKED = "untracked"
+
+
+def tracking_uri(root: str | Path = ".") -> str:
+    """``$MLFLOW_TRACKING_URI`` if set, else a SQLite store at ``<root>/mlflow.db``."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(root).resolve() / DB_NAME}"
+
+
+def client(root: str | Path = ".") -> MlflowClient:
+    """A client for the tracking store and the model registry (the same store)."""
+    from mlflow import MlflowClient
+
+    uri = tracking_uri(root)
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def experiment_id(mlflow_client: MlflowClient, name: str = EXPERIMENT_NAME) -> str:
+    """Id of experiment ``name``, created on first use (artifacts beside a SQLite store)."""
+    experiment = mlflow_client.get_experiment_by_name(name)
+    if experiment is not None:
+        return str(experiment.experiment_id)
+    uri = mlflow_client.tracking_uri
+    location = None
+    if uri.startswith("sqlite:///"):
+        # Keep artifacts next to the database, not in whatever directory the process runs in.
+        location = (Path(uri.removeprefix("sqlite:///")).parent / ARTIFACTS_NAME).as_uri()
+    return str(mlflow_client.create_experiment(name, artifact_location=location))
+
+
+def run_name(params: Params, fingerprint: str) -> str:
+    """A run name that says what changed: model, epochs, batch size, lr and data version."""
+    train = params.train
+    return (
+        f"{train.model}-e{train.epochs}-bs{train.batch_size}-lr{train.learning_rate:g}"
+        f"-{fingerprint[:8]}"
+    )
+
+
+def start_train_run(
+    mlflow_client: MlflowClient,
+    params: Params,
+    manifest: ShardManifest,
+    *,
+    shards_dir: str | Path,
+    root: str | Path = ".",
+    device_tags: dict[str, str] | None = None,
+) -> str:
+    """Create a training run with params, data lineage and device tags; return its id."""
+    from mlflow.entities import Metric, Param, RunTag
+
+    tags = {
+        **lineage_tags(manifest, root=root),
+        **(device_tags or {}),
+        "prefect.flow_run_id": prefect_flow_run_id() or "none",
+    }
+    run = mlflow_client.create_run(
+        experiment_id(mlflow_client),
+        run_name=run_name(params, manifest.fingerprint),
+        tags=tags,
+    )
+    run_id = str(run.info.run_id)
+    logged = {
+        **flatten(params.train, "train"),
+        **flatten(params.shard, "shard"),
+        **{f"data.schema.{k}": v for k, v in manifest.schema_.items() if k != "features"},
+        "data.classes": ",".join(manifest.classes),
+    }
+    counts = [
+        Metric(f"data.{split}_records", info.num_records, timestamp_ms(), 0)
+        for split, info in manifest.splits.items()
+    ]
+    mlflow_client.log_batch(
+        run_id,
+        metrics=counts,
+        params=[Param(key, str(value)) for key, value in logged.items()],
+        tags=[RunTag(key, value) for key, value in tags.items()],
+    )
+    log_dataset(mlflow_client, run_id, manifest, shards_dir=shards_dir)
+    return run_id
+
+
+def lineage_tags(manifest: ShardManifest, *, root: str | Path = ".") -> dict[str, str]:
+    """Which data and code a run saw: manifest fingerprint, DVC hash and git commit."""
+    return {
+        "data.fingerprint": manifest.fingerprint,
+        "data.dvc_md5": dvc_shards_md5(root),
+        "data.num_classes": str(len(manifest.classes)),
+        **{
+            f"data.{split}_records": str(info.num_records)
+            for split, info in manifest.splits.items()
+        },
+        "git.commit": git_commit(root),
+    }
+
+
+def log_dataset(
+    mlflow_client: MlflowClient, run_id: str, manifest: ShardManifest, *, shards_dir: str | Path
+) -> None:
+    """Log the shard set as a run input by reference: name, source path and digest only."""
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.entities import DatasetInput, InputTag
+
+    with warnings.catch_warnings():
+        # MLflow registers the local source class twice and warns that a path is ambiguous.
+        warnings.filterwarnings("ignore", message=".*interpreted in multiple ways.*")
+        source = resolve_dataset_source(str(Path(shards_dir).resolve()))
+    dataset = MetaDataset(  # type: ignore[abstract]  # profile is optional at runtime
+        source=source,
+        name=f"shards@{manifest.fingerprint[:12]}",
+        # MLflow stores digests in a 36-character column; the full fingerprint is a run tag.
+        digest=manifest.fingerprint[:36],
+    )
+    context = InputTag(key="mlflow.data.context", value="train")
+    mlflow_client.log_inputs(run_id, [DatasetInput(dataset._to_mlflow_entity(), [context])])
+
+
+def dvc_shards_md5(root: str | Path = ".", out_path: str = "data/shards") -> str:
+    """The DVC hash of the shard directory from ``dvc.lock``, or "untracked"."""
+    lock = Path(root) / "dvc.lock"
+    if not lock.exists():
+        return UNTRACKED
+    data: dict[str, Any] = yaml.safe_load(lock.read_text()) or {}
+    outs = data.get("stages", {}).get("shard", {}).get("outs", [])
+    for out in outs:
+        if str(out.get("path", "")).rstrip("/") == out_path:
+            return str(out.get("md5", UNTRACKED))
+    return UNTRACKED
+
+
+def git_commit(root: str | Path = ".") -> str:
+    """``git rev-parse HEAD`` in ``root``, or "unknown" outside a git checkout."""
+    try:
+        result = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return result.stdout.strip() or "unknown"
+
+
+def prefect_flow_run_id() -> str | None:
+    """The id of the Prefect flow run this code runs in, or None outside a flow."""
+    try:
+        from prefect.runtime import flow_run
+    except ImportError:
+        return None
+    run_id = flow_run.id
+    return str(run_id) if run_id else None
+
+
+def timestamp_ms() -> int:
+    import time
+
+    return int(time.time() * 1000)
+
+
+def run_url(mlflow_client: MlflowClient, run_id: str) -> str:
+    """A link to the run: the MLflow UI for an HTTP server, else the store URI and run id."""
+    uri = mlflow_client.tracking_uri
+    run = mlflow_client.get_run(run_id)
+    if uri.startswith(("http://", "https://")):
+        return f"{uri.rstrip('/')}/#/experiments/{run.info.experiment_id}/runs/{run_id}"
+    return f"{uri} (experiment {run.info.experiment_id}, run {run_id})"

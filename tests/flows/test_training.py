@@ -1,0 +1,83 @@
+"""The training flow end to end on tiny validated shards, under a temporary Prefect server."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import yaml
+from mlflow import MlflowClient
+
+from flows.training import main, training_flow
+from tasks.evaluate import CHAMPION
+from tasks.layout import Layout
+
+pytestmark = pytest.mark.slow
+EPOCHS = 3
+
+
+@pytest.fixture(scope="module", autouse=True)
+def prefect_server() -> Iterator[None]:
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture
+def project(tiny_shards: Path, mlflow_uri: str) -> Path:
+    params = {
+        "train": {
+            "epochs": EPOCHS,
+            "batch_size": 16,
+            "learning_rate": 0.003,
+            "early_stopping_patience": 0,
+        },
+        "evaluate": {"top_k": 2, "model_name": "tiny"},
+    }
+    (tiny_shards / "params.yaml").write_text(yaml.safe_dump(params))
+    return tiny_shards
+
+
+def test_flow_trains_evaluates_tracks_and_promotes(project: Path, mlflow_uri: str) -> None:
+    result = training_flow(root=str(project))
+    layout = Layout().with_root(project)
+
+    run_id = json.loads(layout.train_run.read_text())["run_id"]
+    client = MlflowClient(mlflow_uri, mlflow_uri)
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    history = client.get_metric_history(run_id, "val_accuracy")
+    assert sorted(m.step for m in history) == list(range(EPOCHS))  # one point per epoch
+    assert client.get_metric_history(run_id, "images_per_sec")
+    assert run.data.params["train.epochs"] == str(EPOCHS)
+    assert run.data.params["evaluate.top_k"] == "2"
+
+    evaluation = json.loads(layout.eval_metrics.read_text())
+    assert run.data.metrics["test_accuracy"] == evaluation["accuracy"]
+    assert evaluation["accuracy"] >= 0.8
+    assert evaluation["num_test_records"] == 30
+    assert evaluation["test_fingerprint"] == run.data.tags["data.fingerprint"]
+    assert evaluation["promotion"]["promoted"] is True  # the first version becomes champion
+    assert run.data.tags["promotion.decision"] == "promoted"
+    champion = client.get_model_version_by_alias("tiny", CHAMPION)
+    assert champion.run_id == run_id
+    artifacts = {a.path for a in client.list_artifacts(run_id, "eval")}
+    assert "eval/confusion_matrix.png" in artifacts and "eval/misclassified.png" in artifacts
+
+    model = keras.saving.load_model(layout.model_file)
+    images = np.zeros((7, 16, 16, 3), dtype=np.uint8)
+    assert model.predict(images, verbose=0).shape == (7, 3)
+    assert result["evaluate"]["promotion"]["promoted"] is True
+
+
+def test_cli_runs_one_stage_at_a_time(project: Path, mlflow_uri: str) -> None:
+    layout = Layout().with_root(project)
+    main(["train", "--root", str(project)])
+    assert layout.model_file.exists() and not layout.eval_metrics.exists()
+    main(["evaluate", "--root", str(project)])
+    assert json.loads(layout.eval_metrics.read_text())["model_version"] == "1"

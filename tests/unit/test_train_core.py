@@ -1,0 +1,103 @@
+"""The training core on tiny shards: learns, repeats exactly, resumes after a kill."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+import pytest
+
+from tasks.evaluate import evaluate_model
+from tasks.layout import Layout
+from tasks.params import AugmentParams, TrainParams
+from tasks.train import read_epoch_log, train
+
+pytestmark = pytest.mark.slow
+NO_AUGMENT = AugmentParams(flip=False, crop=0.0, brightness=0.0, contrast=0.0)
+
+
+def run(root: Path, params: TrainParams, **kwargs: Any) -> dict[str, Any]:
+    layout = Layout().with_root(root)
+    return train(
+        params,
+        layout.shards_dir,
+        model_file=layout.model_file,
+        backup_dir=layout.backup_dir,
+        metrics_file=layout.train_metrics,
+        plot_file=layout.train_plot,
+        **kwargs,
+    )
+
+
+def test_learnable_data_beats_chance_clearly(tiny_shards: Path) -> None:
+    params = TrainParams(epochs=5, batch_size=16, learning_rate=3e-3, early_stopping_patience=0)
+    summary = run(tiny_shards, params)
+    layout = Layout().with_root(tiny_shards)
+    metrics = evaluate_model(
+        layout.model_file, layout.shards_dir, tmp := tiny_shards / "eval", top_k=5
+    )
+    assert metrics["accuracy"] >= 0.8  # chance is 1/3
+    assert metrics["top_k"] == 3  # capped at the number of classes
+    assert metrics["top_k_accuracy"] == 1.0
+    assert summary["epochs_completed"] == 5
+    assert summary["images_per_sec"] > 0
+    saved = json.loads(layout.train_metrics.read_text())
+    assert len(saved["history"]["val_loss"]) == 5
+    assert layout.train_plot.stat().st_size > 0
+    assert {p.name for p in tmp.iterdir()} >= {
+        "confusion_matrix.png",
+        "misclassified.png",
+        "per_class.json",
+        "per_class.md",
+    }
+    assert not layout.backup_dir.exists()  # completed runs leave nothing to resume
+
+
+def test_deterministic_runs_repeat_exactly(tiny_shards: Path, tmp_path_factory: Any) -> None:
+    params = TrainParams(epochs=1, batch_size=16, early_stopping_patience=0)
+    first = run(tiny_shards, params)
+    second = run(tiny_shards, params)
+    assert first["final"]["loss"] == second["final"]["loss"]
+    assert first["final"]["val_loss"] == second["final"]["val_loss"]
+
+
+class KillAfterEpoch(keras.callbacks.Callback):
+    """Stands in for a kill: the process dies right after an epoch's backup is written."""
+
+    def __init__(self, epoch: int) -> None:
+        super().__init__()
+        self.epoch = epoch
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if epoch == self.epoch:
+            raise KeyboardInterrupt(f"killed after epoch {epoch + 1}")
+
+
+def test_killed_run_resumes_where_it_stopped(tiny_shards: Path) -> None:
+    layout = Layout().with_root(tiny_shards)
+    params = TrainParams(epochs=3, batch_size=16, early_stopping_patience=0, augment=NO_AUGMENT)
+    with pytest.raises(KeyboardInterrupt):
+        run(tiny_shards, params, callbacks=[KillAfterEpoch(0)])
+    assert not layout.model_file.exists()
+    before = read_epoch_log(layout.backup_dir / "epochs.jsonl")
+    assert [row["epoch"] for row in before] == [0]
+
+    summary = run(tiny_shards, params)
+    assert summary["resumed_from_epoch"] == 1  # did not start over
+    assert summary["epochs_completed"] == 3
+    history = json.loads(layout.train_metrics.read_text())["history"]
+    assert len(history["loss"]) == 3
+    assert history["loss"][0] == before[0]["loss"]  # epoch 1 kept from the killed run
+
+
+def test_saved_model_predicts_class_probabilities(tiny_shards: Path) -> None:
+    params = TrainParams(epochs=1, batch_size=16, early_stopping_patience=0)
+    run(tiny_shards, params)
+    model = keras.saving.load_model(Layout().with_root(tiny_shards).model_file)
+    images = np.random.default_rng(0).integers(0, 256, (5, 16, 16, 3), dtype=np.uint8)
+    probs = model.predict(images, verbose=0)
+    assert probs.shape == (5, 3)
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-5)

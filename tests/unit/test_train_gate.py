@@ -1,0 +1,75 @@
+"""The validation gate: training refuses shards no passing report vouches for."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tasks.layout import Layout
+from tasks.manifest import load_manifest
+from tasks.params import Params, TrainParams
+from tasks.train import ShardsNotValidated, check_validated, run_train
+from tests.tiny_shards import write_tiny_shards, write_validation_report
+
+
+def gate(root: Path) -> object:
+    layout = Layout().with_root(root)
+    return check_validated(layout.shards_dir, layout.validation_report)
+
+
+def test_passing_report_for_these_shards_opens_the_gate(tiny_shards: Path) -> None:
+    manifest = gate(tiny_shards)
+    assert manifest == load_manifest(tiny_shards / "data" / "shards")
+
+
+def test_missing_report_is_refused(tiny_shards: Path) -> None:
+    (tiny_shards / "reports" / "validation.json").unlink()
+    with pytest.raises(ShardsNotValidated, match=r"no validation report.*validate stage"):
+        gate(tiny_shards)
+
+
+def test_failed_report_names_the_failed_checks(tiny_shards: Path) -> None:
+    fingerprint = load_manifest(tiny_shards / "data" / "shards").fingerprint
+    write_validation_report(tiny_shards, fingerprint, passed=False, failed_check="leakage")
+    with pytest.raises(ShardsNotValidated, match=r"validation failed.*leakage") as error:
+        gate(tiny_shards)
+    assert "record_count" not in str(error.value)  # only failed checks are listed
+
+
+def test_shards_rewritten_after_validation_are_refused(tiny_shards: Path) -> None:
+    report = tiny_shards / "reports" / "validation.json"
+    old = report.read_text()
+    write_tiny_shards(tiny_shards, seed=7, validated=False)  # new content, new fingerprint
+    assert (
+        json.loads(old)["fingerprint"] != load_manifest(tiny_shards / "data" / "shards").fingerprint
+    )
+    with pytest.raises(ShardsNotValidated, match="changed since validation"):
+        gate(tiny_shards)
+
+
+def test_shard_file_edited_behind_the_manifest_is_refused(tiny_shards: Path) -> None:
+    shard = next((tiny_shards / "data" / "shards").glob("train.tfrecord-*"))
+    with shard.open("ab") as handle:
+        handle.write(b"extra")
+    with pytest.raises(ShardsNotValidated, match=f"changed since validation.*{shard.name}"):
+        gate(tiny_shards)
+
+
+def test_hand_edited_manifest_is_refused(tiny_shards: Path) -> None:
+    path = tiny_shards / "data" / "shards" / "manifest.json"
+    data = json.loads(path.read_text())
+    data["classes"][0] = "crimson"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ShardsNotValidated, match="fingerprint does not match"):
+        gate(tiny_shards)
+
+
+def test_run_train_refuses_before_tracking_or_training(tiny_shards: Path, mlflow_uri: str) -> None:
+    (tiny_shards / "reports" / "validation.json").unlink()
+    layout = Layout().with_root(tiny_shards)
+    with pytest.raises(ShardsNotValidated):
+        run_train(Params(train=TrainParams(epochs=1, batch_size=16)), layout)
+    assert not layout.model_file.exists()
+    assert not (tiny_shards / "mlflow.db").exists()  # no run was opened
