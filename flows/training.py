@@ -7,7 +7,6 @@ python -m flows.training evaluate
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,8 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.tasks import exponential_backoff
 
+from flows.common import configure_environment, parse_stage_args, run_stage
+from flows.server import require_server
 from tasks.evaluate import run_evaluate
 from tasks.layout import Layout
 from tasks.params import Params, load_params
@@ -51,16 +52,38 @@ def evaluate_task(params: Params, layout: Layout) -> dict[str, Any]:
 
 @flow(name="training", log_prints=True)
 def training_flow(
-    params_path: str = "params.yaml", root: str = ".", stages: Sequence[str] = STAGES
+    params_path: str = "params.yaml",
+    root: str = ".",
+    stages: Sequence[str] | None = None,
+    dvc_bookkeeping: bool = False,
 ) -> dict[str, Any]:
+    """Train, then evaluate and promote; ``stages`` picks a subset (what one DVC stage runs).
+
+    With ``dvc_bookkeeping`` (deployment runs) a stage DVC reports up to date is skipped
+    and a stage that ran is recorded in ``dvc.lock``.
+    """
+    stages = list(stages or STAGES)
     unknown = set(stages) - set(STAGES)
     if unknown:
         raise ValueError(f"unknown stages {sorted(unknown)}; choose from {STAGES}")
     layout = Layout().with_root(root)
     params = load_params(Path(root) / params_path)
 
-    trained = train_task(params, layout) if "train" in stages else None
-    evaluated = evaluate_task(params, layout) if "evaluate" in stages else None
+    trained = evaluated = None
+    if "train" in stages:
+        trained = run_stage(
+            "train",
+            layout.root,
+            lambda: train_task(params, layout),
+            dvc_bookkeeping=dvc_bookkeeping,
+        )
+    if "evaluate" in stages:
+        evaluated = run_stage(
+            "evaluate",
+            layout.root,
+            lambda: evaluate_task(params, layout),
+            dvc_bookkeeping=dvc_bookkeeping,
+        )
 
     create_markdown_artifact(
         summary_markdown(trained, evaluated, layout),
@@ -107,14 +130,11 @@ def summary_markdown(
     return "\n".join(lines) + "\n"
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("stage", nargs="?", choices=STAGES, help="run only this stage")
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--root", default=".")
-    args = parser.parse_args(argv)
-    stages = (args.stage,) if args.stage else STAGES
-    training_flow(params_path=args.params, root=args.root, stages=stages)
+def main() -> None:
+    configure_environment()
+    require_server()
+    stages, params_path = parse_stage_args(STAGES, "flows.training")
+    training_flow(params_path=params_path, stages=stages)
 
 
 if __name__ == "__main__":

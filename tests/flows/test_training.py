@@ -75,9 +75,15 @@ def test_flow_trains_evaluates_tracks_and_promotes(project: Path, mlflow_uri: st
     assert result["evaluate"]["promotion"]["promoted"] is True
 
 
-def test_cli_runs_one_stage_at_a_time(project: Path, mlflow_uri: str) -> None:
+def test_cli_runs_one_stage_at_a_time(
+    project: Path, mlflow_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the dvc.yaml stages run: `python -m flows.training train`, then `... evaluate`."""
     layout = Layout().with_root(project)
-    main(["train", "--root", str(project)])
+    monkeypatch.chdir(project)
+    monkeypatch.setattr("sys.argv", ["flows.training", "train"])
+    main()
     assert layout.model_file.exists() and not layout.eval_metrics.exists()
-    main(["evaluate", "--root", str(project)])
+    monkeypatch.setattr("sys.argv", ["flows.training", "evaluate"])
+    main()
     assert json.loads(layout.eval_metrics.read_text())["model_version"] == "1"
