@@ -1,0 +1,318 @@
+"""``python -m bench``: measure everything, write reports/bench.json and reports/bench.png."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+QUICK = {"images": 200, "passes": 1, "scaling": [200, 1000], "steps": 10, "warmup_steps": 3}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--images", type=int, default=3000, help="images in the read/write set")
+    parser.add_argument("--min-size", type=int, default=200, help="smallest source side (px)")
+    parser.add_argument("--max-size", type=int, default=400, help="largest source side (px)")
+    parser.add_argument("--size", type=int, default=224, help="square training size for read/write")
+    parser.add_argument("--batch", type=int, default=32, help="batch size for read figures")
+    parser.add_argument("--passes", type=int, default=3, help="timed passes per figure (median)")
+    parser.add_argument(
+        "--scaling",
+        type=_int_list,
+        default=[1000, 10000, 50000],
+        help="comma-separated image counts for the shard scaling run",
+    )
+    parser.add_argument("--scaling-min-size", type=int, default=64)
+    parser.add_argument("--scaling-max-size", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=50, help="timed train steps (input-bound)")
+    parser.add_argument("--warmup-steps", type=int, default=10)
+    parser.add_argument(
+        "--orch-epochs",
+        type=int,
+        default=None,
+        help="override train.epochs in the orchestration copies",
+    )
+    parser.add_argument("--skip-orchestration", action="store_true")
+    parser.add_argument("--skip-scaling", action="store_true")
+    parser.add_argument(
+        "--only",
+        type=lambda s: s.split(","),
+        default=None,
+        help="comma-separated sections: read,write,input,orchestration,scaling",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help=f"tiny smoke run: {QUICK}, orchestration at 1 epoch"
+    )
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "reports" / "bench.json")
+    parser.add_argument("--plot", type=Path, default=None, help="default: --out with .png")
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "shardflow-bench",
+        help="generated images, shards and repo copies (reused between runs)",
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        for key, value in QUICK.items():
+            setattr(args, key, value)
+        args.orch_epochs = args.orch_epochs or 1
+    args.plot = args.plot or args.out.with_suffix(".png")
+    return args
+
+
+def _int_list(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+class Run:
+    """Collects figures, details and per-section errors; saves after every section."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from bench.report import machine_info
+
+        self.args = args
+        self.figures: dict[str, Any] = {
+            "read.folder": None,
+            "read.seed": None,
+            "read.raw": None,
+            "read.jpeg": None,
+            "read.png": None,
+            "read.ceiling": None,
+            "write.seed": None,
+            "write.workers_1": None,
+            "write.workers_2": None,
+            "input_bound_ratio": None,
+            "orchestration_tax": None,
+            "dvc_noop_s": None,
+            "scaling": None,
+            "machine": machine_info(),
+            "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "details": {},
+            "errors": {},
+            "notes": [],
+        }
+
+    def section(self, name: str, body: Callable[[], None]) -> None:
+        if self.args.only and name not in self.args.only:
+            return
+        log(f"== {name}")
+        start = time.perf_counter()
+        try:
+            body()
+        except Exception as exc:
+            self.figures["errors"][name] = f"{type(exc).__name__}: {exc}"
+            log(f"   {name} FAILED: {type(exc).__name__}: {exc}")
+            traceback.print_exc()
+        log(f"   {name} took {time.perf_counter() - start:.1f} s")
+        self.save()
+
+    def record(self, key: str, result: dict[str, Any], unit: str = "img/s") -> None:
+        self.figures[key] = round(result["per_s"], 2)
+        self.figures["details"][key] = result
+        log(f"   {key:<22} {result['per_s']:>10,.1f} {unit}  passes={result['passes']}")
+
+    def save(self) -> None:
+        self.args.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.args.out.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.figures, indent=2, default=str) + "\n")
+        tmp.replace(self.args.out)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from bench.datasets import fresh_shards, ingest_folder
+    from bench.images import generate_images
+    from bench.report import format_table, plot
+    from bench.stats import evaluate_targets
+    from tasks.params import load_params
+
+    run = Run(args)
+    work: Path = args.workdir
+    cores = os.cpu_count() or 1
+    base = load_params(REPO_ROOT / "params.yaml")
+    size = (args.size, args.size)
+    tag = f"{args.images}-{args.min_size}-{args.max_size}"
+    images = work / f"images-{tag}"
+    state: dict[str, Any] = {}
+
+    def prepare() -> None:
+        log(f"   generating {args.images} JPEGs ({args.min_size}-{args.max_size} px) in {images}")
+        generate_images(
+            images, args.images, min_size=args.min_size, max_size=args.max_size, workers=cores
+        )
+        state["index"] = ingest_folder(images, work / f"ingest-{tag}", workers=cores)
+
+    run.section("prepare", prepare)
+    if "index" not in state:
+        run.save()
+        raise SystemExit("could not prepare the benchmark images; see errors above")
+    index = state["index"]
+
+    def read() -> None:
+        from bench import read as r
+
+        run.record(
+            "read.folder",
+            r.measure_read(
+                r.folder_dataset(images, size=size, batch=args.batch), passes=args.passes
+            ),
+        )
+        seed_file = work / f"seed-{tag}.tfrecord"
+        r.write_seed_tfrecord(images, seed_file)
+        run.record(
+            "read.seed",
+            r.measure_read(
+                r.seed_dataset(seed_file, size=size, batch=args.batch), passes=args.passes
+            ),
+        )
+        for encoding in ("raw", "jpeg", "png"):
+            params = base.shard.model_copy(update={"image_size": size, "encoding": encoding})
+            shards = fresh_shards(params, index, work / f"read-{tag}-{encoding}", workers=cores)
+            run.record(
+                f"read.{encoding}",
+                r.measure_read(r.shardflow_dataset(shards, batch=args.batch), passes=args.passes),
+            )
+            if encoding == "jpeg":
+                # Stricter ceiling for read.jpeg: the shards' own JPEG bytes, decoded from memory.
+                encoded, labels = r.shard_image_bytes(shards)
+                run.record(
+                    "read.ceiling_shard_jpeg",
+                    r.measure_read(
+                        r.ceiling_dataset(encoded, labels, size=None, batch=args.batch),
+                        passes=args.passes,
+                    ),
+                )
+                run.figures["read.ceiling_shard_jpeg"] = run.figures.pop("read.ceiling_shard_jpeg")
+        encoded, labels = r.source_jpegs(images)
+        run.record(
+            "read.ceiling",
+            r.measure_read(
+                r.ceiling_dataset(encoded, labels, size=size, batch=args.batch), passes=args.passes
+            ),
+        )
+
+    def write() -> None:
+        from bench.stats import timed_passes
+        from bench.write import seed_write_measured, shardflow_write_measured
+
+        params = base.shard.model_copy(update={"image_size": size})
+        run.figures["details"]["write.encoding"] = params.encoding
+        seed_file = work / f"write-seed-{tag}.tfrecord"
+        run.record(
+            "write.seed",
+            timed_passes(
+                lambda: seed_write_measured(images, seed_file, size=size, encoding=params.encoding),
+                passes=args.passes,
+            ),
+        )
+        for workers in (1, 2):
+            shards = work / f"write-{tag}-w{workers}"
+
+            def shard_once(w: int = workers, out: Path = shards) -> tuple[int, float]:
+                return shardflow_write_measured(params, index, out, workers=w)
+
+            run.record(f"write.workers_{workers}", timed_passes(shard_once, passes=args.passes))
+
+    def input_bound() -> None:
+        from bench.train_step import input_bound_ratio
+
+        shards = fresh_shards(base.shard, index, work / f"train-{tag}", workers=cores)
+        result = input_bound_ratio(shards, base.train, steps=args.steps, warmup=args.warmup_steps)
+        run.figures["input_bound_ratio"] = round(result["ratio"], 4)
+        run.figures["details"]["input_bound_ratio"] = result
+        if "stand-in" in result["model"]:
+            run.figures["notes"].append(f"input_bound_ratio: {result['model']}")
+        log(
+            f"   input_bound_ratio {result['ratio']:.3f} (real {result['real_step_ms']} ms, "
+            f"synthetic {result['synthetic_step_ms']} ms per step, {result['model']})"
+        )
+
+    def orchestration() -> None:
+        from bench.orchestration import measure_orchestration
+
+        overrides = {"train": {"epochs": args.orch_epochs}} if args.orch_epochs else {}
+        result = measure_orchestration(
+            REPO_ROOT, work / "orchestration", images=images, overrides=overrides, log=log
+        )
+        for key in ("orchestration_tax", "dvc_noop_s"):
+            value = result.pop(key)
+            run.figures[key] = None if value is None else round(value, 4)
+        run.figures["details"]["orchestration"] = result
+        if result.get("note"):
+            run.figures["notes"].append(f"orchestration: {result['note']}")
+        if result.get("stages_not_compared"):
+            run.figures["notes"].append(
+                "orchestration_tax covers stages "
+                + ", ".join(result["stages_compared"])
+                + " only (no direct call registered for "
+                + ", ".join(result["stages_not_compared"])
+                + " in bench/orchestration.py)"
+            )
+        log(
+            f"   orchestration_tax {run.figures['orchestration_tax']}, "
+            f"dvc_noop_s {run.figures['dvc_noop_s']}"
+        )
+
+    def scaling() -> None:
+        from bench.scaling import scaling_run
+
+        largest = max(args.scaling)
+        stag = f"{largest}-{args.scaling_min_size}-{args.scaling_max_size}"
+        scaling_images = work / f"scaling-images-{stag}"
+        log(f"   generating {largest} JPEGs ({args.scaling_min_size}-{args.scaling_max_size} px)")
+        generate_images(
+            scaling_images,
+            largest,
+            min_size=args.scaling_min_size,
+            max_size=args.scaling_max_size,
+            workers=cores,
+        )
+        full_index = ingest_folder(scaling_images, work / f"ingest-scaling-{stag}", workers=cores)
+        run.figures["scaling"] = scaling_run(
+            base.shard,
+            full_index,
+            work / "scaling",
+            sorted(args.scaling),
+            workers=base.shard.workers,
+            log=log,
+        )
+        run.figures["notes"].append(
+            f"scaling uses {args.scaling_min_size}-{args.scaling_max_size} px source JPEGs and "
+            f"the params.yaml shard settings ({base.shard.image_size}, {base.shard.encoding}, "
+            f"{base.shard.workers} workers); peak_rss_mb sums the shard process and its workers"
+        )
+
+    run.section("read", read)
+    run.section("write", write)
+    run.section("input", input_bound)
+    if not args.skip_orchestration:
+        run.section("orchestration", orchestration)
+    if not args.skip_scaling:
+        run.section("scaling", scaling)
+
+    run.figures["targets"] = evaluate_targets(run.figures, base.shard.encoding)
+    run.save()
+    print(format_table(run.figures, run.figures["targets"]))
+    try:
+        plot(run.figures, run.figures["targets"], args.plot)
+        log(f"wrote {args.out} and {args.plot}")
+    except Exception as exc:
+        log(f"wrote {args.out}; chart failed: {type(exc).__name__}: {exc}")
+    return run.figures
+
+
+if __name__ == "__main__":
+    main()

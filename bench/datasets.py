@@ -1,0 +1,45 @@
+"""Ingest and shard the benchmark image folders through Shardflow's own stage functions."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from tasks.ingest import run_ingest
+from tasks.params import IngestParams, ShardParams, SplitFractions
+from tasks.shard import run_shard
+
+ALL_TRAIN = SplitFractions(train=1.0, val=0.0, test=0.0)
+
+
+def ingest_folder(source_dir: Path, work_dir: Path, *, workers: int = 2) -> Path:
+    """Index every image of ``source_dir`` into the train split; cached while inputs match.
+
+    All-train keeps every benchmark image in the split the reader times.
+    """
+    params = IngestParams(source_dir=str(source_dir), splits=ALL_TRAIN, workers=workers)
+    index_path = work_dir / "index.json"
+    recipe_path = work_dir / "index.recipe.json"
+    marker = source_dir / ".bench-images.json"
+    recipe = {
+        "params": params.model_dump(mode="json"),
+        "images": marker.read_text() if marker.exists() else None,
+    }
+    if (
+        index_path.exists()
+        and recipe_path.exists()
+        and json.loads(recipe_path.read_text()) == recipe
+    ):
+        return index_path
+    work_dir.mkdir(parents=True, exist_ok=True)
+    run_ingest(params, index_path, work_dir / "ingest_report.json")
+    recipe_path.write_text(json.dumps(recipe))
+    return index_path
+
+
+def fresh_shards(params: ShardParams, index_path: Path, shards_dir: Path, *, workers: int) -> Path:
+    """Shard from scratch: run_shard resumes a finished plan, so a timed run must start empty."""
+    shutil.rmtree(shards_dir, ignore_errors=True)
+    run_shard(params, index_path, shards_dir, workers=workers)
+    return shards_dir

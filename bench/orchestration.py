@@ -1,0 +1,221 @@
+"""Orchestration tax: the pipeline through DVC + Prefect (+ MLflow) vs direct stage calls.
+
+Both runs happen in throw-away copies of the repo (tracked and untracked-but-not-ignored
+files), with the benchmark images linked in as ``data/demo`` so ``params.yaml`` needs no edit.
+``python -m bench.orchestration ROOT STAGE...`` is the direct runner: one interpreter calling
+the stage functions in order, as a user without orchestration would.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tasks.layout import Layout
+from tasks.params import Params, deep_merge, load_params
+
+
+def _ingest(params: Params, layout: Layout) -> None:
+    from tasks.ingest import run_ingest
+
+    run_ingest(params.ingest, layout.index, layout.ingest_report)
+
+
+def _shard(params: Params, layout: Layout) -> None:
+    from tasks.shard import run_shard
+
+    run_shard(params.shard, layout.index, layout.shards_dir)
+
+
+def _validate(params: Params, layout: Layout) -> None:
+    from tasks import validate
+
+    report = validate.run_validate(
+        layout.shards_dir,
+        layout.validation_report,
+        layout.validation_summary,
+        index_path=layout.index,
+    )
+    validate.raise_if_failed(report)
+
+
+def _train(params: Params, layout: Layout) -> None:
+    from tasks.train import run_train
+
+    run_train(params, layout)  # MLflow logging is the stage's own work, so it stays in
+
+
+def _evaluate(params: Params, layout: Layout) -> None:
+    from tasks.evaluate import run_evaluate
+
+    run_evaluate(params, layout)
+
+
+# Stage name (as in dvc.yaml) -> the same work as its flow task, without Prefect or DVC.
+DIRECT_STAGES: dict[str, Callable[[Params, Layout], None]] = {
+    "ingest": _ingest,
+    "shard": _shard,
+    "validate": _validate,
+    "train": _train,
+    "evaluate": _evaluate,
+}
+
+
+# Stage outputs and local state: each copy must start from a clean slate.
+NOT_COPIED = {
+    "data",
+    "models",
+    "metrics",
+    "plots",
+    "reports",
+    "mlruns",
+    "mlartifacts",
+    ".shardflow",
+    ".prefect",
+    "dvc.lock",
+    "mlflow.db",
+}
+
+
+def dvc_stages(repo_root: Path) -> list[str]:
+    """Stage names of ``dvc.yaml`` in file order."""
+    data = yaml.safe_load((repo_root / "dvc.yaml").read_text())
+    return list((data or {}).get("stages", {}))
+
+
+def copy_repo(repo_root: Path, dest: Path, *, images: Path, overrides: dict[str, Any]) -> Path:
+    """Copy the working tree (no ignored files), link the images in, apply param overrides."""
+    shutil.rmtree(dest, ignore_errors=True)
+    listed = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"],
+        cwd=repo_root,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split("\0")
+    for rel in filter(None, listed):
+        if rel.split("/")[0] in NOT_COPIED:
+            continue
+        src = repo_root / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    params = (
+        yaml.safe_load((dest / "params.yaml").read_text())
+        if (dest / "params.yaml").exists()
+        else {}
+    )
+    params = deep_merge(params or {}, overrides)
+    (dest / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    source = dest / load_params(dest / "params.yaml").ingest.source_dir
+    shutil.rmtree(source, ignore_errors=True)
+    source.parent.mkdir(parents=True, exist_ok=True)
+    try:  # hard links: instant, and DVC hashes the same bytes
+        shutil.copytree(images, source, copy_function=os.link)
+    except OSError:
+        shutil.rmtree(source, ignore_errors=True)
+        shutil.copytree(images, source)
+    git = ["git", "-c", "user.name=bench", "-c", "user.email=bench@localhost"]
+    subprocess.run([*git, "init", "-q"], cwd=dest, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=dest, check=True)
+    subprocess.run([*git, "commit", "-qm", "bench snapshot", "--no-verify"], cwd=dest, check=True)
+    if not (dest / ".dvc").exists():
+        _run([sys.executable, "-m", "dvc", "init", "-q"], dest)
+    return dest
+
+
+def _env() -> dict[str, str]:
+    # `python` in dvc.yaml commands must be this interpreter.
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    return {**os.environ, "PATH": path, "DVC_NO_ANALYTICS": "1", "DO_NOT_TRACK": "true"}
+
+
+def _run(cmd: list[str], cwd: Path, timeout: float = 7200) -> float:
+    """Run a command; return its wall seconds; raise with its output tail when it fails."""
+    start = time.perf_counter()
+    done = subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
+    elapsed = time.perf_counter() - start
+    if done.returncode != 0:
+        tail = (done.stdout + done.stderr).strip()[-3000:]
+        raise RuntimeError(f"`{' '.join(cmd)}` in {cwd} failed ({done.returncode}): {tail}")
+    return elapsed
+
+
+def measure_orchestration(
+    repo_root: Path,
+    work_dir: Path,
+    *,
+    images: Path,
+    overrides: dict[str, Any] | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Time ``dvc repro`` vs direct calls over the stages both can run, then a no-op repro.
+
+    Returns ``orchestration_tax`` (dvc_s / direct_s - 1), ``dvc_noop_s`` and the details.
+    """
+    repo_root = repo_root.resolve()
+    if not (repo_root / "dvc.yaml").exists():
+        return {
+            "orchestration_tax": None,
+            "dvc_noop_s": None,
+            "note": f"{repo_root / 'dvc.yaml'} does not exist yet",
+        }
+    overrides = overrides or {}
+    stages = dvc_stages(repo_root)
+    covered = []
+    for stage in stages:  # the longest prefix of the pipeline with a known direct call
+        if stage not in DIRECT_STAGES:
+            break
+        covered.append(stage)
+    if not covered:
+        raise RuntimeError(f"no direct call known for the first dvc stage {stages[0]!r}")
+    skipped = [s for s in stages if s not in covered]
+
+    direct_root = copy_repo(repo_root, work_dir / "direct", images=images, overrides=overrides)
+    log(f"  direct: {', '.join(covered)}")
+    direct_s = _run(
+        [sys.executable, "-m", "bench.orchestration", str(direct_root), *covered],
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+
+    dvc_root = copy_repo(repo_root, work_dir / "dvc", images=images, overrides=overrides)
+    log(f"  dvc repro {covered[-1]} (runs {', '.join(covered)})")
+    dvc_s = _run([sys.executable, "-m", "dvc", "repro", covered[-1]], cwd=dvc_root)
+    full_s = None
+    if skipped:
+        log(f"  dvc repro (the rest: {', '.join(skipped)})")
+        full_s = _run([sys.executable, "-m", "dvc", "repro"], cwd=dvc_root)
+    log("  dvc repro (no-op)")
+    noop = [_run([sys.executable, "-m", "dvc", "repro"], cwd=dvc_root) for _ in range(3)]
+    return {
+        "orchestration_tax": dvc_s / direct_s - 1,
+        "dvc_noop_s": sorted(noop)[1],
+        "dvc_s": round(dvc_s, 3),
+        "direct_s": round(direct_s, 3),
+        "stages_compared": covered,
+        "stages_not_compared": skipped,
+        "dvc_rest_s": None if full_s is None else round(full_s, 3),
+        "dvc_noop_passes": [round(s, 3) for s in noop],
+        "overrides": overrides,
+    }
+
+
+def _direct(root: str, *stages: str) -> None:
+    """One interpreter, the stage functions in order: the pipeline without orchestration."""
+    os.chdir(root)
+    layout = Layout(Path("."))
+    params = load_params(layout.params)
+    for stage in stages:
+        DIRECT_STAGES[stage](params, layout)
+
+
+if __name__ == "__main__":
+    _direct(*sys.argv[1:])

@@ -1,0 +1,117 @@
+"""Read throughput: images/s of batched (image, label) over one full epoch, per input recipe.
+
+Each ``*_dataset`` builds one pipeline; :func:`measure_read` iterates it for a warm-up epoch
+and then ``passes`` timed epochs. All yield batches of ``size`` images at ``batch``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bench.images import list_images
+from bench.stats import timed_passes
+from tasks.manifest import load_manifest
+from tasks.reader import read_split
+from tasks.schema import IMAGE_KEY
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+
+def epoch_images(ds: tf.data.Dataset) -> int:
+    """Iterate one epoch; return how many images it yielded."""
+    count = 0
+    for images, _labels in ds:
+        count += int(images.shape[0])
+    return count
+
+
+def measure_read(ds: tf.data.Dataset, *, passes: int) -> dict[str, Any]:
+    return timed_passes(lambda: epoch_images(ds), passes=passes, warmup=1)
+
+
+def folder_dataset(source_dir: Path, *, size: tuple[int, int], batch: int) -> tf.data.Dataset:
+    """What a Keras user picks first: decode and resize every file on every epoch."""
+    import keras
+    import tensorflow as tf
+
+    ds = keras.utils.image_dataset_from_directory(
+        source_dir, image_size=size, batch_size=batch, shuffle=True, seed=0, verbose=False
+    )
+    return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def write_seed_tfrecord(source_dir: Path, path: Path) -> int:
+    """The seeds' writer: one file, the original JPEG bytes and the label in an Example."""
+    import tensorflow as tf
+
+    images = list_images(source_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for file, label in images:
+            feature = {
+                "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[file.read_bytes()])),
+                "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
+            }
+            example = tf.train.Example(features=tf.train.Features(feature=feature))
+            writer.write(example.SerializeToString())
+    return len(images)
+
+
+def seed_dataset(path: Path, *, size: tuple[int, int], batch: int) -> tf.data.Dataset:
+    """The seeds' reader: parse_single_example + decode + resize in a serial map, then batch."""
+    import tensorflow as tf
+
+    spec = {
+        "image": tf.io.FixedLenFeature([], tf.string),
+        "label": tf.io.FixedLenFeature([], tf.int64),
+    }
+
+    def parse(example: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        features = tf.io.parse_single_example(example, spec)
+        image = tf.io.decode_jpeg(features["image"], channels=3)
+        return tf.image.resize(image, size), features["label"]
+
+    return tf.data.TFRecordDataset(str(path)).map(parse).batch(batch)
+
+
+def ceiling_dataset(
+    encoded: list[bytes], labels: list[int], *, size: tuple[int, int] | None, batch: int
+) -> tf.data.Dataset:
+    """Decode (+ resize when ``size``) JPEG bytes already in memory, on every core: no I/O."""
+    import tensorflow as tf
+
+    def decode(data: tf.Tensor, label: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        image = tf.io.decode_jpeg(data, channels=3)
+        return (tf.image.resize(image, size) if size else image), label
+
+    ds = tf.data.Dataset.from_tensor_slices((encoded, labels))
+    ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.batch(batch).prefetch(tf.data.AUTOTUNE)
+
+
+def source_jpegs(source_dir: Path) -> tuple[list[bytes], list[int]]:
+    images = list_images(source_dir)
+    return [file.read_bytes() for file, _ in images], [label for _, label in images]
+
+
+def shard_image_bytes(shards_dir: Path, split: str = "train") -> tuple[list[bytes], list[int]]:
+    """The encoded image feature of every record of a split, via the shared record schema."""
+    import tensorflow as tf
+
+    manifest = load_manifest(shards_dir)
+    schema = manifest.record_schema
+    files = [str(shards_dir / s.file) for s in manifest.split(split).shards]
+    ds = tf.data.TFRecordDataset(files, compression_type=manifest.compression_type).batch(256)
+    encoded: list[bytes] = []
+    labels: list[int] = []
+    for serialized in ds:
+        features = tf.io.parse_example(serialized, schema.parse_spec())
+        encoded.extend(features[IMAGE_KEY].numpy().tolist())
+        labels.extend(features["label"].numpy().tolist())
+    return encoded, labels
+
+
+def shardflow_dataset(shards_dir: Path, *, batch: int) -> tf.data.Dataset:
+    return read_split(shards_dir, "train", batch_size=batch, training=True, seed=0)

@@ -1,0 +1,121 @@
+"""The report: machine facts, the terminal table and the bar chart."""
+
+from __future__ import annotations
+
+import os
+import platform
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+READ_KEYS = ("read.folder", "read.seed", "read.raw", "read.jpeg", "read.png", "read.ceiling")
+WRITE_KEYS = ("write.seed", "write.workers_1", "write.workers_2")
+
+
+def machine_info() -> dict[str, Any]:
+    import psutil
+
+    model = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    versions: dict[str, str | None] = {}
+    for package in ("tensorflow", "keras", "prefect", "mlflow", "dvc", "numpy", "pillow"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = None
+    return {
+        "cores": os.cpu_count(),
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "cpu_model": model,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        **versions,
+    }
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def format_table(figures: dict[str, Any], targets: list[dict[str, Any]]) -> str:
+    """Figures and targets as plain text for the terminal."""
+    lines = ["", f"{'figure':<24}{'value':>14}", "-" * 38]
+    for key in (*READ_KEYS, *WRITE_KEYS):
+        lines.append(f"{key:<24}{_fmt(figures.get(key)):>14}  img/s")
+    for key, unit in (("input_bound_ratio", "x"), ("orchestration_tax", ""), ("dvc_noop_s", "s")):
+        lines.append(f"{key:<24}{_fmt(figures.get(key), 3):>14}  {unit}")
+    for point in figures.get("scaling") or []:
+        lines.append(
+            f"{'scaling ' + str(point['images']):<24}{point['s_per_image'] * 1000:>14.3f}  ms/img"
+            f"  peak RSS {point['peak_rss_mb']:.0f} MB"
+        )
+    lines += ["", f"{'target':<40}{'measured':>10}  {'rule':<40}result", "-" * 100]
+    for t in targets:
+        result = {True: "PASS", False: "FAIL", None: "n/a"}[t["pass"]]
+        lines.append(f"{t['name']:<40}{_fmt(t['measured'], 3):>10}  {t['expression']:<40}{result}")
+    errors = figures.get("errors") or {}
+    for section, message in errors.items():
+        lines.append(f"ERROR in {section}: {message.splitlines()[0][:200]}")
+    return "\n".join(lines)
+
+
+def plot(figures: dict[str, Any], targets: list[dict[str, Any]], path: Path) -> Path:
+    """Bars of read and write images/s, with the target ratios written beside them."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_read, ax_write, ax_text) = plt.subplots(
+        1, 3, figsize=(17, 5.5), gridspec_kw={"width_ratios": [3, 1.6, 2.4]}
+    )
+    for ax, keys, title in (
+        (ax_read, READ_KEYS, "read (images/s, 224x224, batch 32)"),
+        (ax_write, WRITE_KEYS, "write (images/s, to 224x224 records)"),
+    ):
+        values = [figures.get(k) or 0.0 for k in keys]
+        colours = ["#999999" if k.endswith(("folder", "seed")) else "#1f77b4" for k in keys]
+        colours = [
+            "#2ca02c" if k.endswith("ceiling") else c for k, c in zip(keys, colours, strict=True)
+        ]
+        bars = ax.bar([k.split(".", 1)[1] for k in keys], values, color=colours)
+        for bar, value in zip(bars, values, strict=True):
+            ax.annotate(
+                f"{value:,.0f}",
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
+        ax.set_title(title, fontsize=10)
+        ax.tick_params(axis="x", labelsize=8, rotation=20)
+    ax_text.axis("off")
+    rows = [
+        f"{'PASS' if t['pass'] else ('n/a ' if t['pass'] is None else 'FAIL')}  "
+        f"{t['expression']}  ->  {_fmt(t['measured'], 2)}"
+        for t in targets
+    ]
+    ax_text.text(
+        0, 1, "targets (same run)\n\n" + "\n".join(rows), va="top", family="monospace", fontsize=7
+    )
+    machine = figures.get("machine") or {}
+    fig.suptitle(
+        f"Shardflow bench: {machine.get('cores')} cores, {machine.get('cpu_model', '')}, "
+        f"tf {machine.get('tensorflow')}",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

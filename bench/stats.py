@@ -1,0 +1,123 @@
+"""Pure helpers: medians, ratios, timed passes and the target checks the report prints."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+
+def median(values: Sequence[float]) -> float:
+    """Median of a non-empty sequence; raises with a clear message when empty."""
+    if not values:
+        raise ValueError("median of no values (did every pass fail?)")
+    return float(statistics.median(values))
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """``numerator / denominator``, or None when either side is missing or the divisor is 0."""
+    if numerator is None or denominator is None:
+        return None
+    if not math.isfinite(numerator) or not math.isfinite(denominator) or denominator == 0:
+        return None
+    return numerator / denominator
+
+
+def timed_passes(
+    run: Callable[[], int | tuple[int, float]], *, passes: int, warmup: int = 1
+) -> dict[str, Any]:
+    """Call ``run`` ``warmup + passes`` times; it returns items processed, or (items, seconds).
+
+    Returns ``{"per_s": median items/s over the timed passes, "passes": [...], "items": n}``.
+    Warm-up passes are run and discarded (graph tracing, file cache, thread pools). A run
+    that times itself (a subprocess reporting its own clock) returns ``(items, seconds)``.
+    """
+    for _ in range(warmup):
+        run()
+    rates, items = [], 0
+    for _ in range(max(1, passes)):
+        start = time.perf_counter()
+        result = run()
+        elapsed = time.perf_counter() - start
+        items, elapsed = result if isinstance(result, tuple) else (result, elapsed)
+        rates.append(items / elapsed if elapsed > 0 else float("inf"))
+    return {"per_s": median(rates), "passes": [round(r, 2) for r in rates], "items": items}
+
+
+@dataclass(frozen=True)
+class Target:
+    """``measured op threshold``, e.g. read.raw / read.folder >= 4."""
+
+    name: str
+    numerator: str  # report key (or expression label) of the measured value
+    denominator: str | None  # None: the measured value is compared directly
+    op: Literal[">=", "<=", "<"]
+    threshold: float
+
+    def evaluate(self, figures: dict[str, Any]) -> dict[str, Any]:
+        top = _number(figures.get(self.numerator))
+        value = (
+            top if self.denominator is None else ratio(top, _number(figures.get(self.denominator)))
+        )
+        passed = None if value is None else compare(value, self.op, self.threshold)
+        label = (
+            self.numerator if self.denominator is None else f"{self.numerator} / {self.denominator}"
+        )
+        return {
+            "name": self.name,
+            "measured": None if value is None else round(value, 4),
+            "expression": f"{label} {self.op} {self.threshold:g}",
+            "pass": passed,
+        }
+
+
+def compare(value: float, op: str, threshold: float) -> bool:
+    if op == ">=":
+        return value >= threshold
+    if op == "<=":
+        return value <= threshold
+    if op == "<":
+        return value < threshold
+    raise ValueError(f"unknown comparison {op!r}")
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def scaling_ratios(scaling: list[dict[str, Any]] | None) -> dict[str, float | None]:
+    """s/image and peak RSS of the largest size over the smallest size in a scaling run."""
+    points = sorted((p for p in scaling or [] if "s_per_image" in p), key=lambda p: p["images"])
+    if len(points) < 2:
+        return {"scaling.s_per_image_ratio": None, "scaling.peak_rss_ratio": None}
+    small, large = points[0], points[-1]
+    return {
+        "scaling.s_per_image_ratio": ratio(large["s_per_image"], small["s_per_image"]),
+        "scaling.peak_rss_ratio": ratio(large["peak_rss_mb"], small["peak_rss_mb"]),
+    }
+
+
+def targets_for(default_encoding: str) -> list[Target]:
+    """The acceptance targets, all ratios within the same run."""
+    default = f"read.{default_encoding}"
+    return [
+        Target("read default encoding vs folder", default, "read.folder", ">=", 4.0),
+        Target("read default encoding vs seed recipe", default, "read.seed", ">=", 10.0),
+        Target("read jpeg vs folder", "read.jpeg", "read.folder", ">=", 1.5),
+        Target("read jpeg vs in-memory ceiling", "read.jpeg", "read.ceiling", ">=", 0.85),
+        Target("write 1 worker vs seed recipe", "write.workers_1", "write.seed", ">=", 5.0),
+        Target("write 2 workers vs 1 worker", "write.workers_2", "write.workers_1", ">=", 1.7),
+        Target("training is not input-bound", "input_bound_ratio", None, "<=", 1.05),
+        Target("orchestration tax", "orchestration_tax", None, "<=", 0.05),
+        Target("dvc repro no-op seconds", "dvc_noop_s", None, "<", 3.0),
+        Target("scaling s/image largest vs smallest", "scaling.s_per_image_ratio", None, "<=", 1.2),
+        Target("scaling peak RSS largest vs smallest", "scaling.peak_rss_ratio", None, "<=", 1.3),
+    ]
+
+
+def evaluate_targets(figures: dict[str, Any], default_encoding: str) -> list[dict[str, Any]]:
+    merged = {**figures, **scaling_ratios(figures.get("scaling"))}
+    return [target.evaluate(merged) for target in targets_for(default_encoding)]

@@ -1,0 +1,148 @@
+"""Pure helpers of the benchmark: statistics, target checks, image generation, subsetting."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.images import CLASSES, draw_image, generate_images, list_images
+from bench.scaling import subset_index
+from bench.stats import Target, evaluate_targets, median, ratio, scaling_ratios, timed_passes
+
+
+def test_median_odd_even_and_empty() -> None:
+    assert median([3.0, 1.0, 2.0]) == 2.0
+    assert median([4.0, 1.0, 3.0, 2.0]) == 2.5
+    with pytest.raises(ValueError, match="no values"):
+        median([])
+
+
+@pytest.mark.parametrize(
+    ("num", "den", "expected"),
+    [
+        (10.0, 2.0, 5.0),
+        (1.0, 0.0, None),
+        (None, 2.0, None),
+        (3.0, None, None),
+        (float("nan"), 1.0, None),
+    ],
+)
+def test_ratio_handles_missing_and_zero(
+    num: float | None, den: float | None, expected: float | None
+) -> None:
+    assert ratio(num, den) == expected
+
+
+def test_timed_passes_discards_warmup_and_counts_items() -> None:
+    calls: list[int] = []
+
+    def run() -> int:
+        calls.append(1)
+        return 100
+
+    result = timed_passes(run, passes=3, warmup=2)
+    assert len(calls) == 5
+    assert len(result["passes"]) == 3
+    assert result["items"] == 100
+    assert result["per_s"] > 0
+
+
+@pytest.mark.parametrize(
+    ("op", "threshold", "value", "expected"),
+    [
+        (">=", 4.0, 4.0, True),
+        (">=", 4.0, 3.99, False),
+        ("<=", 1.05, 1.06, False),
+        ("<", 3.0, 3.0, False),
+        ("<", 3.0, 2.9, True),
+    ],
+)
+def test_target_comparisons(op: str, threshold: float, value: float, expected: bool) -> None:
+    target = Target("t", "x", None, op, threshold)  # type: ignore[arg-type]
+    assert target.evaluate({"x": value})["pass"] is expected
+
+
+def test_ratio_target_and_missing_figure() -> None:
+    target = Target("t", "read.raw", "read.folder", ">=", 4.0)
+    assert target.evaluate({"read.raw": 900.0, "read.folder": 200.0}) == {
+        "name": "t",
+        "measured": 4.5,
+        "expression": "read.raw / read.folder >= 4",
+        "pass": True,
+    }
+    missing = target.evaluate({"read.raw": 900.0, "read.folder": None})
+    assert missing["pass"] is None and missing["measured"] is None
+
+
+def test_evaluate_targets_uses_default_encoding_and_scaling_extremes() -> None:
+    figures = {
+        "read.jpeg": 500.0,
+        "read.raw": 5000.0,
+        "read.folder": 100.0,
+        "read.seed": 100.0,
+        "scaling": [
+            {"images": 50000, "s_per_image": 0.0011, "peak_rss_mb": 1200.0},
+            {"images": 1000, "s_per_image": 0.001, "peak_rss_mb": 1000.0},
+        ],
+    }
+    by_name = {t["name"]: t for t in evaluate_targets(figures, "jpeg")}
+    assert by_name["read default encoding vs folder"]["measured"] == 5.0
+    assert by_name["read default encoding vs seed recipe"]["pass"] is False
+    assert by_name["scaling s/image largest vs smallest"]["measured"] == pytest.approx(1.1)
+    assert by_name["scaling peak RSS largest vs smallest"]["pass"] is True
+    assert by_name["orchestration tax"]["pass"] is None
+
+
+def test_scaling_ratios_need_two_points() -> None:
+    assert scaling_ratios([{"images": 1, "s_per_image": 1.0, "peak_rss_mb": 1.0}]) == {
+        "scaling.s_per_image_ratio": None,
+        "scaling.peak_rss_ratio": None,
+    }
+
+
+def test_draw_image_is_deterministic_and_within_bounds() -> None:
+    import io
+
+    from PIL import Image
+
+    shape, data = draw_image(7, seed=3, min_size=40, max_size=60)
+    assert (shape, data) == draw_image(7, seed=3, min_size=40, max_size=60)
+    assert data != draw_image(7, seed=4, min_size=40, max_size=60)[1]
+    assert shape == CLASSES[7 % len(CLASSES)]
+    image = Image.open(io.BytesIO(data))
+    assert image.format == "JPEG" and image.mode == "RGB"
+    assert all(40 <= side <= 60 for side in image.size)
+
+
+def test_generate_images_same_bytes_whatever_the_workers(tmp_path: Path) -> None:
+    one = generate_images(tmp_path / "one", 12, min_size=16, max_size=24, workers=1)
+    # Small chunks so the spawned pool really splits the work.
+    again = generate_images(tmp_path / "again", 12, min_size=16, max_size=24, workers=2, chunk=5)
+    files = [p.relative_to(one) for p, _ in list_images(one)]
+    assert len(files) == 12
+    assert {label for _, label in list_images(one)} == set(range(len(CLASSES)))
+    for rel in files:
+        assert (one / rel).read_bytes() == (again / rel).read_bytes()
+
+
+def test_generate_images_reuses_a_matching_folder(tmp_path: Path) -> None:
+    out = generate_images(tmp_path / "set", 5, min_size=16, max_size=20, workers=1)
+    extra = out / CLASSES[0] / "kept.jpg"
+    extra.write_bytes(b"x")
+    generate_images(out, 5, min_size=16, max_size=20, workers=1)
+    assert extra.exists()  # same recipe: folder reused as is
+    generate_images(out, 6, min_size=16, max_size=20, workers=1)
+    assert not extra.exists()  # new recipe: regenerated from scratch
+    assert len(list_images(out)) == 6
+
+
+def test_subset_index_keeps_the_first_n_images(tmp_path: Path) -> None:
+    records = [{"path": f"circle/circle_{i:06d}.jpg", "split": "train"} for i in range(10)]
+    full = tmp_path / "index.json"
+    full.write_text(json.dumps({"version": 1, "classes": ["circle"], "records": records}))
+    assert subset_index(full, 4, tmp_path / "sub.json") == 4
+    sub = json.loads((tmp_path / "sub.json").read_text())
+    assert [r["path"] for r in sub["records"]] == [f"circle/circle_{i:06d}.jpg" for i in range(4)]
+    assert sub["classes"] == ["circle"]
