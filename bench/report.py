@@ -8,7 +8,15 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-READ_KEYS = ("read.folder", "read.seed", "read.raw", "read.jpeg", "read.png", "read.ceiling")
+READ_KEYS = (
+    "read.folder",
+    "read.seed",
+    "read.raw",
+    "read.jpeg",
+    "read.png",
+    "read.ceiling",
+    "read.ceiling_shard_jpeg",  # extra: the jpeg shards' own bytes decoded from memory
+)
 WRITE_KEYS = ("write.seed", "write.workers_1", "write.workers_2")
 
 
@@ -97,6 +105,7 @@ def plot(figures: dict[str, Any], targets: list[dict[str, Any]], path: Path) -> 
                 va="bottom",
                 fontsize=8,
             )
+        ax.set_ylim(bottom=0)
         ax.set_title(title, fontsize=10)
         ax.tick_params(axis="x", labelsize=8, rotation=20)
     ax_text.axis("off")

@@ -37,7 +37,9 @@ def ingest_task(params: IngestParams, layout: Layout) -> dict[str, Any]:
             + "; ".join(f"{q['path']}: {q['reason']}" for q in report["quarantined"][:20])
         ),
     )
-    return {k: report[k] for k in ("files_found", "accepted", "quarantined_count", "duplicate_count")}
+    return {
+        k: report[k] for k in ("files_found", "accepted", "quarantined_count", "duplicate_count")
+    }
 
 
 @task(name="write-shard", version=code_version(shard, schema), cache_policy=NO_CACHE)
@@ -53,7 +55,9 @@ def write_shards_flow(params: ShardParams, layout: Layout) -> dict[str, Any]:
     index = ingest.load_index(layout.index)
     specs = shard.plan_shards(params, index)
     missing = shard.prepare_shards_dir(specs, layout.shards_dir)
-    logger.info("%d shards planned, %d to write (%s runner)", len(specs), len(missing), params.runner)
+    logger.info(
+        "%d shards planned, %d to write (%s runner)", len(specs), len(missing), params.runner
+    )
     written: dict[str, ShardFile] = {}
     futures = write_shard_task.map(missing, unmapped(layout.shards_dir))
     for done, future in enumerate(as_completed(futures), start=1):

@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prefect import serve
 
 from flows.common import configure_environment
@@ -18,7 +20,7 @@ from flows.training import training_flow
 def main() -> None:
     configure_environment()
     require_server()
-    serve(
+    deployments: list[Any] = [
         pipeline.to_deployment(
             name="local",
             description="Data flow then training flow; skips stages DVC finds up to date.",
@@ -34,8 +36,8 @@ def main() -> None:
             description="train -> evaluate -> promote, recorded in dvc.lock.",
             parameters={"dvc_bookkeeping": True},
         ),
-        limit=1,  # one run at a time: runs share the working tree and dvc.lock
-    )
+    ]
+    serve(*deployments, limit=1)  # one run at a time: runs share the working tree and dvc.lock
 
 
 if __name__ == "__main__":

@@ -36,7 +36,9 @@ def is_healthy(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
-def wait_healthy(url: str, timeout: float = 90.0, process: subprocess.Popen[bytes] | None = None) -> None:
+def wait_healthy(
+    url: str, timeout: float = 90.0, process: subprocess.Popen[bytes] | None = None
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if is_healthy(url):
@@ -47,7 +49,9 @@ def wait_healthy(url: str, timeout: float = 90.0, process: subprocess.Popen[byte
     raise TimeoutError(f"Prefect server at {url} not healthy after {timeout:.0f} s; see {LOG_FILE}")
 
 
-def start_server(host: str, port: int, log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def start_server(
+    host: str, port: int, log_path: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     """Launch ``prefect server start`` detached, logging to ``log_path``."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     full_env = {**os.environ, **(env or {}), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
@@ -69,7 +73,9 @@ def ensure() -> str:
         return url
     from prefect.settings import PREFECT_SERVER_API_HOST, PREFECT_SERVER_API_PORT
 
-    process = start_server(PREFECT_SERVER_API_HOST.value(), PREFECT_SERVER_API_PORT.value(), LOG_FILE)
+    process = start_server(
+        PREFECT_SERVER_API_HOST.value(), PREFECT_SERVER_API_PORT.value(), LOG_FILE
+    )
     PID_FILE.write_text(str(process.pid))
     wait_healthy(url, process=process)
     print(f"Prefect server started at {url} (UI: {url.removesuffix('/api')}, log: {LOG_FILE})")

@@ -98,6 +98,7 @@ def _exif_rotated_jpeg(image: Image.Image) -> bytes:
 
 def _png_header_only(width: int, height: int) -> bytes:
     """A PNG whose header claims absurd dimensions (a decompression-bomb shape)."""
+
     def chunk(tag: bytes, data: bytes) -> bytes:
         body = tag + data
         return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
@@ -107,8 +108,16 @@ def _png_header_only(width: int, height: int) -> bytes:
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
 
 
-def generate(out_dir: Path, *, per_class: int = 500, seed: int = 7, broken: bool = True,
-             classes: tuple[str, ...] = CLASSES, min_size: int = 40, max_size: int = 160) -> int:
+def generate(
+    out_dir: Path,
+    *,
+    per_class: int = 500,
+    seed: int = 7,
+    broken: bool = True,
+    classes: tuple[str, ...] = CLASSES,
+    min_size: int = 40,
+    max_size: int = 160,
+) -> int:
     """Write the demo dataset into ``out_dir`` (replacing it); returns the number of files."""
     # Build beside the target and rename at the end: a killed run leaves no half dataset.
     staging = out_dir.with_name(f".{out_dir.name}.partial")
@@ -119,7 +128,10 @@ def generate(out_dir: Path, *, per_class: int = 500, seed: int = 7, broken: bool
         class_dir = staging / shape
         class_dir.mkdir(parents=True)
         for i in range(per_class):
-            size = (int(rng.integers(min_size, max_size + 1)), int(rng.integers(min_size, max_size + 1)))
+            size = (
+                int(rng.integers(min_size, max_size + 1)),
+                int(rng.integers(min_size, max_size + 1)),
+            )
             image = draw_shape(rng, shape, size)
             if i % 97 == 5:
                 data, ext = _exif_rotated_jpeg(image), ".jpg"

@@ -62,7 +62,7 @@ def decode_rgb(data: bytes, *, source: str, max_pixels: int, min_side: int) -> I
         image = Image.open(io.BytesIO(data))
     except UnidentifiedImageError:
         raise ImageRejected("not an image (format not recognised from its bytes)") from None
-    except Exception as exc:  # noqa: BLE001 - any header parser failure is a bad file
+    except Exception as exc:
         raise ImageRejected(f"truncated or corrupt header: {exc}") from None
     width, height = image.size
     if width * height > max_pixels or min(width, height) < min_side:
@@ -72,9 +72,9 @@ def decode_rgb(data: bytes, *, source: str, max_pixels: int, min_side: int) -> I
         )
     try:
         image.load()
-        image = ImageOps.exif_transpose(image) or image
-        return to_rgb(image)
-    except Exception as exc:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError...
+        oriented = ImageOps.exif_transpose(image) or image
+        return to_rgb(oriented)
+    except Exception as exc:
         raise ImageRejected(f"truncated or corrupt {image.format} data: {exc}") from None
 
 
@@ -106,7 +106,9 @@ def to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")  # L, 1, CMYK, YCbCr, LAB, HSV
 
 
-def inspect_file(source_dir: str, candidate: Candidate, max_pixels: int, min_side: int) -> Inspected:
+def inspect_file(
+    source_dir: str, candidate: Candidate, max_pixels: int, min_side: int
+) -> Inspected:
     """Read, hash and fully decode one file; never raises for a bad file."""
     path = Path(source_dir) / candidate.path
     try:
@@ -173,7 +175,9 @@ def assign_split(content_hash: str, fractions: SplitFractions, seed: int) -> str
     return "test"
 
 
-def inspect_all(source_dir: Path, candidates: list[Candidate], params: IngestParams) -> list[Inspected]:
+def inspect_all(
+    source_dir: Path, candidates: list[Candidate], params: IngestParams
+) -> list[Inspected]:
     """Inspect every candidate, in parallel (spawned processes) when it pays."""
     from tqdm import tqdm
 
@@ -190,7 +194,9 @@ def inspect_all(source_dir: Path, candidates: list[Candidate], params: IngestPar
         else:
             context = multiprocessing.get_context("spawn")
             with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-                futures = [pool.submit(_inspect_chunk, args[0], c, args[1], args[2]) for c in chunks]
+                futures = [
+                    pool.submit(_inspect_chunk, args[0], c, args[1], args[2]) for c in chunks
+                ]
                 for future in futures:  # in submission order: output order is deterministic
                     chunk_result = future.result()
                     results.extend(chunk_result)
@@ -198,9 +204,13 @@ def inspect_all(source_dir: Path, candidates: list[Candidate], params: IngestPar
     return results
 
 
-def build_index(inspected: list[Inspected], classes: list[str], params: IngestParams) -> dict[str, Any]:
+def build_index(
+    inspected: list[Inspected], classes: list[str], params: IngestParams
+) -> dict[str, Any]:
     """Sort inspected files into accepted / quarantined / duplicate, with splits."""
-    quarantined = [{"path": i.path, "label": i.label, "reason": i.reason} for i in inspected if i.reason]
+    quarantined = [
+        {"path": i.path, "label": i.label, "reason": i.reason} for i in inspected if i.reason
+    ]
     good = [i for i in inspected if i.reason is None]
     by_hash: dict[str, list[Inspected]] = defaultdict(list)
     for item in good:
@@ -211,33 +221,37 @@ def build_index(inspected: list[Inspected], classes: list[str], params: IngestPa
         group = by_hash[str(item.sha256)]
         labels = sorted({g.label for g in group})
         if len(labels) > 1:
-            quarantined.append({
-                "path": item.path,
-                "label": item.label,
-                "reason": f"duplicate content with conflicting labels {labels}: "
-                + ", ".join(g.path for g in group),
-            })
+            quarantined.append(
+                {
+                    "path": item.path,
+                    "label": item.label,
+                    "reason": f"duplicate content with conflicting labels {labels}: "
+                    + ", ".join(g.path for g in group),
+                }
+            )
             continue
         keeper = group[0]  # inputs are sorted by path, so the first path wins
         if item is not keeper:
             duplicates.append({"path": item.path, "label": item.label, "duplicate_of": keeper.path})
             continue
-        records.append({
-            "path": item.path,
-            "label": item.label,
-            "label_index": classes.index(item.label),
-            "sha256": item.sha256,
-            "split": assign_split(str(item.sha256), params.splits, params.seed),
-            "format": item.format,
-            "width": item.width,
-            "height": item.height,
-        })
+        records.append(
+            {
+                "path": item.path,
+                "label": item.label,
+                "label_index": classes.index(item.label),
+                "sha256": item.sha256,
+                "split": assign_split(str(item.sha256), params.splits, params.seed),
+                "format": item.format,
+                "width": item.width,
+                "height": item.height,
+            }
+        )
     quarantined.sort(key=lambda q: q["path"])
     return {"records": records, "quarantined": quarantined, "duplicates": duplicates}
 
 
 def run_ingest(params: IngestParams, index_path: Path, report_path: Path) -> dict[str, Any]:
-    """Ingest ``params.source_dir``; write the index and ``reports/ingest.json``; return the report."""
+    """Ingest ``params.source_dir``; write the index and the ingest report; return the report."""
     source_dir = Path(params.source_dir)
     labels_csv = Path(params.labels_csv) if params.labels_csv else None
     candidates = discover(source_dir, labels_csv)
@@ -284,7 +298,9 @@ def load_index(index_path: Path) -> dict[str, Any]:
         raise FileNotFoundError(f"{index_path}: no ingest index; run the ingest stage first")
     index: dict[str, Any] = json.loads(index_path.read_text())
     if index.get("version") != INDEX_VERSION:
-        raise ValueError(f"{index_path}: index version {index.get('version')}, expected {INDEX_VERSION}")
+        raise ValueError(
+            f"{index_path}: index version {index.get('version')}, expected {INDEX_VERSION}"
+        )
     return index
 
 
@@ -302,5 +318,3 @@ def summary_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
         c = report["counts"][cls]
         rows.append({"class": cls, **c, "total": sum(c.values())})
     return rows
-
-

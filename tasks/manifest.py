@@ -71,8 +71,13 @@ class ShardManifest(BaseModel):
 def build_manifest(
     schema: RecordSchema, classes: list[str], compression: str, splits: dict[str, SplitInfo]
 ) -> ShardManifest:
-    manifest = ShardManifest(
-        schema_=schema.to_dict(), classes=classes, compression=compression, splits=splits
+    manifest = ShardManifest.model_validate(
+        {
+            "schema": schema.to_dict(),
+            "classes": classes,
+            "compression": compression,
+            "splits": splits,
+        }
     )
     manifest.fingerprint = manifest.compute_fingerprint()
     return manifest

@@ -97,7 +97,9 @@ class Params(_Strict):
     evaluate: EvaluateParams = EvaluateParams()
 
 
-def load_params(path: str | Path = DEFAULT_PARAMS_PATH, overrides: dict[str, Any] | None = None) -> Params:
+def load_params(
+    path: str | Path = DEFAULT_PARAMS_PATH, overrides: dict[str, Any] | None = None
+) -> Params:
     """Parse ``params.yaml`` (plus optional nested overrides) into typed params."""
     path = Path(path)
     raw: dict[str, Any] = yaml.safe_load(path.read_text()) if path.exists() else {}
@@ -134,10 +136,13 @@ def _partial(model: type[BaseModel]) -> type[BaseModel]:
     """The same fields as ``model``, each optional (None = keep the params.yaml value)."""
     from pydantic import create_model
 
-    fields: dict[str, Any] = {
-        name: (info.annotation | None, None) for name, info in model.model_fields.items()
-    }
-    return create_model(f"{model.__name__}Override", __config__=ConfigDict(extra="forbid"), **fields)
+    fields: dict[str, Any] = {}
+    for name, info in model.model_fields.items():
+        annotation: Any = info.annotation
+        fields[name] = (annotation | None, None)
+    return create_model(
+        f"{model.__name__}Override", __config__=ConfigDict(extra="forbid"), **fields
+    )
 
 
 IngestOverride = _partial(IngestParams)

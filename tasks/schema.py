@@ -100,7 +100,9 @@ class RecordSchema:
         feature = {
             IMAGE_KEY: tf.train.Feature(bytes_list=tf.train.BytesList(value=[image_bytes])),
             LABEL_KEY: tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)])),
-            HASH_KEY: tf.train.Feature(bytes_list=tf.train.BytesList(value=[content_hash.encode()])),
+            HASH_KEY: tf.train.Feature(
+                bytes_list=tf.train.BytesList(value=[content_hash.encode()])
+            ),
             SOURCE_KEY: tf.train.Feature(bytes_list=tf.train.BytesList(value=[source.encode()])),
         }
         example = tf.train.Example(features=tf.train.Features(feature=feature))

@@ -17,8 +17,16 @@ import yaml
 from flows.server import start_server, wait_healthy
 
 REPO = Path(__file__).resolve().parents[2]
-PROJECT_FILES = ["tasks", "flows", "dvc.yaml", "params.yaml", "prefect.toml", "pyproject.toml",
-                 ".dvc/config", ".dvcignore"]
+PROJECT_FILES = [
+    "tasks",
+    "flows",
+    "dvc.yaml",
+    "params.yaml",
+    "prefect.toml",
+    "pyproject.toml",
+    ".dvc/config",
+    ".dvcignore",
+]
 
 
 def free_port() -> int:
@@ -43,13 +51,17 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         process.wait(timeout=30)
 
 
-def run(cmd: list[str], cwd: Path, env: dict[str, str], check: bool = True,
-        timeout: int = 600) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
-                            timeout=timeout, check=False)
+def run(
+    cmd: list[str], cwd: Path, env: dict[str, str], check: bool = True, timeout: int = 600
+) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
     if check and result.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} exited {result.returncode}\n{result.stdout[-4000:]}"
-                             f"\n{result.stderr[-6000:]}")
+        raise AssertionError(
+            f"{' '.join(cmd)} exited {result.returncode}\n{result.stdout[-4000:]}"
+            f"\n{result.stderr[-6000:]}"
+        )
     return result
 
 
@@ -60,7 +72,9 @@ class Project:
         self.root = root
         self.env = env
 
-    def run(self, *cmd: str, check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, *cmd: str, check: bool = True, timeout: int = 600
+    ) -> subprocess.CompletedProcess[str]:
         return run(list(cmd), self.root, self.env, check=check, timeout=timeout)
 
     def dvc(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -87,8 +101,13 @@ def project(tmp_path: Path, prefect_server: str) -> Project:
             shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy2(src, dst)
-    generate(root / "data" / "demo", per_class=14, min_size=24, max_size=48,
-             classes=("circle", "square", "stripes"))
+    generate(
+        root / "data" / "demo",
+        per_class=14,
+        min_size=24,
+        max_size=48,
+        classes=("circle", "square", "stripes"),
+    )
     bin_dir = str(Path(sys.executable).parent)
     env = {
         **os.environ,

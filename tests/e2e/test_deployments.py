@@ -43,9 +43,21 @@ def served(project: Project) -> Iterator[Project]:
         log.close()
 
 
-def deployment_run(project: Project, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return project.run("prefect", "deployment", "run", "pipeline/local", "--watch",
-                       "--watch-timeout", "900", *args, check=check, timeout=960)
+def deployment_run(
+    project: Project, *args: str, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    return project.run(
+        "prefect",
+        "deployment",
+        "run",
+        "pipeline/local",
+        "--watch",
+        "--watch-timeout",
+        "900",
+        *args,
+        check=check,
+        timeout=960,
+    )
 
 
 def test_pipeline_deployment_end_to_end(served: Project) -> None:
@@ -77,16 +89,21 @@ def test_pipeline_deployment_end_to_end(served: Project) -> None:
     log = (project.root / "serve.log").read_text()
     for stage in ("ingest", "shard", "validate", "train", "evaluate"):
         assert f"Stage '{stage}' is up to date" in log
-    runs_after = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    runs_after = [
+        r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])
+    ]
     assert len(runs_after) == 1  # no new training run
 
     # A failing stage fails the flow run with its message, and no training starts.
     bad = deployment_run(
         project,
-        "--param", 'overrides={"ingest": {"source_dir": "data/missing"}}',
+        "--param",
+        'overrides={"ingest": {"source_dir": "data/missing"}}',
         check=False,
     )
     assert bad.returncode != 0 or "Failed" in bad.stdout
     assert "data/missing" in (project.root / "serve.log").read_text()
-    runs_final = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    runs_final = [
+        r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])
+    ]
     assert len(runs_final) == 1

@@ -21,8 +21,9 @@ def test_dvc_repro_end_to_end(project: Project) -> None:
     assert ran_stages(first.stdout) == {"ingest", "shard", "validate", "train", "evaluate"}
 
     ingest = json.loads((project.root / "reports/ingest.json").read_text())
-    assert ingest["accepted"] + ingest["quarantined_count"] + ingest["duplicate_count"] == (
-        ingest["files_found"]
+    assert (
+        ingest["accepted"] + ingest["quarantined_count"] + ingest["duplicate_count"]
+        == (ingest["files_found"])
     )
     reasons = " ".join(q["reason"] for q in ingest["quarantined"])
     for reason in ("empty file", "not an image", "truncated", "absurd dimensions", "conflicting"):

@@ -52,9 +52,12 @@ def test_dask_runner_writes_the_same_bytes_as_local_processes(
 
     # Dask workers import the project's modules: give them the repo on their path.
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    with LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1",
-                      dashboard_address=None, processes=True) as cluster:
-        dask_params = base.model_copy(update={"runner": "dask", "dask_address": cluster.scheduler_address})
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None, processes=True
+    ) as cluster:
+        dask_params = base.model_copy(
+            update={"runner": "dask", "dask_address": cluster.scheduler_address}
+        )
         distributed = Layout(tmp_path / "dask")
         dask_result = run_flow(distributed, tiny_index, dask_params)
 

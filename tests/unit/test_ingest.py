@@ -124,11 +124,20 @@ def test_decode_rejects_with_reason() -> None:
 
 def test_adding_files_never_moves_existing_files(tmp_path: Path) -> None:
     src = tmp_path / "src"
-    generate(src, per_class=30, broken=False, classes=("circle", "square"), min_size=16, max_size=24)
+    generate(
+        src, per_class=30, broken=False, classes=("circle", "square"), min_size=16, max_size=24
+    )
     _, before = ingest(src, tmp_path / "one")
     extra = tmp_path / "extra"
-    generate(extra, per_class=20, seed=99, broken=False, classes=("circle", "square", "ring"),
-             min_size=16, max_size=24)
+    generate(
+        extra,
+        per_class=20,
+        seed=99,
+        broken=False,
+        classes=("circle", "square", "ring"),
+        min_size=16,
+        max_size=24,
+    )
     for file in extra.rglob("*.*"):
         target = src / file.parent.name / f"new_{file.name}"
         target.parent.mkdir(exist_ok=True)
@@ -174,7 +183,11 @@ def test_missing_source_dir_names_it(tmp_path: Path) -> None:
 def test_parallel_ingest_matches_serial(tmp_path: Path) -> None:
     src = tmp_path / "src"
     generate(src, per_class=70, classes=("circle", "square"), min_size=16, max_size=24)
-    serial = run_ingest(IngestParams(source_dir=str(src), workers=1), tmp_path / "i1.json", tmp_path / "r1.json")
-    parallel = run_ingest(IngestParams(source_dir=str(src), workers=2), tmp_path / "i2.json", tmp_path / "r2.json")
+    serial = run_ingest(
+        IngestParams(source_dir=str(src), workers=1), tmp_path / "i1.json", tmp_path / "r1.json"
+    )
+    parallel = run_ingest(
+        IngestParams(source_dir=str(src), workers=2), tmp_path / "i2.json", tmp_path / "r2.json"
+    )
     assert serial == parallel
     assert (tmp_path / "i1.json").read_bytes() == (tmp_path / "i2.json").read_bytes()
