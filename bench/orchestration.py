@@ -168,6 +168,7 @@ def measure_orchestration(
             "dvc_noop_s": None,
             "note": f"{repo_root / 'dvc.yaml'} does not exist yet",
         }
+    _require_prefect_server(repo_root)
     overrides = overrides or {}
     stages = dvc_stages(repo_root)
     covered = []
@@ -206,6 +207,24 @@ def measure_orchestration(
         "dvc_noop_passes": [round(s, 3) for s in noop],
         "overrides": overrides,
     }
+
+
+def _require_prefect_server(repo_root: Path) -> None:
+    """The flows refuse to run without their Prefect server; say so before copying anything."""
+    check = (
+        "from flows.server import api_url, is_healthy; import sys; "
+        "url = api_url(); print(url); sys.exit(0 if is_healthy(url) else 1)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", check], cwd=repo_root, env=_env(), capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        url = done.stdout.strip() or "(PREFECT_API_URL)"
+        raise RuntimeError(
+            f"Prefect server at {url} is not reachable, and the flows that `dvc repro` runs need "
+            "it: start one with `make serve` (or `python -m flows.server ensure`), or pass "
+            f"--skip-orchestration. {done.stderr.strip()[-300:]}"
+        )
 
 
 def _direct(root: str, *stages: str) -> None:

@@ -146,3 +146,21 @@ def test_subset_index_keeps_the_first_n_images(tmp_path: Path) -> None:
     sub = json.loads((tmp_path / "sub.json").read_text())
     assert [r["path"] for r in sub["records"]] == [f"circle/circle_{i:06d}.jpg" for i in range(4)]
     assert sub["classes"] == ["circle"]
+
+
+def test_format_table_shows_figures_targets_and_errors() -> None:
+    from bench.report import format_table
+
+    figures = {"read.raw": 5000.0, "read.folder": 100.0, "errors": {"scaling": "RuntimeError: x"}}
+    targets = evaluate_targets(figures, "raw")
+    table = format_table(figures, targets)
+    assert "read.raw / read.folder >= 4" in table
+    assert "PASS" in table and "n/a" in table
+    assert "ERROR in scaling: RuntimeError: x" in table
+
+
+def test_dvc_stages_in_file_order(tmp_path: Path) -> None:
+    from bench.orchestration import dvc_stages
+
+    (tmp_path / "dvc.yaml").write_text("stages:\n  b: {cmd: x}\n  a: {cmd: y}\n")
+    assert dvc_stages(tmp_path) == ["b", "a"]
