@@ -67,10 +67,10 @@ def format_table(figures: dict[str, Any], targets: list[dict[str, Any]]) -> str:
             f"{'scaling ' + str(point['images']):<24}{point['s_per_image'] * 1000:>14.3f}  ms/img"
             f"  peak RSS {point['peak_rss_mb']:.0f} MB"
         )
-    lines += ["", f"{'target':<40}{'measured':>10}  {'rule':<40}result", "-" * 100]
+    lines += ["", f"{'target':<40}{'measured':>10}  {'rule':<48}result", "-" * 108]
     for t in targets:
         result = {True: "PASS", False: "FAIL", None: "n/a"}[t["pass"]]
-        lines.append(f"{t['name']:<40}{_fmt(t['measured'], 3):>10}  {t['expression']:<40}{result}")
+        lines.append(f"{t['name']:<40}{_fmt(t['measured'], 3):>10}  {t['expression']:<48}{result}")
     errors = figures.get("errors") or {}
     for section, message in errors.items():
         lines.append(f"ERROR in {section}: {message.splitlines()[0][:200]}")
