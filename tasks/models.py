@@ -71,13 +71,21 @@ def augmentation(params: AugmentParams, *, seed: int) -> keras.Sequential:
 
 
 def small_cnn_features(x: keras.KerasTensor) -> keras.KerasTensor:
-    """Three conv blocks and global pooling: a few seconds an epoch on 64x64 images on CPU."""
+    """Three conv blocks and global pooling: about a second an epoch on the demo on 2 cores.
+
+    The first conv has stride 2 (most of the FLOPs sit at full resolution), and BatchNorm
+    uses momentum 0.9 so its inference statistics keep up within a few short epochs; with
+    the default 0.99, validation accuracy lagged at chance on the demo data.
+    """
     import keras
 
     x = keras.layers.Rescaling(1.0 / 255, name="rescale")(x)
-    for index, filters in enumerate((32, 64, 128)):
-        x = keras.layers.Conv2D(filters, 3, padding="same", use_bias=False, name=f"conv{index}")(x)
-        x = keras.layers.BatchNormalization(name=f"bn{index}")(x)
+    for index, filters in enumerate((16, 32, 64)):
+        x = keras.layers.Conv2D(
+            filters, 3, strides=2 if index == 0 else 1, padding="same", use_bias=False,
+            name=f"conv{index}",
+        )(x)
+        x = keras.layers.BatchNormalization(momentum=0.9, name=f"bn{index}")(x)
         x = keras.layers.Activation("relu", name=f"relu{index}")(x)
         x = keras.layers.MaxPooling2D(2, padding="same", name=f"pool{index}")(x)
     x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
