@@ -94,20 +94,21 @@ class RecordSchema:
         return buffer.getvalue()
 
     def serialize(self, image_bytes: bytes, label: int, content_hash: str, source: str) -> bytes:
-        """One ``tf.train.Example`` as bytes; deterministic (map fields in a fixed order)."""
-        import tensorflow as tf
+        """One ``tf.train.Example`` as bytes, keys in sorted order (deterministic).
 
-        feature = {
-            IMAGE_KEY: tf.train.Feature(bytes_list=tf.train.BytesList(value=[image_bytes])),
-            LABEL_KEY: tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)])),
-            HASH_KEY: tf.train.Feature(
-                bytes_list=tf.train.BytesList(value=[content_hash.encode()])
-            ),
-            SOURCE_KEY: tf.train.Feature(bytes_list=tf.train.BytesList(value=[source.encode()])),
-        }
-        example = tf.train.Example(features=tf.train.Features(feature=feature))
-        # Protobuf map order is per-process unless asked to be deterministic.
-        return example.SerializeToString(deterministic=True)
+        Encoded without TensorFlow (see ``tasks.tfrecord``), byte-identical to
+        ``tf.train.Example(...).SerializeToString(deterministic=True)``.
+        """
+        from tasks.tfrecord import encode_example
+
+        return encode_example(
+            {
+                IMAGE_KEY: image_bytes,
+                LABEL_KEY: int(label),
+                HASH_KEY: content_hash.encode(),
+                SOURCE_KEY: source.encode(),
+            }
+        )
 
     # -- reading ---------------------------------------------------------------------------
 

@@ -45,6 +45,7 @@ from tasks.manifest import (
 )
 from tasks.params import ShardParams
 from tasks.schema import RecordSchema
+from tasks.tfrecord import TFRecordWriter
 
 PLAN_NAME = ".plan.json"
 PLAN_VERSION = 1
@@ -216,15 +217,13 @@ def write_shard(spec: ShardSpec, shards_dir: Path) -> ShardFile:
 
     A pure function of the spec: rerunning it rewrites the same bytes.
     """
-    import tensorflow as tf
-
     shards_dir = Path(shards_dir)
     schema = spec.record_schema
     final = shards_dir / spec.file
     tmp = shards_dir / f".{spec.file}.tmp-{os.getpid()}"
-    options = tf.io.TFRecordOptions(compression_type="GZIP" if spec.compression == "gzip" else "")
     try:
-        with tf.io.TFRecordWriter(str(tmp), options=options) as writer:
+        # No TensorFlow in shard workers: tasks.tfrecord writes the same framing.
+        with TFRecordWriter(tmp, gzip_compress=spec.compression == "gzip") as writer:
             for record in spec.records:
                 image = preprocess(spec.source_dir, record, schema, spec.resize)
                 writer.write(
