@@ -15,6 +15,12 @@ if TYPE_CHECKING:
     import tensorflow as tf
 
 
+# Records held by the training shuffle buffer are capped by bytes, not count: 2048 raw
+# 224x224 records would hold ~300 MB and stall every epoch while the buffer fills.
+SHUFFLE_BUFFER_BYTES = 64 * 2**20
+MAX_SHUFFLE_RECORDS = 4096
+
+
 def read_split(
     shards_dir: str | Path,
     split: str,
@@ -22,7 +28,7 @@ def read_split(
     batch_size: int,
     training: bool,
     seed: int | None = None,
-    shuffle_buffer: int = 2048,
+    shuffle_buffer: int | None = None,
     manifest: ShardManifest | None = None,
     with_metadata: bool = False,
 ) -> tf.data.Dataset:
@@ -42,6 +48,7 @@ def read_split(
     schema = manifest.record_schema
     files = [str(shards_dir / shard.file) for shard in info.shards]
     deterministic = seed is not None or not training
+    buffer = shuffle_buffer or default_shuffle_buffer(manifest, split)
 
     ds = tf.data.Dataset.from_tensor_slices(files)
     # Shuffle the file order first, then interleave records from several files at once.
@@ -54,12 +61,30 @@ def read_split(
         deterministic=deterministic,
     )
     ds = ds.apply(tf.data.experimental.assert_cardinality(info.num_records))
-    ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True) if training else ds
-    # Batch serialized records first so parsing and raw decoding are vectorised per batch.
-    ds = ds.batch(batch_size, drop_remainder=training)
-    ds = ds.map(
-        schema.parse_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic
-    )
+    # Shuffle serialized records (small for jpeg/png) before any decoding.
+    ds = ds.shuffle(buffer, seed=seed, reshuffle_each_iteration=True) if training else ds
+    if schema.encoding == "raw":
+        # Fixed-length raw pixels: batch first, then parse and decode a whole batch in one
+        # vectorised op.
+        ds = ds.batch(batch_size, drop_remainder=training)
+        ds = ds.map(
+            schema.parse_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic
+        )
+    else:
+        # JPEG/PNG decode one image per call: decode records in parallel, then batch. (A
+        # batched map_fn decodes serially inside each call: ~2.5x slower, measured.)
+        ds = ds.map(
+            schema.parse_single, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic
+        )
+        ds = ds.batch(batch_size, drop_remainder=training)
     if not with_metadata:
         ds = ds.map(lambda features: (features[IMAGE_KEY], features[LABEL_KEY]))
     return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def default_shuffle_buffer(manifest: ShardManifest, split: str) -> int:
+    """Records that fit ``SHUFFLE_BUFFER_BYTES`` at this split's mean record size."""
+    info = manifest.split(split)
+    total = sum(shard.bytes for shard in info.shards)
+    mean = total / max(info.num_records, 1)
+    return int(max(64, min(MAX_SHUFFLE_RECORDS, SHUFFLE_BUFFER_BYTES // max(mean, 1))))
