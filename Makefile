@@ -52,8 +52,9 @@ stop:  ## stop the Prefect server that `make run`/`make serve` started
 ui: install  ## MLflow UI on 127.0.0.1:5000 over the project's tracking store
 	$(BIN)/mlflow ui --backend-store-uri $${MLFLOW_TRACKING_URI:-sqlite:///mlflow.db} --host 127.0.0.1 --port 5000
 
-bench: install  ## benchmarks -> reports/bench.json, reports/bench.png
-	$(BIN)/python -m bench
+bench: install  ## benchmarks -> reports/bench.json, reports/bench.png (BENCH_ARGS=--quick for a smoke run)
+	$(BIN)/python -m flows.server ensure
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 lock:  ## recompile requirements.lock from requirements.in (needs uv)
 	uv pip compile --python-version 3.11 --generate-hashes --no-emit-index-url \

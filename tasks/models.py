@@ -82,7 +82,11 @@ def small_cnn_features(x: keras.KerasTensor) -> keras.KerasTensor:
     x = keras.layers.Rescaling(1.0 / 255, name="rescale")(x)
     for index, filters in enumerate((16, 32, 64)):
         x = keras.layers.Conv2D(
-            filters, 3, strides=2 if index == 0 else 1, padding="same", use_bias=False,
+            filters,
+            3,
+            strides=2 if index == 0 else 1,
+            padding="same",
+            use_bias=False,
             name=f"conv{index}",
         )(x)
         x = keras.layers.BatchNormalization(momentum=0.9, name=f"bn{index}")(x)
