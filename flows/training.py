@@ -13,10 +13,12 @@ from typing import Any
 
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 
-from flows.common import configure_environment, parse_stage_args, run_stage
+from flows.common import code_version, configure_environment, parse_stage_args, run_stage
 from flows.server import require_server
+from tasks import evaluate, manifest, models, reader, schema, tracking, train
 from tasks.evaluate import run_evaluate
 from tasks.layout import Layout
 from tasks.params import Params, load_params
@@ -37,14 +39,27 @@ def _retry_unless_refused(task: Any, task_run: Any, state: Any) -> bool:
 
 
 # A retry resumes from the BackupAndRestore state, so it costs at most one epoch.
-@task(retries=1, retry_delay_seconds=10, retry_condition_fn=_retry_unless_refused)
+@task(
+    name="train",
+    version=code_version(train, models, reader, schema, manifest, tracking),
+    cache_policy=NO_CACHE,  # DVC decides what is current (content hashes), see run_stage
+    retries=1,
+    retry_delay_seconds=10,
+    retry_condition_fn=_retry_unless_refused,
+)
 def train_task(params: Params, layout: Layout) -> dict[str, Any]:
     summary = run_train(params, layout)
     return {key: value for key, value in summary.items() if key != "history"}
 
 
 # Registry and artifact writes go over the tracking store, which can blip.
-@task(retries=2, retry_delay_seconds=exponential_backoff(backoff_factor=5))
+@task(
+    name="evaluate",
+    version=code_version(evaluate, reader, schema, manifest, tracking),
+    cache_policy=NO_CACHE,
+    retries=2,
+    retry_delay_seconds=exponential_backoff(backoff_factor=5),
+)
 def evaluate_task(params: Params, layout: Layout) -> dict[str, Any]:
     result = run_evaluate(params, layout)
     return {key: value for key, value in result.items() if key != "per_class"}
@@ -97,8 +112,6 @@ def summary_markdown(
     trained: dict[str, Any] | None, evaluated: dict[str, Any] | None, layout: Layout
 ) -> str:
     """The Prefect artifact: where the run is tracked and how it did."""
-    from tasks import tracking
-
     lines = ["# Training run", ""]
     run_id = (trained or evaluated or {}).get("run_id")
     if run_id:
@@ -109,6 +122,9 @@ def summary_markdown(
             f"- epochs: {trained['epochs_completed']} (resumed from epoch "
             f"{trained['resumed_from_epoch']}), throughput {trained['images_per_sec'] or 0:.0f} "
             f"images/s on {trained['num_replicas']} replica(s), {trained['precision_policy']}",
+            f"- dataset: shards `{trained['fingerprint']}`; input-bound ratio "
+            f"{trained.get('input_bound', {}).get('input_bound_ratio', float('nan')):.3f} "
+            "(reader step time / in-memory step time; near 1 = accelerator fed)",
             f"- final val accuracy: {final.get('val_accuracy', float('nan')):.4f}, "
             f"val loss: {final.get('val_loss', float('nan')):.4f}",
         ]

@@ -54,6 +54,10 @@ def test_flow_trains_evaluates_tracks_and_promotes(project: Path, mlflow_uri: st
     history = client.get_metric_history(run_id, "val_accuracy")
     assert sorted(m.step for m in history) == list(range(EPOCHS))  # one point per epoch
     assert client.get_metric_history(run_id, "images_per_sec")
+    # The input-bound probe lands on the run and in metrics/train.json with the same figure.
+    probe = json.loads(layout.train_metrics.read_text())["input_bound"]
+    assert probe["step_ms_reader"] > 0 and probe["step_ms_in_memory"] > 0
+    assert run.data.metrics["input_bound_ratio"] == pytest.approx(probe["input_bound_ratio"])
     assert run.data.params["train.epochs"] == str(EPOCHS)
     assert run.data.params["evaluate.top_k"] == "2"
 
