@@ -204,9 +204,12 @@ def plan_shards(params: ShardParams, index: dict[str, Any]) -> list[ShardSpec]:
 
 def plan_hash(specs: list[ShardSpec]) -> str:
     """sha256 of everything that decides shard bytes (not source_dir: bytes don't depend on it)."""
-    body = [{k: v for k, v in asdict(s).items() if k != "source_dir"} for s in specs]
-    payload = json.dumps({"version": PLAN_VERSION, "specs": body}, sort_keys=True)
-    return hashlib.sha256(payload.encode()).hexdigest()
+    # Streamed spec by spec: a 50k-record plan never exists as one JSON string in memory.
+    digest = hashlib.sha256(f"shard-plan-v{PLAN_VERSION}".encode())
+    for spec in specs:
+        body = {k: v for k, v in asdict(spec).items() if k != "source_dir"}
+        digest.update(json.dumps(body, sort_keys=True).encode())
+    return digest.hexdigest()
 
 
 # -- writing ---------------------------------------------------------------------------------
