@@ -54,6 +54,7 @@ def write_shards_flow(params: ShardParams, layout: Layout) -> dict[str, Any]:
     logger = get_run_logger()
     index = ingest.load_index(layout.index)
     specs = shard.plan_shards(params, index)
+    del index["records"]  # the plan holds what writing needs; keep peak memory flat
     missing = shard.prepare_shards_dir(specs, layout.shards_dir)
     logger.info(
         "%d shards planned, %d to write (%s runner)", len(specs), len(missing), params.runner

@@ -348,6 +348,7 @@ def run_shard(
     shards_dir = Path(shards_dir)
     index = load_index(Path(index_path))
     specs = plan_shards(params, index)
+    del index["records"]  # the plan holds what writing needs; keep peak memory flat
     missing = prepare_shards_dir(specs, shards_dir)
     written = {r.file: r for r in write_shards(missing, shards_dir, workers or params.workers)}
     results = [written.get(s.file) or describe_shard(s, shards_dir) for s in specs]
