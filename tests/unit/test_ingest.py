@@ -191,3 +191,12 @@ def test_parallel_ingest_matches_serial(tmp_path: Path) -> None:
     )
     assert serial == parallel
     assert (tmp_path / "i1.json").read_bytes() == (tmp_path / "i2.json").read_bytes()
+
+
+def test_demo_dataset_is_byte_identical_across_runs(tmp_path: Path) -> None:
+    kwargs = {"per_class": 25, "classes": ("circle", "ring"), "min_size": 16, "max_size": 40}
+    generate(tmp_path / "one", **kwargs)  # type: ignore[arg-type]
+    generate(tmp_path / "two", **kwargs)  # type: ignore[arg-type]
+    one = {p.relative_to(tmp_path / "one"): p.read_bytes() for p in (tmp_path / "one").rglob("*.*")}
+    two = {p.relative_to(tmp_path / "two"): p.read_bytes() for p in (tmp_path / "two").rglob("*.*")}
+    assert one == two and len(one) == 25 * 2 + 7
