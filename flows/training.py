@@ -7,6 +7,7 @@ python -m flows.training evaluate
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -100,19 +101,48 @@ def training_flow(
             dvc_bookkeeping=dvc_bookkeeping,
         )
 
+    # A stage DVC found current did not run: summarise the run that produced its outputs.
+    skipped = [
+        name
+        for name, result in (("train", trained), ("evaluate", evaluated))
+        if name in stages and result is None
+    ]
+    if "train" in skipped:
+        trained = _recorded(layout.train_metrics, layout.train_run)
+    if "evaluate" in skipped:
+        evaluated = _recorded(layout.eval_metrics, layout.train_run)
     create_markdown_artifact(
-        summary_markdown(trained, evaluated, layout),
+        summary_markdown(trained, evaluated, layout, skipped=skipped),
         key="training-summary",
         description="Training run: MLflow link, key metrics, promotion decision",
     )
     return {"train": trained, "evaluate": evaluated}
 
 
+def _recorded(*paths: Path) -> dict[str, Any] | None:
+    """The JSON outputs a previous run left, merged; None when any is missing."""
+    if not all(path.exists() for path in paths):
+        return None
+    merged: dict[str, Any] = {}
+    for path in paths:
+        merged.update(json.loads(path.read_text()))
+    return merged
+
+
 def summary_markdown(
-    trained: dict[str, Any] | None, evaluated: dict[str, Any] | None, layout: Layout
+    trained: dict[str, Any] | None,
+    evaluated: dict[str, Any] | None,
+    layout: Layout,
+    *,
+    skipped: Sequence[str] = (),
 ) -> str:
     """The Prefect artifact: where the run is tracked and how it did."""
     lines = ["# Training run", ""]
+    if skipped:
+        lines += [
+            f"- up to date, not rerun: {', '.join(skipped)} (figures from the run that "
+            "produced the current outputs)"
+        ]
     run_id = (trained or evaluated or {}).get("run_id")
     if run_id:
         lines += [f"- MLflow run: {tracking.run_url(tracking.client(layout.root), run_id)}"]

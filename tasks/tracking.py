@@ -26,6 +26,7 @@ EXPERIMENT_NAME = "shardflow"
 DB_NAME = "mlflow.db"
 ARTIFACTS_NAME = "mlartifacts"
 UNTRACKED = "untracked"
+MLFLOW_UI_URL = "http://127.0.0.1:5000"  # where `make ui` serves the local store
 
 
 def tracking_uri(root: str | Path = ".") -> str:
@@ -79,6 +80,7 @@ def start_train_run(
         **lineage_tags(manifest, root=root),
         **(device_tags or {}),
         "prefect.flow_run_id": prefect_flow_run_id() or "none",
+        "prefect.flow_run_url": prefect_flow_run_url() or "none",
     }
     run = mlflow_client.create_run(
         experiment_id(mlflow_client),
@@ -181,6 +183,15 @@ def prefect_flow_run_id() -> str | None:
     return str(run_id) if run_id else None
 
 
+def prefect_flow_run_url() -> str | None:
+    """The Prefect UI page of the flow run this code runs in, or None outside a flow."""
+    try:
+        from prefect.runtime import flow_run
+    except ImportError:
+        return None
+    return str(flow_run.ui_url) if flow_run.id and flow_run.ui_url else None
+
+
 def timestamp_ms() -> int:
     import time
 
@@ -191,6 +202,8 @@ def run_url(mlflow_client: MlflowClient, run_id: str) -> str:
     """A link to the run: the MLflow UI for an HTTP server, else the store URI and run id."""
     uri = mlflow_client.tracking_uri
     run = mlflow_client.get_run(run_id)
+    page = f"#/experiments/{run.info.experiment_id}/runs/{run_id}"
     if uri.startswith(("http://", "https://")):
-        return f"{uri.rstrip('/')}/#/experiments/{run.info.experiment_id}/runs/{run_id}"
-    return f"{uri} (experiment {run.info.experiment_id}, run {run_id})"
+        return f"{uri.rstrip('/')}/{page}"
+    # A local store: link the page `make ui` serves, and name the store it reads.
+    return f"{MLFLOW_UI_URL}/{page} (`make ui` over {uri})"

@@ -91,3 +91,30 @@ def test_cli_runs_one_stage_at_a_time(
     monkeypatch.setattr("sys.argv", ["flows.training", "evaluate"])
     main()
     assert json.loads(layout.eval_metrics.read_text())["model_version"] == "1"
+
+
+def test_summary_of_skipped_stages_reads_the_recorded_run(tmp_path: Path) -> None:
+    """A deployment run that skips train/evaluate still tells the story of the current model."""
+    from flows.training import _recorded, summary_markdown
+
+    layout = Layout().with_root(tmp_path)
+    assert _recorded(layout.train_metrics, layout.train_run) is None
+    layout.train_metrics.parent.mkdir(parents=True)
+    layout.model_dir.mkdir(parents=True)
+    train = {
+        "epochs_completed": 3,
+        "resumed_from_epoch": 0,
+        "images_per_sec": 100.0,
+        "num_replicas": 1,
+        "precision_policy": "float32",
+        "fingerprint": "f" * 64,
+        "input_bound": {"input_bound_ratio": 1.01},
+        "final": {"val_accuracy": 0.75},
+    }
+    layout.train_metrics.write_text(json.dumps(train))
+    layout.train_run.write_text(json.dumps({"run_id": None, "fingerprint": "f" * 64}))
+    recorded = _recorded(layout.train_metrics, layout.train_run)
+    assert recorded is not None and recorded["epochs_completed"] == 3
+    text = summary_markdown(recorded, None, layout, skipped=["train"])
+    assert "up to date, not rerun: train" in text
+    assert "f" * 64 in text and "1.010" in text and "0.7500" in text

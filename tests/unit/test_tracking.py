@@ -62,3 +62,17 @@ def test_train_run_records_params_lineage_and_dataset(tiny_shards: Path, mlflow_
     experiment = client.get_experiment(run.info.experiment_id)
     assert experiment.name == tracking.EXPERIMENT_NAME
     assert experiment.artifact_location.startswith((tiny_shards / "mlartifacts").as_uri())
+
+
+def test_run_url_links_the_ui_page_of_the_run(tiny_shards: Path, mlflow_uri: str) -> None:
+    manifest = load_manifest(tiny_shards / "data" / "shards")
+    client = tracking.client(tiny_shards)
+    run_id = tracking.start_train_run(
+        client, Params(), manifest, shards_dir=tiny_shards / "data" / "shards", root=tiny_shards
+    )
+    experiment = client.get_run(run_id).info.experiment_id
+    url = tracking.run_url(client, run_id)
+    assert url.startswith(f"{tracking.MLFLOW_UI_URL}/#/experiments/{experiment}/runs/{run_id}")
+    assert mlflow_uri in url  # says which store `make ui` must serve
+    # Outside a Prefect flow there is no flow run to link back to.
+    assert client.get_run(run_id).data.tags["prefect.flow_run_url"] == "none"
