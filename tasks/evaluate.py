@@ -272,7 +272,14 @@ def promote(
 def register_model(
     client: MlflowClient, run_id: str, model_file: Path, model_name: str, sample: np.ndarray
 ) -> str:
-    """Log the Keras model to the run as an MLflow model and register a version of it."""
+    """Log the Keras model to the run as an MLflow model and register a version of it.
+
+    Idempotent per run: a retried or repeated evaluation of the same training run reuses
+    the version already registered from it instead of adding a duplicate.
+    """
+    existing = client.search_model_versions(f"name = '{model_name}' and run_id = '{run_id}'")
+    if existing:
+        return str(max(int(v.version) for v in existing))
     import keras
     import mlflow
     import mlflow.keras

@@ -86,3 +86,27 @@ def test_champion_on_another_test_set_is_flagged_not_silently_compared(
     assert "NOT COMPARABLE" in decision["reason"]
     assert decision["promoted"] is True  # beats it anyway, and says the comparison is loose
     assert registry.champion == "2"
+
+
+def test_registering_the_same_run_twice_reuses_its_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retried or repeated evaluation must not add a duplicate registry version."""
+    import keras
+    import numpy as np
+
+    from tasks.evaluate import register_model
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    client = MlflowClient(uri, uri)
+    experiment = client.create_experiment("e", artifact_location=(tmp_path / "art").as_uri())
+    runs = [client.create_run(experiment).info.run_id for _ in range(2)]
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2, activation="softmax")])
+    model_file = tmp_path / "m.keras"
+    model.save(model_file)
+    sample = np.zeros((1, 2), np.float32)
+    first = register_model(client, runs[0], model_file, "m", sample)
+    again = register_model(client, runs[0], model_file, "m", sample)
+    other = register_model(client, runs[1], model_file, "m", sample)
+    assert first == again == "1" and other == "2"
