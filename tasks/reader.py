@@ -63,20 +63,13 @@ def read_split(
     ds = ds.apply(tf.data.experimental.assert_cardinality(info.num_records))
     # Shuffle serialized records (small for jpeg/png) before any decoding.
     ds = ds.shuffle(buffer, seed=seed, reshuffle_each_iteration=True) if training else ds
-    if schema.encoding == "raw":
-        # Fixed-length raw pixels: batch first, then parse and decode a whole batch in one
-        # vectorised op.
-        ds = ds.batch(batch_size, drop_remainder=training)
-        ds = ds.map(
-            schema.parse_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic
-        )
-    else:
-        # JPEG/PNG decode one image per call: decode records in parallel, then batch. (A
-        # batched map_fn decodes serially inside each call: ~2.5x slower, measured.)
-        ds = ds.map(
-            schema.parse_single, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic
-        )
-        ds = ds.batch(batch_size, drop_remainder=training)
+    # Batch serialized records first: parsing is vectorised per batch (and raw pixels decode
+    # in one op). For jpeg/png, decoding inside the batch measured as fast as per-record
+    # parallel decode before batching (5.4-6.1k vs 5.3k img/s at 224x224 on 2 cores).
+    ds = ds.batch(batch_size, drop_remainder=training)
+    ds = ds.map(
+        schema.parse_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic
+    )
     if not with_metadata:
         ds = ds.map(lambda features: (features[IMAGE_KEY], features[LABEL_KEY]))
     return ds.prefetch(tf.data.AUTOTUNE)
