@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tasks.atomic import write_json
 from tasks.layout import Layout
 from tasks.manifest import load_manifest
 from tasks.params import Params, flatten
@@ -371,7 +372,7 @@ def run_evaluate(params: Params, layout: Layout) -> dict[str, Any]:
     result = {key: value for key, value in metrics.items() if key != "confusion_matrix"}
     result.update(promotion=decision, run_id=run_id, model_version=version)
     layout.eval_metrics.parent.mkdir(parents=True, exist_ok=True)
-    layout.eval_metrics.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    write_json(layout.eval_metrics, result)
     client.log_artifact(run_id, str(layout.eval_metrics), "eval")
     client.set_terminated(run_id, status="FINISHED")
     return result

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from tasks.atomic import write_json
 from tasks.manifest import SPLITS
 from tasks.params import IngestParams, SplitFractions
 
@@ -288,8 +289,8 @@ def run_ingest(params: IngestParams, index_path: Path, report_path: Path) -> dic
         "classes": classes,
         "records": records,
     }
-    _write_json(index_path, index)
-    _write_json(report_path, report)
+    write_json(index_path, index)
+    write_json(report_path, report)
     return report
 
 
@@ -302,13 +303,6 @@ def load_index(index_path: Path) -> dict[str, Any]:
             f"{index_path}: index version {index.get('version')}, expected {INDEX_VERSION}"
         )
     return index
-
-
-def _write_json(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)
 
 
 def summary_rows(report: dict[str, Any]) -> list[dict[str, Any]]:

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from tasks.atomic import write_json, write_text
 from tasks.ingest import decode_rgb, load_index
 from tasks.manifest import (
     MANIFEST_NAME,
@@ -270,7 +271,7 @@ def prepare_shards_dir(specs: list[ShardSpec], shards_dir: Path) -> list[ShardSp
     for old in shards_dir.glob("*.tfrecord-*"):
         if not same_plan or old.name not in wanted or not _matches(old, recorded.get(old.name)):
             old.unlink()
-    _write_atomic(plan_path, json.dumps({"plan_hash": digest, "shards": len(specs)}) + "\n")
+    write_json(plan_path, {"plan_hash": digest, "shards": len(specs)})
     return [s for s in specs if not (shards_dir / s.file).exists()]
 
 
@@ -337,7 +338,7 @@ def finalize_manifest(
             shards=shards,
         )
     manifest = build_manifest(schema_from_params(params), classes, params.compression, splits)
-    _write_atomic(Path(shards_dir) / MANIFEST_NAME, manifest.to_json())
+    write_text(Path(shards_dir) / MANIFEST_NAME, manifest.to_json())
     return manifest
 
 
@@ -361,15 +362,6 @@ def run_shard(
 def _fsync(path: Path) -> None:
     with open(path, "rb") as handle:
         os.fsync(handle.fileno())
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 def _read_plan_hash(path: Path) -> str | None:

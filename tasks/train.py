@@ -18,6 +18,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tasks.atomic import write_json
 from tasks.layout import Layout
 from tasks.manifest import ShardManifest, load_manifest
 from tasks.models import build_model, unfreeze_top
@@ -420,11 +421,6 @@ def plot_history(rows: list[dict[str, float]], path: Path) -> None:
         axis.legend()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=100, bbox_inches="tight")
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 # -- the stage -----------------------------------------------------------------------------

@@ -10,14 +10,13 @@ with an index, ``index``.
 
 from __future__ import annotations
 
-import json
-import os
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tasks.atomic import write_json, write_text
 from tasks.manifest import MANIFEST_NAME, SPLITS, ShardManifest, file_sha256
 from tasks.schema import HASH_KEY, LABEL_KEY, RecordSchema
 
@@ -376,8 +375,8 @@ def run_validate(
         },
         "checks": checks,
     }
-    _write_atomic(Path(report_path), json.dumps(report, indent=2, sort_keys=True) + "\n")
-    _write_atomic(Path(summary_path), summary_markdown(report))
+    write_json(Path(report_path), report)
+    write_text(Path(summary_path), summary_markdown(report))
     return report
 
 
@@ -424,10 +423,3 @@ def _splits(manifest: ShardManifest | None) -> list[str]:
     return [s for s in SPLITS if s in manifest.splits] + [
         s for s in manifest.splits if s not in SPLITS
     ]
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
