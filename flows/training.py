@@ -85,21 +85,16 @@ def training_flow(
     layout = Layout().with_root(root)
     params = load_params(Path(root) / params_path)
 
-    trained = evaluated = None
-    if "train" in stages:
-        trained = run_stage(
-            "train",
-            layout.root,
-            lambda: train_task(params, layout),
-            dvc_bookkeeping=dvc_bookkeeping,
-        )
-    if "evaluate" in stages:
-        evaluated = run_stage(
-            "evaluate",
-            layout.root,
-            lambda: evaluate_task(params, layout),
-            dvc_bookkeeping=dvc_bookkeeping,
-        )
+    steps = {
+        "train": lambda: train_task(params, layout),
+        "evaluate": lambda: evaluate_task(params, layout),
+    }
+    results = {
+        name: run_stage(name, layout.root, steps[name], dvc_bookkeeping=dvc_bookkeeping)
+        for name in STAGES
+        if name in stages
+    }
+    trained, evaluated = results.get("train"), results.get("evaluate")
 
     # A stage DVC found current did not run: summarise the run that produced its outputs.
     skipped = [
