@@ -51,7 +51,7 @@ class Inspected:
     reason: str | None  # None when the image is usable
 
 
-def decode_rgb(data: bytes, *, source: str, max_pixels: int, min_side: int) -> Image.Image:
+def decode_rgb(data: bytes, *, max_pixels: int, min_side: int) -> Image.Image:
     """Fully decode image bytes to an RGB PIL image with EXIF orientation applied.
 
     The format is sniffed from the bytes, never the file extension. Raises
@@ -119,7 +119,7 @@ def inspect_file(
     digest = hashlib.sha256(data).hexdigest()
     fmt = None
     try:
-        image = decode_rgb(data, source=candidate.path, max_pixels=max_pixels, min_side=min_side)
+        image = decode_rgb(data, max_pixels=max_pixels, min_side=min_side)
         fmt = Image.open(io.BytesIO(data)).format
         return Inspected(candidate.path, candidate.label, digest, fmt, *image.size, None)
     except ImageRejected as exc:

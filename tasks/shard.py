@@ -122,7 +122,7 @@ def preprocess(source_dir: str, record: ShardRecord, schema: RecordSchema, polic
     if hashlib.sha256(data).hexdigest() != record.sha256:
         raise ValueError(f"{path}: content changed since ingest (sha256 differs); rerun ingest")
     # Ingest already enforced the size limits; decode with the same code, limits off.
-    image = decode_rgb(data, source=record.path, max_pixels=sys.maxsize, min_side=1)
+    image = decode_rgb(data, max_pixels=sys.maxsize, min_side=1)
     return schema.encode_image(resize_image(image, (schema.height, schema.width), policy))
 
 

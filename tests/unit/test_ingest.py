@@ -99,7 +99,7 @@ def test_format_comes_from_bytes_not_extension(tmp_path: Path) -> None:
 )
 def test_every_mode_normalises_to_rgb(mode_image: Image.Image) -> None:
     fmt = "JPEG" if mode_image.mode == "CMYK" else "PNG"
-    rgb = decode_rgb(encode(mode_image, fmt), source="x", max_pixels=10**6, min_side=4)
+    rgb = decode_rgb(encode(mode_image, fmt), max_pixels=10**6, min_side=4)
     assert rgb.mode == "RGB" and rgb.size == (20, 10)
     pixels = np.asarray(rgb)
     if mode_image.mode == "I;16":
@@ -111,7 +111,7 @@ def test_every_mode_normalises_to_rgb(mode_image: Image.Image) -> None:
 def test_exif_orientation_is_applied() -> None:
     image = Image.new("RGB", (40, 20), (0, 0, 0))
     image.paste((255, 255, 255), (0, 0, 20, 20))  # left half white
-    rgb = decode_rgb(_exif_rotated_jpeg(image), source="x", max_pixels=10**6, min_side=4)
+    rgb = decode_rgb(_exif_rotated_jpeg(image), max_pixels=10**6, min_side=4)
     pixels = np.asarray(rgb).mean(axis=2)
     assert rgb.size == (40, 20)
     assert pixels[:, :15].mean() > 200 and pixels[:, 25:].mean() < 50
@@ -119,7 +119,7 @@ def test_exif_orientation_is_applied() -> None:
 
 def test_decode_rejects_with_reason() -> None:
     with pytest.raises(ImageRejected, match="empty file"):
-        decode_rgb(b"", source="x", max_pixels=10, min_side=1)
+        decode_rgb(b"", max_pixels=10, min_side=1)
 
 
 def test_adding_files_never_moves_existing_files(tmp_path: Path) -> None:
