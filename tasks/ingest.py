@@ -10,28 +10,22 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
-import json
 import multiprocessing
+import os
+import stat
 from collections import Counter, defaultdict
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image
 
 from tasks.atomic import write_json
+from tasks.images import ImageRejected, decode_rgb
+from tasks.index import INDEX_VERSION
 from tasks.manifest import SPLITS
 from tasks.params import IngestParams, SplitFractions
-
-INDEX_VERSION = 1
-# Decoding is guarded by our own max_pixels check; PIL's bomb guard would fire first.
-Image.MAX_IMAGE_PIXELS = None
-
-
-class ImageRejected(ValueError):
-    """An input file that cannot be used; the message is the quarantine reason."""
 
 
 @dataclass(frozen=True)
@@ -51,114 +45,173 @@ class Inspected:
     reason: str | None  # None when the image is usable
 
 
-def decode_rgb(data: bytes, *, max_pixels: int, min_side: int) -> Image.Image:
-    """Fully decode image bytes to an RGB PIL image with EXIF orientation applied.
+class Rejected(Exception):
+    """A file quarantined before its bytes were read (where it is, what it is, its size)."""
 
-    The format is sniffed from the bytes, never the file extension. Raises
-    :class:`ImageRejected` with the reason when the bytes cannot be used.
+
+def display_name(path: str) -> str:
+    """A path as text that is always valid UTF-8 (undecodable bytes shown as ``\\xNN``)."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def locate(source_dir: Path, relative: str, max_bytes: int) -> Path:
+    """Resolve a candidate inside ``source_dir`` and vet it before any byte is read.
+
+    Refuses (:class:`Rejected`, message = quarantine reason) a name that is not valid
+    UTF-8, a path that leaves ``source_dir`` (absolute, ``..``, or a symlink pointing
+    outside), anything that is not a regular file (FIFO, socket, device, folder), and a file
+    over ``ingest.max_file_mb``. Reading a FIFO would block the stage; a huge file would
+    fill memory: both are stopped here.
     """
-    if not data:
-        raise ImageRejected("empty file (0 bytes)")
     try:
-        image = Image.open(io.BytesIO(data))
-    except UnidentifiedImageError:
-        raise ImageRejected("not an image (format not recognised from its bytes)") from None
-    except Exception as exc:
-        raise ImageRejected(f"truncated or corrupt header: {exc}") from None
-    width, height = image.size
-    if width * height > max_pixels or min(width, height) < min_side:
-        raise ImageRejected(
-            f"absurd dimensions {width}x{height} (limits: {min_side} px per side, "
-            f"{max_pixels} px in all)"
+        relative.encode("utf-8")
+    except UnicodeEncodeError:
+        raise Rejected(
+            "file name is not valid UTF-8 (rename it: `python -m tasks.filenames fix`)"
+        ) from None
+    candidate = Path(relative)
+    root = source_dir.resolve()
+    if candidate.is_absolute() or ".." in candidate.parts:
+        raise Rejected(f"outside source_dir: {relative!r} is not a path inside {source_dir}")
+    path = source_dir / candidate
+    try:
+        real = path.resolve(strict=True)
+    except FileNotFoundError:
+        raise Rejected("unreadable: no such file (or a broken symlink)") from None
+    except (OSError, RuntimeError) as exc:  # symlink loop, permissions
+        raise Rejected(f"unreadable: {exc}") from None
+    if not real.is_relative_to(root):
+        raise Rejected(f"outside source_dir: {relative!r} resolves to a path outside {root}")
+    info = real.stat()
+    if not stat.S_ISREG(info.st_mode):
+        raise Rejected(f"not a regular file ({_file_kind(info.st_mode)})")
+    if info.st_size > max_bytes:
+        raise Rejected(
+            f"file too large: {info.st_size / 2**20:.1f} MB > ingest.max_file_mb "
+            f"({max_bytes / 2**20:g} MB)"
         )
-    try:
-        image.load()
-        oriented = ImageOps.exif_transpose(image) or image
-        return to_rgb(oriented)
-    except Exception as exc:
-        raise ImageRejected(f"truncated or corrupt {image.format} data: {exc}") from None
+    return real
 
 
-def to_rgb(image: Image.Image) -> Image.Image:
-    """Normalise any PIL mode (L, P, RGBA, CMYK, 16-bit, float) to 8-bit RGB.
-
-    Transparent pixels are composited over black; 16-bit values are scaled, not clipped.
-    """
-    mode = image.mode
-    if mode == "RGB":
-        return image
-    if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
-        pixels = np.asarray(image, dtype=np.float64)
-        peak = 65535.0 if mode.startswith("I;16") or pixels.max() > 255 else 255.0
-        gray = np.clip(pixels / peak * 255.0 + 0.5, 0, 255).astype(np.uint8)
-        return Image.fromarray(gray, mode="L").convert("RGB")
-    if mode == "F":
-        pixels = np.asarray(image, dtype=np.float64)
-        span = max(float(pixels.max() - pixels.min()), 1e-12)
-        gray = ((pixels - pixels.min()) / span * 255.0 + 0.5).astype(np.uint8)
-        return Image.fromarray(gray, mode="L").convert("RGB")
-    if mode in ("P", "PA"):
-        image = image.convert("RGBA")
-        mode = "RGBA"
-    if mode in ("RGBA", "LA", "La", "RGBa"):
-        rgba = image.convert("RGBA")
-        background = Image.new("RGBA", rgba.size, (0, 0, 0, 255))
-        return Image.alpha_composite(background, rgba).convert("RGB")
-    return image.convert("RGB")  # L, 1, CMYK, YCbCr, LAB, HSV
+def _file_kind(mode: int) -> str:
+    kinds = {
+        stat.S_ISDIR: "a folder",
+        stat.S_ISFIFO: "a FIFO",
+        stat.S_ISSOCK: "a socket",
+        stat.S_ISCHR: "a character device",
+        stat.S_ISBLK: "a block device",
+    }
+    return next((name for test, name in kinds.items() if test(mode)), "not a file")
 
 
 def inspect_file(
-    source_dir: str, candidate: Candidate, max_pixels: int, min_side: int
+    source_dir: str, candidate: Candidate, max_pixels: int, min_side: int, max_bytes: int
 ) -> Inspected:
-    """Read, hash and fully decode one file; never raises for a bad file."""
-    path = Path(source_dir) / candidate.path
+    """Vet, read, hash and fully decode one file; never raises for a bad file."""
+    name = display_name(candidate.path)
+
+    def rejected(reason: str, digest: str | None = None) -> Inspected:
+        return Inspected(name, display_name(candidate.label), digest, None, 0, 0, reason)
+
     try:
-        data = path.read_bytes()
+        data = locate(Path(source_dir), candidate.path, max_bytes).read_bytes()
+    except Rejected as exc:
+        return rejected(str(exc))
     except OSError as exc:
-        return Inspected(candidate.path, candidate.label, None, None, 0, 0, f"unreadable: {exc}")
+        return rejected(f"unreadable: {exc}")
     digest = hashlib.sha256(data).hexdigest()
-    fmt = None
     try:
         image = decode_rgb(data, max_pixels=max_pixels, min_side=min_side)
-        fmt = Image.open(io.BytesIO(data)).format
-        return Inspected(candidate.path, candidate.label, digest, fmt, *image.size, None)
     except ImageRejected as exc:
-        return Inspected(candidate.path, candidate.label, digest, fmt, 0, 0, str(exc))
+        return rejected(str(exc), digest)
+    header = Image.open(io.BytesIO(data))  # the format name only; decode_rgb dropped it
+    return Inspected(candidate.path, candidate.label, digest, header.format, *image.size, None)
 
 
 def _inspect_chunk(
-    source_dir: str, chunk: list[Candidate], max_pixels: int, min_side: int
+    source_dir: str, chunk: list[Candidate], limits: tuple[int, int, int]
 ) -> list[Inspected]:
-    return [inspect_file(source_dir, c, max_pixels, min_side) for c in chunk]
+    return [inspect_file(source_dir, c, *limits) for c in chunk]
 
 
-def discover(source_dir: Path, labels_csv: Path | None = None) -> list[Candidate]:
-    """Files to ingest: one sub-folder per class, or the rows of a ``path,label`` CSV."""
+@dataclass(frozen=True)
+class Discovered:
+    """What a scan of the source found: files to inspect, and entries deliberately skipped."""
+
+    candidates: list[Candidate]
+    skipped: list[dict[str, str]]  # {"path", "reason"}: hidden files, files outside classes
+
+
+def discover(source_dir: Path, labels_csv: Path | None = None) -> Discovered:
+    """Files to ingest: one sub-folder per class, or the rows of a ``path,label`` CSV.
+
+    Nothing is dropped silently: hidden entries and files outside the class sub-folders are
+    listed as skipped; FIFOs, sockets, symlinks and the like become candidates, so inspection
+    quarantines them with a reason.
+    """
     if labels_csv is not None:
         if not labels_csv.exists():
             raise FileNotFoundError(f"{labels_csv}: labels CSV not found (ingest.labels_csv)")
+        if not labels_csv.resolve().is_relative_to(source_dir.resolve()):
+            # dvc.yaml tracks the CSV through the ingest stage's source_dir dependency: a
+            # CSV elsewhere could change without DVC noticing, so labels would go stale.
+            raise ValueError(
+                f"ingest.labels_csv={labels_csv} is outside ingest.source_dir={source_dir}: "
+                "move the CSV into the source folder (DVC tracks it there, so editing a "
+                "label reruns ingest)"
+            )
         with labels_csv.open(newline="") as handle:
             reader = csv.DictReader(handle)
             if not reader.fieldnames or not {"path", "label"} <= set(reader.fieldnames):
                 raise ValueError(f"{labels_csv}: needs a header with columns `path,label`")
-            rows = [Candidate(row["path"].strip(), row["label"].strip()) for row in reader]
-        return sorted(rows, key=lambda c: c.path)
+            rows = []
+            for line, row in enumerate(reader, start=2):
+                path, label = (row.get("path") or "").strip(), (row.get("label") or "").strip()
+                if not path or not label:
+                    raise ValueError(f"{labels_csv}, line {line}: empty `path` or `label`")
+                rows.append(Candidate(path, label))
+        return Discovered(sorted(rows, key=lambda c: c.path), [])
     if not source_dir.is_dir():
         raise FileNotFoundError(
             f"{source_dir}: source folder not found (ingest.source_dir); "
             "for the demo dataset run `make demo-data`"
         )
-    found = []
-    for class_dir in sorted(p for p in source_dir.iterdir() if p.is_dir()):
-        if class_dir.name.startswith("."):
-            continue
-        for file in sorted(class_dir.rglob("*")):
-            # Broken symlinks count too: they are reported as unreadable, not silently skipped.
-            if (file.is_file() or file.is_symlink()) and not file.name.startswith("."):
-                found.append(Candidate(file.relative_to(source_dir).as_posix(), class_dir.name))
+    found: list[Candidate] = []
+    skipped: list[dict[str, str]] = []
+    for entry in sorted(source_dir.iterdir()):
+        name = display_name(entry.relative_to(source_dir).as_posix())
+        if entry.name.startswith("."):
+            skipped.append({"path": name, "reason": "hidden"})
+        elif not entry.is_dir():
+            skipped.append({"path": name, "reason": "not in a class sub-folder"})
+        else:
+            found.extend(_class_files(source_dir, entry, skipped))
     if not found:
         raise ValueError(f"{source_dir}: no files found in class sub-folders")
-    return found
+    return Discovered(found, skipped)
+
+
+def _class_files(
+    source_dir: Path, class_dir: Path, skipped: list[dict[str, str]]
+) -> list[Candidate]:
+    """Every non-hidden entry under one class folder that is not a real folder, sorted."""
+    label = class_dir.name
+    found = []
+    # os.walk never follows symlinked folders: a link is a candidate, vetted by `locate`.
+    for folder, dirs, files in os.walk(class_dir):
+        base = Path(folder)
+        for hidden in sorted(d for d in dirs if d.startswith(".")):
+            rel = (base / hidden).relative_to(source_dir).as_posix()
+            skipped.append({"path": display_name(rel), "reason": "hidden folder"})
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and not (base / d).is_symlink())
+        links = [d for d in os.listdir(base) if (base / d).is_symlink() and (base / d).is_dir()]
+        for name in sorted({*files, *links}):
+            rel = (base / name).relative_to(source_dir).as_posix()
+            if name.startswith("."):
+                skipped.append({"path": display_name(rel), "reason": "hidden"})
+            else:
+                found.append(Candidate(rel, label))
+    return sorted(found, key=lambda c: os.fsencode(c.path))
 
 
 def assign_split(content_hash: str, fractions: SplitFractions, seed: int) -> str:
@@ -185,19 +238,17 @@ def inspect_all(
     workers = max(1, params.workers)
     chunk_size = 64
     chunks = [candidates[i : i + chunk_size] for i in range(0, len(candidates), chunk_size)]
-    args = (str(source_dir), params.max_pixels, params.min_side)
+    limits = (params.max_pixels, params.min_side, int(params.max_file_mb * 2**20))
     results: list[Inspected] = []
     with tqdm(total=len(candidates), desc="ingest", unit="img", mininterval=1.0) as bar:
         if workers == 1 or len(chunks) < 2:
             for chunk in chunks:
-                results.extend(_inspect_chunk(args[0], chunk, args[1], args[2]))
+                results.extend(_inspect_chunk(str(source_dir), chunk, limits))
                 bar.update(len(chunk))
         else:
             context = multiprocessing.get_context("spawn")
             with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-                futures = [
-                    pool.submit(_inspect_chunk, args[0], c, args[1], args[2]) for c in chunks
-                ]
+                futures = [pool.submit(_inspect_chunk, str(source_dir), c, limits) for c in chunks]
                 for future in futures:  # in submission order: output order is deterministic
                     chunk_result = future.result()
                     results.extend(chunk_result)
@@ -255,7 +306,8 @@ def run_ingest(params: IngestParams, index_path: Path, report_path: Path) -> dic
     """Ingest ``params.source_dir``; write the index and the ingest report; return the report."""
     source_dir = Path(params.source_dir)
     labels_csv = Path(params.labels_csv) if params.labels_csv else None
-    candidates = discover(source_dir, labels_csv)
+    discovered = discover(source_dir, labels_csv)
+    candidates = discovered.candidates
     classes = sorted({c.label for c in candidates})
     sorted_out = build_index(inspect_all(source_dir, candidates, params), classes, params)
     records = sorted_out["records"]
@@ -270,19 +322,25 @@ def run_ingest(params: IngestParams, index_path: Path, report_path: Path) -> dic
     report = {
         "source_dir": params.source_dir,
         "classes": classes,
-        "files_found": len(candidates),
+        "files_found": len(candidates) + len(discovered.skipped),
         "accepted": len(records),
         "quarantined_count": len(sorted_out["quarantined"]),
         "duplicate_count": len(sorted_out["duplicates"]),
+        "skipped_count": len(discovered.skipped),
         "counts": counts,
         "split_counts": {s: sum(counts[c][s] for c in classes) for s in SPLITS},
         "formats": dict(sorted(Counter(str(r["format"]) for r in records).items())),
         "quarantined": sorted_out["quarantined"],
         "duplicates": sorted_out["duplicates"],
+        "skipped": discovered.skipped,
     }
-    accounted = report["accepted"] + report["quarantined_count"] + report["duplicate_count"]
+    accounted = sum(
+        report[k] for k in ("accepted", "quarantined_count", "duplicate_count", "skipped_count")
+    )
     if accounted != report["files_found"]:  # a bug, never a data problem
-        raise AssertionError(f"ingest lost files: {accounted} accounted of {len(candidates)}")
+        raise AssertionError(
+            f"ingest lost files: {accounted} accounted of {report['files_found']} found"
+        )
     index = {
         "version": INDEX_VERSION,
         "source_dir": params.source_dir,
@@ -292,17 +350,6 @@ def run_ingest(params: IngestParams, index_path: Path, report_path: Path) -> dic
     write_json(index_path, index)
     write_json(report_path, report)
     return report
-
-
-def load_index(index_path: Path) -> dict[str, Any]:
-    if not index_path.exists():
-        raise FileNotFoundError(f"{index_path}: no ingest index; run the ingest stage first")
-    index: dict[str, Any] = json.loads(index_path.read_text())
-    if index.get("version") != INDEX_VERSION:
-        raise ValueError(
-            f"{index_path}: index version {index.get('version')}, expected {INDEX_VERSION}"
-        )
-    return index
 
 
 def summary_rows(report: dict[str, Any]) -> list[dict[str, Any]]:

@@ -41,6 +41,9 @@ class ShardManifest(BaseModel):
     schema_: dict[str, object] = Field(alias="schema")
     classes: list[str]
     compression: str  # "none" | "gzip"
+    resize: str  # the resize policy the images went through (pad | crop | stretch)
+    # tasks.images.preprocessing_version(): the code and libraries that computed the pixels
+    preprocessing_version: str
     splits: dict[str, SplitInfo]
     fingerprint: str = ""
 
@@ -69,13 +72,21 @@ class ShardManifest(BaseModel):
 
 
 def build_manifest(
-    schema: RecordSchema, classes: list[str], compression: str, splits: dict[str, SplitInfo]
+    schema: RecordSchema,
+    classes: list[str],
+    compression: str,
+    splits: dict[str, SplitInfo],
+    *,
+    resize: str,
+    preprocessing_version: str,
 ) -> ShardManifest:
     manifest = ShardManifest.model_validate(
         {
             "schema": schema.to_dict(),
             "classes": classes,
             "compression": compression,
+            "resize": resize,
+            "preprocessing_version": preprocessing_version,
             "splits": splits,
         }
     )
@@ -88,7 +99,12 @@ def load_manifest(shards_dir: str | Path) -> ShardManifest:
     path = Path(shards_dir) / MANIFEST_NAME
     if not path.exists():
         raise FileNotFoundError(f"{path}: no shard manifest; run the shard stage first")
-    manifest = ShardManifest.model_validate_json(path.read_text())
+    try:
+        manifest = ShardManifest.model_validate_json(path.read_text())
+    except ValueError as error:
+        raise ValueError(
+            f"{path}: not a manifest this code reads ({error}); rerun the shard stage"
+        ) from error
     if manifest.fingerprint != manifest.compute_fingerprint():
         raise ValueError(f"{path}: fingerprint does not match its contents (edited by hand?)")
     return manifest

@@ -34,6 +34,7 @@ class IngestParams(_Strict):
     splits: SplitFractions = SplitFractions()
     seed: int = 1337
     max_pixels: int = 40_000_000  # larger images are quarantined as "absurd dimensions"
+    max_file_mb: float = Field(default=64, gt=0)  # larger files are quarantined unread
     min_side: int = 8
     workers: int = 2
 

@@ -6,9 +6,11 @@ inputs and params give byte-identical shards and ``manifest.json`` whatever the 
 workers. Each shard is an independent work unit (:class:`ShardSpec` -> :func:`write_shard`),
 so any runner (a process pool here, Prefect/Dask elsewhere) can write them.
 
-Preprocessing: :func:`tasks.ingest.decode_rgb` (same decode as ingest), then a resize to
-``image_size`` with PIL's ``BILINEAR`` filter (antialiased when reducing, ``reducing_gap=None``
-so no draft/reduce shortcut) under the ``resize`` policy, then the record schema's encoder.
+Preprocessing: :func:`tasks.images.preprocess_bytes` (decode, EXIF, RGB, resize policy: the
+code prediction reuses), then the record schema's encoder. Its version
+(:func:`tasks.images.preprocessing_version`) is part of every spec, so the plan hash, and with
+it every shard, follows the code and the pixel libraries; a worker whose version differs from
+the plan's refuses to write.
 
 Crash safety: a shard is written to ``.{name}.tmp-{pid}``, fsynced and renamed; a plan file
 (``.plan.json``) lets a rerun of the same plan keep finished shards; ``manifest.json`` is
@@ -29,11 +31,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from PIL import Image
-
 from tasks.atomic import write_json, write_text
-from tasks.ingest import decode_rgb, load_index
+from tasks.images import preprocess_bytes, preprocessing_version
+from tasks.index import load_index
 from tasks.manifest import (
     MANIFEST_NAME,
     SPLITS,
@@ -49,8 +49,7 @@ from tasks.schema import RecordSchema
 from tasks.tfrecord import TFRecordWriter
 
 PLAN_NAME = ".plan.json"
-PLAN_VERSION = 1
-RESAMPLE = Image.Resampling.BILINEAR
+PLAN_VERSION = 2
 SIZE_SAMPLE = 32  # records encoded to estimate the size of a JPEG/PNG record
 RECORD_OVERHEAD = 16 + 120  # TFRecord framing (length + 2 CRCs) + Example keys, label, hash
 
@@ -77,6 +76,7 @@ class ShardSpec:
     schema: dict[str, Any]
     resize: str
     compression: str  # "none" | "gzip"
+    preprocessing_version: str  # tasks.images.preprocessing_version() when planned
 
     @property
     def record_schema(self) -> RecordSchema:
@@ -86,44 +86,15 @@ class ShardSpec:
 # -- preprocessing ---------------------------------------------------------------------------
 
 
-def resize_image(image: Image.Image, size: tuple[int, int], policy: str) -> np.ndarray:
-    """Resize an RGB image to ``size`` = (height, width) under a policy; uint8 HxWx3.
-
-    ``pad`` fits inside and letterboxes on black (centred), ``crop`` covers then
-    centre-crops, ``stretch`` ignores the aspect ratio.
-    """
-    height, width = size
-    src_w, src_h = image.size
-    if policy == "stretch":
-        out = image.resize((width, height), RESAMPLE, reducing_gap=None)
-    elif policy == "crop":
-        # Resize only the centred source box with the target's aspect ratio: one resample.
-        scale = max(width / src_w, height / src_h)
-        box_w, box_h = width / scale, height / scale
-        left, top = (src_w - box_w) / 2, (src_h - box_h) / 2
-        box = (left, top, left + box_w, top + box_h)
-        out = image.resize((width, height), RESAMPLE, box=box, reducing_gap=None)
-    elif policy == "pad":
-        scale = min(width / src_w, height / src_h)
-        new_w = min(width, max(1, round(src_w * scale)))
-        new_h = min(height, max(1, round(src_h * scale)))
-        fitted = image.resize((new_w, new_h), RESAMPLE, reducing_gap=None)
-        out = Image.new("RGB", (width, height), (0, 0, 0))
-        out.paste(fitted, ((width - new_w) // 2, (height - new_h) // 2))
-    else:
-        raise ValueError(f"unknown resize policy {policy!r} (shard.resize: pad | crop | stretch)")
-    return np.asarray(out, dtype=np.uint8)
-
-
 def preprocess(source_dir: str, record: ShardRecord, schema: RecordSchema, policy: str) -> bytes:
     """Read, check, decode, resize and encode one source image; returns the image feature."""
     path = Path(source_dir) / record.path
     data = path.read_bytes()
     if hashlib.sha256(data).hexdigest() != record.sha256:
         raise ValueError(f"{path}: content changed since ingest (sha256 differs); rerun ingest")
-    # Ingest already enforced the size limits; decode with the same code, limits off.
-    image = decode_rgb(data, max_pixels=sys.maxsize, min_side=1)
-    return schema.encode_image(resize_image(image, (schema.height, schema.width), policy))
+    # Ingest already enforced the size limits; the same preprocessing, limits off.
+    size = (schema.height, schema.width)
+    return schema.encode_image(preprocess_bytes(data, size, policy, max_pixels=sys.maxsize))
 
 
 # -- planning --------------------------------------------------------------------------------
@@ -177,6 +148,7 @@ def plan_shards(params: ShardParams, index: dict[str, Any]) -> list[ShardSpec]:
     non-empty split gets at least one shard, and no shard is empty.
     """
     schema = schema_from_params(params).to_dict()
+    version = preprocessing_version()
     per_shard = params.target_shard_mb * (1 << 20)
     record_bytes = estimate_record_bytes(params, index) if index["records"] else 1.0
     specs = []
@@ -198,6 +170,7 @@ def plan_shards(params: ShardParams, index: dict[str, Any]) -> list[ShardSpec]:
                     schema=schema,
                     resize=params.resize,
                     compression=params.compression,
+                    preprocessing_version=version,
                 )
             )
     return specs
@@ -222,6 +195,13 @@ def write_shard(spec: ShardSpec, shards_dir: Path) -> ShardFile:
     A pure function of the spec: rerunning it rewrites the same bytes.
     """
     shards_dir = Path(shards_dir)
+    here = preprocessing_version()
+    if here != spec.preprocessing_version:
+        raise RuntimeError(
+            f"{spec.file}: this worker's preprocessing version {here} is not the plan's "
+            f"{spec.preprocessing_version} (other code, Pillow or NumPy here); its pixels would "
+            "not be the ones the manifest records"
+        )
     schema = spec.record_schema
     final = shards_dir / spec.file
     tmp = shards_dir / f".{spec.file}.tmp-{os.getpid()}"
@@ -337,7 +317,14 @@ def finalize_manifest(
             class_counts={name: labels.get(i, 0) for i, name in enumerate(classes)},
             shards=shards,
         )
-    manifest = build_manifest(schema_from_params(params), classes, params.compression, splits)
+    manifest = build_manifest(
+        schema_from_params(params),
+        classes,
+        params.compression,
+        splits,
+        resize=params.resize,
+        preprocessing_version=specs[0].preprocessing_version if specs else preprocessing_version(),
+    )
     write_text(Path(shards_dir) / MANIFEST_NAME, manifest.to_json())
     return manifest
 

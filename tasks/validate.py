@@ -302,7 +302,7 @@ def check_index(
     index_path: Path, manifest: ShardManifest, contents: list[ShardContents]
 ) -> dict[str, Any]:
     """Every accepted index record is in the shards exactly once, with its split and label."""
-    from tasks.ingest import load_index
+    from tasks.index import load_index
 
     try:
         index = load_index(index_path)

@@ -68,7 +68,14 @@ def write_tiny_shards(
             class_counts=dict.fromkeys(CLASSES, count),
             shards=shards,
         )
-    manifest = build_manifest(schema, list(CLASSES), "none", splits)
+    manifest = build_manifest(
+        schema,
+        list(CLASSES),
+        "none",
+        splits,
+        resize="stretch",
+        preprocessing_version="synthetic (tests/tiny_shards.py)",
+    )
     (shards_dir / MANIFEST_NAME).write_text(manifest.to_json())
     if validated:
         write_validation_report(root, manifest.fingerprint, passed=True)

@@ -171,7 +171,14 @@ def test_split_leak_fails_leakage(shards: Path, tiny_index: Path) -> None:
         name: splits["test"].class_counts[name] + _count(shards, leaked.file, i)
         for i, name in enumerate(manifest.classes)
     }
-    rebuilt = build_manifest(manifest.record_schema, manifest.classes, "none", splits)
+    rebuilt = build_manifest(
+        manifest.record_schema,
+        manifest.classes,
+        "none",
+        splits,
+        resize=manifest.resize,
+        preprocessing_version=manifest.preprocessing_version,
+    )
     save(shards, rebuilt, refingerprint=False)
 
     report = validate(shards)
@@ -199,7 +206,12 @@ def test_labels_out_of_range_are_reported(shards: Path) -> None:
     for info in manifest.splits.values():
         del info.class_counts[dropped]
     truncated = build_manifest(
-        manifest.record_schema, manifest.classes[:-1], "none", manifest.splits
+        manifest.record_schema,
+        manifest.classes[:-1],
+        "none",
+        manifest.splits,
+        resize=manifest.resize,
+        preprocessing_version=manifest.preprocessing_version,
     )
     save(shards, truncated, refingerprint=False)
     bad = failed(validate(shards))

@@ -33,7 +33,7 @@ def shard_bytes(shards_dir: Path) -> dict[str, str]:
 
 
 def run_flow(layout: Layout, index: Path, params: ShardParams) -> dict[str, object]:
-    from flows.data import shard_task_runner, write_shards_flow
+    from flows.shard import shard_task_runner, write_shards_flow
 
     layout.index.parent.mkdir(parents=True, exist_ok=True)
     layout.index.write_bytes(index.read_bytes())
@@ -67,7 +67,7 @@ def test_dask_runner_writes_the_same_bytes_as_local_processes(
 
 
 def test_dask_runner_needs_an_address() -> None:
-    from flows.data import shard_task_runner
+    from flows.shard import shard_task_runner
 
     with pytest.raises(ValueError, match="dask_address"):
         shard_task_runner(ShardParams(runner="dask"))

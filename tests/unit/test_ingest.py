@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -11,8 +13,10 @@ import pytest
 from PIL import Image
 
 from tasks.demo_data import _exif_rotated_jpeg, _png_header_only, draw_shape, generate
-from tasks.ingest import ImageRejected, assign_split, decode_rgb, run_ingest
+from tasks.images import ImageRejected, decode_rgb
+from tasks.ingest import assign_split, run_ingest
 from tasks.params import IngestParams, SplitFractions
+from tests.conftest import write_image_folder
 
 
 def encode(image: Image.Image, fmt: str, **kwargs: object) -> bytes:
@@ -56,7 +60,8 @@ def test_every_bad_file_is_quarantined_with_its_reason(bad_inputs: Path, tmp_pat
     assert reasons["a/truncated.jpg"].startswith("truncated or corrupt")
     assert reasons["a/empty.jpg"] == "empty file (0 bytes)"
     assert reasons["a/notes.png"].startswith("not an image")
-    assert reasons["a/bomb.png"].startswith("absurd dimensions 100000x100000")
+    assert reasons["a/bomb.png"].startswith("absurd dimensions")
+    assert "10000000000 pixels" in reasons["a/bomb.png"]
     assert reasons["a/sliver.png"].startswith("absurd dimensions 3x40")
     assert reasons["b/unreadable.png"].startswith("unreadable")
     # Conflicting labels: both copies are quarantined, naming each other.
@@ -168,8 +173,8 @@ def test_labels_from_csv(tmp_path: Path) -> None:
         (src / name).write_bytes(encode(draw_shape(rng, "cross", (24, 24)), "PNG"))
         rows.append(f"{name},{'odd' if i % 2 else 'even'}")
     rows.append("missing.png,odd")
-    (tmp_path / "labels.csv").write_text("\n".join(rows) + "\n")
-    report, index = ingest(src, tmp_path, labels_csv=str(tmp_path / "labels.csv"))
+    (src / "labels.csv").write_text("\n".join(rows) + "\n")
+    report, index = ingest(src, tmp_path, labels_csv=str(src / "labels.csv"))
     assert index["classes"] == ["even", "odd"]
     assert report["accepted"] == 6 and report["quarantined"][0]["path"] == "missing.png"
     assert {r["path"]: r["label"] for r in index["records"]}["img_3.png"] == "odd"
@@ -200,3 +205,110 @@ def test_demo_dataset_is_byte_identical_across_runs(tmp_path: Path) -> None:
     one = {p.relative_to(tmp_path / "one"): p.read_bytes() for p in (tmp_path / "one").rglob("*.*")}
     two = {p.relative_to(tmp_path / "two"): p.read_bytes() for p in (tmp_path / "two").rglob("*.*")}
     assert one == two and len(one) == 25 * 2 + 7
+
+
+# -- input that cannot reach outside, and input that cannot stop the run ---------------------
+
+
+def test_labels_csv_outside_source_dir_is_refused(tmp_path: Path) -> None:
+    # DVC tracks the CSV through the source_dir dependency; one elsewhere could go stale.
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    (tmp_path / "labels.csv").write_text("path,label\na/x.png,a\n")
+    with pytest.raises(ValueError, match=r"ingest.labels_csv=.*outside ingest.source_dir"):
+        ingest(src, tmp_path, labels_csv=str(tmp_path / "labels.csv"))
+
+
+def test_csv_rows_and_symlinks_that_leave_source_dir_are_quarantined(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    secret = tmp_path / "secret.png"
+    secret.write_bytes(encode(draw_shape(rng, "circle", (24, 24)), "PNG"))
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    for i in range(3):
+        (src / "a" / f"ok_{i}.png").write_bytes(encode(draw_shape(rng, "square", (24, 24)), "PNG"))
+    (src / "a" / "link.png").symlink_to(secret)
+    rows = ["path,label", *(f"a/ok_{i}.png,a" for i in range(3))]
+    rows += [f"{secret},a", "../secret.png,a", "a/../../secret.png,a", "a/link.png,a"]
+    (src / "labels.csv").write_text("\n".join(rows) + "\n")
+    report, index = ingest(src, tmp_path, labels_csv=str(src / "labels.csv"))
+    reasons = {q["path"]: q["reason"] for q in report["quarantined"]}
+    assert report["accepted"] == 3
+    assert sorted(reasons) == sorted(
+        [str(secret), "../secret.png", "a/../../secret.png", "a/link.png"]
+    )
+    assert all(reason.startswith("outside source_dir") for reason in reasons.values())
+    assert all(
+        r["sha256"] != hashlib.sha256(secret.read_bytes()).hexdigest() for r in index["records"]
+    )
+
+
+def test_symlink_leaving_a_class_folder_is_quarantined(tmp_path: Path) -> None:
+    src = write_image_folder(tmp_path / "src", per_class=3)
+    outside = write_image_folder(tmp_path / "outside", per_class=1)
+    (src / "red" / "escape.png").symlink_to(outside / "red" / "000.jpg")
+    (src / "blue" / "folder_link").symlink_to(outside / "green")
+    report, _ = ingest(src, tmp_path)
+    reasons = {q["path"]: q["reason"] for q in report["quarantined"]}
+    assert reasons["red/escape.png"].startswith("outside source_dir")
+    assert reasons["blue/folder_link"].startswith("outside source_dir")
+    assert report["accepted"] == 9
+
+
+def test_special_files_and_oversized_files_are_quarantined_unread(tmp_path: Path) -> None:
+    src = write_image_folder(tmp_path / "src", per_class=2)
+    os.mkfifo(src / "red" / "pipe.png")  # reading it would block the stage forever
+    big = src / "green" / "huge.png"
+    big.write_bytes(b"\x89PNG" + b"\0" * (2 * 2**20))
+    report, _ = ingest(src, tmp_path, max_file_mb=1)
+    reasons = {q["path"]: q["reason"] for q in report["quarantined"]}
+    assert reasons["red/pipe.png"] == "not a regular file (a FIFO)"
+    assert reasons["green/huge.png"].startswith("file too large: 2.0 MB > ingest.max_file_mb")
+    assert report["accepted"] == 6
+
+
+def test_non_utf8_file_name_is_quarantined_not_a_crash(tmp_path: Path) -> None:
+    src = write_image_folder(tmp_path / "src", per_class=2)
+    raw_name = os.fsencode(src / "red") + b"/caf\xe9.png"
+    with open(raw_name, "wb") as handle:
+        handle.write((src / "red" / "000.jpg").read_bytes()[:-2] + b"\xff\xd9")
+    report, _ = ingest(src, tmp_path)
+    reasons = {q["path"]: q["reason"] for q in report["quarantined"]}
+    assert reasons["red/caf\\xe9.png"].startswith("file name is not valid UTF-8")
+    # The reports stay valid UTF-8 JSON a strict reader accepts.
+    (tmp_path / "ingest.json").read_bytes().decode("utf-8", "strict")
+    assert (
+        report["files_found"]
+        == report["accepted"]
+        + report["quarantined_count"]
+        + report["duplicate_count"]
+        + report["skipped_count"]
+    )
+
+
+def test_hidden_and_stray_entries_are_counted_as_skipped(tmp_path: Path) -> None:
+    src = write_image_folder(tmp_path / "src", per_class=2)
+    (src / "red" / ".DS_Store").write_bytes(b"junk")
+    (src / ".cache").mkdir()
+    (src / ".cache" / "x.png").write_bytes((src / "red" / "000.jpg").read_bytes())
+    (src / "README.txt").write_text("about these photos")
+    (src / "blue" / ".thumbs").mkdir()
+    (src / "blue" / ".thumbs" / "t.png").write_bytes(b"x")
+    report, _ = ingest(src, tmp_path)
+    skipped = {s["path"]: s["reason"] for s in report["skipped"]}
+    assert skipped == {
+        ".cache": "hidden",
+        "README.txt": "not in a class sub-folder",
+        "red/.DS_Store": "hidden",
+        "blue/.thumbs": "hidden folder",
+    }
+    assert report["files_found"] == 6 + 4
+    assert report["accepted"] + report["skipped_count"] == report["files_found"]
+
+
+def test_decompression_bomb_guard_stays_on() -> None:
+    import tasks.ingest  # noqa: F401  (importing the stage must not switch the guard off)
+
+    assert Image.MAX_IMAGE_PIXELS is not None
+    with pytest.raises(ImageRejected, match="decompression-bomb guard"):
+        decode_rgb(_png_header_only(30_000, 30_000), max_pixels=10**12, min_side=1)

@@ -13,12 +13,13 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from tasks.ingest import load_index
+from tasks.images import resize_image
+from tasks.index import load_index
 from tasks.manifest import MANIFEST_NAME, file_sha256, load_manifest
 from tasks.params import ShardParams
 from tasks.reader import read_split
 from tasks.schema import HASH_KEY, LABEL_KEY
-from tasks.shard import plan_shards, resize_image, run_shard, write_shard
+from tasks.shard import plan_shards, run_shard, write_shard
 
 SIZE = (16, 16)
 TINY = 0.002  # MiB: about two 16x16 raw records per shard, so every split has several shards
@@ -249,3 +250,51 @@ def test_damaged_shard_is_rewritten_not_reused(tiny_index: Path, tmp_path: Path)
     second = run_shard(params, tiny_index, shards_dir)
     assert second.fingerprint == first.fingerprint
     assert file_sha256(victim) == first.splits["train"].shards[0].sha256
+
+
+# -- shards follow the code that makes them --------------------------------------------------
+
+
+def test_changed_resize_filter_reshards_everything(
+    tiny_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Same index, same params, other pixels code: a new fingerprint and no shard kept."""
+    from tasks import images
+
+    shards_dir = tmp_path / "shards"
+    first = run_shard(params(), tiny_index, shards_dir)
+    old_version = first.preprocessing_version
+    mtimes = {p.name: p.stat().st_mtime_ns for p in shards_dir.glob("*.tfrecord-*")}
+    monkeypatch.setattr(images, "RESAMPLE", Image.Resampling.NEAREST)
+    second = run_shard(params(), tiny_index, shards_dir)
+    assert second.preprocessing_version != old_version
+    assert second.fingerprint != first.fingerprint
+    rewritten = {p.name: p.stat().st_mtime_ns for p in shards_dir.glob("*.tfrecord-*")}
+    assert rewritten.keys() == mtimes.keys()
+    assert all(rewritten[name] != mtimes[name] for name in mtimes)
+    manifest = json.loads((shards_dir / MANIFEST_NAME).read_text())
+    assert manifest["preprocessing_version"] == images.preprocessing_version()
+    assert manifest["resize"] == "pad"
+
+
+def test_preprocessing_version_names_the_pixel_libraries(monkeypatch: pytest.MonkeyPatch) -> None:
+    import PIL
+
+    from tasks import images
+
+    before = images.preprocessing_version()
+    monkeypatch.setattr(PIL, "__version__", "0.0.1-other")
+    assert images.preprocessing_version() != before
+
+
+def test_worker_with_other_preprocessing_refuses_to_write(
+    tiny_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker (another machine, another Pillow) never writes pixels the plan does not name."""
+    import dataclasses
+
+    spec = plan_shards(params(), load_index(tiny_index))[0]
+    stale = dataclasses.replace(spec, preprocessing_version="0" * 16)
+    with pytest.raises(RuntimeError, match=f"{spec.file}: this worker's preprocessing version"):
+        write_shard(stale, tmp_path)
+    assert not list(tmp_path.iterdir())

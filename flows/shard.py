@@ -1,0 +1,96 @@
+"""The shard stage as a flow: ``python -m flows.shard`` (what `dvc repro` runs).
+
+Imports only what sharding runs (the preprocessing, the schema, the index format), never
+ingest: editing how ingest checks or reports files does not reshard.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task, unmapped
+from prefect.cache_policies import NO_CACHE
+from prefect.futures import as_completed
+from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
+
+from flows.common import code_version, configure_environment, parse_stage_args
+from flows.server import require_server
+from tasks import images, schema, shard
+from tasks.index import load_index
+from tasks.layout import Layout
+from tasks.manifest import ShardFile
+from tasks.params import ShardParams, load_params
+
+
+@task(name="write-shard", version=code_version(shard, schema, images), cache_policy=NO_CACHE)
+def write_shard_task(spec: shard.ShardSpec, shards_dir: Path) -> ShardFile:
+    """One shard: an independent unit of work, byte-identical on whichever worker runs it."""
+    return shard.write_shard(spec, shards_dir)
+
+
+@flow(name="write-shards")
+def write_shards_flow(params: ShardParams, layout: Layout) -> dict[str, Any]:
+    """Plan shards, write the missing ones through this flow's task runner, then the manifest."""
+    logger = get_run_logger()
+    index = load_index(layout.index)
+    specs = shard.plan_shards(params, index)
+    del index["records"]  # the plan holds what writing needs; keep peak memory flat
+    missing = shard.prepare_shards_dir(specs, layout.shards_dir)
+    logger.info(
+        "%d shards planned, %d to write (%s runner, preprocessing %s)",
+        len(specs),
+        len(missing),
+        params.runner,
+        specs[0].preprocessing_version if specs else "-",
+    )
+    written: dict[str, ShardFile] = {}
+    futures = write_shard_task.map(missing, unmapped(layout.shards_dir))
+    for done, future in enumerate(as_completed(futures), start=1):
+        result = future.result()
+        written[result.file] = result
+        logger.info("shard %d/%d written: %s", done, len(missing), result.file)
+    results = [written.get(s.file) or shard.describe_shard(s, layout.shards_dir) for s in specs]
+    written_manifest = shard.finalize_manifest(params, index, specs, results, layout.shards_dir)
+    return {
+        "fingerprint": written_manifest.fingerprint,
+        "records": {name: split.num_records for name, split in written_manifest.splits.items()},
+        "shards": len(specs),
+        "written": len(missing),
+    }
+
+
+def shard_task_runner(params: ShardParams) -> TaskRunner[Any]:
+    """Spawned processes by default (one worker: in-process); a Dask cluster on request."""
+    if params.runner == "dask":
+        if not params.dask_address:
+            raise ValueError("shard.runner is 'dask' but shard.dask_address is not set in params")
+        from prefect_dask import DaskTaskRunner
+
+        return DaskTaskRunner(address=params.dask_address)
+    if params.workers <= 1:
+        return ThreadPoolTaskRunner(max_workers=1)
+    return ProcessPoolTaskRunner(max_workers=params.workers)
+
+
+def run(params: ShardParams, layout: Layout) -> dict[str, Any]:
+    """The shard stage through its task runner: the one write path production takes."""
+    return write_shards_flow.with_options(task_runner=shard_task_runner(params))(params, layout)
+
+
+@flow(name="shard", log_prints=True)
+def shard_flow(params_path: str = "params.yaml", root: str = ".") -> dict[str, Any]:
+    """Preprocess every indexed image once into TFRecord shards plus a manifest."""
+    params = load_params(Path(root) / params_path)
+    return run(params.shard, Layout(Path(root)))
+
+
+def main() -> None:
+    configure_environment()
+    require_server()
+    _, params_path = parse_stage_args(("shard",), "flows.shard")
+    shard_flow(params_path=params_path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""The validate stage as a flow: ``python -m flows.validate`` (what `dvc repro` runs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+
+from flows.common import code_version, configure_environment, parse_stage_args
+from flows.server import require_server
+from tasks import manifest, schema, validate
+from tasks.layout import Layout
+
+
+@task(name="validate", version=code_version(validate, schema, manifest), cache_policy=NO_CACHE)
+def validate_task(layout: Layout) -> dict[str, Any]:
+    report = validate.run_validate(
+        layout.shards_dir,
+        layout.validation_report,
+        layout.validation_summary,
+        index_path=layout.index,
+    )
+    create_markdown_artifact(
+        key="validation-report",
+        markdown=layout.validation_summary.read_text(),
+        description=f"shards {(report['fingerprint'] or 'unknown')[:12]}: "
+        + ("passed" if report["passed"] else "FAILED"),
+    )
+    validate.raise_if_failed(report)  # after the report is written, so it can be read
+    return {"passed": report["passed"], "fingerprint": report["fingerprint"]}
+
+
+@flow(name="validate", log_prints=True)
+def validate_flow(params_path: str = "params.yaml", root: str = ".") -> dict[str, Any]:
+    """Re-read every shard and check it against the manifest and the ingest index."""
+    return validate_task(Layout(Path(root)))
+
+
+def main() -> None:
+    configure_environment()
+    require_server()
+    _, params_path = parse_stage_args(("validate",), "flows.validate")
+    validate_flow(params_path=params_path)
+
+
+if __name__ == "__main__":
+    main()

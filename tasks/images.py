@@ -1,0 +1,216 @@
+"""Image bytes -> model input: the one preprocessing that shards and predictions share.
+
+Everything that decides a record's pixels lives here: format sniffing, the size guards, the
+decode, EXIF orientation, the normalisation of every PIL mode to 8-bit RGB and the resize
+policy. Ingest checks files with it, the shard stage writes records with it, and prediction
+turns a new photo into the model's input with it, so training and serving can never disagree
+about what an image looks like.
+
+:func:`preprocessing_version` names this code: a hash of this module and of the record schema
+(the encoder), plus the versions of the libraries that compute pixels (Pillow, NumPy). It is
+part of the shard plan hash and of ``manifest.json``, so changing any of them reshards.
+
+This module must stay free of TensorFlow and of any stage code: it is imported by shard
+workers and by the serving model, and ``pyproject.toml``'s import contracts check it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+RESAMPLE = Image.Resampling.BILINEAR
+RESIZE_POLICIES = ("pad", "crop", "stretch")
+# EXIF orientations that swap width and height (transpose, rotate 90/270, transverse).
+SWAPPING_ORIENTATIONS = {5, 6, 7, 8}
+ORIENTATION_TAG = 0x0112
+
+
+class ImageRejected(ValueError):
+    """Image bytes that cannot be used; the message is the quarantine (or error) reason."""
+
+
+def open_checked(data: bytes, *, max_pixels: int, min_side: int) -> Image.Image:
+    """Open image bytes lazily (header only) and enforce the size limits before any decode.
+
+    The format comes from the bytes, never a file name. Pillow's decompression-bomb guard
+    stays on (its error, past twice ``Image.MAX_IMAGE_PIXELS``, becomes a rejection); an
+    image past ``max_pixels`` or with a side under ``min_side`` is refused from its header,
+    before its pixel data is touched.
+    """
+    if not data:
+        raise ImageRejected("empty file (0 bytes)")
+    try:
+        image = Image.open(io.BytesIO(data))
+    except UnidentifiedImageError:
+        raise ImageRejected("not an image (format not recognised from its bytes)") from None
+    except Image.DecompressionBombError as exc:
+        raise ImageRejected(
+            f"absurd dimensions (Pillow's decompression-bomb guard): {exc}"
+        ) from None
+    except Exception as exc:
+        raise ImageRejected(f"truncated or corrupt header: {exc}") from None
+    width, height = image.size
+    if width * height > max_pixels or min(width, height) < min_side:
+        raise ImageRejected(
+            f"absurd dimensions {width}x{height} (limits: {min_side} px per side, "
+            f"{max_pixels} px in all)"
+        )
+    return image
+
+
+def oriented_size(image: Image.Image) -> tuple[int, int]:
+    """(width, height) after EXIF orientation, read from the header without decoding."""
+    width, height = image.size
+    try:
+        orientation = image.getexif().get(ORIENTATION_TAG, 1)
+    except Exception:  # a broken EXIF block is the decoder's problem, not the size's
+        orientation = 1
+    return (height, width) if orientation in SWAPPING_ORIENTATIONS else (width, height)
+
+
+def decode_rgb(data: bytes, *, max_pixels: int, min_side: int) -> Image.Image:
+    """Fully decode image bytes to an RGB PIL image with EXIF orientation applied.
+
+    Raises :class:`ImageRejected` with the reason when the bytes cannot be used.
+    """
+    image = open_checked(data, max_pixels=max_pixels, min_side=min_side)
+    try:
+        image.load()
+        oriented = ImageOps.exif_transpose(image) or image
+        return to_rgb(oriented)
+    except Exception as exc:
+        raise ImageRejected(f"truncated or corrupt {image.format} data: {exc}") from None
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """Normalise any PIL mode (L, P, RGBA, CMYK, 16-bit, float) to 8-bit RGB.
+
+    Transparent pixels are composited over black; 16-bit values are scaled, not clipped.
+    """
+    mode = image.mode
+    if mode == "RGB":
+        return image
+    if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
+        pixels = np.asarray(image, dtype=np.float64)
+        peak = 65535.0 if mode.startswith("I;16") or pixels.max() > 255 else 255.0
+        gray = np.clip(pixels / peak * 255.0 + 0.5, 0, 255).astype(np.uint8)
+        return Image.fromarray(gray, mode="L").convert("RGB")
+    if mode == "F":
+        pixels = np.asarray(image, dtype=np.float64)
+        span = max(float(pixels.max() - pixels.min()), 1e-12)
+        gray = ((pixels - pixels.min()) / span * 255.0 + 0.5).astype(np.uint8)
+        return Image.fromarray(gray, mode="L").convert("RGB")
+    if mode in ("P", "PA"):
+        image = image.convert("RGBA")
+        mode = "RGBA"
+    if mode in ("RGBA", "LA", "La", "RGBa"):
+        rgba = image.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (0, 0, 0, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return image.convert("RGB")  # L, 1, CMYK, YCbCr, LAB, HSV
+
+
+def resize_image(image: Image.Image, size: tuple[int, int], policy: str) -> np.ndarray:
+    """Resize an RGB image to ``size`` = (height, width) under a policy; uint8 HxWx3.
+
+    ``pad`` fits inside and letterboxes on black (centred), ``crop`` covers then
+    centre-crops, ``stretch`` ignores the aspect ratio. ``BILINEAR``, antialiased when
+    reducing, with ``reducing_gap=None`` (no draft/reduce shortcut), so the result does not
+    depend on how the decoder was configured.
+    """
+    height, width = size
+    src_w, src_h = image.size
+    if policy == "stretch":
+        out = image.resize((width, height), RESAMPLE, reducing_gap=None)
+    elif policy == "crop":
+        # Resize only the centred source box with the target's aspect ratio: one resample.
+        scale = max(width / src_w, height / src_h)
+        box_w, box_h = width / scale, height / scale
+        left, top = (src_w - box_w) / 2, (src_h - box_h) / 2
+        box = (left, top, left + box_w, top + box_h)
+        out = image.resize((width, height), RESAMPLE, box=box, reducing_gap=None)
+    elif policy == "pad":
+        scale = min(width / src_w, height / src_h)
+        new_w = min(width, max(1, round(src_w * scale)))
+        new_h = min(height, max(1, round(src_h * scale)))
+        fitted = image.resize((new_w, new_h), RESAMPLE, reducing_gap=None)
+        out = Image.new("RGB", (width, height), (0, 0, 0))
+        out.paste(fitted, ((width - new_w) // 2, (height - new_h) // 2))
+    else:
+        raise ValueError(
+            f"unknown resize policy {policy!r} (shard.resize: {' | '.join(RESIZE_POLICIES)})"
+        )
+    return np.asarray(out, dtype=np.uint8)
+
+
+def preprocess_bytes(
+    data: bytes,
+    size: tuple[int, int],
+    policy: str,
+    *,
+    max_pixels: int,
+    min_side: int = 1,
+) -> np.ndarray:
+    """Image file bytes -> the model's uint8 HxWx3 input: decode, orient, RGB, resize.
+
+    The shard stage and prediction both call this; :class:`ImageRejected` says why bytes
+    cannot be used.
+    """
+    image = decode_rgb(data, max_pixels=max_pixels, min_side=min_side)
+    return resize_image(image, size, policy)
+
+
+def preprocessing_version() -> str:
+    """Names the code and libraries that compute pixels: any change gives a new version.
+
+    Three parts: the source of this module and of the record schema (the encoder), the
+    versions of Pillow and NumPy, and the output of the preprocessing itself on a fixed set
+    of probe images (every resize policy, EXIF rotation, alpha, palette, JPEG and PNG
+    sources). The probe catches what a source hash cannot: a codec library built
+    differently, or a filter swapped at run time.
+    """
+    import PIL
+
+    from tasks import schema
+
+    digest = hashlib.sha256(b"shardflow-preprocessing-v1")
+    for source in (Path(__file__), Path(schema.__file__)):
+        digest.update(source.read_bytes())
+    digest.update(f"pillow={PIL.__version__};numpy={np.__version__}".encode())
+    for probe in _probe_images():
+        for policy in RESIZE_POLICIES:
+            pixels = preprocess_bytes(probe, (12, 16), policy, max_pixels=1 << 20)
+            digest.update(pixels.tobytes())
+            for encoding in ("jpeg", "png"):
+                encoder = schema.RecordSchema(12, 16, encoding)  # type: ignore[arg-type]
+                digest.update(encoder.encode_image(pixels))
+    return digest.hexdigest()[:16]
+
+
+def _probe_images() -> list[bytes]:
+    """Small deterministic images in the formats and modes preprocessing must handle."""
+    y, x = np.mgrid[0:30, 0:44]
+    rgb = np.stack([x * 5, y * 8, (x * y) % 256], axis=-1).astype(np.uint8)
+    base = Image.fromarray(rgb, mode="RGB")
+    probes = []
+    for image, fmt, extra in (
+        (base, "JPEG", {"quality": 85}),
+        (base, "PNG", {}),
+        (base.convert("RGBA"), "PNG", {}),
+        (base.convert("P"), "PNG", {}),
+        (base.convert("L"), "JPEG", {"quality": 85}),
+    ):
+        buffer = io.BytesIO()
+        image.save(buffer, format=fmt, **extra)
+        probes.append(buffer.getvalue())
+    rotated = io.BytesIO()
+    exif = Image.Exif()
+    exif[ORIENTATION_TAG] = 6
+    base.save(rotated, format="JPEG", quality=85, exif=exif)
+    probes.append(rotated.getvalue())
+    return probes
