@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import io
 import multiprocessing
 import os
 import stat
@@ -19,10 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from PIL import Image
-
 from tasks.atomic import write_json
-from tasks.images import ImageRejected, decode_rgb
+from tasks.images import ImageRejected, verify
 from tasks.index import INDEX_VERSION
 from tasks.manifest import SPLITS
 from tasks.params import IngestParams, SplitFractions
@@ -105,7 +102,12 @@ def _file_kind(mode: int) -> str:
 
 
 def inspect_file(
-    source_dir: str, candidate: Candidate, max_pixels: int, min_side: int, max_bytes: int
+    source_dir: str,
+    candidate: Candidate,
+    max_pixels: int,
+    min_side: int,
+    max_bytes: int,
+    draft: bool = True,
 ) -> Inspected:
     """Vet, read, hash and fully decode one file; never raises for a bad file."""
     name = display_name(candidate.path)
@@ -121,15 +123,14 @@ def inspect_file(
         return rejected(f"unreadable: {exc}")
     digest = hashlib.sha256(data).hexdigest()
     try:
-        image = decode_rgb(data, max_pixels=max_pixels, min_side=min_side)
+        fmt, width, height = verify(data, max_pixels=max_pixels, min_side=min_side, draft=draft)
     except ImageRejected as exc:
         return rejected(str(exc), digest)
-    header = Image.open(io.BytesIO(data))  # the format name only; decode_rgb dropped it
-    return Inspected(candidate.path, candidate.label, digest, header.format, *image.size, None)
+    return Inspected(candidate.path, candidate.label, digest, fmt, width, height, None)
 
 
 def _inspect_chunk(
-    source_dir: str, chunk: list[Candidate], limits: tuple[int, int, int]
+    source_dir: str, chunk: list[Candidate], limits: tuple[int, int, int, bool]
 ) -> list[Inspected]:
     return [inspect_file(source_dir, c, *limits) for c in chunk]
 
@@ -238,7 +239,12 @@ def inspect_all(
     workers = max(1, params.workers)
     chunk_size = 64
     chunks = [candidates[i : i + chunk_size] for i in range(0, len(candidates), chunk_size)]
-    limits = (params.max_pixels, params.min_side, int(params.max_file_mb * 2**20))
+    limits = (
+        params.max_pixels,
+        params.min_side,
+        int(params.max_file_mb * 2**20),
+        params.draft_check,
+    )
     results: list[Inspected] = []
     with tqdm(total=len(candidates), desc="ingest", unit="img", mininterval=1.0) as bar:
         if workers == 1 or len(chunks) < 2:

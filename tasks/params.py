@@ -35,6 +35,7 @@ class IngestParams(_Strict):
     seed: int = 1337
     max_pixels: int = 40_000_000  # larger images are quarantined as "absurd dimensions"
     max_file_mb: float = Field(default=64, gt=0)  # larger files are quarantined unread
+    draft_check: bool = True  # check JPEGs with a 1/8-scale decode (still reads every byte)
     min_side: int = 8
     workers: int = 2
 
@@ -43,6 +44,7 @@ class ShardParams(_Strict):
     image_size: tuple[int, int] = (64, 64)  # [height, width]
     # pad: keep aspect, letterbox with black; crop: keep aspect, center-crop; stretch: ignore aspect
     resize: Literal["pad", "crop", "stretch"] = "pad"
+    draft_decode: bool = True  # reduced-size JPEG decoding when the target is <= 1/2 the source
     encoding: Literal["raw", "jpeg", "png"] = "raw"
     jpeg_quality: int = Field(default=90, ge=1, le=100)
     target_shard_mb: float = Field(default=16.0, gt=0)

@@ -77,6 +77,7 @@ class ShardSpec:
     resize: str
     compression: str  # "none" | "gzip"
     preprocessing_version: str  # tasks.images.preprocessing_version() when planned
+    draft: bool  # reduced-size JPEG decoding (shard.draft_decode)
 
     @property
     def record_schema(self) -> RecordSchema:
@@ -86,7 +87,9 @@ class ShardSpec:
 # -- preprocessing ---------------------------------------------------------------------------
 
 
-def preprocess(source_dir: str, record: ShardRecord, schema: RecordSchema, policy: str) -> bytes:
+def preprocess(
+    source_dir: str, record: ShardRecord, schema: RecordSchema, policy: str, draft: bool
+) -> bytes:
     """Read, check, decode, resize and encode one source image; returns the image feature."""
     path = Path(source_dir) / record.path
     data = path.read_bytes()
@@ -94,7 +97,8 @@ def preprocess(source_dir: str, record: ShardRecord, schema: RecordSchema, polic
         raise ValueError(f"{path}: content changed since ingest (sha256 differs); rerun ingest")
     # Ingest already enforced the size limits; the same preprocessing, limits off.
     size = (schema.height, schema.width)
-    return schema.encode_image(preprocess_bytes(data, size, policy, max_pixels=sys.maxsize))
+    pixels = preprocess_bytes(data, size, policy, max_pixels=sys.maxsize, draft=draft)
+    return schema.encode_image(pixels)
 
 
 # -- planning --------------------------------------------------------------------------------
@@ -137,7 +141,10 @@ def estimate_record_bytes(params: ShardParams, index: dict[str, Any]) -> float:
         ShardRecord(r["path"], int(r["label_index"]), r["sha256"]) for r in index["records"]
     ]
     sample = sorted(everything, key=lambda r: order_key(params.seed, r.sha256))[:SIZE_SAMPLE]
-    sizes = [len(preprocess(index["source_dir"], r, schema, params.resize)) for r in sample]
+    sizes = [
+        len(preprocess(index["source_dir"], r, schema, params.resize, params.draft_decode))
+        for r in sample
+    ]
     return (sum(sizes) / len(sizes) if sizes else 0) + overhead
 
 
@@ -171,6 +178,7 @@ def plan_shards(params: ShardParams, index: dict[str, Any]) -> list[ShardSpec]:
                     resize=params.resize,
                     compression=params.compression,
                     preprocessing_version=version,
+                    draft=params.draft_decode,
                 )
             )
     return specs
@@ -209,7 +217,7 @@ def write_shard(spec: ShardSpec, shards_dir: Path) -> ShardFile:
         # No TensorFlow in shard workers: tasks.tfrecord writes the same framing.
         with TFRecordWriter(tmp, gzip_compress=spec.compression == "gzip") as writer:
             for record in spec.records:
-                image = preprocess(spec.source_dir, record, schema, spec.resize)
+                image = preprocess(spec.source_dir, record, schema, spec.resize, spec.draft)
                 writer.write(
                     schema.serialize(image, record.label_index, record.sha256, record.path)
                 )

@@ -298,3 +298,12 @@ def test_worker_with_other_preprocessing_refuses_to_write(
     with pytest.raises(RuntimeError, match=f"{spec.file}: this worker's preprocessing version"):
         write_shard(stale, tmp_path)
     assert not list(tmp_path.iterdir())
+
+
+def test_draft_decode_is_part_of_the_plan(tiny_index: Path) -> None:
+    from tasks.shard import plan_hash
+
+    index = load_index(tiny_index)
+    with_draft = plan_shards(params(draft_decode=True), index)
+    without = plan_shards(params(draft_decode=False), index)
+    assert plan_hash(with_draft) != plan_hash(without)
