@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-QUICK = {"images": 200, "passes": 1, "scaling": [200, 1000], "steps": 10, "warmup_steps": 3}
+QUICK = {
+    "images": 200,
+    "passes": 1,
+    "scaling": [200, 1000],
+    "steps": 10,
+    "warmup_steps": 3,
+    "photos": 12,
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -40,13 +47,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="override train.epochs in the orchestration copies",
     )
+    parser.add_argument("--photos", type=int, default=200, help="camera photos per size")
+    parser.add_argument(
+        "--photo-sizes",
+        type=_size_list,
+        default=[(4000, 3000), (1600, 1200)],
+        help="comma-separated WxH camera sizes (the first is the headline), e.g. 4000x3000",
+    )
     parser.add_argument("--skip-orchestration", action="store_true")
     parser.add_argument("--skip-scaling", action="store_true")
     parser.add_argument(
         "--only",
         type=lambda s: s.split(","),
         default=None,
-        help="comma-separated sections: read,write,input,orchestration,scaling",
+        help="comma-separated sections: read,write,photos,input,orchestration,scaling",
     )
     parser.add_argument(
         "--quick", action="store_true", help=f"tiny smoke run: {QUICK}, orchestration at 1 epoch"
@@ -72,6 +86,14 @@ def _int_list(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part.strip()]
 
 
+def _size_list(text: str) -> list[tuple[int, int]]:
+    sizes = []
+    for part in text.split(","):
+        width, height = part.lower().split("x")
+        sizes.append((int(width), int(height)))
+    return sizes
+
+
 def log(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
@@ -93,6 +115,11 @@ class Run:
             "write.seed": None,
             "write.workers_1": None,
             "write.workers_2": None,
+            "write_photos.seed": None,
+            "write_photos.workers_1": None,
+            "write_photos.workers_all": None,
+            "write_photos.ceiling": None,
+            "ingest_photos.decode_ratio": None,
             "input_bound_ratio": None,
             "orchestration_tax": None,
             "dvc_noop_s": None,
@@ -226,6 +253,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
             run.record(f"write.workers_{workers}", timed_passes(shard_once, passes=args.passes))
 
+    def photos() -> None:
+        from bench.photos import measure_photos
+
+        results = measure_photos(
+            base.shard,
+            work,
+            sizes=args.photo_sizes,
+            count=args.photos,
+            size=args.size,
+            ingest=ingest_folder,
+            log=log,
+        )
+        headline = results[f"{args.photo_sizes[0][0]}x{args.photo_sizes[0][1]}"]
+        for key in ("seed", "workers_1", "workers_all", "ceiling"):
+            run.figures[f"write_photos.{key}"] = round(headline[key], 2)
+        run.figures["ingest_photos.decode_ratio"] = round(headline["decode"]["ratio"], 4)
+        run.figures["details"]["photos"] = results
+
     def input_bound() -> None:
         from bench.train_step import input_bound_ratio
 
@@ -304,6 +349,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     run.section("read", read)
     run.section("write", write)
+    run.section("photos", photos)
     run.section("input", input_bound)
     if not args.skip_orchestration:
         run.section("orchestration", orchestration)

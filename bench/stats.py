@@ -115,6 +115,27 @@ def targets_for(default_encoding: str) -> list[Target]:
         Target("dvc repro no-op seconds", "dvc_noop_s", None, "<", 3.0),
         Target("scaling s/image largest vs smallest", "scaling.s_per_image_ratio", None, "<=", 1.2),
         Target("scaling peak RSS largest vs smallest", "scaling.peak_rss_ratio", None, "<=", 1.3),
+        Target(
+            "12 MP photos: shard, 1 worker vs seed recipe",
+            "write_photos.workers_1",
+            "write_photos.seed",
+            ">=",
+            2.0,
+        ),
+        Target(
+            "12 MP photos: shard, all workers vs all-core ceiling",
+            "write_photos.workers_all",
+            "write_photos.ceiling",
+            ">=",
+            0.8,
+        ),
+        Target(
+            "12 MP photos: ingest check + shard decode vs one full decode",
+            "ingest_photos.decode_ratio",
+            None,
+            "<=",
+            1.3,
+        ),
     ]
 
 

@@ -1,0 +1,272 @@
+"""Camera-size photos: ingest + shard images/s at 224 px, the seeds' way and Shardflow's.
+
+``python -m bench --only photos`` generates photo-like JPEGs at real camera sizes (12 MP
+4000x3000 and 2 MP 1600x1200 by default; ``--photo-sizes``) and measures, per size:
+
+- ``seed``: the seeds' recipe, per image ``tf.io.decode_jpeg`` + ``tf.image.resize``, eager,
+  in one process (images/s of one worker);
+- ``workers_1`` / ``workers_all``: the shard stage as production runs it (the Prefect flow in
+  ``flows/shard.py`` and its task runner) at 1 worker and at every core;
+- ``ceiling``: the same decode + resize + encode done the fastest correct way available here
+  (Pillow's reduced-size JPEG decode, then the resize, then the record encoding), on every
+  core at once with no orchestration and no file writing;
+- ``decode_ratio``: what a pipeline run pays to decode one photo (ingest's check plus the
+  shard stage's decode) over one full decode of it, measured on the same photos.
+
+Every timed run is a fresh interpreter that reports its own clock around the work (imports
+and worker start-up excluded, as for a long-running stage).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import multiprocessing
+import os
+import shutil
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from bench.measured import run_measured
+
+PHOTO_CLASSES = ("beach", "forest", "street")
+MARKER = ".bench-photos.json"
+
+
+def draw_photo(index: int, width: int, height: int, *, seed: int = 0) -> tuple[str, bytes]:
+    """(class, JPEG bytes): smooth light, a few soft shapes and sensor noise, quality 92.
+
+    Noise and soft edges give camera-like JPEG sizes (about 1.5-3 bits per pixel), unlike
+    flat drawings, so decode times are those of real photos.
+    """
+    rng = np.random.default_rng([seed, index, width])
+    label = PHOTO_CLASSES[index % len(PHOTO_CLASSES)]
+    # Build at 1/4 size and upscale: smooth content costs little to generate at 12 MP.
+    small_h, small_w = max(2, height // 4), max(2, width // 4)
+    y, x = np.mgrid[0:small_h, 0:small_w].astype(np.float32)
+    base = rng.uniform(40, 200, 3).astype(np.float32)
+    tilt = rng.uniform(-0.6, 0.6, (2, 3)).astype(np.float32)
+    pixels = base + x[..., None] / small_w * tilt[0] * 100 + y[..., None] / small_h * tilt[1] * 100
+    for _ in range(6):
+        cx, cy = rng.uniform(0, small_w), rng.uniform(0, small_h)
+        radius = rng.uniform(0.05, 0.3) * min(small_w, small_h)
+        weight = np.exp(-((x - cx) ** 2 + (y - cy) ** 2) / (2 * radius**2))[..., None]
+        pixels = pixels * (1 - weight) + rng.uniform(0, 255, 3).astype(np.float32) * weight
+    image = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8), mode="RGB")
+    image = image.resize((width, height), Image.Resampling.BILINEAR)
+    noisy = np.asarray(image, dtype=np.int16) + rng.integers(-6, 7, (height, width, 3))
+    buffer = io.BytesIO()
+    Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8)).save(buffer, format="JPEG", quality=92)
+    return label, buffer.getvalue()
+
+
+def _write_photos(out_dir: str, indices: list[int], width: int, height: int) -> int:
+    for index in indices:
+        label, data = draw_photo(index, width, height)
+        (Path(out_dir) / label / f"{label}_{index:05d}.jpg").write_bytes(data)
+    return len(indices)
+
+
+def generate_photos(out_dir: Path, n: int, width: int, height: int, *, workers: int) -> Path:
+    """``n`` photos of ``width`` x ``height`` in ``out_dir/<class>/``; reused when they match."""
+    recipe = {"n": n, "width": width, "height": height, "version": 1}
+    marker = out_dir / MARKER
+    if marker.exists() and json.loads(marker.read_text()) == recipe:
+        return out_dir
+    shutil.rmtree(out_dir, ignore_errors=True)
+    for label in PHOTO_CLASSES:
+        (out_dir / label).mkdir(parents=True, exist_ok=True)
+    chunks = [list(range(i, n, workers)) for i in range(workers)]
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        for future in [
+            pool.submit(_write_photos, str(out_dir), c, width, height) for c in chunks if c
+        ]:
+            future.result()
+    marker.write_text(json.dumps(recipe))
+    return out_dir
+
+
+def photo_files(source_dir: Path) -> list[Path]:
+    return sorted(source_dir.glob("*/*.jpg"))
+
+
+# -- the seeds' recipe -----------------------------------------------------------------------
+
+
+def seed_decode_resize(files: list[Path], size: int) -> float:
+    """Seconds for the seeds' per-image eager TF decode + resize (one process)."""
+    import tensorflow as tf
+
+    def one(path: Path) -> None:
+        image = tf.io.decode_jpeg(tf.io.read_file(str(path)), channels=3)
+        tf.cast(tf.image.resize(image, (size, size)), tf.uint8).numpy()
+
+    one(files[0])  # first call builds the eager kernels: not part of the per-image cost
+    start = time.perf_counter()
+    for path in files:
+        one(path)
+    return time.perf_counter() - start
+
+
+# -- the ceiling: fastest correct decode + resize + encode on every core ---------------------
+
+
+def _fast_chunk(paths: list[str], size: int) -> int:
+    from tasks.images import preprocess_bytes
+    from tasks.schema import RecordSchema
+
+    schema = RecordSchema(size, size, "raw")
+    for path in paths:
+        pixels = preprocess_bytes(Path(path).read_bytes(), (size, size), "pad", max_pixels=10**9)
+        schema.encode_image(pixels)
+    return len(paths)
+
+
+def ceiling_decode_resize(files: list[Path], size: int, workers: int) -> float:
+    """Seconds to preprocess every file on ``workers`` warm processes (no writing, no plan)."""
+    context = multiprocessing.get_context("spawn")
+    chunks = [[str(p) for p in files[i::workers]] for i in range(workers)]
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        # Warm every worker (imports) before the clock starts.
+        list(pool.map(_fast_chunk, [[str(files[0])]] * workers, [size] * workers))
+        start = time.perf_counter()
+        done = sum(pool.map(_fast_chunk, chunks, [size] * workers))
+        elapsed = time.perf_counter() - start
+    assert done == len(files)
+    return elapsed
+
+
+# -- decode cost of one pipeline run per photo -----------------------------------------------
+
+
+def decode_ratio(files: list[Path], size: int) -> dict[str, float]:
+    """(ingest check + shard decode) over one full decode, summed over ``files``."""
+    from tasks.images import decode_rgb, preprocess_bytes, verify
+
+    full = check = shard = 0.0
+    for path in files:
+        data = path.read_bytes()
+        start = time.perf_counter()
+        decode_rgb(data, max_pixels=10**9, min_side=1)
+        full += time.perf_counter() - start
+        start = time.perf_counter()
+        verify(data, max_pixels=10**9, min_side=1, draft=True)
+        check += time.perf_counter() - start
+        start = time.perf_counter()
+        preprocess_bytes(data, (size, size), "pad", max_pixels=10**9, draft=True)
+        shard += time.perf_counter() - start
+    return {
+        "ratio": (check + shard) / full,
+        "full_decode_ms": 1000 * full / len(files),
+        "ingest_check_ms": 1000 * check / len(files),
+        "shard_decode_ms": 1000 * shard / len(files),
+    }
+
+
+# -- the shard stage as production runs it ---------------------------------------------------
+
+
+def shard_stage_seconds(
+    index_path: Path, root: Path, params_json: str, workers: int
+) -> dict[str, Any]:
+    """The shard flow (flows/shard.py) in a fresh interpreter; its own timer around the run."""
+    args = ["shard", str(index_path), str(root), params_json, str(workers)]
+    return run_measured("bench.photos", args, root.with_name(root.name + ".log"))
+
+
+def _shard_child(index_path: str, root: str, params_json: str, workers: str) -> None:
+    from flows.common import configure_environment
+    from flows.shard import run
+    from tasks.layout import Layout
+    from tasks.params import ShardParams
+
+    configure_environment()
+    params = ShardParams.model_validate_json(params_json).model_copy(
+        update={"workers": int(workers)}
+    )
+    layout = Layout(Path(root))
+    shutil.rmtree(layout.shards_dir, ignore_errors=True)
+    layout.index.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(index_path, layout.index)
+    start = time.perf_counter()
+    result = run(params, layout)
+    print(json.dumps({"shard_s": time.perf_counter() - start, "shards": result["shards"]}))
+
+
+def _timed_child(kind: str, files_json: str, size: str, workers: str) -> None:
+    files = [Path(p) for p in json.loads(Path(files_json).read_text())]
+    if kind == "seed":
+        seconds = seed_decode_resize(files, int(size))
+    else:
+        seconds = ceiling_decode_resize(files, int(size), int(workers))
+    print(json.dumps({"seconds": seconds, "images": len(files)}))
+
+
+def timed(kind: str, files: list[Path], size: int, workers: int, work: Path) -> float:
+    """images/s of ``seed`` or ``ceiling`` in a fresh interpreter."""
+    listing = work / f"{kind}-files.json"
+    listing.write_text(json.dumps([str(p) for p in files]))
+    result = run_measured(
+        "bench.photos", [kind, str(listing), str(size), str(workers)], work / f"{kind}.log"
+    )
+    return float(result["images"]) / float(result["seconds"])
+
+
+def measure_photos(
+    base_shard: Any,
+    work: Path,
+    *,
+    sizes: list[tuple[int, int]],
+    count: int,
+    size: int,
+    ingest: Any,
+    log: Any = print,
+) -> dict[str, Any]:
+    """Every figure for each photo size; keys ``{W}x{H}`` plus the headline ``write_photos``."""
+    cores = os.cpu_count() or 1
+    results: dict[str, Any] = {}
+    for width, height in sizes:
+        tag = f"{width}x{height}"
+        folder = generate_photos(
+            work / f"photos-{tag}-{count}", count, width, height, workers=cores
+        )
+        files = photo_files(folder)
+        mean_mb = sum(f.stat().st_size for f in files) / len(files) / 2**20
+        log(f"   {len(files)} photos {tag}, {mean_mb:.1f} MB each")
+        started = time.perf_counter()
+        index = ingest(folder, work / f"ingest-photos-{tag}-{count}", workers=cores)
+        ingest_s = time.perf_counter() - started
+        params = base_shard.model_copy(
+            update={"image_size": (size, size), "encoding": "raw", "draft_decode": True}
+        )
+        figures: dict[str, Any] = {"ingest_images_per_s": len(files) / ingest_s}
+        figures["seed"] = timed("seed", files, size, 1, work)
+        for workers, key in ((1, "workers_1"), (cores, "workers_all")):
+            root = work / f"photos-shard-{tag}-w{workers}"
+            result = shard_stage_seconds(index, root, params.model_dump_json(), workers)
+            figures[key] = len(files) / float(result["shard_s"])
+        figures["ceiling"] = timed("ceiling", files, size, cores, work)
+        figures["decode"] = decode_ratio(files[: min(len(files), 40)], size)
+        figures["per_worker_vs_seed"] = figures["workers_1"] / figures["seed"]
+        figures["all_vs_ceiling"] = figures["workers_all"] / figures["ceiling"]
+        log(
+            f"   {tag}: seed {figures['seed']:.1f}, shard w1 {figures['workers_1']:.1f}, "
+            f"w{cores} {figures['workers_all']:.1f}, ceiling {figures['ceiling']:.1f} img/s; "
+            f"decode ratio {figures['decode']['ratio']:.2f}"
+        )
+        results[tag] = figures
+    return results
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "shard":
+        _shard_child(*sys.argv[2:6])
+    else:
+        _timed_child(*sys.argv[1:5])
