@@ -20,7 +20,7 @@ from flows.server import require_server
 from tasks import ingest, manifest, schema, shard, validate
 from tasks.layout import Layout
 from tasks.manifest import ShardFile
-from tasks.params import IngestParams, ShardParams, load_params
+from tasks.params import IngestParams, ShardParams, load_params, run_params_path
 
 DATA_STAGES = ("ingest", "shard", "validate")
 
@@ -115,7 +115,7 @@ def data_flow(
     With ``dvc_bookkeeping`` (deployment runs) a stage that DVC reports up to date is
     skipped and a stage that ran is recorded in ``dvc.lock``.
     """
-    params = load_params(Path(root) / params_path)
+    params = load_params(run_params_path(root, params_path))  # inside the repo if deployed
     layout = Layout(Path(root))
     stages = stages or list(DATA_STAGES)
     shard_flow = write_shards_flow.with_options(task_runner=shard_task_runner(params.shard))
