@@ -21,7 +21,7 @@ import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 from tasks.layout import Layout
-from tasks.params import TrainParams, default_params
+from tasks.params import default_params
 from tasks.train import train
 layout = Layout().with_root(sys.argv[1])
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
