@@ -7,10 +7,12 @@ import shutil
 from pathlib import Path
 
 from tasks.ingest import run_ingest
-from tasks.params import IngestParams, ShardParams, SplitFractions
+from tasks.params import ShardParams, SplitFractions, default_params
 from tasks.shard import run_shard
 
-ALL_TRAIN = SplitFractions(train=1.0, val=0.0, test=0.0)
+# Bench only: every image in train. params.yaml needs all three splits non-empty, so this
+# one is built unchecked (model_construct) and never reaches a pipeline run.
+ALL_TRAIN = SplitFractions.model_construct(train=1.0, val=0.0, test=0.0)
 
 
 def ingest_folder(source_dir: Path, work_dir: Path, *, workers: int = 2) -> Path:
@@ -18,7 +20,8 @@ def ingest_folder(source_dir: Path, work_dir: Path, *, workers: int = 2) -> Path
 
     All-train keeps every benchmark image in the split the reader times.
     """
-    params = IngestParams(source_dir=str(source_dir), splits=ALL_TRAIN, workers=workers)
+    changes = {"source_dir": str(source_dir), "splits": ALL_TRAIN, "workers": workers}
+    params = default_params().ingest.model_copy(update=changes)
     index_path = work_dir / "index.json"
     recipe_path = work_dir / "index.recipe.json"
     marker = source_dir / ".bench-images.json"

@@ -17,7 +17,7 @@ from flows import ingest, shard, validate
 from flows.common import configure_environment, parse_stage_args, run_stage
 from flows.server import require_server
 from tasks.layout import Layout
-from tasks.params import load_params
+from tasks.params import load_params, run_params_path
 
 DATA_STAGES = ("ingest", "shard", "validate")
 
@@ -34,7 +34,7 @@ def data_flow(
     With ``dvc_bookkeeping`` (deployment runs) a stage that DVC reports up to date is
     skipped and a stage that ran is recorded in ``dvc.lock``.
     """
-    params = load_params(Path(root) / params_path)
+    params = load_params(run_params_path(root, params_path))  # inside the repo if deployed
     layout = Layout(Path(root))
     stages = stages or list(DATA_STAGES)
     steps = {

@@ -16,7 +16,7 @@ from flows.common import code_version, configure_environment, parse_stage_args
 from flows.server import require_server
 from tasks import images, ingest
 from tasks.layout import Layout
-from tasks.params import IngestParams, load_params
+from tasks.params import IngestParams, load_params, run_params_path
 
 
 @task(name="ingest", version=code_version(ingest, images), cache_policy=NO_CACHE)
@@ -39,7 +39,7 @@ def ingest_task(params: IngestParams, layout: Layout) -> dict[str, Any]:
 @flow(name="ingest", log_prints=True)
 def ingest_flow(params_path: str = "params.yaml", root: str = ".") -> dict[str, Any]:
     """Find every input image, check it, assign splits; quarantine the rest."""
-    params = load_params(Path(root) / params_path)
+    params = load_params(run_params_path(root, params_path))
     return ingest_task(params.ingest, Layout(Path(root)))
 
 

@@ -3,12 +3,12 @@
 Deployment runs go through here. Per-run overrides are typed (:class:`ParamOverrides`) and
 are written into ``params.yaml`` before anything runs, and every stage is checked against
 and recorded in ``dvc.lock``, so the Prefect path and `dvc repro` always agree on which
-data and params a model came from.
+data and params a model came from. A run's parameters cannot reach outside the project:
+where code runs, and which directory is read and written, come from the repository only.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -17,7 +17,7 @@ from flows.common import configure_environment
 from flows.data import data_flow
 from flows.server import require_server
 from flows.training import training_flow
-from tasks.params import ParamOverrides, apply_overrides
+from tasks.params import ParamOverrides, apply_overrides, run_params_path
 
 
 @flow(name="pipeline", log_prints=True)
@@ -28,9 +28,10 @@ def pipeline(
 ) -> dict[str, Any]:
     """ingest -> shard -> validate | train -> evaluate; stages DVC finds current are skipped."""
     logger = get_run_logger()
+    params_file = run_params_path(root, params_path)  # refused outside the repository
     changes = overrides.as_dict() if overrides else {}
     if changes:
-        apply_overrides(Path(root) / params_path, changes)
+        apply_overrides(params_file, changes)  # refuses shard.runner, dask_address, ...
         logger.info("params.yaml updated with this run's overrides: %s", changes)
     data = data_flow(params_path=params_path, root=root, dvc_bookkeeping=True)
     training = training_flow(params_path=params_path, root=root, dvc_bookkeeping=True)

@@ -20,7 +20,7 @@ from tasks import images, schema, shard
 from tasks.index import load_index
 from tasks.layout import Layout
 from tasks.manifest import ShardFile
-from tasks.params import ShardParams, load_params
+from tasks.params import ShardParams, load_params, run_params_path
 
 
 @task(name="write-shard", version=code_version(shard, schema, images), cache_policy=NO_CACHE)
@@ -81,7 +81,7 @@ def run(params: ShardParams, layout: Layout) -> dict[str, Any]:
 @flow(name="shard", log_prints=True)
 def shard_flow(params_path: str = "params.yaml", root: str = ".") -> dict[str, Any]:
     """Preprocess every indexed image once into TFRecord shards plus a manifest."""
-    params = load_params(Path(root) / params_path)
+    params = load_params(run_params_path(root, params_path))
     return run(params.shard, Layout(Path(root)))
 
 

@@ -22,7 +22,7 @@ from flows.server import require_server
 from tasks import evaluate, manifest, models, reader, schema, tracking, train
 from tasks.evaluate import run_evaluate
 from tasks.layout import Layout
-from tasks.params import Params, load_params
+from tasks.params import Params, load_params, run_params_path
 from tasks.train import ShardsNotValidated, run_train
 
 STAGES = ("train", "evaluate")
@@ -83,7 +83,7 @@ def training_flow(
     if unknown:
         raise ValueError(f"unknown stages {sorted(unknown)}; choose from {STAGES}")
     layout = Layout().with_root(root)
-    params = load_params(Path(root) / params_path)
+    params = load_params(run_params_path(root, params_path))  # inside the repo if deployed
 
     steps = {
         "train": lambda: train_task(params, layout),

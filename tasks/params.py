@@ -1,14 +1,38 @@
-"""Typed view of ``params.yaml``: parsed once, passed down to every stage."""
+"""Typed view of ``params.yaml``: parsed once, checked before anything runs, passed down.
+
+``params.yaml`` is the one source of defaults: every key is required here, so a missing or
+partial file is an error instead of a silent fallback to values the code made up.
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, Literal
+import io
+from pathlib import Path, PurePath
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from tasks import atomic
 
 DEFAULT_PARAMS_PATH = Path("params.yaml")
+REPO_PARAMS_PATH = Path(__file__).resolve().parents[1] / "params.yaml"
+
+# The metrics tasks/evaluate.py computes for the test split; promotion compares one of them.
+PromotionMetric = Literal[
+    "accuracy", "top_k_accuracy", "macro_precision", "macro_recall", "macro_f1"
+]
+Side = Annotated[int, Field(ge=8)]  # smaller images carry too little signal to train on
+Fraction = Annotated[float, Field(ge=0, lt=1)]
+
+# Where code runs comes from the repository's params.yaml only, never from a run's overrides.
+FILE_ONLY_KEYS = ("shard.runner", "shard.dask_address")
+# Paths a run's overrides may set, but only to somewhere inside the project.
+PATH_KEYS = ("ingest.source_dir", "ingest.labels_csv", "train.weights")
+
+
+class ParamsError(ValueError):
+    """A params file that is missing, empty or invalid; the message names every bad key."""
 
 
 class _Strict(BaseModel):
@@ -16,99 +40,139 @@ class _Strict(BaseModel):
 
 
 class SplitFractions(_Strict):
-    train: float = 0.8
-    val: float = 0.1
-    test: float = 0.1
+    train: float = Field(gt=0)
+    val: float = Field(gt=0)
+    test: float = Field(gt=0)
 
     @model_validator(mode="after")
     def _sum_to_one(self) -> SplitFractions:
         total = self.train + self.val + self.test
-        if abs(total - 1.0) > 1e-6 or min(self.train, self.val, self.test) < 0:
-            raise ValueError(f"ingest.splits must be non-negative and sum to 1, got {total}")
+        if abs(total - 1.0) > 1e-6:
+            raise ValueError(f"the split fractions must sum to 1, got {total:g}")
         return self
 
 
 class IngestParams(_Strict):
-    source_dir: str = "data/demo"
-    labels_csv: str | None = None  # CSV of `path,label` (paths relative to source_dir)
-    splits: SplitFractions = SplitFractions()
-    seed: int = 1337
-    max_pixels: int = 40_000_000  # larger images are quarantined as "absurd dimensions"
-    max_file_mb: float = Field(default=64, gt=0)  # larger files are quarantined unread
-    draft_check: bool = True  # check JPEGs with a 1/8-scale decode (still reads every byte)
-    min_side: int = 8
-    workers: int = 2
+    source_dir: str = Field(min_length=1)
+    labels_csv: str | None  # CSV of `path,label` (paths relative to source_dir)
+    splits: SplitFractions
+    seed: int
+    max_pixels: int = Field(ge=1)  # larger images are quarantined as "absurd dimensions"
+    min_side: int = Field(ge=1)
+    max_file_mb: float = Field(gt=0)  # larger files are quarantined before they are read
+    draft_check: bool  # check JPEGs with a 1/8-scale decode (still reads every byte)
+    workers: int = Field(ge=1)
 
 
 class ShardParams(_Strict):
-    image_size: tuple[int, int] = (64, 64)  # [height, width]
+    image_size: tuple[Side, Side]  # [height, width]
     # pad: keep aspect, letterbox with black; crop: keep aspect, center-crop; stretch: ignore aspect
-    resize: Literal["pad", "crop", "stretch"] = "pad"
-    draft_decode: bool = True  # reduced-size JPEG decoding when the target is <= 1/2 the source
-    encoding: Literal["raw", "jpeg", "png"] = "raw"
-    jpeg_quality: int = Field(default=90, ge=1, le=100)
-    target_shard_mb: float = Field(default=16.0, gt=0)
-    compression: Literal["none", "gzip"] = "none"
-    seed: int = 1337
-    workers: int = 2
-    runner: Literal["local", "dask"] = "local"
-    dask_address: str | None = None
+    resize: Literal["pad", "crop", "stretch"]
+    draft_decode: bool  # reduced-size JPEG decoding when the target is <= 1/2 the source
+    encoding: Literal["raw", "jpeg", "png"]
+    jpeg_quality: int = Field(ge=1, le=100)
+    target_shard_mb: float = Field(gt=0)
+    compression: Literal["none", "gzip"]
+    seed: int
+    workers: int = Field(ge=1)
+    runner: Literal["local", "dask"]
+    dask_address: str | None
 
-    @field_validator("image_size")
-    @classmethod
-    def _positive(cls, v: tuple[int, int]) -> tuple[int, int]:
-        if min(v) < 1:
-            raise ValueError(f"shard.image_size must be positive, got {v}")
-        return v
+    @model_validator(mode="after")
+    def _dask_needs_address(self) -> ShardParams:
+        if self.runner == "dask" and not self.dask_address:
+            raise ValueError("runner 'dask' needs shard.dask_address (e.g. tcp://host:8786)")
+        return self
 
 
 class AugmentParams(_Strict):
-    flip: bool = True
-    crop: float = 0.1  # max fraction of each side cropped away (then resized back)
-    brightness: float = 0.1
-    contrast: float = 0.1
+    flip: bool
+    crop: Fraction  # max fraction of each side cropped away (then resized back)
+    brightness: Fraction
+    contrast: Fraction
 
 
 class TrainParams(_Strict):
-    model: str = "small_cnn"  # small_cnn | mobilenet_v3_small | efficientnet_b0
-    weights: str | None = None  # None, "imagenet", or a path to a local weights file
-    fine_tune_layers: int = 0  # top backbone layers unfrozen after the frozen phase
-    fine_tune_epochs: int = 0
-    epochs: int = 10
-    batch_size: int = 64
-    learning_rate: float = 1e-3
-    lr_schedule: Literal["constant", "cosine"] = "cosine"
-    early_stopping_patience: int = 3  # 0 disables early stopping
-    seed: int = 1337
-    deterministic: bool = True
-    mixed_precision: bool = False
-    xla: bool = False
-    augment: AugmentParams = AugmentParams()
+    model: Literal["small_cnn", "mobilenet_v3_small", "efficientnet_b0"]
+    weights: str | None  # None, "imagenet", or a path to a local weights file
+    fine_tune_layers: int = Field(ge=0)  # top backbone layers unfrozen after the frozen phase
+    fine_tune_epochs: int = Field(ge=0)
+    epochs: int = Field(ge=1)
+    batch_size: int = Field(ge=1)
+    learning_rate: float = Field(gt=0)
+    lr_schedule: Literal["constant", "cosine"]
+    early_stopping_patience: int = Field(ge=0)  # 0 disables early stopping
+    seed: int
+    deterministic: bool
+    mixed_precision: bool
+    xla: bool
+    augment: AugmentParams
 
 
 class EvaluateParams(_Strict):
-    top_k: int = 3
-    promotion_metric: str = "accuracy"
-    promotion_margin: float = 0.0
-    model_name: str = "shardflow"
+    top_k: int = Field(ge=1)
+    promotion_metric: PromotionMetric
+    promotion_margin: float = Field(ge=0)
+    model_name: str = Field(min_length=1)
+    # Promote even when the champion was measured on different test data (not comparable).
+    allow_incomparable_promotion: bool
+
+
+class WorkspaceParams(_Strict):
+    lock_timeout_s: float = Field(gt=0)  # how long a second writer waits for the lock
 
 
 class Params(_Strict):
-    ingest: IngestParams = IngestParams()
-    shard: ShardParams = ShardParams()
-    train: TrainParams = TrainParams()
-    evaluate: EvaluateParams = EvaluateParams()
+    ingest: IngestParams
+    shard: ShardParams
+    train: TrainParams
+    evaluate: EvaluateParams
+    workspace: WorkspaceParams
 
 
 def load_params(
     path: str | Path = DEFAULT_PARAMS_PATH, overrides: dict[str, Any] | None = None
 ) -> Params:
-    """Parse ``params.yaml`` (plus optional nested overrides) into typed params."""
+    """Parse ``params.yaml`` (plus optional nested overrides) into checked, typed params."""
     path = Path(path)
-    raw: dict[str, Any] = yaml.safe_load(path.read_text()) if path.exists() else {}
+    if not path.is_file():
+        raise ParamsError(f"{path}: params file not found (params.yaml holds every setting)")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise ParamsError(f"{path}: not valid YAML: {error}") from error
+    if not raw or not isinstance(raw, dict):
+        raise ParamsError(f"{path}: empty or not a mapping of sections (ingest, shard, ...)")
     if overrides:
-        raw = deep_merge(raw or {}, overrides)
-    return Params.model_validate(raw or {})
+        raw = deep_merge(raw, overrides)
+    return validate_params(raw, source=str(path))
+
+
+def default_params(**sections: dict[str, Any]) -> Params:
+    """The repository's ``params.yaml`` with some keys changed: defaults for tests and bench."""
+    return load_params(REPO_PARAMS_PATH, sections or None)
+
+
+def validate_params(raw: dict[str, Any], *, source: str) -> Params:
+    """``Params`` from a mapping, or a :class:`ParamsError` listing every bad key of it."""
+    try:
+        return Params.model_validate(raw)
+    except ValidationError as error:
+        problems = [_describe(problem) for problem in error.errors()]
+        raise ParamsError(
+            f"{source}: {len(problems)} invalid param(s):\n  " + "\n  ".join(problems)
+        ) from None
+
+
+def _describe(problem: Any) -> str:
+    """One pydantic error as ``train.epochs = 0: Input should be greater than ...``."""
+    key = ".".join(str(part) for part in problem["loc"])
+    message = str(problem["msg"]).removeprefix("Value error, ")
+    if problem["type"] == "missing":
+        return f"{key}: missing (every key must be set in the params file)"
+    if problem["type"] == "extra_forbidden":
+        return f"{key} = {problem['input']!r}: unknown key"
+    return f"{key} = {problem['input']!r}: {message}"
 
 
 def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
@@ -124,24 +188,94 @@ def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
 
 def flatten(section: BaseModel, prefix: str) -> dict[str, Any]:
     """Flatten params to ``{"train.augment.flip": True, ...}`` for tracking."""
+    return _flat(section.model_dump(), prefix)
+
+
+def _flat(values: dict[str, Any], prefix: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for key, value in section.model_dump().items():
-        name = f"{prefix}.{key}"
+    for key, value in values.items():
+        name = f"{prefix}.{key}" if prefix else key
         if isinstance(value, dict):
-            for sub_key, sub_value in value.items():
-                out[f"{name}.{sub_key}"] = sub_value
+            out.update(_flat(value, name))
         else:
             out[name] = value
     return out
 
 
+# -- per-run overrides (deployment runs) -----------------------------------------------------
+
+
+def check_overrides(overrides: dict[str, Any]) -> None:
+    """Refuse overrides that would reach outside the project.
+
+    A deployment run's parameters come from whoever starts the run; where code runs
+    (a Dask scheduler) and paths outside the project come from the repository's files only.
+    """
+    flat = _flat(overrides, "")
+    for key in FILE_ONLY_KEYS:
+        if key in flat:
+            raise ValueError(
+                f"{key} cannot be overridden by a deployment run (got {flat[key]!r}); "
+                "edit params.yaml in the repository"
+            )
+    for key in PATH_KEYS:
+        value = flat.get(key)
+        if isinstance(value, str) and value != "imagenet" and not _stays_inside(value):
+            raise ValueError(
+                f"{key}={value!r} is outside the project; a deployment run may only set "
+                "relative paths inside the repository"
+            )
+
+
+def _stays_inside(path: str) -> bool:
+    parts = PurePath(path)
+    return not parts.is_absolute() and ".." not in parts.parts
+
+
+def resolve_inside(root: str | Path, params_path: str | Path, repository: str | Path) -> Path:
+    """``root/params_path``, refused unless both lie inside ``repository``.
+
+    A deployment run names its project root and params file as parameters; without this a
+    run could read params from, and write outputs and params.yaml into, any directory.
+    """
+    repo = Path(repository).resolve()
+    root_dir = (repo / root).resolve()
+    path = (root_dir / params_path).resolve()
+    for name, value, resolved in (("root", root, root_dir), ("params_path", params_path, path)):
+        if not resolved.is_relative_to(repo):
+            raise ValueError(
+                f"{name}={str(value)!r} resolves to {resolved}, outside the repository {repo}; "
+                "deployment runs read and write inside the repository only"
+            )
+    return path
+
+
+def run_params_path(root: str, params_path: str) -> Path:
+    """The params file a flow reads: for a deployment run, only one inside the repository.
+
+    Deployments are served from the repository root (the working directory); direct calls
+    (DVC stages, tests) name their own project root.
+    """
+    from prefect.runtime import deployment
+
+    if deployment.id is None:
+        return Path(root) / params_path
+    return resolve_inside(root, params_path, Path.cwd())
+
+
 def _partial(model: type[BaseModel]) -> type[BaseModel]:
-    """The same fields as ``model``, each optional (None = keep the params.yaml value)."""
+    """``model`` with every field optional (None = keep the params.yaml value), recursively.
+
+    Nested sections are partial too, so ``{"train": {"augment": {"flip": false}}}`` changes
+    that one key and keeps the other augment keys from params.yaml.
+    """
     from pydantic import create_model
 
     fields: dict[str, Any] = {}
     for name, info in model.model_fields.items():
         annotation: Any = info.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            annotation = _partial(annotation)
         fields[name] = (annotation | None, None)
     return create_model(
         f"{model.__name__}Override", __config__=ConfigDict(extra="forbid"), **fields
@@ -162,26 +296,33 @@ class ParamOverrides(_Strict):
     train: TrainOverride | None = None  # type: ignore[valid-type]
     evaluate: EvaluateOverride | None = None  # type: ignore[valid-type]
 
+    @model_validator(mode="after")
+    def _inside_project(self) -> ParamOverrides:
+        check_overrides(self.as_dict())
+        return self
+
     def as_dict(self) -> dict[str, Any]:
         """Only the values that were set, nested like params.yaml."""
         return self.model_dump(mode="json", exclude_none=True)
 
 
 def apply_overrides(path: str | Path, overrides: dict[str, Any]) -> Params:
-    """Write overrides into ``params.yaml`` (comments kept) and return the validated result.
+    """Write overrides into ``params.yaml`` (comments kept, atomically) and return the result.
 
     The file stays the single source of truth, so `dvc status` and `dvc repro` agree with a
-    run that was started with overrides.
+    run that was started with overrides. Checked before the file is touched, and written
+    through a temporary file, so a refused or failed run leaves params.yaml as it was.
     """
     from ruamel.yaml import YAML
 
     path = Path(path)
+    check_overrides(overrides)
     merged = load_params(path, overrides)  # validate before touching the file
     if not overrides:
         return merged
     yaml_rt = YAML()
     yaml_rt.preserve_quotes = True
-    document = yaml_rt.load(path.read_text()) if path.exists() else {}
+    document = yaml_rt.load(path.read_text())
 
     def merge_into(node: Any, update: dict[str, Any]) -> None:
         for key, value in update.items():
@@ -191,6 +332,7 @@ def apply_overrides(path: str | Path, overrides: dict[str, Any]) -> Params:
                 node[key] = value
 
     merge_into(document, overrides)
-    with path.open("w") as handle:
-        yaml_rt.dump(document, handle)
+    text = io.StringIO()
+    yaml_rt.dump(document, text)
+    atomic.write_text(path, text.getvalue())
     return merged

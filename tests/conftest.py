@@ -37,12 +37,14 @@ def tiny_dataset(tmp_path: Path) -> Path:
 def tiny_index(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Ingest index of a tiny dataset (splits 0.5/0.25/0.25, none empty); shared, read-only."""
     from tasks.ingest import run_ingest
-    from tasks.params import IngestParams, SplitFractions
+    from tasks.params import default_params
 
     root = tmp_path_factory.mktemp("tiny_index")
     source = write_image_folder(root / "images")
-    splits = SplitFractions(train=0.5, val=0.25, test=0.25)
-    params = IngestParams(source_dir=str(source), splits=splits, workers=1)
+    splits = {"train": 0.5, "val": 0.25, "test": 0.25}
+    params = default_params(
+        ingest={"source_dir": str(source), "splits": splits, "workers": 1}
+    ).ingest
     run_ingest(params, root / "index.json", root / "ingest.json")
     return root / "index.json"
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tasks.manifest import MANIFEST_NAME, ShardFile, ShardManifest, build_manifest, file_sha256
-from tasks.params import ShardParams
+from tasks.params import default_params
 from tasks.shard import run_shard
 from tasks.validate import ValidationFailed, raise_if_failed, run_validate
 
@@ -20,7 +20,9 @@ ALL_CHECKS = ["manifest", "files", "records", "labels", "class_counts", "leakage
 @pytest.fixture(scope="module")
 def clean_shards(tiny_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     shards_dir = tmp_path_factory.mktemp("clean") / "shards"
-    params = ShardParams(image_size=(16, 16), target_shard_mb=0.002, workers=1)
+    params = default_params(
+        shard={"image_size": [16, 16], "target_shard_mb": 0.002, "workers": 1}
+    ).shard
     run_shard(params, tiny_index, shards_dir)
     return shards_dir
 
@@ -69,7 +71,9 @@ def test_clean_set_passes_every_check(shards: Path, tiny_index: Path) -> None:
 
 @pytest.mark.parametrize("encoding", ["jpeg", "png"])
 def test_encoded_clean_sets_pass(encoding: str, tiny_index: Path, tmp_path: Path) -> None:
-    params = ShardParams(image_size=(16, 16), target_shard_mb=0.001, encoding=encoding, workers=1)
+    params = default_params(
+        shard={"image_size": [16, 16], "target_shard_mb": 0.001, "encoding": encoding, "workers": 1}
+    ).shard
     manifest = run_shard(params, tiny_index, tmp_path / "shards")
     report = validate(tmp_path / "shards", tiny_index)
     assert report["passed"] is True, failed(report)
@@ -99,7 +103,14 @@ def test_flipped_byte_names_the_shard_and_record(shards: Path) -> None:
 
 
 def test_flipped_byte_in_gzip_shard_is_located(tiny_index: Path, tmp_path: Path) -> None:
-    params = ShardParams(image_size=(16, 16), target_shard_mb=0.002, workers=1, compression="gzip")
+    params = default_params(
+        shard={
+            "image_size": [16, 16],
+            "target_shard_mb": 0.002,
+            "workers": 1,
+            "compression": "gzip",
+        }
+    ).shard
     manifest = run_shard(params, tiny_index, tmp_path / "shards")
     target = manifest.split("val").shards[0].file
     data = bytearray((tmp_path / "shards" / target).read_bytes())

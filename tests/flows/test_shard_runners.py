@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tasks.layout import Layout
-from tasks.params import ShardParams
+from tasks.params import ShardParams, default_params
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -46,7 +46,9 @@ def test_dask_runner_writes_the_same_bytes_as_local_processes(
 ) -> None:
     from distributed import LocalCluster
 
-    base = ShardParams(image_size=(16, 16), target_shard_mb=0.002, workers=2)
+    base = default_params(
+        shard={"image_size": [16, 16], "target_shard_mb": 0.002, "workers": 2}
+    ).shard
     local = Layout(tmp_path / "local")
     local_result = run_flow(local, tiny_index, base)
 
@@ -70,4 +72,4 @@ def test_dask_runner_needs_an_address() -> None:
     from flows.shard import shard_task_runner
 
     with pytest.raises(ValueError, match="dask_address"):
-        shard_task_runner(ShardParams(runner="dask"))
+        shard_task_runner(default_params().shard.model_copy(update={"runner": "dask"}))

@@ -15,6 +15,7 @@ from mlflow import MlflowClient
 from flows.training import main, training_flow
 from tasks.evaluate import CHAMPION
 from tasks.layout import Layout
+from tasks.params import default_params
 
 pytestmark = pytest.mark.slow
 EPOCHS = 3
@@ -39,7 +40,8 @@ def project(tiny_shards: Path, mlflow_uri: str) -> Path:
         },
         "evaluate": {"top_k": 2, "model_name": "tiny"},
     }
-    (tiny_shards / "params.yaml").write_text(yaml.safe_dump(params))
+    merged = default_params(**params).model_dump(mode="json")  # the repo's params.yaml + these
+    (tiny_shards / "params.yaml").write_text(yaml.safe_dump(merged))
     return tiny_shards
 
 

@@ -15,7 +15,7 @@ from PIL import Image
 from tasks.demo_data import _exif_rotated_jpeg, _png_header_only, draw_shape, generate
 from tasks.images import ImageRejected, decode_rgb
 from tasks.ingest import assign_split, run_ingest
-from tasks.params import IngestParams, SplitFractions
+from tasks.params import SplitFractions, default_params
 from tests.conftest import write_image_folder
 
 
@@ -26,7 +26,7 @@ def encode(image: Image.Image, fmt: str, **kwargs: object) -> bytes:
 
 
 def ingest(source: Path, tmp_path: Path, **kwargs: object) -> tuple[dict, dict]:
-    params = IngestParams(source_dir=str(source), workers=1, **kwargs)  # type: ignore[arg-type]
+    params = default_params(ingest={"source_dir": str(source), "workers": 1, **kwargs}).ingest
     report = run_ingest(params, tmp_path / "index.json", tmp_path / "ingest.json")
     return report, json.loads((tmp_path / "index.json").read_text())
 
@@ -189,10 +189,14 @@ def test_parallel_ingest_matches_serial(tmp_path: Path) -> None:
     src = tmp_path / "src"
     generate(src, per_class=70, classes=("circle", "square"), min_size=16, max_size=24)
     serial = run_ingest(
-        IngestParams(source_dir=str(src), workers=1), tmp_path / "i1.json", tmp_path / "r1.json"
+        default_params(ingest={"source_dir": str(src), "workers": 1}).ingest,
+        tmp_path / "i1.json",
+        tmp_path / "r1.json",
     )
     parallel = run_ingest(
-        IngestParams(source_dir=str(src), workers=2), tmp_path / "i2.json", tmp_path / "r2.json"
+        default_params(ingest={"source_dir": str(src), "workers": 2}).ingest,
+        tmp_path / "i2.json",
+        tmp_path / "r2.json",
     )
     assert serial == parallel
     assert (tmp_path / "i1.json").read_bytes() == (tmp_path / "i2.json").read_bytes()

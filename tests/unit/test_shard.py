@@ -16,7 +16,7 @@ from PIL import Image
 from tasks.images import resize_image
 from tasks.index import load_index
 from tasks.manifest import MANIFEST_NAME, file_sha256, load_manifest
-from tasks.params import ShardParams
+from tasks.params import ShardParams, default_params
 from tasks.reader import read_split
 from tasks.schema import HASH_KEY, LABEL_KEY
 from tasks.shard import plan_shards, run_shard, write_shard
@@ -27,7 +27,7 @@ TINY = 0.002  # MiB: about two 16x16 raw records per shard, so every split has s
 
 def params(**overrides: object) -> ShardParams:
     values: dict[str, object] = {"image_size": SIZE, "target_shard_mb": TINY, "workers": 1}
-    return ShardParams.model_validate({**values, **overrides})
+    return default_params(shard={**values, **overrides}).shard
 
 
 def digests(folder: Path) -> dict[str, str]:
@@ -240,7 +240,9 @@ def test_read_split_eval_yields_every_record_once(tiny_index: Path, written_shar
 
 def test_damaged_shard_is_rewritten_not_reused(tiny_index: Path, tmp_path: Path) -> None:
     """Same plan, but a shard changed after the manifest recorded it: rewrite that shard."""
-    params = ShardParams(image_size=(16, 16), target_shard_mb=0.002, workers=1)
+    params = default_params(
+        shard={"image_size": [16, 16], "target_shard_mb": 0.002, "workers": 1}
+    ).shard
     shards_dir = tmp_path / "shards"
     first = run_shard(params, tiny_index, shards_dir)
     victim = shards_dir / first.splits["train"].shards[0].file

@@ -9,7 +9,7 @@ import yaml
 
 from tasks import tracking
 from tasks.manifest import load_manifest
-from tasks.params import Params, TrainParams
+from tasks.params import default_params
 
 
 def test_tracking_uri_prefers_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -35,7 +35,7 @@ def test_dvc_hash_comes_from_the_shard_stage_outs(tmp_path: Path) -> None:
 
 def test_train_run_records_params_lineage_and_dataset(tiny_shards: Path, mlflow_uri: str) -> None:
     manifest = load_manifest(tiny_shards / "data" / "shards")
-    params = Params(train=TrainParams(epochs=4, batch_size=8, learning_rate=0.01))
+    params = default_params(train={"epochs": 4, "batch_size": 8, "learning_rate": 0.01})
     client = tracking.client(tiny_shards)
     run_id = tracking.start_train_run(
         client,
@@ -68,7 +68,11 @@ def test_run_url_links_the_ui_page_of_the_run(tiny_shards: Path, mlflow_uri: str
     manifest = load_manifest(tiny_shards / "data" / "shards")
     client = tracking.client(tiny_shards)
     run_id = tracking.start_train_run(
-        client, Params(), manifest, shards_dir=tiny_shards / "data" / "shards", root=tiny_shards
+        client,
+        default_params(),
+        manifest,
+        shards_dir=tiny_shards / "data" / "shards",
+        root=tiny_shards,
     )
     experiment = client.get_run(run_id).info.experiment_id
     url = tracking.run_url(client, run_id)

@@ -12,11 +12,16 @@ import pytest
 
 from tasks.evaluate import evaluate_model
 from tasks.layout import Layout
-from tasks.params import AugmentParams, TrainParams
+from tasks.params import TrainParams, default_params
 from tasks.train import read_epoch_log, train
 
 pytestmark = pytest.mark.slow
-NO_AUGMENT = AugmentParams(flip=False, crop=0.0, brightness=0.0, contrast=0.0)
+NO_AUGMENT = {"flip": False, "crop": 0.0, "brightness": 0.0, "contrast": 0.0}
+
+
+def train_params(**changes: object) -> TrainParams:
+    """The repository's train params with ``changes``."""
+    return default_params(train=changes).train
 
 
 def run(root: Path, params: TrainParams, **kwargs: Any) -> dict[str, Any]:
@@ -33,7 +38,7 @@ def run(root: Path, params: TrainParams, **kwargs: Any) -> dict[str, Any]:
 
 
 def test_learnable_data_beats_chance_clearly(tiny_shards: Path) -> None:
-    params = TrainParams(epochs=5, batch_size=16, learning_rate=3e-3, early_stopping_patience=0)
+    params = train_params(epochs=5, batch_size=16, learning_rate=3e-3, early_stopping_patience=0)
     summary = run(tiny_shards, params)
     layout = Layout().with_root(tiny_shards)
     metrics = evaluate_model(
@@ -57,7 +62,7 @@ def test_learnable_data_beats_chance_clearly(tiny_shards: Path) -> None:
 
 
 def test_deterministic_runs_repeat_exactly(tiny_shards: Path, tmp_path_factory: Any) -> None:
-    params = TrainParams(epochs=1, batch_size=16, early_stopping_patience=0)
+    params = train_params(epochs=1, batch_size=16, early_stopping_patience=0)
     first = run(tiny_shards, params)
     second = run(tiny_shards, params)
     assert first["final"]["loss"] == second["final"]["loss"]
@@ -78,7 +83,7 @@ class KillAfterEpoch(keras.callbacks.Callback):
 
 def test_killed_run_resumes_where_it_stopped(tiny_shards: Path) -> None:
     layout = Layout().with_root(tiny_shards)
-    params = TrainParams(epochs=3, batch_size=16, early_stopping_patience=0, augment=NO_AUGMENT)
+    params = train_params(epochs=3, batch_size=16, early_stopping_patience=0, augment=NO_AUGMENT)
     with pytest.raises(KeyboardInterrupt):
         run(tiny_shards, params, callbacks=[KillAfterEpoch(0)])
     assert not layout.model_file.exists()
@@ -94,7 +99,7 @@ def test_killed_run_resumes_where_it_stopped(tiny_shards: Path) -> None:
 
 
 def test_saved_model_predicts_class_probabilities(tiny_shards: Path) -> None:
-    params = TrainParams(epochs=1, batch_size=16, early_stopping_patience=0)
+    params = train_params(epochs=1, batch_size=16, early_stopping_patience=0)
     run(tiny_shards, params)
     model = keras.saving.load_model(Layout().with_root(tiny_shards).model_file)
     images = np.random.default_rng(0).integers(0, 256, (5, 16, 16, 3), dtype=np.uint8)

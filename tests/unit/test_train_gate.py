@@ -9,7 +9,7 @@ import pytest
 
 from tasks.layout import Layout
 from tasks.manifest import load_manifest
-from tasks.params import Params, TrainParams
+from tasks.params import default_params
 from tasks.train import ShardsNotValidated, check_validated, run_train
 from tests.tiny_shards import write_tiny_shards, write_validation_report
 
@@ -70,6 +70,6 @@ def test_run_train_refuses_before_tracking_or_training(tiny_shards: Path, mlflow
     (tiny_shards / "reports" / "validation.json").unlink()
     layout = Layout().with_root(tiny_shards)
     with pytest.raises(ShardsNotValidated):
-        run_train(Params(train=TrainParams(epochs=1, batch_size=16)), layout)
+        run_train(default_params(train={"epochs": 1, "batch_size": 16}), layout)
     assert not layout.model_file.exists()
     assert not (tiny_shards / "mlflow.db").exists()  # no run was opened

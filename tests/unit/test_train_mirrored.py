@@ -21,11 +21,11 @@ import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 from tasks.layout import Layout
-from tasks.params import TrainParams
+from tasks.params import default_params
 from tasks.train import train
 layout = Layout().with_root(sys.argv[1])
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-summary = train(TrainParams(epochs=1, batch_size=16), layout.shards_dir,
+summary = train(default_params(train={"epochs": 1, "batch_size": 16}).train, layout.shards_dir,
                 model_file=layout.model_file, backup_dir=layout.backup_dir, strategy=strategy)
 print("SUMMARY " + json.dumps(summary))
 """

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 
 from tasks.models import backbone_of, build_backbone, build_model, unfreeze_top
-from tasks.params import TrainParams
+from tasks.params import default_params
 from tasks.train import precision_policy
 
 IMAGES = np.random.default_rng(0).integers(0, 256, (4, 32, 32, 3), dtype=np.uint8)
 
 
 def test_augmentation_is_active_in_training_only() -> None:
-    model = build_model(TrainParams(), 3, (32, 32, 3))
+    model = build_model(default_params().train, 3, (32, 32, 3))
     inference = [model(IMAGES, training=False).numpy() for _ in range(2)]
     np.testing.assert_array_equal(inference[0], inference[1])
     np.testing.assert_allclose(model.predict(IMAGES, verbose=0), inference[0], rtol=1e-5)
@@ -28,7 +28,7 @@ def test_softmax_stays_float32_under_mixed_precision() -> None:
     previous = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     try:
-        model = build_model(TrainParams(), 3, (32, 32, 3))
+        model = build_model(default_params().train, 3, (32, 32, 3))
     finally:
         keras.mixed_precision.set_global_policy(previous)
     assert model.get_layer("conv0").compute_dtype == "bfloat16"
@@ -40,12 +40,16 @@ def test_softmax_stays_float32_under_mixed_precision() -> None:
     [(False, True, "float32"), (True, True, "mixed_float16"), (True, False, "mixed_bfloat16")],
 )
 def test_precision_policy(mixed: bool, gpu: bool, policy: str) -> None:
-    assert precision_policy(TrainParams(mixed_precision=mixed), gpu=gpu) == policy
+    assert (
+        precision_policy(default_params(train={"mixed_precision": mixed}).train, gpu=gpu) == policy
+    )
 
 
 def test_unknown_model_name_lists_the_choices() -> None:
     with pytest.raises(ValueError, match="small_cnn"):
-        build_model(TrainParams(model="resnet9000"), 3, (32, 32, 3))
+        build_model(
+            default_params().train.model_copy(update={"model": "resnet9000"}), 3, (32, 32, 3)
+        )
 
 
 @pytest.mark.slow
@@ -53,7 +57,9 @@ def test_transfer_model_loads_a_local_weights_file_and_fine_tunes_the_top(tmp_pa
     source = build_backbone("mobilenet_v3_small", None, (32, 32, 3))
     weights = tmp_path / "backbone.weights.h5"
     source.save_weights(weights)
-    params = TrainParams(model="mobilenet_v3_small", weights=str(weights), fine_tune_layers=5)
+    params = default_params(
+        train={"model": "mobilenet_v3_small", "weights": str(weights), "fine_tune_layers": 5}
+    ).train
     model = build_model(params, 3, (32, 32, 3))
     backbone = backbone_of(model)
     assert backbone is not None and not backbone.trainable  # frozen phase first

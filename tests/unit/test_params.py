@@ -1,0 +1,254 @@
+"""params.yaml is the one source of defaults, and every key is checked before anything runs."""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tasks.params import (
+    REPO_PARAMS_PATH,
+    AugmentParams,
+    EvaluateParams,
+    IngestParams,
+    ParamOverrides,
+    Params,
+    ParamsError,
+    ShardParams,
+    SplitFractions,
+    TrainParams,
+    WorkspaceParams,
+    apply_overrides,
+    default_params,
+    load_params,
+)
+
+REPO_RAW: dict[str, Any] = yaml.safe_load(REPO_PARAMS_PATH.read_text())
+
+
+def dotted_keys(raw: dict[str, Any], prefix: str = "") -> list[str]:
+    keys: list[str] = []
+    for key, value in raw.items():
+        name = f"{prefix}{key}"
+        keys += dotted_keys(value, f"{name}.") if isinstance(value, dict) else [name]
+    return keys
+
+
+def with_value(key: str, value: Any) -> dict[str, Any]:
+    """The repository's params with one dotted key set (or removed, for ``...``)."""
+    raw = copy.deepcopy(REPO_RAW)
+    *parents, leaf = key.split(".")
+    node = raw
+    for part in parents:
+        node = node[part]
+    if value is ...:
+        del node[leaf]
+    else:
+        node[leaf] = value
+    return raw
+
+
+def write(tmp_path: Path, raw: Any) -> Path:
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+# -- no code defaults ------------------------------------------------------------------------
+
+
+def test_missing_params_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ParamsError, match=r"params\.yaml: params file not found"):
+        load_params(tmp_path / "params.yaml")
+
+
+@pytest.mark.parametrize("text", ["", "# nothing but a comment\n", "null\n", "[1, 2]\n"])
+def test_empty_params_file_is_an_error(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "params.yaml"
+    path.write_text(text)
+    with pytest.raises(ParamsError, match=r"params\.yaml: empty or not a mapping"):
+        load_params(path)
+
+
+@pytest.mark.parametrize("key", dotted_keys(REPO_RAW))
+def test_every_key_is_required(tmp_path: Path, key: str) -> None:
+    path = write(tmp_path, with_value(key, ...))
+    with pytest.raises(ParamsError) as error:
+        load_params(path)
+    assert f"{key}: missing" in str(error.value)
+    assert str(path) in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        Params,
+        IngestParams,
+        SplitFractions,
+        ShardParams,
+        TrainParams,
+        AugmentParams,
+        EvaluateParams,
+        WorkspaceParams,
+    ],
+)
+def test_code_has_no_defaults(model: type[Params]) -> None:
+    with_default = [name for name, f in model.model_fields.items() if not f.is_required()]
+    assert with_default == []
+
+
+def test_repository_params_hold_the_new_keys() -> None:
+    params = default_params()
+    assert params.ingest.max_file_mb == 64
+    assert params.evaluate.allow_incomparable_promotion is False
+    assert params.workspace.lock_timeout_s == 600
+
+
+# -- types, ranges, choices ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "allowed"),
+    [
+        ("train.epochs", 0, "greater than or equal to 1"),
+        ("train.batch_size", 0, "greater than or equal to 1"),
+        ("ingest.workers", 0, "greater than or equal to 1"),
+        ("shard.workers", -2, "greater than or equal to 1"),
+        ("shard.image_size.1", 4, "greater than or equal to 8"),
+        ("train.learning_rate", 0.0, "greater than 0"),
+        ("shard.target_shard_mb", 0, "greater than 0"),
+        ("ingest.splits.test", 0.0, "greater than 0"),
+        ("evaluate.promotion_margin", -0.01, "greater than or equal to 0"),
+        ("ingest.max_pixels", 0, "greater than or equal to 1"),
+        ("ingest.min_side", 0, "greater than or equal to 1"),
+        ("ingest.max_file_mb", 0, "greater than 0"),
+        ("ingest.seed", 1.5, "valid integer"),
+        ("shard.jpeg_quality", 101, "less than or equal to 100"),
+        ("evaluate.top_k", 0, "greater than or equal to 1"),
+        ("train.early_stopping_patience", -1, "greater than or equal to 0"),
+        ("train.fine_tune_layers", -1, "greater than or equal to 0"),
+        ("train.fine_tune_epochs", -1, "greater than or equal to 0"),
+        ("train.augment.crop", 1.0, "less than 1"),
+        ("train.augment.brightness", -0.1, "greater than or equal to 0"),
+        ("workspace.lock_timeout_s", 0, "greater than 0"),
+        ("train.model", "resnet9000", "'small_cnn', 'mobilenet_v3_small' or 'efficientnet_b0'"),
+        (
+            "evaluate.promotion_metric",
+            "f1",
+            "'accuracy', 'top_k_accuracy', 'macro_precision', 'macro_recall' or 'macro_f1'",
+        ),
+        ("shard.encoding", "webp", "'raw', 'jpeg' or 'png'"),
+        ("shard.resize", "squash", "'pad', 'crop' or 'stretch'"),
+        ("shard.compression", "zstd", "'none' or 'gzip'"),
+        ("shard.runner", "ssh", "'local' or 'dask'"),
+        ("train.lr_schedule", "step", "'constant' or 'cosine'"),
+    ],
+)
+def test_bad_value_names_key_value_and_what_is_allowed(
+    tmp_path: Path, key: str, value: Any, allowed: str
+) -> None:
+    raw = copy.deepcopy(REPO_RAW)
+    if key == "shard.image_size.1":
+        raw["shard"]["image_size"] = [64, value]
+    else:
+        raw = with_value(key, value)
+    path = write(tmp_path, raw)
+    with pytest.raises(ParamsError) as error:
+        load_params(path)
+    message = str(error.value)
+    assert f"{key} = {value!r}: " in message
+    assert allowed in message
+    assert message.startswith(f"{path}: 1 invalid param")
+
+
+def test_splits_must_sum_to_one(tmp_path: Path) -> None:
+    path = write(tmp_path, with_value("ingest.splits", {"train": 0.8, "val": 0.1, "test": 0.2}))
+    with pytest.raises(ParamsError, match=r"ingest\.splits = .*must sum to 1, got 1\.1"):
+        load_params(path)
+
+
+def test_dask_runner_needs_an_address_before_anything_runs(tmp_path: Path) -> None:
+    path = write(tmp_path, with_value("shard.runner", "dask"))
+    with pytest.raises(ParamsError, match=r"shard = .*runner 'dask' needs shard\.dask_address"):
+        load_params(path)
+
+
+def test_every_bad_key_is_listed_and_unknown_keys_are_refused(tmp_path: Path) -> None:
+    raw = with_value("train.epochs", 0)
+    raw["shard"]["encoding"] = "webp"
+    raw["train"]["epochz"] = 3
+    with pytest.raises(ParamsError) as error:
+        load_params(write(tmp_path, raw))
+    message = str(error.value)
+    assert "3 invalid param(s)" in message
+    assert "train.epochs = 0" in message and "shard.encoding = 'webp'" in message
+    assert "train.epochz = 3: unknown key" in message
+
+
+def test_overrides_are_checked_like_the_file() -> None:
+    with pytest.raises(ParamsError, match=r"train\.batch_size = 0"):
+        default_params(train={"batch_size": 0})
+
+
+# -- overrides written into params.yaml ------------------------------------------------------
+
+
+@pytest.fixture
+def params_file(tmp_path: Path) -> Path:
+    path = tmp_path / "params.yaml"
+    text = REPO_PARAMS_PATH.read_text().replace(
+        "augment: {flip: true, crop: 0.1, brightness: 0.1, contrast: 0.1}",
+        "augment: {flip: true, crop: 0.3, brightness: 0.2, contrast: 0.05}",
+    )
+    path.write_text(text)
+    return path
+
+
+def test_nested_partial_override_changes_that_key_only(params_file: Path) -> None:
+    overrides = ParamOverrides.model_validate({"train": {"augment": {"flip": False}}})
+    assert overrides.as_dict() == {"train": {"augment": {"flip": False}}}
+    merged = apply_overrides(params_file, overrides.as_dict())
+    expected = AugmentParams(flip=False, crop=0.3, brightness=0.2, contrast=0.05)
+    assert merged.train.augment == expected
+    assert load_params(params_file).train.augment == expected
+    assert "# tf op determinism" in params_file.read_text()  # comments kept
+
+
+def test_partial_splits_override_is_checked_against_the_file(params_file: Path) -> None:
+    before = params_file.read_bytes()
+    overrides = ParamOverrides.model_validate({"ingest": {"splits": {"val": 0.2}}})
+    with pytest.raises(ParamsError, match="must sum to 1"):
+        apply_overrides(params_file, overrides.as_dict())
+    assert params_file.read_bytes() == before
+
+
+def test_params_file_is_replaced_whole_never_rewritten_in_place(params_file: Path) -> None:
+    before = params_file.read_text()
+    with params_file.open() as reader:  # a reader that opened the file before the write
+        apply_overrides(params_file, {"train": {"epochs": 3}})
+        assert reader.read() == before  # still the whole old file, never a truncated one
+    assert load_params(params_file).train.epochs == 3
+    assert [p.name for p in params_file.parent.iterdir()] == ["params.yaml"]  # no temp left
+
+
+def test_failed_write_leaves_params_file_intact(
+    params_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ruamel.yaml import YAML
+
+    real_dump = YAML.dump
+
+    def dump_then_fail(self: YAML, data: Any, stream: Any) -> None:
+        real_dump(self, {"ingest": data["ingest"]}, stream)  # part of the document, then...
+        raise OSError("disk full")
+
+    monkeypatch.setattr(YAML, "dump", dump_then_fail)
+    before = params_file.read_bytes()
+    with pytest.raises(OSError, match="disk full"):
+        apply_overrides(params_file, {"train": {"epochs": 3}})
+    assert params_file.read_bytes() == before
+    assert sorted(os.listdir(params_file.parent)) == ["params.yaml"]
