@@ -112,6 +112,7 @@ class Run:
             "read.jpeg": None,
             "read.png": None,
             "read.ceiling": None,
+            "read.bytes_ceiling": None,
             "write.seed": None,
             "write.workers_1": None,
             "write.workers_2": None,
@@ -212,6 +213,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"read.{encoding}",
                 r.measure_read(r.shardflow_dataset(shards, batch=args.batch), passes=args.passes),
             )
+            if encoding == "raw":
+                # The physical limit: the same files as bare records, never parsed.
+                run.record(
+                    "read.bytes_ceiling",
+                    r.measure_read(r.bytes_dataset(shards, batch=args.batch), passes=args.passes),
+                )
             if encoding == "jpeg":
                 # Stricter ceiling for read.jpeg: the shards' own JPEG bytes, decoded from memory.
                 encoded, labels = r.shard_image_bytes(shards)

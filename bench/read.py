@@ -121,3 +121,23 @@ def shard_image_bytes(shards_dir: Path, split: str = "train") -> tuple[list[byte
 
 def shardflow_dataset(shards_dir: Path, *, batch: int) -> tf.data.Dataset:
     return read_split(shards_dir, "train", batch_size=batch, training=True, seed=0)
+
+
+def bytes_dataset(shards_dir: Path, *, batch: int, split: str = "train") -> tf.data.Dataset:
+    """The physical limit of ``read.raw``: the same shard files as bare serialized records.
+
+    Interleaved like :func:`tasks.reader.read_split` reads them, batched, never parsed or
+    decoded: what is left of a read once every copy after the file read is gone.
+    """
+    import tensorflow as tf
+
+    manifest = load_manifest(shards_dir)
+    files = [str(shards_dir / s.file) for s in manifest.split(split).shards]
+    ds = tf.data.Dataset.from_tensor_slices(files)
+    ds = ds.interleave(
+        lambda path: tf.data.TFRecordDataset(path, compression_type=manifest.compression_type),
+        cycle_length=min(len(files), 8),
+        num_parallel_calls=tf.data.AUTOTUNE,
+    )
+    ds = ds.batch(batch, drop_remainder=True)
+    return ds.map(lambda records: (records, records)).prefetch(tf.data.AUTOTUNE)
