@@ -33,14 +33,14 @@ def check_validated(shards_dir: str | Path, validation_report: str | Path) -> Sh
     """
     shards_dir, report_path = Path(shards_dir), Path(validation_report)
     if not report_path.exists():
-        raise ShardsNotValidated(f"{report_path}: no validation report; {FIX} before training")
+        raise ShardsNotValidated(f"{report_path}: no validation report; {FIX} first")
     report = json.loads(report_path.read_text())
     if report.get("passed") is not True:
         failed = [c for c in report.get("checks", []) if not c.get("passed", False)]
         listing = "; ".join(f"{c.get('name')}: {c.get('message', '')}" for c in failed)
         raise ShardsNotValidated(
             f"{report_path}: validation failed ({listing or 'no check details'}); fix the "
-            f"data and rerun the data flow before training"
+            f"data and rerun the data flow first"
         )
     try:
         manifest = load_manifest(shards_dir)

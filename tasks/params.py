@@ -88,6 +88,7 @@ class EvaluateParams(_Strict):
     promotion_metric: str = "accuracy"
     promotion_margin: float = 0.0
     model_name: str = "shardflow"
+    allow_incomparable_promotion: bool = False
 
 
 class Params(_Strict):
