@@ -19,11 +19,12 @@ from prefect.tasks import exponential_backoff
 
 from flows.common import code_version, configure_environment, parse_stage_args, run_stage
 from flows.server import require_server
-from tasks import evaluate, manifest, models, reader, schema, tracking, train
+from tasks import evaluate, gate, manifest, models, reader, schema, tracking, train
 from tasks.evaluate import run_evaluate
 from tasks.layout import Layout
 from tasks.params import Params, load_params, run_params_path
-from tasks.train import ShardsNotValidated, run_train
+from tasks.gate import ShardsNotValidated
+from tasks.train import run_train
 
 STAGES = ("train", "evaluate")
 
@@ -42,7 +43,7 @@ def _retry_unless_refused(task: Any, task_run: Any, state: Any) -> bool:
 # A retry resumes from the BackupAndRestore state, so it costs at most one epoch.
 @task(
     name="train",
-    version=code_version(train, models, reader, schema, manifest, tracking),
+    version=code_version(train, gate, models, reader, schema, manifest, tracking),
     cache_policy=NO_CACHE,  # DVC decides what is current (content hashes), see run_stage
     retries=1,
     retry_delay_seconds=10,
@@ -56,10 +57,11 @@ def train_task(params: Params, layout: Layout) -> dict[str, Any]:
 # Registry and artifact writes go over the tracking store, which can blip.
 @task(
     name="evaluate",
-    version=code_version(evaluate, reader, schema, manifest, tracking),
+    version=code_version(evaluate, gate, reader, schema, manifest, tracking),
     cache_policy=NO_CACHE,
     retries=2,
     retry_delay_seconds=exponential_backoff(backoff_factor=5),
+    retry_condition_fn=_retry_unless_refused,  # a refused model stays refused
 )
 def evaluate_task(params: Params, layout: Layout) -> dict[str, Any]:
     result = run_evaluate(params, layout)

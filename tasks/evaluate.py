@@ -1,8 +1,9 @@
 """Evaluate stage: test-split metrics, reports and plots, then registry promotion.
 
 ``evaluate_model`` is the pure core (model + shards in, metrics and report files out);
-``promote`` decides whether a registered version takes the ``champion`` alias; and
-``run_evaluate`` wires both to the layout and to the training run in MLflow.
+``decide`` says whether a registered version takes the ``champion`` alias (only on a fair
+comparison) and ``apply_decision`` moves it; ``run_evaluate`` wires them to the layout and
+to the training run in MLflow, behind the same validation gate as training.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tasks.atomic import write_json
+from tasks.gate import check_model_matches, check_validated
 from tasks.layout import Layout
 from tasks.manifest import load_manifest
 from tasks.params import Params, flatten
@@ -200,6 +202,108 @@ def plot_misclassified(wrong: list[dict[str, Any]], classes: list[str], path: Pa
 # -- promotion -----------------------------------------------------------------------------
 
 
+def check_margin(margin: float) -> None:
+    """A negative margin would let a worse model take the alias; refuse it up front."""
+    if margin < 0:
+        raise ValueError(
+            f"evaluate.promotion_margin={margin} is negative: a candidate would replace a "
+            f"better {CHAMPION}; set it to 0 or more in params.yaml"
+        )
+
+
+def champion_version(client: MlflowClient, model_name: str) -> str | None:
+    """The version holding the ``champion`` alias, or None when there is none yet."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return str(client.get_model_version_by_alias(model_name, CHAMPION).version)
+    except MlflowException:
+        return None
+
+
+def decide(
+    client: MlflowClient,
+    model_name: str,
+    version: str,
+    *,
+    metric: str,
+    value: float,
+    test_fingerprint: str,
+    margin: float = 0.0,
+    allow_incomparable: bool = False,
+) -> dict[str, Any]:
+    """Whether ``version`` should take ``champion``: it must beat it by more than ``margin``.
+
+    Each version carries its figure and test fingerprint as tags, so the comparison needs
+    no other run. Figures measured on different test data (or a champion with no figure
+    for ``metric``) are not comparable: the champion is kept unless ``allow_incomparable``.
+    Moves no alias (see :func:`apply_decision`), so the decision can be recorded first.
+    """
+    check_margin(margin)
+    client.set_model_version_tag(model_name, version, f"eval.{metric}", str(value))
+    client.set_model_version_tag(model_name, version, "eval.test_fingerprint", test_fingerprint)
+    current = champion_version(client, model_name)
+    decision: dict[str, Any] = {
+        "metric": metric,
+        "candidate_version": version,
+        "candidate_value": value,
+        "margin": margin,
+        "champion_version": current,
+        "champion_value": None,
+        "comparable": True,
+        "allow_incomparable": allow_incomparable,
+    }
+    if current is None:
+        reason = f"no {CHAMPION} yet: version {version} becomes it"
+        return {**decision, "promoted": True, "decision": "promoted", "reason": reason}
+    if current == version:
+        reason = f"version {version} already is {CHAMPION}"
+        return {
+            **decision,
+            "promoted": True,
+            "decision": "promoted",
+            "champion_value": value,
+            "reason": reason,
+        }
+    champion = client.get_model_version(model_name, current)
+    champion_value = float(champion.tags.get(f"eval.{metric}", "nan"))
+    champion_set = champion.tags.get("eval.test_fingerprint", "unknown")
+    comparable = champion_set == test_fingerprint and not math.isnan(champion_value)
+    beats = math.isnan(champion_value) or value > champion_value + margin
+    promoted = beats and (comparable or allow_incomparable)
+    reason = (
+        f"{metric} {value:.4f} {'beats' if beats else 'does not beat'} {CHAMPION} v{current} "
+        f"({champion_value:.4f}) by more than margin {margin}"
+    )
+    outcome = "promoted" if promoted else "kept"
+    if not comparable:
+        reason += (
+            f"; NOT COMPARABLE: {CHAMPION} was evaluated on test set {champion_set[:12]}, this "
+            f"model on {test_fingerprint[:12]}"
+        )
+        if allow_incomparable:
+            reason += "; evaluate.allow_incomparable_promotion is true"
+        else:
+            outcome = "not comparable: champion kept"
+            reason = (
+                f"{outcome} ({reason}); set evaluate.allow_incomparable_promotion to promote anyway"
+            )
+    return {
+        **decision,
+        "promoted": promoted,
+        "decision": outcome,
+        "reason": reason,
+        "comparable": comparable,
+        "champion_value": None if math.isnan(champion_value) else champion_value,
+    }
+
+
+def apply_decision(client: MlflowClient, model_name: str, decision: dict[str, Any]) -> None:
+    """Move ``champion`` to the candidate if the decision says so (idempotent)."""
+    if decision["promoted"]:
+        client.set_registered_model_alias(model_name, CHAMPION, decision["candidate_version"])
+
+
 def promote(
     client: MlflowClient,
     model_name: str,
@@ -209,65 +313,46 @@ def promote(
     value: float,
     test_fingerprint: str,
     margin: float = 0.0,
+    allow_incomparable: bool = False,
 ) -> dict[str, Any]:
-    """Move ``champion`` to ``version`` if it beats the current champion by ``margin``.
-
-    Each version carries its figure and test fingerprint as tags, so the comparison needs
-    no other run. When the champion was scored on another test set the figures are not
-    comparable: the rule still applies, but ``comparable`` is False and the reason says so.
-    """
-    from mlflow.exceptions import MlflowException
-
-    client.set_model_version_tag(model_name, version, f"eval.{metric}", str(value))
-    client.set_model_version_tag(model_name, version, "eval.test_fingerprint", test_fingerprint)
-    try:
-        champion = client.get_model_version_by_alias(model_name, CHAMPION)
-    except MlflowException:
-        champion = None
-    decision: dict[str, Any] = {
-        "metric": metric,
-        "candidate_version": version,
-        "candidate_value": value,
-        "margin": margin,
-        "champion_version": None,
-        "champion_value": None,
-        "comparable": True,
-    }
-    if champion is None:
-        decision.update(promoted=True, reason=f"no {CHAMPION} yet: version {version} becomes it")
-    elif champion.version == version:
-        decision.update(
-            promoted=True,
-            champion_version=version,
-            champion_value=value,
-            reason=f"version {version} already is {CHAMPION}",
-        )
-    else:
-        champion_value = float(champion.tags.get(f"eval.{metric}", "nan"))
-        comparable = champion.tags.get("eval.test_fingerprint") == test_fingerprint
-        # A champion without a recorded figure cannot block a measured candidate.
-        beats = math.isnan(champion_value) or value > champion_value + margin
-        verdict = "beats" if beats else "does not beat"
-        reason = (
-            f"{metric} {value:.4f} {verdict} {CHAMPION} v{champion.version} "
-            f"({champion_value:.4f}) by more than margin {margin}"
-        )
-        if not comparable:
-            reason += (
-                f"; NOT COMPARABLE: {CHAMPION} was evaluated on test set "
-                f"{champion.tags.get('eval.test_fingerprint', 'unknown')[:12]}, this model on "
-                f"{test_fingerprint[:12]}"
-            )
-        decision.update(
-            promoted=beats,
-            reason=reason,
-            comparable=comparable,
-            champion_version=str(champion.version),
-            champion_value=champion_value,
-        )
-    if decision["promoted"]:
-        client.set_registered_model_alias(model_name, CHAMPION, version)
+    """:func:`decide`, then :func:`apply_decision`; returns the decision."""
+    decision = decide(
+        client,
+        model_name,
+        version,
+        metric=metric,
+        value=value,
+        test_fingerprint=test_fingerprint,
+        margin=margin,
+        allow_incomparable=allow_incomparable,
+    )
+    apply_decision(client, model_name, decision)
     return decision
+
+
+def pending_decision(
+    eval_metrics: Path, *, run_id: str, version: str, metric: str, champion: str | None
+) -> dict[str, Any] | None:
+    """A promotion recorded for this run and version whose alias move may not have happened.
+
+    Evaluation writes its decision before moving the alias; after a crash in between, the
+    rerun completes that move rather than deciding again. A decision is pending only while
+    the alias is still where it was when the decision was made (or already on ``version``).
+    """
+    if not eval_metrics.exists():
+        return None
+    recorded = json.loads(eval_metrics.read_text())
+    decision = recorded.get("promotion") or {}
+    same = (
+        recorded.get("run_id") == run_id
+        and recorded.get("model_version") == version
+        and decision.get("metric") == metric
+    )
+    if not same or decision.get("promoted") is not True:
+        return None
+    if champion not in (decision.get("champion_version"), version):
+        return None  # the alias moved elsewhere since: decide afresh
+    return dict(decision)
 
 
 def register_model(
@@ -312,14 +397,22 @@ def tf_version() -> str:
 
 
 def run_evaluate(params: Params, layout: Layout) -> dict[str, Any]:
-    """Evaluate the trained model, log onto its training run, register and maybe promote."""
+    """Evaluate the trained model, log onto its training run, register and maybe promote.
+
+    Refuses (before any tracking) shards no passing validation vouches for and a model
+    trained on other shards. The decision reaches ``metrics/eval.json`` and the run's tags
+    before the alias moves, so a crash in between leaves a record the rerun completes.
+    """
     from mlflow.entities import Metric, Param, RunTag
 
     from tasks import tracking
 
-    record = json.loads(layout.train_run.read_text())
-    run_id = record["run_id"]
     settings = params.evaluate
+    check_margin(settings.promotion_margin)
+    manifest = check_validated(layout.shards_dir, layout.validation_report)
+    record = json.loads(layout.train_run.read_text())
+    check_model_matches(record, manifest, layout.train_run)
+    run_id = record["run_id"]
     metrics = evaluate_model(
         layout.model_file, layout.shards_dir, layout.eval_dir, top_k=settings.top_k
     )
@@ -344,7 +437,13 @@ def run_evaluate(params: Params, layout: Layout) -> dict[str, Any]:
     version = register_model(
         client, run_id, layout.model_file, settings.model_name, sample[0].numpy()
     )
-    decision = promote(
+    decision = pending_decision(
+        layout.eval_metrics,
+        run_id=run_id,
+        version=version,
+        metric=settings.promotion_metric,
+        champion=champion_version(client, settings.model_name),
+    ) or decide(
         client,
         settings.model_name,
         version,
@@ -352,8 +451,12 @@ def run_evaluate(params: Params, layout: Layout) -> dict[str, Any]:
         value=float(metrics[settings.promotion_metric]),
         test_fingerprint=metrics["test_fingerprint"],
         margin=settings.promotion_margin,
+        allow_incomparable=settings.allow_incomparable_promotion,
     )
     decision["model_name"] = settings.model_name
+    result = {key: value for key, value in metrics.items() if key != "confusion_matrix"}
+    result.update(promotion=decision, run_id=run_id, model_version=version)
+    write_json(layout.eval_metrics, result)  # the record first: a crash after it is resumable
     client.log_batch(
         run_id,
         metrics=[Metric("promotion.promoted", float(decision["promoted"]), now, 0)]
@@ -363,16 +466,13 @@ def run_evaluate(params: Params, layout: Layout) -> dict[str, Any]:
             else []
         ),
         tags=[
-            RunTag("promotion.decision", "promoted" if decision["promoted"] else "kept"),
+            RunTag("promotion.decision", decision["decision"]),
             RunTag("promotion.reason", decision["reason"]),
             RunTag("promotion.comparable", str(decision["comparable"]).lower()),
             RunTag("registry.version", version),
         ],
     )
-    result = {key: value for key, value in metrics.items() if key != "confusion_matrix"}
-    result.update(promotion=decision, run_id=run_id, model_version=version)
-    layout.eval_metrics.parent.mkdir(parents=True, exist_ok=True)
-    write_json(layout.eval_metrics, result)
+    apply_decision(client, settings.model_name, decision)
     client.log_artifact(run_id, str(layout.eval_metrics), "eval")
     client.set_terminated(run_id, status="FINISHED")
     return result

@@ -19,63 +19,16 @@ import keras
 import tensorflow as tf
 
 from tasks.atomic import write_json
+from tasks.gate import ShardsNotValidated as ShardsNotValidated  # re-exported for the flows
+from tasks.gate import check_validated
 from tasks.layout import Layout
-from tasks.manifest import ShardManifest, load_manifest
+from tasks.manifest import load_manifest
 from tasks.models import build_model, unfreeze_top
 from tasks.params import Params, TrainParams
 from tasks.reader import read_split
 
 FINE_TUNE_LR_FACTOR = 0.1  # fine-tuning a pretrained backbone wants a much smaller step
 HISTORY_KEYS = ("loss", "accuracy", "val_loss", "val_accuracy")
-
-
-class ShardsNotValidated(RuntimeError):
-    """Training refused: the shards have no passing validation report that matches them."""
-
-
-# -- the gate ------------------------------------------------------------------------------
-
-
-def check_validated(shards_dir: str | Path, validation_report: str | Path) -> ShardManifest:
-    """Return the manifest if a passing validation report vouches for these exact shards.
-
-    Refuses (``ShardsNotValidated``) when the report is missing or failed, when the manifest
-    no longer matches its own fingerprint, when the report validated another fingerprint,
-    or when a shard file is missing or has another size than the manifest records.
-    """
-    shards_dir, report_path = Path(shards_dir), Path(validation_report)
-    fix = "run the validate stage (`dvc repro validate` or `python -m flows.data validate`)"
-    if not report_path.exists():
-        raise ShardsNotValidated(f"{report_path}: no validation report; {fix} before training")
-    report = json.loads(report_path.read_text())
-    if report.get("passed") is not True:
-        failed = [c for c in report.get("checks", []) if not c.get("passed", False)]
-        listing = "; ".join(f"{c.get('name')}: {c.get('message', '')}" for c in failed)
-        raise ShardsNotValidated(
-            f"{report_path}: validation failed ({listing or 'no check details'}); fix the "
-            f"data and rerun the data flow before training"
-        )
-    try:
-        manifest = load_manifest(shards_dir)
-    except (FileNotFoundError, ValueError) as error:
-        raise ShardsNotValidated(f"{error}; {fix}") from error
-    if report.get("fingerprint") != manifest.fingerprint:
-        raise ShardsNotValidated(
-            f"shards in {shards_dir} changed since validation: manifest fingerprint "
-            f"{manifest.fingerprint[:12]} but {report_path} validated "
-            f"{str(report.get('fingerprint'))[:12]}; {fix}"
-        )
-    for info in manifest.splits.values():
-        for shard in info.shards:
-            path = shards_dir / shard.file
-            size = path.stat().st_size if path.exists() else None
-            if size != shard.bytes:
-                raise ShardsNotValidated(
-                    f"shards in {shards_dir} changed since validation: {path} has "
-                    f"{'no file' if size is None else f'{size} bytes'}, manifest says "
-                    f"{shard.bytes} bytes; rerun the shard and validate stages"
-                )
-    return manifest
 
 
 # -- devices, precision, determinism ------------------------------------------------------

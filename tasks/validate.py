@@ -18,7 +18,7 @@ from typing import Any
 
 from tasks.atomic import write_json, write_text
 from tasks.manifest import MANIFEST_NAME, SPLITS, ShardManifest, file_sha256
-from tasks.schema import HASH_KEY, LABEL_KEY, RecordSchema
+from tasks.schema import HASH_KEY, IMAGE_KEY, LABEL_KEY, RecordSchema, SchemaError
 
 BATCH_SIZE = 256
 MAX_EXAMPLES = 20  # failures listed per check; the counts are always complete
@@ -163,6 +163,10 @@ def _read_fast(
     ds = files.flat_map(file_batches).prefetch(tf.data.AUTOTUNE)
     for file_index, features in ds:
         target = targets[int(file_index)]
+        if features[IMAGE_KEY].shape[0] != features[LABEL_KEY].shape[0]:
+            # A batched raw decode reshapes all bytes at once: records whose lengths are a
+            # multiple of the right one yield extra images. The slow path locates the record.
+            raise SchemaError(f"{target.file}: raw image bytes do not split into one per record")
         target.labels.extend(int(v) for v in features[LABEL_KEY].numpy())
         target.hashes.extend(v.decode() for v in features[HASH_KEY].numpy())
 
@@ -184,6 +188,7 @@ def _scan_records(
             target.error = _record_error(path, position, exc)
             return
         try:
+            check_raw_length(schema, serialized)
             features = schema.parse_single(serialized)
         except (tf.errors.OpError, ValueError) as exc:
             target.error = _record_error(path, position, exc)
@@ -191,6 +196,21 @@ def _scan_records(
         target.labels.append(int(features[LABEL_KEY].numpy()))
         target.hashes.append(features[HASH_KEY].numpy().decode())
         position += 1
+
+
+def check_raw_length(schema: RecordSchema, serialized: Any) -> None:
+    """Raise SchemaError unless a raw record's image has exactly height*width*channels bytes."""
+    if schema.encoding != "raw":
+        return
+    import tensorflow as tf
+
+    image = tf.io.parse_single_example(serialized, {IMAGE_KEY: schema.parse_spec()[IMAGE_KEY]})
+    size = int(tf.strings.length(image[IMAGE_KEY]))
+    want = schema.height * schema.width * schema.channels
+    if size != want:
+        raise SchemaError(
+            f"raw image is {size} bytes, schema {list(schema.image_shape)} uint8 wants {want}"
+        )
 
 
 def _record_error(path: Path, position: int, exc: Exception) -> dict[str, Any]:

@@ -253,3 +253,63 @@ def test_missing_shard_and_missing_manifest(shards: Path) -> None:
     assert report["passed"] is False and set(failed(report)) == {"manifest"}
     with pytest.raises(ValidationFailed, match=r"manifest: .*no manifest"):
         raise_if_failed(report)
+
+
+def _rewrite_with_long_images(shards: Path, target: str, positions: set[int] | None) -> int:
+    """Rewrite one raw shard, doubling the image bytes of the records at ``positions``.
+
+    ``None`` doubles every record: then each batch decodes to twice as many images as it
+    has labels, which a batched reshape(-1) lets through. The manifest is updated (size,
+    sha256, fingerprint) so only the record contents are wrong. Returns the shard's records.
+    """
+    import tensorflow as tf
+
+    manifest = load(shards)
+    schema = manifest.record_schema
+    records = []
+    for position, serialized in enumerate(tf.data.TFRecordDataset(str(shards / target))):
+        features = tf.io.parse_single_example(serialized, schema.parse_spec())
+        image = features["image"].numpy()
+        if positions is None or position in positions:
+            image = image + image
+        records.append(
+            schema.serialize(
+                image,
+                int(features["label"]),
+                features["content_hash"].numpy().decode(),
+                features["source"].numpy().decode(),
+            )
+        )
+    with tf.io.TFRecordWriter(str(shards / target)) as writer:
+        for record in records:
+            writer.write(record)
+    for info in manifest.splits.values():
+        for i, shard in enumerate(info.shards):
+            if shard.file == target:
+                info.shards[i] = shard.model_copy(
+                    update={
+                        "bytes": (shards / target).stat().st_size,
+                        "sha256": file_sha256(shards / target),
+                    }
+                )
+    save(shards, manifest, refingerprint=True)
+    return len(records)
+
+
+@pytest.mark.parametrize("doubled", ["every record", "last record"])
+def test_raw_record_of_twice_the_length_names_shard_and_record(shards: Path, doubled: str) -> None:
+    shard = max(load(shards).split("train").shards, key=lambda s: s.num_records)
+    target, num_records = shard.file, shard.num_records
+    assert num_records >= 2  # so "last record" is not also the first
+    positions = None if doubled == "every record" else {num_records - 1}
+    _rewrite_with_long_images(shards, target, positions)
+
+    report = validate(shards)
+    bad = failed(report)
+    assert "records" in bad and not {"manifest", "files", "leakage"} & set(bad)
+    error = bad["records"]["details"]["examples"][0]
+    assert error["file"] == target
+    assert error["record_index"] == (0 if positions is None else num_records - 1)
+    assert "1536 bytes" in error["error"] and "wants 768" in error["error"]
+    with pytest.raises(ValidationFailed, match=rf"{target} record {error['record_index']}"):
+        raise_if_failed(report)

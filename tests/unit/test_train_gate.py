@@ -1,4 +1,4 @@
-"""The validation gate: training refuses shards no passing report vouches for."""
+"""The validation gate: training (and evaluation) refuse shards no passing report vouches for."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from tasks.gate import ShardsNotValidated, check_validated
 from tasks.layout import Layout
 from tasks.manifest import load_manifest
 from tasks.params import default_params
-from tasks.train import ShardsNotValidated, check_validated, run_train
+from tasks.train import run_train
 from tests.tiny_shards import write_tiny_shards, write_validation_report
 
 
@@ -54,6 +55,23 @@ def test_shard_file_edited_behind_the_manifest_is_refused(tiny_shards: Path) -> 
     with shard.open("ab") as handle:
         handle.write(b"extra")
     with pytest.raises(ShardsNotValidated, match=f"changed since validation.*{shard.name}"):
+        gate(tiny_shards)
+
+
+def flip_one_byte(shards_dir: Path) -> Path:
+    """Flip a byte in the middle of a train shard: same size, other content."""
+    shard = sorted(shards_dir.glob("train.tfrecord-*"))[0]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    return shard
+
+
+def test_same_size_edit_after_validation_is_refused(tiny_shards: Path) -> None:
+    shard = flip_one_byte(tiny_shards / "data" / "shards")
+    with pytest.raises(
+        ShardsNotValidated, match=rf"changed since validation.*{shard.name}.*sha256"
+    ):
         gate(tiny_shards)
 
 
