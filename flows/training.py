@@ -21,9 +21,9 @@ from flows.common import code_version, configure_environment, parse_stage_args, 
 from flows.server import require_server
 from tasks import evaluate, gate, manifest, models, reader, schema, tracking, train
 from tasks.evaluate import run_evaluate
+from tasks.gate import ShardsNotValidated
 from tasks.layout import Layout
 from tasks.params import Params, load_params, run_params_path
-from tasks.gate import ShardsNotValidated
 from tasks.train import run_train
 
 STAGES = ("train", "evaluate")
