@@ -21,6 +21,7 @@ import os
 import shutil
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -522,7 +523,10 @@ def fit_phases(
     if fine_tune and main_done.exists():
         # The frozen phase finished before the kill: pick up its weights, skip it.
         try:
-            model.load_weights(main_weights)
+            with warnings.catch_warnings():
+                # The file holds the frozen phase's optimizer too; fine-tuning starts a new one.
+                warnings.filterwarnings("ignore", message="Skipping variable loading for optim")
+                model.load_weights(main_weights)
         except Exception as error:
             raise BackupUnusable(f"cannot load {main_weights}: {error}") from error
         done = int(json.loads(main_done.read_text())["epochs_completed"])
