@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -232,3 +236,39 @@ def test_early_stopping_wait_best_and_best_weights_survive_a_kill(
     assert best_weights is not None
     for got, want in zip(best_weights, recorder.by_epoch[best_epoch], strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+# -- a real kill -------------------------------------------------------------------------------
+
+SIGKILL_SCRIPT = """
+import os, signal, sys
+import keras
+from tasks.layout import Layout
+from tasks.params import TrainParams
+from tasks.train import train
+
+class Die(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        os.kill(os.getpid(), signal.SIGKILL)  # no exception, no finally, no cleanup
+
+layout = Layout().with_root(sys.argv[1])
+train(TrainParams.model_validate_json(sys.argv[2]), layout.shards_dir,
+      model_file=layout.model_file, backup_dir=layout.backup_dir, callbacks=[Die()])
+"""
+
+
+def test_sigkilled_process_resumes_only_with_the_same_params(tiny_shards: Path) -> None:
+    layout = Layout().with_root(tiny_shards)
+    env = {**os.environ, "PYTHONPATH": str(Path.cwd())}
+    killed = subprocess.run(
+        [sys.executable, "-c", SIGKILL_SCRIPT, str(tiny_shards), params().model_dump_json()],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert [row["epoch"] for row in read_epoch_log(layout.backup_dir / "epochs.jsonl")] == [0]
+    summary = run(tiny_shards, params())
+    assert summary["resumed_from_epoch"] == 1
+    assert summary["epochs_completed"] == 3
