@@ -3,32 +3,50 @@
 ``train`` is the pure core (shards in, model and metrics files out; no MLflow); ``run_train``
 wraps it with the validation gate, tracking and the layout's paths. A killed run resumes at
 the epoch it stopped at: Keras' BackupAndRestore keeps weights, optimizer state and the epoch,
-and an epoch log beside it keeps the history of the epochs run before the kill.
+an epoch log beside it keeps the history of the epochs run before the kill, and the early
+stopping state (wait, best value, best weights) is kept there too.
+
+A backup is only resumed by the same run: ``identity.json`` in the backup records the train
+params, the shards' fingerprint and the training code's version it was made with (and the
+MLflow run it logs to). Any difference discards the backup, with the reason logged, and the
+run starts over in a new MLflow run.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
+import os
 import shutil
+import sys
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 
+from tasks import manifest as manifest_module
+from tasks import models, reader, schema
 from tasks.atomic import write_json
 from tasks.gate import ShardsNotValidated as ShardsNotValidated  # re-exported for the flows
 from tasks.gate import check_validated
 from tasks.layout import Layout
 from tasks.manifest import load_manifest
 from tasks.models import build_model, unfreeze_top
-from tasks.params import Params, TrainParams
+from tasks.params import Params, TrainParams, flatten
 from tasks.reader import read_split
 
 FINE_TUNE_LR_FACTOR = 0.1  # fine-tuning a pretrained backbone wants a much smaller step
 HISTORY_KEYS = ("loss", "accuracy", "val_loss", "val_accuracy")
+IDENTITY_NAME = "identity.json"
+MAIN_PHASE_WEIGHTS = "main_phase.weights.h5"  # Keras 3 saves weights only to *.weights.h5
+MAIN_PHASE_DONE = "main_phase.json"  # written after the weights: the frozen phase's commit
 
 
 # -- devices, precision, determinism ------------------------------------------------------
@@ -74,6 +92,109 @@ def seed_everything(params: TrainParams) -> None:
     keras.utils.set_random_seed(params.seed)
     if params.deterministic:
         tf.config.experimental.enable_op_determinism()
+
+
+# -- which backup may be resumed ----------------------------------------------------------
+
+
+def code_version(*modules: ModuleType) -> str:
+    """A short hash of the modules' source (flows.common.code_version's recipe; tasks never
+    import flows): a backup's code version changes exactly with the training code."""
+    digest = hashlib.sha256()
+    for module in modules:
+        source = getattr(module, "__file__", None)
+        if source:
+            digest.update(Path(source).read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def training_code_version() -> str:
+    """Version of the code that shapes a backup: model, training loop, reader, record schema."""
+    return code_version(sys.modules[__name__], models, reader, schema, manifest_module)
+
+
+def backup_identity(params: TrainParams, fingerprint: str) -> dict[str, Any]:
+    """What a backup must have been made with to be resumed: params, shards and code."""
+    return {
+        "params": flatten(params, "train"),
+        "fingerprint": fingerprint,
+        "code_version": training_code_version(),
+    }
+
+
+def identity_changes(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Why a backup made with ``stored`` cannot be resumed by ``current``; [] when it can."""
+
+    def show(values: dict[str, Any], key: str) -> str:
+        return json.dumps(values[key]) if key in values else "(unset)"
+
+    old, new = stored.get("params") or {}, current["params"]
+    reasons = [
+        f"{key} changed {show(old, key)} -> {show(new, key)}"
+        for key in sorted(set(old) | set(new))
+        if key not in old or key not in new or old[key] != new[key]
+    ]
+    if stored.get("fingerprint") != current["fingerprint"]:
+        reasons.append(
+            f"shards changed: fingerprint {str(stored.get('fingerprint'))[:12]} -> "
+            f"{current['fingerprint'][:12]}"
+        )
+    if stored.get("code_version") != current["code_version"]:
+        reasons.append(
+            f"training code changed: version {stored.get('code_version')} -> "
+            f"{current['code_version']}"
+        )
+    return reasons
+
+
+def claim_backup(
+    backup_dir: Path, identity: dict[str, Any]
+) -> tuple[dict[str, Any] | None, list[str]]:
+    """The stored identity of a backup this run may resume, else discard the backup.
+
+    Returns ``(stored identity or None, reasons it was discarded)``. A backup without a
+    readable identity (older versions wrote none) is discarded too: nobody can vouch for it.
+    """
+    if not backup_dir.exists() or not any(backup_dir.iterdir()):
+        return None, []
+    path = backup_dir / IDENTITY_NAME
+    try:
+        stored = json.loads(path.read_text())
+        reasons = identity_changes(stored, identity)
+    except FileNotFoundError:
+        reasons = [f"{path} is missing (made by an older version)"]
+    except (json.JSONDecodeError, AttributeError, KeyError) as error:
+        reasons = [f"{path} is unreadable ({error})"]
+    if not reasons:
+        return stored, []
+    discard_backup(backup_dir, reasons)
+    return None, reasons
+
+
+def discard_backup(backup_dir: Path, reasons: Sequence[str]) -> None:
+    """Delete the backup and say why, so a rerun that starts over is never a surprise."""
+    run_logger().warning("backup discarded: %s (%s)", "; ".join(reasons), backup_dir)
+    shutil.rmtree(backup_dir, ignore_errors=True)
+
+
+def write_identity(backup_dir: Path, identity: dict[str, Any], run_id: str | None = None) -> None:
+    write_json(backup_dir / IDENTITY_NAME, {**identity, "mlflow_run_id": run_id})
+
+
+def run_logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
+    """The Prefect run logger inside a flow or task run (shown in the UI), else this module's."""
+    if "prefect" in sys.modules:  # never import it here: importing it configures logging
+        from prefect import get_run_logger
+
+        try:
+            return get_run_logger()
+        except Exception:  # outside a Prefect run (MissingContextError)
+            pass
+    return logging.getLogger(__name__)
+
+
+class BackupUnusable(RuntimeError):
+    """A backup that passed the identity check still failed to restore (e.g. another shape)."""
 
 
 # -- callbacks -----------------------------------------------------------------------------
@@ -132,6 +253,82 @@ class EpochLog(keras.callbacks.Callback):
             handle.write(json.dumps(row) + "\n")
 
 
+class GuardedBackupAndRestore(keras.callbacks.BackupAndRestore):
+    """BackupAndRestore that turns a failed restore into ``BackupUnusable``.
+
+    ``train`` then discards the backup and starts over, so no backup can fail every rerun.
+    """
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        try:
+            super().on_train_begin(logs)
+        except Exception as error:
+            raise BackupUnusable(f"cannot restore {self.backup_dir}: {error}") from error
+
+
+class ResumableEarlyStopping(keras.callbacks.EarlyStopping):
+    """EarlyStopping whose wait count, best value and best weights survive a kill.
+
+    Stock EarlyStopping resets in ``on_train_begin``, so a resumed run would forget how long
+    it has waited and which weights were best. The state is saved at each epoch end in the
+    phase's backup dir and restored when BackupAndRestore (earlier in the callback list)
+    resumed at the epoch right after it.
+    """
+
+    def __init__(self, state_dir: Path, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.state_file = state_dir / "early_stopping.json"
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        super().on_train_begin(logs)
+        resumed_at = getattr(self.model, "_initial_epoch", None)  # set by BackupAndRestore
+        if not resumed_at or not self.state_file.exists():
+            return
+        state = json.loads(self.state_file.read_text())
+        if state["epoch"] != resumed_at - 1:  # killed between the backup and this state
+            run_logger().warning(
+                "early stopping state is from epoch %s, not %s: starting it afresh",
+                state["epoch"] + 1,
+                resumed_at,
+            )
+            return
+        self.wait, self.best = state["wait"], state["best"]
+        self.best_epoch, self.stopped_epoch = state["best_epoch"], state["stopped_epoch"]
+        if state.get("best_weights"):
+            with np.load(self.state_file.parent / state["best_weights"]) as arrays:
+                self.best_weights = [arrays[f"arr_{i}"] for i in range(len(arrays.files))]
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        super().on_epoch_end(epoch, logs)
+        self.state_file.parent.mkdir(parents=True, exist_ok=True)
+        weights_name = None
+        if self.best_weights is not None:
+            # One file per best epoch, named in the state file: the state never points at
+            # weights from another epoch, whenever the process dies.
+            weights_name = f"early_stopping_best_{self.best_epoch}.npz"
+            weights_path = self.state_file.parent / weights_name
+            if not weights_path.exists():
+                tmp = weights_path.with_name(f".{weights_name}.tmp")
+                with tmp.open("wb") as handle:
+                    np.savez(handle, *self.best_weights)
+                os.replace(tmp, weights_path)
+        best = None if self.best is None else float(self.best)
+        write_json(
+            self.state_file,
+            {
+                "epoch": epoch,
+                "wait": self.wait,
+                "best": best,
+                "best_epoch": self.best_epoch,
+                "stopped_epoch": self.stopped_epoch,
+                "best_weights": weights_name,
+            },
+        )
+        for stale in self.state_file.parent.glob("early_stopping_best_*.npz"):
+            if stale.name != weights_name:
+                stale.unlink()
+
+
 class MlflowEpochMetrics(keras.callbacks.Callback):
     """Logs every epoch's metrics to an MLflow run in one batched call per epoch."""
 
@@ -171,84 +368,38 @@ def train(
     """Train ``params.model`` on the shards' train split (val for early stopping).
 
     Writes the model (Keras format) to ``model_file`` and, when given, the history JSON and
-    plot. Resumable: state lives in ``backup_dir`` until the run completes. ``batch_size`` is
-    the global batch, split across the strategy's replicas. Returns a small summary dict.
+    plot. Resumable: state lives in ``backup_dir`` until the run completes, and is resumed
+    only by a run with the same params, shards and training code (else discarded, with the
+    reason logged). ``batch_size`` is the global batch, split across the strategy's
+    replicas. Returns a small summary dict.
     """
     shards_dir, model_file, backup_dir = Path(shards_dir), Path(model_file), Path(backup_dir)
     manifest = load_manifest(shards_dir)
     strategy = strategy or choose_strategy()
-    seed_everything(params)
     steps_per_epoch = manifest.split("train").num_records // params.batch_size
     if steps_per_epoch == 0:
         raise ValueError(
             f"train.batch_size={params.batch_size} exceeds the "
             f"{manifest.split('train').num_records} train records in {shards_dir}; lower it"
         )
-    train_ds = read_split(
-        shards_dir,
-        "train",
-        batch_size=params.batch_size,
-        training=True,
-        seed=params.seed,
-        manifest=manifest,
-    )
-    val_ds = read_split(
-        shards_dir, "val", batch_size=params.batch_size, training=False, manifest=manifest
-    )
-    epoch_log = EpochLog(backup_dir / "epochs.jsonl")
-    standard = [ThroughputTimer(params.batch_size), epoch_log]
-    if params.early_stopping_patience > 0:
-        standard.append(
-            keras.callbacks.EarlyStopping(
-                patience=params.early_stopping_patience, restore_best_weights=True
-            )
-        )
-    checkpoint = backup_dir.parent / "checkpoints" / "last.keras"
-    checkpoint.parent.mkdir(parents=True, exist_ok=True)
-    standard.append(keras.callbacks.ModelCheckpoint(checkpoint, save_freq="epoch"))
-
+    identity = backup_identity(params, manifest.fingerprint)
+    stored, _ = claim_backup(backup_dir, identity)  # run_train may have claimed it already
+    if stored is None:
+        write_identity(backup_dir, identity)
     previous_policy = keras.mixed_precision.global_policy()
     policy = precision_policy(params, gpu=on_gpu(strategy))
     keras.mixed_precision.set_global_policy(policy)
     try:
-        with strategy.scope():
-            model = build_model(params, len(manifest.classes), manifest.record_schema.image_shape)
-            compile_model(model, params, params.learning_rate, steps_per_epoch * params.epochs)
-        main_done = backup_dir / "main_phase.keras"
-        fine_tune = params.fine_tune_layers > 0 and params.fine_tune_epochs > 0
-        if fine_tune and main_done.exists():
-            # The frozen phase finished before the kill: pick up its weights, skip it.
-            model.load_weights(main_done)
-        else:
-            fit_phase(
-                model,
-                train_ds,
-                val_ds,
-                params.epochs,
-                0,
-                backup_dir / "main",
-                [*standard, *callbacks],
+        try:
+            model, epoch_log, train_ds = fit_phases(
+                params, manifest, shards_dir, backup_dir, strategy, callbacks
             )
-            if fine_tune:
-                model.save_weights(main_done)
-        if fine_tune:
-            done = len(read_epoch_log(epoch_log.path))
-            with strategy.scope():
-                unfreeze_top(model, params.fine_tune_layers)
-                compile_model(
-                    model,
-                    params,
-                    params.learning_rate * FINE_TUNE_LR_FACTOR,
-                    steps_per_epoch * params.fine_tune_epochs,
-                )
-            fit_phase(
-                model,
-                train_ds,
-                val_ds,
-                done + params.fine_tune_epochs,
-                done,
-                backup_dir / "fine_tune",
-                [*standard, *callbacks],
+        except BackupUnusable as error:
+            # The identity matched but the state does not fit this model: start over once.
+            discard_backup(backup_dir, [str(error)])
+            write_identity(backup_dir, identity, (stored or {}).get("mlflow_run_id"))
+            model, epoch_log, train_ds = fit_phases(
+                params, manifest, shards_dir, backup_dir, strategy, callbacks
             )
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)
@@ -273,6 +424,95 @@ def train(
         plot_history(rows, Path(plot_file))
     shutil.rmtree(backup_dir, ignore_errors=True)  # completed: nothing left to resume
     return summary
+
+
+def fit_phases(
+    params: TrainParams,
+    manifest: ShardManifest,
+    shards_dir: Path,
+    backup_dir: Path,
+    strategy: tf.distribute.Strategy,
+    callbacks: Sequence[keras.callbacks.Callback],
+) -> tuple[keras.Model, EpochLog, tf.data.Dataset]:
+    """Build the model and fit it: the frozen (or only) phase, then fine-tuning if asked.
+
+    Each phase resumes from its own BackupAndRestore dir. The frozen phase commits its end
+    weights and epoch count before its backup goes, so a kill between the phases resumes
+    fine-tuning from those weights instead of redoing the frozen phase.
+    """
+    seed_everything(params)
+    steps_per_epoch = manifest.split("train").num_records // params.batch_size
+    train_ds = read_split(
+        shards_dir,
+        "train",
+        batch_size=params.batch_size,
+        training=True,
+        seed=params.seed,
+        manifest=manifest,
+    )
+    val_ds = read_split(
+        shards_dir, "val", batch_size=params.batch_size, training=False, manifest=manifest
+    )
+    epoch_log = EpochLog(backup_dir / "epochs.jsonl")
+    checkpoint = backup_dir.parent / "checkpoints" / "last.keras"
+    checkpoint.parent.mkdir(parents=True, exist_ok=True)
+
+    def phase_callbacks(phase_dir: Path) -> list[keras.callbacks.Callback]:
+        standard: list[keras.callbacks.Callback] = [ThroughputTimer(params.batch_size), epoch_log]
+        if params.early_stopping_patience > 0:
+            standard.append(
+                ResumableEarlyStopping(
+                    phase_dir, patience=params.early_stopping_patience, restore_best_weights=True
+                )
+            )
+        standard.append(keras.callbacks.ModelCheckpoint(checkpoint, save_freq="epoch"))
+        return [*standard, *callbacks]
+
+    with strategy.scope():
+        model = build_model(params, len(manifest.classes), manifest.record_schema.image_shape)
+        compile_model(model, params, params.learning_rate, steps_per_epoch * params.epochs)
+    fine_tune = params.fine_tune_layers > 0 and params.fine_tune_epochs > 0
+    main_weights, main_done = backup_dir / MAIN_PHASE_WEIGHTS, backup_dir / MAIN_PHASE_DONE
+    if fine_tune and main_done.exists():
+        # The frozen phase finished before the kill: pick up its weights, skip it.
+        try:
+            with warnings.catch_warnings():
+                # The file holds the frozen phase's optimizer too; fine-tuning starts a new one.
+                warnings.filterwarnings("ignore", message="Skipping variable loading for optim")
+                model.load_weights(main_weights)
+        except Exception as error:
+            raise BackupUnusable(f"cannot load {main_weights}: {error}") from error
+        done = int(json.loads(main_done.read_text())["epochs_completed"])
+    else:
+        main_dir = backup_dir / "main"
+        fit_phase(model, train_ds, val_ds, params.epochs, 0, main_dir, phase_callbacks(main_dir))
+        done = len(read_epoch_log(epoch_log.path))
+        if fine_tune:
+            tmp = backup_dir / f"tmp-{MAIN_PHASE_WEIGHTS}"
+            model.save_weights(tmp)
+            os.replace(tmp, main_weights)
+            write_json(main_done, {"epochs_completed": done})
+            shutil.rmtree(main_dir, ignore_errors=True)
+    if fine_tune:
+        with strategy.scope():
+            unfreeze_top(model, params.fine_tune_layers)
+            compile_model(
+                model,
+                params,
+                params.learning_rate * FINE_TUNE_LR_FACTOR,
+                steps_per_epoch * params.fine_tune_epochs,
+            )
+        tune_dir = backup_dir / "fine_tune"
+        fit_phase(
+            model,
+            train_ds,
+            val_ds,
+            done + params.fine_tune_epochs,
+            done,
+            tune_dir,
+            phase_callbacks(tune_dir),
+        )
+    return model, epoch_log, train_ds
 
 
 def probe_input_bound(
@@ -332,8 +572,12 @@ def fit_phase(
     callbacks: list[keras.callbacks.Callback],
 ) -> None:
     # BackupAndRestore goes first: it restores state before the others see an epoch, and
-    # saves it at epoch end before a later callback can fail.
-    backup = keras.callbacks.BackupAndRestore(str(backup_dir))
+    # saves it at epoch end before a later callback can fail. Its backup stays until
+    # `train` completes (the frozen phase's is removed once its weights are committed).
+    backup = GuardedBackupAndRestore(str(backup_dir), delete_checkpoint=False)
+    # Keras keeps the epoch a BackupAndRestore restored on the model, and prefers it over
+    # `initial_epoch`: clear it so a phase never starts at the previous phase's epoch.
+    model._initial_epoch = None
     model.fit(
         train_ds,
         validation_data=val_ds,
@@ -392,8 +636,9 @@ def run_train(
     manifest = check_validated(layout.shards_dir, layout.validation_report)
     strategy = strategy or choose_strategy()
     client = tracking.client(layout.root)
-    run_id_file = layout.backup_dir / "mlflow_run_id"
-    run_id = resume_run_id(client, run_id_file)
+    identity = backup_identity(params.train, manifest.fingerprint)
+    stored, discarded = claim_backup(layout.backup_dir, identity)
+    run_id = resume_run_id(client, (stored or {}).get("mlflow_run_id"))
     if run_id is None:
         run_id = tracking.start_train_run(
             client,
@@ -403,8 +648,9 @@ def run_train(
             root=layout.root,
             device_tags=device_tags(params.train, strategy),
         )
-        run_id_file.parent.mkdir(parents=True, exist_ok=True)
-        run_id_file.write_text(run_id)
+        if discarded:  # the run says why it did not resume the backup it found
+            client.set_tag(run_id, "resume.backup_discarded", "; ".join(discarded)[:5000])
+    write_identity(layout.backup_dir, identity, run_id)
     try:
         summary = train(
             params.train,
@@ -445,11 +691,10 @@ def run_train(
     return {**summary, **record}
 
 
-def resume_run_id(client: Any, run_id_file: Path) -> str | None:
-    """The MLflow run of an interrupted training, reopened, if the backup names one."""
-    if not run_id_file.exists():
+def resume_run_id(client: Any, run_id: str | None) -> str | None:
+    """The MLflow run of an interrupted training, reopened, if its backup names one."""
+    if not run_id:
         return None
-    run_id = run_id_file.read_text().strip()
     try:
         client.update_run(run_id, status="RUNNING")
     except Exception:  # the store was reset since: start a fresh run

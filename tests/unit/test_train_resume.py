@@ -1,0 +1,274 @@
+"""A killed run resumes only as the same run: same params, shards and code, same MLflow run."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+import pytest
+from mlflow import MlflowClient
+
+import tasks.train as train_module
+from tasks.layout import Layout
+from tasks.params import Params, TrainParams
+from tasks.train import (
+    IDENTITY_NAME,
+    ResumableEarlyStopping,
+    backup_identity,
+    claim_backup,
+    identity_changes,
+    read_epoch_log,
+    run_train,
+    write_identity,
+)
+from tests.unit.test_train_core import NO_AUGMENT, KillAfterEpoch, run
+
+LR_A, LR_B = 0.003, 0.001
+
+
+class Lines(logging.Handler):
+    """Collects formatted records; attached straight to the logger, so Prefect's logging
+    setup (which replaces the root handlers pytest's caplog relies on) cannot drop it."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+@pytest.fixture
+def warnings_logged() -> Iterator[Lines]:
+    logger, handler = logging.getLogger("tasks.train"), Lines()
+    logger.addHandler(handler)
+    yield handler
+    logger.removeHandler(handler)
+
+
+def params(lr: float = LR_A, **overrides: Any) -> TrainParams:
+    settings: dict[str, Any] = {
+        "epochs": 3,
+        "batch_size": 16,
+        "learning_rate": lr,
+        "early_stopping_patience": 0,
+        "augment": NO_AUGMENT,
+    }
+    return TrainParams(**{**settings, **overrides})
+
+
+# -- which backup may be resumed (no training) ---------------------------------------------
+
+
+def test_identity_changes_name_each_difference() -> None:
+    stored = backup_identity(params(LR_A), "a" * 64)
+    current = {**backup_identity(params(LR_B), "b" * 64), "code_version": "0123456789ab"}
+    reasons = identity_changes(stored, current)
+    assert reasons[0] == f"train.learning_rate changed {LR_A} -> {LR_B}"
+    assert reasons[1] == f"shards changed: fingerprint {'a' * 12} -> {'b' * 12}"
+    assert reasons[2].startswith(f"training code changed: version {stored['code_version']} ->")
+    assert len(reasons) == 3
+    assert identity_changes(stored, backup_identity(params(LR_A), "a" * 64)) == []
+
+
+def test_backup_without_identity_is_discarded_with_the_reason(
+    tmp_path: Path, warnings_logged: Lines
+) -> None:
+    backup = tmp_path / "train_backup"
+    (backup / "main").mkdir(parents=True)
+    (backup / "main" / "training_metadata.json").write_text('{"epoch": 1, "batch": 0}')
+    identity = backup_identity(params(), "f" * 64)
+    stored, reasons = claim_backup(backup, identity)
+    assert stored is None and "identity.json is missing" in reasons[0]
+    assert not backup.exists()
+    assert (
+        "backup discarded: " in warnings_logged.text
+        and "identity.json is missing" in warnings_logged.text
+    )
+
+
+def test_matching_backup_is_kept_with_its_run_id(tmp_path: Path) -> None:
+    backup = tmp_path / "train_backup"
+    identity = backup_identity(params(), "f" * 64)
+    write_identity(backup, identity, "run-123")
+    stored, reasons = claim_backup(backup, identity)
+    assert reasons == [] and stored is not None and stored["mlflow_run_id"] == "run-123"
+    assert (backup / IDENTITY_NAME).exists()
+
+
+# -- the stage: MLflow run follows the backup ---------------------------------------------
+
+
+def kill_run(layout: Layout, lr: float) -> str:
+    """Start run_train with ``lr`` and kill it after epoch 1; return the killed MLflow run."""
+    with pytest.raises(KeyboardInterrupt):
+        run_train(Params(train=params(lr)), layout, callbacks=[KillAfterEpoch(0)])
+    identity = json.loads((layout.backup_dir / IDENTITY_NAME).read_text())
+    assert identity["params"]["train.learning_rate"] == lr
+    return str(identity["mlflow_run_id"])
+
+
+def test_rerun_with_another_learning_rate_starts_over_in_a_new_run(
+    tiny_shards: Path, mlflow_uri: str, warnings_logged: Lines
+) -> None:
+    layout = Layout().with_root(tiny_shards)
+    killed = kill_run(layout, LR_A)
+    summary = run_train(Params(train=params(LR_B)), layout)
+    assert f"backup discarded: train.learning_rate changed {LR_A} -> {LR_B}" in warnings_logged.text
+    assert summary["resumed_from_epoch"] == 0
+    assert summary["epochs_completed"] == 3
+    assert summary["run_id"] != killed
+    client = MlflowClient(mlflow_uri)
+    assert client.get_run(killed).info.status == "FAILED"
+    run = client.get_run(summary["run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.params["train.learning_rate"] == str(LR_B)
+    assert "train.learning_rate changed" in run.data.tags["resume.backup_discarded"]
+    steps = [m.step for m in client.get_metric_history(summary["run_id"], "loss")]
+    assert sorted(steps) == [0, 1, 2]
+
+
+def test_rerun_with_the_same_params_resumes_in_the_same_run(
+    tiny_shards: Path, mlflow_uri: str
+) -> None:
+    layout = Layout().with_root(tiny_shards)
+    killed = kill_run(layout, LR_A)
+    summary = run_train(Params(train=params(LR_A)), layout)
+    assert summary["resumed_from_epoch"] == 1  # the second epoch, not from scratch
+    assert summary["epochs_completed"] == 3
+    assert summary["run_id"] == killed
+    client = MlflowClient(mlflow_uri)
+    assert client.get_run(killed).info.status == "FINISHED"
+    steps = [m.step for m in client.get_metric_history(killed, "loss")]
+    assert sorted(steps) == [0, 1, 2]  # one point per epoch across the kill
+    assert not layout.backup_dir.exists()
+
+
+def test_changed_shards_discard_the_backup(tiny_shards: Path) -> None:
+    from tests.tiny_shards import write_tiny_shards
+
+    with pytest.raises(KeyboardInterrupt):
+        run(tiny_shards, params(), callbacks=[KillAfterEpoch(0)])
+    write_tiny_shards(tiny_shards, seed=1)  # other pixels: another fingerprint
+    summary = run(tiny_shards, params())
+    assert summary["resumed_from_epoch"] == 0
+
+
+def test_backup_that_cannot_be_restored_never_fails_the_rerun(
+    tiny_shards: Path, monkeypatch: pytest.MonkeyPatch, warnings_logged: Lines
+) -> None:
+    """An architecture change the identity cannot see (same params, same hashed code)."""
+    layout = Layout().with_root(tiny_shards)
+    with pytest.raises(KeyboardInterrupt):
+        run(tiny_shards, params(), callbacks=[KillAfterEpoch(0)])
+    original = train_module.build_model
+
+    def wider(*args: Any) -> keras.Model:
+        model = original(*args)
+        x = keras.layers.Dense(7, name="extra")(model.layers[-2].output)
+        outputs = keras.layers.Dense(3, activation="softmax", name="probs2")(x)
+        return keras.Model(model.inputs, outputs)
+
+    monkeypatch.setattr(train_module, "build_model", wider)
+    summary = run(tiny_shards, params())
+    assert "backup discarded: cannot restore" in warnings_logged.text
+    assert summary["resumed_from_epoch"] == 0
+    assert summary["epochs_completed"] == 3
+    assert len(json.loads(layout.train_metrics.read_text())["history"]["loss"]) == 3
+    assert not layout.backup_dir.exists()
+
+
+# -- early stopping across a kill ------------------------------------------------------------
+
+
+class RecordWeights(keras.callbacks.Callback):
+    """The model's weights at the end of each epoch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_epoch: dict[int, list[np.ndarray]] = {}
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self.by_epoch[epoch] = [w.copy() for w in self.model.get_weights()]
+
+
+def test_early_stopping_wait_best_and_best_weights_survive_a_kill(
+    tiny_shards: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    layout = Layout().with_root(tiny_shards)
+    es_params = params(epochs=4, early_stopping_patience=10)  # never stops: state only
+    recorder = RecordWeights()
+    with pytest.raises(KeyboardInterrupt):
+        run(tiny_shards, es_params, callbacks=[recorder, KillAfterEpoch(2)])
+    rows = read_epoch_log(layout.backup_dir / "epochs.jsonl")
+    losses = [row["val_loss"] for row in rows]
+    best_epoch = int(np.argmin(losses))
+    expected_wait = len(losses) - 1 - best_epoch
+
+    restored: list[ResumableEarlyStopping] = []
+
+    class Recording(ResumableEarlyStopping):
+        def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+            super().on_train_begin(logs)
+            restored.append(self)
+            self.snapshot = (self.wait, self.best, self.best_epoch, self.best_weights)
+
+    monkeypatch.setattr(train_module, "ResumableEarlyStopping", Recording)
+    summary = run(tiny_shards, es_params)
+    assert summary["resumed_from_epoch"] == 3
+    wait, best, restored_best_epoch, best_weights = restored[0].snapshot
+    assert best == pytest.approx(losses[best_epoch])
+    assert restored_best_epoch == best_epoch
+    assert wait == expected_wait
+    assert best_weights is not None
+    for got, want in zip(best_weights, recorder.by_epoch[best_epoch], strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+# -- a real kill -------------------------------------------------------------------------------
+
+SIGKILL_SCRIPT = """
+import os, signal, sys
+import keras
+from tasks.layout import Layout
+from tasks.params import TrainParams
+from tasks.train import train
+
+class Die(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        os.kill(os.getpid(), signal.SIGKILL)  # no exception, no finally, no cleanup
+
+layout = Layout().with_root(sys.argv[1])
+train(TrainParams.model_validate_json(sys.argv[2]), layout.shards_dir,
+      model_file=layout.model_file, backup_dir=layout.backup_dir, callbacks=[Die()])
+"""
+
+
+def test_sigkilled_process_resumes_only_with_the_same_params(tiny_shards: Path) -> None:
+    layout = Layout().with_root(tiny_shards)
+    env = {**os.environ, "PYTHONPATH": str(Path.cwd())}
+    killed = subprocess.run(
+        [sys.executable, "-c", SIGKILL_SCRIPT, str(tiny_shards), params().model_dump_json()],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert [row["epoch"] for row in read_epoch_log(layout.backup_dir / "epochs.jsonl")] == [0]
+    summary = run(tiny_shards, params())
+    assert summary["resumed_from_epoch"] == 1
+    assert summary["epochs_completed"] == 3
