@@ -37,7 +37,7 @@ from tasks.atomic import write_json
 from tasks.gate import ShardsNotValidated as ShardsNotValidated  # re-exported for the flows
 from tasks.gate import check_validated
 from tasks.layout import Layout
-from tasks.manifest import load_manifest
+from tasks.manifest import ShardManifest, load_manifest
 from tasks.models import build_model, unfreeze_top
 from tasks.params import Params, TrainParams, flatten
 from tasks.reader import read_split

@@ -18,23 +18,25 @@ from mlflow import MlflowClient
 
 from tasks.layout import Layout
 from tasks.models import backbone_of
-from tasks.params import AugmentParams, Params, TrainParams
+from tasks.params import default_params
 from tasks.train import FINE_TUNE_LR_FACTOR, IDENTITY_NAME, read_epoch_log, run_train
 from tests.tiny_shards import write_tiny_shards
 
 pytestmark = pytest.mark.slow
 TOP = 5
-PARAMS = TrainParams(
-    model="mobilenet_v3_small",
-    weights=None,
-    epochs=2,
-    fine_tune_layers=TOP,
-    fine_tune_epochs=2,
-    batch_size=8,
-    learning_rate=0.01,
-    lr_schedule="constant",
-    early_stopping_patience=0,
-    augment=AugmentParams(flip=False, crop=0.0, brightness=0.0, contrast=0.0),
+PARAMS = default_params(
+    train={
+        "model": "mobilenet_v3_small",
+        "weights": None,
+        "epochs": 2,
+        "fine_tune_layers": TOP,
+        "fine_tune_epochs": 2,
+        "batch_size": 8,
+        "learning_rate": 0.01,
+        "lr_schedule": "constant",
+        "early_stopping_patience": 0,
+        "augment": {"flip": False, "crop": 0.0, "brightness": 0.0, "contrast": 0.0},
+    }
 )
 
 
@@ -73,7 +75,7 @@ class Capture(keras.callbacks.Callback):
 
 def killed(layout: Layout, *callbacks: keras.callbacks.Callback) -> None:
     with pytest.raises(KeyboardInterrupt):
-        run_train(Params(train=PARAMS), layout, callbacks=list(callbacks))
+        run_train(PARAMS, layout, callbacks=list(callbacks))
 
 
 def test_fine_tuning_resumes_in_either_phase_and_unfreezes_the_top(
@@ -91,30 +93,30 @@ def test_fine_tuning_resumes_in_either_phase_and_unfreezes_the_top(
     assert epochs_logged() == [0]
 
     # 2. Resumes the frozen phase at epoch 2, finishes it, killed before fine-tuning starts.
-    between = Kill(PARAMS.epochs, at="begin")
+    between = Kill(PARAMS.train.epochs, at="begin")
     killed(layout, between)
     assert epochs_logged() == [0, 1]
     assert (layout.backup_dir / "main_phase.weights.h5").exists()
     frozen_rows = read_epoch_log(layout.backup_dir / "epochs.jsonl")
 
     # 3. Starts fine-tuning from the frozen phase's weights; killed after its first epoch.
-    start = Capture(PARAMS.epochs)
-    killed(layout, start, Kill(PARAMS.epochs, at="end"))
+    start = Capture(PARAMS.train.epochs)
+    killed(layout, start, Kill(PARAMS.train.epochs, at="end"))
     assert start.weights is not None and between.weights is not None
     for got, want in zip(start.weights, between.weights, strict=True):
         np.testing.assert_array_equal(got, want)  # not from scratch
     assert epochs_logged() == [0, 1, 2]
 
     # 4. Resumes inside the fine-tune phase and completes.
-    summary = run_train(Params(train=PARAMS), layout)
-    total = PARAMS.epochs + PARAMS.fine_tune_epochs
-    assert summary["resumed_from_epoch"] == PARAMS.epochs + 1
+    summary = run_train(PARAMS, layout)
+    total = PARAMS.train.epochs + PARAMS.train.fine_tune_epochs
+    assert summary["resumed_from_epoch"] == PARAMS.train.epochs + 1
     assert summary["epochs_completed"] == total
     history = json.loads(layout.train_metrics.read_text())["history"]
     assert history["loss"][:2] == [row["loss"] for row in frozen_rows]  # frozen phase kept
     rates = history["learning_rate"]
-    assert rates[:2] == [pytest.approx(PARAMS.learning_rate)] * 2
-    assert rates[2:] == [pytest.approx(PARAMS.learning_rate * FINE_TUNE_LR_FACTOR)] * 2
+    assert rates[:2] == [pytest.approx(PARAMS.train.learning_rate)] * 2
+    assert rates[2:] == [pytest.approx(PARAMS.train.learning_rate * FINE_TUNE_LR_FACTOR)] * 2
     assert summary["run_id"] == run_id  # one MLflow run across three kills
     client = MlflowClient(mlflow_uri)
     steps = [m.step for m in client.get_metric_history(run_id, "loss")]

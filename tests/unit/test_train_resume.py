@@ -19,7 +19,7 @@ from mlflow import MlflowClient
 
 import tasks.train as train_module
 from tasks.layout import Layout
-from tasks.params import Params, TrainParams
+from tasks.params import Params, TrainParams, default_params
 from tasks.train import (
     IDENTITY_NAME,
     ResumableEarlyStopping,
@@ -59,6 +59,10 @@ def warnings_logged() -> Iterator[Lines]:
     logger.removeHandler(handler)
 
 
+def with_train(train: TrainParams) -> Params:
+    return default_params().model_copy(update={"train": train})
+
+
 def params(lr: float = LR_A, **overrides: Any) -> TrainParams:
     settings: dict[str, Any] = {
         "epochs": 3,
@@ -67,7 +71,7 @@ def params(lr: float = LR_A, **overrides: Any) -> TrainParams:
         "early_stopping_patience": 0,
         "augment": NO_AUGMENT,
     }
-    return TrainParams(**{**settings, **overrides})
+    return default_params(train={**settings, **overrides}).train
 
 
 # -- which backup may be resumed (no training) ---------------------------------------------
@@ -115,7 +119,7 @@ def test_matching_backup_is_kept_with_its_run_id(tmp_path: Path) -> None:
 def kill_run(layout: Layout, lr: float) -> str:
     """Start run_train with ``lr`` and kill it after epoch 1; return the killed MLflow run."""
     with pytest.raises(KeyboardInterrupt):
-        run_train(Params(train=params(lr)), layout, callbacks=[KillAfterEpoch(0)])
+        run_train(with_train(params(lr)), layout, callbacks=[KillAfterEpoch(0)])
     identity = json.loads((layout.backup_dir / IDENTITY_NAME).read_text())
     assert identity["params"]["train.learning_rate"] == lr
     return str(identity["mlflow_run_id"])
@@ -126,7 +130,7 @@ def test_rerun_with_another_learning_rate_starts_over_in_a_new_run(
 ) -> None:
     layout = Layout().with_root(tiny_shards)
     killed = kill_run(layout, LR_A)
-    summary = run_train(Params(train=params(LR_B)), layout)
+    summary = run_train(with_train(params(LR_B)), layout)
     assert f"backup discarded: train.learning_rate changed {LR_A} -> {LR_B}" in warnings_logged.text
     assert summary["resumed_from_epoch"] == 0
     assert summary["epochs_completed"] == 3
@@ -146,7 +150,7 @@ def test_rerun_with_the_same_params_resumes_in_the_same_run(
 ) -> None:
     layout = Layout().with_root(tiny_shards)
     killed = kill_run(layout, LR_A)
-    summary = run_train(Params(train=params(LR_A)), layout)
+    summary = run_train(with_train(params(LR_A)), layout)
     assert summary["resumed_from_epoch"] == 1  # the second epoch, not from scratch
     assert summary["epochs_completed"] == 3
     assert summary["run_id"] == killed
