@@ -13,7 +13,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from flows.common import configure_environment
+from flows.common import configure_environment, hold_workspace
 from flows.data import data_flow
 from flows.server import require_server
 from flows.training import training_flow
@@ -29,11 +29,12 @@ def pipeline(
     """ingest -> shard -> validate | train -> evaluate; stages DVC finds current are skipped."""
     logger = get_run_logger()
     changes = overrides.as_dict() if overrides else {}
-    if changes:
-        apply_overrides(Path(root) / params_path, changes)
-        logger.info("params.yaml updated with this run's overrides: %s", changes)
-    data = data_flow(params_path=params_path, root=root, dvc_bookkeeping=True)
-    training = training_flow(params_path=params_path, root=root, dvc_bookkeeping=True)
+    with hold_workspace(Path(root), Path(root) / params_path):  # one writer, start to end
+        if changes:
+            apply_overrides(Path(root) / params_path, changes)
+            logger.info("params.yaml updated with this run's overrides: %s", changes)
+        data = data_flow(params_path=params_path, root=root, dvc_bookkeeping=True)
+        training = training_flow(params_path=params_path, root=root, dvc_bookkeeping=True)
     return {"data": data, "training": training}
 
 
