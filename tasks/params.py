@@ -90,11 +90,16 @@ class EvaluateParams(_Strict):
     model_name: str = "shardflow"
 
 
+class WorkspaceParams(_Strict):
+    lock_timeout_s: float = Field(gt=0)  # how long a second writer waits for the lock
+
+
 class Params(_Strict):
     ingest: IngestParams = IngestParams()
     shard: ShardParams = ShardParams()
     train: TrainParams = TrainParams()
     evaluate: EvaluateParams = EvaluateParams()
+    workspace: WorkspaceParams | None = None  # read by tasks.workspace_lock
 
 
 def load_params(
