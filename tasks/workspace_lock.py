@@ -52,8 +52,8 @@ def lock_timeout_s(params_path: str | Path) -> float:
             "for the workspace lock); add\nworkspace:\n  lock_timeout_s: 600"
         )
     value = section["lock_timeout_s"]
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise ValueError(f"{path}: workspace.lock_timeout_s must be seconds >= 0, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ValueError(f"{path}: workspace.lock_timeout_s must be seconds > 0, got {value!r}")
     return float(value)
 
 

@@ -95,7 +95,7 @@ def test_second_writer_waits_then_runs_once_the_holder_releases(
 
 def test_children_of_the_holder_pass_through(tmp_path: Path) -> None:
     """`make run` holds the lock around `dvc repro`; its stage processes must not deadlock."""
-    params = write_params(tmp_path, 0)
+    params = write_params(tmp_path, 0.1)
     inner = locked_cmd(params, sys.executable, "-c", "open('ran', 'w')")
     outer = subprocess.run(
         locked_cmd(params, *inner), cwd=tmp_path, env=env(), capture_output=True, text=True
@@ -110,7 +110,7 @@ def test_a_killed_holder_leaves_no_lock_behind(tmp_path: Path) -> None:
     process.send_signal(signal.SIGKILL)
     process.wait(timeout=30)
     stale = json.loads((tmp_path / HOLDER_FILE).read_text())
-    params = write_params(tmp_path, 0)
+    params = write_params(tmp_path, 0.1)
     # Even a child that inherited the dead holder's token must take the lock itself.
     cmd = locked_cmd(
         params, sys.executable, "-c", "import json; print(open('" + str(HOLDER_FILE) + "').read())"
@@ -128,6 +128,6 @@ def test_missing_timeout_is_a_clear_error(tmp_path: Path) -> None:
     path.write_text("train:\n  epochs: 1\n")
     with pytest.raises(KeyError, match=r"params\.yaml: missing workspace\.lock_timeout_s"):
         lock_timeout_s(path)
-    path.write_text("workspace:\n  lock_timeout_s: soon\n")
+    path.write_text("workspace:\n  lock_timeout_s: 0\n")
     with pytest.raises(ValueError, match=r"workspace\.lock_timeout_s must be seconds"):
         lock_timeout_s(path)
