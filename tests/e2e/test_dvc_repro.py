@@ -1,10 +1,14 @@
-"""`dvc repro` from a fresh repo runs every stage, reruns exactly what changed, and pushes."""
+"""`dvc repro` from a fresh repo, with no Prefect server running, runs every stage (the
+first one starts the local server), reruns exactly what changed, and pushes."""
 
 from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
+import httpx
+import numpy as np
 import pytest
 
 from tests.e2e.conftest import Project
@@ -16,9 +20,39 @@ def ran_stages(output: str) -> set[str]:
     return set(re.findall(r"Running stage '([\w-]+)'", output))
 
 
-def test_dvc_repro_end_to_end(project: Project) -> None:
+def recomputed_test_accuracy(root: Path) -> tuple[float, int]:
+    """Accuracy of models/model.keras over the test shards, counted here, and the count."""
+    import keras
+
+    from tasks.reader import read_split
+
+    model = keras.saving.load_model(root / "models/model.keras")
+    correct = total = 0
+    for images, labels in read_split(root / "data/shards", "test", batch_size=16, training=False):
+        predicted = np.asarray(model(images, training=False)).argmax(axis=1)
+        correct += int((predicted == labels.numpy()).sum())
+        total += len(predicted)
+    return correct / total, total
+
+
+def flow_run_names(api_url: str) -> list[str]:
+    response = httpx.post(f"{api_url}/flow_runs/filter", json={"limit": 200}, timeout=30)
+    response.raise_for_status()
+    flows = httpx.post(f"{api_url}/flows/filter", json={}, timeout=30).json()
+    names = {flow["id"]: flow["name"] for flow in flows}
+    return [names[run["flow_id"]] for run in response.json()]
+
+
+def test_dvc_repro_end_to_end(project_without_server: Project) -> None:
+    project = project_without_server
+    api_url = project.env["PREFECT_API_URL"]
     first = project.dvc("repro")
     assert ran_stages(first.stdout) == {"ingest", "shard", "validate", "train", "evaluate"}
+    # The first stage started the server (one, not one per stage); the runs are in its UI.
+    assert first.stdout.count("Prefect server started at") == 1, first.stdout
+    assert f"UI: {api_url.removesuffix('/api')}" in first.stdout
+    runs = flow_run_names(api_url)
+    assert runs.count("data") == 3 and runs.count("training") == 2, runs
 
     ingest = json.loads((project.root / "reports/ingest.json").read_text())
     assert (
@@ -31,9 +65,17 @@ def test_dvc_repro_end_to_end(project: Project) -> None:
     validation = json.loads((project.root / "reports/validation.json").read_text())
     manifest = json.loads((project.root / "data/shards/manifest.json").read_text())
     assert validation["passed"] and validation["fingerprint"] == manifest["fingerprint"]
+    # The reported test accuracy is the model's on the test shards, and the one MLflow holds.
     evaluation = json.loads((project.root / "metrics/eval.json").read_text())
-    assert 0.0 <= evaluation["accuracy"] <= 1.0
-    assert (project.root / "models/model.keras").stat().st_size > 0
+    accuracy, count = recomputed_test_accuracy(project.root)
+    assert count == manifest["splits"]["test"]["num_records"]
+    assert evaluation["accuracy"] == pytest.approx(accuracy, abs=1e-9)
+    from mlflow.tracking import MlflowClient
+
+    run_id = json.loads((project.root / "models/run.json").read_text())["run_id"]
+    run = MlflowClient(tracking_uri=project.env["MLFLOW_TRACKING_URI"]).get_run(run_id)
+    assert run.data.metrics["test_accuracy"] == pytest.approx(evaluation["accuracy"], abs=1e-9)
+    assert run.info.status == "FINISHED"
 
     # Nothing changed: no stage runs and DVC reports the pipeline up to date.
     second = project.dvc("repro")
