@@ -4,14 +4,17 @@ first one starts the local server), reruns exactly what changed, and pushes."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
-from tests.e2e.conftest import Project
+from tests.e2e.conftest import REPO, Project, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -99,3 +102,32 @@ def test_dvc_repro_end_to_end(project_without_server: Project) -> None:
     project.run("rm", "-rf", str(shards), str(project.root / ".dvc/cache"))
     project.dvc("pull")
     assert {p.name: p.read_bytes() for p in shards.iterdir()} == before
+
+
+def test_concurrent_starters_start_one_server(tmp_path: Path) -> None:
+    """Two stages that find no server at once start one server between them, not two."""
+    url = f"http://127.0.0.1:{free_port()}/api"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "PREFECT_API_URL": url,
+        "PREFECT_HOME": str(tmp_path / "prefect_home"),
+    }
+    ensure = [sys.executable, "-m", "flows.server", "ensure"]
+    starters = [
+        subprocess.Popen(ensure, cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    try:
+        outputs = [process.communicate(timeout=300)[0] for process in starters]
+        assert [process.returncode for process in starters] == [0, 0], outputs
+        said = " ".join(outputs)
+        assert said.count("Prefect server started at") == 1, outputs
+        assert said.count("Prefect server already up") == 1, outputs
+        assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+    finally:
+        for process in starters:
+            if process.poll() is None:
+                process.kill()
+        stop = [sys.executable, "-m", "flows.server", "stop"]
+        subprocess.run(stop, cwd=tmp_path, env=env, check=False)
