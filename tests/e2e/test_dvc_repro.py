@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -131,3 +132,34 @@ def test_concurrent_starters_start_one_server(tmp_path: Path) -> None:
                 process.kill()
         stop = [sys.executable, "-m", "flows.server", "stop"]
         subprocess.run(stop, cwd=tmp_path, env=env, check=False)
+
+
+def test_stages_wait_for_the_workspace_lock_and_pass_under_their_holder(
+    project: Project,
+) -> None:
+    """A stage beside another writer waits, names it, and gives up after lock_timeout_s; a
+    stage under the lock's holder (`make run` wraps `dvc repro` so) runs without waiting."""
+    project.set_params(workspace={"lock_timeout_s": 2})
+    locked = [sys.executable, "-m", "tasks.workspace_lock", "--"]
+    wait_for_release = "import os, time\nwhile not os.path.exists('release'): time.sleep(0.05)"
+    holder = subprocess.Popen(
+        [*locked, sys.executable, "-c", wait_for_release], cwd=project.root, env=project.env
+    )
+    holder_file = project.root / ".shardflow/workspace.lock.json"
+    try:
+        deadline = time.monotonic() + 60
+        while not holder_file.exists():
+            assert holder.poll() is None and time.monotonic() < deadline, "no lock taken"
+            time.sleep(0.05)
+        blocked = project.dvc("repro", "ingest", check=False)
+    finally:
+        (project.root / "release").write_text("1")
+        holder.wait(timeout=60)
+    said = blocked.stdout + blocked.stderr
+    assert blocked.returncode != 0
+    assert f"pid {holder.pid}" in said and "still locked" in said, said[-3000:]
+    assert not (project.root / "data/ingest/index.json").exists()
+
+    under_holder = project.run(*locked, sys.executable, "-m", "dvc", "repro", "ingest")
+    assert ran_stages(under_holder.stdout) == {"ingest"}
+    assert (project.root / "data/ingest/index.json").exists()
