@@ -29,7 +29,7 @@ demo-data: install  ## generate the demo dataset into data/demo unless it exists
 
 run: install demo-data  ## the whole pipeline with `dvc repro` (starts a local Prefect server)
 	$(BIN)/python -m flows.server ensure
-	$(BIN)/dvc repro
+	$(BIN)/python -m tasks.workspace_lock -- $(BIN)/dvc repro  # one writer: waits for another run
 	@echo "Done. Metrics: metrics/eval.json; model: models/model.keras; reports/; plots/."
 	@echo "Compare runs: make ui (MLflow, 127.0.0.1:5000); Prefect UI: 127.0.0.1:4200."
 

@@ -1,4 +1,5 @@
-"""What every flow entry point shares: offline settings and code-derived task versions."""
+"""What every flow entry point shares: offline settings, code-derived task versions, and the
+workspace lock around every stage."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import TypeVar
@@ -79,22 +81,44 @@ def record_stage(stage: str, root: Path) -> None:
         raise RuntimeError(f"`dvc commit {stage}` failed in {root}: {result.stderr.strip()}")
 
 
-def run_stage(stage: str, root: Path, run: Callable[[], T], *, dvc_bookkeeping: bool) -> T | None:
-    """Run one stage; with DVC bookkeeping, skip it when up to date and record it after.
+@contextmanager
+def hold_workspace(root: Path, params_path: Path | None = None) -> Iterator[None]:
+    """The workspace lock of ``root`` (see tasks.workspace_lock), waiting at most
+    ``workspace.lock_timeout_s`` from the params file; reentrant under a holder."""
+    from tasks.workspace_lock import lock_timeout_s, workspace_lock
+
+    timeout_s = lock_timeout_s(params_path or root / "params.yaml")
+    with workspace_lock(root, timeout_s=timeout_s):
+        yield
+
+
+def run_stage(
+    stage: str,
+    root: Path,
+    run: Callable[[], T],
+    *,
+    dvc_bookkeeping: bool,
+    params_path: Path | None = None,
+) -> T | None:
+    """Run one stage under the workspace lock; with DVC bookkeeping, skip it when up to
+    date and record it after.
 
     Under `dvc repro` DVC does both itself, so the stage just runs. From a Prefect
     deployment the flow asks DVC whether the stage is current (content hashes of deps,
-    params and outs), so a rerun with nothing changed does no work.
+    params and outs), so a rerun with nothing changed does no work. The lock spans the
+    check, the run and the record, so no other writer slips in between.
     """
     from prefect import get_run_logger
 
-    if dvc_bookkeeping and stage_is_current(stage, root):
-        get_run_logger().info(
-            "Stage %r is up to date (dvc.lock matches its deps, params and outs): skipping", stage
-        )
-        return None
-    result = run()
-    if dvc_bookkeeping:
-        record_stage(stage, root)
-        get_run_logger().info("Stage %r recorded in dvc.lock", stage)
-    return result
+    with hold_workspace(root, params_path):
+        if dvc_bookkeeping and stage_is_current(stage, root):
+            get_run_logger().info(
+                "Stage %r is up to date (dvc.lock matches its deps, params and outs): skipping",
+                stage,
+            )
+            return None
+        result = run()
+        if dvc_bookkeeping:
+            record_stage(stage, root)
+            get_run_logger().info("Stage %r recorded in dvc.lock", stage)
+        return result

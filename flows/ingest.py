@@ -12,7 +12,7 @@ from prefect import flow, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import code_version, configure_environment, parse_stage_args
+from flows.common import code_version, configure_environment, hold_workspace, parse_stage_args
 from flows.server import require_server
 from tasks import images, ingest
 from tasks.layout import Layout
@@ -47,7 +47,8 @@ def main() -> None:
     configure_environment()
     require_server()
     _, params_path = parse_stage_args(("ingest",), "flows.ingest")
-    ingest_flow(params_path=params_path)
+    with hold_workspace(Path("."), Path(params_path)):  # one writer at a time
+        ingest_flow(params_path=params_path)
 
 
 if __name__ == "__main__":

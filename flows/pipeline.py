@@ -9,11 +9,12 @@ where code runs, and which directory is read and written, come from the reposito
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
 
-from flows.common import configure_environment
+from flows.common import configure_environment, hold_workspace
 from flows.data import data_flow
 from flows.server import require_server
 from flows.training import training_flow
@@ -30,11 +31,12 @@ def pipeline(
     logger = get_run_logger()
     params_file = run_params_path(root, params_path)  # refused outside the repository
     changes = overrides.as_dict() if overrides else {}
-    if changes:
-        apply_overrides(params_file, changes)  # refuses shard.runner, dask_address, ...
-        logger.info("params.yaml updated with this run's overrides: %s", changes)
-    data = data_flow(params_path=params_path, root=root, dvc_bookkeeping=True)
-    training = training_flow(params_path=params_path, root=root, dvc_bookkeeping=True)
+    with hold_workspace(Path(root), params_file):  # one writer, start to end
+        if changes:
+            apply_overrides(params_file, changes)  # refuses shard.runner, dask_address, ...
+            logger.info("params.yaml updated with this run's overrides: %s", changes)
+        data = data_flow(params_path=params_path, root=root, dvc_bookkeeping=True)
+        training = training_flow(params_path=params_path, root=root, dvc_bookkeeping=True)
     return {"data": data, "training": training}
 
 

@@ -1,12 +1,15 @@
 """Start, check and stop the local Prefect server (127.0.0.1, SQLite) that `make` targets use.
 
 ``python -m flows.server ensure`` starts one in the background unless one already answers;
-``python -m flows.server stop`` stops the one it started.
+``python -m flows.server stop`` stops the one it started. Every flow entry point (each
+`dvc repro` stage included) calls :func:`require_server`, which does the same, so a fresh
+clone's `dvc repro` needs no server started beforehand and its runs show in the Prefect UI.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
 import signal
 import subprocess
@@ -14,9 +17,12 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from urllib.parse import urlsplit
 
 PID_FILE = Path(".prefect") / "server.pid"
 LOG_FILE = Path(".prefect") / "server.log"
+START_LOCK = Path(".prefect") / "server.start.lock"
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 def api_url() -> str:
@@ -66,19 +72,40 @@ def start_server(
         )
 
 
+def local_address(url: str) -> tuple[str, int] | None:
+    """(host, port) the server must listen on to answer at ``url``; None if not this machine."""
+    parts = urlsplit(url)
+    if parts.hostname not in LOCAL_HOSTS or parts.port is None:
+        return None
+    return parts.hostname, parts.port
+
+
 def ensure() -> str:
+    """Start the local server unless one answers; one starter at a time (a file lock), so
+    stages that find no server at once start one server, not several."""
     url = api_url()
     if is_healthy(url):
         print(f"Prefect server already up at {url}")
         return url
-    from prefect.settings import PREFECT_SERVER_API_HOST, PREFECT_SERVER_API_PORT
-
-    process = start_server(
-        PREFECT_SERVER_API_HOST.value(), PREFECT_SERVER_API_PORT.value(), LOG_FILE
+    address = local_address(url)
+    if address is None:
+        raise SystemExit(
+            f"Prefect server at {url} is not reachable, and it is not on this machine, so it "
+            "cannot be started here. Start it, or point PREFECT_API_URL at a local one."
+        )
+    START_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with START_LOCK.open("a") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # released on exit, or when we die
+        if is_healthy(url):  # another process started it while we waited
+            print(f"Prefect server already up at {url}")
+            return url
+        process = start_server(*address, LOG_FILE)
+        PID_FILE.write_text(str(process.pid))
+        wait_healthy(url, process=process)
+    print(
+        f"Prefect server started at {url} (UI: {url.removesuffix('/api')}, log: {LOG_FILE}; "
+        "`make stop` stops it)"
     )
-    PID_FILE.write_text(str(process.pid))
-    wait_healthy(url, process=process)
-    print(f"Prefect server started at {url} (UI: {url.removesuffix('/api')}, log: {LOG_FILE})")
     return url
 
 
@@ -96,13 +123,9 @@ def stop() -> None:
 
 
 def require_server() -> None:
-    """Fail fast, with the fix, when flows would talk to a server that is not there."""
-    url = api_url()
-    if not is_healthy(url, timeout=5.0):
-        raise SystemExit(
-            f"Prefect server at {url} is not reachable. Start one with `make serve` "
-            "(or `python -m flows.server ensure`), or point PREFECT_API_URL elsewhere."
-        )
+    """Make sure flows have a server to report to: start the local one if none answers."""
+    if not is_healthy(api_url(), timeout=5.0):
+        ensure()
 
 
 def main() -> None:

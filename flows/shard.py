@@ -14,7 +14,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
 
-from flows.common import code_version, configure_environment, parse_stage_args
+from flows.common import code_version, configure_environment, hold_workspace, parse_stage_args
 from flows.server import require_server
 from tasks import images, schema, shard
 from tasks.index import load_index
@@ -89,7 +89,8 @@ def main() -> None:
     configure_environment()
     require_server()
     _, params_path = parse_stage_args(("shard",), "flows.shard")
-    shard_flow(params_path=params_path)
+    with hold_workspace(Path("."), Path(params_path)):  # one writer at a time
+        shard_flow(params_path=params_path)
 
 
 if __name__ == "__main__":

@@ -88,8 +88,8 @@ class Project:
         path.write_text(yaml.safe_dump(params, sort_keys=False))
 
 
-@pytest.fixture
-def project(tmp_path: Path, prefect_server: str) -> Project:
+def make_project(tmp_path: Path, api_url: str) -> Project:
+    """The project copied under ``tmp_path`` with its flows pointed at ``api_url``."""
     from tasks.demo_data import generate
 
     root = tmp_path / "project"
@@ -110,10 +110,10 @@ def project(tmp_path: Path, prefect_server: str) -> Project:
     )
     bin_dir = str(Path(sys.executable).parent)
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if k != "SHARDFLOW_LOCK_HELD"},
         "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
         "PYTHONPATH": str(root),
-        "PREFECT_API_URL": prefect_server,
+        "PREFECT_API_URL": api_url,
         "PREFECT_HOME": str(tmp_path / "prefect_client"),
         "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -133,7 +133,24 @@ def project(tmp_path: Path, prefect_server: str) -> Project:
     proj.run("git", "config", "user.email", "ci@shardflow.invalid")
     proj.run("git", "config", "user.name", "ci")
     proj.dvc("remote", "modify", "local", "url", str(tmp_path / "dvc-remote"))
-    (root / ".gitignore").write_text("/data/demo/\n/mlflow.db\n/.shardflow/\n")
+    (root / ".gitignore").write_text("/data/demo/\n/mlflow.db\n/.shardflow/\n/.prefect/\n")
     proj.run("git", "add", "-A")
     proj.run("git", "commit", "-qm", "project under test")
     return proj
+
+
+@pytest.fixture
+def project(tmp_path: Path, prefect_server: str) -> Project:
+    """The project, reporting to the session's Prefect server."""
+    return make_project(tmp_path, prefect_server)
+
+
+@pytest.fixture
+def project_without_server(tmp_path: Path) -> Iterator[Project]:
+    """The project pointed at a free local port where no Prefect server runs (yet): the first
+    stage has to start one. Whatever server the project started is stopped afterwards."""
+    proj = make_project(tmp_path, f"http://127.0.0.1:{free_port()}/api")
+    try:
+        yield proj
+    finally:
+        proj.run(sys.executable, "-m", "flows.server", "stop", check=False)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
+import httpx
 import pytest
 
 from tests.e2e.conftest import Project
@@ -60,6 +63,15 @@ def deployment_run(
     )
 
 
+def flow_runs(api_url: str, **flow_run_filter: Any) -> list[dict[str, Any]]:
+    """Flow runs from the Prefect API (``POST /flow_runs/filter``), each with its flow name."""
+    body = {"flow_runs": flow_run_filter, "limit": 200}
+    runs = httpx.post(f"{api_url}/flow_runs/filter", json=body, timeout=30).json()
+    flows = httpx.post(f"{api_url}/flows/filter", json={}, timeout=30).json()
+    names = {flow["id"]: flow["name"] for flow in flows}
+    return [{**run, "flow_name": names[run["flow_id"]]} for run in runs]
+
+
 def test_pipeline_deployment_end_to_end(served: Project) -> None:
     project = served
     first = deployment_run(project, "--params", json.dumps({"overrides": {"train": {"epochs": 1}}}))
@@ -80,8 +92,23 @@ def test_pipeline_deployment_end_to_end(served: Project) -> None:
     run = runs[0]
     values = {**run.data.params, **run.data.tags}
     assert manifest["fingerprint"] in values.values()
-    assert any("prefect" in key and value for key, value in run.data.tags.items())
-    assert "accuracy" in " ".join(run.data.metrics)
+    # ... that id is the training subflow of the deployment's flow run, as the API has it,
+    created = re.search(r"UUID: ([0-9a-f-]{36})", first.stdout)
+    assert created, first.stdout
+    deployment_run_id = created.group(1)
+    api_url = project.env["PREFECT_API_URL"]
+    [deployed] = flow_runs(api_url, id={"any_": [deployment_run_id]})
+    assert deployed["flow_name"] == "pipeline" and deployed["state_type"] == "COMPLETED"
+    children = flow_runs(api_url, parent_flow_run_id={"any_": [deployment_run_id]})
+    [training_run] = [child for child in children if child["flow_name"] == "training"]
+    assert run.data.tags["prefect.flow_run_id"] == training_run["id"]
+    assert training_run["id"] in run.data.tags["prefect.flow_run_url"]
+    # ... and its test metrics are the evaluation's, not the per-epoch training accuracy.
+    evaluation = json.loads((project.root / "metrics/eval.json").read_text())
+    assert evaluation["run_id"] == run.info.run_id
+    for key in ("accuracy", "top_k_accuracy", "macro_f1"):
+        assert run.data.metrics[f"test_{key}"] == pytest.approx(evaluation[key], abs=1e-9)
+    assert run.info.status == "FINISHED"
 
     # Nothing changed: the second run skips every stage and says so.
     second = deployment_run(project)

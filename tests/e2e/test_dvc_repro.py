@@ -1,13 +1,21 @@
-"""`dvc repro` from a fresh repo runs every stage, reruns exactly what changed, and pushes."""
+"""`dvc repro` from a fresh repo, with no Prefect server running, runs every stage (the
+first one starts the local server), reruns exactly what changed, and pushes."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
+import time
+from pathlib import Path
 
+import httpx
+import numpy as np
 import pytest
 
-from tests.e2e.conftest import Project
+from tests.e2e.conftest import REPO, Project, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -16,9 +24,39 @@ def ran_stages(output: str) -> set[str]:
     return set(re.findall(r"Running stage '([\w-]+)'", output))
 
 
-def test_dvc_repro_end_to_end(project: Project) -> None:
+def recomputed_test_accuracy(root: Path) -> tuple[float, int]:
+    """Accuracy of models/model.keras over the test shards, counted here, and the count."""
+    import keras
+
+    from tasks.reader import read_split
+
+    model = keras.saving.load_model(root / "models/model.keras")
+    correct = total = 0
+    for images, labels in read_split(root / "data/shards", "test", batch_size=16, training=False):
+        predicted = np.asarray(model(images, training=False)).argmax(axis=1)
+        correct += int((predicted == labels.numpy()).sum())
+        total += len(predicted)
+    return correct / total, total
+
+
+def flow_run_names(api_url: str) -> list[str]:
+    response = httpx.post(f"{api_url}/flow_runs/filter", json={"limit": 200}, timeout=30)
+    response.raise_for_status()
+    flows = httpx.post(f"{api_url}/flows/filter", json={}, timeout=30).json()
+    names = {flow["id"]: flow["name"] for flow in flows}
+    return [names[run["flow_id"]] for run in response.json()]
+
+
+def test_dvc_repro_end_to_end(project_without_server: Project) -> None:
+    project = project_without_server
+    api_url = project.env["PREFECT_API_URL"]
     first = project.dvc("repro")
     assert ran_stages(first.stdout) == {"ingest", "shard", "validate", "train", "evaluate"}
+    # The first stage started the server (one, not one per stage); the runs are in its UI.
+    assert first.stdout.count("Prefect server started at") == 1, first.stdout
+    assert f"UI: {api_url.removesuffix('/api')}" in first.stdout
+    runs = flow_run_names(api_url)
+    assert runs.count("data") == 3 and runs.count("training") == 2, runs
 
     ingest = json.loads((project.root / "reports/ingest.json").read_text())
     assert (
@@ -31,9 +69,17 @@ def test_dvc_repro_end_to_end(project: Project) -> None:
     validation = json.loads((project.root / "reports/validation.json").read_text())
     manifest = json.loads((project.root / "data/shards/manifest.json").read_text())
     assert validation["passed"] and validation["fingerprint"] == manifest["fingerprint"]
+    # The reported test accuracy is the model's on the test shards, and the one MLflow holds.
     evaluation = json.loads((project.root / "metrics/eval.json").read_text())
-    assert 0.0 <= evaluation["accuracy"] <= 1.0
-    assert (project.root / "models/model.keras").stat().st_size > 0
+    accuracy, count = recomputed_test_accuracy(project.root)
+    assert count == manifest["splits"]["test"]["num_records"]
+    assert evaluation["accuracy"] == pytest.approx(accuracy, abs=1e-9)
+    from mlflow.tracking import MlflowClient
+
+    run_id = json.loads((project.root / "models/run.json").read_text())["run_id"]
+    run = MlflowClient(tracking_uri=project.env["MLFLOW_TRACKING_URI"]).get_run(run_id)
+    assert run.data.metrics["test_accuracy"] == pytest.approx(evaluation["accuracy"], abs=1e-9)
+    assert run.info.status == "FINISHED"
 
     # Nothing changed: no stage runs and DVC reports the pipeline up to date.
     second = project.dvc("repro")
@@ -57,3 +103,63 @@ def test_dvc_repro_end_to_end(project: Project) -> None:
     project.run("rm", "-rf", str(shards), str(project.root / ".dvc/cache"))
     project.dvc("pull")
     assert {p.name: p.read_bytes() for p in shards.iterdir()} == before
+
+
+def test_concurrent_starters_start_one_server(tmp_path: Path) -> None:
+    """Two stages that find no server at once start one server between them, not two."""
+    url = f"http://127.0.0.1:{free_port()}/api"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "PREFECT_API_URL": url,
+        "PREFECT_HOME": str(tmp_path / "prefect_home"),
+    }
+    ensure = [sys.executable, "-m", "flows.server", "ensure"]
+    starters = [
+        subprocess.Popen(ensure, cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    try:
+        outputs = [process.communicate(timeout=300)[0] for process in starters]
+        assert [process.returncode for process in starters] == [0, 0], outputs
+        said = " ".join(outputs)
+        assert said.count("Prefect server started at") == 1, outputs
+        assert said.count("Prefect server already up") == 1, outputs
+        assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+    finally:
+        for process in starters:
+            if process.poll() is None:
+                process.kill()
+        stop = [sys.executable, "-m", "flows.server", "stop"]
+        subprocess.run(stop, cwd=tmp_path, env=env, check=False)
+
+
+def test_stages_wait_for_the_workspace_lock_and_pass_under_their_holder(
+    project: Project,
+) -> None:
+    """A stage beside another writer waits, names it, and gives up after lock_timeout_s; a
+    stage under the lock's holder (`make run` wraps `dvc repro` so) runs without waiting."""
+    project.set_params(workspace={"lock_timeout_s": 2})
+    locked = [sys.executable, "-m", "tasks.workspace_lock", "--"]
+    wait_for_release = "import os, time\nwhile not os.path.exists('release'): time.sleep(0.05)"
+    holder = subprocess.Popen(
+        [*locked, sys.executable, "-c", wait_for_release], cwd=project.root, env=project.env
+    )
+    holder_file = project.root / ".shardflow/workspace.lock.json"
+    try:
+        deadline = time.monotonic() + 60
+        while not holder_file.exists():
+            assert holder.poll() is None and time.monotonic() < deadline, "no lock taken"
+            time.sleep(0.05)
+        blocked = project.dvc("repro", "ingest", check=False)
+    finally:
+        (project.root / "release").write_text("1")
+        holder.wait(timeout=60)
+    said = blocked.stdout + blocked.stderr
+    assert blocked.returncode != 0
+    assert f"pid {holder.pid}" in said and "still locked" in said, said[-3000:]
+    assert not (project.root / "data/ingest/index.json").exists()
+
+    under_holder = project.run(*locked, sys.executable, "-m", "dvc", "repro", "ingest")
+    assert ran_stages(under_holder.stdout) == {"ingest"}
+    assert (project.root / "data/ingest/index.json").exists()

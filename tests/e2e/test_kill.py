@@ -1,0 +1,152 @@
+"""Kill `dvc repro` (SIGKILL to its process group: DVC and the stage) during ingest, shard,
+validate and train, at seeded random moments, then rerun it: the result is what an
+uninterrupted run gives, no half-written output is accepted, and no MLflow run is left
+RUNNING."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.e2e.conftest import Project
+
+pytestmark = pytest.mark.slow
+
+SEED = 20240611
+# The stage's process, and when its real work has begun (so the kill can land inside it).
+STAGES: dict[str, tuple[str, Callable[[Path], bool]]] = {
+    "ingest": ("flows.data ingest", lambda root: True),
+    "shard": (
+        "flows.data shard",  # a shard (or its temporary file) exists: writing has begun
+        lambda root: any(".tfrecord" in p.name for p in (root / "data/shards").glob("*")),
+    ),
+    "validate": ("flows.data validate", lambda root: True),
+    "train": (
+        "flows.training train",
+        lambda root: (root / ".shardflow/train_backup/mlflow_run_id").exists(),
+    ),
+}
+MAX_DELAY_S = {"ingest": 3.0, "shard": 1.0, "validate": 3.0, "train": 1.5}
+
+
+def stage_process(parent: psutil.Process, needle: str) -> psutil.Process | None:
+    for child in parent.children(recursive=True):
+        try:
+            if needle in " ".join(child.cmdline()):
+                return child
+        except psutil.NoSuchProcess:
+            continue
+    return None
+
+
+def wait_until(condition: Callable[[], object], what: str, timeout: float = 300.0) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def kill_during(project: Project, stage: str, rng: random.Random) -> str | None:
+    """Run `dvc repro` and SIGKILL its process group a random moment into ``stage``'s work;
+    return the MLflow run id the killed training had opened, if any."""
+    needle, started = STAGES[stage]
+    log = (project.root / f"kill-{stage}.log").open("w")
+    repro = subprocess.Popen(
+        [sys.executable, "-m", "dvc", "repro"],
+        cwd=project.root,
+        env=project.env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group: DVC, the stage and its workers
+    )
+    try:
+        parent = psutil.Process(repro.pid)
+        wait_until(
+            lambda: repro.poll() is not None or stage_process(parent, needle),
+            f"stage {stage}",
+        )
+        assert repro.poll() is None, (project.root / f"kill-{stage}.log").read_text()
+        wait_until(lambda: repro.poll() is not None or started(project.root), f"{stage} work")
+        time.sleep(rng.uniform(0.0, MAX_DELAY_S[stage]))
+        run_id_file = project.root / ".shardflow/train_backup/mlflow_run_id"
+        run_id = run_id_file.read_text().strip() if run_id_file.exists() else None
+        group = [parent, *parent.children(recursive=True)]
+        os.killpg(repro.pid, signal.SIGKILL)
+    finally:
+        repro.wait(timeout=60)
+        log.close()
+    _, alive = psutil.wait_procs(group, timeout=60)
+    assert not alive, f"still running after SIGKILL: {alive}"
+    assert_no_partial_json(project.root)
+    return run_id
+
+
+def assert_no_partial_json(root: Path) -> None:
+    """Every JSON output present parses: writes are atomic, so a kill leaves old or new."""
+    outputs = [
+        "data/ingest/index.json",
+        "reports/ingest.json",
+        "data/shards/manifest.json",
+        "reports/validation.json",
+        "models/run.json",
+        "metrics/train.json",
+        "metrics/eval.json",
+    ]
+    for name in outputs:
+        path = root / name
+        if path.exists():
+            json.loads(path.read_text())  # raises on a torn file
+
+
+def test_killed_stages_rerun_to_the_uninterrupted_result(project: Project) -> None:
+    rng = random.Random(SEED)
+    project.set_params(train={"epochs": 3})
+    killed_run_id = None
+    for stage in STAGES:
+        killed_run_id = kill_during(project, stage, rng) or killed_run_id
+
+    final = project.dvc("repro")
+    assert "Running stage 'evaluate'" in final.stdout
+    root = project.root
+    assert "up to date" in project.dvc("status").stdout
+
+    # The shards are whole and validated, and nothing unlisted lies among them.
+    manifest = json.loads((root / "data/shards/manifest.json").read_text())
+    validation = json.loads((root / "reports/validation.json").read_text())
+    assert validation["passed"] and validation["fingerprint"] == manifest["fingerprint"]
+    listed = {shard["file"] for split in manifest["splits"].values() for shard in split["shards"]}
+    on_disk = {p.name for p in (root / "data/shards").iterdir() if not p.name.startswith(".")}
+    assert on_disk == listed | {"manifest.json"}
+    assert not list((root / "data/shards").glob(".*.tmp-*"))
+
+    # The killed training's MLflow run was resumed and finished; no run is left RUNNING.
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=project.env["MLFLOW_TRACKING_URI"])
+    runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    assert runs and all(r.info.status in {"FINISHED", "FAILED", "KILLED"} for r in runs), [
+        (r.info.run_id, r.info.status) for r in runs
+    ]
+    recorded = json.loads((root / "models/run.json").read_text())["run_id"]
+    assert client.get_run(recorded).info.status == "FINISHED"
+    assert killed_run_id == recorded  # resumed, not abandoned for a new run
+
+    # An uninterrupted ingest + shard from scratch gives the same shards, byte for byte.
+    shards = {p.name: p.read_bytes() for p in (root / "data/shards").iterdir()}
+    project.run("rm", "-rf", "data/shards", "data/ingest")
+    project.dvc("repro", "shard")
+    assert json.loads((root / "data/shards/manifest.json").read_text()) == manifest
+    assert {p.name: p.read_bytes() for p in (root / "data/shards").iterdir()} == shards
