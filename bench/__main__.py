@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-QUICK = {"images": 200, "passes": 1, "scaling": [200, 1000], "steps": 10, "warmup_steps": 3}
+QUICK = {
+    "images": 200,
+    "passes": 1,
+    "scaling": [200, 1000],
+    "steps": 10,
+    "warmup_steps": 3,
+    "serve_requests": 30,
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -40,13 +47,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="override train.epochs in the orchestration copies",
     )
+    parser.add_argument(
+        "--serve-requests", type=int, default=200, help="single-image HTTP requests timed"
+    )
     parser.add_argument("--skip-orchestration", action="store_true")
     parser.add_argument("--skip-scaling", action="store_true")
     parser.add_argument(
         "--only",
         type=lambda s: s.split(","),
         default=None,
-        help="comma-separated sections: read,write,input,orchestration,scaling",
+        help="comma-separated sections: read,write,input,serve,orchestration,scaling",
     )
     parser.add_argument(
         "--quick", action="store_true", help=f"tiny smoke run: {QUICK}, orchestration at 1 epoch"
@@ -94,6 +104,9 @@ class Run:
             "write.workers_1": None,
             "write.workers_2": None,
             "input_bound_ratio": None,
+            "predict.images_per_s": None,
+            "serve.p50_ms": None,
+            "serve.p95_ms": None,
             "orchestration_tax": None,
             "dvc_noop_s": None,
             "scaling": None,
@@ -247,6 +260,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"synthetic {result['synthetic_step_ms']} ms per step, {result['model']})"
         )
 
+    def serve() -> None:
+        from bench.serve import measure_serving
+
+        shards = fresh_shards(base.shard, index, work / f"serve-{tag}", workers=cores)
+        result = measure_serving(
+            base,
+            shards,
+            images,
+            work / "serve",
+            passes=args.passes,
+            requests=args.serve_requests,
+            log=log,
+        )
+        run.figures["details"]["serve"] = result.pop("details")
+        for key, value in result.items():
+            run.figures[key] = round(value, 2)
+        log(
+            f"   predict.images_per_s {run.figures['predict.images_per_s']}, serve p50 "
+            f"{run.figures['serve.p50_ms']} ms, p95 {run.figures['serve.p95_ms']} ms"
+        )
+
     def orchestration() -> None:
         from bench.orchestration import measure_orchestration
 
@@ -305,6 +339,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     run.section("read", read)
     run.section("write", write)
     run.section("input", input_bound)
+    run.section("serve", serve)
     if not args.skip_orchestration:
         run.section("orchestration", orchestration)
     if not args.skip_scaling:
