@@ -12,7 +12,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DVC_NO_ANALYTICS := 1
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: install run test lint demo-data serve stop ui bench lock clean
+.PHONY: install run test lint demo-data serve stop ui bench lock clean serve-model
 
 install: $(STAMP)  ## create .venv from the hash-pinned lock (idempotent)
 
@@ -51,6 +51,12 @@ stop:  ## stop the Prefect server that `make run`/`make serve` started
 
 ui: install  ## MLflow UI on 127.0.0.1:5000 over the project's tracking store
 	$(BIN)/mlflow ui --backend-store-uri $${MLFLOW_TRACKING_URI:-sqlite:///mlflow.db} --host 127.0.0.1 --port 5000
+
+SERVE_MODEL_PORT ?= 5001
+serve-model: install  ## the registered champion behind `mlflow models serve` on 127.0.0.1:$(SERVE_MODEL_PORT)
+	MLFLOW_TRACKING_URI=$${MLFLOW_TRACKING_URI:-sqlite:///$(CURDIR)/mlflow.db} $(BIN)/mlflow models serve \
+	  -m "models:/$$($(BIN)/python -c 'from tasks.params import load_params; print(load_params().evaluate.model_name)')@champion" \
+	  --env-manager local -h 127.0.0.1 -p $(SERVE_MODEL_PORT)
 
 bench: install  ## benchmarks -> reports/bench.json, reports/bench.png (BENCH_ARGS=--quick for a smoke run)
 	$(BIN)/python -m flows.server ensure

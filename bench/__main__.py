@@ -20,6 +20,7 @@ QUICK = {
     "steps": 10,
     "warmup_steps": 3,
     "photos": 12,
+    "serve_requests": 30,
 }
 
 
@@ -54,13 +55,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=[(4000, 3000), (1600, 1200)],
         help="comma-separated WxH camera sizes (the first is the headline), e.g. 4000x3000",
     )
+    parser.add_argument(
+        "--serve-requests", type=int, default=200, help="single-image HTTP requests timed"
+    )
     parser.add_argument("--skip-orchestration", action="store_true")
     parser.add_argument("--skip-scaling", action="store_true")
     parser.add_argument(
         "--only",
         type=lambda s: s.split(","),
         default=None,
-        help="comma-separated sections: read,write,photos,input,orchestration,scaling",
+        help="comma-separated sections: read,write,photos,input,serve,orchestration,scaling",
     )
     parser.add_argument(
         "--quick", action="store_true", help=f"tiny smoke run: {QUICK}, orchestration at 1 epoch"
@@ -122,6 +126,9 @@ class Run:
             "write_photos.ceiling": None,
             "ingest_photos.decode_ratio": None,
             "input_bound_ratio": None,
+            "predict.images_per_s": None,
+            "serve.p50_ms": None,
+            "serve.p95_ms": None,
             "orchestration_tax": None,
             "dvc_noop_s": None,
             "scaling": None,
@@ -299,6 +306,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"synthetic {result['synthetic_step_ms']} ms per step, {result['model']})"
         )
 
+    def serve() -> None:
+        from bench.serve import measure_serving
+
+        shards = fresh_shards(base.shard, index, work / f"serve-{tag}", workers=cores)
+        result = measure_serving(
+            base,
+            shards,
+            images,
+            work / "serve",
+            passes=args.passes,
+            requests=args.serve_requests,
+            log=log,
+        )
+        run.figures["details"]["serve"] = result.pop("details")
+        for key, value in result.items():
+            run.figures[key] = round(value, 2)
+        log(
+            f"   predict.images_per_s {run.figures['predict.images_per_s']}, serve p50 "
+            f"{run.figures['serve.p50_ms']} ms, p95 {run.figures['serve.p95_ms']} ms"
+        )
+
     def orchestration() -> None:
         from bench.orchestration import measure_orchestration
 
@@ -358,6 +386,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     run.section("write", write)
     run.section("photos", photos)
     run.section("input", input_bound)
+    run.section("serve", serve)
     if not args.skip_orchestration:
         run.section("orchestration", orchestration)
     if not args.skip_scaling:

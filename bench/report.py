@@ -62,6 +62,12 @@ def format_table(figures: dict[str, Any], targets: list[dict[str, Any]]) -> str:
         lines.append(f"{key:<24}{_fmt(figures.get(key)):>14}  img/s")
     for key, unit in (("input_bound_ratio", "x"), ("orchestration_tax", ""), ("dvc_noop_s", "s")):
         lines.append(f"{key:<24}{_fmt(figures.get(key), 3):>14}  {unit}")
+    for key, unit in (
+        ("predict.images_per_s", "img/s"),
+        ("serve.p50_ms", "ms"),
+        ("serve.p95_ms", "ms"),
+    ):
+        lines.append(f"{key:<24}{_fmt(figures.get(key)):>14}  {unit}")
     for point in figures.get("scaling") or []:
         lines.append(
             f"{'scaling ' + str(point['images']):<24}{point['s_per_image'] * 1000:>14.3f}  ms/img"

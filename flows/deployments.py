@@ -1,4 +1,4 @@
-"""Serve the deployments `pipeline/local`, `data/local` and `training/local`.
+"""Serve the deployments `pipeline/local`, `data/local`, `training/local` and `predict/local`.
 
 ``make serve`` runs this next to a local Prefect server; then, from the repo root,
 ``prefect deployment run 'pipeline/local' --watch`` runs the pipeline through it.
@@ -13,6 +13,7 @@ from prefect import serve
 from flows.common import configure_environment
 from flows.data import data_flow
 from flows.pipeline import pipeline
+from flows.predict import predict_flow
 from flows.server import require_server
 from flows.training import training_flow
 
@@ -35,6 +36,10 @@ def main() -> None:
             name="local",
             description="train -> evaluate -> promote, recorded in dvc.lock.",
             parameters={"dvc_bookkeeping": True},
+        ),
+        predict_flow.to_deployment(
+            name="local",
+            description="Batch prediction with the champion (or `model`): --param source=DIR.",
         ),
     ]
     serve(*deployments, limit=1)  # one run at a time: runs share the working tree and dvc.lock

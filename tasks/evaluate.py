@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     import keras
     from mlflow import MlflowClient
 
+    from tasks.predict import ServingSpec
+
 CHAMPION = "champion"
 MAX_MISCLASSIFIED_SHOWN = 16
 BATCH_SIZE = 256
@@ -95,9 +97,12 @@ def classification_metrics(
 
 
 def predict_split(
-    model: keras.Model, shards_dir: Path, split: str = "test"
+    model: keras.Model, shards_dir: Path, split: str = "test", sources: list[str] | None = None
 ) -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]]]:
-    """Labels, class probabilities, and the misclassified records (image and source)."""
+    """Labels, class probabilities, and the misclassified records (image and source).
+
+    ``sources``, when given, receives every record's source path, in prediction order.
+    """
     dataset = read_split(
         shards_dir, split, batch_size=BATCH_SIZE, training=False, with_metadata=True
     )
@@ -111,6 +116,8 @@ def predict_split(
         batch_labels = features[LABEL_KEY].numpy()
         labels.append(batch_labels)
         probs.append(batch_probs)
+        if sources is not None:
+            sources.extend(s.decode() for s in features[SOURCE_KEY].numpy())
         for i in np.flatnonzero(batch_probs.argmax(axis=1) != batch_labels):
             if len(wrong) < MAX_MISCLASSIFIED_SHOWN:
                 wrong.append(
@@ -128,15 +135,29 @@ def predict_split(
 
 
 def evaluate_model(
-    model_file: str | Path, shards_dir: str | Path, out_dir: str | Path, *, top_k: int
+    model_file: str | Path,
+    shards_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    top_k: int,
+    predictions_file: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Test-split metrics plus the per-class table (JSON, Markdown) and two PNGs in out_dir."""
+    """Test-split metrics plus the per-class table (JSON, Markdown) and two PNGs in out_dir.
+
+    ``predictions_file`` also gets every test record's prediction (the reference the
+    served model must reproduce from the source files).
+    """
     import keras
 
     shards_dir, out_dir = Path(shards_dir), Path(out_dir)
     manifest = load_manifest(shards_dir)
     model = keras.saving.load_model(model_file)
-    labels, probs, wrong = predict_split(model, shards_dir)
+    sources: list[str] = []
+    labels, probs, wrong = predict_split(model, shards_dir, sources=sources)
+    if predictions_file is not None:
+        from tasks.predict import write_test_predictions
+
+        write_test_predictions(predictions_file, sources, labels, probs, manifest.classes)
     metrics = classification_metrics(labels, probs, manifest.classes, top_k=top_k)
     metrics["test_fingerprint"] = manifest.fingerprint
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -356,9 +377,9 @@ def pending_decision(
 
 
 def register_model(
-    client: MlflowClient, run_id: str, model_file: Path, model_name: str, sample: np.ndarray
+    client: MlflowClient, run_id: str, model_file: Path, model_name: str, spec: ServingSpec
 ) -> str:
-    """Log the Keras model to the run as an MLflow model and register a version of it.
+    """Log the model to the run as an image-bytes pyfunc and register a version of it.
 
     Idempotent per run: a retried or repeated evaluation of the same training run reuses
     the version already registered from it instead of adding a duplicate.
@@ -366,31 +387,13 @@ def register_model(
     existing = client.search_model_versions(f"name = '{model_name}' and run_id = '{run_id}'")
     if existing:
         return str(max(int(v.version) for v in existing))
-    import keras
     import mlflow
-    import mlflow.keras
-    from mlflow.models import infer_signature
 
-    model = keras.saving.load_model(model_file)
-    signature = infer_signature(sample, np.asarray(model(sample, training=False)))
-    mlflow.set_tracking_uri(client.tracking_uri)
-    mlflow.set_registry_uri(client.tracking_uri)
-    with mlflow.start_run(run_id=run_id):
-        info = mlflow.keras.log_model(
-            model,
-            name="model",
-            signature=signature,
-            # Pinned here so logging never shells out to infer requirements.
-            pip_requirements=[f"tensorflow=={tf_version()}", f"keras=={keras.__version__}"],
-        )
-    version = mlflow.register_model(info.model_uri, model_name)
+    from tasks.predict import log_pyfunc
+
+    model_uri = log_pyfunc(client, run_id, model_file, spec)
+    version = mlflow.register_model(model_uri, model_name)
     return str(version.version)
-
-
-def tf_version() -> str:
-    import tensorflow as tf
-
-    return str(tf.__version__)
 
 
 # -- the stage -----------------------------------------------------------------------------
@@ -414,7 +417,11 @@ def run_evaluate(params: Params, layout: Layout) -> dict[str, Any]:
     check_model_matches(record, manifest, layout.train_run)
     run_id = record["run_id"]
     metrics = evaluate_model(
-        layout.model_file, layout.shards_dir, layout.eval_dir, top_k=settings.top_k
+        layout.model_file,
+        layout.shards_dir,
+        layout.eval_dir,
+        top_k=settings.top_k,
+        predictions_file=layout.test_predictions,
     )
     if settings.promotion_metric not in metrics:
         raise KeyError(
@@ -433,10 +440,10 @@ def run_evaluate(params: Params, layout: Layout) -> dict[str, Any]:
     )
     client.log_artifacts(run_id, str(layout.eval_dir), "eval")
 
-    sample = next(iter(read_split(layout.shards_dir, "test", batch_size=2, training=False)))
-    version = register_model(
-        client, run_id, layout.model_file, settings.model_name, sample[0].numpy()
-    )
+    from tasks.predict import ServingSpec
+
+    spec = ServingSpec.from_manifest(manifest, params.ingest)
+    version = register_model(client, run_id, layout.model_file, settings.model_name, spec)
     decision = pending_decision(
         layout.eval_metrics,
         run_id=run_id,
@@ -474,5 +481,6 @@ def run_evaluate(params: Params, layout: Layout) -> dict[str, Any]:
     )
     apply_decision(client, settings.model_name, decision)
     client.log_artifact(run_id, str(layout.eval_metrics), "eval")
+    client.log_artifact(run_id, str(layout.test_predictions), "eval")
     client.set_terminated(run_id, status="FINISHED")
     return result

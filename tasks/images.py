@@ -178,8 +178,9 @@ def resize_image(image: Image.Image, size: tuple[int, int], policy: str) -> np.n
         # Resize only the centred source box with the target's aspect ratio: one resample.
         scale = max(width / src_w, height / src_h)
         box_w, box_h = width / scale, height / scale
-        left, top = (src_w - box_w) / 2, (src_h - box_h) / 2
-        box = (left, top, left + box_w, top + box_h)
+        # Clamped: float rounding can put a centred box a hair outside the source.
+        left, top = max(0.0, (src_w - box_w) / 2), max(0.0, (src_h - box_h) / 2)
+        box = (left, top, min(float(src_w), left + box_w), min(float(src_h), top + box_h))
         out = image.resize((width, height), RESAMPLE, box=box, reducing_gap=None)
     elif policy == "pad":
         scale = min(width / src_w, height / src_h)

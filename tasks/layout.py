@@ -71,5 +71,10 @@ class Layout:
         """Evaluation artifacts: per-class table, confusion matrix, misclassified grid."""
         return self.root / "plots" / "eval"
 
+    @property
+    def test_predictions(self) -> Path:
+        """Evaluation's prediction per test record: the reference served models must match."""
+        return self.root / "reports" / "test_predictions.csv"
+
     def with_root(self, root: str | Path) -> Layout:
         return replace(self, root=Path(root))

@@ -76,3 +76,11 @@ def mlflow_uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     return uri
+
+
+@pytest.fixture(scope="session")
+def trained_project(tmp_path_factory: pytest.TempPathFactory) -> object:
+    """A tiny model trained and registered (``tiny@champion``) by the real stages; read-only."""
+    from tests.trained_model import build_trained_project
+
+    return build_trained_project(tmp_path_factory.mktemp("trained_project"))

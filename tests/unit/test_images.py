@@ -56,3 +56,12 @@ def test_verify_reports_the_oriented_header_size_and_catches_truncation() -> Non
     assert verify(data, max_pixels=10**8, min_side=1, draft=True) == ("JPEG", 480, 640)
     with pytest.raises(ImageRejected, match="truncated or corrupt JPEG data"):
         verify(data[: len(data) * 2 // 3], max_pixels=10**8, min_side=1, draft=True)
+
+
+def test_crop_never_asks_for_a_box_outside_the_source() -> None:
+    # Sizes whose centred box lands a float hair below zero without the clamp.
+    for width, height in [(18, 47), (22, 47), (61, 47), (23, 60), (41, 37)]:
+        image = Image.new("RGB", (width, height), (10, 200, 30))
+        for size in [(16, 16), (13, 29), (24, 9)]:
+            out = resize_image(image, size, "crop")
+            assert out.shape == (*size, 3) and (out == (10, 200, 30)).all()

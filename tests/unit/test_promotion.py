@@ -130,7 +130,6 @@ def test_registering_the_same_run_twice_reuses_its_version(
 ) -> None:
     """A retried or repeated evaluation must not add a duplicate registry version."""
     import keras
-    import numpy as np
 
     from tasks.evaluate import register_model
 
@@ -139,13 +138,22 @@ def test_registering_the_same_run_twice_reuses_its_version(
     client = MlflowClient(uri, uri)
     experiment = client.create_experiment("e", artifact_location=(tmp_path / "art").as_uri())
     runs = [client.create_run(experiment).info.run_id for _ in range(2)]
-    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2, activation="softmax")])
+    from tasks.predict import ServingSpec
+    from tasks.schema import RecordSchema
+
+    model = keras.Sequential(
+        [
+            keras.Input((8, 8, 3)),
+            keras.layers.Flatten(),
+            keras.layers.Dense(2, activation="softmax"),
+        ]
+    )
     model_file = tmp_path / "m.keras"
     model.save(model_file)
-    sample = np.zeros((1, 2), np.float32)
-    first = register_model(client, runs[0], model_file, "m", sample)
-    again = register_model(client, runs[0], model_file, "m", sample)
-    other = register_model(client, runs[1], model_file, "m", sample)
+    spec = ServingSpec(RecordSchema(8, 8, "raw").to_dict(), "pad", ["a", "b"], "v", 10**6, 1, 10**6)
+    first = register_model(client, runs[0], model_file, "m", spec)
+    again = register_model(client, runs[0], model_file, "m", spec)
+    other = register_model(client, runs[1], model_file, "m", spec)
     assert first == again == "1" and other == "2"
 
 

@@ -1,0 +1,169 @@
+"""The batch prediction flow: image files in, a CSV of classes out, tracked in MLflow.
+
+python -m flows.predict data/new_photos --output reports/predictions.csv
+python -m flows.predict photos.csv --model 3          # registry version 3
+python -m flows.predict cat.jpg --model <run id>       # a training run's model
+
+SOURCE is a folder (recursive), a CSV with a ``path`` column or a single file. The model is
+the registered ``champion`` by default. The flow writes the CSV, a Prefect table artifact and
+an MLflow run (experiment ``shardflow-predict``) tagged with the model version it used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, task
+from prefect.artifacts import create_table_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.tasks import exponential_backoff
+
+from flows.common import code_version, configure_environment
+from tasks import images, predict, schema, tracking
+from tasks.params import load_params
+
+ARTIFACT_ROWS = 500  # the Prefect table shows the first rows; the CSV holds them all
+
+
+@task(name="predict", version=code_version(predict, images, schema), cache_policy=NO_CACHE)
+def predict_task(model_uri: str, source: str, tracking_uri: str) -> list[dict[str, Any]]:
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri)
+    mlflow.set_registry_uri(tracking_uri)
+    loaded = mlflow.pyfunc.load_model(model_uri)
+    spec = predict.ServingSpec.from_dict(loaded.metadata.metadata["preprocessing"])
+    paths = predict.list_sources(source)
+    return predict.predict_files(loaded, paths, spec.max_file_bytes)
+
+
+# Run records go over the tracking store, which can blip.
+@task(
+    name="record-predictions",
+    cache_policy=NO_CACHE,
+    retries=2,
+    retry_delay_seconds=exponential_backoff(backoff_factor=5),
+)
+def record_task(
+    root: str, ref: predict.ModelRef, source: str, output: str, metrics: dict[str, float]
+) -> str:
+    """An MLflow run for this batch, linked by tags to the model version and run it used."""
+    from mlflow.entities import Metric, RunTag
+
+    client = tracking.client(root)
+    tags = {
+        "model.name": ref.name,
+        "model.version": ref.version or "unregistered",
+        "model.run_id": ref.run_id,
+        "model.uri": ref.uri,
+        "predict.source": source,
+        "predict.output": output,
+        "prefect.flow_run_id": tracking.prefect_flow_run_id() or "none",
+    }
+    run = client.create_run(
+        tracking.experiment_id(client, predict.PREDICT_EXPERIMENT),
+        run_name=f"predict-{ref.name or 'run'}-v{ref.version or ref.run_id[:8]}",
+        tags=tags,
+    )
+    run_id = str(run.info.run_id)
+    now = tracking.timestamp_ms()
+    client.log_batch(
+        run_id,
+        metrics=[Metric(key, float(value), now, 0) for key, value in metrics.items()],
+        tags=[RunTag(key, value) for key, value in tags.items()],
+    )
+    client.log_artifact(run_id, output, "predictions")
+    client.set_terminated(run_id, status="FINISHED")
+    return run_id
+
+
+@flow(name="predict", log_prints=True)
+def predict_flow(
+    source: str,
+    output: str = "reports/predictions.csv",
+    model: str = predict.DEFAULT_MODEL,
+    model_name: str | None = None,
+    root: str = ".",
+    params_path: str = "params.yaml",
+) -> dict[str, Any]:
+    """Predict every image under ``source`` with ``model`` (alias, version, run id or URI).
+
+    ``model_name`` defaults to ``evaluate.model_name`` in params.yaml; relative ``source``
+    and ``output`` paths are taken from ``root``.
+    """
+    base = Path(root)
+    source_path, output_path = base / source, base / output
+    model_name = model_name or load_params(base / params_path).evaluate.model_name
+    client = tracking.client(root)
+    ref = predict.resolve_model(client, model, model_name)
+    print(f"Predicting {source_path} with {ref.uri} (version {ref.version or '-'})")
+    start = time.perf_counter()
+    rows = predict_task(ref.uri, str(source_path), client.tracking_uri)
+    seconds = time.perf_counter() - start
+    predict.write_predictions_csv(output_path, rows)
+    errors = sum(1 for row in rows if row["error"])
+    create_table_artifact(
+        [{key: row[key] for key in predict.BATCH_COLUMNS} for row in rows[:ARTIFACT_ROWS]],
+        key="predictions",
+        description=(
+            f"{len(rows)} files from {source} by {ref.uri} (v{ref.version or '-'}), "
+            f"{errors} errors; first {min(len(rows), ARTIFACT_ROWS)} rows (all in {output})"
+        ),
+    )
+    run_id = record_task(
+        root,
+        ref,
+        source,
+        str(output_path),
+        {
+            "num_images": len(rows),
+            "num_errors": errors,
+            "images_per_s": len(rows) / max(seconds, 1e-9),
+        },
+    )
+    print(f"Wrote {output_path}: {len(rows)} rows, {errors} errors; MLflow run {run_id}")
+    return {
+        "output": str(output_path),
+        "rows": len(rows),
+        "errors": errors,
+        "run_id": run_id,
+        "model_uri": ref.uri,
+        "model_version": ref.version,
+    }
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="flows.predict", description=__doc__.split("\n")[0])
+    parser.add_argument("source", help="a folder, a CSV with a 'path' column, or one image file")
+    parser.add_argument("--output", default="reports/predictions.csv", help="the CSV to write")
+    parser.add_argument(
+        "--model",
+        default=predict.DEFAULT_MODEL,
+        help="alias (default champion), version number, run id, or a models:/ or runs:/ URI",
+    )
+    parser.add_argument("--model-name", default=None, help="default: evaluate.model_name")
+    parser.add_argument("--params", default="params.yaml")
+    return parser.parse_args(argv)
+
+
+def main() -> None:
+    from flows.server import require_server
+
+    configure_environment()
+    require_server()
+    args = parse_args(sys.argv[1:])
+    predict_flow(
+        source=args.source,
+        output=args.output,
+        model=args.model,
+        model_name=args.model_name,
+        params_path=args.params,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,444 @@
+"""Image bytes in, class out: the MLflow pyfunc model and the batch prediction core.
+
+The registered model is an MLflow ``PythonModel`` that carries the Keras model plus the
+:class:`ServingSpec` read from the shard manifest (image size, resize policy, encoding,
+classes, preprocessing version) and the ingest size limits. It turns raw file bytes into the
+model's input with :func:`tasks.images.preprocess_bytes`, the code the shard stage used, and
+for ``jpeg``/``png`` shards it repeats the shard round trip (``RecordSchema.encode_image``,
+then the reader's TensorFlow decode), so the pixels the model sees at serving time are the
+pixels it saw in training: no train/serve skew.
+
+A bad row (not an image, truncated, too large) gets its ``error`` column filled; the rest of
+the batch is still answered. The code under ``tasks/`` is logged with the model
+(``code_paths``), so a fresh process or ``mlflow models serve`` can import it; when the
+loading environment's :func:`tasks.images.preprocessing_version` differs from the recorded
+one, loading logs a warning (the model still loads: the bundled code is used, but Pillow or
+NumPy differ and pixels may too).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import csv
+import json
+import logging
+import tempfile
+import warnings
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from mlflow.pyfunc import PythonModel
+
+from tasks.images import ImageRejected, preprocess_bytes, preprocessing_version
+from tasks.manifest import ShardManifest
+from tasks.schema import RecordSchema
+
+if TYPE_CHECKING:
+    import keras
+    import pandas as pd
+    from mlflow import MlflowClient
+    from mlflow.models import ModelSignature
+
+    from tasks.params import IngestParams
+
+log = logging.getLogger(__name__)
+
+IMAGE_COLUMN = "image"
+PROB_PREFIX = "p_"  # one probability column per class: p_<class name>
+RESULT_COLUMNS = ("label", "label_index", "score", "error")
+MODEL_NAME_IN_RUN = "model"  # the run artifact the registered version points at
+KERAS_ARTIFACT = "keras_model"
+SPEC_ARTIFACT = "serving_spec"
+BATCH_SIZE = 64
+TEST_PREDICTION_COLUMNS = ("source", "label", "predicted", "score")
+
+
+class PreprocessingMismatch(UserWarning):
+    """The loading environment computes pixels differently from the one that made the shards."""
+
+
+@dataclass(frozen=True)
+class ServingSpec:
+    """Everything prediction needs to make the training pixels from a file's bytes."""
+
+    record_schema: dict[str, Any]  # RecordSchema.to_dict() of the shards (size, encoding)
+    resize: str
+    classes: list[str]
+    preprocessing_version: str
+    max_pixels: int
+    min_side: int
+    max_file_bytes: int
+
+    @classmethod
+    def from_manifest(cls, manifest: ShardManifest, limits: IngestParams) -> ServingSpec:
+        """The manifest's preprocessing plus the ingest limits the training images passed."""
+        return cls(
+            record_schema=manifest.record_schema.to_dict(),
+            resize=manifest.resize,
+            classes=list(manifest.classes),
+            preprocessing_version=manifest.preprocessing_version,
+            max_pixels=limits.max_pixels,
+            min_side=limits.min_side,
+            max_file_bytes=int(limits.max_file_mb * 2**20),
+        )
+
+    @property
+    def schema(self) -> RecordSchema:
+        return RecordSchema.from_dict(self.record_schema)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ServingSpec:
+        return cls(**data)
+
+
+# -- image bytes -> model input --------------------------------------------------------------
+
+
+def as_bytes(value: object) -> bytes:
+    """A cell of the ``image`` column as bytes; a string is read as base64 (JSON clients)."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    if isinstance(value, str):
+        try:
+            return base64.b64decode(value, validate=False)
+        except (binascii.Error, ValueError):
+            raise ImageRejected("a string that is not base64 (send the file's bytes)") from None
+    raise ImageRejected(f"expected the file's bytes, got {type(value).__name__}")
+
+
+def model_input(data: bytes, spec: ServingSpec) -> np.ndarray:
+    """File bytes -> the uint8 HxWx3 pixels a shard record of this image decodes to."""
+    if len(data) > spec.max_file_bytes:
+        raise ImageRejected(
+            f"file too large: {len(data)} bytes (limit {spec.max_file_bytes}, ingest.max_file_mb)"
+        )
+    schema = spec.schema
+    pixels = preprocess_bytes(
+        data,
+        (schema.height, schema.width),
+        spec.resize,
+        max_pixels=spec.max_pixels,
+        min_side=spec.min_side,
+    )
+    return shard_round_trip(pixels, schema)
+
+
+def shard_round_trip(pixels: np.ndarray, schema: RecordSchema) -> np.ndarray:
+    """What the reader yields for these pixels: encode as the shard did, decode as it does.
+
+    ``raw`` is lossless (the identity); ``jpeg`` is not, so the model was trained on
+    decoded JPEG pixels and must be served the same.
+    """
+    if schema.encoding == "raw":
+        return pixels
+    import tensorflow as tf
+
+    return np.asarray(schema.decode_image(tf.constant(schema.encode_image(pixels))))
+
+
+def prediction_frame(
+    probs: np.ndarray, ok_rows: Sequence[int], errors: dict[int, str], classes: Sequence[str]
+) -> pd.DataFrame:
+    """One row per input: label, index, score, per-class probabilities, error ('' if fine).
+
+    ``probs`` holds the rows listed in ``ok_rows``, in that order; rows in ``errors`` get an
+    empty label, index -1 and zero scores (not NaN: the scoring server answers strict JSON).
+    """
+    import pandas as pd
+
+    total = len(ok_rows) + len(errors)
+    rows = list(ok_rows)
+    full = np.zeros((total, len(classes)), dtype=np.float64)
+    index = np.full(total, -1, dtype=np.int64)
+    score = np.zeros(total, dtype=np.float64)
+    if rows:
+        full[rows] = probs
+        index[rows] = probs.argmax(axis=1)
+        score[rows] = probs.max(axis=1)
+    return pd.DataFrame(
+        {
+            "label": [classes[int(i)] if i >= 0 else "" for i in index],
+            "label_index": index,
+            "score": score,
+            **{f"{PROB_PREFIX}{name}": full[:, j] for j, name in enumerate(classes)},
+            "error": [errors.get(i, "") for i in range(total)],
+        }
+    )
+
+
+def predict_images(
+    model: keras.Model, images: Sequence[object], spec: ServingSpec, *, batch_size: int = BATCH_SIZE
+) -> pd.DataFrame:
+    """Predict a batch of image files (bytes); a row that cannot be used gets its error."""
+    pixels: list[np.ndarray] = []
+    ok_rows: list[int] = []
+    errors: dict[int, str] = {}
+    for row, value in enumerate(images):
+        try:
+            pixels.append(model_input(as_bytes(value), spec))
+            ok_rows.append(row)
+        except ImageRejected as exc:
+            errors[row] = str(exc)
+    probs = [
+        # training=False: the model's augmentation layers must not run at serving time.
+        np.asarray(model(np.stack(pixels[i : i + batch_size]), training=False), np.float64)
+        for i in range(0, len(pixels), batch_size)
+    ]
+    stacked = np.concatenate(probs) if probs else np.zeros((0, len(spec.classes)))
+    return prediction_frame(stacked, ok_rows, errors, spec.classes)
+
+
+def version_warning(recorded: str, current: str) -> str | None:
+    """The warning to give when this environment's preprocessing is not the recorded one."""
+    if recorded == current:
+        return None
+    return (
+        f"preprocessing version mismatch: the model was trained on shards made by "
+        f"preprocessing {recorded}, this environment computes {current} (tasks/images.py, "
+        f"tasks/schema.py, Pillow or NumPy differ); predictions may not match training pixels"
+    )
+
+
+# -- the MLflow model ------------------------------------------------------------------------
+
+
+class ShardflowModel(PythonModel):
+    """Raw image bytes (column ``image``) -> label, label_index, score, p_<class>, error."""
+
+    def load_context(self, context: Any) -> None:
+        import keras
+
+        self.spec = ServingSpec.from_dict(
+            json.loads(Path(context.artifacts[SPEC_ARTIFACT]).read_text())
+        )
+        self.model = keras.saving.load_model(context.artifacts[KERAS_ARTIFACT], compile=False)
+        message = version_warning(self.spec.preprocessing_version, preprocessing_version())
+        if message:
+            log.warning(message)
+            warnings.warn(message, PreprocessingMismatch, stacklevel=2)
+
+    # Untyped on purpose: MLflow reads type hints here as a schema and warns on these.
+    def predict(self, context, model_input, params=None):  # type: ignore[no-untyped-def]
+        if IMAGE_COLUMN not in model_input:
+            raise ValueError(
+                f"input has columns {list(model_input.columns)}; send a column "
+                f"{IMAGE_COLUMN!r} of image file bytes"
+            )
+        return predict_images(self.model, list(model_input[IMAGE_COLUMN]), self.spec)
+
+
+def signature(classes: Sequence[str]) -> ModelSignature:
+    """Input: one binary column ``image``; output: the prediction columns."""
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, DataType, Schema, TensorSpec
+
+    outputs: list[ColSpec | TensorSpec] = [
+        ColSpec(DataType.string, "label"),
+        ColSpec(DataType.long, "label_index"),
+        ColSpec(DataType.double, "score"),
+        *(ColSpec(DataType.double, f"{PROB_PREFIX}{name}") for name in classes),
+        ColSpec(DataType.string, "error"),
+    ]
+    return ModelSignature(
+        inputs=Schema([ColSpec(DataType.binary, IMAGE_COLUMN)]), outputs=Schema(outputs)
+    )
+
+
+def example_input(spec: ServingSpec) -> pd.DataFrame:
+    """A one-row input example: a PNG of a mid-grey image at the shard size."""
+    import io
+
+    import pandas as pd
+    from PIL import Image
+
+    schema = spec.schema
+    buffer = io.BytesIO()
+    Image.new("RGB", (schema.width, schema.height), (128, 128, 128)).save(buffer, format="PNG")
+    return pd.DataFrame({IMAGE_COLUMN: [buffer.getvalue()]})
+
+
+def log_pyfunc(client: MlflowClient, run_id: str, model_file: str | Path, spec: ServingSpec) -> str:
+    """Log the pyfunc (Keras model + spec + the ``tasks`` code) to a run; return its URI."""
+    import keras
+    import mlflow
+    import PIL
+    import tensorflow as tf
+
+    import tasks
+
+    mlflow.set_tracking_uri(client.tracking_uri)
+    mlflow.set_registry_uri(client.tracking_uri)
+    with tempfile.TemporaryDirectory() as tmp:
+        spec_file = Path(tmp) / "serving_spec.json"
+        spec_file.write_text(json.dumps(spec.to_dict(), indent=2, sort_keys=True))
+        with mlflow.start_run(run_id=run_id):
+            info = mlflow.pyfunc.log_model(
+                name=MODEL_NAME_IN_RUN,
+                python_model=ShardflowModel(),
+                artifacts={KERAS_ARTIFACT: str(model_file), SPEC_ARTIFACT: str(spec_file)},
+                code_paths=[str(Path(tasks.__file__).parent)],
+                signature=signature(spec.classes),
+                input_example=example_input(spec),
+                metadata={"preprocessing": spec.to_dict()},
+                # Pinned here so logging never shells out to infer requirements.
+                pip_requirements=[
+                    f"tensorflow=={tf.__version__}",
+                    f"keras=={keras.__version__}",
+                    f"pillow=={PIL.__version__}",
+                    f"numpy=={np.__version__}",
+                    "pydantic>=2.7",
+                ],
+            )
+    return str(info.model_uri)
+
+
+# -- the test split's predictions (the skew reference) ---------------------------------------
+
+
+def write_test_predictions(
+    path: str | Path,
+    sources: Sequence[str],
+    labels: np.ndarray,
+    probs: np.ndarray,
+    classes: Sequence[str],
+) -> Path:
+    """``source,label,predicted,score`` per test record, as evaluation computed it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    predicted = probs.argmax(axis=1) if len(probs) else np.zeros(0, np.int64)
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(TEST_PREDICTION_COLUMNS)
+        for source, label, index, row in zip(sources, labels, predicted, probs, strict=True):
+            writer.writerow([source, classes[label], classes[index], repr(float(row[index]))])
+    return path
+
+
+# -- batch prediction ------------------------------------------------------------------------
+
+BATCH_COLUMNS = ("path", "label", "label_index", "score", "error")
+PREDICT_EXPERIMENT = "shardflow-predict"
+DEFAULT_MODEL = "champion"
+READ_CHUNK = 256  # files read and predicted at a time: memory stays flat on big folders
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A resolved model: the URI to load, and the registry version and run it came from."""
+
+    uri: str
+    name: str
+    version: str  # "" for a run's model that was never registered
+    run_id: str
+
+
+def resolve_model(client: MlflowClient, model: str, model_name: str) -> ModelRef:
+    """``champion`` (or any alias), a version number, a run id, or a models:/ / runs:/ URI."""
+    from mlflow.exceptions import MlflowException
+
+    model = model.strip()
+    try:
+        if model.startswith("runs:/") or _is_run_id(model):
+            run_id = model.removeprefix("runs:/").split("/")[0]
+            uri = model if model.startswith("runs:/") else f"runs:/{run_id}/{MODEL_NAME_IN_RUN}"
+            client.get_run(run_id)  # fails clearly when the run does not exist
+            versions = client.search_model_versions(f"run_id = '{run_id}'")
+            latest = max(versions, key=lambda v: int(v.version), default=None)
+            if latest is None:
+                return ModelRef(uri, "", "", run_id)
+            return ModelRef(uri, str(latest.name), str(latest.version), run_id)
+        if model.startswith("models:/"):
+            body = model.removeprefix("models:/")
+            model_name, _, rest = body.partition("@") if "@" in body else body.partition("/")
+            model = rest
+        if model.isdigit():
+            found = client.get_model_version(model_name, model)
+            uri = f"models:/{model_name}/{model}"
+        else:
+            found = client.get_model_version_by_alias(model_name, model)
+            uri = f"models:/{model_name}@{model}"
+    except MlflowException as exc:
+        raise LookupError(
+            f"model {model!r} (registered model {model_name!r}) not found in "
+            f"{client.tracking_uri}: {exc.message}; run the training flow first, or pass a "
+            "version, a run id or a models:/ URI"
+        ) from None
+    return ModelRef(uri, str(found.name), str(found.version), str(found.run_id))
+
+
+def _is_run_id(text: str) -> bool:
+    return len(text) == 32 and all(c in "0123456789abcdef" for c in text)
+
+
+def list_sources(source: str | Path) -> list[Path]:
+    """The files to predict: a folder (recursive, hidden entries skipped), a CSV with a
+    ``path`` column (paths relative to the CSV's folder), or one file."""
+    source = Path(source)
+    if not source.exists():
+        raise FileNotFoundError(f"{source}: no such file or folder to predict")
+    if source.is_dir():
+        return sorted(
+            path
+            for path in source.rglob("*")
+            if path.is_file()
+            and not any(part.startswith(".") for part in path.relative_to(source).parts)
+        )
+    if source.suffix.lower() == ".csv":
+        with source.open(newline="") as handle:
+            reader = csv.DictReader(handle)
+            if "path" not in (reader.fieldnames or []):
+                raise ValueError(
+                    f"{source}: a CSV of images needs a 'path' column (found {reader.fieldnames})"
+                )
+            return [source.parent / row["path"] for row in reader if row["path"]]
+    return [source]
+
+
+def read_limited(path: Path, limit: int) -> bytes:
+    """At most ``limit + 1`` bytes: enough for the model to refuse an oversized file."""
+    with path.open("rb") as handle:
+        return handle.read(limit + 1)
+
+
+def predict_files(
+    model: Any, paths: Sequence[Path], max_file_bytes: int, *, chunk: int = READ_CHUNK
+) -> list[dict[str, Any]]:
+    """Predict files with a loaded pyfunc; one row per path, an ``error`` for unusable ones."""
+    import pandas as pd
+
+    rows: list[dict[str, Any]] = []
+    for start in range(0, len(paths), chunk):
+        part = paths[start : start + chunk]
+        data: list[bytes] = []
+        unreadable: dict[int, str] = {}
+        for i, path in enumerate(part):
+            try:
+                data.append(read_limited(path, max_file_bytes))
+            except OSError as exc:
+                unreadable[i] = f"cannot read: {exc.strerror or exc}"
+                data.append(b"")
+        frame = model.predict(pd.DataFrame({IMAGE_COLUMN: data}))
+        for i, (path, result) in enumerate(zip(part, frame.to_dict("records"), strict=True)):
+            row = {"path": str(path), **{key: result[key] for key in RESULT_COLUMNS}}
+            row["error"] = unreadable.get(i, row["error"])
+            rows.append(row)
+    return rows
+
+
+def write_predictions_csv(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path:
+    """``path,label,label_index,score,error`` per file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=BATCH_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({**row, "score": repr(float(row["score"]))})
+    return path

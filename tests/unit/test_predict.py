@@ -1,0 +1,239 @@
+"""The prediction core: bytes -> the shard's exact pixels, per-row errors, sources, model refs."""
+
+from __future__ import annotations
+
+import csv
+import io
+import struct
+import zlib
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tasks.images import preprocess_bytes, preprocessing_version
+from tasks.manifest import load_manifest
+from tasks.params import IngestParams, ShardParams
+from tasks.predict import (
+    PreprocessingMismatch,
+    ServingSpec,
+    ShardflowModel,
+    list_sources,
+    model_input,
+    predict_images,
+    prediction_frame,
+    resolve_model,
+    version_warning,
+    write_predictions_csv,
+)
+
+CLASSES = ["blue", "green", "red"]
+
+
+def png_bytes(pixels: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(pixels, mode="RGB").save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def png_claiming(width: int, height: int) -> bytes:
+    """A small PNG whose header (valid CRCs) claims ``width x height``; no real pixel data."""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+        )
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    idat = zlib.compress(b"\0" * 64)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+
+
+def spec_for(encoding: str = "raw", *, max_file_bytes: int = 1 << 20) -> ServingSpec:
+    from tasks.schema import RecordSchema
+
+    return ServingSpec(
+        record_schema=RecordSchema(16, 16, encoding).to_dict(),  # type: ignore[arg-type]
+        resize="pad",
+        classes=CLASSES,
+        preprocessing_version=preprocessing_version(),
+        max_pixels=40_000_000,
+        min_side=8,
+        max_file_bytes=max_file_bytes,
+    )
+
+
+@pytest.mark.parametrize("encoding", ["raw", "jpeg", "png"])
+def test_model_input_from_source_bytes_equals_the_shard_pixels(
+    tiny_index: Path, tmp_path: Path, encoding: str
+) -> None:
+    """Every record of real shards decodes to exactly what prediction makes from its file."""
+    from tasks.reader import read_split
+    from tasks.shard import run_shard
+
+    source_dir = tiny_index.parent / "images"
+    params = ShardParams(image_size=(16, 16), encoding=encoding, workers=1)
+    shards = tmp_path / "shards"
+    run_shard(params, tiny_index, shards, workers=1)
+    manifest = load_manifest(shards)
+    spec = ServingSpec.from_manifest(manifest, IngestParams())
+    assert spec.preprocessing_version == manifest.preprocessing_version == preprocessing_version()
+    checked, lossy = 0, 0
+    for split in ("train", "val", "test"):
+        for batch in read_split(shards, split, batch_size=64, training=False, with_metadata=True):
+            for pixels, source in zip(batch["image"].numpy(), batch["source"].numpy(), strict=True):
+                data = (source_dir / source.decode()).read_bytes()
+                np.testing.assert_array_equal(model_input(data, spec), pixels, err_msg=source)
+                plain = preprocess_bytes(data, (16, 16), "pad", max_pixels=1 << 30)
+                lossy += int(not np.array_equal(plain, pixels))
+                checked += 1
+    assert checked == 36
+    # The JPEG round trip is what makes jpeg shards exact; raw and png are lossless.
+    assert (lossy > 0) == (encoding == "jpeg")
+
+
+def test_prediction_frame_places_errors_in_their_rows() -> None:
+    probs = np.array([[0.1, 0.7, 0.2], [0.6, 0.3, 0.1]])
+    frame = prediction_frame(probs, [0, 2], {1: "not an image"}, CLASSES)
+    assert list(frame.columns) == [
+        "label",
+        "label_index",
+        "score",
+        "p_blue",
+        "p_green",
+        "p_red",
+        "error",
+    ]
+    assert list(frame["label"]) == ["green", "", "blue"]
+    assert list(frame["label_index"]) == [1, -1, 0]
+    assert list(frame["score"]) == [0.7, 0.0, 0.6]
+    assert list(frame["error"]) == ["", "not an image", ""]
+    assert list(frame.loc[2, ["p_blue", "p_green", "p_red"]]) == [0.6, 0.3, 0.1]
+
+
+def tiny_keras_model() -> object:
+    import keras
+
+    return keras.Sequential(
+        [
+            keras.Input((16, 16, 3)),
+            keras.layers.Rescaling(1 / 255),
+            keras.layers.Conv2D(4, 3),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(3, activation="softmax"),
+        ]
+    )
+
+
+def test_bad_rows_get_their_reason_and_the_rest_is_answered() -> None:
+    rng = np.random.default_rng(0)
+    good = png_bytes(rng.integers(0, 256, (30, 20, 3), dtype=np.uint8))
+    model = tiny_keras_model()
+    spec = spec_for(max_file_bytes=len(good) + 10)
+    images = [
+        good,
+        b"plain text, not an image",
+        good[: len(good) // 2],  # truncated
+        b"",
+        png_claiming(7000, 7000),  # 49 Mpx > max_pixels
+        png_claiming(4, 200),  # a side under min_side
+        good + b"\0" * 20,  # over max_file_bytes
+        12345,  # not bytes at all
+        bytearray(good),
+    ]
+    frame = predict_images(model, images, spec)
+    assert len(frame) == len(images)
+    errors = list(frame["error"])
+    assert errors[0] == errors[8] == ""
+    assert "not an image" in errors[1]
+    assert "truncated or corrupt" in errors[2]
+    assert "empty file" in errors[3]
+    assert "absurd dimensions 7000x7000" in errors[4]
+    assert "absurd dimensions 4x200" in errors[5]
+    assert "file too large" in errors[6]
+    assert "expected the file's bytes, got int" in errors[7]
+    assert all(frame.loc[1:7, "label_index"] == -1) and all(frame.loc[1:7, "label"] == "")
+    expected = np.asarray(model(model_input(good, spec)[None], training=False))[0]  # type: ignore[operator]
+    np.testing.assert_allclose(frame.loc[0, ["p_blue", "p_green", "p_red"]], expected, rtol=1e-6)
+    assert frame.loc[0, "label"] == CLASSES[int(expected.argmax())]
+    assert frame.loc[0, "score"] == pytest.approx(float(expected.max()))
+
+
+def test_a_different_preprocessing_version_warns_on_load(tmp_path: Path) -> None:
+    import json
+
+    assert version_warning("abc", "abc") is None
+    message = version_warning("abc", "def")
+    assert message is not None and "abc" in message and "def" in message
+    spec = ServingSpec.from_dict({**spec_for().to_dict(), "preprocessing_version": "old"})
+    (tmp_path / "spec.json").write_text(json.dumps(spec.to_dict()))
+    model_file = tmp_path / "m.keras"
+    tiny_keras_model().save(model_file)  # type: ignore[attr-defined]
+    context = SimpleNamespace(
+        artifacts={"serving_spec": str(tmp_path / "spec.json"), "keras_model": str(model_file)}
+    )
+    with pytest.warns(PreprocessingMismatch, match="trained on shards made by preprocessing old"):
+        ShardflowModel().load_context(context)
+
+
+def test_list_sources_reads_folders_csvs_and_single_files(tmp_path: Path) -> None:
+    (tmp_path / "photos" / "sub").mkdir(parents=True)
+    for name in ("a.jpg", "sub/b.png", ".hidden.jpg"):
+        (tmp_path / "photos" / name).write_bytes(b"x")
+    (tmp_path / "photos" / ".cache").mkdir()
+    (tmp_path / "photos" / ".cache" / "c.jpg").write_bytes(b"x")
+    assert list_sources(tmp_path / "photos") == [
+        tmp_path / "photos" / "a.jpg",
+        tmp_path / "photos" / "sub" / "b.png",
+    ]
+    listing = tmp_path / "photos" / "list.csv"
+    listing.write_text("path,note\nsub/b.png,x\na.jpg,y\n")
+    assert list_sources(listing) == [tmp_path / "photos" / "sub/b.png", tmp_path / "photos/a.jpg"]
+    assert list_sources(tmp_path / "photos" / "a.jpg") == [tmp_path / "photos" / "a.jpg"]
+    with pytest.raises(FileNotFoundError, match="nope"):
+        list_sources(tmp_path / "nope")
+    (tmp_path / "bad.csv").write_text("file\na.jpg\n")
+    with pytest.raises(ValueError, match=r"bad.csv: a CSV of images needs a 'path' column"):
+        list_sources(tmp_path / "bad.csv")
+
+
+def test_resolve_model_accepts_alias_version_run_and_uris(tmp_path: Path) -> None:
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri, uri)
+    experiment = client.create_experiment("e", artifact_location=(tmp_path / "art").as_uri())
+    runs = [client.create_run(experiment).info.run_id for _ in range(3)]
+    client.create_registered_model("m")
+    for run_id in runs[:2]:
+        client.create_model_version("m", f"runs:/{run_id}/model", run_id=run_id)
+    client.set_registered_model_alias("m", "champion", "1")
+
+    champion = resolve_model(client, "champion", "m")
+    assert (champion.uri, champion.version, champion.run_id) == ("models:/m@champion", "1", runs[0])
+    assert resolve_model(client, "2", "m").run_id == runs[1]
+    assert resolve_model(client, "models:/m/2", "other").uri == "models:/m/2"
+    assert resolve_model(client, "models:/m@champion", "other").version == "1"
+    by_run = resolve_model(client, runs[1], "m")
+    assert (by_run.uri, by_run.version) == (f"runs:/{runs[1]}/model", "2")
+    unregistered = resolve_model(client, f"runs:/{runs[2]}/model", "m")
+    assert (unregistered.version, unregistered.run_id) == ("", runs[2])
+    with pytest.raises(LookupError, match=r"'staging'.*registered model 'm'"):
+        resolve_model(client, "staging", "m")
+
+
+def test_predictions_csv_has_the_documented_columns(tmp_path: Path) -> None:
+    rows = [
+        {"path": "a.jpg", "label": "red", "label_index": 2, "score": 0.9, "error": "", "p_red": 1},
+        {"path": "b.txt", "label": "", "label_index": -1, "score": 0.0, "error": "not an image"},
+    ]
+    path = write_predictions_csv(tmp_path / "out" / "p.csv", rows)
+    with path.open() as handle:
+        read = list(csv.reader(handle))
+    assert read == [
+        ["path", "label", "label_index", "score", "error"],
+        ["a.jpg", "red", "2", "0.9", ""],
+        ["b.txt", "", "-1", "0.0", "not an image"],
+    ]
