@@ -51,6 +51,8 @@ class ShardParams(_Strict):
     workers: int = 2
     runner: Literal["local", "dask"] = "local"
     dask_address: str | None = None
+    # rebuild: one generation from the index; append: keep the current shards, add a generation
+    mode: Literal["rebuild", "append"] = "rebuild"
 
     @field_validator("image_size")
     @classmethod
@@ -91,9 +93,22 @@ class EvaluateParams(_Strict):
     model_name: str = "shardflow"
 
 
+class ValidateParams(_Strict):
+    """Limits on how much a data change may move the dataset before validation fails."""
+
+    # largest allowed change of any class's share of all records (0.05 = 5 points)
+    max_class_share_shift: float = Field(default=0.1, ge=0, le=1)
+    allow_new_classes: bool = False
+
+
 class Params(_Strict):
+    # `validate` would shadow BaseModel.validate: the field is `validate_`, spelled
+    # `validate` in params.yaml.
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
     ingest: IngestParams = IngestParams()
     shard: ShardParams = ShardParams()
+    validate_: ValidateParams = Field(default=ValidateParams(), alias="validate")
     train: TrainParams = TrainParams()
     evaluate: EvaluateParams = EvaluateParams()
 
