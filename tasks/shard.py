@@ -504,6 +504,8 @@ def prepare(plan: StagePlan, shards_dir: Path) -> list[ShardSpec]:
     """Ready ``shards_dir`` for the plan; return the specs whose shard is still missing."""
     if plan.base is None:
         return prepare_shards_dir(plan.specs, Path(shards_dir))
+    if not plan.specs:
+        return []  # nothing new: no generation, the base stays exactly as it is
     return prepare_generation_dir(plan.specs, Path(shards_dir), plan)
 
 
