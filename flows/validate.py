@@ -16,7 +16,11 @@ from tasks.layout import Layout
 from tasks.params import ValidateParams, load_params
 
 
-@task(name="validate", version=code_version(validate, schema, manifest, data_diff), cache_policy=NO_CACHE)
+@task(
+    name="validate",
+    version=code_version(validate, schema, manifest, data_diff),
+    cache_policy=NO_CACHE,
+)
 def validate_task(layout: Layout, limits: ValidateParams) -> dict[str, Any]:
     report = validate.run_validate(
         layout.shards_dir,

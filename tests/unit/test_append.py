@@ -207,7 +207,7 @@ def test_append_with_nothing_new_changes_nothing(
 def test_missing_base_is_refused_naming_the_command(tmp_path: Path) -> None:
     project = Project(tmp_path)
     project.ingest()
-    with pytest.raises(FileNotFoundError, match="dvc pull data/shards"):
+    with pytest.raises(FileNotFoundError, match=r"dvc pull data/shards"):
         project.shard("append")
     assert not (project.shards / "manifest.json").exists()  # nothing silently rebuilt
 
@@ -218,7 +218,7 @@ def test_removed_or_changed_image_needs_a_rebuild_which_gives_one_generation(
     project, _, new = grown
     (project.source / new[0]).unlink()
     before = digests(project.shards)
-    with pytest.raises(RebuildNeeded, match="shard.mode: rebuild") as error:
+    with pytest.raises(RebuildNeeded, match=r"shard\.mode: rebuild") as error:
         project.update("append")
     assert new[0] in str(error.value)
     assert digests(project.shards) == before  # the refused append left the set as it was
