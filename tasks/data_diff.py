@@ -62,8 +62,14 @@ def compute(
     records: dict[str, list[dict[str, Any]]],
     *,
     mode: str,
+    current_paths: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The diff from ``previous`` (None: nothing before, or no record lists) to ``manifest``."""
+    """The diff from ``previous`` (None: nothing before, or no record lists) to ``manifest``.
+
+    ``current_paths`` (content hash -> path in the current sources) finds duplicates: an
+    image added again under another name whose content the shard set already holds (an
+    append keeps the record it has and adds nothing).
+    """
     known = previous is not None and previous_records is not None
     before = rows(previous, previous_records) if previous and previous_records is not None else []
     after = rows(manifest, records)
@@ -82,11 +88,11 @@ def compute(
         for c in classes
     }
     largest = max(shares.items(), key=lambda kv: (abs(kv[1]["shift"]), kv[0]), default=None)
-    old_paths = {r.path for r in before}
+    current_paths = current_paths or {}
     returned = [
-        {"path": r.path, "same_content_as": old[r.sha256].path}
+        {"path": current_paths[r.sha256], "same_content_as": r.path}
         for r in after
-        if r.sha256 in old and r.path != old[r.sha256].path and r.path not in old_paths
+        if current_paths.get(r.sha256, r.path) != r.path
     ]
     return {
         "mode": mode,

@@ -377,6 +377,7 @@ class StagePlan:
     specs: list[ShardSpec]
     classes: list[str]  # the new manifest's classes: the base's first, new ones appended
     sizes: dict[str, tuple[int, int]]  # content hash -> (width, height) recorded at ingest
+    paths: dict[str, str]  # content hash -> its path in the current sources
     base: ShardManifest | None  # append: the manifest appended to
     previous: ShardManifest | None  # the manifest found before this run: the diff's "before"
     previous_records: dict[str, list[dict[str, Any]]] | None
@@ -388,6 +389,7 @@ def plan_stage(params: ShardParams, index_path: Path, shards_dir: Path) -> Stage
     index = load_index(Path(index_path))
     previous, previous_records = _previous(shards_dir)
     sizes = {r["sha256"]: (int(r["width"]), int(r["height"])) for r in index["records"]}
+    paths = {r["sha256"]: r["path"] for r in index["records"]}
     if params.mode == "rebuild":
         specs = plan_shards(params, index)
         classes, number, base = list(index["classes"]), 0, None
@@ -405,7 +407,9 @@ def plan_stage(params: ShardParams, index_path: Path, shards_dir: Path) -> Stage
         specs = cut_shards(params, index, ordered, folder=generation_folder(number))
         previous, previous_records = base, base_records
     del index["records"]  # the plan holds what writing needs; keep peak memory flat
-    return StagePlan(params.mode, number, specs, classes, sizes, base, previous, previous_records)
+    return StagePlan(
+        params.mode, number, specs, classes, sizes, paths, base, previous, previous_records
+    )
 
 
 def load_base(shards_dir: Path) -> ShardManifest:
@@ -635,6 +639,7 @@ def write_stage_diff(
         manifest,
         records_of(manifest, plan, shards_dir),
         mode=plan.mode,
+        current_paths=plan.paths,
     )
     data_diff.write(diff, Path(diff_path))
     return diff

@@ -241,3 +241,24 @@ def test_incremental_ingest_decodes_only_new_or_changed_files(tmp_path: Path) ->
     params = IngestParams(source_dir=str(project.source), splits=SPLITS, workers=1)
     run_ingest(params, full / "index.json", full / "ingest.json")
     assert json.loads(project.index.read_text()) == json.loads((full / "index.json").read_text())
+
+
+def test_train_run_records_the_generation_list(
+    grown: tuple[Project, dict[str, str], list[str]], mlflow_uri: str
+) -> None:
+    from tasks import tracking
+    from tasks.params import Params
+
+    project, _, _ = grown
+    manifest = load_manifest(project.shards)
+    client = tracking.client(project.root)
+    run_id = tracking.start_train_run(
+        client, Params(), manifest, shards_dir=project.shards, root=project.root
+    )
+    path = client.download_artifacts(run_id, "data/generations.json", str(project.root))
+    logged = json.loads(Path(path).read_text())["generations"]
+    assert [(g["number"], g["base_fingerprint"]) for g in logged] == [
+        (0, None),
+        (1, project.base_fingerprint),
+    ]
+    assert logged[1]["shards"] == manifest.generations[1].shards
