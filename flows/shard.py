@@ -92,17 +92,24 @@ def run(params: ShardParams, layout: Layout) -> dict[str, Any]:
 
 
 @flow(name="shard", log_prints=True)
-def shard_flow(params_path: str = "params.yaml", root: str = ".") -> dict[str, Any]:
-    """Preprocess every indexed image once into TFRecord shards plus a manifest."""
+def shard_flow(
+    params_path: str = "params.yaml", root: str = ".", compact: bool = False
+) -> dict[str, Any]:
+    """Preprocess every indexed image once into TFRecord shards plus a manifest.
+
+    ``compact`` rebuilds whatever ``shard.mode`` says: every generation folds into one
+    (what `make compact` runs).
+    """
     params = load_params(Path(root) / params_path)
-    return run(params.shard, Layout(Path(root)))
+    shard_params = params.shard.model_copy(update={"mode": "rebuild"}) if compact else params.shard
+    return run(shard_params, Layout(Path(root)))
 
 
 def main() -> None:
     configure_environment()
     require_server()
-    _, params_path = parse_stage_args(("shard",), "flows.shard")
-    shard_flow(params_path=params_path)
+    stages, params_path = parse_stage_args(("shard", "compact"), "flows.shard")
+    shard_flow(params_path=params_path, compact=stages == ["compact"])
 
 
 if __name__ == "__main__":
