@@ -12,7 +12,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DVC_NO_ANALYTICS := 1
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: install run test lint demo-data serve stop ui bench lock clean serve-model
+.PHONY: install run test lint demo-data serve stop ui bench lock clean serve-model compact
 
 install: $(STAMP)  ## create .venv from the hash-pinned lock (idempotent)
 
@@ -32,6 +32,12 @@ run: install demo-data  ## the whole pipeline with `dvc repro` (starts a local P
 	$(BIN)/python -m tasks.workspace_lock -- $(BIN)/dvc repro  # one writer: waits for another run
 	@echo "Done. Metrics: metrics/eval.json; model: models/model.keras; reports/; plots/."
 	@echo "Compare runs: make ui (MLflow, 127.0.0.1:5000); Prefect UI: 127.0.0.1:4200."
+
+compact: install  ## fold every shard generation into one (a rebuild), record it, rerun what follows
+	$(BIN)/python -m flows.server ensure
+	$(BIN)/python -m flows.shard compact
+	$(BIN)/dvc commit --force shard
+	$(BIN)/dvc repro
 
 lint: install  ## ruff, mypy and the import-linter contract (training never imports shard code)
 	$(BIN)/ruff check .

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task, unmapped
+from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
@@ -17,7 +18,6 @@ from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTa
 from flows.common import code_version, configure_environment, hold_workspace, parse_stage_args
 from flows.server import require_server
 from tasks import images, schema, shard
-from tasks.index import load_index
 from tasks.layout import Layout
 from tasks.manifest import ShardFile
 from tasks.params import ShardParams, load_params, run_params_path
@@ -31,18 +31,19 @@ def write_shard_task(spec: shard.ShardSpec, shards_dir: Path) -> ShardFile:
 
 @flow(name="write-shards")
 def write_shards_flow(params: ShardParams, layout: Layout) -> dict[str, Any]:
-    """Plan shards, write the missing ones through this flow's task runner, then the manifest."""
+    """Plan shards (a rebuild or a new generation), write the missing ones through this
+    flow's task runner, then the manifest and the data diff (also a Prefect artifact)."""
     logger = get_run_logger()
-    index = load_index(layout.index)
-    specs = shard.plan_shards(params, index)
-    del index["records"]  # the plan holds what writing needs; keep peak memory flat
-    missing = shard.prepare_shards_dir(specs, layout.shards_dir)
+    plan = shard.plan_stage(params, layout.index, layout.shards_dir)
+    missing = shard.prepare(plan, layout.shards_dir)
     logger.info(
-        "%d shards planned, %d to write (%s runner, preprocessing %s)",
-        len(specs),
+        "%s: generation %d, %d shards planned, %d to write (%s runner, preprocessing %s)",
+        plan.mode,
+        plan.number,
+        len(plan.specs),
         len(missing),
         params.runner,
-        specs[0].preprocessing_version if specs else "-",
+        plan.specs[0].preprocessing_version if plan.specs else "-",
     )
     written: dict[str, ShardFile] = {}
     futures = write_shard_task.map(missing, unmapped(layout.shards_dir))
@@ -50,13 +51,25 @@ def write_shards_flow(params: ShardParams, layout: Layout) -> dict[str, Any]:
         result = future.result()
         written[result.file] = result
         logger.info("shard %d/%d written: %s", done, len(missing), result.file)
-    results = [written.get(s.file) or shard.describe_shard(s, layout.shards_dir) for s in specs]
-    written_manifest = shard.finalize_manifest(params, index, specs, results, layout.shards_dir)
+    results = [
+        written.get(s.file) or shard.describe_shard(s, layout.shards_dir) for s in plan.specs
+    ]
+    manifest = shard.finalize_manifest(params, plan, results, layout.shards_dir)
+    diff = shard.write_stage_diff(plan, manifest, layout.shards_dir, layout.data_diff)
+    create_markdown_artifact(
+        key="data-diff",
+        markdown=layout.data_diff.with_suffix(".md").read_text(),
+        description=f"+{diff['added_total']} -{diff['removed_total']} images, "
+        f"{len(manifest.generations)} generation(s)",
+    )
     return {
-        "fingerprint": written_manifest.fingerprint,
-        "records": {name: split.num_records for name, split in written_manifest.splits.items()},
-        "shards": len(specs),
+        "fingerprint": manifest.fingerprint,
+        "records": {name: split.num_records for name, split in manifest.splits.items()},
+        "generation": plan.number,
+        "generations": len(manifest.generations),
+        "shards": len(plan.specs),
         "written": len(missing),
+        "added": diff["added_total"],
     }
 
 
@@ -79,18 +92,25 @@ def run(params: ShardParams, layout: Layout) -> dict[str, Any]:
 
 
 @flow(name="shard", log_prints=True)
-def shard_flow(params_path: str = "params.yaml", root: str = ".") -> dict[str, Any]:
-    """Preprocess every indexed image once into TFRecord shards plus a manifest."""
+def shard_flow(
+    params_path: str = "params.yaml", root: str = ".", compact: bool = False
+) -> dict[str, Any]:
+    """Preprocess every indexed image once into TFRecord shards plus a manifest.
+
+    ``compact`` rebuilds whatever ``shard.mode`` says: every generation folds into one
+    (what `make compact` runs).
+    """
     params = load_params(run_params_path(root, params_path))
-    return run(params.shard, Layout(Path(root)))
+    shard_params = params.shard.model_copy(update={"mode": "rebuild"}) if compact else params.shard
+    return run(shard_params, Layout(Path(root)))
 
 
 def main() -> None:
     configure_environment()
     require_server()
-    _, params_path = parse_stage_args(("shard",), "flows.shard")
+    stages, params_path = parse_stage_args(("shard", "compact"), "flows.shard")
     with hold_workspace(Path("."), Path(params_path)):  # one writer at a time
-        shard_flow(params_path=params_path)
+        shard_flow(params_path=params_path, compact=stages == ["compact"])
 
 
 if __name__ == "__main__":

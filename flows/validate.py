@@ -11,17 +11,24 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.common import code_version, configure_environment, hold_workspace, parse_stage_args
 from flows.server import require_server
-from tasks import manifest, schema, validate
+from tasks import data_diff, manifest, schema, validate
 from tasks.layout import Layout
+from tasks.params import ValidateParams, load_params
 
 
-@task(name="validate", version=code_version(validate, schema, manifest), cache_policy=NO_CACHE)
-def validate_task(layout: Layout) -> dict[str, Any]:
+@task(
+    name="validate",
+    version=code_version(validate, schema, manifest, data_diff),
+    cache_policy=NO_CACHE,
+)
+def validate_task(layout: Layout, limits: ValidateParams) -> dict[str, Any]:
     report = validate.run_validate(
         layout.shards_dir,
         layout.validation_report,
         layout.validation_summary,
         index_path=layout.index,
+        diff_path=layout.data_diff,
+        limits=limits,
     )
     create_markdown_artifact(
         key="validation-report",
@@ -36,7 +43,8 @@ def validate_task(layout: Layout) -> dict[str, Any]:
 @flow(name="validate", log_prints=True)
 def validate_flow(params_path: str = "params.yaml", root: str = ".") -> dict[str, Any]:
     """Re-read every shard and check it against the manifest and the ingest index."""
-    return validate_task(Layout(Path(root)))
+    params = load_params(Path(root) / params_path)
+    return validate_task(Layout(Path(root)), params.validate_)
 
 
 def main() -> None:

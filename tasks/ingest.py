@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import json
 import multiprocessing
 import os
 import stat
@@ -40,6 +41,7 @@ class Inspected:
     width: int
     height: int
     reason: str | None  # None when the image is usable
+    reused: bool = False  # verdict taken from the previous index (same path, same content)
 
 
 class Rejected(Exception):
@@ -108,8 +110,14 @@ def inspect_file(
     min_side: int,
     max_bytes: int,
     draft: bool = True,
+    known: list[Any] | None = None,
 ) -> Inspected:
-    """Vet, read, hash and fully decode one file; never raises for a bad file."""
+    """Vet, read, hash and fully decode one file; never raises for a bad file.
+
+    ``known`` is the previous index's verdict for this path (``[sha256, format, width,
+    height, reason]``): when the content hash still matches, the verdict is reused and the
+    file is not decoded again.
+    """
     name = display_name(candidate.path)
 
     def rejected(reason: str, digest: str | None = None) -> Inspected:
@@ -122,6 +130,11 @@ def inspect_file(
     except OSError as exc:
         return rejected(f"unreadable: {exc}")
     digest = hashlib.sha256(data).hexdigest()
+    if known is not None and known[0] == digest:
+        _, fmt, width, height, reason = known
+        if reason is not None:
+            return Inspected(name, display_name(candidate.label), digest, None, 0, 0, reason, True)
+        return Inspected(candidate.path, candidate.label, digest, fmt, width, height, None, True)
     try:
         fmt, width, height = verify(data, max_pixels=max_pixels, min_side=min_side, draft=draft)
     except ImageRejected as exc:
@@ -130,9 +143,49 @@ def inspect_file(
 
 
 def _inspect_chunk(
-    source_dir: str, chunk: list[Candidate], limits: tuple[int, int, int, bool]
+    source_dir: str,
+    chunk: list[Candidate],
+    limits: tuple[int, int, int, bool],
+    known: dict[str, list[Any]],
 ) -> list[Inspected]:
-    return [inspect_file(source_dir, c, *limits) for c in chunk]
+    return [inspect_file(source_dir, c, *limits, known=known.get(c.path)) for c in chunk]
+
+
+def verdict_key(params: IngestParams) -> str:
+    """What a decode verdict depends on besides the bytes: the limits and the decoder."""
+    from tasks.images import preprocessing_version
+
+    return (
+        f"max_pixels={params.max_pixels};min_side={params.min_side};"
+        f"max_file_mb={params.max_file_mb};draft={params.draft_check};{preprocessing_version()}"
+    )
+
+
+def previous_verdicts(index_path: Path, key: str) -> dict[str, list[Any]]:
+    """The previous index's decode verdicts by path, if made under the same ``key``.
+
+    Any problem reading it (missing, another version, other limits or decoder) means
+    nothing is reused: an incremental ingest is only ever a faster full one.
+    """
+    try:
+        previous = json.loads(index_path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(previous, dict) or previous.get("version") != INDEX_VERSION:
+        return {}
+    if previous.get("verdict_key") != key:
+        return {}
+    verdicts = previous.get("verdicts")
+    return verdicts if isinstance(verdicts, dict) else {}
+
+
+def verdicts_of(inspected: list[Inspected]) -> dict[str, list[Any]]:
+    """Decode verdicts of every file that was read, for the next run to reuse."""
+    return {
+        i.path: [i.sha256, i.format, i.width, i.height, i.reason]
+        for i in inspected
+        if i.sha256 is not None
+    }
 
 
 @dataclass(frozen=True)
@@ -231,9 +284,17 @@ def assign_split(content_hash: str, fractions: SplitFractions, seed: int) -> str
 
 
 def inspect_all(
-    source_dir: Path, candidates: list[Candidate], params: IngestParams
+    source_dir: Path,
+    candidates: list[Candidate],
+    params: IngestParams,
+    known: dict[str, list[Any]] | None = None,
 ) -> list[Inspected]:
-    """Inspect every candidate, in parallel (spawned processes) when it pays."""
+    """Inspect every candidate, in parallel (spawned processes) when it pays.
+
+    ``known`` (path -> previous verdict) spares decoding files whose content is unchanged;
+    each chunk is sent only its own paths' verdicts.
+    """
+    known = known or {}
     from tqdm import tqdm
 
     workers = max(1, params.workers)
@@ -249,12 +310,21 @@ def inspect_all(
     with tqdm(total=len(candidates), desc="ingest", unit="img", mininterval=1.0) as bar:
         if workers == 1 or len(chunks) < 2:
             for chunk in chunks:
-                results.extend(_inspect_chunk(str(source_dir), chunk, limits))
+                results.extend(_inspect_chunk(str(source_dir), chunk, limits, known))
                 bar.update(len(chunk))
         else:
             context = multiprocessing.get_context("spawn")
             with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-                futures = [pool.submit(_inspect_chunk, str(source_dir), c, limits) for c in chunks]
+                futures = [
+                    pool.submit(
+                        _inspect_chunk,
+                        str(source_dir),
+                        c,
+                        limits,
+                        {x.path: known[x.path] for x in c if x.path in known},
+                    )
+                    for c in chunks
+                ]
                 for future in futures:  # in submission order: output order is deterministic
                     chunk_result = future.result()
                     results.extend(chunk_result)
@@ -315,7 +385,9 @@ def run_ingest(params: IngestParams, index_path: Path, report_path: Path) -> dic
     discovered = discover(source_dir, labels_csv)
     candidates = discovered.candidates
     classes = sorted({c.label for c in candidates})
-    sorted_out = build_index(inspect_all(source_dir, candidates, params), classes, params)
+    key = verdict_key(params)
+    inspected = inspect_all(source_dir, candidates, params, previous_verdicts(index_path, key))
+    sorted_out = build_index(inspected, classes, params)
     records = sorted_out["records"]
     present = sorted({r["label"] for r in records})
     classes = [c for c in classes if c in present]  # a class whose files all failed is dropped
@@ -333,6 +405,9 @@ def run_ingest(params: IngestParams, index_path: Path, report_path: Path) -> dic
         "quarantined_count": len(sorted_out["quarantined"]),
         "duplicate_count": len(sorted_out["duplicates"]),
         "skipped_count": len(discovered.skipped),
+        # incremental ingest: verdicts reused from the previous index vs files decoded now
+        "reused_count": sum(1 for i in inspected if i.reused),
+        "decoded_count": sum(1 for i in inspected if i.sha256 is not None and not i.reused),
         "counts": counts,
         "split_counts": {s: sum(counts[c][s] for c in classes) for s in SPLITS},
         "formats": dict(sorted(Counter(str(r["format"]) for r in records).items())),
@@ -352,6 +427,8 @@ def run_ingest(params: IngestParams, index_path: Path, report_path: Path) -> dic
         "source_dir": params.source_dir,
         "classes": classes,
         "records": records,
+        "verdict_key": key,
+        "verdicts": verdicts_of(inspected),
     }
     write_json(index_path, index)
     write_json(report_path, report)

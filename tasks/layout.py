@@ -28,6 +28,11 @@ class Layout:
         return self.root / "data" / "shards"
 
     @property
+    def data_diff(self) -> Path:
+        """The shard stage's data diff (JSON; the Markdown summary is its ``.md`` sibling)."""
+        return self.root / "reports" / "data_diff.json"
+
+    @property
     def validation_report(self) -> Path:
         return self.root / "reports" / "validation.json"
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -35,6 +36,25 @@ class SplitInfo(BaseModel):
     shards: list[ShardFile]
 
 
+class Generation(BaseModel):
+    """One append to the shard set: the files it added and the records they hold.
+
+    Generation 0 is what ``shard.mode: rebuild`` writes (shards at the top of the shard
+    directory); generation ``n`` > 0 lives in ``gen-{n:05d}/``. A generation's files never
+    change once written: later generations only add files, so DVC uploads only those.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    number: int
+    base_fingerprint: str | None  # the manifest this generation was appended to (None: 0)
+    records_file: str  # per-shard record list (content hash, path, label, size), see shard.py
+    records_sha256: str
+    new_classes: list[str]  # classes this generation introduced (all of them for 0)
+    num_records: dict[str, int]  # records added per split
+    shards: list[str]  # the shard files it added, relative to the shard directory
+
+
 class ShardManifest(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -44,7 +64,10 @@ class ShardManifest(BaseModel):
     resize: str  # the resize policy the images went through (pad | crop | stretch)
     # tasks.images.preprocessing_version(): the code and libraries that computed the pixels
     preprocessing_version: str
+    # splits[...].shards lists every shard of every generation (what readers read)
     splits: dict[str, SplitInfo]
+    # empty only for manifests written before generations (and by test helpers)
+    generations: list[Generation] = Field(default_factory=list)
     fingerprint: str = ""
 
     @property
@@ -57,7 +80,7 @@ class ShardManifest(BaseModel):
         return "GZIP" if self.compression == "gzip" else ""
 
     def compute_fingerprint(self) -> str:
-        """sha256 over schema, classes and every shard's name, size and content hash."""
+        """sha256 over schema, classes, generations and every shard's name, size and hash."""
         body = self.model_dump(mode="json", by_alias=True, exclude={"fingerprint"})
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
@@ -79,9 +102,11 @@ def build_manifest(
     *,
     resize: str,
     preprocessing_version: str,
+    generations: list[Generation] | None = None,
 ) -> ShardManifest:
     manifest = ShardManifest.model_validate(
         {
+            "generations": generations or [],
             "schema": schema.to_dict(),
             "classes": classes,
             "compression": compression,
@@ -108,6 +133,40 @@ def load_manifest(shards_dir: str | Path) -> ShardManifest:
     if manifest.fingerprint != manifest.compute_fingerprint():
         raise ValueError(f"{path}: fingerprint does not match its contents (edited by hand?)")
     return manifest
+
+
+def records_file_name(number: int) -> str:
+    """Where generation ``number`` lists its records (generation 0 at the top, like its shards)."""
+    return "records.json" if number == 0 else f"{generation_folder(number)}records.json"
+
+
+def generation_folder(number: int) -> str:
+    """Folder prefix of a generation's files: none for 0, ``gen-00001/`` for 1, and so on."""
+    return "" if number == 0 else f"gen-{number:05d}/"
+
+
+def load_records(
+    shards_dir: str | Path, manifest: ShardManifest
+) -> dict[str, list[dict[str, Any]]]:
+    """Every generation's record list: shard file -> its records in file order.
+
+    Each record is ``{"sha256", "path", "label_index", "width", "height"}``. A records file
+    whose sha256 is not the manifest's raises: the lists stand in for re-reading old shards.
+    """
+    if not manifest.generations:
+        raise ValueError(
+            f"{Path(shards_dir) / MANIFEST_NAME}: written before shard generations (no record "
+            "lists); rebuild the shard set (shard.mode: rebuild)"
+        )
+    per_file: dict[str, list[dict[str, Any]]] = {}
+    for generation in manifest.generations:
+        path = Path(shards_dir) / generation.records_file
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: records of generation {generation.number} missing")
+        if file_sha256(path) != generation.records_sha256:
+            raise ValueError(f"{path}: sha256 differs from the manifest (edited or damaged)")
+        per_file.update(json.loads(path.read_text())["shards"])
+    return per_file
 
 
 def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:

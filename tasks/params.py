@@ -77,6 +77,8 @@ class ShardParams(_Strict):
     workers: int = Field(ge=1)
     runner: Literal["local", "dask"]
     dask_address: str | None
+    # rebuild: one generation from the index; append: keep the current shards, add a generation
+    mode: Literal["rebuild", "append"]
 
     @model_validator(mode="after")
     def _dask_needs_address(self) -> ShardParams:
@@ -122,9 +124,22 @@ class WorkspaceParams(_Strict):
     lock_timeout_s: float = Field(gt=0)  # how long a second writer waits for the lock
 
 
+class ValidateParams(_Strict):
+    """Limits on how much a data change may move the dataset before validation fails."""
+
+    # largest allowed change of any class's share of all records (0.05 = 5 points)
+    max_class_share_shift: float = Field(ge=0, le=1)
+    allow_new_classes: bool
+
+
 class Params(_Strict):
+    # `validate` would shadow BaseModel.validate: the field is `validate_`, spelled
+    # `validate` in params.yaml.
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
     ingest: IngestParams
     shard: ShardParams
+    validate_: ValidateParams = Field(alias="validate")
     train: TrainParams
     evaluate: EvaluateParams
     workspace: WorkspaceParams

@@ -24,6 +24,7 @@ import json
 import math
 import multiprocessing
 import os
+import shutil
 import sys
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -37,12 +38,16 @@ from tasks.index import load_index
 from tasks.manifest import (
     MANIFEST_NAME,
     SPLITS,
+    Generation,
     ShardFile,
     ShardManifest,
     SplitInfo,
     build_manifest,
     file_sha256,
+    generation_folder,
     load_manifest,
+    load_records,
+    records_file_name,
 )
 from tasks.params import ShardParams
 from tasks.schema import RecordSchema
@@ -119,13 +124,26 @@ def schema_from_params(params: ShardParams) -> RecordSchema:
     return RecordSchema(height, width, params.encoding, jpeg_quality=params.jpeg_quality)
 
 
-def ordered_records(params: ShardParams, index: dict[str, Any]) -> dict[str, list[ShardRecord]]:
-    """Each split's records, in seeded-hash order (ties, impossible after ingest, by path)."""
+def ordered_records(
+    params: ShardParams,
+    index: dict[str, Any],
+    *,
+    classes: list[str] | None = None,
+    exclude: frozenset[str] | set[str] = frozenset(),
+) -> dict[str, list[ShardRecord]]:
+    """Each split's records, in seeded-hash order (ties, impossible after ingest, by path).
+
+    ``classes`` (append) gives the label indices by class name instead of the index's own
+    (sorted) numbering; records whose content hash is in ``exclude`` are left out.
+    """
     by_split: dict[str, list[tuple[str, str, ShardRecord]]] = {s: [] for s in SPLITS}
     for rec in index["records"]:
         if rec["split"] not in by_split:
             raise ValueError(f"index record {rec['path']}: unknown split {rec['split']!r}")
-        item = ShardRecord(rec["path"], int(rec["label_index"]), rec["sha256"])
+        if rec["sha256"] in exclude:
+            continue
+        label = int(rec["label_index"]) if classes is None else classes.index(rec["label"])
+        item = ShardRecord(rec["path"], label, rec["sha256"])
         by_split[rec["split"]].append((order_key(params.seed, item.sha256), item.path, item))
     return {s: [item for *_, item in sorted(items)] for s, items in by_split.items()}
 
@@ -154,12 +172,23 @@ def plan_shards(params: ShardParams, index: dict[str, Any]) -> list[ShardSpec]:
     The target is MiB of uncompressed records (GZIP shards come out smaller); every
     non-empty split gets at least one shard, and no shard is empty.
     """
+    return cut_shards(params, index, ordered_records(params, index), folder="")
+
+
+def cut_shards(
+    params: ShardParams,
+    index: dict[str, Any],
+    by_split: dict[str, list[ShardRecord]],
+    *,
+    folder: str,
+) -> list[ShardSpec]:
+    """Cut ordered records into shard specs whose files live under ``folder`` (a generation)."""
     schema = schema_from_params(params).to_dict()
     version = preprocessing_version()
     per_shard = params.target_shard_mb * (1 << 20)
     record_bytes = estimate_record_bytes(params, index) if index["records"] else 1.0
     specs = []
-    for split, records in ordered_records(params, index).items():
+    for split, records in by_split.items():
         if not records:
             continue
         n = len(records)
@@ -171,7 +200,7 @@ def plan_shards(params: ShardParams, index: dict[str, Any]) -> list[ShardSpec]:
                     split=split,
                     index=i,
                     num_shards=num_shards,
-                    file=shard_name(split, i, num_shards),
+                    file=folder + shard_name(split, i, num_shards),
                     records=chunk,
                     source_dir=str(index["source_dir"]),
                     schema=schema,
@@ -212,7 +241,8 @@ def write_shard(spec: ShardSpec, shards_dir: Path) -> ShardFile:
         )
     schema = spec.record_schema
     final = shards_dir / spec.file
-    tmp = shards_dir / f".{spec.file}.tmp-{os.getpid()}"
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
     try:
         # No TensorFlow in shard workers: tasks.tfrecord writes the same framing.
         with TFRecordWriter(tmp, gzip_compress=spec.compression == "gzip") as writer:
@@ -245,21 +275,60 @@ def prepare_shards_dir(specs: list[ShardSpec], shards_dir: Path) -> list[ShardSp
     Always removes temporaries and the manifest (rewritten last). Finished shards are kept
     only when ``.plan.json`` records the same plan; otherwise every shard file goes. When the
     previous manifest survives, a kept shard must also still match its recorded size and
-    sha256, so a shard damaged after it was written is rewritten rather than reused.
+    sha256, so a shard damaged after it was written is rewritten rather than reused. A
+    rebuild is generation 0 alone: every appended generation's folder goes too.
     """
     shards_dir.mkdir(parents=True, exist_ok=True)
-    digest = plan_hash(specs)
-    plan_path = shards_dir / PLAN_NAME
-    same_plan = plan_path.exists() and _read_plan_hash(plan_path) == digest
-    wanted = {s.file for s in specs}
+    same_plan = _same_plan(specs, shards_dir)
     recorded = _recorded_shards(shards_dir) if same_plan else {}
     (shards_dir / MANIFEST_NAME).unlink(missing_ok=True)
-    for stale in shards_dir.glob(".*.tmp-*"):
+    for folder in sorted(shards_dir.glob("gen-*")):
+        shutil.rmtree(folder)
+    return _keep_finished(specs, shards_dir, shards_dir, same_plan, recorded)
+
+
+def prepare_generation_dir(
+    specs: list[ShardSpec], shards_dir: Path, plan: StagePlan
+) -> list[ShardSpec]:
+    """Get the new generation's folder ready; never touch the base's files or its manifest.
+
+    The base manifest stays in place until the new one replaces it, so a killed append
+    leaves the base complete and a rerun appends the same generation again (keeping the
+    shards it finished). Folders of generations the base does not list (an abandoned
+    append on another base) are removed.
+    """
+    assert plan.base is not None
+    folder = shards_dir / generation_folder(plan.number)
+    listed = {generation_folder(g.number).rstrip("/") for g in plan.base.generations}
+    for other in sorted(shards_dir.glob("gen-*")):
+        if other.name not in listed and other != folder:
+            shutil.rmtree(other)
+    folder.mkdir(parents=True, exist_ok=True)
+    same_plan = _same_plan(specs, folder)
+    return _keep_finished(specs, shards_dir, folder, same_plan, {})
+
+
+def _same_plan(specs: list[ShardSpec], folder: Path) -> bool:
+    plan_path = folder / PLAN_NAME
+    return plan_path.exists() and _read_plan_hash(plan_path) == plan_hash(specs)
+
+
+def _keep_finished(
+    specs: list[ShardSpec],
+    shards_dir: Path,
+    folder: Path,
+    same_plan: bool,
+    recorded: dict[str, ShardFile],
+) -> list[ShardSpec]:
+    """In ``folder``: drop temporaries and shards of another plan; record this plan."""
+    wanted = {s.file for s in specs}
+    for stale in folder.glob(".*.tmp-*"):
         stale.unlink()
-    for old in shards_dir.glob("*.tfrecord-*"):
-        if not same_plan or old.name not in wanted or not _matches(old, recorded.get(old.name)):
+    for old in folder.glob("*.tfrecord-*"):
+        name = old.relative_to(shards_dir).as_posix()
+        if not same_plan or name not in wanted or not _matches(old, recorded.get(name)):
             old.unlink()
-    write_json(plan_path, {"plan_hash": digest, "shards": len(specs)})
+    write_json(folder / PLAN_NAME, {"plan_hash": plan_hash(specs), "shards": len(specs)})
     return [s for s in specs if not (shards_dir / s.file).exists()]
 
 
@@ -300,55 +369,288 @@ def write_shards(specs: list[ShardSpec], shards_dir: Path, workers: int) -> list
     return [results[spec.file] for spec in specs]
 
 
-def finalize_manifest(
-    params: ShardParams,
+class RebuildNeeded(ValueError):
+    """``shard.mode: append`` cannot express this change; ``shard.mode: rebuild`` can."""
+
+
+REBUILD_HINT = "set shard.mode: rebuild in params.yaml (or run `make compact`)"
+
+
+@dataclass
+class StagePlan:
+    """What one run of the shard stage writes, and what it builds on."""
+
+    mode: str
+    number: int  # the generation this run writes
+    specs: list[ShardSpec]
+    classes: list[str]  # the new manifest's classes: the base's first, new ones appended
+    sizes: dict[str, tuple[int, int]]  # content hash -> (width, height) recorded at ingest
+    paths: dict[str, str]  # content hash -> its path in the current sources
+    base: ShardManifest | None  # append: the manifest appended to
+    previous: ShardManifest | None  # the manifest found before this run: the diff's "before"
+    previous_records: dict[str, list[dict[str, Any]]] | None
+
+
+def plan_stage(params: ShardParams, index_path: Path, shards_dir: Path) -> StagePlan:
+    """Plan a rebuild (generation 0 from the index) or an append (a new generation)."""
+    shards_dir = Path(shards_dir)
+    index = load_index(Path(index_path))
+    previous, previous_records = _previous(shards_dir)
+    sizes = {r["sha256"]: (int(r["width"]), int(r["height"])) for r in index["records"]}
+    paths = {r["sha256"]: r["path"] for r in index["records"]}
+    if params.mode == "rebuild":
+        specs = plan_shards(params, index)
+        classes, number, base = list(index["classes"]), 0, None
+    else:
+        base = load_base(shards_dir)
+        check_compatible(base, params, shards_dir)
+        try:
+            base_records = load_records(shards_dir, base)
+        except ValueError as error:
+            raise RebuildNeeded(f"{error}; {REBUILD_HINT}") from error
+        exclude = check_nothing_removed(index, base, base_records, shards_dir)
+        classes = base.classes + sorted(set(index["classes"]) - set(base.classes))
+        number = len(base.generations)
+        ordered = ordered_records(params, index, classes=classes, exclude=exclude)
+        specs = cut_shards(params, index, ordered, folder=generation_folder(number))
+        previous, previous_records = base, base_records
+    del index["records"]  # the plan holds what writing needs; keep peak memory flat
+    return StagePlan(
+        params.mode, number, specs, classes, sizes, paths, base, previous, previous_records
+    )
+
+
+def load_base(shards_dir: Path) -> ShardManifest:
+    """The manifest an append builds on; missing, the stage stops and names the fix."""
+    if not (shards_dir / MANIFEST_NAME).exists():
+        raise FileNotFoundError(
+            f"{shards_dir / MANIFEST_NAME}: shard.mode is append but the base shard set is "
+            "not here; fetch it with `dvc pull data/shards` (a fresh clone has only its "
+            "hash), or set shard.mode: rebuild to build the whole set again"
+        )
+    base = load_manifest(shards_dir)
+    for info in base.splits.values():
+        for shard in info.shards:
+            path = shards_dir / shard.file
+            if not path.is_file() or path.stat().st_size != shard.bytes:
+                raise FileNotFoundError(
+                    f"{path}: a base shard is missing or incomplete; fetch the base with "
+                    "`dvc pull data/shards`, or set shard.mode: rebuild"
+                )
+    return base
+
+
+def check_compatible(base: ShardManifest, params: ShardParams, shards_dir: Path) -> None:
+    """An append must write records exactly like the base's: same schema and preprocessing."""
+    now = {
+        "schema": schema_from_params(params).to_dict(),
+        "compression": params.compression,
+        "resize": params.resize,
+        "preprocessing_version": preprocessing_version(),
+    }
+    then = {
+        "schema": dict(base.schema_),
+        "compression": base.compression,
+        "resize": base.resize,
+        "preprocessing_version": base.preprocessing_version,
+    }
+    changed = [
+        k for k in now if json.dumps(now[k], sort_keys=True) != json.dumps(then[k], sort_keys=True)
+    ]
+    if changed:
+        raise RebuildNeeded(
+            f"{shards_dir}: the base shards differ from what shard params and code write now "
+            f"({', '.join(changed)}); an append cannot mix two kinds of record: {REBUILD_HINT}"
+        )
+
+
+def check_nothing_removed(
     index: dict[str, Any],
-    specs: list[ShardSpec],
-    results: list[ShardFile],
+    base: ShardManifest,
+    base_records: dict[str, list[dict[str, Any]]],
     shards_dir: Path,
+) -> set[str]:
+    """Content hashes already in the base; refuses when a base record is gone or moved.
+
+    Append never removes or rewrites a record: an image deleted or edited since the base
+    (its old content is gone), or moved to another class or split, needs a rebuild.
+    """
+    current = {r["sha256"]: r for r in index["records"]}
+    split_of = {s.file: split for split, info in base.splits.items() for s in info.shards}
+    problems = []
+    for file, entries in base_records.items():
+        for entry in entries:
+            now = current.get(entry["sha256"])
+            label = base.classes[int(entry["label_index"])]
+            if now is None:
+                problems.append(f"{entry['path']} removed or changed")
+            elif now["label"] != label or now["split"] != split_of[file]:
+                problems.append(
+                    f"{entry['path']} moved from {label}/{split_of[file]} to "
+                    f"{now['label']}/{now['split']}"
+                )
+    if problems:
+        raise RebuildNeeded(
+            f"{shards_dir}: {len(problems)} record(s) of the base shard set no longer match "
+            f"the sources ({'; '.join(problems[:5])}); append only adds records: "
+            f"{REBUILD_HINT}"
+        )
+    return {entry["sha256"] for entries in base_records.values() for entry in entries}
+
+
+def _previous(
+    shards_dir: Path,
+) -> tuple[ShardManifest | None, dict[str, list[dict[str, Any]]] | None]:
+    """The manifest already in ``shards_dir`` and its record lists, where readable."""
+    try:
+        previous = load_manifest(shards_dir)
+    except (OSError, ValueError):
+        return None, None
+    try:
+        return previous, load_records(shards_dir, previous)
+    except (OSError, ValueError, KeyError):
+        return previous, None
+
+
+def prepare(plan: StagePlan, shards_dir: Path) -> list[ShardSpec]:
+    """Ready ``shards_dir`` for the plan; return the specs whose shard is still missing."""
+    if plan.base is None:
+        return prepare_shards_dir(plan.specs, Path(shards_dir))
+    if not plan.specs:
+        return []  # nothing new: no generation, the base stays exactly as it is
+    return prepare_generation_dir(plan.specs, Path(shards_dir), plan)
+
+
+def finalize_manifest(
+    params: ShardParams, plan: StagePlan, results: list[ShardFile], shards_dir: Path
 ) -> ShardManifest:
-    """Build the manifest from the plan and the written shards; write it last, atomically."""
+    """Write the generation's record list, then the manifest (last, atomically).
+
+    The manifest lists the base's shards (unchanged) followed by the new generation's, per
+    split; the fingerprint covers every generation. An append that adds nothing leaves the
+    base manifest as it is.
+    """
+    shards_dir = Path(shards_dir)
+    base, specs = plan.base, plan.specs
+    if base is not None and not specs:
+        return base
     by_file = {r.file: r for r in results}
-    classes: list[str] = list(index["classes"])
     splits = {}
     for split in SPLITS:
         split_specs = [s for s in specs if s.split == split]
-        shards = []
+        shards = list(base.splits[split].shards) if base and split in base.splits else []
+        counts = (
+            Counter(base.splits[split].class_counts) if base and split in base.splits else Counter()
+        )
         for spec in split_specs:
             result = by_file.get(spec.file)
             if result is None or result.num_records != len(spec.records):
                 raise ValueError(f"{shards_dir / spec.file}: no matching write result for the plan")
             shards.append(result)
-        labels = Counter(r.label_index for s in split_specs for r in s.records)
+        counts.update(plan.classes[r.label_index] for s in split_specs for r in s.records)
         splits[split] = SplitInfo(
-            num_records=sum(len(s.records) for s in split_specs),
-            class_counts={name: labels.get(i, 0) for i, name in enumerate(classes)},
+            num_records=sum(s.num_records for s in shards),
+            class_counts={name: counts.get(name, 0) for name in plan.classes},
             shards=shards,
         )
+    generation = write_generation_records(plan, shards_dir)
     manifest = build_manifest(
         schema_from_params(params),
-        classes,
+        plan.classes,
         params.compression,
         splits,
         resize=params.resize,
         preprocessing_version=specs[0].preprocessing_version if specs else preprocessing_version(),
+        generations=[*(base.generations if base else []), generation],
     )
-    write_text(Path(shards_dir) / MANIFEST_NAME, manifest.to_json())
+    write_text(shards_dir / MANIFEST_NAME, manifest.to_json())
     return manifest
 
 
+def write_generation_records(plan: StagePlan, shards_dir: Path) -> Generation:
+    """Write what this generation added (per shard, in file order) and describe it.
+
+    The record lists let an append see the base's records, validation check old shards
+    by hash, and the data diff compare versions, all without re-reading a shard.
+    """
+    per_file = {
+        spec.file: [
+            {
+                "sha256": r.sha256,
+                "path": r.path,
+                "label_index": r.label_index,
+                "width": plan.sizes[r.sha256][0],
+                "height": plan.sizes[r.sha256][1],
+            }
+            for r in spec.records
+        ]
+        for spec in plan.specs
+    }
+    name = records_file_name(plan.number)
+    write_json(shards_dir / name, {"generation": plan.number, "shards": per_file})
+    old = set(plan.base.classes) if plan.base else set()
+    return Generation(
+        number=plan.number,
+        base_fingerprint=plan.base.fingerprint if plan.base else None,
+        records_file=name,
+        records_sha256=file_sha256(shards_dir / name),
+        new_classes=[c for c in plan.classes if c not in old],
+        num_records={
+            split: sum(len(s.records) for s in plan.specs if s.split == split) for split in SPLITS
+        },
+        shards=[spec.file for spec in plan.specs],
+    )
+
+
+def records_of(
+    manifest: ShardManifest, plan: StagePlan, shards_dir: Path
+) -> dict[str, list[dict[str, Any]]]:
+    """Every generation's record lists of the manifest just written (the diff's "after")."""
+    if plan.base is not None and plan.previous_records is not None and not plan.specs:
+        return plan.previous_records
+    return load_records(shards_dir, manifest)
+
+
 def run_shard(
-    params: ShardParams, index_path: Path, shards_dir: Path, *, workers: int | None = None
+    params: ShardParams,
+    index_path: Path,
+    shards_dir: Path,
+    *,
+    workers: int | None = None,
+    diff_path: Path | None = None,
 ) -> ShardManifest:
-    """Shard the ingest index into ``shards_dir``; resumes a killed run of the same plan."""
+    """Shard the ingest index into ``shards_dir``; resumes a killed run of the same plan.
+
+    With ``diff_path``, also writes the data diff against the manifest found before (JSON
+    there, Markdown next to it).
+    """
     shards_dir = Path(shards_dir)
-    index = load_index(Path(index_path))
-    specs = plan_shards(params, index)
-    del index["records"]  # the plan holds what writing needs; keep peak memory flat
-    missing = prepare_shards_dir(specs, shards_dir)
+    plan = plan_stage(params, index_path, shards_dir)
+    missing = prepare(plan, shards_dir)
     written = {r.file: r for r in write_shards(missing, shards_dir, workers or params.workers)}
-    results = [written.get(s.file) or describe_shard(s, shards_dir) for s in specs]
-    return finalize_manifest(params, index, specs, results, shards_dir)
+    results = [written.get(s.file) or describe_shard(s, shards_dir) for s in plan.specs]
+    manifest = finalize_manifest(params, plan, results, shards_dir)
+    if diff_path is not None:
+        write_stage_diff(plan, manifest, shards_dir, diff_path)
+    return manifest
+
+
+def write_stage_diff(
+    plan: StagePlan, manifest: ShardManifest, shards_dir: Path, diff_path: Path
+) -> dict[str, Any]:
+    """The data diff of this run (previous manifest -> this one), written as JSON + Markdown."""
+    from tasks import data_diff
+
+    diff = data_diff.compute(
+        plan.previous,
+        plan.previous_records,
+        manifest,
+        records_of(manifest, plan, shards_dir),
+        mode=plan.mode,
+        current_paths=plan.paths,
+    )
+    data_diff.write(diff, Path(diff_path))
+    return diff
 
 
 # -- file helpers ----------------------------------------------------------------------------

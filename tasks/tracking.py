@@ -105,7 +105,14 @@ def start_train_run(
         tags=[RunTag(key, value) for key, value in tags.items()],
     )
     log_dataset(mlflow_client, run_id, manifest, shards_dir=shards_dir)
+    log_generations(mlflow_client, run_id, manifest)
     return run_id
+
+
+def log_generations(mlflow_client: MlflowClient, run_id: str, manifest: ShardManifest) -> None:
+    """The shard set's generation list (number, base, records added per split) as a run file."""
+    generations = [g.model_dump(mode="json") for g in manifest.generations]
+    mlflow_client.log_dict(run_id, {"generations": generations}, "data/generations.json")
 
 
 def lineage_tags(manifest: ShardManifest, *, root: str | Path = ".") -> dict[str, str]:

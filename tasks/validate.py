@@ -18,6 +18,7 @@ from typing import Any
 
 from tasks.atomic import write_json, write_text
 from tasks.manifest import MANIFEST_NAME, SPLITS, ShardManifest, file_sha256
+from tasks.params import ValidateParams
 from tasks.schema import HASH_KEY, IMAGE_KEY, LABEL_KEY, RecordSchema, SchemaError
 
 BATCH_SIZE = 256
@@ -116,17 +117,20 @@ def check_files(manifest: ShardManifest, shards_dir: Path) -> dict[str, Any]:
 # -- reading records -------------------------------------------------------------------------
 
 
-def read_shards(manifest: ShardManifest, shards_dir: Path) -> list[ShardContents]:
+def read_shards(
+    manifest: ShardManifest, shards_dir: Path, only: set[str] | None = None
+) -> list[ShardContents]:
     """Labels and hashes of every record of every existing shard, in manifest order.
 
     Fast path: one tf.data pipeline over all files (batched parse and decode). If it hits an
     error, each file is read on its own and a failing file is scanned record by record.
+    ``only`` limits the reading to those shard files.
     """
     targets = [
         ShardContents(split, shard.file)
         for split, info in manifest.splits.items()
         for shard in info.shards
-        if (shards_dir / shard.file).is_file()
+        if (shards_dir / shard.file).is_file() and (only is None or shard.file in only)
     ]
     if not targets:
         return targets
@@ -333,9 +337,11 @@ def check_index(
         for digest, label in zip(target.hashes, target.labels, strict=True):
             found[digest].append((target.split, label))
     problems: list[dict[str, Any]] = []
+    # By class name: an appended shard set keeps its classes' indices, new classes last.
+    position = {name: i for i, name in enumerate(manifest.classes)}
     for record in index["records"]:
         seen = found.pop(record["sha256"], [])
-        want = (record["split"], int(record["label_index"]))
+        want = (record["split"], position.get(record["label"], -1))
         if seen != [want]:
             problems.append(
                 {"path": record["path"], "index": list(want), "shards": [list(s) for s in seen]}
@@ -344,7 +350,7 @@ def check_index(
         {"content_hash": digest, "shards": [list(s) for s in places]}
         for digest, places in found.items()
     ]
-    if list(index["classes"]) != manifest.classes:
+    if sorted(index["classes"]) != sorted(manifest.classes):
         problems.append(
             {"problem": f"index classes {index['classes']} != manifest {manifest.classes}"}
         )
@@ -364,19 +370,122 @@ def check_index(
     )
 
 
+# -- generations and the data diff ----------------------------------------------------------
+
+
+def read_generations(
+    manifest: ShardManifest, shards_dir: Path
+) -> tuple[list[ShardContents], dict[str, Any] | None]:
+    """The newest generation read in full; older ones from their record lists, by hash.
+
+    An older generation's shards were read in full when they were new, and ``files``
+    checks each against the manifest's sha256, which fixes its records; the record list
+    (sha256 also in the manifest) says what they hold. The newest generation's records must
+    equal its list. Returns the contents and a ``generations`` check (None for a one-
+    generation set whose list matches: nothing to report beyond the other checks).
+    """
+    from tasks.manifest import load_records
+
+    if not manifest.generations:
+        return read_shards(manifest, shards_dir), None
+    problems: list[str] = []
+    try:
+        per_file = load_records(shards_dir, manifest)
+    except (OSError, ValueError, KeyError) as exc:
+        problems.append(str(exc))
+        contents = read_shards(manifest, shards_dir)
+        return contents, check("generations", problems, "", "; ".join(problems))
+    newest = set(manifest.generations[-1].shards)
+    contents = read_shards(manifest, shards_dir, only=newest)
+    for target in contents:
+        listed = [(e["sha256"], int(e["label_index"])) for e in per_file.get(target.file, [])]
+        if not target.error and listed != list(zip(target.hashes, target.labels, strict=True)):
+            problems.append(f"{target.file}: records differ from its generation's record list")
+    listed_files = {f for g in manifest.generations for f in g.shards}
+    old = 0
+    for split, info in manifest.splits.items():
+        for shard in info.shards:
+            if shard.file not in listed_files:
+                problems.append(f"{shard.file}: in no generation")
+            elif shard.file not in newest and (shards_dir / shard.file).is_file():
+                entries = per_file.get(shard.file, [])
+                labels = [int(e["label_index"]) for e in entries]
+                contents.append(
+                    ShardContents(split, shard.file, labels, [e["sha256"] for e in entries])
+                )
+                old += 1
+    if len(manifest.generations) < 2 and not problems:
+        return contents, None
+    ok = (
+        f"{len(manifest.generations)} generations: {len(newest)} new shards read in full, "
+        f"{old} older shards checked by sha256 with their record lists"
+    )
+    return contents, check(
+        "generations",
+        problems,
+        ok,
+        "; ".join(problems[:5]),
+        generations=len(manifest.generations),
+        new_shards=len(newest),
+        old_shards=old,
+    )
+
+
+def check_data_diff(
+    diff_path: Path, manifest: ShardManifest, max_class_share_shift: float, allow_new_classes: bool
+) -> dict[str, Any]:
+    """The shard stage's data diff describes these shards and stays within the params' limits."""
+    import json
+
+    from tasks import data_diff
+
+    try:
+        diff = json.loads(Path(diff_path).read_text())
+    except (OSError, ValueError) as exc:
+        return check("data_diff", [str(exc)], "", f"{diff_path}: unreadable ({exc}); rerun shard")
+    if diff.get("fingerprint") != manifest.fingerprint:
+        problem = f"{diff_path} describes shards {str(diff.get('fingerprint'))[:12]}, not these"
+        return check("data_diff", [problem], "", f"{problem}; rerun the shard stage")
+    problems = data_diff.violations(diff, max_class_share_shift, allow_new_classes)
+    ok = (
+        f"+{diff['added_total']} -{diff['removed_total']} images within the limits"
+        if diff["previous_known"]
+        else "first build: nothing to compare against"
+    )
+    return check(
+        "data_diff",
+        problems,
+        ok,
+        "; ".join(problems),
+        added=diff["added_total"],
+        removed=diff["removed_total"],
+    )
+
+
 # -- the stage -------------------------------------------------------------------------------
 
 
 def run_validate(
-    shards_dir: Path, report_path: Path, summary_path: Path, *, index_path: Path | None = None
+    shards_dir: Path,
+    report_path: Path,
+    summary_path: Path,
+    *,
+    index_path: Path | None = None,
+    diff_path: Path | None = None,
+    limits: ValidateParams | None = None,
 ) -> dict[str, Any]:
-    """Check a shard set; write the JSON report and Markdown summary; return the report."""
+    """Check a shard set; write the JSON report and Markdown summary; return the report.
+
+    With ``diff_path`` and ``limits``, the data diff must describe these shards and stay
+    within ``validate.max_class_share_shift`` and ``validate.allow_new_classes``.
+    """
     shards_dir = Path(shards_dir)
     manifest, manifest_check = load_manifest_lenient(shards_dir)
     checks = [manifest_check]
     contents: list[ShardContents] = []
     if manifest is not None:
-        contents = read_shards(manifest, shards_dir)
+        contents, generations_check = read_generations(manifest, shards_dir)
+        checks += [generations_check] if generations_check else []
         checks += [
             check_files(manifest, shards_dir),
             check_records(manifest, contents),
@@ -386,6 +495,15 @@ def run_validate(
         ]
         if index_path is not None:
             checks.append(check_index(Path(index_path), manifest, contents))
+        if diff_path is not None and limits is not None:
+            checks.append(
+                check_data_diff(
+                    Path(diff_path),
+                    manifest,
+                    limits.max_class_share_shift,
+                    limits.allow_new_classes,
+                )
+            )
     report = {
         "passed": all(c["passed"] for c in checks),
         "fingerprint": manifest.fingerprint if manifest else None,

@@ -15,7 +15,7 @@ from PIL import Image
 
 from tasks.images import preprocess_bytes, preprocessing_version
 from tasks.manifest import load_manifest
-from tasks.params import IngestParams, ShardParams
+from tasks.params import default_params
 from tasks.predict import (
     PreprocessingMismatch,
     ServingSpec,
@@ -74,11 +74,13 @@ def test_model_input_from_source_bytes_equals_the_shard_pixels(
     from tasks.shard import run_shard
 
     source_dir = tiny_index.parent / "images"
-    params = ShardParams(image_size=(16, 16), encoding=encoding, workers=1)
+    params = default_params(
+        shard={"image_size": [16, 16], "encoding": encoding, "workers": 1}
+    ).shard
     shards = tmp_path / "shards"
     run_shard(params, tiny_index, shards, workers=1)
     manifest = load_manifest(shards)
-    spec = ServingSpec.from_manifest(manifest, IngestParams())
+    spec = ServingSpec.from_manifest(manifest, default_params().ingest)
     assert spec.preprocessing_version == manifest.preprocessing_version == preprocessing_version()
     checked, lossy = 0, 0
     for split in ("train", "val", "test"):

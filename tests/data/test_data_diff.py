@@ -1,0 +1,116 @@
+"""The data diff of a crafted change, and the params limits that fail validation and training."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tasks.params import ValidateParams
+from tasks.train import ShardsNotValidated, check_validated
+from tasks.validate import run_validate
+from tests.unit.test_append import Project, add_images
+
+
+@pytest.fixture
+def changed(tmp_path: Path) -> tuple[Project, list[str], str]:
+    """Base of 3 classes x 8, then 6 images of a new class and one copied image appended."""
+    project = Project(tmp_path)
+    project.update("rebuild")
+    added = add_images(project.source, "amber", 6, seed=7)
+    copy = "red/00-copy.png"  # sorts before red/001.png, so ingest keeps this name
+    shutil.copy(project.source / "red" / "001.png", project.source / copy)
+    project.update("append")
+    return project, added, copy
+
+
+def diff_of(project: Project) -> dict[str, Any]:
+    return json.loads((project.root / "diff.json").read_text())
+
+
+def validate(project: Project, limits: ValidateParams) -> dict[str, Any]:
+    reports = project.root / "reports"
+    return run_validate(
+        project.shards,
+        reports / "validation.json",
+        reports / "validation.md",
+        index_path=project.index,
+        diff_path=project.root / "diff.json",
+        limits=limits,
+    )
+
+
+def test_diff_counts_a_crafted_change(changed: tuple[Project, list[str], str]) -> None:
+    project, added, copy = changed
+    diff = diff_of(project)
+    index = json.loads(project.index.read_text())
+    split_of = {r["path"]: r["split"] for r in index["records"]}
+    want = Counter(split_of[p] for p in added)
+    assert diff["added"] == {
+        s: ({"amber": want[s]} if want[s] else {}) for s in ("train", "val", "test")
+    }
+    assert diff["added_total"] == 6 and diff["removed_total"] == 0
+    assert diff["records"] == {"before": 24, "after": 30}
+    assert diff["new_classes"] == ["amber"]
+    assert diff["class_share"]["amber"] == {"before": 0.0, "after": 0.2, "shift": 0.2}
+    assert diff["class_share"]["red"]["shift"] == pytest.approx(8 / 30 - 1 / 3, abs=1e-6)
+    assert diff["largest_share_shift"] == {"class": "amber", "shift": 0.2}
+    assert diff["duplicates"] == [{"path": copy, "same_content_as": "red/001.png"}]
+    # amber images are 20-26 px wide and 24 px high: the width quantiles drop
+    assert diff["image_size"]["after"]["width"][0] <= diff["image_size"]["before"]["width"][0]
+    summary = (project.root / "diff.md").read_text()
+    assert "| amber |" in summary and "+0.200" in summary
+
+
+def test_diff_counts_removals_after_a_rebuild(tmp_path: Path) -> None:
+    project = Project(tmp_path)
+    project.update("rebuild")
+    index = json.loads(project.index.read_text())
+    gone = [r for r in index["records"] if r["label"] == "blue"][:3]
+    for record in gone:
+        (project.source / record["path"]).unlink()
+    project.update("rebuild")
+    diff = diff_of(project)
+    want = Counter(r["split"] for r in gone)
+    assert {s: n.get("blue", 0) for s, n in diff["removed"].items()} == {
+        s: want.get(s, 0) for s in ("train", "val", "test")
+    }
+    assert diff["removed_total"] == 3 and diff["added_total"] == 0 and diff["generations"] == 1
+
+
+def test_thresholds_fail_validation_and_training_refuses(
+    changed: tuple[Project, list[str], str],
+) -> None:
+    project, _, _ = changed
+    strict = validate(project, ValidateParams(max_class_share_shift=0.1, allow_new_classes=False))
+    failed = {c["name"]: c["message"] for c in strict["checks"] if not c["passed"]}
+    assert list(failed) == ["data_diff"]
+    assert "allow_new_classes" in failed["data_diff"]
+    assert (
+        "'amber' share moved" in failed["data_diff"]
+        and "max_class_share_shift" in (failed["data_diff"])
+    )
+    with pytest.raises(ShardsNotValidated, match="data_diff"):
+        check_validated(project.shards, project.root / "reports" / "validation.json")
+
+    accepting = validate(
+        project, ValidateParams(max_class_share_shift=0.25, allow_new_classes=True)
+    )
+    assert accepting["passed"]
+    manifest = check_validated(project.shards, project.root / "reports" / "validation.json")
+    assert len(manifest.generations) == 2
+
+
+def test_a_stale_diff_fails_validation(changed: tuple[Project, list[str], str]) -> None:
+    project, _, _ = changed
+    diff = diff_of(project)
+    diff["fingerprint"] = hashlib.sha256(b"other shards").hexdigest()
+    (project.root / "diff.json").write_text(json.dumps(diff))
+    report = validate(project, ValidateParams(max_class_share_shift=1.0, allow_new_classes=True))
+    failed = {c["name"]: c["message"] for c in report["checks"] if not c["passed"]}
+    assert list(failed) == ["data_diff"] and "not these" in failed["data_diff"]

@@ -1,0 +1,274 @@
+"""Growing data: incremental ingest, append-only shard generations, reading every generation."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tasks.ingest import run_ingest
+from tasks.manifest import load_manifest
+from tasks.params import SplitFractions, default_params
+from tasks.reader import read_split
+from tasks.schema import HASH_KEY, LABEL_KEY
+from tasks.shard import RebuildNeeded, run_shard
+from tasks.validate import run_validate
+from tests.conftest import write_image_folder
+
+SPLITS = SplitFractions(train=0.5, val=0.25, test=0.25)
+
+
+def add_images(source: Path, label: str, count: int, *, seed: int) -> list[str]:
+    """Write ``count`` new distinct PNGs into ``source/label``; return their relative paths."""
+    rng = np.random.default_rng(seed)
+    (source / label).mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(count):
+        pixels = rng.integers(0, 256, size=(24, 20 + i % 7, 3), dtype=np.uint8)
+        name = f"{label}/new_{seed}_{i:03d}.png"
+        Image.fromarray(pixels, mode="RGB").save(source / name)
+        paths.append(name)
+    return paths
+
+
+def ingest_params(source: Path) -> Any:
+    settings = {"source_dir": str(source), "splits": SPLITS.model_dump(), "workers": 1}
+    return default_params(ingest=settings).ingest
+
+
+class Project:
+    """A source folder, its index and its shard set, run stage by stage like `dvc repro`."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.source = write_image_folder(root / "images", per_class=8)
+        self.index = root / "index.json"
+        self.shards = root / "shards"
+        self.base_fingerprint = ""
+
+    def ingest(self) -> dict[str, Any]:
+        params = default_params(
+            ingest={"source_dir": str(self.source), "splits": SPLITS.model_dump(), "workers": 1}
+        ).ingest
+        return run_ingest(params, self.index, self.root / "ingest.json")
+
+    def shard(self, mode: str = "append") -> Any:
+        params = default_params(
+            shard={"image_size": [16, 16], "target_shard_mb": 0.002, "workers": 1, "mode": mode}
+        ).shard
+        return run_shard(params, self.index, self.shards, diff_path=self.root / "diff.json")
+
+    def update(self, mode: str = "append") -> Any:
+        self.ingest()
+        return self.shard(mode)
+
+
+def digests(folder: Path) -> dict[str, str]:
+    return {
+        p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.fixture
+def grown(tmp_path: Path) -> tuple[Project, dict[str, str], list[str]]:
+    """A rebuilt base, then 5 new red images appended; returns (project, base digests, new)."""
+    project = Project(tmp_path)
+    project.base_fingerprint = project.update("rebuild").fingerprint
+    before = digests(project.shards)
+    new = add_images(project.source, "red", 5, seed=1)
+    project.update("append")
+    return project, before, new
+
+
+def records_by_file(shards_dir: Path) -> dict[str, list[tuple[str, int]]]:
+    """(content hash, label) of every record, read back from the shard files."""
+    import tensorflow as tf
+
+    manifest = load_manifest(shards_dir)
+    schema = manifest.record_schema
+    out = {}
+    for info in manifest.splits.values():
+        for shard in info.shards:
+            rows = []
+            for raw in tf.data.TFRecordDataset(str(shards_dir / shard.file)):
+                features = schema.parse_single(raw)
+                rows.append((features[HASH_KEY].numpy().decode(), int(features[LABEL_KEY])))
+            out[shard.file] = rows
+    return out
+
+
+def test_append_keeps_old_shards_and_puts_new_images_in_new_shards(
+    grown: tuple[Project, dict[str, str], list[str]],
+) -> None:
+    project, before, new = grown
+    after = digests(project.shards)
+    base_shards = {f: h for f, h in before.items() if ".tfrecord-" in f}
+    assert base_shards and all(after[f] == h for f, h in base_shards.items())  # byte-identical
+    added = {f for f in after if f not in before}
+    assert added and all(f.startswith("gen-00001/") for f in added)
+
+    manifest = load_manifest(project.shards)
+    assert [g.number for g in manifest.generations] == [0, 1]
+    assert manifest.generations[0].base_fingerprint is None
+    assert manifest.generations[1].base_fingerprint == project.base_fingerprint
+    new_hashes = {hashlib.sha256((project.source / p).read_bytes()).hexdigest() for p in new}
+    contents = records_by_file(project.shards)
+    in_new = {h for f, rows in contents.items() if f.startswith("gen-00001/") for h, _ in rows}
+    in_old = {h for f, rows in contents.items() if not f.startswith("gen-") for h, _ in rows}
+    assert in_new == new_hashes and not in_old & new_hashes
+    assert sum(manifest.generations[1].num_records.values()) == len(new)
+
+
+def test_read_split_and_validation_cover_every_generation(
+    grown: tuple[Project, dict[str, str], list[str]],
+) -> None:
+    project, _, _ = grown
+    manifest = load_manifest(project.shards)
+    index = json.loads(project.index.read_text())
+    for split in ("train", "val", "test"):
+        expected = sorted(r["sha256"] for r in index["records"] if r["split"] == split)
+        ds = read_split(project.shards, split, batch_size=4, training=False, with_metadata=True)
+        assert int(ds.cardinality()) == -(-manifest.split(split).num_records // 4)
+        seen = sorted(h.decode() for batch in ds for h in batch[HASH_KEY].numpy())
+        assert seen == expected
+    reports = project.root / "reports"
+    report = run_validate(
+        project.shards,
+        reports / "v.json",
+        reports / "v.md",
+        index_path=project.index,
+    )
+    checks = {c["name"]: c for c in report["checks"]}
+    assert report["passed"], [c["message"] for c in checks.values() if not c["passed"]]
+    assert checks["generations"]["details"]["old_shards"] > 0
+    assert checks["generations"]["details"]["new_shards"] == len(manifest.generations[1].shards)
+
+
+def test_validation_reads_new_shards_and_trusts_old_ones_by_hash(
+    grown: tuple[Project, dict[str, str], list[str]],
+) -> None:
+    project, _, _ = grown
+    manifest = load_manifest(project.shards)
+    old = manifest.generations[0].shards[0]
+    data = bytearray((project.shards / old).read_bytes())
+    data[len(data) // 2] ^= 0xFF  # a flipped byte in an old shard: caught by its sha256
+    (project.shards / old).write_bytes(bytes(data))
+    reports = project.root / "reports"
+    report = run_validate(project.shards, reports / "v.json", reports / "v.md")
+    failed = {c["name"]: c for c in report["checks"] if not c["passed"]}
+    assert "files" in failed and old in failed["files"]["message"]
+
+
+def test_a_new_class_takes_the_next_index(tmp_path: Path) -> None:
+    project = Project(tmp_path)
+    project.update("rebuild")
+    base = load_manifest(project.shards)
+    added = add_images(project.source, "amber", 6, seed=2)  # sorts before every old class
+    manifest = project.update("append")
+    assert manifest.classes == [*base.classes, "amber"]
+    assert manifest.generations[1].new_classes == ["amber"]
+    amber = {hashlib.sha256((project.source / p).read_bytes()).hexdigest() for p in added}
+    contents = records_by_file(project.shards)
+    labels = {h: label for rows in contents.values() for h, label in rows}
+    assert {labels[h] for h in amber} == {len(base.classes)}
+    old = {
+        h: label for f, rows in contents.items() if not f.startswith("gen-") for h, label in rows
+    }
+    index = json.loads(project.index.read_text())
+    by_hash = {r["sha256"]: r["label"] for r in index["records"]}
+    assert all(base.classes[label] == by_hash[h] for h, label in old.items())  # never moved
+    reports = project.root / "reports"
+    assert run_validate(
+        project.shards, reports / "v.json", reports / "v.md", index_path=project.index
+    )["passed"]
+
+
+def test_same_history_gives_the_same_bytes_in_two_clones(tmp_path: Path) -> None:
+    results = []
+    for clone in ("a", "b"):
+        project = Project(tmp_path / clone)
+        project.update("rebuild")
+        add_images(project.source, "green", 4, seed=3)
+        project.update("append")
+        add_images(project.source, "blue", 3, seed=4)
+        project.update("append")
+        results.append(digests(project.shards))
+    assert results[0] == results[1]
+    assert any(f.startswith("gen-00002/") for f in results[0])
+
+
+def test_append_with_nothing_new_changes_nothing(
+    grown: tuple[Project, dict[str, str], list[str]],
+) -> None:
+    project, _, _ = grown
+    before = digests(project.shards)
+    project.update("append")
+    assert digests(project.shards) == before
+
+
+def test_missing_base_is_refused_naming_the_command(tmp_path: Path) -> None:
+    project = Project(tmp_path)
+    project.ingest()
+    with pytest.raises(FileNotFoundError, match=r"dvc pull data/shards"):
+        project.shard("append")
+    assert not (project.shards / "manifest.json").exists()  # nothing silently rebuilt
+
+
+def test_removed_or_changed_image_needs_a_rebuild_which_gives_one_generation(
+    grown: tuple[Project, dict[str, str], list[str]],
+) -> None:
+    project, _, new = grown
+    (project.source / new[0]).unlink()
+    before = digests(project.shards)
+    with pytest.raises(RebuildNeeded, match=r"shard\.mode: rebuild") as error:
+        project.update("append")
+    assert new[0] in str(error.value)
+    assert digests(project.shards) == before  # the refused append left the set as it was
+    manifest = project.shard("rebuild")
+    assert [g.number for g in manifest.generations] == [0]
+    assert not list(project.shards.glob("gen-*"))
+
+
+def test_incremental_ingest_decodes_only_new_or_changed_files(tmp_path: Path) -> None:
+    project = Project(tmp_path)
+    first = project.ingest()
+    assert first["reused_count"] == 0 and first["decoded_count"] == first["files_found"]
+    added = add_images(project.source, "red", 3, seed=5)
+    changed = project.source / "blue" / "001.png"
+    Image.new("RGB", (30, 30), (1, 2, 3)).save(changed)
+    second = project.ingest()
+    assert second["decoded_count"] == len(added) + 1
+    assert second["reused_count"] == first["files_found"] - 1
+    full = tmp_path / "full"
+    params = default_params(
+        ingest={"source_dir": str(project.source), "splits": SPLITS.model_dump(), "workers": 1}
+    ).ingest
+    run_ingest(params, full / "index.json", full / "ingest.json")
+    assert json.loads(project.index.read_text()) == json.loads((full / "index.json").read_text())
+
+
+def test_train_run_records_the_generation_list(
+    grown: tuple[Project, dict[str, str], list[str]], mlflow_uri: str
+) -> None:
+    from tasks import tracking
+
+    project, _, _ = grown
+    manifest = load_manifest(project.shards)
+    client = tracking.client(project.root)
+    run_id = tracking.start_train_run(
+        client, default_params(), manifest, shards_dir=project.shards, root=project.root
+    )
+    path = client.download_artifacts(run_id, "data/generations.json", str(project.root))
+    logged = json.loads(Path(path).read_text())["generations"]
+    assert [(g["number"], g["base_fingerprint"]) for g in logged] == [
+        (0, None),
+        (1, project.base_fingerprint),
+    ]
+    assert logged[1]["shards"] == manifest.generations[1].shards
