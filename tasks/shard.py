@@ -45,7 +45,9 @@ from tasks.manifest import (
     load_manifest,
 )
 from tasks.params import ShardParams
+from tasks.records import write_record_index
 from tasks.schema import RecordSchema
+from tasks.tfds_metadata import write_tfds_metadata
 from tasks.tfrecord import TFRecordWriter
 
 PLAN_NAME = ".plan.json"
@@ -325,6 +327,8 @@ def finalize_manifest(
         resize=params.resize,
         preprocessing_version=specs[0].preprocessing_version if specs else preprocessing_version(),
     )
+    write_record_index(manifest, Path(shards_dir))  # offsets for readers without TensorFlow
+    write_tfds_metadata(manifest, Path(shards_dir))  # tfds.builder_from_directory(shards_dir)
     write_text(Path(shards_dir) / MANIFEST_NAME, manifest.to_json())
     return manifest
 
