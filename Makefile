@@ -12,7 +12,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DVC_NO_ANALYTICS := 1
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: install run test lint demo-data serve stop ui bench lock clean serve-model compact
+.PHONY: install run test lint demo-data serve stop ui bench screenshots lock clean serve-model compact
 
 install: $(STAMP)  ## create .venv from the hash-pinned lock (idempotent)
 
@@ -27,17 +27,15 @@ $(STAMP): requirements.lock
 demo-data: install  ## generate the demo dataset into data/demo unless it exists
 	$(BIN)/python -m tasks.demo_data data/demo --if-missing
 
-run: install demo-data  ## the whole pipeline with `dvc repro` (starts a local Prefect server)
-	$(BIN)/python -m flows.server ensure
-	$(BIN)/python -m tasks.workspace_lock -- $(BIN)/dvc repro  # one writer: waits for another run
-	@echo "Done. Metrics: metrics/eval.json; model: models/model.keras; reports/; plots/."
-	@echo "Compare runs: make ui (MLflow, 127.0.0.1:5000); Prefect UI: 127.0.0.1:4200."
+# run, serve, stop, ui and bench are `shardflow <target>` (flows/cli.py), the installed entry point.
+run: install  ## demo data if missing, then the whole pipeline with `dvc repro` under the workspace lock
+	$(BIN)/python -m flows.cli run
 
 compact: install  ## fold every shard generation into one (a rebuild), record it, rerun what follows
 	$(BIN)/python -m flows.server ensure
-	$(BIN)/python -m flows.shard compact
-	$(BIN)/dvc commit --force shard
-	$(BIN)/dvc repro
+	$(BIN)/python -m tasks.workspace_lock -- bash -c \
+	  '$(BIN)/python -m flows.shard compact && $(BIN)/dvc commit --force shard && $(BIN)/dvc repro'
+
 
 lint: install  ## ruff, mypy and the import-linter contract (training never imports shard code)
 	$(BIN)/ruff check .
@@ -49,14 +47,13 @@ test: install lint  ## every check and test
 	$(BIN)/pytest
 
 serve: install  ## Prefect server + a process serving the deployments, on 127.0.0.1
-	$(BIN)/python -m flows.server ensure
-	$(BIN)/python -m flows.deployments
+	$(BIN)/python -m flows.cli serve
 
 stop:  ## stop the Prefect server that `make run`/`make serve` started
-	$(BIN)/python -m flows.server stop
+	$(BIN)/python -m flows.cli stop
 
 ui: install  ## MLflow UI on 127.0.0.1:5000 over the project's tracking store
-	$(BIN)/mlflow ui --backend-store-uri $${MLFLOW_TRACKING_URI:-sqlite:///mlflow.db} --host 127.0.0.1 --port 5000
+	$(BIN)/python -m flows.cli ui
 
 SERVE_MODEL_PORT ?= 5001
 serve-model: install  ## the registered champion behind `mlflow models serve` on 127.0.0.1:$(SERVE_MODEL_PORT)
@@ -65,8 +62,10 @@ serve-model: install  ## the registered champion behind `mlflow models serve` on
 	  --env-manager local -h 127.0.0.1 -p $(SERVE_MODEL_PORT)
 
 bench: install  ## benchmarks -> reports/bench.json, reports/bench.png (BENCH_ARGS=--quick for a smoke run)
-	$(BIN)/python -m flows.server ensure
-	$(BIN)/python -m bench $(BENCH_ARGS)
+	$(BIN)/python -m flows.cli bench $(BENCH_ARGS)
+
+screenshots: install  ## headless Chromium screenshots of the MLflow run and Prefect artifacts -> docs/
+	$(BIN)/python -m docs.screenshots
 
 lock:  ## recompile requirements.lock from requirements.in (needs uv)
 	uv pip compile --python-version 3.11 --generate-hashes --no-emit-index-url \

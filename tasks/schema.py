@@ -110,7 +110,53 @@ class RecordSchema:
             }
         )
 
-    # -- reading ---------------------------------------------------------------------------
+    # -- reading without TensorFlow (tasks.records) -----------------------------------------
+
+    def parse(self, serialized: bytes) -> dict[str, Any]:
+        """The mirror of :meth:`serialize`: one record's features, image decoded, no TensorFlow.
+
+        Returns ``image`` uint8 ``image_shape`` (NumPy), ``label`` int, ``content_hash`` and
+        ``source`` str: what :meth:`parse_single` gives as tensors.
+        """
+        from tasks.tfrecord import decode_example
+
+        features = decode_example(serialized)
+        expected = {IMAGE_KEY: bytes, LABEL_KEY: int, HASH_KEY: bytes, SOURCE_KEY: bytes}
+        if set(features) != set(expected):
+            raise SchemaError(
+                f"record has features {sorted(features)}, schema wants {sorted(expected)}"
+            )
+        for key, kind in expected.items():
+            if not isinstance(features[key], kind):
+                raise SchemaError(f"feature {key!r} is not {kind.__name__}")
+        return {
+            IMAGE_KEY: self.decode(features[IMAGE_KEY]),  # type: ignore[arg-type]
+            LABEL_KEY: features[LABEL_KEY],
+            HASH_KEY: features[HASH_KEY].decode(),  # type: ignore[union-attr]
+            SOURCE_KEY: features[SOURCE_KEY].decode(),  # type: ignore[union-attr]
+        }
+
+    def decode(self, image_bytes: bytes) -> np.ndarray:
+        """The mirror of :meth:`encode_image`: image bytes to a writable uint8 HxWxC array."""
+        if self.encoding == "raw":
+            expected = self.height * self.width * self.channels
+            if len(image_bytes) != expected:
+                raise SchemaError(
+                    f"raw image has {len(image_bytes)} bytes, schema wants {expected} "
+                    f"({self.image_shape} uint8)"
+                )
+            return np.frombuffer(image_bytes, dtype=np.uint8).reshape(self.image_shape).copy()
+        from PIL import Image
+
+        with Image.open(io.BytesIO(image_bytes)) as image:
+            if image.format != self.encoding.upper():
+                raise SchemaError(f"image is {image.format}, schema wants {self.encoding}")
+            pixels = np.array(image.convert("RGB"), dtype=np.uint8)  # a writable copy
+        if pixels.shape != self.image_shape:
+            raise SchemaError(f"image has shape {pixels.shape}, schema wants {self.image_shape}")
+        return pixels
+
+    # -- reading with TensorFlow (tasks.reader, validation) --------------------------------
 
     def parse_spec(self) -> dict[str, Any]:
         import tensorflow as tf

@@ -50,7 +50,9 @@ from tasks.manifest import (
     records_file_name,
 )
 from tasks.params import ShardParams
+from tasks.records import write_record_index
 from tasks.schema import RecordSchema
+from tasks.tfds_metadata import write_tfds_metadata
 from tasks.tfrecord import TFRecordWriter
 
 PLAN_NAME = ".plan.json"
@@ -563,6 +565,8 @@ def finalize_manifest(
         preprocessing_version=specs[0].preprocessing_version if specs else preprocessing_version(),
         generations=[*(base.generations if base else []), generation],
     )
+    write_record_index(manifest, Path(shards_dir))  # offsets for readers without TensorFlow
+    write_tfds_metadata(manifest, Path(shards_dir))  # tfds.builder_from_directory(shards_dir)
     write_text(shards_dir / MANIFEST_NAME, manifest.to_json())
     return manifest
 

@@ -3,13 +3,16 @@
 Shard workers only decode, resize and encode images; importing TensorFlow into each of them
 costs seconds and ~750 MB. This module writes the same bytes TensorFlow would: the Example
 wire format with map entries sorted by key (what ``SerializeToString(deterministic=True)``
-does) and the TFRecord framing (length, masked CRC32C, data, masked CRC32C). Readers still
-use TensorFlow; tests check both byte-for-byte against it.
+does) and the TFRecord framing (length, masked CRC32C, data, masked CRC32C). Tests check both
+byte-for-byte against TensorFlow. The reading half (framing with CRC checks, Example decoding)
+serves readers without TensorFlow (``tasks.records``); Shardflow's own training reads with
+``tf.data`` (``tasks.reader``).
 """
 
 from __future__ import annotations
 
 import gzip
+import os
 import struct
 from collections.abc import Mapping
 from pathlib import Path
@@ -99,3 +102,149 @@ class TFRecordWriter:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+# -- reading ---------------------------------------------------------------------------------
+#
+# The mirror image of the writer above, for readers that must not import TensorFlow
+# (``tasks.records``: PyTorch, JAX and NumPy users). Every length and CRC is checked.
+
+HEADER_BYTES = 12  # uint64 length + masked CRC32C of the length
+FOOTER_BYTES = 4  # masked CRC32C of the data
+
+
+class CorruptRecord(ValueError):
+    """A TFRecord's framing or its ``tf.train.Example`` bytes are not what they claim to be."""
+
+
+def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    """Decode the varint at ``pos``; returns (value, position after it)."""
+    value = shift = 0
+    while pos < len(data):
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+        if shift >= 70:
+            break
+    raise CorruptRecord("malformed varint in Example bytes")
+
+
+def _fields(data: bytes) -> list[tuple[int, bytes | int]]:
+    """(field number, payload) of each field: varints (wire type 0) and length-delimited (2)."""
+    out: list[tuple[int, bytes | int]] = []
+    pos = 0
+    while pos < len(data):
+        tag, pos = _read_varint(data, pos)
+        number, wire = tag >> 3, tag & 7
+        if wire == 0:
+            value, pos = _read_varint(data, pos)
+            out.append((number, value))
+        elif wire == 2:
+            size, pos = _read_varint(data, pos)
+            if pos + size > len(data):
+                raise CorruptRecord("a length-delimited field runs past the end of the record")
+            out.append((number, data[pos : pos + size]))
+            pos += size
+        else:
+            raise CorruptRecord(f"unexpected wire type {wire} in Example bytes")
+    return out
+
+
+def _int64(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _decode_feature(key: str, data: bytes) -> FeatureValue:
+    """One ``Feature`` holding a single bytes or int64 value (what ``encode_example`` writes)."""
+    values: list[FeatureValue] = []
+    for number, payload in _fields(data):
+        if number == 1 and isinstance(payload, bytes):  # bytes_list
+            values += [v for n, v in _fields(payload) if n == 1 and isinstance(v, bytes)]
+        elif number == 3 and isinstance(payload, bytes):  # int64_list
+            for n, v in _fields(payload):
+                if n != 1:
+                    continue
+                if isinstance(v, int):  # unpacked
+                    values.append(_int64(v))
+                else:  # packed
+                    pos = 0
+                    while pos < len(v):
+                        item, pos = _read_varint(v, pos)
+                        values.append(_int64(item))
+        else:
+            raise CorruptRecord(f"feature {key!r}: only bytes and int64 features are supported")
+    if len(values) != 1:
+        raise CorruptRecord(f"feature {key!r} holds {len(values)} values, expected exactly 1")
+    return values[0]
+
+
+def decode_example(data: bytes) -> dict[str, FeatureValue]:
+    """Parse ``tf.train.Example`` bytes of single-value features (the inverse of encode_example)."""
+    features: dict[str, FeatureValue] = {}
+    for number, payload in _fields(data):
+        if number != 1 or not isinstance(payload, bytes):
+            raise CorruptRecord(f"unexpected field {number} in Example bytes")
+        for entry_number, entry in _fields(payload):
+            if entry_number != 1 or not isinstance(entry, bytes):
+                raise CorruptRecord(f"unexpected field {entry_number} in Example.features")
+            parts = dict(_fields(entry))
+            key, value = parts.get(1, b""), parts.get(2, b"")
+            if not isinstance(key, bytes) or not isinstance(value, bytes):
+                raise CorruptRecord("malformed feature map entry in Example bytes")
+            features[key.decode()] = _decode_feature(key.decode(), value)
+    return features
+
+
+def read_framed(handle: BinaryIO) -> bytes | None:
+    """The next record's data from ``handle`` (CRCs checked), or None at a clean end of file."""
+    header = handle.read(HEADER_BYTES)
+    if not header:
+        return None
+    if len(header) < HEADER_BYTES:
+        raise CorruptRecord(f"truncated record header ({len(header)} of {HEADER_BYTES} bytes)")
+    if _masked_crc(header[:8]) != header[8:]:
+        raise CorruptRecord("length CRC mismatch (not a record boundary, or a damaged file)")
+    (length,) = struct.unpack("<Q", header[:8])
+    data = handle.read(length)
+    footer = handle.read(FOOTER_BYTES)
+    if len(data) < length or len(footer) < FOOTER_BYTES:
+        raise CorruptRecord(f"truncated record ({len(data)} of {length} data bytes)")
+    if _masked_crc(data) != footer:
+        raise CorruptRecord("data CRC mismatch (damaged record)")
+    return data
+
+
+def open_records(path: str | Path, *, gzip_compressed: bool = False) -> BinaryIO:
+    """Open a TFRecord file for reading; GZIP files are decompressed as they are read."""
+    if gzip_compressed:
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    return open(path, "rb")
+
+
+def record_offsets(path: str | Path, *, gzip_compressed: bool = False) -> list[tuple[int, int]]:
+    """(offset, framed length) of every record, reading only headers and seeking over data.
+
+    Offsets are positions in the uncompressed stream. Each length is checked against its CRC,
+    and the file must end exactly after the last record.
+    """
+    offsets: list[tuple[int, int]] = []
+    # A plain file seeks past its end without complaint, so its size bounds every record;
+    # a GZIP stream stops at the end of its data, so its position does.
+    size = None if gzip_compressed else os.path.getsize(path)
+    with open_records(path, gzip_compressed=gzip_compressed) as handle:
+        while header := handle.read(HEADER_BYTES):
+            where = f"{path}: record {len(offsets)}"
+            if len(header) < HEADER_BYTES or _masked_crc(header[:8]) != header[8:]:
+                raise CorruptRecord(f"{where}: truncated or damaged record header")
+            (length,) = struct.unpack("<Q", header[:8])
+            start = handle.tell() - HEADER_BYTES
+            framed = HEADER_BYTES + length + FOOTER_BYTES
+            handle.seek(length + FOOTER_BYTES, 1)
+            end = handle.tell() if size is None else min(size, start + framed)
+            if end - start != framed:
+                raise CorruptRecord(f"{where}: truncated record")
+            offsets.append((start, framed))
+    return offsets

@@ -1,0 +1,118 @@
+"""``shardflow``: one entry point for what the Makefile runs (``shardflow --help`` lists it).
+
+Each subcommand is a short list of steps, each one command run with this interpreter (so
+``dvc``, ``mlflow`` and DVC's ``python -m flows.<stage>`` commands use the same environment),
+stopping at the first that fails. The Makefile's targets call this module, so the two never
+drift apart. Run it from the repository root: DVC, Prefect (``prefect.toml``) and MLflow
+(``mlflow.db``) all resolve their files there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+# What the Makefile exports for every target: no telemetry, quiet TensorFlow.
+ENVIRONMENT = {
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "DO_NOT_TRACK": "true",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DVC_NO_ANALYTICS": "1",
+    "TF_CPP_MIN_LOG_LEVEL": "2",
+}
+DEMO_DIR = "data/demo"
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+
+Steps = list[list[str]]
+
+
+def module(name: str, *args: str) -> list[str]:
+    """``python -m name args`` with this interpreter."""
+    return [sys.executable, "-m", name, *args]
+
+
+def run_steps(extra: Sequence[str]) -> Steps:
+    return [
+        module("tasks.demo_data", DEMO_DIR, "--if-missing"),
+        # DVC cannot hash a folder holding a file name that is not UTF-8: say which, first.
+        module("tasks.filenames", "check"),
+        module("flows.server", "ensure"),
+        # One writer: the whole repro holds the workspace lock (its stages pass under it).
+        module("tasks.workspace_lock", "--", sys.executable, "-m", "dvc", "repro", *extra),
+    ]
+
+
+def serve_steps(extra: Sequence[str]) -> Steps:
+    return [module("flows.server", "ensure"), module("flows.deployments", *extra)]
+
+
+def predict_steps(extra: Sequence[str]) -> Steps:
+    return [module("flows.predict", *extra)]
+
+
+def bench_steps(extra: Sequence[str]) -> Steps:
+    return [module("flows.server", "ensure"), module("bench", *extra)]
+
+
+def ui_steps(extra: Sequence[str]) -> Steps:
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    address = ["--host", "127.0.0.1", "--port", "5000"]
+    return [module("mlflow", "ui", "--backend-store-uri", uri, *address, *extra)]
+
+
+def stop_steps(extra: Sequence[str]) -> Steps:
+    return [module("flows.server", "stop", *extra)]
+
+
+# name -> (help line, steps); the order is the order of `shardflow --help`.
+COMMANDS: dict[str, tuple[str, Callable[[Sequence[str]], Steps]]] = {
+    "run": ("demo data if missing, Prefect server, then the whole pipeline (dvc repro)", run_steps),
+    "serve": ("Prefect server plus a process serving the deployments", serve_steps),
+    "predict": ("batch prediction: python -m flows.predict SOURCE [options]", predict_steps),
+    "bench": ("benchmarks -> reports/bench.json and bench.png (--quick: a smoke run)", bench_steps),
+    "ui": ("MLflow UI on 127.0.0.1:5000 over the project's tracking store", ui_steps),
+    "stop": ("stop the Prefect server that run/serve/bench started", stop_steps),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="shardflow",
+        description="Image folders to validated TFRecord shards and tracked Keras models.",
+        epilog="Arguments after the subcommand go to the command it runs "
+        "(e.g. `shardflow bench --quick`, `shardflow run --force`).",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (help_line, _) in COMMANDS.items():
+        commands.add_parser(name, help=help_line, description=help_line)
+    return parser
+
+
+def environment() -> dict[str, str]:
+    """This process's environment plus the Makefile's defaults, this interpreter's bin first."""
+    env = {**ENVIRONMENT, **os.environ}
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    return env
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run a subcommand's steps in order; the exit code is the first failing step's."""
+    args, extra = build_parser().parse_known_args(argv)
+    env = environment()
+    for step in COMMANDS[args.command][1](extra):
+        code = subprocess.run(step, env=env).returncode
+        if code != 0:
+            print(f"shardflow {args.command}: `{' '.join(step)}` exited {code}", file=sys.stderr)
+            return code
+    if args.command == "run":
+        print("Done. Metrics: metrics/eval.json; model: models/model.keras; reports/; plots/.")
+        print("Compare runs: shardflow ui (MLflow, 127.0.0.1:5000); Prefect UI: 127.0.0.1:4200.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

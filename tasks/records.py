@@ -1,0 +1,180 @@
+"""Shards for PyTorch, JAX and NumPy users: a reader that needs no TensorFlow.
+
+:func:`iter_split` yields ``(uint8 HxWx3 NumPy image, int label)`` in manifest order, the same
+images and labels as :func:`tasks.reader.read_split` with ``training=False``, decoded by the
+same :class:`~tasks.schema.RecordSchema` that wrote them (``RecordSchema.parse``). The TFRecord
+framing is read by :mod:`tasks.tfrecord`, every CRC checked.
+
+The shard stage writes an offset index (``offsets.json``: per shard file, each record's
+offset in the uncompressed stream, and where the last record ends), so
+:func:`read_record` jumps straight to record ``i`` and ``iter_split(..., worker=k,
+num_workers=n)`` starts worker ``k`` at its first record: neither scans the shards. GZIP
+shards have the same index, but a GZIP stream cannot be entered in the middle: reaching an
+offset decompresses everything before it in that shard.
+
+An import-linter contract keeps TensorFlow out of this module's imports.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tasks.atomic import write_text
+from tasks.manifest import ShardManifest, load_manifest
+from tasks.schema import IMAGE_KEY, LABEL_KEY
+from tasks.tfrecord import CorruptRecord, open_records, read_framed, record_offsets
+
+OFFSETS_NAME = "offsets.json"
+OFFSETS_VERSION = 1
+
+
+def offsets_json(manifest: ShardManifest, shards_dir: str | Path) -> dict[str, Any]:
+    """Each shard's record offsets and end, from its record headers only (no data is read)."""
+    gzip_compressed = manifest.compression == "gzip"
+    shards: dict[str, Any] = {}
+    for info in manifest.splits.values():
+        for shard in info.shards:
+            path = Path(shards_dir) / shard.file
+            found = record_offsets(path, gzip_compressed=gzip_compressed)
+            if len(found) != shard.num_records:
+                raise CorruptRecord(
+                    f"{path}: holds {len(found)} records, the manifest says {shard.num_records}"
+                )
+            end = found[-1][0] + found[-1][1] if found else 0
+            shards[shard.file] = {"offsets": [offset for offset, _ in found], "end": end}
+    return {"version": OFFSETS_VERSION, "fingerprint": manifest.fingerprint, "shards": shards}
+
+
+def write_record_index(manifest: ShardManifest, shards_dir: str | Path) -> None:
+    """Write ``offsets.json`` for the manifest's shards (atomic; same shards, same bytes)."""
+    text = json.dumps(offsets_json(manifest, shards_dir), sort_keys=True, separators=(",", ":"))
+    write_text(Path(shards_dir) / OFFSETS_NAME, text + "\n")
+
+
+def load_offsets(shards_dir: str | Path, manifest: ShardManifest) -> dict[str, list[int]]:
+    """Record offsets per shard file from ``offsets.json``, checked against the manifest."""
+    path = Path(shards_dir) / OFFSETS_NAME
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no offset index for these shards; rerun the shard stage")
+    try:
+        data = json.loads(path.read_text())
+        shards = {
+            name: (list(map(int, v["offsets"])), int(v["end"]))
+            for name, v in data["shards"].items()
+        }
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise ValueError(
+            f"{path}: not an offset index ({error!r}); rerun the shard stage"
+        ) from error
+    if data.get("fingerprint") != manifest.fingerprint:
+        raise ValueError(
+            f"{path}: indexes shard set {data.get('fingerprint')}, the manifest is "
+            f"{manifest.fingerprint} (stale index); rerun the shard stage"
+        )
+    offsets = {}
+    for info in manifest.splits.values():
+        for shard in info.shards:
+            found, end = shards.get(shard.file, ([], -1))
+            if len(found) != shard.num_records or (
+                manifest.compression == "none" and end != shard.bytes
+            ):
+                raise ValueError(
+                    f"{path}: indexes {len(found)} records ending at byte {end} for "
+                    f"{shard.file}; the manifest has {shard.num_records} records in "
+                    f"{shard.bytes} bytes (stale index); rerun the shard stage"
+                )
+            offsets[shard.file] = found
+    return offsets
+
+
+class SplitReader:
+    """One split's records by position (manifest order), through the offset index."""
+
+    def __init__(
+        self, shards_dir: str | Path, split: str, *, manifest: ShardManifest | None = None
+    ) -> None:
+        self.shards_dir = Path(shards_dir)
+        self.manifest = manifest or load_manifest(self.shards_dir)
+        self.schema = self.manifest.record_schema
+        self.gzip = self.manifest.compression == "gzip"
+        self.shards = self.manifest.split(split).shards
+        by_file = load_offsets(self.shards_dir, self.manifest)
+        self.offsets = [by_file[shard.file] for shard in self.shards]
+        self.starts = [0]  # position of each shard's first record within the split
+        for shard in self.shards:
+            self.starts.append(self.starts[-1] + shard.num_records)
+
+    def __len__(self) -> int:
+        return self.starts[-1]
+
+    def features(self, start: int = 0, stop: int | None = None) -> Iterator[dict[str, Any]]:
+        """Parsed records ``start`` to ``stop`` (exclusive): each shard opened once, one seek."""
+        stop = len(self) if stop is None else min(stop, len(self))
+        position = start
+        while position < stop:
+            number = bisect.bisect_right(self.starts, position) - 1
+            shard = self.shards[number]
+            path = self.shards_dir / shard.file
+            with open_records(path, gzip_compressed=self.gzip) as handle:
+                handle.seek(self.offsets[number][position - self.starts[number]])
+                while position < min(stop, self.starts[number + 1]):
+                    yield self._parse(handle, path, position - self.starts[number])
+                    position += 1
+
+    def __getitem__(self, position: int) -> dict[str, Any]:
+        if not 0 <= position < len(self):
+            raise IndexError(f"record {position} out of range (split has {len(self)})")
+        return next(self.features(position, position + 1))
+
+    def _parse(self, handle: Any, path: Path, record: int) -> dict[str, Any]:
+        try:
+            data = read_framed(handle)
+            if data is None:
+                raise CorruptRecord("file ends before the manifest's last record")
+            return self.schema.parse(data)
+        except (ValueError, OSError) as error:  # framing, schema or image decoding
+            raise CorruptRecord(f"{path}: record {record}: {error}") from error
+
+
+def worker_range(total: int, worker: int, num_workers: int) -> tuple[int, int]:
+    """The contiguous slice of ``total`` records that worker ``worker`` of ``num_workers`` reads.
+
+    Cut like the shard plan (``i * n // k``), so slices differ in size by at most one and
+    together cover every record exactly once.
+    """
+    if num_workers < 1 or not 0 <= worker < num_workers:
+        raise ValueError(f"worker {worker} of {num_workers}: need 0 <= worker < num_workers")
+    return worker * total // num_workers, (worker + 1) * total // num_workers
+
+
+def iter_split(
+    shards_dir: str | Path,
+    split: str,
+    *,
+    worker: int = 0,
+    num_workers: int = 1,
+    manifest: ShardManifest | None = None,
+) -> Iterator[tuple[np.ndarray, int]]:
+    """``(image uint8 [H, W, 3], label)`` of one split in manifest order, without TensorFlow.
+
+    With ``num_workers`` > 1, worker ``worker`` yields only its contiguous share of the split
+    (see :func:`worker_range`), starting by a seek, so data-loader workers never overlap.
+    """
+    reader = SplitReader(shards_dir, split, manifest=manifest)
+    start, stop = worker_range(len(reader), worker, num_workers)
+    for features in reader.features(start, stop):
+        yield features[IMAGE_KEY], features[LABEL_KEY]
+
+
+def read_record(
+    shards_dir: str | Path, split: str, position: int, *, manifest: ShardManifest | None = None
+) -> tuple[np.ndarray, int]:
+    """Record ``position`` of a split (manifest order) by a seek; use a SplitReader for many."""
+    features = SplitReader(shards_dir, split, manifest=manifest)[position]
+    return features[IMAGE_KEY], features[LABEL_KEY]

@@ -1,0 +1,103 @@
+"""The `shardflow` console script: its subcommands are what the Makefile runs."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flows import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+COMMANDS = ["run", "serve", "predict", "bench", "ui", "stop"]
+
+
+def test_help_lists_every_subcommand() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    listed = re.findall(r"^    (\w+) ", out, flags=re.MULTILINE)
+    assert listed == COMMANDS
+
+
+def test_console_script_points_at_main() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["scripts"]["shardflow"] == "flows.cli:main"
+
+
+@pytest.mark.parametrize("target", ["run", "serve", "bench", "ui", "stop"])
+def test_makefile_targets_go_through_the_cli(target: str) -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = re.search(rf"^{target}:.*\n((?:\t.*\n)+)", makefile, flags=re.MULTILINE)
+    assert recipe is not None and f"-m flows.cli {target}" in recipe.group(1)
+
+
+class Recorder:
+    """Stands in for subprocess.run: records each step and fails the ones it is told to."""
+
+    def __init__(self, fail: str | None = None) -> None:
+        self.steps: list[list[str]] = []
+        self.envs: list[dict[str, str]] = []
+        self.fail = fail
+
+    def __call__(self, step: list[str], env: dict[str, str], **_: Any) -> Any:
+        self.steps.append(step)
+        self.envs.append(env)
+        failed = self.fail is not None and self.fail in " ".join(step)
+        return subprocess.CompletedProcess(step, 3 if failed else 0)
+
+
+def test_stop_and_predict_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
+    recorder = Recorder()
+    monkeypatch.setattr(cli.subprocess, "run", recorder)
+    assert cli.main(["stop"]) == 0
+    assert cli.main(["predict", "photos", "--model", "3"]) == 0
+    assert recorder.steps == [
+        [sys.executable, "-m", "flows.server", "stop"],
+        [sys.executable, "-m", "flows.predict", "photos", "--model", "3"],
+    ]
+    env = recorder.envs[0]
+    assert env["PATH"].split(":")[0] == str(Path(sys.executable).parent)
+    assert env["MLFLOW_DISABLE_TELEMETRY"] == "true"
+
+
+def test_run_stops_at_the_first_failing_step(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recorder = Recorder(fail="flows.server ensure")
+    monkeypatch.setattr(cli.subprocess, "run", recorder)
+    assert cli.main(["run"]) == 3
+    assert [step[2] for step in recorder.steps] == [
+        "tasks.demo_data",
+        "tasks.filenames",
+        "flows.server",
+    ]
+    assert "flows.server ensure` exited 3" in capsys.readouterr().err
+
+
+def test_ui_uses_the_tracking_uri_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    recorder = Recorder()
+    monkeypatch.setattr(cli.subprocess, "run", recorder)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:////tmp/elsewhere.db")
+    cli.main(["ui"])
+    step = recorder.steps[0]
+    assert step[step.index("--backend-store-uri") + 1] == "sqlite:////tmp/elsewhere.db"
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    cli.main(["ui"])
+    assert "sqlite:///mlflow.db" in recorder.steps[1]
+
+
+def test_unknown_subcommand_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["train"])
+    assert exited.value.code == 2
+    assert "invalid choice: 'train'" in capsys.readouterr().err
