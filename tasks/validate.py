@@ -4,14 +4,19 @@ Bad data never raises here: each problem becomes a failed, named check in
 ``reports/validation.json`` (plus a Markdown summary). The flow calls :func:`raise_if_failed`
 after the report is written, so the stage exits non-zero with the evidence on disk.
 
-Checks: ``manifest``, ``files``, ``records``, ``labels``, ``class_counts``, ``leakage`` and,
-with an index, ``index``.
+Checks: ``manifest``, ``files``, ``records``, ``tensorflow_parser``, ``labels``,
+``class_counts``, ``leakage`` and, with an index, ``index``. Records are read without
+TensorFlow; TensorFlow's parser, the one training reads with, re-reads a sample of them in a
+spawned process at the same time and must agree.
 """
 
 from __future__ import annotations
 
+import hashlib
+import multiprocessing
 import re
 from collections import Counter, defaultdict
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,8 +26,9 @@ from tasks.manifest import MANIFEST_NAME, SPLITS, ShardManifest, file_sha256
 from tasks.params import ValidateParams
 from tasks.schema import HASH_KEY, IMAGE_KEY, LABEL_KEY, RecordSchema, SchemaError
 
-BATCH_SIZE = 256
 MAX_EXAMPLES = 20  # failures listed per check; the counts are always complete
+CROSS_CHECK_PER_SHARD = 4  # records per shard that TensorFlow's parser reads too
+CROSS_CHECK_TIMEOUT_S = 600
 
 
 class ValidationFailed(RuntimeError):
@@ -38,6 +44,7 @@ class ShardContents:
     labels: list[int] = field(default_factory=list)
     hashes: list[str] = field(default_factory=list)
     error: dict[str, Any] | None = None  # {"file", "record_index", "error"}
+    sample: list[list[Any]] = field(default_factory=list)  # first records, for the cross-check
 
 
 def check(name: str, problems: list[Any], ok: str, bad: str, **details: Any) -> dict[str, Any]:
@@ -122,99 +129,142 @@ def read_shards(
 ) -> list[ShardContents]:
     """Labels and hashes of every record of every existing shard, in manifest order.
 
-    Fast path: one tf.data pipeline over all files (batched parse and decode). If it hits an
-    error, each file is read on its own and a failing file is scanned record by record.
-    ``only`` limits the reading to those shard files.
+    Read without TensorFlow (``tasks.tfrecord`` checks every CRC, ``RecordSchema.parse``
+    decodes every image to its declared shape, raw lengths exact), so the stage starts in a
+    second instead of paying a TensorFlow import; :func:`cross_check_with_tensorflow` makes
+    sure TensorFlow's own parser reads a sample of the same records identically. A bad record
+    stops its file and is reported with its index. ``only`` limits the reading to those files.
     """
+    schema = manifest.record_schema
+    gzipped = manifest.compression == "gzip"
     targets = [
         ShardContents(split, shard.file)
         for split, info in manifest.splits.items()
         for shard in info.shards
         if (shards_dir / shard.file).is_file() and (only is None or shard.file in only)
     ]
-    if not targets:
-        return targets
-    schema = manifest.record_schema
-    compression = manifest.compression_type
-    try:
-        _read_fast(schema, compression, [shards_dir / t.file for t in targets], targets)
-        return targets
-    except Exception:  # any tf error sends us to the slow path that locates it
-        pass
     for target in targets:
-        target.labels, target.hashes = [], []
-        try:
-            _read_fast(schema, compression, [shards_dir / target.file], [target])
-        except Exception:
-            target.labels, target.hashes = [], []
-            _scan_records(schema, compression, shards_dir / target.file, target)
+        _scan_records(schema, shards_dir / target.file, target, gzipped=gzipped)
     return targets
 
 
-def _read_fast(
-    schema: RecordSchema, compression: str, paths: list[Path], targets: list[ShardContents]
-) -> None:
-    import tensorflow as tf
-
-    def file_batches(file_index: Any, path: Any) -> Any:
-        records = tf.data.TFRecordDataset(path, compression_type=compression)
-        # Batches never straddle files, so each batch carries its file's index.
-        return records.batch(BATCH_SIZE).map(lambda s: (file_index, schema.parse_batch(s)))
-
-    files = tf.data.Dataset.from_tensor_slices(
-        (tf.range(len(paths), dtype=tf.int64), [str(p) for p in paths])
-    )
-    ds = files.flat_map(file_batches).prefetch(tf.data.AUTOTUNE)
-    for file_index, features in ds:
-        target = targets[int(file_index)]
-        if features[IMAGE_KEY].shape[0] != features[LABEL_KEY].shape[0]:
-            # A batched raw decode reshapes all bytes at once: records whose lengths are a
-            # multiple of the right one yield extra images. The slow path locates the record.
-            raise SchemaError(f"{target.file}: raw image bytes do not split into one per record")
-        target.labels.extend(int(v) for v in features[LABEL_KEY].numpy())
-        target.hashes.extend(v.decode() for v in features[HASH_KEY].numpy())
-
-
 def _scan_records(
-    schema: RecordSchema, compression: str, path: Path, target: ShardContents
+    schema: RecordSchema, path: Path, target: ShardContents, *, gzipped: bool
 ) -> None:
     """Read one file a record at a time; stop at the first bad record and note its index."""
-    import tensorflow as tf
+    from tasks.tfrecord import CorruptRecord, decode_example, open_records, read_framed
 
-    iterator = iter(tf.data.TFRecordDataset(str(path), compression_type=compression))
     position = 0
-    while True:
-        try:
-            serialized = next(iterator)
-        except StopIteration:
-            return
-        except tf.errors.OpError as exc:  # DataLossError: CRC mismatch or truncated file
-            target.error = _record_error(path, position, exc)
-            return
-        try:
-            check_raw_length(schema, serialized)
-            features = schema.parse_single(serialized)
-        except (tf.errors.OpError, ValueError) as exc:
-            target.error = _record_error(path, position, exc)
-            return
-        target.labels.append(int(features[LABEL_KEY].numpy()))
-        target.hashes.append(features[HASH_KEY].numpy().decode())
-        position += 1
+    try:
+        with open_records(path, gzip_compressed=gzipped) as handle:
+            while (serialized := read_framed(handle)) is not None:
+                features = schema.parse(serialized)  # decodes the image: shape, length
+                target.labels.append(int(features[LABEL_KEY]))
+                target.hashes.append(str(features[HASH_KEY]))
+                if position < CROSS_CHECK_PER_SHARD:
+                    image = decode_example(serialized)[IMAGE_KEY]
+                    target.sample.append(_fingerprint(bytes(image), features))  # type: ignore[arg-type]
+                position += 1
+    except (CorruptRecord, SchemaError, ValueError, OSError, EOFError) as exc:
+        target.error = _record_error(path, position, exc)
 
 
-def check_raw_length(schema: RecordSchema, serialized: Any) -> None:
-    """Raise SchemaError unless a raw record's image has exactly height*width*channels bytes."""
-    if schema.encoding != "raw":
-        return
+def _fingerprint(image: bytes, features: dict[str, Any]) -> list[Any]:
+    """What two parsers must agree on for one record: label, content hash and the digest of
+    the image feature's bytes (decoders may differ by a level on JPEG; the bytes may not)."""
+    return [int(features[LABEL_KEY]), str(features[HASH_KEY]), hashlib.sha256(image).hexdigest()]
+
+
+# -- the TensorFlow cross-check --------------------------------------------------------------
+
+
+def start_cross_check(
+    manifest: ShardManifest, shards_dir: Path, files: list[str]
+) -> Future[dict[str, Any]]:
+    """Start TensorFlow's parser over the first records of ``files`` in a spawned process.
+
+    It runs beside the TensorFlow-free read (its import is most of its cost), so the check
+    adds little wall time; :func:`cross_check_with_tensorflow` collects and compares.
+    """
+    context = multiprocessing.get_context("spawn")  # TensorFlow and fork() do not mix
+    pool = ProcessPoolExecutor(max_workers=1, mp_context=context)
+    future = pool.submit(
+        _tensorflow_sample,
+        dict(manifest.schema_),
+        manifest.compression_type,
+        [str(shards_dir / name) for name in files],
+        CROSS_CHECK_PER_SHARD,
+    )
+    pool.shutdown(wait=False)
+    return future
+
+
+def _tensorflow_sample(
+    schema_dict: dict[str, Any], compression: str, paths: list[str], per_file: int
+) -> dict[str, Any]:
+    """{file name: [[label, hash, pixel digest], ...] or {"error": ...}} via ``parse_single``."""
     import tensorflow as tf
 
-    image = tf.io.parse_single_example(serialized, {IMAGE_KEY: schema.parse_spec()[IMAGE_KEY]})
-    size = int(tf.strings.length(image[IMAGE_KEY]))
-    want = schema.height * schema.width * schema.channels
-    if size != want:
-        raise SchemaError(
-            f"raw image is {size} bytes, schema {list(schema.image_shape)} uint8 wants {want}"
-        )
+    schema = RecordSchema.from_dict(schema_dict)
+    out: dict[str, Any] = {}
+    for path in paths:
+        rows: list[list[Any]] = []
+        try:
+            for serialized in tf.data.TFRecordDataset(path, compression_type=compression).take(
+                per_file
+            ):
+                # The reader's own parse spec, and its decoder (static shape) must succeed.
+                parsed = tf.io.parse_single_example(serialized, schema.parse_spec())
+                schema.decode_image(parsed[IMAGE_KEY])
+                features = {
+                    LABEL_KEY: int(parsed[LABEL_KEY].numpy()),
+                    HASH_KEY: parsed[HASH_KEY].numpy().decode(),
+                }
+                rows.append(_fingerprint(parsed[IMAGE_KEY].numpy(), features))
+            out[Path(path).name] = rows
+        except Exception as exc:
+            out[Path(path).name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    return out
+
+
+def cross_check_with_tensorflow(
+    future: Future[dict[str, Any]] | None, contents: list[ShardContents]
+) -> dict[str, Any]:
+    """TensorFlow's parser (what training reads with) agrees with the TensorFlow-free one."""
+    if future is None:
+        return check("tensorflow_parser", [], "no shard to cross-check", "")
+    try:
+        sampled = future.result(timeout=CROSS_CHECK_TIMEOUT_S)
+    except Exception as exc:
+        problem = {"problem": f"TensorFlow cross-check did not run: {type(exc).__name__}: {exc}"}
+        return check("tensorflow_parser", [problem], "", problem["problem"])
+    problems: list[dict[str, Any]] = []
+    for target in contents:
+        if target.error or target.file not in sampled:
+            continue
+        theirs = sampled[target.file]
+        if isinstance(theirs, dict):
+            problems.append({"file": target.file, "problem": theirs["error"]})
+            continue
+        for position, (ours, tf_row) in enumerate(zip(target.sample, theirs, strict=False)):
+            if ours != tf_row:
+                problems.append(
+                    {
+                        "file": target.file,
+                        "record_index": position,
+                        "error": f"TensorFlow reads {tf_row[:2]}, the schema reader {ours[:2]}"
+                        + (" (image bytes differ)" if ours[2] != tf_row[2] else ""),
+                    }
+                )
+                break
+        if len(theirs) != len(target.sample):
+            problems.append(
+                {"file": target.file, "problem": "TensorFlow read a different number of records"}
+            )
+    records = sum(len(t.sample) for t in contents if t.file in sampled)
+    message = "; ".join(_describe(p) for p in problems[:5])
+    ok = f"TensorFlow's parser agrees on {records} sampled records ({len(sampled)} shards)"
+    return check("tensorflow_parser", problems, ok, message, records=records)
 
 
 def _record_error(path: Path, position: int, exc: Exception) -> dict[str, Any]:
@@ -484,11 +534,22 @@ def run_validate(
     checks = [manifest_check]
     contents: list[ShardContents] = []
     if manifest is not None:
+        full_read = [
+            name
+            for name in (
+                manifest.generations[-1].shards
+                if manifest.generations
+                else [s.file for info in manifest.splits.values() for s in info.shards]
+            )
+            if (shards_dir / name).is_file()
+        ]
+        sample = start_cross_check(manifest, shards_dir, full_read) if full_read else None
         contents, generations_check = read_generations(manifest, shards_dir)
         checks += [generations_check] if generations_check else []
         checks += [
             check_files(manifest, shards_dir),
             check_records(manifest, contents),
+            cross_check_with_tensorflow(sample, contents),
             check_labels(manifest, contents),
             check_class_counts(manifest, contents),
             check_leakage(contents),

@@ -14,7 +14,16 @@ from tasks.params import default_params
 from tasks.shard import run_shard
 from tasks.validate import ValidationFailed, raise_if_failed, run_validate
 
-ALL_CHECKS = ["manifest", "files", "records", "labels", "class_counts", "leakage", "index"]
+ALL_CHECKS = [
+    "manifest",
+    "files",
+    "records",
+    "tensorflow_parser",
+    "labels",
+    "class_counts",
+    "leakage",
+    "index",
+]
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +103,7 @@ def test_flipped_byte_names_the_shard_and_record(shards: Path) -> None:
     assert target in bad["files"]["message"]
     corrupt = bad["records"]["details"]["examples"][0]
     assert corrupt["file"] == target and isinstance(corrupt["record_index"], int)
-    assert "DataLossError" in corrupt["error"]
+    assert corrupt["error"].startswith("CorruptRecord:") and "CRC mismatch" in corrupt["error"]
     assert "manifest" not in bad and "leakage" not in bad
     summary = (shards.parent / "reports" / "validation.md").read_text()
     assert "| files | **FAIL** |" in summary and target in summary
