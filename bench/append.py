@@ -58,7 +58,8 @@ def partition_images(names: Iterable[str], base_count: int) -> tuple[list[str], 
     The generator numbers images globally (``circle/circle_000042.jpg``), so the base is the
     same files whatever the size of the update.
     """
-    base, new = [], []
+    base: list[str] = []
+    new: list[str] = []
     for name in sorted(names):
         match = _IMAGE_INDEX.search(name)
         if match is None:
@@ -264,6 +265,8 @@ def dvc_init(root: Path, remote: Path) -> None:
     shutil.rmtree(remote, ignore_errors=True)
     remote.mkdir(parents=True)
     dvc(root, "init", "--no-scm", "--force")
+    # Cache by hard link: at 50k images the shard set is not stored a third time.
+    dvc(root, "config", "cache.type", "hardlink")
     dvc(root, "remote", "add", "--default", "--force", "bench", str(remote))
 
 
