@@ -21,7 +21,9 @@ QUICK = {
     "warmup_steps": 3,
     "photos": 12,
     "serve_requests": 30,
+    "append_images": 500,
 }
+SELF_CONTAINED = {"append"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -58,13 +60,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--serve-requests", type=int, default=200, help="single-image HTTP requests timed"
     )
+    parser.add_argument(
+        "--append-images",
+        type=int,
+        default=50000,
+        help="base set of the append section (64-128 px JPEGs: --scaling-min/max-size)",
+    )
+    parser.add_argument(
+        "--append-fraction",
+        type=float,
+        default=0.01,
+        help="new images the append section adds, as a fraction of --append-images",
+    )
     parser.add_argument("--skip-orchestration", action="store_true")
     parser.add_argument("--skip-scaling", action="store_true")
     parser.add_argument(
         "--only",
         type=lambda s: s.split(","),
         default=None,
-        help="comma-separated sections: read,write,photos,input,serve,orchestration,scaling",
+        help="comma-separated sections: read,write,photos,input,serve,orchestration,scaling,append",
     )
     parser.add_argument(
         "--quick", action="store_true", help=f"tiny smoke run: {QUICK}, orchestration at 1 epoch"
@@ -132,6 +146,10 @@ class Run:
             "orchestration_tax": None,
             "dvc_noop_s": None,
             "scaling": None,
+            "append.bytes_written_fraction": None,
+            "append.data_side_fraction": None,
+            "append.push_files": None,
+            "append.push_only_new_shards": None,
             "machine": machine_info(),
             "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "details": {},
@@ -190,11 +208,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
         state["index"] = ingest_folder(images, work / f"ingest-{tag}", workers=cores)
 
-    run.section("prepare", prepare)
-    if "index" not in state:
-        run.save()
-        raise SystemExit("could not prepare the benchmark images; see errors above")
-    index = state["index"]
+    # Sections that generate their own images need no read/write set.
+    if not args.only or not set(args.only) <= SELF_CONTAINED:
+        run.section("prepare", prepare)
+        if "index" not in state:
+            run.save()
+            raise SystemExit("could not prepare the benchmark images; see errors above")
+    index = state.get("index")
 
     def read() -> None:
         from bench import read as r
@@ -382,6 +402,33 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"{base.shard.workers} workers); peak_rss_mb sums the shard process and its workers"
         )
 
+    def append() -> None:
+        from bench.append import measure_append
+        from flows.server import require_server
+
+        require_server()  # the shard stage runs as its Prefect flow
+        result = measure_append(
+            base,
+            work,
+            images=args.append_images,
+            fraction=args.append_fraction,
+            min_size=args.scaling_min_size,
+            max_size=args.scaling_max_size,
+            workers=cores,
+            log=log,
+        )
+        for key, value in result["figures"].items():
+            run.figures[key] = round(value, 4) if isinstance(value, float) else value
+        run.figures["details"]["append"] = result["details"]
+        f = run.figures
+        log(
+            f"   append +{result['details']['new_images']} images: bytes written "
+            f"{f['append.bytes_written_fraction']} of the set, data side "
+            f"{f['append.data_side_fraction']} of a full run, dvc push "
+            f"{f['append.push_files']} objects ({f['append.push_new_shards']} new shards, "
+            f"{f['append.push_old_shards']} old shards)"
+        )
+
     run.section("read", read)
     run.section("write", write)
     run.section("photos", photos)
@@ -391,6 +438,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         run.section("orchestration", orchestration)
     if not args.skip_scaling:
         run.section("scaling", scaling)
+    run.section("append", append)
 
     run.figures["targets"] = evaluate_targets(run.figures, base.shard.encoding)
     run.save()

@@ -55,6 +55,34 @@ def _fmt(value: Any, digits: int = 1) -> str:
     return str(value)
 
 
+APPEND_ROWS = (
+    # (label, figure, unit, digits)
+    ("append shard", "append.shard_s", "s", 2),
+    ("  rebuild shard", "append.rebuild_shard_s", "s", 2),
+    ("append ingest", "append.ingest_s", "s", 2),
+    ("  full ingest", "append.full_ingest_s", "s", 2),
+    ("append validate", "append.validate_s", "s", 2),
+    ("  full validate", "append.full_validate_s", "s", 2),
+    ("append data side", "append.data_side_fraction", "x full run", 3),
+    ("append bytes written", "append.bytes_written", "B", 0),
+    ("  rebuild bytes written", "append.rebuild_bytes_written", "B", 0),
+    ("append push objects", "append.push_files", "", 0),
+    ("  new shards sent", "append.push_new_shards", "", 0),
+    ("  old shards sent", "append.push_old_shards", "", 0),
+    ("  other files sent", "append.push_other_files", "", 0),
+)
+
+
+def append_rows(figures: dict[str, Any]) -> list[str]:
+    """The append section's rows; none when it did not run."""
+    if figures.get("append.shard_s") is None:
+        return []
+    return [
+        f"{label:<24}{_fmt(figures.get(key), digits):>14}  {unit}"
+        for label, key, unit, digits in APPEND_ROWS
+    ]
+
+
 def format_table(figures: dict[str, Any], targets: list[dict[str, Any]]) -> str:
     """Figures and targets as plain text for the terminal."""
     lines = ["", f"{'figure':<24}{'value':>14}", "-" * 38]
@@ -73,6 +101,7 @@ def format_table(figures: dict[str, Any], targets: list[dict[str, Any]]) -> str:
             f"{'scaling ' + str(point['images']):<24}{point['s_per_image'] * 1000:>14.3f}  ms/img"
             f"  peak RSS {point['peak_rss_mb']:.0f} MB"
         )
+    lines += append_rows(figures)
     lines += ["", f"{'target':<40}{'measured':>10}  {'rule':<48}result", "-" * 108]
     for t in targets:
         result = {True: "PASS", False: "FAIL", None: "n/a"}[t["pass"]]

@@ -137,6 +137,29 @@ def targets_for(default_encoding: str) -> list[Target]:
             "<=",
             1.3,
         ),
+        # Appending 1% new images: the update costs what the update is (issue 10).
+        Target(
+            "append: shard bytes written vs the set",
+            "append.bytes_written_fraction",
+            None,
+            "<=",
+            0.03,
+        ),
+        Target(
+            "append: ingest+shard+validate vs full run",
+            "append.data_side_fraction",
+            None,
+            "<=",
+            0.2,
+        ),
+        # Old shards sent again + new shards not sent: 0 when the push is the new shards.
+        Target(
+            "append: dvc push shards not new (count)",
+            "append.push_shard_mismatch",
+            None,
+            "<=",
+            0.0,
+        ),
     ]
 
 
