@@ -58,7 +58,7 @@ def run_stage(module: str, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_one_pipeline_execution_reads_as_one_story(
     project: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Two stages run under one workspace lock (what `make run` holds around `dvc repro`)
+    """The data stages run under one workspace lock (what `make run` holds around `dvc repro`)
     share its pipeline tag; each run is named after its data and shows its progress."""
     from tasks.workspace_lock import LOCK_ENV, workspace_lock
 
@@ -66,6 +66,7 @@ def test_one_pipeline_execution_reads_as_one_story(
         pipeline = f"pipeline:{os.environ[LOCK_ENV][:8]}"
         run_stage("ingest", monkeypatch)
         run_stage("shard", monkeypatch)
+        run_stage("validate", monkeypatch)
 
     layout = Layout(project)
     report = json.loads(layout.ingest_report.read_text())
@@ -74,12 +75,15 @@ def test_one_pipeline_execution_reads_as_one_story(
     assert images == report["accepted"] == 36
 
     runs = flow_runs_tagged(pipeline)
-    assert set(runs) == {"ingest", "shard", "write-shards"}  # nothing else, nothing missing
+    assert set(runs) == {"ingest", "shard", "write-shards", "validate"}  # nothing else
     assert "stage:ingest" in runs["ingest"].tags and "stage:shard" in runs["shard"].tags
     assert runs["ingest"].name == (
         f"ingest · {report['source_dir']} · 36 of {report['files_found']} files accepted"
     )
     assert runs["shard"].name == f"shard · {manifest['fingerprint'][:8]} · {images} images"
+    assert runs["validate"].name == f"validate · {manifest['fingerprint'][:8]}"
+    verdict = f"validation of shards {manifest['fingerprint']} (train "
+    assert any(line.startswith(verdict) for line in log_lines(runs["validate"].id))
 
     ingest_artifacts = artifacts(runs["ingest"].id)
     assert ingest_artifacts["ingest-progress"].data == 100
