@@ -1,5 +1,6 @@
-"""What every flow entry point shares: offline settings, code-derived task versions, and the
-workspace lock around every stage."""
+"""What every flow entry point shares: offline settings, code-derived task versions, the
+workspace lock around every stage, and what makes a run readable in the Prefect UI (its
+name, its pipeline and stage tags, a progress artifact)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,18 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+# Set it (any short id) to group the flow runs of several commands under one pipeline tag;
+# unset, a pipeline is everything run under one workspace lock (`make run` holds one
+# across the whole `dvc repro`, and its stages inherit the lock's token).
+PIPELINE_ENV = "SHARDFLOW_PIPELINE_ID"
 
 OFFLINE_ENV = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -122,3 +128,98 @@ def run_stage(
             record_stage(stage, root)
             get_run_logger().info("Stage %r recorded in dvc.lock", stage)
         return result
+
+
+# -- the story in the Prefect UI -------------------------------------------------------------
+
+
+def pipeline_id() -> str | None:
+    """The id every stage process of one pipeline execution shares (see ``PIPELINE_ENV``)."""
+    from tasks.workspace_lock import LOCK_ENV
+
+    token = os.environ.get(LOCK_ENV)
+    return os.environ.get(PIPELINE_ENV) or (token[:8] if token else None)
+
+
+def run_tags(stage: str) -> list[str]:
+    """``stage:<stage>``, ``pipeline:<id>`` and, under `dvc exp run`, ``dvc-exp:<name>``:
+    filter the Prefect UI by one to see every flow run of that pipeline execution."""
+    tags = [f"stage:{stage}"]
+    if pipeline := pipeline_id():
+        tags.append(f"pipeline:{pipeline}")
+    if experiment := os.environ.get("DVC_EXP_NAME"):
+        tags.append(f"dvc-exp:{experiment}")
+    return tags
+
+
+@contextmanager
+def stage_run(stage: str, params_path: str) -> Iterator[None]:
+    """What a stage's ``main()`` runs its flow in: the workspace lock (one writer at a
+    time), then the run's tags; taken inside the lock, so the pipeline id is the holder's."""
+    from prefect import tags
+
+    with hold_workspace(Path("."), Path(params_path)), tags(*run_tags(stage)):
+        yield
+
+
+def run_name(stage: str, *details: object) -> str:
+    """``shard · 405c04ba · 3000 images``: the stage, then what it ran on."""
+    return " · ".join([stage, *(str(d) for d in details if d not in (None, ""))])
+
+
+def run_parameter(name: str, default: Any) -> Any:
+    """A parameter of the current flow run (for ``flow_run_name`` callables)."""
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    return (context.parameters or {}).get(name, default) if context else default
+
+
+def naming(stage: str, details: Callable[[], Sequence[object]]) -> Callable[[], str]:
+    """A ``flow_run_name`` callable: the stage plus ``details()``, or the stage alone when
+    those cannot be read yet (a first run has no manifest): naming never fails a run."""
+
+    def name() -> str:
+        try:
+            return run_name(stage, *details())
+        except Exception:  # missing or unreadable inputs: the stage reports them itself
+            return stage
+
+    return name
+
+
+def rename_flow_run(name: str) -> None:
+    """Rename the current flow run once the figures that name it exist (a shard set's
+    fingerprint is known only after its shards are written)."""
+    from prefect.client.orchestration import get_client
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    if context is None or context.flow_run is None:
+        return
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_name(context.flow_run.id, name)
+
+
+class Progress:
+    """A progress artifact in the flow run's UI, moved from 0 to 100 as work completes.
+
+    Updates are sent only when the figure moves by ``step`` percent (or reaches 100), so a
+    long stage makes at most ~100 API calls whatever its size.
+    """
+
+    def __init__(self, key: str, description: str, *, step: float = 1.0) -> None:
+        from prefect.artifacts import create_progress_artifact
+
+        self.step = step
+        self.shown = 0.0
+        # Called from sync code, Prefect's dispatch returns the id, not a coroutine.
+        self.artifact_id: Any = create_progress_artifact(0.0, key=key, description=description)
+
+    def __call__(self, done: int, total: int) -> None:
+        from prefect.artifacts import update_progress_artifact
+
+        percent = 100.0 if total <= 0 else min(100.0, 100.0 * done / total)
+        if percent - self.shown >= self.step or (percent >= 100.0 > self.shown):
+            update_progress_artifact(self.artifact_id, percent)
+            self.shown = percent

@@ -14,7 +14,14 @@ from typing import Any
 from prefect import flow
 
 from flows import ingest, shard, validate
-from flows.common import configure_environment, parse_stage_args, run_stage
+from flows.common import (
+    configure_environment,
+    naming,
+    parse_stage_args,
+    run_parameter,
+    run_stage,
+    stage_run,
+)
 from flows.server import require_server
 from tasks.layout import Layout
 from tasks.params import load_params, run_params_path
@@ -22,7 +29,12 @@ from tasks.params import load_params, run_params_path
 DATA_STAGES = ("ingest", "shard", "validate")
 
 
-@flow(name="data", log_prints=True)
+def stage_details() -> list[object]:
+    """What names a data run: the stages it runs."""
+    return [", ".join(run_parameter("stages", None) or DATA_STAGES)]
+
+
+@flow(name="data", log_prints=True, flow_run_name=naming("data", stage_details))
 def data_flow(
     params_path: str = "params.yaml",
     root: str = ".",
@@ -53,7 +65,8 @@ def main() -> None:
     configure_environment()
     require_server()
     stages, params_path = parse_stage_args(DATA_STAGES, "flows.data")
-    data_flow(params_path=params_path, stages=stages)
+    with stage_run("data", params_path):  # one writer at a time, tagged with its pipeline
+        data_flow(params_path=params_path, stages=stages)
 
 
 if __name__ == "__main__":

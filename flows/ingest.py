@@ -8,11 +8,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, task
+from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import code_version, configure_environment, hold_workspace, parse_stage_args
+from flows.common import (
+    Progress,
+    code_version,
+    configure_environment,
+    naming,
+    parse_stage_args,
+    rename_flow_run,
+    run_name,
+    run_parameter,
+    stage_run,
+)
 from flows.server import require_server
 from tasks import images, ingest
 from tasks.layout import Layout
@@ -21,7 +31,10 @@ from tasks.params import IngestParams, load_params, run_params_path
 
 @task(name="ingest", version=code_version(ingest, images), cache_policy=NO_CACHE)
 def ingest_task(params: IngestParams, layout: Layout) -> dict[str, Any]:
-    report = ingest.run_ingest(params, layout.index, layout.ingest_report)
+    progress = Progress("ingest-progress", f"files inspected in {params.source_dir}")
+    report = ingest.run_ingest(params, layout.index, layout.ingest_report, progress=progress)
+    progress(1, 1)  # an empty folder inspects nothing and is done too
+    get_run_logger().info(key_figures(report))
     create_table_artifact(
         key="ingest-summary",
         table=ingest.summary_rows(report),
@@ -36,18 +49,40 @@ def ingest_task(params: IngestParams, layout: Layout) -> dict[str, Any]:
     return {k: report[k] for k in keys}
 
 
-@flow(name="ingest", log_prints=True)
+def key_figures(report: dict[str, Any]) -> str:
+    """The ingest report in one log line: every file accounted for, and where they went."""
+    splits = ", ".join(f"{name} {count}" for name, count in report["split_counts"].items())
+    return (
+        f"ingest {report['source_dir']}: {report['files_found']} files found: "
+        f"{report['accepted']} accepted ({splits}) in {len(report['classes'])} classes, "
+        f"{report['quarantined_count']} quarantined, {report['duplicate_count']} duplicates, "
+        f"{report['skipped_count']} skipped; {report['decoded_count']} decoded, "
+        f"{report['reused_count']} verdicts reused"
+    )
+
+
+def source_details() -> list[object]:
+    """What names an ingest run before it starts: the folder it reads."""
+    root = run_parameter("root", ".")
+    params = load_params(run_params_path(root, run_parameter("params_path", "params.yaml")))
+    return [params.ingest.source_dir]
+
+
+@flow(name="ingest", log_prints=True, flow_run_name=naming("ingest", source_details))
 def ingest_flow(params_path: str = "params.yaml", root: str = ".") -> dict[str, Any]:
     """Find every input image, check it, assign splits; quarantine the rest."""
     params = load_params(run_params_path(root, params_path))
-    return ingest_task(params.ingest, Layout(Path(root)))
+    result = ingest_task(params.ingest, Layout(Path(root)))
+    accepted = f"{result['accepted']} of {result['files_found']} files accepted"
+    rename_flow_run(run_name("ingest", params.ingest.source_dir, accepted))
+    return result
 
 
 def main() -> None:
     configure_environment()
     require_server()
     _, params_path = parse_stage_args(("ingest",), "flows.ingest")
-    with hold_workspace(Path("."), Path(params_path)):  # one writer at a time
+    with stage_run("ingest", params_path):  # one writer at a time, tagged with its pipeline
         ingest_flow(params_path=params_path)
 
 

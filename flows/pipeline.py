@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import flow, get_run_logger, tags
 
-from flows.common import configure_environment, hold_workspace
+from flows.common import configure_environment, hold_workspace, pipeline_id
 from flows.data import data_flow
 from flows.server import require_server
 from flows.training import training_flow
@@ -31,7 +31,8 @@ def pipeline(
     logger = get_run_logger()
     params_file = run_params_path(root, params_path)  # refused outside the repository
     changes = overrides.as_dict() if overrides else {}
-    with hold_workspace(Path(root), params_file):  # one writer, start to end
+    # One writer, start to end; every flow run below carries this execution's pipeline tag.
+    with hold_workspace(Path(root), params_file), tags(f"pipeline:{pipeline_id()}"):
         if changes:
             apply_overrides(params_file, changes)  # refuses shard.runner, dask_address, ...
             logger.info("params.yaml updated with this run's overrides: %s", changes)

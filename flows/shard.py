@@ -15,7 +15,17 @@ from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
 
-from flows.common import code_version, configure_environment, hold_workspace, parse_stage_args
+from flows.common import (
+    Progress,
+    code_version,
+    configure_environment,
+    naming,
+    parse_stage_args,
+    rename_flow_run,
+    run_name,
+    run_parameter,
+    stage_run,
+)
 from flows.server import require_server
 from tasks import images, schema, shard
 from tasks.layout import Layout
@@ -29,7 +39,12 @@ def write_shard_task(spec: shard.ShardSpec, shards_dir: Path) -> ShardFile:
     return shard.write_shard(spec, shards_dir)
 
 
-@flow(name="write-shards")
+def result_details(result: dict[str, Any]) -> list[object]:
+    """What names a shard run once done: the set's fingerprint and its size."""
+    return [str(result["fingerprint"])[:8], f"{sum(result['records'].values())} images"]
+
+
+@flow(name="write-shards", flow_run_name="write-shards")
 def write_shards_flow(params: ShardParams, layout: Layout) -> dict[str, Any]:
     """Plan shards (a rebuild or a new generation), write the missing ones through this
     flow's task runner, then the manifest and the data diff (also a Prefect artifact)."""
@@ -45,12 +60,15 @@ def write_shards_flow(params: ShardParams, layout: Layout) -> dict[str, Any]:
         params.runner,
         plan.specs[0].preprocessing_version if plan.specs else "-",
     )
+    progress = Progress("shard-progress", f"shards written of {len(missing)} to write")
     written: dict[str, ShardFile] = {}
     futures = write_shard_task.map(missing, unmapped(layout.shards_dir))
     for done, future in enumerate(as_completed(futures), start=1):
         result = future.result()
         written[result.file] = result
+        progress(done, len(missing))
         logger.info("shard %d/%d written: %s", done, len(missing), result.file)
+    progress(1, 1)  # nothing missing (a resumed or empty plan) is done too
     results = [
         written.get(s.file) or shard.describe_shard(s, layout.shards_dir) for s in plan.specs
     ]
@@ -62,7 +80,7 @@ def write_shards_flow(params: ShardParams, layout: Layout) -> dict[str, Any]:
         description=f"+{diff['added_total']} -{diff['removed_total']} images, "
         f"{len(manifest.generations)} generation(s)",
     )
-    return {
+    summary = {
         "fingerprint": manifest.fingerprint,
         "records": {name: split.num_records for name, split in manifest.splits.items()},
         "generation": plan.number,
@@ -71,6 +89,20 @@ def write_shards_flow(params: ShardParams, layout: Layout) -> dict[str, Any]:
         "written": len(missing),
         "added": diff["added_total"],
     }
+    logger.info(key_figures(summary, diff["removed_total"]))
+    rename_flow_run(run_name("write-shards", *result_details(summary)))
+    return summary
+
+
+def key_figures(summary: dict[str, Any], removed: int) -> str:
+    """The shard stage in one log line: which set, how big, what this run wrote."""
+    splits = ", ".join(f"{name} {count}" for name, count in summary["records"].items())
+    return (
+        f"shards {summary['fingerprint']}: {sum(summary['records'].values())} records "
+        f"({splits}) in {summary['shards']} shard files, {summary['written']} written now; "
+        f"generation {summary['generation']} ({summary['generations']} in all); "
+        f"+{summary['added']} -{removed} images against the previous manifest"
+    )
 
 
 def shard_task_runner(params: ShardParams) -> TaskRunner[Any]:
@@ -91,7 +123,16 @@ def run(params: ShardParams, layout: Layout) -> dict[str, Any]:
     return write_shards_flow.with_options(task_runner=shard_task_runner(params))(params, layout)
 
 
-@flow(name="shard", log_prints=True)
+def mode_details() -> list[object]:
+    """What names a shard run before it starts: rebuild, append or compact."""
+    if run_parameter("compact", False):
+        return ["compact"]
+    root = run_parameter("root", ".")
+    params = load_params(run_params_path(root, run_parameter("params_path", "params.yaml")))
+    return [params.shard.mode]
+
+
+@flow(name="shard", log_prints=True, flow_run_name=naming("shard", mode_details))
 def shard_flow(
     params_path: str = "params.yaml", root: str = ".", compact: bool = False
 ) -> dict[str, Any]:
@@ -102,14 +143,16 @@ def shard_flow(
     """
     params = load_params(run_params_path(root, params_path))
     shard_params = params.shard.model_copy(update={"mode": "rebuild"}) if compact else params.shard
-    return run(shard_params, Layout(Path(root)))
+    result = run(shard_params, Layout(Path(root)))
+    rename_flow_run(run_name("shard", *result_details(result)))
+    return result
 
 
 def main() -> None:
     configure_environment()
     require_server()
     stages, params_path = parse_stage_args(("shard", "compact"), "flows.shard")
-    with hold_workspace(Path("."), Path(params_path)):  # one writer at a time
+    with stage_run("shard", params_path):  # one writer at a time, tagged with its pipeline
         shard_flow(params_path=params_path, compact=stages == ["compact"])
 
 

@@ -1,7 +1,12 @@
 """The training flow: train, evaluate (and promote), then a summary artifact.
 
+Each stage lives in a module of its own (``flows/train.py``, ``flows/evaluate.py``) that
+imports only the code it runs; ``dvc.yaml`` runs those (``python -m flows.train``), so
+editing evaluation code never retrains. This flow composes the same tasks for deployment
+runs:
+
 python -m flows.training              # both stages
-python -m flows.training train        # one stage, as the dvc.yaml stages run it
+python -m flows.training train        # one stage
 python -m flows.training evaluate
 """
 
@@ -12,63 +17,21 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, task
+from prefect import flow
 from prefect.artifacts import create_markdown_artifact
-from prefect.cache_policies import NO_CACHE
-from prefect.tasks import exponential_backoff
 
-from flows.common import code_version, configure_environment, parse_stage_args, run_stage
+from flows.common import configure_environment, naming, parse_stage_args, run_stage, stage_run
+from flows.evaluate import evaluate_task
 from flows.server import require_server
-from tasks import evaluate, gate, manifest, models, reader, schema, tracking, train
-from tasks.evaluate import run_evaluate
-from tasks.gate import ShardsNotValidated
+from flows.train import model_run_details, train_task
+from tasks import tracking
 from tasks.layout import Layout
-from tasks.params import Params, load_params, run_params_path
-from tasks.train import run_train
+from tasks.params import load_params, run_params_path
 
 STAGES = ("train", "evaluate")
 
 
-def _retry_unless_refused(task: Any, task_run: Any, state: Any) -> bool:
-    """Retry I/O failures, never a refusal: unvalidated shards stay unvalidated."""
-    try:
-        state.result()
-    except ShardsNotValidated:
-        return False
-    except Exception:
-        return True
-    return True
-
-
-# A retry resumes from the BackupAndRestore state, so it costs at most one epoch.
-@task(
-    name="train",
-    version=code_version(train, gate, models, reader, schema, manifest, tracking),
-    cache_policy=NO_CACHE,  # DVC decides what is current (content hashes), see run_stage
-    retries=1,
-    retry_delay_seconds=10,
-    retry_condition_fn=_retry_unless_refused,
-)
-def train_task(params: Params, layout: Layout) -> dict[str, Any]:
-    summary = run_train(params, layout)
-    return {key: value for key, value in summary.items() if key != "history"}
-
-
-# Registry and artifact writes go over the tracking store, which can blip.
-@task(
-    name="evaluate",
-    version=code_version(evaluate, gate, reader, schema, manifest, tracking),
-    cache_policy=NO_CACHE,
-    retries=2,
-    retry_delay_seconds=exponential_backoff(backoff_factor=5),
-    retry_condition_fn=_retry_unless_refused,  # a refused model stays refused
-)
-def evaluate_task(params: Params, layout: Layout) -> dict[str, Any]:
-    result = run_evaluate(params, layout)
-    return {key: value for key, value in result.items() if key != "per_class"}
-
-
-@flow(name="training", log_prints=True)
+@flow(name="training", log_prints=True, flow_run_name=naming("training", model_run_details))
 def training_flow(
     params_path: str = "params.yaml",
     root: str = ".",
@@ -177,7 +140,8 @@ def main() -> None:
     configure_environment()
     require_server()
     stages, params_path = parse_stage_args(STAGES, "flows.training")
-    training_flow(params_path=params_path, stages=stages)
+    with stage_run("training", params_path):  # one writer at a time
+        training_flow(params_path=params_path, stages=stages)
 
 
 if __name__ == "__main__":

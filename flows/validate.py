@@ -5,11 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, task
+from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import code_version, configure_environment, hold_workspace, parse_stage_args
+from flows.common import (
+    code_version,
+    configure_environment,
+    naming,
+    parse_stage_args,
+    run_parameter,
+    stage_run,
+)
 from flows.server import require_server
 from tasks import data_diff, manifest, schema, validate
 from tasks.layout import Layout
@@ -36,11 +43,29 @@ def validate_task(layout: Layout, limits: ValidateParams) -> dict[str, Any]:
         description=f"shards {(report['fingerprint'] or 'unknown')[:12]}: "
         + ("passed" if report["passed"] else "FAILED"),
     )
+    get_run_logger().info(key_figures(report))
     validate.raise_if_failed(report)  # after the report is written, so it can be read
     return {"passed": report["passed"], "fingerprint": report["fingerprint"]}
 
 
-@flow(name="validate", log_prints=True)
+def key_figures(report: dict[str, Any]) -> str:
+    """The validation verdict in one log line: the set, its records, the failed checks."""
+    records = ", ".join(f"{split} {n}" for split, n in report["num_records"].items())
+    failed = [c["name"] for c in report["checks"] if not c["passed"]]
+    verdict = f"FAILED ({', '.join(failed)})" if failed else "passed"
+    return (
+        f"validation of shards {report['fingerprint']} ({records}): "
+        f"{len(report['checks'])} checks, {verdict}"
+    )
+
+
+def manifest_details() -> list[object]:
+    """What names a validation run: the fingerprint of the shard set it checks."""
+    root = Path(run_parameter("root", "."))
+    return [manifest.load_manifest(Layout(root).shards_dir).fingerprint[:8]]
+
+
+@flow(name="validate", log_prints=True, flow_run_name=naming("validate", manifest_details))
 def validate_flow(params_path: str = "params.yaml", root: str = ".") -> dict[str, Any]:
     """Re-read every shard and check it against the manifest and the ingest index."""
     params = load_params(Path(root) / params_path)
@@ -51,7 +76,7 @@ def main() -> None:
     configure_environment()
     require_server()
     _, params_path = parse_stage_args(("validate",), "flows.validate")
-    with hold_workspace(Path("."), Path(params_path)):  # one writer at a time
+    with stage_run("validate", params_path):  # one writer at a time, tagged with its pipeline
         validate_flow(params_path=params_path)
 
 

@@ -14,6 +14,7 @@ import multiprocessing
 import os
 import stat
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -288,11 +289,13 @@ def inspect_all(
     candidates: list[Candidate],
     params: IngestParams,
     known: dict[str, list[Any]] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[Inspected]:
     """Inspect every candidate, in parallel (spawned processes) when it pays.
 
     ``known`` (path -> previous verdict) spares decoding files whose content is unchanged;
-    each chunk is sent only its own paths' verdicts.
+    each chunk is sent only its own paths' verdicts. ``progress(done, total)`` is called
+    as chunks finish (the flow moves its Prefect progress artifact with it).
     """
     known = known or {}
     from tqdm import tqdm
@@ -312,6 +315,8 @@ def inspect_all(
             for chunk in chunks:
                 results.extend(_inspect_chunk(str(source_dir), chunk, limits, known))
                 bar.update(len(chunk))
+                if progress:
+                    progress(len(results), len(candidates))
         else:
             context = multiprocessing.get_context("spawn")
             with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
@@ -329,6 +334,8 @@ def inspect_all(
                     chunk_result = future.result()
                     results.extend(chunk_result)
                     bar.update(len(chunk_result))
+                    if progress:
+                        progress(len(results), len(candidates))
     return results
 
 
@@ -378,15 +385,23 @@ def build_index(
     return {"records": records, "quarantined": quarantined, "duplicates": duplicates}
 
 
-def run_ingest(params: IngestParams, index_path: Path, report_path: Path) -> dict[str, Any]:
-    """Ingest ``params.source_dir``; write the index and the ingest report; return the report."""
+def run_ingest(
+    params: IngestParams,
+    index_path: Path,
+    report_path: Path,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Ingest ``params.source_dir``; write the index and the ingest report; return the report.
+
+    ``progress(done, total)``: files inspected so far, see :func:`inspect_all`."""
     source_dir = Path(params.source_dir)
     labels_csv = Path(params.labels_csv) if params.labels_csv else None
     discovered = discover(source_dir, labels_csv)
     candidates = discovered.candidates
     classes = sorted({c.label for c in candidates})
     key = verdict_key(params)
-    inspected = inspect_all(source_dir, candidates, params, previous_verdicts(index_path, key))
+    known = previous_verdicts(index_path, key)
+    inspected = inspect_all(source_dir, candidates, params, known, progress)
     sorted_out = build_index(inspected, classes, params)
     records = sorted_out["records"]
     present = sorted({r["label"] for r in records})

@@ -32,7 +32,7 @@ STAGES: dict[str, tuple[str, Callable[[Path], bool]]] = {
     ),
     "validate": ("flows.data validate", lambda root: True),
     "train": (
-        "flows.training train",
+        "flows.train",
         lambda root: (root / ".shardflow/train_backup/mlflow_run_id").exists(),
     ),
 }

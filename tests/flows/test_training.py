@@ -12,10 +12,12 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from flows.training import main, training_flow
+from flows.training import training_flow
+from tasks import tracking
 from tasks.evaluate import CHAMPION
 from tasks.layout import Layout
 from tasks.params import default_params
+from tests.prefect_story import artifacts, flow_runs_tagged, log_lines
 
 pytestmark = pytest.mark.slow
 EPOCHS = 3
@@ -81,18 +83,59 @@ def test_flow_trains_evaluates_tracks_and_promotes(project: Path, mlflow_uri: st
     assert result["evaluate"]["promotion"]["promoted"] is True
 
 
-def test_cli_runs_one_stage_at_a_time(
+def test_stage_entry_points_run_one_stage_each_and_tell_their_story(
     project: Path, mlflow_uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """What the dvc.yaml stages run: `python -m flows.training train`, then `... evaluate`."""
+    """What the dvc.yaml stages run: `python -m flows.train`, then `python -m flows.evaluate`.
+
+    Through the Prefect API: both runs share the pipeline tag and are named after the MLflow
+    run; the train run logs every epoch line, its progress artifact reaches 100 and a link
+    artifact leads to the MLflow run's page."""
+    from flows import evaluate, train
+
     layout = Layout().with_root(project)
     monkeypatch.chdir(project)
-    monkeypatch.setattr("sys.argv", ["flows.training", "train"])
-    main()
+    monkeypatch.setenv("SHARDFLOW_PIPELINE_ID", "train-story")
+    monkeypatch.setattr("sys.argv", ["flows.train"])
+    train.main()
     assert layout.model_file.exists() and not layout.eval_metrics.exists()
-    monkeypatch.setattr("sys.argv", ["flows.training", "evaluate"])
-    main()
+    monkeypatch.setattr("sys.argv", ["flows.evaluate"])
+    evaluate.main()
     assert json.loads(layout.eval_metrics.read_text())["model_version"] == "1"
+
+    record = json.loads(layout.train_run.read_text())
+    runs = flow_runs_tagged("pipeline:train-story")
+    assert set(runs) == {"train", "evaluate"}
+    assert runs["train"].name == f"train · {record['run_name']}"
+    assert runs["evaluate"].name == f"evaluate · {record['run_name']}"
+    assert record["run_name"].endswith(record["fingerprint"][:8])
+    assert "stage:train" in runs["train"].tags and "stage:evaluate" in runs["evaluate"].tags
+
+    client = MlflowClient(mlflow_uri, mlflow_uri)
+    loss, val_accuracy = (
+        sorted(client.get_metric_history(record["run_id"], key), key=lambda m: m.step)
+        for key in ("loss", "val_accuracy")
+    )
+    lines = log_lines(runs["train"].id)
+    epochs = [line for line in lines if line.startswith("epoch ")]
+    assert len(epochs) == EPOCHS == len(loss)
+    for number, line in enumerate(epochs, start=1):  # the same figures MLflow recorded
+        assert line.startswith(f"epoch {number}/{EPOCHS}: loss {loss[number - 1].value:.4f}")
+        assert f"val_accuracy {val_accuracy[number - 1].value:.4f}" in line
+    assert any(line.startswith(f"trained {record['run_name']}: {EPOCHS} epochs") for line in lines)
+
+    train_artifacts = artifacts(runs["train"].id)
+    assert train_artifacts["train-progress"].data == 100
+    page = f"#/experiments/{record['experiment_id']}/runs/{record['run_id']}"
+    for run in runs.values():
+        link = artifacts(run.id)["mlflow-run"]
+        assert link.type == "markdown"  # how Prefect stores a link artifact: [text](url)
+        assert link.data == f"[MLflow run {record['run_name']}]({tracking.MLFLOW_UI_URL}/{page})"
+    evaluated = json.loads(layout.eval_metrics.read_text())
+    assert any(
+        f"accuracy {evaluated['accuracy']:.4f}" in line and "promoted to champion" in line
+        for line in log_lines(runs["evaluate"].id)
+    )
 
 
 def test_summary_of_skipped_stages_reads_the_recorded_run(tmp_path: Path) -> None:

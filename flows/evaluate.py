@@ -1,0 +1,85 @@
+"""The evaluate stage as a flow: ``python -m flows.evaluate`` (what `dvc repro` runs).
+
+Evaluates the trained model on the test split, logs onto its training run, registers it and
+moves the champion alias only if it wins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.tasks import exponential_backoff
+
+from flows.common import (
+    code_version,
+    configure_environment,
+    naming,
+    parse_stage_args,
+    run_parameter,
+    stage_run,
+)
+from flows.model_runs import link_mlflow_run, recorded_run_name, retry_unless_refused
+from flows.server import require_server
+from tasks import evaluate, gate, manifest, reader, schema, tracking
+from tasks.evaluate import run_evaluate
+from tasks.layout import Layout
+from tasks.params import Params, load_params, run_params_path
+
+
+def evaluated_run_details() -> Sequence[object]:
+    """What names an evaluation: the training run it evaluates (``models/run.json``)."""
+    return [recorded_run_name(Layout(Path(run_parameter("root", "."))))]
+
+
+# Registry and artifact writes go over the tracking store, which can blip.
+@task(
+    name="evaluate",
+    version=code_version(evaluate, gate, reader, schema, manifest, tracking),
+    cache_policy=NO_CACHE,
+    retries=2,
+    retry_delay_seconds=exponential_backoff(backoff_factor=5),
+    retry_condition_fn=retry_unless_refused,  # a refused model stays refused
+)
+def evaluate_task(params: Params, layout: Layout) -> dict[str, Any]:
+    result = run_evaluate(params, layout)
+    run_name = recorded_run_name(layout)
+    url = link_mlflow_run(layout, result["run_id"], run_name, "evaluated training run")
+    promotion = result.get("promotion", {})
+    get_run_logger().info(
+        "evaluated %s on %s test images: accuracy %.4f, top-k accuracy %.4f, macro F1 %.4f; "
+        "registered %s v%s, %s (%s); MLflow run %s",
+        run_name,
+        result.get("num_test_records"),
+        result.get("accuracy", float("nan")),
+        result.get("top_k_accuracy", float("nan")),
+        result.get("macro_f1", float("nan")),
+        promotion.get("model_name"),
+        result.get("model_version"),
+        "promoted to champion" if promotion.get("promoted") else "champion kept",
+        promotion.get("reason"),
+        url,
+    )
+    return {key: value for key, value in result.items() if key != "per_class"}
+
+
+@flow(name="evaluate", log_prints=True, flow_run_name=naming("evaluate", evaluated_run_details))
+def evaluate_flow(params_path: str = "params.yaml", root: str = ".") -> dict[str, Any]:
+    """Evaluate, register and maybe promote the model the train stage left."""
+    params = load_params(run_params_path(root, params_path))
+    return evaluate_task(params, Layout(Path(root)))
+
+
+def main() -> None:
+    configure_environment()
+    require_server()
+    _, params_path = parse_stage_args(("evaluate",), "flows.evaluate")
+    with stage_run("evaluate", params_path):  # one writer at a time
+        evaluate_flow(params_path=params_path)
+
+
+if __name__ == "__main__":
+    main()

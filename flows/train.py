@@ -1,0 +1,132 @@
+"""The train stage as a flow: ``python -m flows.train`` (what `dvc repro` runs).
+
+Imports only what training runs, never evaluation or prediction code: editing how a model
+is evaluated or served does not retrain it. ``flows/training.py`` composes this stage and
+``flows/evaluate.py`` for deployment runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import keras
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from flows.common import (
+    Progress,
+    code_version,
+    configure_environment,
+    naming,
+    parse_stage_args,
+    run_parameter,
+    stage_run,
+)
+from flows.model_runs import link_mlflow_run, retry_unless_refused
+from flows.server import require_server
+from tasks import gate, manifest, models, reader, schema, tracking, train
+from tasks.layout import Layout
+from tasks.params import Params, TrainParams, load_params, run_params_path
+from tasks.train import run_train
+
+EPOCH_FIGURES = ("loss", "accuracy", "val_loss", "val_accuracy")
+
+
+def planned_epochs(params: TrainParams) -> int:
+    """Epochs the run means to do: the frozen (or only) phase plus fine-tuning, if any."""
+    fine_tune = params.fine_tune_layers > 0 and params.fine_tune_epochs > 0
+    return params.epochs + (params.fine_tune_epochs if fine_tune else 0)
+
+
+def epoch_line(epoch: int, planned: int, logs: Mapping[str, Any]) -> str:
+    """``epoch 3/20: loss 0.8123, accuracy 0.7010, ..., 412 images/s, lr 0.002``."""
+    shown = [f"{key} {float(logs[key]):.4f}" for key in EPOCH_FIGURES if key in logs]
+    if "images_per_sec" in logs:
+        shown.append(f"{float(logs['images_per_sec']):.0f} images/s")
+    if "learning_rate" in logs:
+        shown.append(f"lr {float(logs['learning_rate']):.3g}")
+    return f"epoch {epoch + 1}/{planned}: " + ", ".join(shown)
+
+
+class EpochProgress(keras.callbacks.Callback):
+    """Each epoch's line in the flow run's log, and the progress artifact one epoch on.
+
+    Runs after run_train's own callbacks, so the logs already carry throughput and the
+    learning rate.
+    """
+
+    def __init__(
+        self,
+        planned: int,
+        progress: Callable[[int, int], None],
+        logger: logging.Logger | logging.LoggerAdapter[logging.Logger],
+    ) -> None:
+        super().__init__()
+        self.planned = planned
+        self.progress = progress
+        self.logger = logger
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self.logger.info(epoch_line(epoch, self.planned, logs or {}))
+        self.progress(epoch + 1, self.planned)
+
+
+def model_run_details() -> Sequence[object]:
+    """What names a training run: its MLflow run name (model, epochs, batch, lr, shards)."""
+    root = run_parameter("root", ".")
+    params = load_params(run_params_path(root, run_parameter("params_path", "params.yaml")))
+    fingerprint = manifest.load_manifest(Layout(Path(root)).shards_dir).fingerprint
+    return [tracking.run_name(params, fingerprint)]
+
+
+# A retry resumes from the BackupAndRestore state, so it costs at most one epoch.
+@task(
+    name="train",
+    version=code_version(train, gate, models, reader, schema, manifest, tracking),
+    cache_policy=NO_CACHE,  # DVC decides what is current (content hashes), see run_stage
+    retries=1,
+    retry_delay_seconds=10,
+    retry_condition_fn=retry_unless_refused,
+)
+def train_task(params: Params, layout: Layout) -> dict[str, Any]:
+    logger = get_run_logger()
+    planned = planned_epochs(params.train)
+    progress = Progress("train-progress", f"epochs done of {planned} ({params.train.model})")
+    summary = run_train(params, layout, callbacks=[EpochProgress(planned, progress, logger)])
+    progress(planned, planned)  # early stopping ends a run before its planned epochs
+    url = link_mlflow_run(layout, summary["run_id"], summary["run_name"], "training run")
+    final = summary.get("final", {})
+    logger.info(
+        "trained %s: %s epochs (resumed from epoch %s), val accuracy %.4f, val loss %.4f, "
+        "%.0f images/s; MLflow run %s",
+        summary["run_name"],
+        summary.get("epochs_completed"),
+        summary.get("resumed_from_epoch"),
+        final.get("val_accuracy", float("nan")),
+        final.get("val_loss", float("nan")),
+        summary.get("images_per_sec") or 0,
+        url,
+    )
+    return {key: value for key, value in summary.items() if key != "history"}
+
+
+@flow(name="train", log_prints=True, flow_run_name=naming("train", model_run_details))
+def train_flow(params_path: str = "params.yaml", root: str = ".") -> dict[str, Any]:
+    """Train a model on validated shards, tracked as one MLflow run."""
+    params = load_params(run_params_path(root, params_path))
+    return train_task(params, Layout(Path(root)))
+
+
+def main() -> None:
+    configure_environment()
+    require_server()
+    _, params_path = parse_stage_args(("train",), "flows.train")
+    with stage_run("train", params_path):  # one writer at a time
+        train_flow(params_path=params_path)
+
+
+if __name__ == "__main__":
+    main()
