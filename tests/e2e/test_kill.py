@@ -25,15 +25,15 @@ pytestmark = pytest.mark.slow
 SEED = 20240611
 # The stage's process, and when its real work has begun (so the kill can land inside it).
 STAGES: dict[str, tuple[str, Callable[[Path], bool]]] = {
-    "ingest": ("flows.data ingest", lambda root: True),
+    "ingest": ("flows.ingest", lambda root: True),
     "shard": (
-        "flows.data shard",  # a shard (or its temporary file) exists: writing has begun
+        "flows.shard",  # a shard (or its temporary file) exists: writing has begun
         lambda root: any(".tfrecord" in p.name for p in (root / "data/shards").glob("*")),
     ),
-    "validate": ("flows.data validate", lambda root: True),
+    "validate": ("flows.validate", lambda root: True),
     "train": (
         "flows.train",
-        lambda root: (root / ".shardflow/train_backup/mlflow_run_id").exists(),
+        lambda root: (root / ".shardflow/train_backup/identity.json").exists(),
     ),
 }
 MAX_DELAY_S = {"ingest": 3.0, "shard": 1.0, "validate": 3.0, "train": 1.5}
