@@ -78,7 +78,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--only",
         type=lambda s: s.split(","),
         default=None,
-        help="comma-separated sections: read,write,photos,input,serve,orchestration,scaling,append",
+        help="comma-separated sections: read,write,photos,input,serve,orchestration,scaling,"
+        "append,plan_rss",
     )
     parser.add_argument(
         "--quick", action="store_true", help=f"tiny smoke run: {QUICK}, orchestration at 1 epoch"
@@ -150,6 +151,8 @@ class Run:
             "append.data_side_fraction": None,
             "append.push_files": None,
             "append.push_only_new_shards": None,
+            "plan_rss.records_10k_mb": None,
+            "plan_rss.records_1m_mb": None,
             "machine": machine_info(),
             "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "details": {},
@@ -430,6 +433,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"{f['append.push_old_shards']} old shards)"
         )
 
+    def plan_rss() -> None:
+        from bench.plan_rss import measure_plan_rss
+
+        figures = measure_plan_rss(work / "plan-rss", log=log)
+        for key, value in figures.items():
+            target = run.figures if not key.endswith("_details") else run.figures["details"]
+            target[f"plan_rss.{key}"] = value
+
     run.section("read", read)
     run.section("write", write)
     run.section("photos", photos)
@@ -440,6 +451,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if not args.skip_scaling:
         run.section("scaling", scaling)
     run.section("append", append)
+    run.section("plan_rss", plan_rss)
 
     run.figures["targets"] = evaluate_targets(run.figures, base.shard.encoding)
     run.save()

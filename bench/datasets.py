@@ -1,14 +1,17 @@
-"""Ingest and shard the benchmark image folders through Shardflow's own stage functions."""
+"""Ingest and shard the benchmark image folders the way the pipeline does.
+
+Sharding goes through the shard flow (``flows/shard.py``) in a fresh interpreter, the path
+`dvc repro` takes, never a bench-only writer.
+"""
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 from tasks.ingest import run_ingest
+from tasks.layout import Layout
 from tasks.params import ShardParams, SplitFractions, default_params
-from tasks.shard import run_shard
 
 # Bench only: every image in train. params.yaml needs all three splits non-empty, so this
 # one is built unchecked (model_construct) and never reaches a pipeline run.
@@ -22,7 +25,7 @@ def ingest_folder(source_dir: Path, work_dir: Path, *, workers: int = 2) -> Path
     """
     changes = {"source_dir": str(source_dir), "splits": ALL_TRAIN, "workers": workers}
     params = default_params().ingest.model_copy(update=changes)
-    index_path = work_dir / "index.json"
+    index_path = work_dir / "index.jsonl"
     recipe_path = work_dir / "index.recipe.json"
     marker = source_dir / ".bench-images.json"
     recipe = {
@@ -41,8 +44,9 @@ def ingest_folder(source_dir: Path, work_dir: Path, *, workers: int = 2) -> Path
     return index_path
 
 
-def fresh_shards(params: ShardParams, index_path: Path, shards_dir: Path, *, workers: int) -> Path:
-    """Shard from scratch: run_shard resumes a finished plan, so a timed run must start empty."""
-    shutil.rmtree(shards_dir, ignore_errors=True)
-    run_shard(params, index_path, shards_dir, workers=workers)
-    return shards_dir
+def fresh_shards(params: ShardParams, index_path: Path, root: Path, *, workers: int) -> Path:
+    """Shard from scratch through the shard flow under ``root``; returns the shard folder."""
+    from bench.scaling import measure_shard_run
+
+    measure_shard_run(params, index_path, root, workers=workers)
+    return Layout(root).shards_dir

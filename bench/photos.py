@@ -182,22 +182,14 @@ def shard_stage_seconds(
 
 
 def _shard_child(index_path: str, root: str, params_json: str, workers: str) -> None:
-    from flows.common import configure_environment
-    from flows.shard import run
-    from tasks.layout import Layout
+    from bench.scaling import flow_shard
     from tasks.params import ShardParams
 
-    configure_environment()
     params = ShardParams.model_validate_json(params_json).model_copy(
         update={"workers": int(workers)}
     )
-    layout = Layout(Path(root))
-    shutil.rmtree(layout.shards_dir, ignore_errors=True)
-    layout.index.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(index_path, layout.index)
-    start = time.perf_counter()
-    result = run(params, layout)
-    print(json.dumps({"shard_s": time.perf_counter() - start, "shards": result["shards"]}))
+    result = flow_shard(params, Path(index_path), Path(root))
+    print(json.dumps({"shard_s": result["shard_s"], "shards": result["shards"]}))
 
 
 def _timed_child(kind: str, files_json: str, size: str, workers: str) -> None:

@@ -117,6 +117,13 @@ def targets_for(default_encoding: str) -> list[Target]:
         Target("scaling s/image largest vs smallest", "scaling.s_per_image_ratio", None, "<=", 1.2),
         Target("scaling peak RSS largest vs smallest", "scaling.peak_rss_ratio", None, "<=", 1.3),
         Target(
+            "planning peak RSS, 1M vs 10k records",
+            "plan_rss.records_1m_mb",
+            "plan_rss.records_10k_mb",
+            "<=",
+            1.2,
+        ),
+        Target(
             "12 MP photos: shard, 1 worker vs seed recipe",
             "write_photos.workers_1",
             "write_photos.seed",

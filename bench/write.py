@@ -52,13 +52,16 @@ def seed_write_measured(
 
 
 def shardflow_write_measured(
-    params: ShardParams, index_path: Path, shards_dir: Path, *, workers: int
+    params: ShardParams, index_path: Path, root: Path, *, workers: int
 ) -> tuple[int, float]:
-    """(images, seconds) of one full shard stage from an existing index, in a fresh interpreter."""
-    result = measure_shard_run(params, index_path, shards_dir, workers=workers)
+    """(images, seconds) of one full shard stage (the flow) from an existing index, in a
+    fresh interpreter; the shards land in ``Layout(root).shards_dir``."""
+    result = measure_shard_run(params, index_path, root, workers=workers)
+    from tasks.layout import Layout
     from tasks.manifest import load_manifest
 
-    records = sum(split.num_records for split in load_manifest(shards_dir).splits.values())
+    manifest = load_manifest(Layout(root).shards_dir)
+    records = sum(split.num_records for split in manifest.splits.values())
     return records, float(result["shard_s"])
 
 

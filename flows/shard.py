@@ -6,13 +6,14 @@ ingest: editing how ingest checks or reports files does not reshard.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Sized
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger, task, unmapped
+from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
-from prefect.futures import as_completed
+from prefect.futures import PrefectFuture, as_completed
 from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
 
 from flows.common import (
@@ -44,36 +45,72 @@ def result_details(result: dict[str, Any]) -> list[object]:
     return [str(result["fingerprint"])[:8], f"{sum(result['records'].values())} images"]
 
 
+def runner_writer(window: int) -> shard.WriteMany:
+    """A writer that sends each shard to the flow's task runner, ``window`` at a time.
+
+    Specs are materialised (their records read from the index) only as they are submitted,
+    and at most ``window`` are in flight, so the parent's memory stays flat however many
+    shards the plan holds. Results come back as shards finish; a progress artifact follows.
+    """
+
+    def write_many(specs: Iterable[shard.ShardSpec], shards_dir: Path) -> Iterator[ShardFile]:
+        logger = get_run_logger()
+        total = len(specs) if isinstance(specs, Sized) else 0
+        progress = Progress("shard-progress", f"shards written of {total or '?'} to write")
+        pending: list[PrefectFuture[ShardFile]] = []
+        done = 0
+
+        def finished() -> ShardFile:
+            nonlocal done
+            result = _first_done(pending)
+            done += 1
+            progress(done, total)
+            logger.info("shard %d/%s written: %s", done, total or "?", result.file)
+            return result
+
+        for spec in specs:
+            pending.append(write_shard_task.submit(spec, shards_dir))
+            while len(pending) >= window:
+                yield finished()
+        while pending:
+            yield finished()
+        progress(1, 1)  # nothing missing (a resumed or empty plan) is done too
+
+    return write_many
+
+
+def _first_done(pending: list[PrefectFuture[ShardFile]]) -> ShardFile:
+    """Wait for whichever pending shard finishes first; remove it and return its result."""
+    future = next(as_completed(pending))
+    pending.remove(future)
+    return future.result()
+
+
 @flow(name="write-shards", flow_run_name="write-shards")
 def write_shards_flow(params: ShardParams, layout: Layout) -> dict[str, Any]:
-    """Plan shards (a rebuild or a new generation), write the missing ones through this
-    flow's task runner, then the manifest and the data diff (also a Prefect artifact)."""
+    """The shard stage (:func:`tasks.shard.shard_stage`: plan a rebuild or a new generation,
+    write the missing shards, the manifest, the data diff) writing through this flow's task
+    runner; the data diff also becomes a Prefect artifact."""
     logger = get_run_logger()
-    plan = shard.plan_stage(params, layout.index, layout.shards_dir)
-    missing = shard.prepare(plan, layout.shards_dir)
+    window = 4 * max(1, params.workers)
+    stage = shard.shard_stage(
+        params,
+        layout.index,
+        layout.shards_dir,
+        write_many=runner_writer(window),
+        diff_path=layout.data_diff,
+    )
+    plan, manifest, diff = stage.plan, stage.manifest, stage.diff
+    assert diff is not None
     logger.info(
-        "%s: generation %d, %d shards planned, %d to write (%s runner, preprocessing %s)",
+        "%s: generation %d, %d shards planned, %d written (%s runner, preprocessing %s)",
         plan.mode,
         plan.number,
         len(plan.specs),
-        len(missing),
+        stage.written,
         params.runner,
-        plan.specs[0].preprocessing_version if plan.specs else "-",
+        manifest.preprocessing_version,
     )
-    progress = Progress("shard-progress", f"shards written of {len(missing)} to write")
-    written: dict[str, ShardFile] = {}
-    futures = write_shard_task.map(missing, unmapped(layout.shards_dir))
-    for done, future in enumerate(as_completed(futures), start=1):
-        result = future.result()
-        written[result.file] = result
-        progress(done, len(missing))
-        logger.info("shard %d/%d written: %s", done, len(missing), result.file)
-    progress(1, 1)  # nothing missing (a resumed or empty plan) is done too
-    results = [
-        written.get(s.file) or shard.describe_shard(s, layout.shards_dir) for s in plan.specs
-    ]
-    manifest = shard.finalize_manifest(params, plan, results, layout.shards_dir)
-    diff = shard.write_stage_diff(plan, manifest, layout.shards_dir, layout.data_diff)
     create_markdown_artifact(
         key="data-diff",
         markdown=layout.data_diff.with_suffix(".md").read_text(),
@@ -86,7 +123,7 @@ def write_shards_flow(params: ShardParams, layout: Layout) -> dict[str, Any]:
         "generation": plan.number,
         "generations": len(manifest.generations),
         "shards": len(plan.specs),
-        "written": len(missing),
+        "written": stage.written,
         "added": diff["added_total"],
     }
     logger.info(key_figures(summary, diff["removed_total"]))

@@ -2,24 +2,145 @@
 
 A module of its own so the shard stage depends on the index format, not on ingest's code:
 editing how ingest checks or reports files never reshards.
+
+Format (version 3): JSON Lines, so a reader never holds the whole index. Line 1 is the
+header (``version``, ``source_dir``, ``classes``, ``verdict_key``, ``num_records``,
+``num_verdicts``); then ``num_records`` lines, one accepted record each (``path``,
+``label``, ``label_index``, ``sha256``, ``split``, ``format``, ``width``, ``height``); then
+``num_verdicts`` lines, one decode verdict each (``[path, sha256, format, width, height,
+reason]``) that the next incremental ingest reuses. The shard planner streams the records
+and remembers only each one's byte offset, so planning a million images stays small.
 """
 
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-INDEX_VERSION = 2
+INDEX_VERSION = 3
+HEADER_KEYS = ("version", "source_dir", "classes", "verdict_key", "num_records", "num_verdicts")
+
+
+def write_index(index_path: Path, index: dict[str, Any]) -> None:
+    """Write ``index`` (header fields, ``records``, ``verdicts``) atomically, line by line.
+
+    Same data, same bytes (sorted keys): the index is a DVC output whose hash decides
+    whether the shard stage reruns.
+    """
+    records: list[dict[str, Any]] = index["records"]
+    verdicts: dict[str, list[Any]] = index.get("verdicts") or {}
+    header = {
+        "version": INDEX_VERSION,
+        "source_dir": index["source_dir"],
+        "classes": index["classes"],
+        "verdict_key": index.get("verdict_key"),
+        "num_records": len(records),
+        "num_verdicts": len(verdicts),
+    }
+    index_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = index_path.with_name(f".{index_path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w") as handle:
+            handle.write(_line(header))
+            handle.writelines(_line(r) for r in records)
+            handle.writelines(_line([path, *v]) for path, v in sorted(verdicts.items()))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, index_path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _line(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":")) + "\n"
+
+
+def read_header(index_path: Path) -> dict[str, Any]:
+    """The index's header line; a missing file or another format raises and names the fix."""
+    with _open(index_path) as handle:
+        return _header(index_path, handle)
+
+
+def _open(index_path: Path) -> IO[bytes]:
+    if not index_path.exists():
+        raise FileNotFoundError(f"{index_path}: no ingest index; run the ingest stage first")
+    return open(index_path, "rb")
+
+
+def _header(index_path: Path, handle: IO[bytes]) -> dict[str, Any]:
+    first = handle.readline()
+    try:
+        header = json.loads(first)
+    except ValueError:
+        header = None
+    version = header.get("version") if isinstance(header, dict) else None
+    if version != INDEX_VERSION or not all(k in header for k in HEADER_KEYS):  # type: ignore[operator]
+        raise ValueError(
+            f"{index_path}: not an ingest index of version {INDEX_VERSION} (found "
+            f"{'version ' + str(version) if version is not None else 'another format'}); "
+            "rerun the ingest stage"
+        )
+    assert isinstance(header, dict)
+    return header
+
+
+def iter_records(index_path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(byte offset, record) of every accepted record, in index order, one at a time."""
+    with _open(index_path) as handle:
+        header = _header(index_path, handle)
+        offset = handle.tell()
+        for number in range(int(header["num_records"])):
+            line = handle.readline()
+            if not line.endswith(b"\n"):
+                raise ValueError(
+                    f"{index_path}: {header['num_records']} records announced, file ends at "
+                    f"record {number}; rerun the ingest stage"
+                )
+            yield offset, _record(index_path, line, offset)
+            offset += len(line)
+
+
+def read_records_at(index_path: Path, offsets: Iterable[int]) -> Iterator[dict[str, Any]]:
+    """The records at ``offsets`` (from :func:`iter_records`), in the order given."""
+    with _open(index_path) as handle:
+        for offset in offsets:
+            handle.seek(int(offset))
+            yield _record(index_path, handle.readline(), int(offset))
+
+
+def _record(index_path: Path, line: bytes, offset: int) -> dict[str, Any]:
+    try:
+        record = json.loads(line)
+    except ValueError as error:
+        raise ValueError(f"{index_path}, byte {offset}: not a JSON record ({error})") from error
+    if not isinstance(record, dict):
+        raise ValueError(f"{index_path}, byte {offset}: a record must be a JSON object")
+    return record
+
+
+def iter_verdicts(index_path: Path) -> Iterator[tuple[str, list[Any]]]:
+    """(path, [sha256, format, width, height, reason]) of every file ingest read."""
+    with _open(index_path) as handle:
+        header = _header(index_path, handle)
+        for _ in range(int(header["num_records"])):
+            handle.readline()
+        for _ in range(int(header["num_verdicts"])):
+            path, *verdict = json.loads(handle.readline())
+            yield path, verdict
 
 
 def load_index(index_path: Path) -> dict[str, Any]:
-    if not index_path.exists():
-        raise FileNotFoundError(f"{index_path}: no ingest index; run the ingest stage first")
-    index: dict[str, Any] = json.loads(index_path.read_text())
-    if index.get("version") != INDEX_VERSION:
-        raise ValueError(
-            f"{index_path}: index version {index.get('version')}, expected {INDEX_VERSION}; "
-            "rerun the ingest stage"
-        )
-    return index
+    """The whole index as one dict (header fields, ``records``, ``verdicts``).
+
+    For readers that want every record at once (validation, tests); the shard stage
+    streams with :func:`iter_records` instead.
+    """
+    header = read_header(index_path)
+    return {
+        **{k: header[k] for k in ("version", "source_dir", "classes", "verdict_key")},
+        "records": [record for _, record in iter_records(index_path)],
+        "verdicts": dict(iter_verdicts(index_path)),
+    }

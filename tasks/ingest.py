@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import json
 import multiprocessing
 import os
 import stat
@@ -22,7 +21,7 @@ from typing import Any
 
 from tasks.atomic import write_json
 from tasks.images import ImageRejected, verify
-from tasks.index import INDEX_VERSION
+from tasks.index import INDEX_VERSION, iter_verdicts, read_header, write_index
 from tasks.manifest import SPLITS
 from tasks.params import IngestParams, SplitFractions
 
@@ -169,15 +168,11 @@ def previous_verdicts(index_path: Path, key: str) -> dict[str, list[Any]]:
     nothing is reused: an incremental ingest is only ever a faster full one.
     """
     try:
-        previous = json.loads(index_path.read_text())
-    except (OSError, ValueError):
+        if read_header(index_path).get("verdict_key") != key:
+            return {}
+        return dict(iter_verdicts(index_path))
+    except (OSError, ValueError, TypeError):
         return {}
-    if not isinstance(previous, dict) or previous.get("version") != INDEX_VERSION:
-        return {}
-    if previous.get("verdict_key") != key:
-        return {}
-    verdicts = previous.get("verdicts")
-    return verdicts if isinstance(verdicts, dict) else {}
 
 
 def verdicts_of(inspected: list[Inspected]) -> dict[str, list[Any]]:
@@ -445,7 +440,7 @@ def run_ingest(
         "verdict_key": key,
         "verdicts": verdicts_of(inspected),
     }
-    write_json(index_path, index)
+    write_index(index_path, index)
     write_json(report_path, report)
     return report
 

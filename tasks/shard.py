@@ -3,8 +3,14 @@
 The plan is a pure function of the ingest index and :class:`ShardParams`: each split's records
 are ordered by a seeded hash of their content and cut into contiguous shards, so the same
 inputs and params give byte-identical shards and ``manifest.json`` whatever the number of
-workers. Each shard is an independent work unit (:class:`ShardSpec` -> :func:`write_shard`),
-so any runner (a process pool here, Prefect/Dask elsewhere) can write them.
+workers. Each shard is an independent work unit (:class:`ShardSpec` -> :func:`write_shard`);
+:func:`shard_stage` is the one orchestration (plan, prepare, write, finalize), and the flow in
+``flows/shard.py`` hands it a writer that runs each shard on its Prefect task runner.
+
+Memory: the index is read as a stream (JSON Lines, :mod:`tasks.index`); the plan keeps 8
+bytes a record (order key prefix + byte offset into the index, :class:`ShardPlan`) and reads
+a shard's records back only when that shard is dispatched, hashed or listed, so planning a
+million images costs about what planning ten thousand does.
 
 Preprocessing: :func:`tasks.images.preprocess_bytes` (decode, EXIF, RGB, resize policy: the
 code prediction reuses), then the record schema's encoder. Its version
@@ -22,19 +28,21 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import multiprocessing
 import os
 import shutil
 import sys
+from array import array
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
+
+import numpy as np
 
 from tasks.atomic import write_json, write_text
 from tasks.images import preprocess_bytes, preprocessing_version
-from tasks.index import load_index
+from tasks.index import iter_records, read_header, read_records_at
 from tasks.manifest import (
     MANIFEST_NAME,
     SPLITS,
@@ -111,9 +119,14 @@ def preprocess(
 # -- planning --------------------------------------------------------------------------------
 
 
-def order_key(seed: int, content_hash: str) -> str:
+def order_digest(seed: int, content_hash: str) -> bytes:
     """Seeded hash that fixes a record's position within its split."""
-    return hashlib.sha256(f"{seed}:{content_hash}".encode()).hexdigest()
+    return hashlib.sha256(f"{seed}:{content_hash}".encode()).digest()
+
+
+def order_key(seed: int, content_hash: str) -> str:
+    """:func:`order_digest` as hex (the same order: hex and bytes sort alike)."""
+    return order_digest(seed, content_hash).hex()
 
 
 def shard_name(split: str, index: int, num_shards: int) -> str:
@@ -126,101 +139,258 @@ def schema_from_params(params: ShardParams) -> RecordSchema:
     return RecordSchema(height, width, params.encoding, jpeg_quality=params.jpeg_quality)
 
 
-def ordered_records(
+@dataclass(frozen=True)
+class IndexScan:
+    """One streamed pass over the index: each split's records in shard order, compactly.
+
+    ``order[split]`` packs, per record, the top bits of its seeded order key above its byte
+    offset in the index (see :func:`pack_bits`): 8 bytes a record, sorted. Nothing else about
+    a record stays in memory; :class:`ShardPlan` reads a shard's records back when needed.
+    """
+
+    order: dict[str, np.ndarray]
+    offset_bits: int
+    records: int  # every record of the index (excluded ones too)
+    mean_path_bytes: float
+    sample: tuple[ShardRecord, ...]  # the SIZE_SAMPLE first records in order key, all splits
+
+
+def pack_bits(index_bytes: int) -> int:
+    """Bits an offset into an index of ``index_bytes`` needs; the rest hold the order key."""
+    bits = max(1, int(index_bytes).bit_length())
+    if bits > 48:
+        raise ValueError(f"index of {index_bytes} bytes: too large to plan (over 256 TiB)")
+    return bits
+
+
+def scan_index(
     params: ShardParams,
-    index: dict[str, Any],
+    index_path: Path,
     *,
     classes: list[str] | None = None,
     exclude: frozenset[str] | set[str] = frozenset(),
-) -> dict[str, list[ShardRecord]]:
-    """Each split's records, in seeded-hash order (ties, impossible after ingest, by path).
+    sample: bool = False,
+    offset_bits: int | None = None,
+) -> IndexScan:
+    """Stream the index once: each split's records in seeded-hash order (ties by path).
 
-    ``classes`` (append) gives the label indices by class name instead of the index's own
-    (sorted) numbering; records whose content hash is in ``exclude`` are left out.
+    Records whose content hash is in ``exclude`` (append: already in the base) are left
+    out; ``classes`` (append) must name every record's label. ``sample`` keeps the
+    :data:`SIZE_SAMPLE` records with the smallest order keys (for the size estimate).
     """
-    by_split: dict[str, list[tuple[str, str, ShardRecord]]] = {s: [] for s in SPLITS}
-    for rec in index["records"]:
-        if rec["split"] not in by_split:
-            raise ValueError(f"index record {rec['path']}: unknown split {rec['split']!r}")
+    bits = pack_bits(index_path.stat().st_size) if offset_bits is None else offset_bits
+    packed = {s: array("Q") for s in SPLITS}
+    count = path_bytes = 0
+    first: list[tuple[str, int, ShardRecord]] = []
+    for offset, rec in iter_records(index_path):
+        if rec["split"] not in packed:
+            raise ValueError(f"{index_path}: record {rec['path']}: unknown split {rec['split']!r}")
+        if classes is not None and rec["label"] not in classes:
+            raise ValueError(f"{index_path}: record {rec['path']}: unknown class {rec['label']!r}")
+        count += 1
+        path_bytes += len(rec["path"].encode())
+        digest = order_digest(params.seed, rec["sha256"])
+        if sample:
+            first.append((digest.hex(), count, _shard_record(rec, None)))
+            if len(first) >= 4 * SIZE_SAMPLE:
+                first = sorted(first)[:SIZE_SAMPLE]
         if rec["sha256"] in exclude:
             continue
-        label = int(rec["label_index"]) if classes is None else classes.index(rec["label"])
-        item = ShardRecord(rec["path"], label, rec["sha256"])
-        by_split[rec["split"]].append((order_key(params.seed, item.sha256), item.path, item))
-    return {s: [item for *_, item in sorted(items)] for s, items in by_split.items()}
+        top = int.from_bytes(digest[:8], "big") >> bits
+        packed[rec["split"]].append((top << bits) | offset)
+    order = {s: _sorted_split(index_path, params.seed, v, bits) for s, v in packed.items()}
+    return IndexScan(
+        order=order,
+        offset_bits=bits,
+        records=count,
+        mean_path_bytes=path_bytes / count if count else 0.0,
+        sample=tuple(r for *_, r in sorted(first)[:SIZE_SAMPLE]),
+    )
 
 
-def estimate_record_bytes(params: ShardParams, index: dict[str, Any]) -> float:
+def _sorted_split(index_path: Path, seed: int, values: array[int], bits: int) -> np.ndarray:
+    """Sort packed (key prefix, offset) values in place; equal prefixes by full key, path."""
+    order = np.frombuffer(values, dtype=np.uint64) if len(values) else np.zeros(0, np.uint64)
+    order.sort()
+    mask = np.uint64((1 << bits) - 1)
+    step = 1 << 16  # tie search in chunks: no second full-size array
+    start = 0
+    while start < len(order) - 1:
+        top = order[start : start + step + 1] >> np.uint64(bits)
+        for i in np.flatnonzero(top[1:] == top[:-1]):
+            _break_tie(index_path, seed, order, start + int(i), bits, mask)
+        start += step
+    return order
+
+
+def _break_tie(
+    index_path: Path, seed: int, order: np.ndarray, at: int, bits: int, mask: np.uint64
+) -> None:
+    """Order the run of equal key prefixes starting at or before ``at`` exactly."""
+    top = int(order[at]) >> bits
+    lo = at
+    while lo > 0 and int(order[lo - 1]) >> bits == top:
+        lo -= 1
+    hi = at + 1
+    while hi < len(order) and int(order[hi]) >> bits == top:
+        hi += 1
+    run = [int(v) for v in order[lo:hi]]
+    records = read_records_at(index_path, (v & int(mask) for v in run))
+    keyed = sorted(
+        (order_key(seed, r["sha256"]), r["path"], v) for r, v in zip(records, run, strict=True)
+    )
+    order[lo:hi] = np.array([v for *_, v in keyed], dtype=np.uint64)
+
+
+def _shard_record(rec: dict[str, Any], classes: list[str] | tuple[str, ...] | None) -> ShardRecord:
+    label = int(rec["label_index"]) if classes is None else classes.index(rec["label"])
+    return ShardRecord(rec["path"], label, rec["sha256"])
+
+
+def estimate_record_bytes(params: ShardParams, scan: IndexScan, source_dir: str) -> float:
     """Estimated serialized size of one record: exact image size for raw, sampled otherwise."""
     schema = schema_from_params(params)
-    paths = [len(r["path"].encode()) for r in index["records"]] or [0]
-    overhead = RECORD_OVERHEAD + sum(paths) / len(paths)
+    overhead = RECORD_OVERHEAD + scan.mean_path_bytes
     if schema.encoding == "raw":
         return schema.height * schema.width * schema.channels + overhead
-    everything = [
-        ShardRecord(r["path"], int(r["label_index"]), r["sha256"]) for r in index["records"]
-    ]
-    sample = sorted(everything, key=lambda r: order_key(params.seed, r.sha256))[:SIZE_SAMPLE]
     sizes = [
-        len(preprocess(index["source_dir"], r, schema, params.resize, params.draft_decode))
-        for r in sample
+        len(preprocess(source_dir, r, schema, params.resize, params.draft_decode))
+        for r in scan.sample
     ]
     return (sum(sizes) / len(sizes) if sizes else 0) + overhead
 
 
-def plan_shards(params: ShardParams, index: dict[str, Any]) -> list[ShardSpec]:
+@dataclass(frozen=True)
+class ShardSlot:
+    """One planned shard before its records are read: their packed offsets, in order."""
+
+    split: str
+    index: int
+    num_shards: int
+    file: str
+    packed: np.ndarray  # a view into IndexScan.order[split]
+
+    @property
+    def num_records(self) -> int:
+        return len(self.packed)
+
+
+class ShardPlan(Sequence[ShardSpec]):
+    """The shard specs of a run, compact: a spec and its records exist only while used.
+
+    Indexing or iterating reads a shard's records back from the index by offset, so a
+    plan of a million records costs 8 bytes a record, not a million objects.
+    """
+
+    def __init__(
+        self,
+        index_path: Path,
+        slots: list[ShardSlot],
+        offset_bits: int,
+        common: dict[str, Any],
+        classes: list[str] | None,
+    ) -> None:
+        self.index_path = Path(index_path)
+        self.slots = slots
+        self.mask = (1 << offset_bits) - 1
+        self.common = common  # ShardSpec fields shared by every shard
+        self.classes = classes
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    @overload
+    def __getitem__(self, i: int) -> ShardSpec: ...
+    @overload
+    def __getitem__(self, i: slice) -> ShardPlan: ...
+    def __getitem__(self, i: int | slice) -> ShardSpec | ShardPlan:
+        if isinstance(i, slice):
+            return self.subset(range(len(self.slots))[i])
+        slot = self.slots[i]
+        records = tuple(_shard_record(r, self.classes) for r in self.index_records(slot))
+        return ShardSpec(
+            split=slot.split,
+            index=slot.index,
+            num_shards=slot.num_shards,
+            file=slot.file,
+            records=records,
+            **self.common,
+        )
+
+    def index_records(self, slot: ShardSlot) -> Iterator[dict[str, Any]]:
+        """The index records of one shard, in shard order (all their fields)."""
+        return read_records_at(self.index_path, (int(v) & self.mask for v in slot.packed))
+
+    def subset(self, positions: Iterable[int]) -> ShardPlan:
+        """The plan of only the shards at ``positions``."""
+        slots = [self.slots[i] for i in positions]
+        return ShardPlan(self.index_path, slots, self.mask.bit_length(), self.common, self.classes)
+
+    @property
+    def files(self) -> list[str]:
+        return [slot.file for slot in self.slots]
+
+
+def plan_shards(params: ShardParams, index_path: Path) -> ShardPlan:
     """Cut each split into contiguous shards of about ``target_shard_mb``; deterministic.
 
     The target is MiB of uncompressed records (GZIP shards come out smaller); every
     non-empty split gets at least one shard, and no shard is empty.
     """
-    return cut_shards(params, index, ordered_records(params, index), folder="")
+    index_path = Path(index_path)
+    header = read_header(index_path)
+    scan = scan_index(params, index_path, sample=params.encoding != "raw")
+    return cut_shards(params, index_path, header, scan, folder="", classes=None)
 
 
 def cut_shards(
     params: ShardParams,
-    index: dict[str, Any],
-    by_split: dict[str, list[ShardRecord]],
+    index_path: Path,
+    header: dict[str, Any],
+    scan: IndexScan,
     *,
     folder: str,
-) -> list[ShardSpec]:
-    """Cut ordered records into shard specs whose files live under ``folder`` (a generation)."""
-    schema = schema_from_params(params).to_dict()
-    version = preprocessing_version()
+    classes: list[str] | None,
+) -> ShardPlan:
+    """Cut ordered records into shard slots whose files live under ``folder`` (a generation)."""
+    source_dir = str(header["source_dir"])
+    common = {
+        "source_dir": source_dir,
+        "schema": schema_from_params(params).to_dict(),
+        "resize": params.resize,
+        "compression": params.compression,
+        "preprocessing_version": preprocessing_version(),
+        "draft": params.draft_decode,
+    }
     per_shard = params.target_shard_mb * (1 << 20)
-    record_bytes = estimate_record_bytes(params, index) if index["records"] else 1.0
-    specs = []
-    for split, records in by_split.items():
-        if not records:
+    record_bytes = estimate_record_bytes(params, scan, source_dir) if scan.records else 1.0
+    slots = []
+    for split, order in scan.order.items():
+        n = len(order)
+        if not n:
             continue
-        n = len(records)
         num_shards = min(n, max(1, math.ceil(n * record_bytes / per_shard)))
         for i in range(num_shards):
-            chunk = tuple(records[i * n // num_shards : (i + 1) * n // num_shards])
-            specs.append(
-                ShardSpec(
+            slots.append(
+                ShardSlot(
                     split=split,
                     index=i,
                     num_shards=num_shards,
                     file=folder + shard_name(split, i, num_shards),
-                    records=chunk,
-                    source_dir=str(index["source_dir"]),
-                    schema=schema,
-                    resize=params.resize,
-                    compression=params.compression,
-                    preprocessing_version=version,
-                    draft=params.draft_decode,
+                    packed=order[i * n // num_shards : (i + 1) * n // num_shards],
                 )
             )
-    return specs
+    return ShardPlan(index_path, slots, scan.offset_bits, common, classes)
 
 
-def plan_hash(specs: list[ShardSpec]) -> str:
+def plan_hash(specs: Iterable[ShardSpec]) -> str:
     """sha256 of everything that decides shard bytes (not source_dir: bytes don't depend on it)."""
-    # Streamed spec by spec: a 50k-record plan never exists as one JSON string in memory.
+    # Streamed spec by spec: a large plan never exists as one JSON string, nor as all its specs.
     digest = hashlib.sha256(f"shard-plan-v{PLAN_VERSION}".encode())
     for spec in specs:
-        body = {k: v for k, v in asdict(spec).items() if k != "source_dir"}
+        # asdict(spec) without source_dir, minus asdict's deep copies (same JSON, faster)
+        body = {f.name: getattr(spec, f.name) for f in fields(spec) if f.name != "source_dir"}
+        body["records"] = [vars(r) for r in spec.records]
         digest.update(json.dumps(body, sort_keys=True).encode())
     return digest.hexdigest()
 
@@ -257,21 +427,21 @@ def write_shard(spec: ShardSpec, shards_dir: Path) -> ShardFile:
         os.replace(tmp, final)
     finally:
         tmp.unlink(missing_ok=True)
-    return describe_shard(spec, shards_dir)
+    return describe_shard(spec.file, len(spec.records), shards_dir)
 
 
-def describe_shard(spec: ShardSpec, shards_dir: Path) -> ShardFile:
+def describe_shard(file: str, num_records: int, shards_dir: Path) -> ShardFile:
     """The manifest entry of a written shard (hashes the file)."""
-    path = Path(shards_dir) / spec.file
+    path = Path(shards_dir) / file
     return ShardFile(
-        file=spec.file,
-        num_records=len(spec.records),
+        file=file,
+        num_records=num_records,
         bytes=path.stat().st_size,
         sha256=file_sha256(path),
     )
 
 
-def prepare_shards_dir(specs: list[ShardSpec], shards_dir: Path) -> list[ShardSpec]:
+def prepare_shards_dir(specs: ShardPlan, shards_dir: Path) -> ShardPlan:
     """Get ``shards_dir`` ready for ``specs``; return the specs whose shard is still missing.
 
     Always removes temporaries and the manifest (rewritten last). Finished shards are kept
@@ -281,17 +451,16 @@ def prepare_shards_dir(specs: list[ShardSpec], shards_dir: Path) -> list[ShardSp
     rebuild is generation 0 alone: every appended generation's folder goes too.
     """
     shards_dir.mkdir(parents=True, exist_ok=True)
-    same_plan = _same_plan(specs, shards_dir)
+    digest = plan_hash(specs)
+    same_plan = _same_plan(digest, shards_dir)
     recorded = _recorded_shards(shards_dir) if same_plan else {}
     (shards_dir / MANIFEST_NAME).unlink(missing_ok=True)
     for folder in sorted(shards_dir.glob("gen-*")):
         shutil.rmtree(folder)
-    return _keep_finished(specs, shards_dir, shards_dir, same_plan, recorded)
+    return _keep_finished(specs, digest, shards_dir, shards_dir, same_plan, recorded)
 
 
-def prepare_generation_dir(
-    specs: list[ShardSpec], shards_dir: Path, plan: StagePlan
-) -> list[ShardSpec]:
+def prepare_generation_dir(specs: ShardPlan, shards_dir: Path, plan: StagePlan) -> ShardPlan:
     """Get the new generation's folder ready; never touch the base's files or its manifest.
 
     The base manifest stays in place until the new one replaces it, so a killed append
@@ -306,32 +475,33 @@ def prepare_generation_dir(
         if other.name not in listed and other != folder:
             shutil.rmtree(other)
     folder.mkdir(parents=True, exist_ok=True)
-    same_plan = _same_plan(specs, folder)
-    return _keep_finished(specs, shards_dir, folder, same_plan, {})
+    digest = plan_hash(specs)
+    return _keep_finished(specs, digest, shards_dir, folder, _same_plan(digest, folder), {})
 
 
-def _same_plan(specs: list[ShardSpec], folder: Path) -> bool:
+def _same_plan(digest: str, folder: Path) -> bool:
     plan_path = folder / PLAN_NAME
-    return plan_path.exists() and _read_plan_hash(plan_path) == plan_hash(specs)
+    return plan_path.exists() and _read_plan_hash(plan_path) == digest
 
 
 def _keep_finished(
-    specs: list[ShardSpec],
+    specs: ShardPlan,
+    digest: str,
     shards_dir: Path,
     folder: Path,
     same_plan: bool,
     recorded: dict[str, ShardFile],
-) -> list[ShardSpec]:
+) -> ShardPlan:
     """In ``folder``: drop temporaries and shards of another plan; record this plan."""
-    wanted = {s.file for s in specs}
+    wanted = set(specs.files)
     for stale in folder.glob(".*.tmp-*"):
         stale.unlink()
     for old in folder.glob("*.tfrecord-*"):
         name = old.relative_to(shards_dir).as_posix()
         if not same_plan or name not in wanted or not _matches(old, recorded.get(name)):
             old.unlink()
-    write_json(folder / PLAN_NAME, {"plan_hash": plan_hash(specs), "shards": len(specs)})
-    return [s for s in specs if not (shards_dir / s.file).exists()]
+    write_json(folder / PLAN_NAME, {"plan_hash": digest, "shards": len(specs)})
+    return specs.subset(i for i, f in enumerate(specs.files) if not (shards_dir / f).exists())
 
 
 def _recorded_shards(shards_dir: Path) -> dict[str, ShardFile]:
@@ -350,25 +520,13 @@ def _matches(path: Path, recorded: ShardFile | None) -> bool:
     return path.stat().st_size == recorded.bytes and file_sha256(path) == recorded.sha256
 
 
-def write_shards(specs: list[ShardSpec], shards_dir: Path, workers: int) -> list[ShardFile]:
-    """Write shards inline (one worker) or in spawned processes; results in spec order."""
-    from tqdm import tqdm
+WriteMany = Callable[[Iterable[ShardSpec], Path], Iterable[ShardFile]]
 
-    results: dict[str, ShardFile] = {}
-    with tqdm(total=len(specs), desc="shard", unit="shard", mininterval=1.0) as bar:
-        if workers <= 1 or len(specs) < 2:
-            for spec in specs:
-                results[spec.file] = write_shard(spec, shards_dir)
-                bar.update(1)
-        else:
-            # TensorFlow and fork() do not mix: spawn fresh interpreters.
-            context = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-                futures = {pool.submit(write_shard, spec, shards_dir): spec for spec in specs}
-                for future in as_completed(futures):
-                    results[futures[future].file] = future.result()
-                    bar.update(1)
-    return [results[spec.file] for spec in specs]
+
+def write_inline(specs: Iterable[ShardSpec], shards_dir: Path) -> Iterator[ShardFile]:
+    """Write shards one after another in this process (the flow's runner parallelises)."""
+    for spec in specs:
+        yield write_shard(spec, shards_dir)
 
 
 class RebuildNeeded(ValueError):
@@ -384,10 +542,9 @@ class StagePlan:
 
     mode: str
     number: int  # the generation this run writes
-    specs: list[ShardSpec]
+    specs: ShardPlan
     classes: list[str]  # the new manifest's classes: the base's first, new ones appended
-    sizes: dict[str, tuple[int, int]]  # content hash -> (width, height) recorded at ingest
-    paths: dict[str, str]  # content hash -> its path in the current sources
+    index_path: Path  # the ingest index the plan reads records (and their sizes) from
     base: ShardManifest | None  # append: the manifest appended to
     previous: ShardManifest | None  # the manifest found before this run: the diff's "before"
     previous_records: dict[str, list[dict[str, Any]]] | None
@@ -395,14 +552,14 @@ class StagePlan:
 
 def plan_stage(params: ShardParams, index_path: Path, shards_dir: Path) -> StagePlan:
     """Plan a rebuild (generation 0 from the index) or an append (a new generation)."""
-    shards_dir = Path(shards_dir)
-    index = load_index(Path(index_path))
+    shards_dir, index_path = Path(shards_dir), Path(index_path)
+    header = read_header(index_path)
     previous, previous_records = _previous(shards_dir)
-    sizes = {r["sha256"]: (int(r["width"]), int(r["height"])) for r in index["records"]}
-    paths = {r["sha256"]: r["path"] for r in index["records"]}
+    sample = params.encoding != "raw"
     if params.mode == "rebuild":
-        specs = plan_shards(params, index)
-        classes, number, base = list(index["classes"]), 0, None
+        scan = scan_index(params, index_path, sample=sample)
+        specs = cut_shards(params, index_path, header, scan, folder="", classes=None)
+        classes, number, base = list(header["classes"]), 0, None
     else:
         base = load_base(shards_dir)
         check_compatible(base, params, shards_dir)
@@ -410,15 +567,15 @@ def plan_stage(params: ShardParams, index_path: Path, shards_dir: Path) -> Stage
             base_records = load_records(shards_dir, base)
         except ValueError as error:
             raise RebuildNeeded(f"{error}; {REBUILD_HINT}") from error
-        exclude = check_nothing_removed(index, base, base_records, shards_dir)
-        classes = base.classes + sorted(set(index["classes"]) - set(base.classes))
+        exclude = check_nothing_removed(index_path, base, base_records, shards_dir)
+        classes = base.classes + sorted(set(header["classes"]) - set(base.classes))
         number = len(base.generations)
-        ordered = ordered_records(params, index, classes=classes, exclude=exclude)
-        specs = cut_shards(params, index, ordered, folder=generation_folder(number))
+        scan = scan_index(params, index_path, classes=classes, exclude=exclude, sample=sample)
+        folder = generation_folder(number)
+        specs = cut_shards(params, index_path, header, scan, folder=folder, classes=classes)
         previous, previous_records = base, base_records
-    del index["records"]  # the plan holds what writing needs; keep peak memory flat
     return StagePlan(
-        params.mode, number, specs, classes, sizes, paths, base, previous, previous_records
+        params.mode, number, specs, classes, index_path, base, previous, previous_records
     )
 
 
@@ -467,7 +624,7 @@ def check_compatible(base: ShardManifest, params: ShardParams, shards_dir: Path)
 
 
 def check_nothing_removed(
-    index: dict[str, Any],
+    index_path: Path,
     base: ShardManifest,
     base_records: dict[str, list[dict[str, Any]]],
     shards_dir: Path,
@@ -477,7 +634,7 @@ def check_nothing_removed(
     Append never removes or rewrites a record: an image deleted or edited since the base
     (its old content is gone), or moved to another class or split, needs a rebuild.
     """
-    current = {r["sha256"]: r for r in index["records"]}
+    current = {r["sha256"]: (r["label"], r["split"]) for _, r in iter_records(index_path)}
     split_of = {s.file: split for split, info in base.splits.items() for s in info.shards}
     problems = []
     for file, entries in base_records.items():
@@ -486,10 +643,9 @@ def check_nothing_removed(
             label = base.classes[int(entry["label_index"])]
             if now is None:
                 problems.append(f"{entry['path']} removed or changed")
-            elif now["label"] != label or now["split"] != split_of[file]:
+            elif now[:2] != (label, split_of[file]):
                 problems.append(
-                    f"{entry['path']} moved from {label}/{split_of[file]} to "
-                    f"{now['label']}/{now['split']}"
+                    f"{entry['path']} moved from {label}/{split_of[file]} to {now[0]}/{now[1]}"
                 )
     if problems:
         raise RebuildNeeded(
@@ -514,12 +670,12 @@ def _previous(
         return previous, None
 
 
-def prepare(plan: StagePlan, shards_dir: Path) -> list[ShardSpec]:
+def prepare(plan: StagePlan, shards_dir: Path) -> ShardPlan:
     """Ready ``shards_dir`` for the plan; return the specs whose shard is still missing."""
     if plan.base is None:
         return prepare_shards_dir(plan.specs, Path(shards_dir))
     if not plan.specs:
-        return []  # nothing new: no generation, the base stays exactly as it is
+        return plan.specs  # nothing new: no generation, the base stays exactly as it is
     return prepare_generation_dir(plan.specs, Path(shards_dir), plan)
 
 
@@ -530,39 +686,40 @@ def finalize_manifest(
 
     The manifest lists the base's shards (unchanged) followed by the new generation's, per
     split; the fingerprint covers every generation. An append that adds nothing leaves the
-    base manifest as it is.
+    base manifest as it is. ``results`` are in plan order.
     """
     shards_dir = Path(shards_dir)
     base, specs = plan.base, plan.specs
     if base is not None and not specs:
         return base
-    by_file = {r.file: r for r in results}
+    if [r.file for r in results] != specs.files or any(
+        r.num_records != slot.num_records for r, slot in zip(results, specs.slots, strict=True)
+    ):
+        raise ValueError(f"{shards_dir}: the write results do not match the plan's shards")
     splits = {}
+    counts_now = write_generation_records(plan, shards_dir)
     for split in SPLITS:
-        split_specs = [s for s in specs if s.split == split]
         shards = list(base.splits[split].shards) if base and split in base.splits else []
         counts = (
             Counter(base.splits[split].class_counts) if base and split in base.splits else Counter()
         )
-        for spec in split_specs:
-            result = by_file.get(spec.file)
-            if result is None or result.num_records != len(spec.records):
-                raise ValueError(f"{shards_dir / spec.file}: no matching write result for the plan")
-            shards.append(result)
-        counts.update(plan.classes[r.label_index] for s in split_specs for r in s.records)
+        shards += [r for r, slot in zip(results, specs.slots, strict=True) if slot.split == split]
+        counts.update({plan.classes[i]: n for i, n in counts_now[split].items()})
         splits[split] = SplitInfo(
             num_records=sum(s.num_records for s in shards),
             class_counts={name: counts.get(name, 0) for name in plan.classes},
             shards=shards,
         )
-    generation = write_generation_records(plan, shards_dir)
+    generation = describe_generation(plan, shards_dir)
     manifest = build_manifest(
         schema_from_params(params),
         plan.classes,
         params.compression,
         splits,
         resize=params.resize,
-        preprocessing_version=specs[0].preprocessing_version if specs else preprocessing_version(),
+        preprocessing_version=specs.common["preprocessing_version"]
+        if specs
+        else preprocessing_version(),
         generations=[*(base.generations if base else []), generation],
     )
     write_record_index(manifest, Path(shards_dir))  # offsets for readers without TensorFlow
@@ -571,28 +728,53 @@ def finalize_manifest(
     return manifest
 
 
-def write_generation_records(plan: StagePlan, shards_dir: Path) -> Generation:
-    """Write what this generation added (per shard, in file order) and describe it.
+def write_generation_records(plan: StagePlan, shards_dir: Path) -> dict[str, Counter[int]]:
+    """Write what this generation added (per shard, in file order); count labels per split.
 
     The record lists let an append see the base's records, validation check old shards
-    by hash, and the data diff compare versions, all without re-reading a shard.
+    by hash, and the data diff compare versions, all without re-reading a shard. Written
+    shard by shard (the bytes :func:`tasks.atomic.write_json` would write for the whole
+    document), so a million records never sit in memory at once.
     """
-    per_file = {
-        spec.file: [
-            {
-                "sha256": r.sha256,
-                "path": r.path,
-                "label_index": r.label_index,
-                "width": plan.sizes[r.sha256][0],
-                "height": plan.sizes[r.sha256][1],
-            }
-            for r in spec.records
-        ]
-        for spec in plan.specs
-    }
+    counts: dict[str, Counter[int]] = {split: Counter() for split in SPLITS}
+    path = shards_dir / records_file_name(plan.number)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    order = sorted(range(len(plan.specs)), key=lambda i: plan.specs.slots[i].file)
+    try:
+        with open(tmp, "w") as handle:
+            handle.write(f'{{\n  "generation": {plan.number},\n  "shards": {{')
+            for n, i in enumerate(order):
+                slot = plan.specs.slots[i]
+                entries = []
+                for rec in plan.specs.index_records(slot):
+                    label = _shard_record(rec, plan.specs.classes).label_index
+                    counts[slot.split][label] += 1
+                    entries.append(
+                        {
+                            "sha256": rec["sha256"],
+                            "path": rec["path"],
+                            "label_index": label,
+                            "width": int(rec["width"]),
+                            "height": int(rec["height"]),
+                        }
+                    )
+                body = json.dumps(entries, indent=2, sort_keys=True).replace("\n", "\n    ")
+                handle.write(f"{',' if n else ''}\n    {json.dumps(slot.file)}: {body}")
+            handle.write("\n  }\n}\n" if order else "}\n}\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return counts
+
+
+def describe_generation(plan: StagePlan, shards_dir: Path) -> Generation:
+    """The manifest entry of the generation whose record list was just written."""
     name = records_file_name(plan.number)
-    write_json(shards_dir / name, {"generation": plan.number, "shards": per_file})
     old = set(plan.base.classes) if plan.base else set()
+    slots = plan.specs.slots
     return Generation(
         number=plan.number,
         base_fingerprint=plan.base.fingerprint if plan.base else None,
@@ -600,9 +782,9 @@ def write_generation_records(plan: StagePlan, shards_dir: Path) -> Generation:
         records_sha256=file_sha256(shards_dir / name),
         new_classes=[c for c in plan.classes if c not in old],
         num_records={
-            split: sum(len(s.records) for s in plan.specs if s.split == split) for split in SPLITS
+            split: sum(s.num_records for s in slots if s.split == split) for split in SPLITS
         },
-        shards=[spec.file for spec in plan.specs],
+        shards=plan.specs.files,
     )
 
 
@@ -615,28 +797,57 @@ def records_of(
     return load_records(shards_dir, manifest)
 
 
-def run_shard(
+@dataclass(frozen=True)
+class StageRun:
+    """What one run of the shard stage did."""
+
+    plan: StagePlan
+    written: int  # shards written by this run (the others were kept from a killed run)
+    manifest: ShardManifest
+    diff: dict[str, Any] | None
+
+
+def shard_stage(
     params: ShardParams,
     index_path: Path,
     shards_dir: Path,
     *,
-    workers: int | None = None,
+    write_many: WriteMany = write_inline,
     diff_path: Path | None = None,
-) -> ShardManifest:
-    """Shard the ingest index into ``shards_dir``; resumes a killed run of the same plan.
+) -> StageRun:
+    """The shard stage: plan, prepare, write the missing shards, finalize (and diff).
 
-    With ``diff_path``, also writes the data diff against the manifest found before (JSON
+    The one orchestration there is: the flow (``flows/shard.py``, what `dvc repro` runs)
+    calls it with ``write_many`` sending each shard to its Prefect task runner; tests of
+    the pure pieces pass the inline writer. Resumes a killed run of the same plan. With
+    ``diff_path``, also writes the data diff against the manifest found before (JSON
     there, Markdown next to it).
     """
     shards_dir = Path(shards_dir)
     plan = plan_stage(params, index_path, shards_dir)
     missing = prepare(plan, shards_dir)
-    written = {r.file: r for r in write_shards(missing, shards_dir, workers or params.workers)}
-    results = [written.get(s.file) or describe_shard(s, shards_dir) for s in plan.specs]
+    written = {r.file: r for r in write_many(missing, shards_dir)}
+    results = [
+        written.get(slot.file) or describe_shard(slot.file, slot.num_records, shards_dir)
+        for slot in plan.specs.slots
+    ]
     manifest = finalize_manifest(params, plan, results, shards_dir)
-    if diff_path is not None:
-        write_stage_diff(plan, manifest, shards_dir, diff_path)
-    return manifest
+    diff = write_stage_diff(plan, manifest, shards_dir, diff_path) if diff_path else None
+    return StageRun(plan, len(missing), manifest, diff)
+
+
+def run_shard(
+    params: ShardParams,
+    index_path: Path,
+    shards_dir: Path,
+    *,
+    write_many: WriteMany = write_inline,
+    diff_path: Path | None = None,
+) -> ShardManifest:
+    """:func:`shard_stage`, returning only the manifest it wrote."""
+    return shard_stage(
+        params, index_path, shards_dir, write_many=write_many, diff_path=diff_path
+    ).manifest
 
 
 def write_stage_diff(
@@ -651,7 +862,7 @@ def write_stage_diff(
         manifest,
         records_of(manifest, plan, shards_dir),
         mode=plan.mode,
-        current_paths=plan.paths,
+        current_paths={r["sha256"]: r["path"] for _, r in iter_records(plan.index_path)},
     )
     data_diff.write(diff, Path(diff_path))
     return diff

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +60,16 @@ for _name, _value in {
     "TF_CPP_MIN_LOG_LEVEL": "2",
 }.items():
     os.environ.setdefault(_name, _value)
+
+
+@pytest.fixture(scope="session")
+def prefect_harness() -> Iterator[None]:
+    """A temporary Prefect server for the whole session (started once, ~10-20 s): flows
+    run here as `dvc repro` runs them, through their task runners."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
 
 
 @pytest.fixture

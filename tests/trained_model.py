@@ -62,7 +62,7 @@ def build_trained_project(root: Path) -> TrainedProject:
     layout.params.write_text(yaml.safe_dump(settings))
     params = load_params(layout.params)
     run_ingest(params.ingest, layout.index, layout.ingest_report)
-    manifest = run_shard(params.shard, layout.index, layout.shards_dir, workers=1)
+    manifest = run_shard(params.shard, layout.index, layout.shards_dir)
     write_validation_report(root, manifest.fingerprint, passed=True)
     uri = f"sqlite:///{root / 'mlflow.db'}"
     with mock.patch.dict(os.environ, {"MLFLOW_TRACKING_URI": uri}):

@@ -14,6 +14,7 @@ import pytest
 from tasks.params import ValidateParams
 from tasks.train import ShardsNotValidated, check_validated
 from tasks.validate import run_validate
+from tasks.index import load_index
 from tests.unit.test_append import Project, add_images
 
 
@@ -48,7 +49,7 @@ def validate(project: Project, limits: ValidateParams) -> dict[str, Any]:
 def test_diff_counts_a_crafted_change(changed: tuple[Project, list[str], str]) -> None:
     project, added, copy = changed
     diff = diff_of(project)
-    index = json.loads(project.index.read_text())
+    index = load_index(project.index)
     split_of = {r["path"]: r["split"] for r in index["records"]}
     want = Counter(split_of[p] for p in added)
     assert diff["added"] == {
@@ -70,7 +71,7 @@ def test_diff_counts_a_crafted_change(changed: tuple[Project, list[str], str]) -
 def test_diff_counts_removals_after_a_rebuild(tmp_path: Path) -> None:
     project = Project(tmp_path)
     project.update("rebuild")
-    index = json.loads(project.index.read_text())
+    index = load_index(project.index)
     gone = [r for r in index["records"] if r["label"] == "blue"][:3]
     for record in gone:
         (project.source / record["path"]).unlink()

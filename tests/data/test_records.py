@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from tasks import records
 from tasks.manifest import SPLITS, load_manifest
-from tasks.params import ShardParams
+from tasks.params import default_params
 from tasks.reader import read_split
 from tasks.records import OFFSETS_NAME, SplitReader, iter_split, read_record, worker_range
 from tasks.shard import run_shard
@@ -27,7 +27,7 @@ PARAMS = {"image_size": (16, 16), "target_shard_mb": 0.002, "workers": 1}
 
 
 def shard_set(tiny_index: Path, folder: Path, **overrides: Any) -> Path:
-    run_shard(ShardParams.model_validate({**PARAMS, **overrides}), tiny_index, folder)
+    run_shard(default_params(shard={**PARAMS, **overrides}).shard, tiny_index, folder)
     return folder
 
 

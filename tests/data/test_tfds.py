@@ -12,7 +12,7 @@ import tensorflow_datasets as tfds
 
 from tasks.atomic import write_json, write_text
 from tasks.manifest import SPLITS, load_manifest
-from tasks.params import ShardParams
+from tasks.params import default_params
 from tasks.reader import read_split
 from tasks.shard import run_shard, shard_name
 from tasks.tfds_metadata import (
@@ -29,7 +29,7 @@ PARAMS = {"image_size": (16, 16), "target_shard_mb": 0.002, "workers": 1}
 
 
 def shard_set(tiny_index: Path, folder: Path, **overrides: Any) -> Path:
-    run_shard(ShardParams.model_validate({**PARAMS, **overrides}), tiny_index, folder)
+    run_shard(default_params(shard={**PARAMS, **overrides}).shard, tiny_index, folder)
     return folder
 
 

@@ -13,6 +13,7 @@ from tasks.manifest import MANIFEST_NAME, ShardFile, ShardManifest, build_manife
 from tasks.params import default_params
 from tasks.shard import run_shard
 from tasks.validate import ValidationFailed, raise_if_failed, run_validate
+from tasks.index import load_index, write_index
 
 ALL_CHECKS = [
     "manifest",
@@ -241,11 +242,11 @@ def test_labels_out_of_range_are_reported(shards: Path) -> None:
 
 
 def test_index_mismatch_names_the_record(shards: Path, tiny_index: Path, tmp_path: Path) -> None:
-    index = json.loads(tiny_index.read_text())
+    index = load_index(tiny_index)
     record = next(r for r in index["records"] if r["split"] == "train")
     record["split"] = "val"
     edited = tmp_path / "index.json"
-    edited.write_text(json.dumps(index))
+    write_index(edited, index)
     bad = failed(validate(shards, edited))
     assert set(bad) == {"index"}
     assert bad["index"]["details"]["examples"][0]["path"] == record["path"]

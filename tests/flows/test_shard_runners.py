@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,14 +13,6 @@ from tasks.params import ShardParams, default_params
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def harness() -> Iterator[None]:
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
 
 
 def shard_bytes(shards_dir: Path) -> dict[str, str]:
@@ -42,7 +33,7 @@ def run_flow(layout: Layout, index: Path, params: ShardParams) -> dict[str, obje
 
 
 def test_dask_runner_writes_the_same_bytes_as_local_processes(
-    harness: None, tiny_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    prefect_harness: None, tiny_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from distributed import LocalCluster
 
@@ -66,6 +57,23 @@ def test_dask_runner_writes_the_same_bytes_as_local_processes(
     assert local_result["shards"] == dask_result["shards"] and int(str(local_result["shards"])) > 3
     assert dask_result["fingerprint"] == local_result["fingerprint"]
     assert shard_bytes(distributed.shards_dir) == shard_bytes(local.shards_dir)
+
+
+def test_flow_at_two_workers_writes_what_the_inline_stage_writes(
+    prefect_harness: None, tiny_index: Path, tmp_path: Path
+) -> None:
+    """The flow's process-pool runner and the inline writer: same shards, same manifest."""
+    from tasks.shard import run_shard
+
+    params = default_params(
+        shard={"image_size": [16, 16], "target_shard_mb": 0.002, "workers": 2}
+    ).shard
+    layout = Layout(tmp_path / "flow")
+    result = run_flow(layout, tiny_index, params)
+    inline = run_shard(params, tiny_index, tmp_path / "inline")
+    assert int(str(result["written"])) == int(str(result["shards"])) > 3
+    assert result["fingerprint"] == inline.fingerprint
+    assert shard_bytes(layout.shards_dir) == shard_bytes(tmp_path / "inline")
 
 
 def test_dask_runner_needs_an_address() -> None:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tasks.index import load_index
 from tasks.ingest import run_ingest
 from tasks.manifest import load_manifest
 from tasks.params import SplitFractions, default_params
@@ -131,7 +132,7 @@ def test_read_split_and_validation_cover_every_generation(
 ) -> None:
     project, _, _ = grown
     manifest = load_manifest(project.shards)
-    index = json.loads(project.index.read_text())
+    index = load_index(project.index)
     for split in ("train", "val", "test"):
         expected = sorted(r["sha256"] for r in index["records"] if r["split"] == split)
         ds = read_split(project.shards, split, batch_size=4, training=False, with_metadata=True)
@@ -181,7 +182,7 @@ def test_a_new_class_takes_the_next_index(tmp_path: Path) -> None:
     old = {
         h: label for f, rows in contents.items() if not f.startswith("gen-") for h, label in rows
     }
-    index = json.loads(project.index.read_text())
+    index = load_index(project.index)
     by_hash = {r["sha256"]: r["label"] for r in index["records"]}
     assert all(base.classes[label] == by_hash[h] for h, label in old.items())  # never moved
     reports = project.root / "reports"
@@ -251,7 +252,7 @@ def test_incremental_ingest_decodes_only_new_or_changed_files(tmp_path: Path) ->
         ingest={"source_dir": str(project.source), "splits": SPLITS.model_dump(), "workers": 1}
     ).ingest
     run_ingest(params, full / "index.json", full / "ingest.json")
-    assert json.loads(project.index.read_text()) == json.loads((full / "index.json").read_text())
+    assert load_index(project.index) == load_index(full / "index.json")
 
 
 def test_train_run_records_the_generation_list(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -10,6 +9,7 @@ import pytest
 from bench.images import CLASSES, draw_image, generate_images, list_images
 from bench.scaling import subset_index
 from bench.stats import Target, evaluate_targets, median, ratio, scaling_ratios, timed_passes
+from tasks.index import load_index, write_index
 
 
 def test_median_odd_even_and_empty() -> None:
@@ -141,9 +141,9 @@ def test_generate_images_reuses_a_matching_folder(tmp_path: Path) -> None:
 def test_subset_index_keeps_the_first_n_images(tmp_path: Path) -> None:
     records = [{"path": f"circle/circle_{i:06d}.jpg", "split": "train"} for i in range(10)]
     full = tmp_path / "index.json"
-    full.write_text(json.dumps({"version": 1, "classes": ["circle"], "records": records}))
+    write_index(full, {"source_dir": "x", "classes": ["circle"], "records": records})
     assert subset_index(full, 4, tmp_path / "sub.json") == 4
-    sub = json.loads((tmp_path / "sub.json").read_text())
+    sub = load_index(tmp_path / "sub.json")
     assert [r["path"] for r in sub["records"]] == [f"circle/circle_{i:06d}.jpg" for i in range(4)]
     assert sub["classes"] == ["circle"]
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import os
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from PIL import Image
 
 from tasks.demo_data import _exif_rotated_jpeg, _png_header_only, draw_shape, generate
 from tasks.images import ImageRejected, decode_rgb
+from tasks.index import load_index
 from tasks.ingest import assign_split, run_ingest
 from tasks.params import SplitFractions, default_params
 from tests.conftest import write_image_folder
@@ -28,7 +28,7 @@ def encode(image: Image.Image, fmt: str, **kwargs: object) -> bytes:
 def ingest(source: Path, tmp_path: Path, **kwargs: object) -> tuple[dict, dict]:
     params = default_params(ingest={"source_dir": str(source), "workers": 1, **kwargs}).ingest
     report = run_ingest(params, tmp_path / "index.json", tmp_path / "ingest.json")
-    return report, json.loads((tmp_path / "index.json").read_text())
+    return report, load_index(tmp_path / "index.json")
 
 
 @pytest.fixture

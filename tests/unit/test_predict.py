@@ -78,7 +78,7 @@ def test_model_input_from_source_bytes_equals_the_shard_pixels(
         shard={"image_size": [16, 16], "encoding": encoding, "workers": 1}
     ).shard
     shards = tmp_path / "shards"
-    run_shard(params, tiny_index, shards, workers=1)
+    run_shard(params, tiny_index, shards)
     manifest = load_manifest(shards)
     spec = ServingSpec.from_manifest(manifest, default_params().ingest)
     assert spec.preprocessing_version == manifest.preprocessing_version == preprocessing_version()
