@@ -323,3 +323,26 @@ def test_raw_record_of_twice_the_length_names_shard_and_record(shards: Path, dou
     assert "1536 bytes" in error["error"] and "wants 768" in error["error"]
     with pytest.raises(ValidationFailed, match=rf"{target} record {error['record_index']}"):
         raise_if_failed(report)
+
+
+def test_tensorflow_cross_check_fails_when_the_parsers_disagree(shards: Path) -> None:
+    """The cross-check compares for real: a sample TensorFlow read differently fails it."""
+    from concurrent.futures import Future
+
+    from tasks.validate import cross_check_with_tensorflow, read_shards
+
+    manifest = load(shards)
+    contents = read_shards(manifest, shards)
+    target = next(t for t in contents if t.sample)
+    agreeing: Future[dict[str, object]] = Future()
+    agreeing.set_result({t.file: [list(row) for row in t.sample] for t in contents})
+    assert cross_check_with_tensorflow(agreeing, contents)["passed"] is True
+
+    rows = [list(row) for row in target.sample]
+    rows[0][1] = "f" * 64  # TensorFlow saw another content hash in record 0
+    disagreeing: Future[dict[str, object]] = Future()
+    disagreeing.set_result({target.file: rows})
+    result = cross_check_with_tensorflow(disagreeing, contents)
+    assert result["passed"] is False
+    example = result["details"]["examples"][0]
+    assert example["file"] == target.file and example["record_index"] == 0
