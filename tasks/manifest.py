@@ -62,6 +62,7 @@ class ShardManifest(BaseModel):
     classes: list[str]
     compression: str  # "none" | "gzip"
     resize: str  # the resize policy the images went through (pad | crop | stretch)
+    draft_decode: bool  # JPEGs decoded at reduced size (shard.draft_decode): serving must match
     # tasks.images.preprocessing_version(): the code and libraries that computed the pixels
     preprocessing_version: str
     # splits[...].shards lists every shard of every generation (what readers read)
@@ -101,6 +102,7 @@ def build_manifest(
     splits: dict[str, SplitInfo],
     *,
     resize: str,
+    draft_decode: bool,
     preprocessing_version: str,
     generations: list[Generation] | None = None,
 ) -> ShardManifest:
@@ -111,6 +113,7 @@ def build_manifest(
             "classes": classes,
             "compression": compression,
             "resize": resize,
+            "draft_decode": draft_decode,
             "preprocessing_version": preprocessing_version,
             "splits": splits,
         }

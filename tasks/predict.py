@@ -67,6 +67,7 @@ class ServingSpec:
 
     record_schema: dict[str, Any]  # RecordSchema.to_dict() of the shards (size, encoding)
     resize: str
+    draft_decode: bool  # reduced-size JPEG decoding, as the shard stage did
     classes: list[str]
     preprocessing_version: str
     max_pixels: int
@@ -79,6 +80,7 @@ class ServingSpec:
         return cls(
             record_schema=manifest.record_schema.to_dict(),
             resize=manifest.resize,
+            draft_decode=manifest.draft_decode,
             classes=list(manifest.classes),
             preprocessing_version=manifest.preprocessing_version,
             max_pixels=limits.max_pixels,
@@ -126,6 +128,7 @@ def model_input(data: bytes, spec: ServingSpec) -> np.ndarray:
         spec.resize,
         max_pixels=spec.max_pixels,
         min_side=spec.min_side,
+        draft=spec.draft_decode,
     )
     return shard_round_trip(pixels, schema)
 

@@ -717,6 +717,7 @@ def finalize_manifest(
         params.compression,
         splits,
         resize=params.resize,
+        draft_decode=params.draft_decode,
         preprocessing_version=specs.common["preprocessing_version"]
         if specs
         else preprocessing_version(),

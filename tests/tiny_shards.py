@@ -74,6 +74,7 @@ def write_tiny_shards(
         "none",
         splits,
         resize="stretch",
+        draft_decode=False,
         preprocessing_version="synthetic (tests/tiny_shards.py)",
     )
     (shards_dir / MANIFEST_NAME).write_text(manifest.to_json())

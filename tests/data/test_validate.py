@@ -198,6 +198,7 @@ def test_split_leak_fails_leakage(shards: Path, tiny_index: Path) -> None:
         "none",
         splits,
         resize=manifest.resize,
+        draft_decode=manifest.draft_decode,
         preprocessing_version=manifest.preprocessing_version,
     )
     save(shards, rebuilt, refingerprint=False)
@@ -232,6 +233,7 @@ def test_labels_out_of_range_are_reported(shards: Path) -> None:
         "none",
         manifest.splits,
         resize=manifest.resize,
+        draft_decode=manifest.draft_decode,
         preprocessing_version=manifest.preprocessing_version,
     )
     save(shards, truncated, refingerprint=False)

@@ -57,6 +57,7 @@ def spec_for(encoding: str = "raw", *, max_file_bytes: int = 1 << 20) -> Serving
     return ServingSpec(
         record_schema=RecordSchema(16, 16, encoding).to_dict(),  # type: ignore[arg-type]
         resize="pad",
+        draft_decode=True,
         classes=CLASSES,
         preprocessing_version=preprocessing_version(),
         max_pixels=40_000_000,
@@ -65,9 +66,11 @@ def spec_for(encoding: str = "raw", *, max_file_bytes: int = 1 << 20) -> Serving
     )
 
 
-@pytest.mark.parametrize("encoding", ["raw", "jpeg", "png"])
+@pytest.mark.parametrize(
+    ("encoding", "draft"), [("raw", True), ("raw", False), ("jpeg", True), ("png", True)]
+)
 def test_model_input_from_source_bytes_equals_the_shard_pixels(
-    tiny_index: Path, tmp_path: Path, encoding: str
+    tiny_index: Path, tmp_path: Path, encoding: str, draft: bool
 ) -> None:
     """Every record of real shards decodes to exactly what prediction makes from its file."""
     from tasks.reader import read_split
@@ -75,7 +78,7 @@ def test_model_input_from_source_bytes_equals_the_shard_pixels(
 
     source_dir = tiny_index.parent / "images"
     params = default_params(
-        shard={"image_size": [16, 16], "encoding": encoding, "workers": 1}
+        shard={"image_size": [16, 16], "encoding": encoding, "workers": 1, "draft_decode": draft}
     ).shard
     shards = tmp_path / "shards"
     run_shard(params, tiny_index, shards)
@@ -88,7 +91,7 @@ def test_model_input_from_source_bytes_equals_the_shard_pixels(
             for pixels, source in zip(batch["image"].numpy(), batch["source"].numpy(), strict=True):
                 data = (source_dir / source.decode()).read_bytes()
                 np.testing.assert_array_equal(model_input(data, spec), pixels, err_msg=source)
-                plain = preprocess_bytes(data, (16, 16), "pad", max_pixels=1 << 30)
+                plain = preprocess_bytes(data, (16, 16), "pad", max_pixels=1 << 30, draft=draft)
                 lossy += int(not np.array_equal(plain, pixels))
                 checked += 1
     assert checked == 36

@@ -150,7 +150,9 @@ def test_registering_the_same_run_twice_reuses_its_version(
     )
     model_file = tmp_path / "m.keras"
     model.save(model_file)
-    spec = ServingSpec(RecordSchema(8, 8, "raw").to_dict(), "pad", ["a", "b"], "v", 10**6, 1, 10**6)
+    spec = ServingSpec(
+        RecordSchema(8, 8, "raw").to_dict(), "pad", True, ["a", "b"], "v", 10**6, 1, 10**6
+    )
     first = register_model(client, runs[0], model_file, "m", spec)
     again = register_model(client, runs[0], model_file, "m", spec)
     other = register_model(client, runs[1], model_file, "m", spec)
