@@ -105,7 +105,8 @@ def test_pipeline_deployment_end_to_end(served: Project) -> None:
     assert training_run["id"] in run.data.tags["prefect.flow_run_url"]
     # ... and its test metrics are the evaluation's, not the per-epoch training accuracy.
     evaluation = json.loads((project.root / "metrics/eval.json").read_text())
-    assert evaluation["run_id"] == run.info.run_id
+    recorded = json.loads((project.root / "reports/eval_summary.json").read_text())
+    assert recorded["run_id"] == run.info.run_id
     for key in ("accuracy", "top_k_accuracy", "macro_f1"):
         assert run.data.metrics[f"test_{key}"] == pytest.approx(evaluation[key], abs=1e-9)
     assert run.info.status == "FINISHED"

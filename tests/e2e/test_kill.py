@@ -103,7 +103,10 @@ def assert_no_partial_json(root: Path) -> None:
         "reports/validation.json",
         "models/run.json",
         "metrics/train.json",
+        "reports/train_summary.json",
+        "plots/train_history.json",
         "metrics/eval.json",
+        "reports/eval_summary.json",
     ]
     for name in outputs:
         path = root / name
