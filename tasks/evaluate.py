@@ -406,6 +406,24 @@ def per_class_table(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
     return {column: [row[column] for row in rows] for column in columns}
 
 
+def logged_model_id(client: MlflowClient, run_id: str, model_name: str, version: str) -> str:
+    """The MLflow 3 logged model behind a registered version.
+
+    A version registered from the model's URI names it; otherwise it is the model the run
+    logged (evaluation logs one per training run, see :func:`register_model`).
+    """
+    model_id = client.get_model_version(model_name, version).model_id
+    if model_id:
+        return str(model_id)
+    experiment = client.get_run(run_id).info.experiment_id
+    models = client.search_logged_models(
+        [experiment], filter_string=f"source_run_id = '{run_id}'", max_results=1
+    )
+    if not models:
+        raise LookupError(f"MLflow run {run_id} has no logged model for {model_name} v{version}")
+    return str(models[0].model_id)
+
+
 def log_test_results(
     client: MlflowClient,
     run_id: str,
@@ -427,7 +445,7 @@ def log_test_results(
 
     from tasks import tracking
 
-    model_id = client.get_model_version(settings.model_name, version).model_id
+    model_id = logged_model_id(client, run_id, settings.model_name, version)
     dataset_name, digest = tracking.log_dataset(
         client, run_id, manifest, shards_dir=shards_dir, split="test", context="test"
     )

@@ -95,7 +95,10 @@ def test_metrics_and_plots_diff_between_commits_and_experiments_show(project: Pr
     project.dvc("exp", "run", "-n", "lr-low", "-S", "train.learning_rate=0.0005")
     project.dvc("exp", "run", "--queue", "-n", "one-epoch", "-S", "train.epochs=1")
     project.dvc("queue", "start", "--jobs", "1")
-    project.dvc("queue", "wait", "one-epoch")
+    try:
+        project.dvc("queue", "logs", "--follow", "one-epoch")  # returns when it has run
+    finally:
+        project.dvc("queue", "stop", check=False)
     rows = exp_rows(project)
     assert {"lr-high", "lr-low", "one-epoch"} <= set(rows), rows.keys()
     assert rows["lr-high"]["params"]["params.yaml"]["train"]["learning_rate"] == 0.01

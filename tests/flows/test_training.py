@@ -13,7 +13,7 @@ import yaml
 from mlflow import MlflowClient
 
 from flows.training import main, training_flow
-from tasks.evaluate import CHAMPION, PER_CLASS_TABLE
+from tasks.evaluate import CHAMPION, PER_CLASS_TABLE, logged_model_id
 from tasks.layout import Layout
 from tasks.params import default_params
 
@@ -89,7 +89,7 @@ def test_flow_trains_evaluates_tracks_and_promotes(
         if tag.key == "mlflow.data.context"
     }
     assert set(contexts) == {"train", "test"}
-    logged_model = client.get_logged_model(champion.model_id)
+    logged_model = client.get_logged_model(logged_model_id(client, run_id, "tiny", "1"))
     on_model = {m.key: m for m in logged_model.metrics or []}
     assert on_model["test_accuracy"].value == evaluation["accuracy"]
     assert on_model["test_macro_f1"].value == evaluation["macro_f1"]
@@ -123,7 +123,7 @@ def test_cli_runs_one_stage_at_a_time(
     assert layout.model_file.exists() and not layout.eval_metrics.exists()
     monkeypatch.setattr("sys.argv", ["flows.training", "evaluate"])
     main()
-    assert json.loads(layout.eval_metrics.read_text())["model_version"] == "1"
+    assert json.loads(layout.eval_summary.read_text())["model_version"] == "1"
 
 
 def test_summary_of_skipped_stages_reads_the_recorded_run(tmp_path: Path) -> None:
