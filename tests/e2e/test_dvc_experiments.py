@@ -41,6 +41,8 @@ def test_metrics_and_plots_diff_between_commits_and_experiments_show(project: Pr
     # here, so each run must find the repository's mlflow.db by itself ($DVC_ROOT).
     del project.env["MLFLOW_TRACKING_URI"]
     project.set_params(train={"epochs": 1})
+    # A queued experiment's copy holds what git and DVC track: the images go under DVC.
+    project.dvc("add", "data/demo")
     project.dvc("repro")
     # metrics/, plots/ and reports/ are committed like dvc.lock (the project's own
     # .gitignore, copied here, keeps only the cached outputs out of git).
