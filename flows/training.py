@@ -68,9 +68,9 @@ def training_flow(
         if name in stages and result is None
     ]
     if "train" in skipped:
-        trained = _recorded(layout.train_metrics, layout.train_run)
+        trained = _recorded(layout.train_metrics, layout.train_summary, layout.train_run)
     if "evaluate" in skipped:
-        evaluated = _recorded(layout.eval_metrics, layout.train_run)
+        evaluated = _recorded(layout.eval_metrics, layout.eval_summary, layout.train_run)
     create_markdown_artifact(
         summary_markdown(trained, evaluated, layout, skipped=skipped),
         key="training-summary",

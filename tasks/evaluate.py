@@ -19,19 +19,23 @@ from tasks.atomic import write_json
 from tasks.gate import check_model_matches, check_validated
 from tasks.layout import Layout
 from tasks.manifest import load_manifest
-from tasks.params import Params, flatten
+from tasks.metrics_files import is_number
+from tasks.params import EvaluateParams, Params, flatten
 from tasks.reader import read_split
 from tasks.schema import IMAGE_KEY, LABEL_KEY, SOURCE_KEY
+from tasks.tracking import CHAMPION as CHAMPION  # re-exported: the alias promotion moves
+from tasks.tracking import champion_version as champion_version
 
 if TYPE_CHECKING:
     import keras
     from mlflow import MlflowClient
 
+    from tasks.manifest import ShardManifest
     from tasks.predict import ServingSpec
 
-CHAMPION = "champion"
 MAX_MISCLASSIFIED_SHOWN = 16
 BATCH_SIZE = 256
+PER_CLASS_TABLE = "eval/per_class_table.json"  # an MLflow table (not eval/per_class.json)
 
 
 # -- metrics -------------------------------------------------------------------------------
@@ -232,16 +236,6 @@ def check_margin(margin: float) -> None:
         )
 
 
-def champion_version(client: MlflowClient, model_name: str) -> str | None:
-    """The version holding the ``champion`` alias, or None when there is none yet."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        return str(client.get_model_version_by_alias(model_name, CHAMPION).version)
-    except MlflowException:
-        return None
-
-
 def decide(
     client: MlflowClient,
     model_name: str,
@@ -352,17 +346,18 @@ def promote(
 
 
 def pending_decision(
-    eval_metrics: Path, *, run_id: str, version: str, metric: str, champion: str | None
+    eval_summary: Path, *, run_id: str, version: str, metric: str, champion: str | None
 ) -> dict[str, Any] | None:
     """A promotion recorded for this run and version whose alias move may not have happened.
 
-    Evaluation writes its decision before moving the alias; after a crash in between, the
-    rerun completes that move rather than deciding again. A decision is pending only while
-    the alias is still where it was when the decision was made (or already on ``version``).
+    Evaluation writes its decision (to ``reports/eval_summary.json``) before moving the
+    alias; after a crash in between, the rerun completes that move rather than deciding
+    again. A decision is pending only while the alias is still where it was when the
+    decision was made (or already on ``version``).
     """
-    if not eval_metrics.exists():
+    if not eval_summary.exists():
         return None
-    recorded = json.loads(eval_metrics.read_text())
+    recorded = json.loads(eval_summary.read_text())
     decision = recorded.get("promotion") or {}
     same = (
         recorded.get("run_id") == run_id
@@ -396,6 +391,80 @@ def register_model(
     return str(version.version)
 
 
+# -- tracking ------------------------------------------------------------------------------
+
+
+def eval_summary(result: dict[str, Any]) -> dict[str, Any]:
+    """What ``metrics/eval.json`` cannot hold: run, version, test data and the decision."""
+    keys = ("run_id", "model_version", "test_fingerprint", "promotion")
+    return {key: result[key] for key in keys}
+
+
+def per_class_table(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """The per-class rows as the columns ``MlflowClient.log_table`` takes."""
+    columns = ("class", "precision", "recall", "f1", "support")
+    return {column: [row[column] for row in rows] for column in columns}
+
+
+def logged_model_id(client: MlflowClient, run_id: str, model_name: str, version: str) -> str:
+    """The MLflow 3 logged model behind a registered version.
+
+    A version registered from the model's URI names it; otherwise it is the model the run
+    logged (evaluation logs one per training run, see :func:`register_model`).
+    """
+    model_id = client.get_model_version(model_name, version).model_id
+    if model_id:
+        return str(model_id)
+    experiment = client.get_run(run_id).info.experiment_id
+    models = client.search_logged_models(
+        [experiment], filter_string=f"source_run_id = '{run_id}'", max_results=1
+    )
+    if not models:
+        raise LookupError(f"MLflow run {run_id} has no logged model for {model_name} v{version}")
+    return str(models[0].model_id)
+
+
+def log_test_results(
+    client: MlflowClient,
+    run_id: str,
+    settings: EvaluateParams,
+    version: str,
+    metrics: dict[str, Any],
+    manifest: ShardManifest,
+    shards_dir: Path,
+) -> None:
+    """Evaluate params and test metrics onto the run, linked to the model and the test split.
+
+    The split is logged as a ``test`` dataset input beside ``train``, and each ``test_*``
+    metric names the registered version's logged model (``model_id``) and that dataset, so
+    the model's page in MLflow shows them. The per-class table becomes an MLflow table,
+    logged once per run: MLflow appends to a table logged again, and the same model on the
+    same test data would only repeat its rows.
+    """
+    from mlflow.entities import Metric, Param, RunTag
+
+    from tasks import tracking
+
+    model_id = logged_model_id(client, run_id, settings.model_name, version)
+    dataset_name, digest = tracking.log_dataset(
+        client, run_id, manifest, shards_dir=shards_dir, split="test", context="test"
+    )
+    now = tracking.timestamp_ms()
+    client.log_batch(
+        run_id,
+        metrics=[
+            Metric(f"test_{key}", float(value), now, 0, model_id, dataset_name, digest)
+            for key, value in metrics.items()
+            if is_number(value)
+        ],
+        params=[Param(k, str(v)) for k, v in flatten(settings, "evaluate").items()],
+        tags=[RunTag("eval.test_fingerprint", metrics["test_fingerprint"])],
+    )
+    logged = {artifact.path for artifact in client.list_artifacts(run_id, "eval")}
+    if PER_CLASS_TABLE not in logged:
+        client.log_table(run_id, per_class_table(metrics["per_class"]), PER_CLASS_TABLE)
+
+
 # -- the stage -----------------------------------------------------------------------------
 
 
@@ -403,10 +472,10 @@ def run_evaluate(params: Params, layout: Layout) -> dict[str, Any]:
     """Evaluate the trained model, log onto its training run, register and maybe promote.
 
     Refuses (before any tracking) shards no passing validation vouches for and a model
-    trained on other shards. The decision reaches ``metrics/eval.json`` and the run's tags
-    before the alias moves, so a crash in between leaves a record the rerun completes.
+    trained on other shards. The decision reaches ``reports/eval_summary.json`` and the run's
+    tags before the alias moves, so a crash in between leaves a record the rerun completes.
     """
-    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.entities import Metric, RunTag
 
     from tasks import tracking
 
@@ -430,22 +499,15 @@ def run_evaluate(params: Params, layout: Layout) -> dict[str, Any]:
         )
     client = tracking.client(layout.root)
     client.update_run(run_id, status="RUNNING")
-    scalar = {k: v for k, v in metrics.items() if isinstance(v, int | float)}
-    now = tracking.timestamp_ms()
-    client.log_batch(
-        run_id,
-        metrics=[Metric(f"test_{key}", float(value), now, 0) for key, value in scalar.items()],
-        params=[Param(k, str(v)) for k, v in flatten(settings, "evaluate").items()],
-        tags=[RunTag("eval.test_fingerprint", metrics["test_fingerprint"])],
-    )
     client.log_artifacts(run_id, str(layout.eval_dir), "eval")
 
     from tasks.predict import ServingSpec
 
     spec = ServingSpec.from_manifest(manifest, params.ingest)
     version = register_model(client, run_id, layout.model_file, settings.model_name, spec)
+    log_test_results(client, run_id, settings, version, metrics, manifest, layout.shards_dir)
     decision = pending_decision(
-        layout.eval_metrics,
+        layout.eval_summary,
         run_id=run_id,
         version=version,
         metric=settings.promotion_metric,
@@ -463,7 +525,10 @@ def run_evaluate(params: Params, layout: Layout) -> dict[str, Any]:
     decision["model_name"] = settings.model_name
     result = {key: value for key, value in metrics.items() if key != "confusion_matrix"}
     result.update(promotion=decision, run_id=run_id, model_version=version)
-    write_json(layout.eval_metrics, result)  # the record first: a crash after it is resumable
+    # The record first: a crash after it is resumable. DVC metrics take the numbers only.
+    write_json(layout.eval_metrics, {k: v for k, v in result.items() if is_number(v)})
+    write_json(layout.eval_summary, eval_summary(result))
+    now = tracking.timestamp_ms()
     client.log_batch(
         run_id,
         metrics=[Metric("promotion.promoted", float(decision["promoted"]), now, 0)]
@@ -480,7 +545,7 @@ def run_evaluate(params: Params, layout: Layout) -> dict[str, Any]:
         ],
     )
     apply_decision(client, settings.model_name, decision)
-    client.log_artifact(run_id, str(layout.eval_metrics), "eval")
-    client.log_artifact(run_id, str(layout.test_predictions), "eval")
+    for path in (layout.eval_metrics, layout.eval_summary, layout.test_predictions):
+        client.log_artifact(run_id, str(path), "eval")
     client.set_terminated(run_id, status="FINISHED")
     return result

@@ -2,8 +2,22 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+DVC_ROOT_ENV = "DVC_ROOT"  # set by DVC for every stage command: the repository's root
+
+
+def shared_root(root: str | Path = ".") -> Path:
+    """The repository whose shared stores (MLflow database, Prefect home) a run uses.
+
+    A queued ``dvc exp run`` runs the stages in a temporary copy under ``.dvc/tmp/exps``;
+    DVC then points ``$DVC_ROOT`` at the real repository, so runs land in its ``mlflow.db``
+    instead of a copy that is deleted afterwards. Outside DVC it is ``root``.
+    """
+    dvc_root = os.environ.get(DVC_ROOT_ENV)
+    return Path(dvc_root).resolve() if dvc_root else Path(root).resolve()
 
 
 @dataclass(frozen=True)
@@ -64,12 +78,27 @@ class Layout:
         return self.root / "metrics" / "train.json"
 
     @property
+    def train_summary(self) -> Path:
+        """What ``metrics/train.json`` cannot hold (DVC metrics are numbers): strings."""
+        return self.root / "reports" / "train_summary.json"
+
+    @property
+    def train_history(self) -> Path:
+        """One row per epoch (``epoch`` from 1, losses, accuracies): DVC plot data."""
+        return self.root / "plots" / "train_history.json"
+
+    @property
     def train_plot(self) -> Path:
         return self.root / "plots" / "train_history.png"
 
     @property
     def eval_metrics(self) -> Path:
         return self.root / "metrics" / "eval.json"
+
+    @property
+    def eval_summary(self) -> Path:
+        """The evaluation record beside the numeric metrics: run, version, promotion."""
+        return self.root / "reports" / "eval_summary.json"
 
     @property
     def eval_dir(self) -> Path:

@@ -8,14 +8,19 @@ runs in one process never step on each other.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import subprocess
 import warnings
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from tasks.layout import shared_root
 from tasks.manifest import ShardManifest
 from tasks.params import Params, flatten
 
@@ -27,11 +32,22 @@ DB_NAME = "mlflow.db"
 ARTIFACTS_NAME = "mlartifacts"
 UNTRACKED = "untracked"
 MLFLOW_UI_URL = "http://127.0.0.1:5000"  # where `make ui` serves the local store
+CHAMPION = "champion"  # the registry alias of the model in service
+# DVC sets these for the stages of `dvc exp run` (queued or not): the run names its experiment.
+DVC_EXP_ENV = {"DVC_EXP_NAME": "dvc.experiment", "DVC_EXP_BASELINE_REV": "dvc.baseline_rev"}
+NOTE_TAG = "mlflow.note.content"  # the run description the MLflow UI shows
+# Seconds between system-metric samples (MLflow's MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL
+# overrides it): a few samples per epoch of the demo, few enough rows for long runs.
+SYSTEM_METRICS_INTERVAL_S = 5.0
 
 
 def tracking_uri(root: str | Path = ".") -> str:
-    """``$MLFLOW_TRACKING_URI`` if set, else a SQLite store at ``<root>/mlflow.db``."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(root).resolve() / DB_NAME}"
+    """``$MLFLOW_TRACKING_URI`` if set, else a SQLite store ``mlflow.db`` in the repository.
+
+    The repository is :func:`tasks.layout.shared_root`: ``root``, except in a queued DVC
+    experiment, whose stages run in a temporary copy but must log to the real store.
+    """
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{shared_root(root) / DB_NAME}"
 
 
 def client(root: str | Path = ".") -> MlflowClient:
@@ -76,24 +92,31 @@ def start_train_run(
     """Create a training run with params, data lineage and device tags; return its id."""
     from mlflow.entities import Metric, Param, RunTag
 
-    tags = {
-        **lineage_tags(manifest, root=root),
-        **(device_tags or {}),
-        "prefect.flow_run_id": prefect_flow_run_id() or "none",
-        "prefect.flow_run_url": prefect_flow_run_url() or "none",
-    }
-    run = mlflow_client.create_run(
-        experiment_id(mlflow_client),
-        run_name=run_name(params, manifest.fingerprint),
-        tags=tags,
-    )
-    run_id = str(run.info.run_id)
     logged = {
         **flatten(params.train, "train"),
         **flatten(params.shard, "shard"),
         **{f"data.schema.{k}": v for k, v in manifest.schema_.items() if k != "features"},
         "data.classes": ",".join(manifest.classes),
     }
+    tags = {
+        **lineage_tags(manifest, root=root),
+        **(device_tags or {}),
+        **dvc_experiment_tags(),
+        "prefect.flow_run_id": prefect_flow_run_id() or "none",
+        "prefect.flow_run_url": prefect_flow_run_url() or "none",
+    }
+    tags[NOTE_TAG] = run_description(
+        {key: str(value) for key, value in logged.items()},
+        manifest.fingerprint,
+        champion_run(mlflow_client, params.evaluate.model_name),
+        experiment=tags.get(DVC_EXP_ENV["DVC_EXP_NAME"]),
+    )
+    run = mlflow_client.create_run(
+        experiment_id(mlflow_client),
+        run_name=run_name(params, manifest.fingerprint),
+        tags=tags,
+    )
+    run_id = str(run.info.run_id)
     counts = [
         Metric(f"data.{split}_records", info.num_records, timestamp_ms(), 0)
         for split, info in manifest.splits.items()
@@ -107,6 +130,74 @@ def start_train_run(
     log_dataset(mlflow_client, run_id, manifest, shards_dir=shards_dir)
     log_generations(mlflow_client, run_id, manifest)
     return run_id
+
+
+def dvc_experiment_tags(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The DVC experiment this run belongs to (``dvc exp run`` sets DVC_EXP_NAME), if any."""
+    environ = os.environ if environ is None else environ
+    return {tag: environ[var] for var, tag in DVC_EXP_ENV.items() if environ.get(var)}
+
+
+def champion_version(mlflow_client: MlflowClient, model_name: str) -> str | None:
+    """The version holding the ``champion`` alias, or None when there is none yet."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return str(mlflow_client.get_model_version_by_alias(model_name, CHAMPION).version)
+    except MlflowException:
+        return None
+
+
+def champion_run(mlflow_client: MlflowClient, model_name: str) -> dict[str, Any] | None:
+    """The champion's training run: ``{"label", "params", "fingerprint"}``, or None."""
+    from mlflow.exceptions import MlflowException
+
+    version = champion_version(mlflow_client, model_name)
+    if version is None:
+        return None
+    run_id = mlflow_client.get_model_version(model_name, version).run_id
+    try:
+        run = mlflow_client.get_run(str(run_id))
+    except MlflowException:  # the run was deleted since: nothing to compare with
+        return None
+    return {
+        "label": f"{model_name} v{version}, run {run.info.run_name} ({run_id})",
+        "params": dict(run.data.params),
+        "fingerprint": run.data.tags.get("data.fingerprint", "unknown"),
+    }
+
+
+def run_description(
+    params: Mapping[str, str],
+    fingerprint: str,
+    champion: Mapping[str, Any] | None,
+    *,
+    experiment: str | None = None,
+) -> str:
+    """What the run is for, in Markdown: the params (and data) that differ from the champion's.
+
+    Shown as the run's description in the MLflow UI, so a list of runs reads as a list of
+    questions ("does a lower learning rate beat the champion?").
+    """
+    lines = [f"DVC experiment `{experiment}`." if experiment else ""]
+    if champion is None:
+        lines.append("First candidate: there is no champion yet to compare with.")
+        return "\n".join(line for line in lines if line) + "\n"
+    theirs: Mapping[str, str] = champion["params"]
+    changes = [
+        f"- `{key}`: {theirs.get(key, '(unset)')} -> {params.get(key, '(unset)')}"
+        for key in sorted(set(params) | set(theirs))
+        if params.get(key) != theirs.get(key)
+    ]
+    if champion["fingerprint"] != fingerprint:
+        changes.append(f"- data: shards {champion['fingerprint'][:12]} -> {fingerprint[:12]}")
+    if changes:
+        lines += [f"Candidate against the champion ({champion['label']}), changing:", *changes]
+    else:
+        lines.append(
+            f"Rerun of the champion's params and data ({champion['label']}): nothing changed."
+        )
+    return "\n".join(line for line in lines if line) + "\n"
 
 
 def log_generations(mlflow_client: MlflowClient, run_id: str, manifest: ShardManifest) -> None:
@@ -129,10 +220,33 @@ def lineage_tags(manifest: ShardManifest, *, root: str | Path = ".") -> dict[str
     }
 
 
+def dataset_ref(manifest: ShardManifest, split: str | None = None) -> tuple[str, str]:
+    """``(name, digest)`` of the shard set, or of one split of it, as MLflow records them.
+
+    The whole set is named by its fingerprint; a split by its shard files' sha256, so the
+    test metrics name exactly the records they were measured on. MLflow stores digests in a
+    36-character column (the full fingerprint is a run tag).
+    """
+    if split is None:
+        return f"shards@{manifest.fingerprint[:12]}", manifest.fingerprint[:36]
+    files = [[shard.file, shard.sha256] for shard in manifest.split(split).shards]
+    digest = hashlib.sha256(json.dumps(files).encode()).hexdigest()
+    return f"shards/{split}@{manifest.fingerprint[:12]}", digest[:36]
+
+
 def log_dataset(
-    mlflow_client: MlflowClient, run_id: str, manifest: ShardManifest, *, shards_dir: str | Path
-) -> None:
-    """Log the shard set as a run input by reference: name, source path and digest only."""
+    mlflow_client: MlflowClient,
+    run_id: str,
+    manifest: ShardManifest,
+    *,
+    shards_dir: str | Path,
+    split: str | None = None,
+    context: str = "train",
+) -> tuple[str, str]:
+    """Log the shard set (or one split) as a run input by reference: name, source, digest.
+
+    Returns ``(name, digest)``, which metrics measured on it pass to MLflow to name it.
+    """
     from mlflow.data.dataset_source_registry import resolve_dataset_source
     from mlflow.data.meta_dataset import MetaDataset
     from mlflow.entities import DatasetInput, InputTag
@@ -141,14 +255,41 @@ def log_dataset(
         # MLflow registers the local source class twice and warns that a path is ambiguous.
         warnings.filterwarnings("ignore", message=".*interpreted in multiple ways.*")
         source = resolve_dataset_source(str(Path(shards_dir).resolve()))
+    name, digest = dataset_ref(manifest, split)
     dataset = MetaDataset(  # type: ignore[abstract]  # profile is optional at runtime
-        source=source,
-        name=f"shards@{manifest.fingerprint[:12]}",
-        # MLflow stores digests in a 36-character column; the full fingerprint is a run tag.
-        digest=manifest.fingerprint[:36],
+        source=source, name=name, digest=digest
     )
-    context = InputTag(key="mlflow.data.context", value="train")
-    mlflow_client.log_inputs(run_id, [DatasetInput(dataset._to_mlflow_entity(), [context])])
+    tag = InputTag(key="mlflow.data.context", value=context)
+    mlflow_client.log_inputs(run_id, [DatasetInput(dataset._to_mlflow_entity(), [tag])])
+    return name, digest
+
+
+@contextmanager
+def system_metrics(mlflow_client: MlflowClient, run_id: str, *, resume: bool) -> Iterator[None]:
+    """Sample CPU, memory, disk, network and GPU use (where MLflow finds one) into the run.
+
+    MLflow's monitor logs ``system/*`` metrics every ``SYSTEM_METRICS_INTERVAL_S`` from a
+    thread; a resumed run continues its steps. On exit the samples of the last, partial
+    interval are logged too (the monitor drops them), so even a block shorter than one
+    interval leaves a point.
+    """
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    monitor = SystemMetricsMonitor(
+        run_id,
+        sampling_interval=SYSTEM_METRICS_INTERVAL_S,
+        resume_logging=resume,
+        tracking_uri=mlflow_client.tracking_uri,
+    )
+    monitor.start()
+    try:
+        yield
+    finally:
+        monitor.finish()
+        last = monitor.aggregate_metrics()
+        if last:
+            monitor.publish_metrics(last)
+            monitor.mlflow_logger.flush()
 
 
 def dvc_shards_md5(root: str | Path = ".", out_path: str = "data/shards") -> str:

@@ -38,6 +38,7 @@ from tasks.gate import ShardsNotValidated as ShardsNotValidated  # re-exported f
 from tasks.gate import check_validated
 from tasks.layout import Layout
 from tasks.manifest import ShardManifest, load_manifest
+from tasks.metrics_files import split_numeric
 from tasks.models import build_model, unfreeze_top
 from tasks.params import Params, TrainParams, flatten
 from tasks.reader import read_split
@@ -361,16 +362,20 @@ def train(
     model_file: str | Path,
     backup_dir: str | Path,
     metrics_file: str | Path | None = None,
+    summary_file: str | Path | None = None,
+    history_file: str | Path | None = None,
     plot_file: str | Path | None = None,
     strategy: tf.distribute.Strategy | None = None,
     callbacks: Sequence[keras.callbacks.Callback] = (),
 ) -> dict[str, Any]:
     """Train ``params.model`` on the shards' train split (val for early stopping).
 
-    Writes the model (Keras format) to ``model_file`` and, when given, the history JSON and
-    plot. Resumable: state lives in ``backup_dir`` until the run completes, and is resumed
-    only by a run with the same params, shards and training code (else discarded, with the
-    reason logged). ``batch_size`` is the global batch, split across the strategy's
+    Writes the model (Keras format) to ``model_file`` and, when given, the numeric summary
+    (``metrics_file``, what DVC shows as metrics), the rest of it (``summary_file``), the
+    per-epoch rows (``history_file``, DVC plot data) and the plot. Resumable: state lives in
+    ``backup_dir`` until the run completes, and is resumed only by a run with the same
+    params, shards and training code (else discarded, with the reason logged).
+    ``batch_size`` is the global batch, split across the strategy's
     replicas. Returns a small summary dict.
     """
     shards_dir, model_file, backup_dir = Path(shards_dir), Path(model_file), Path(backup_dir)
@@ -418,8 +423,13 @@ def train(
         strategy=type(strategy).__name__,
         num_replicas=strategy.num_replicas_in_sync,
     )
+    numbers, rest = split_numeric({k: v for k, v in summary.items() if k != "history"})
     if metrics_file is not None:
-        write_json(Path(metrics_file), summary)
+        write_json(Path(metrics_file), numbers)
+    if summary_file is not None:
+        write_json(Path(summary_file), rest)
+    if history_file is not None:
+        write_json(Path(history_file), history_rows(rows))
     if plot_file is not None:
         plot_history(rows, Path(plot_file))
     shutil.rmtree(backup_dir, ignore_errors=True)  # completed: nothing left to resume
@@ -603,6 +613,11 @@ def history_summary(rows: list[dict[str, float]]) -> dict[str, Any]:
     }
 
 
+def history_rows(rows: list[dict[str, float]]) -> list[dict[str, float]]:
+    """The epoch log as DVC plot rows: ``epoch`` counted from 1, as the PNG shows it."""
+    return [{**row, "epoch": int(row["epoch"]) + 1} for row in rows]
+
+
 def plot_history(rows: list[dict[str, float]], path: Path) -> None:
     """Loss and accuracy per epoch, train vs val, as a PNG (no pyplot, no global backend)."""
     from matplotlib.figure import Figure
@@ -639,6 +654,7 @@ def run_train(
     identity = backup_identity(params.train, manifest.fingerprint)
     stored, discarded = claim_backup(layout.backup_dir, identity)
     run_id = resume_run_id(client, (stored or {}).get("mlflow_run_id"))
+    resumed = run_id is not None
     if run_id is None:
         run_id = tracking.start_train_run(
             client,
@@ -652,16 +668,19 @@ def run_train(
             client.set_tag(run_id, "resume.backup_discarded", "; ".join(discarded)[:5000])
     write_identity(layout.backup_dir, identity, run_id)
     try:
-        summary = train(
-            params.train,
-            layout.shards_dir,
-            model_file=layout.model_file,
-            backup_dir=layout.backup_dir,
-            metrics_file=layout.train_metrics,
-            plot_file=layout.train_plot,
-            strategy=strategy,
-            callbacks=[MlflowEpochMetrics(client, run_id), *callbacks],
-        )
+        with tracking.system_metrics(client, run_id, resume=resumed):
+            summary = train(
+                params.train,
+                layout.shards_dir,
+                model_file=layout.model_file,
+                backup_dir=layout.backup_dir,
+                metrics_file=layout.train_metrics,
+                summary_file=layout.train_summary,
+                history_file=layout.train_history,
+                plot_file=layout.train_plot,
+                strategy=strategy,
+                callbacks=[MlflowEpochMetrics(client, run_id), *callbacks],
+            )
     except BaseException:
         client.set_terminated(run_id, status="FAILED")  # the id stays in the backup to resume
         raise
@@ -676,7 +695,8 @@ def run_train(
                 for key, value in probe.items()
             ],
         )
-    client.log_artifact(run_id, str(layout.train_metrics), "train")
+    for path in (layout.train_metrics, layout.train_summary, layout.train_history):
+        client.log_artifact(run_id, str(path), "train")
     client.log_artifact(run_id, str(layout.train_plot), "train")
     client.set_terminated(run_id, status="FINISHED")
     run = client.get_run(run_id)

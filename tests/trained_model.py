@@ -36,7 +36,7 @@ def build_trained_project(root: Path) -> TrainedProject:
     from tasks.evaluate import run_evaluate
     from tasks.ingest import run_ingest
     from tasks.layout import Layout
-    from tasks.params import load_params
+    from tasks.params import default_params
     from tasks.shard import run_shard
     from tasks.train import run_train
     from tests.conftest import write_image_folder
@@ -59,8 +59,9 @@ def build_trained_project(root: Path) -> TrainedProject:
         "evaluate": {"model_name": MODEL_NAME},
     }
     layout = Layout().with_root(root)
-    layout.params.write_text(yaml.safe_dump(settings))
-    params = load_params(layout.params)
+    # The repository's params.yaml (every key) with this project's changes.
+    params = default_params(**settings)
+    layout.params.write_text(yaml.safe_dump(params.model_dump(mode="json", by_alias=True)))
     run_ingest(params.ingest, layout.index, layout.ingest_report)
     manifest = run_shard(params.shard, layout.index, layout.shards_dir)
     write_validation_report(root, manifest.fingerprint, passed=True)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -49,6 +50,22 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     finally:
         os.killpg(process.pid, 15)
         process.wait(timeout=30)
+
+
+def api_post(api_url: str, path: str, body: dict[str, Any]) -> Any:
+    """POST to the Prefect API as its own client does: the servers keep CSRF protection on
+    (prefect.toml), so a request carries a token fetched for this client first."""
+    import uuid
+
+    import httpx
+
+    client_id = str(uuid.uuid4())
+    token = httpx.get(f"{api_url}/csrf-token", params={"client": client_id}, timeout=30)
+    token.raise_for_status()
+    headers = {"Prefect-Csrf-Token": token.json()["token"], "Prefect-Csrf-Client": client_id}
+    response = httpx.post(f"{api_url}{path}", json=body, headers=headers, timeout=30)
+    response.raise_for_status()
+    return response.json()
 
 
 def run(

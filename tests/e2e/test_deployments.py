@@ -10,10 +10,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 
-from tests.e2e.conftest import Project
+from tests.e2e.conftest import Project, api_post
 
 pytestmark = pytest.mark.slow
 
@@ -66,8 +65,8 @@ def deployment_run(
 def flow_runs(api_url: str, **flow_run_filter: Any) -> list[dict[str, Any]]:
     """Flow runs from the Prefect API (``POST /flow_runs/filter``), each with its flow name."""
     body = {"flow_runs": flow_run_filter, "limit": 200}
-    runs = httpx.post(f"{api_url}/flow_runs/filter", json=body, timeout=30).json()
-    flows = httpx.post(f"{api_url}/flows/filter", json={}, timeout=30).json()
+    runs = api_post(api_url, "/flow_runs/filter", body)
+    flows = api_post(api_url, "/flows/filter", {})
     names = {flow["id"]: flow["name"] for flow in flows}
     return [{**run, "flow_name": names[run["flow_id"]]} for run in runs]
 
@@ -105,7 +104,8 @@ def test_pipeline_deployment_end_to_end(served: Project) -> None:
     assert training_run["id"] in run.data.tags["prefect.flow_run_url"]
     # ... and its test metrics are the evaluation's, not the per-epoch training accuracy.
     evaluation = json.loads((project.root / "metrics/eval.json").read_text())
-    assert evaluation["run_id"] == run.info.run_id
+    recorded = json.loads((project.root / "reports/eval_summary.json").read_text())
+    assert recorded["run_id"] == run.info.run_id
     for key in ("accuracy", "top_k_accuracy", "macro_f1"):
         assert run.data.metrics[f"test_{key}"] == pytest.approx(evaluation[key], abs=1e-9)
     assert run.info.status == "FINISHED"

@@ -15,7 +15,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.e2e.conftest import REPO, Project, free_port
+from tests.e2e.conftest import REPO, Project, api_post, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -41,12 +41,10 @@ def recomputed_test_accuracy(root: Path) -> tuple[float, int]:
 
 def flow_run_names(api_url: str) -> dict[str, list[str]]:
     """Flow name -> the names of its flow runs, from the Prefect API."""
-    response = httpx.post(f"{api_url}/flow_runs/filter", json={"limit": 200}, timeout=30)
-    response.raise_for_status()
-    flows = httpx.post(f"{api_url}/flows/filter", json={}, timeout=30).json()
+    flows = api_post(api_url, "/flows/filter", {})
     names = {flow["id"]: flow["name"] for flow in flows}
     runs: dict[str, list[str]] = {}
-    for run in response.json():
+    for run in api_post(api_url, "/flow_runs/filter", {"limit": 200}):
         runs.setdefault(names[run["flow_id"]], []).append(run["name"])
     return runs
 

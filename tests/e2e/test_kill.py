@@ -18,6 +18,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tasks.manifest import MANIFEST_NAME, records_file_name
+from tasks.records import OFFSETS_NAME
+from tasks.tfds_metadata import DATASET_INFO_NAME, FEATURES_NAME, LABELS_NAME
 from tests.e2e.conftest import Project
 
 pytestmark = pytest.mark.slow
@@ -35,6 +38,15 @@ STAGES: dict[str, tuple[str, Callable[[Path], bool]]] = {
         "flows.train",
         lambda root: (root / ".shardflow/train_backup/identity.json").exists(),
     ),
+}
+# What the shard stage writes beside the shards (manifest last; the others before it).
+SIDECARS = {
+    MANIFEST_NAME,
+    records_file_name(0),
+    OFFSETS_NAME,
+    DATASET_INFO_NAME,
+    FEATURES_NAME,
+    LABELS_NAME,
 }
 MAX_DELAY_S = {"ingest": 3.0, "shard": 1.0, "validate": 3.0, "train": 1.5}
 
@@ -103,7 +115,10 @@ def assert_no_partial_json(root: Path) -> None:
         "reports/validation.json",
         "models/run.json",
         "metrics/train.json",
+        "reports/train_summary.json",
+        "plots/train_history.json",
         "metrics/eval.json",
+        "reports/eval_summary.json",
     ]
     for name in outputs:
         path = root / name
@@ -129,7 +144,7 @@ def test_killed_stages_rerun_to_the_uninterrupted_result(project: Project) -> No
     assert validation["passed"] and validation["fingerprint"] == manifest["fingerprint"]
     listed = {shard["file"] for split in manifest["splits"].values() for shard in split["shards"]}
     on_disk = {p.name for p in (root / "data/shards").iterdir() if not p.name.startswith(".")}
-    assert on_disk == listed | {"manifest.json"}
+    assert on_disk == listed | SIDECARS
     assert not list((root / "data/shards").glob(".*.tmp-*"))
 
     # The killed training's MLflow run was resumed and finished; no run is left RUNNING.

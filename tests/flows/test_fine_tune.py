@@ -112,9 +112,10 @@ def test_fine_tuning_resumes_in_either_phase_and_unfreezes_the_top(
     total = PARAMS.train.epochs + PARAMS.train.fine_tune_epochs
     assert summary["resumed_from_epoch"] == PARAMS.train.epochs + 1
     assert summary["epochs_completed"] == total
-    history = json.loads(layout.train_metrics.read_text())["history"]
-    assert history["loss"][:2] == [row["loss"] for row in frozen_rows]  # frozen phase kept
-    rates = history["learning_rate"]
+    rows = json.loads(layout.train_history.read_text())
+    losses = [row["loss"] for row in rows]
+    assert losses[:2] == [row["loss"] for row in frozen_rows]  # frozen phase kept
+    rates = [row["learning_rate"] for row in rows]
     assert rates[:2] == [pytest.approx(PARAMS.train.learning_rate)] * 2
     assert rates[2:] == [pytest.approx(PARAMS.train.learning_rate * FINE_TUNE_LR_FACTOR)] * 2
     assert summary["run_id"] == run_id  # one MLflow run across three kills

@@ -14,7 +14,7 @@ from mlflow import MlflowClient
 
 from flows.training import training_flow
 from tasks import tracking
-from tasks.evaluate import CHAMPION
+from tasks.evaluate import CHAMPION, PER_CLASS_TABLE, logged_model_id
 from tasks.layout import Layout
 from tasks.params import default_params
 from tests.prefect_story import artifacts, flow_runs_tagged, log_lines
@@ -47,7 +47,10 @@ def project(tiny_shards: Path, mlflow_uri: str) -> Path:
     return tiny_shards
 
 
-def test_flow_trains_evaluates_tracks_and_promotes(project: Path, mlflow_uri: str) -> None:
+def test_flow_trains_evaluates_tracks_and_promotes(
+    project: Path, mlflow_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")
     result = training_flow(root=str(project))
     layout = Layout().with_root(project)
 
@@ -69,13 +72,41 @@ def test_flow_trains_evaluates_tracks_and_promotes(project: Path, mlflow_uri: st
     assert run.data.metrics["test_accuracy"] == evaluation["accuracy"]
     assert evaluation["accuracy"] >= 0.8
     assert evaluation["num_test_records"] == 30
-    assert evaluation["test_fingerprint"] == run.data.tags["data.fingerprint"]
-    assert evaluation["promotion"]["promoted"] is True  # the first version becomes champion
+    recorded = json.loads(layout.eval_summary.read_text())  # beside the numeric metrics
+    assert recorded["test_fingerprint"] == run.data.tags["data.fingerprint"]
+    assert recorded["promotion"]["promoted"] is True  # the first version becomes champion
+    assert recorded["run_id"] == run_id and recorded["model_version"] == "1"
     assert run.data.tags["promotion.decision"] == "promoted"
     champion = client.get_model_version_by_alias("tiny", CHAMPION)
     assert champion.run_id == run_id
     artifacts = {a.path for a in client.list_artifacts(run_id, "eval")}
     assert "eval/confusion_matrix.png" in artifacts and "eval/misclassified.png" in artifacts
+
+    # MLflow 3: the test split is an input beside train, and the test metrics are linked to
+    # the registered model and to that dataset, so the model's page shows them.
+    contexts = {
+        tag.value: dataset_input.dataset
+        for dataset_input in run.inputs.dataset_inputs
+        for tag in dataset_input.tags
+        if tag.key == "mlflow.data.context"
+    }
+    assert set(contexts) == {"train", "test"}
+    logged_model = client.get_logged_model(logged_model_id(client, run_id, "tiny", "1"))
+    on_model = {m.key: m for m in logged_model.metrics or []}
+    assert on_model["test_accuracy"].value == evaluation["accuracy"]
+    assert on_model["test_macro_f1"].value == evaluation["macro_f1"]
+    assert on_model["test_accuracy"].dataset_name == contexts["test"].name
+    assert on_model["test_accuracy"].dataset_digest == contexts["test"].digest
+    # The per-class table is an MLflow table, one row per class, the figures evaluation wrote.
+    table = client.load_table(experiment_id=run.info.experiment_id, artifact_file=PER_CLASS_TABLE)
+    per_class = json.loads((layout.eval_dir / "per_class.json").read_text())
+    assert table["class"].tolist() == [row["class"] for row in per_class]
+    assert table["recall"].tolist() == [row["recall"] for row in per_class]
+    # System metrics were sampled into the run while it trained.
+    assert client.get_metric_history(run_id, "system/cpu_utilization_percentage")
+    assert client.get_metric_history(run_id, "system/system_memory_usage_megabytes")
+    # The first run has no champion to compare with, and says so.
+    assert "no champion yet" in run.data.tags["mlflow.note.content"]
 
     model = keras.saving.load_model(layout.model_file)
     images = np.zeros((7, 16, 16, 3), dtype=np.uint8)
@@ -101,7 +132,7 @@ def test_stage_entry_points_run_one_stage_each_and_tell_their_story(
     assert layout.model_file.exists() and not layout.eval_metrics.exists()
     monkeypatch.setattr("sys.argv", ["flows.evaluate"])
     evaluate.main()
-    assert json.loads(layout.eval_metrics.read_text())["model_version"] == "1"
+    assert json.loads(layout.eval_summary.read_text())["model_version"] == "1"
 
     record = json.loads(layout.train_run.read_text())
     runs = flow_runs_tagged("pipeline:train-story")
@@ -143,22 +174,24 @@ def test_summary_of_skipped_stages_reads_the_recorded_run(tmp_path: Path) -> Non
     from flows.training import _recorded, summary_markdown
 
     layout = Layout().with_root(tmp_path)
-    assert _recorded(layout.train_metrics, layout.train_run) is None
-    layout.train_metrics.parent.mkdir(parents=True)
-    layout.model_dir.mkdir(parents=True)
-    train = {
+    recorded_files = (layout.train_metrics, layout.train_summary, layout.train_run)
+    assert _recorded(*recorded_files) is None
+    for folder in (layout.train_metrics.parent, layout.train_summary.parent, layout.model_dir):
+        folder.mkdir(parents=True)
+    train = {  # the numbers DVC shows as metrics ...
         "epochs_completed": 3,
         "resumed_from_epoch": 0,
         "images_per_sec": 100.0,
         "num_replicas": 1,
-        "precision_policy": "float32",
-        "fingerprint": "f" * 64,
         "input_bound": {"input_bound_ratio": 1.01},
         "final": {"val_accuracy": 0.75},
     }
     layout.train_metrics.write_text(json.dumps(train))
+    # ... and the strings beside them
+    summary = {"precision_policy": "float32", "fingerprint": "f" * 64}
+    layout.train_summary.write_text(json.dumps(summary))
     layout.train_run.write_text(json.dumps({"run_id": None, "fingerprint": "f" * 64}))
-    recorded = _recorded(layout.train_metrics, layout.train_run)
+    recorded = _recorded(*recorded_files)
     assert recorded is not None and recorded["epochs_completed"] == 3
     text = summary_markdown(recorded, None, layout, skipped=["train"])
     assert "up to date, not rerun: train" in text

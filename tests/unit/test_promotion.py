@@ -247,7 +247,7 @@ def test_incomparable_champion_is_kept_and_the_record_says_so(
     client.set_registered_model_alias("m", CHAMPION, old)
 
     result = evaluate(trained)
-    recorded = json.loads(trained.eval_metrics.read_text())["promotion"]
+    recorded = json.loads(trained.eval_summary.read_text())["promotion"]
     assert recorded == result["promotion"]
     assert recorded["promoted"] is False and recorded["comparable"] is False
     assert recorded["decision"] == "not comparable: champion kept"
@@ -273,7 +273,7 @@ def test_rerun_after_a_crash_between_record_and_alias_completes_the_move(
     monkeypatch.setattr(MlflowClient, "set_registered_model_alias", crash_once)
     with pytest.raises(RuntimeError, match="killed"):
         evaluate(trained)
-    recorded = json.loads(trained.eval_metrics.read_text())
+    recorded = json.loads(trained.eval_summary.read_text())  # beside the numeric metrics
     assert recorded["promotion"]["promoted"] is True and recorded["model_version"] == "1"
     assert champion_version(client, "m") is None  # the decision is on disk, the alias is not
 
@@ -284,7 +284,7 @@ def test_rerun_after_a_crash_between_record_and_alias_completes_the_move(
 
 
 def test_recorded_decision_is_pending_only_while_the_alias_has_not_moved(tmp_path: Path) -> None:
-    path = tmp_path / "eval.json"
+    path = tmp_path / "eval_summary.json"
     decision = {"metric": "accuracy", "promoted": True, "champion_version": "1"}
     write_json(path, {"run_id": "r", "model_version": "2", "promotion": decision})
 

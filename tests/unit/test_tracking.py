@@ -13,10 +13,78 @@ from tasks.params import default_params
 
 
 def test_tracking_uri_prefers_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DVC_ROOT", raising=False)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow:5000")
     assert tracking.tracking_uri("/x") == "http://mlflow:5000"
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     assert tracking.tracking_uri("/x") == "sqlite:////x/mlflow.db"
+
+
+def test_queued_dvc_experiment_logs_to_the_repository_store(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A queued `dvc exp run` runs stages in a copy; DVC names the real repo in DVC_ROOT."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("DVC_ROOT", "/repo")
+    assert tracking.tracking_uri("/repo/.dvc/tmp/exps/tmpabc") == "sqlite:////repo/mlflow.db"
+
+
+def test_dvc_experiment_tags_name_the_experiment() -> None:
+    environ = {"DVC_EXP_NAME": "lr-high", "DVC_EXP_BASELINE_REV": "abc123", "DVC_ROOT": "/r"}
+    assert tracking.dvc_experiment_tags(environ) == {
+        "dvc.experiment": "lr-high",
+        "dvc.baseline_rev": "abc123",
+    }
+    assert tracking.dvc_experiment_tags({}) == {}
+
+
+def test_run_description_names_what_differs_from_the_champion(
+    tiny_shards: Path, mlflow_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manifest = load_manifest(tiny_shards / "data" / "shards")
+    client = tracking.client(tiny_shards)
+    shards = tiny_shards / "data" / "shards"
+    first = tracking.start_train_run(client, default_params(), manifest, shards_dir=shards)
+    note = client.get_run(first).data.tags[tracking.NOTE_TAG]
+    assert "no champion yet" in note
+    name = default_params().evaluate.model_name
+    client.create_registered_model(name)
+    version = client.create_model_version(name, f"runs:/{first}/model", run_id=first)
+    client.set_registered_model_alias(name, tracking.CHAMPION, version.version)
+
+    monkeypatch.setenv("DVC_EXP_NAME", "lr-high")
+    params = default_params(train={"learning_rate": 0.01, "epochs": 3})
+    second = tracking.start_train_run(client, params, manifest, shards_dir=shards)
+    run = client.get_run(second)
+    note = run.data.tags[tracking.NOTE_TAG]
+    assert run.data.tags["dvc.experiment"] == "lr-high"
+    assert "DVC experiment `lr-high`" in note
+    assert f"{name} v{version.version}" in note and first in note
+    default_lr = default_params().train.learning_rate
+    default_epochs = default_params().train.epochs
+    assert f"- `train.learning_rate`: {default_lr} -> 0.01" in note
+    assert f"- `train.epochs`: {default_epochs} -> 3" in note
+    assert note.count("\n- ") == 2  # nothing else differs: same shard params, same data
+
+    monkeypatch.delenv("DVC_EXP_NAME")
+    again = tracking.start_train_run(client, default_params(), manifest, shards_dir=shards)
+    assert "nothing changed" in client.get_run(again).data.tags[tracking.NOTE_TAG]
+
+
+def test_system_metrics_leave_a_sample_even_for_a_short_block(
+    tiny_shards: Path, mlflow_uri: str
+) -> None:
+    """The monitor drops the last, partial interval; the block's exit logs it."""
+    manifest = load_manifest(tiny_shards / "data" / "shards")
+    client = tracking.client(tiny_shards)
+    shards = tiny_shards / "data" / "shards"
+    run_id = tracking.start_train_run(client, default_params(), manifest, shards_dir=shards)
+    assert tracking.SYSTEM_METRICS_INTERVAL_S >= 1  # far longer than the block below
+    with tracking.system_metrics(client, run_id, resume=False):
+        pass
+    metrics = client.get_run(run_id).data.metrics
+    assert metrics["system/cpu_utilization_percentage"] >= 0
+    assert metrics["system/system_memory_usage_megabytes"] > 0
 
 
 def test_dvc_hash_comes_from_the_shard_stage_outs(tmp_path: Path) -> None:

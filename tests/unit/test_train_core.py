@@ -32,8 +32,20 @@ def run(root: Path, params: TrainParams, **kwargs: Any) -> dict[str, Any]:
         model_file=layout.model_file,
         backup_dir=layout.backup_dir,
         metrics_file=layout.train_metrics,
+        summary_file=layout.train_summary,
+        history_file=layout.train_history,
         plot_file=layout.train_plot,
         **kwargs,
+    )
+
+
+def all_numbers(record: dict[str, Any]) -> bool:
+    """Every leaf an int or float (no bool, string, list or null): what DVC shows."""
+    return all(
+        all_numbers(value)
+        if isinstance(value, dict)
+        else isinstance(value, int | float) and not isinstance(value, bool)
+        for value in record.values()
     )
 
 
@@ -49,8 +61,14 @@ def test_learnable_data_beats_chance_clearly(tiny_shards: Path) -> None:
     assert metrics["top_k_accuracy"] == 1.0
     assert summary["epochs_completed"] == 5
     assert summary["images_per_sec"] > 0
+    # DVC metrics are numbers only; the strings sit in the summary, the epochs in plot rows.
     saved = json.loads(layout.train_metrics.read_text())
-    assert len(saved["history"]["val_loss"]) == 5
+    assert saved["epochs_completed"] == 5 and saved["final"]["val_loss"] > 0
+    assert all_numbers(saved)
+    assert json.loads(layout.train_summary.read_text())["precision_policy"] == "float32"
+    rows = json.loads(layout.train_history.read_text())
+    assert [row["epoch"] for row in rows] == [1, 2, 3, 4, 5]
+    assert rows[-1]["val_loss"] == summary["final"]["val_loss"]
     assert layout.train_plot.stat().st_size > 0
     assert {p.name for p in tmp.iterdir()} >= {
         "confusion_matrix.png",
@@ -93,9 +111,9 @@ def test_killed_run_resumes_where_it_stopped(tiny_shards: Path) -> None:
     summary = run(tiny_shards, params)
     assert summary["resumed_from_epoch"] == 1  # did not start over
     assert summary["epochs_completed"] == 3
-    history = json.loads(layout.train_metrics.read_text())["history"]
-    assert len(history["loss"]) == 3
-    assert history["loss"][0] == before[0]["loss"]  # epoch 1 kept from the killed run
+    rows = json.loads(layout.train_history.read_text())
+    assert [row["epoch"] for row in rows] == [1, 2, 3]
+    assert rows[0]["loss"] == before[0]["loss"]  # epoch 1 kept from the killed run
 
 
 def test_saved_model_predicts_class_probabilities(tiny_shards: Path) -> None:

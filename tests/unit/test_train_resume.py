@@ -191,7 +191,7 @@ def test_backup_that_cannot_be_restored_never_fails_the_rerun(
     assert "backup discarded: cannot restore" in warnings_logged.text
     assert summary["resumed_from_epoch"] == 0
     assert summary["epochs_completed"] == 3
-    assert len(json.loads(layout.train_metrics.read_text())["history"]["loss"]) == 3
+    assert len(json.loads(layout.train_history.read_text())) == 3
     assert not layout.backup_dir.exists()
 
 
