@@ -6,6 +6,7 @@ ingest: editing how ingest checks or reports files does not reshard.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Sized
 from pathlib import Path
 from typing import Any
@@ -33,11 +34,24 @@ from tasks.layout import Layout
 from tasks.manifest import ShardFile
 from tasks.params import ShardParams, load_params, run_params_path
 
+# Shards per Prefect task: each task costs a run record, state reports and (in a process
+# pool) a round trip to a worker, so a task writes a batch of shards; about this many tasks
+# per worker keep the workers evenly loaded, and a batch never holds more shards than the cap.
+TASKS_PER_WORKER = 4
+MAX_SHARDS_PER_TASK = 16
 
-@task(name="write-shard", version=code_version(shard, schema, images), cache_policy=NO_CACHE)
-def write_shard_task(spec: shard.ShardSpec, shards_dir: Path) -> ShardFile:
-    """One shard: an independent unit of work, byte-identical on whichever worker runs it."""
-    return shard.write_shard(spec, shards_dir)
+
+@task(name="write-shards", version=code_version(shard, schema, images), cache_policy=NO_CACHE)
+def write_shards_task(specs: list[shard.ShardSpec], shards_dir: Path) -> list[ShardFile]:
+    """A batch of shards, one after the other: each an independent unit of work,
+    byte-identical on whichever worker runs it."""
+    return [shard.write_shard(spec, shards_dir) for spec in specs]
+
+
+def batch_size(total: int, workers: int) -> int:
+    """Shards per task for ``total`` shards on ``workers`` workers (at least 1)."""
+    wanted = math.ceil(total / (max(1, workers) * TASKS_PER_WORKER)) if total else 1
+    return max(1, min(MAX_SHARDS_PER_TASK, wanted))
 
 
 def result_details(result: dict[str, Any]) -> list[object]:
@@ -45,42 +59,51 @@ def result_details(result: dict[str, Any]) -> list[object]:
     return [str(result["fingerprint"])[:8], f"{sum(result['records'].values())} images"]
 
 
-def runner_writer(window: int) -> shard.WriteMany:
-    """A writer that sends each shard to the flow's task runner, ``window`` at a time.
+def runner_writer(workers: int) -> shard.WriteMany:
+    """A writer that sends batches of shards to the flow's task runner, a few at a time.
 
     Specs are materialised (their records read from the index) only as they are submitted,
-    and at most ``window`` are in flight, so the parent's memory stays flat however many
-    shards the plan holds. Results come back as shards finish; a progress artifact follows.
+    and at most two batches per worker are in flight, so the parent's memory stays flat
+    however many shards the plan holds. Results come back as batches finish; a progress
+    artifact follows.
     """
+    window = 2 * max(1, workers)
 
     def write_many(specs: Iterable[shard.ShardSpec], shards_dir: Path) -> Iterator[ShardFile]:
         logger = get_run_logger()
         total = len(specs) if isinstance(specs, Sized) else 0
+        size = batch_size(total, workers)
         progress = Progress("shard-progress", f"shards written of {total or '?'} to write")
-        pending: list[PrefectFuture[ShardFile]] = []
+        pending: list[PrefectFuture[list[ShardFile]]] = []
         done = 0
 
-        def finished() -> ShardFile:
+        def finished() -> list[ShardFile]:
             nonlocal done
-            result = _first_done(pending)
-            done += 1
+            results = _first_done(pending)
+            done += len(results)
             progress(done, total)
-            logger.info("shard %d/%s written: %s", done, total or "?", result.file)
-            return result
+            logger.info("shard %d/%s written: %s", done, total or "?", results[-1].file)
+            return results
 
+        batch: list[shard.ShardSpec] = []
         for spec in specs:
-            pending.append(write_shard_task.submit(spec, shards_dir))
+            batch.append(spec)
+            if len(batch) == size:
+                pending.append(write_shards_task.submit(batch, shards_dir))
+                batch = []
             while len(pending) >= window:
-                yield finished()
+                yield from finished()
+        if batch:
+            pending.append(write_shards_task.submit(batch, shards_dir))
         while pending:
-            yield finished()
+            yield from finished()
         progress(1, 1)  # nothing missing (a resumed or empty plan) is done too
 
     return write_many
 
 
-def _first_done(pending: list[PrefectFuture[ShardFile]]) -> ShardFile:
-    """Wait for whichever pending shard finishes first; remove it and return its result."""
+def _first_done(pending: list[PrefectFuture[list[ShardFile]]]) -> list[ShardFile]:
+    """Wait for whichever pending batch finishes first; remove it and return its results."""
     future = next(as_completed(pending))
     pending.remove(future)
     return future.result()
@@ -92,12 +115,11 @@ def write_shards_flow(params: ShardParams, layout: Layout) -> dict[str, Any]:
     write the missing shards, the manifest, the data diff) writing through this flow's task
     runner; the data diff also becomes a Prefect artifact."""
     logger = get_run_logger()
-    window = 4 * max(1, params.workers)
     stage = shard.shard_stage(
         params,
         layout.index,
         layout.shards_dir,
-        write_many=runner_writer(window),
+        write_many=runner_writer(params.workers),
         diff_path=layout.data_diff,
     )
     plan, manifest, diff = stage.plan, stage.manifest, stage.diff
