@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 T = TypeVar("T")
 
@@ -35,6 +35,29 @@ def configure_environment() -> None:
     """Analytics off and quiet TensorFlow; called by entry points, never at import."""
     for key, value in OFFLINE_ENV.items():
         os.environ.setdefault(key, value)
+
+
+def run_then_exit(main: Callable[[], object]) -> NoReturn:
+    """A stage's ``python -m`` entry point: run ``main``, then end the process at once.
+
+    On success, what a normal exit does that matters still happens: non-daemon threads
+    finish, the exit handlers run (Prefect's log and event workers drain, logging flushes,
+    MLflow ends its run) and the standard streams flush. What is skipped is the interpreter's
+    teardown, freeing every module and TensorFlow's static destructors: measured here at
+    1-3 s per stage process after its flow had finished (2.6 s for evaluate), paid by every
+    stage `dvc repro` runs. An exception propagates as usual (traceback, exit status 1).
+    """
+    import atexit
+    import threading
+
+    main()
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(0)
 
 
 def code_version(*modules: ModuleType) -> str:
@@ -155,10 +178,21 @@ def run_tags(stage: str) -> list[str]:
 @contextmanager
 def stage_run(stage: str, params_path: str) -> Iterator[None]:
     """What a stage's ``main()`` runs its flow in: the workspace lock (one writer at a
-    time), then the run's tags; taken inside the lock, so the pipeline id is the holder's."""
-    from prefect import tags
+    time), then the run's tags; taken inside the lock, so the pipeline id is the holder's.
 
-    with hold_workspace(Path("."), Path(params_path)), tags(*run_tags(stage)):
+    Without Prefect's flow-run heartbeats: their thread sleeps in one-second steps, so every
+    flow's end waits up to a second for it (half a second a flow on average, measured in
+    every stage). A stage process that dies is caught without them: it leaves its lock,
+    and DVC reruns the stage. Deployment runs (`make serve`) keep them.
+    """
+    from prefect import tags
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    with (
+        hold_workspace(Path("."), Path(params_path)),
+        tags(*run_tags(stage)),
+        temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}),
+    ):
         yield
 
 

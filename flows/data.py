@@ -20,6 +20,7 @@ from flows.common import (
     parse_stage_args,
     run_parameter,
     run_stage,
+    run_then_exit,
     stage_run,
 )
 from flows.server import require_server
@@ -70,4 +71,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_then_exit(main)

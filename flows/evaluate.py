@@ -20,6 +20,7 @@ from flows.common import (
     naming,
     parse_stage_args,
     run_parameter,
+    run_then_exit,
     stage_run,
 )
 from flows.model_runs import link_mlflow_run, recorded_run_name, retry_unless_refused
@@ -82,4 +83,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_then_exit(main)

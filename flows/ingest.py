@@ -21,6 +21,7 @@ from flows.common import (
     rename_flow_run,
     run_name,
     run_parameter,
+    run_then_exit,
     stage_run,
 )
 from flows.server import require_server
@@ -87,4 +88,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_then_exit(main)

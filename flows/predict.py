@@ -22,7 +22,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 
-from flows.common import code_version, configure_environment
+from flows.common import code_version, configure_environment, run_then_exit
 from tasks import images, predict, schema, tracking
 from tasks.params import load_params
 
@@ -166,4 +166,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_then_exit(main)

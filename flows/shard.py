@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Sized
+from concurrent.futures import Executor
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import PrefectFuture, as_completed
-from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
+from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
 from flows.common import (
     Progress,
@@ -26,6 +28,7 @@ from flows.common import (
     rename_flow_run,
     run_name,
     run_parameter,
+    run_then_exit,
     stage_run,
 )
 from flows.server import require_server
@@ -33,19 +36,29 @@ from tasks import images, schema, shard
 from tasks.layout import Layout
 from tasks.manifest import ShardFile
 from tasks.params import ShardParams, load_params, run_params_path
+from tasks.pool import spawn_pool
 
-# Shards per Prefect task: each task costs a run record, state reports and (in a process
-# pool) a round trip to a worker, so a task writes a batch of shards; about this many tasks
-# per worker keep the workers evenly loaded, and a batch never holds more shards than the cap.
+# Shards per Prefect task: each task costs a run record, state reports and a round trip to
+# a worker, so a task writes a batch of shards; about this many tasks per worker keep the
+# workers evenly loaded, and a batch never holds more shards than the cap.
 TASKS_PER_WORKER = 4
 MAX_SHARDS_PER_TASK = 16
 
 
 @task(name="write-shards", version=code_version(shard, schema, images), cache_policy=NO_CACHE)
-def write_shards_task(specs: list[shard.ShardSpec], shards_dir: Path) -> list[ShardFile]:
+def write_shards_task(
+    specs: list[shard.ShardSpec], shards_dir: Path, pool: Executor | None = None
+) -> list[ShardFile]:
     """A batch of shards, one after the other: each an independent unit of work,
-    byte-identical on whichever worker runs it."""
-    return [shard.write_shard(spec, shards_dir) for spec in specs]
+    byte-identical on whichever worker runs it.
+
+    With ``pool`` (the local runner) the pixels are computed in one of the stage's warm
+    worker processes while this task, in a thread of the flow, keeps its Prefect run record;
+    without (a Dask worker, or a single worker), right here.
+    """
+    if pool is None:
+        return shard.write_batch(specs, shards_dir)
+    return pool.submit(shard.write_batch, specs, shards_dir).result()
 
 
 def batch_size(total: int, workers: int) -> int:
@@ -59,8 +72,9 @@ def result_details(result: dict[str, Any]) -> list[object]:
     return [str(result["fingerprint"])[:8], f"{sum(result['records'].values())} images"]
 
 
-def runner_writer(workers: int) -> shard.WriteMany:
-    """A writer that sends batches of shards to the flow's task runner, a few at a time.
+def runner_writer(workers: int, pool: Executor | None = None) -> shard.WriteMany:
+    """A writer that sends batches of shards to the flow's task runner, a few at a time
+    (each task computing in ``pool`` when given, see :func:`write_shards_task`).
 
     Specs are materialised (their records read from the index) only as they are submitted,
     and at most two batches per worker are in flight, so the parent's memory stays flat
@@ -89,12 +103,12 @@ def runner_writer(workers: int) -> shard.WriteMany:
         for spec in specs:
             batch.append(spec)
             if len(batch) == size:
-                pending.append(write_shards_task.submit(batch, shards_dir))
+                pending.append(write_shards_task.submit(batch, shards_dir, pool))
                 batch = []
             while len(pending) >= window:
                 yield from finished()
         if batch:
-            pending.append(write_shards_task.submit(batch, shards_dir))
+            pending.append(write_shards_task.submit(batch, shards_dir, pool))
         while pending:
             yield from finished()
         progress(1, 1)  # nothing missing (a resumed or empty plan) is done too
@@ -115,13 +129,14 @@ def write_shards_flow(params: ShardParams, layout: Layout) -> dict[str, Any]:
     write the missing shards, the manifest, the data diff) writing through this flow's task
     runner; the data diff also becomes a Prefect artifact."""
     logger = get_run_logger()
-    stage = shard.shard_stage(
-        params,
-        layout.index,
-        layout.shards_dir,
-        write_many=runner_writer(params.workers),
-        diff_path=layout.data_diff,
-    )
+    with local_pool(params) as pool:  # workers start now, while the stage plans
+        stage = shard.shard_stage(
+            params,
+            layout.index,
+            layout.shards_dir,
+            write_many=runner_writer(params.workers, pool),
+            diff_path=layout.data_diff,
+        )
     plan, manifest, diff = stage.plan, stage.manifest, stage.diff
     assert diff is not None
     logger.info(
@@ -165,16 +180,28 @@ def key_figures(summary: dict[str, Any], removed: int) -> str:
 
 
 def shard_task_runner(params: ShardParams) -> TaskRunner[Any]:
-    """Spawned processes by default (one worker: in-process); a Dask cluster on request."""
+    """Threads of the flow by default (one per worker; each task computes in the stage's
+    worker processes, :func:`local_pool`); a Dask cluster on request."""
     if params.runner == "dask":
         if not params.dask_address:
             raise ValueError("shard.runner is 'dask' but shard.dask_address is not set in params")
         from prefect_dask import DaskTaskRunner
 
         return DaskTaskRunner(address=params.dask_address)
-    if params.workers <= 1:
-        return ThreadPoolTaskRunner(max_workers=1)
-    return ProcessPoolTaskRunner(max_workers=params.workers)
+    return ThreadPoolTaskRunner(max_workers=max(1, params.workers))
+
+
+def local_pool(params: ShardParams) -> Any:
+    """The local runner's worker processes (``shard.workers`` of them, spawned and warmed at
+    once), as a context manager yielding the pool; ``None`` for one worker or Dask.
+
+    Plain processes rather than Prefect's process runner: a worker imports only the shard
+    code (NumPy, Pillow, no Prefect, no TensorFlow), so it starts in a fraction of the time
+    and memory, while every batch keeps its Prefect task run in the flow.
+    """
+    if params.runner != "local" or params.workers <= 1:
+        return nullcontext(None)
+    return spawn_pool(params.workers, warm=shard.warm_worker)
 
 
 def run(params: ShardParams, layout: Layout) -> dict[str, Any]:
@@ -216,4 +243,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_then_exit(main)

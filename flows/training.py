@@ -20,7 +20,14 @@ from typing import Any
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
-from flows.common import configure_environment, naming, parse_stage_args, run_stage, stage_run
+from flows.common import (
+    configure_environment,
+    naming,
+    parse_stage_args,
+    run_stage,
+    run_then_exit,
+    stage_run,
+)
 from flows.evaluate import evaluate_task
 from flows.server import require_server
 from flows.train import model_run_details, train_task
@@ -145,4 +152,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_then_exit(main)

@@ -15,6 +15,7 @@ from flows.common import (
     naming,
     parse_stage_args,
     run_parameter,
+    run_then_exit,
     stage_run,
 )
 from flows.server import require_server
@@ -81,4 +82,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_then_exit(main)

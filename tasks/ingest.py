@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import multiprocessing
 import os
 import stat
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,7 @@ from tasks.images import ImageRejected, verify
 from tasks.index import INDEX_VERSION, iter_verdicts, read_header, write_index
 from tasks.manifest import SPLITS
 from tasks.params import IngestParams, SplitFractions
+from tasks.pool import spawn_pool
 
 
 @dataclass(frozen=True)
@@ -313,8 +312,7 @@ def inspect_all(
                 if progress:
                     progress(len(results), len(candidates))
         else:
-            context = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+            with spawn_pool(min(workers, len(chunks))) as pool:
                 futures = [
                     pool.submit(
                         _inspect_chunk,

@@ -529,6 +529,17 @@ def write_inline(specs: Iterable[ShardSpec], shards_dir: Path) -> Iterator[Shard
         yield write_shard(spec, shards_dir)
 
 
+def write_batch(specs: list[ShardSpec], shards_dir: Path) -> list[ShardFile]:
+    """A batch of shards, one after the other: what one worker process is sent at a time."""
+    return list(write_inline(specs, shards_dir))
+
+
+def warm_worker() -> None:
+    """A shard worker's one-off start-up: this module's imports (done by unpickling this
+    function) and a first preprocessing-version probe, before any shard is due."""
+    preprocessing_version()
+
+
 class RebuildNeeded(ValueError):
     """``shard.mode: append`` cannot express this change; ``shard.mode: rebuild`` can."""
 

@@ -1,0 +1,47 @@
+"""The stage worker pool: every worker spawned and warmed at once, before any work."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from tasks.pool import spawn_pool
+
+WARM_DIR = "SHARDFLOW_TEST_WARM_DIR"
+
+
+def _warm() -> None:
+    """Record which process warmed, and when (spawned workers inherit the environment)."""
+    (Path(os.environ[WARM_DIR]) / str(os.getpid())).write_text(repr(time.monotonic()))
+
+
+def _work(seconds: float) -> tuple[int, float]:
+    time.sleep(seconds)
+    return os.getpid(), time.monotonic()
+
+
+def _boom() -> None:
+    raise ValueError("worker failure names itself")
+
+
+def test_every_worker_starts_and_warms_once_before_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(WARM_DIR, str(tmp_path))
+    with spawn_pool(2, warm=_warm) as pool:
+        # Both workers exist before any work is submitted (a plain pool spawns on demand).
+        assert len(pool._processes) == 2  # type: ignore[attr-defined]
+        done = list(pool.map(_work, [0.3] * 4))
+    warmed = {int(p.name): float(p.read_text()) for p in tmp_path.iterdir()}
+    assert len(warmed) == 2  # one warm-up per worker, not per task
+    assert {pid for pid, _ in done} <= set(warmed)
+    for pid, finished in done:
+        assert warmed[pid] < finished
+
+
+def test_a_worker_error_reaches_the_caller() -> None:
+    with spawn_pool(1) as pool, pytest.raises(ValueError, match="names itself"):
+        pool.submit(_boom).result()

@@ -1,0 +1,59 @@
+"""A stage process ends without the interpreter's teardown, but loses nothing on the way."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+SCRIPT = """
+import atexit, sys, threading, time
+from pathlib import Path
+from flows.common import run_then_exit
+
+out = Path(sys.argv[1])
+atexit.register(lambda: out.with_suffix(".atexit").write_text("ran"))
+
+def late_writer():  # a non-daemon thread still finishing its work
+    time.sleep(0.3)
+    out.with_suffix(".thread").write_text("done")
+
+def main():
+    threading.Thread(target=late_writer).start()
+    sys.stdout.write("buffered, no newline")
+    if sys.argv[2] == "fail":
+        raise RuntimeError("stage failed: names the reason")
+
+run_then_exit(main)
+print("never reached")
+"""
+
+
+def run(tmp_path: Path, mode: str) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "stage.py"
+    script.write_text(SCRIPT)
+    return subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "out"), mode],
+        cwd=REPO,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_success_flushes_output_joins_threads_and_runs_exit_handlers(tmp_path: Path) -> None:
+    done = run(tmp_path, "ok")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "buffered, no newline"  # flushed, and nothing after main ran
+    assert (tmp_path / "out.thread").read_text() == "done"
+    assert (tmp_path / "out.atexit").read_text() == "ran"
+
+
+def test_failure_exits_as_python_does(tmp_path: Path) -> None:
+    done = run(tmp_path, "fail")
+    assert done.returncode == 1
+    assert "RuntimeError: stage failed: names the reason" in done.stderr
+    assert (tmp_path / "out.atexit").read_text() == "ran"
