@@ -196,9 +196,11 @@ def run_ingest(params: Params, layout: Layout, source: Path) -> dict[str, Any]:
 
 def run_shard(params: Params, layout: Layout, mode: str) -> dict[str, Any]:
     """The shard stage through its Prefect flow and task runner (what `dvc repro` runs)."""
+    from flows.common import stage_settings
     from flows.shard import run
 
-    return run(params.shard.model_copy(update={"mode": mode}), layout)
+    with stage_settings():
+        return run(params.shard.model_copy(update={"mode": mode}), layout)
 
 
 def run_validate(params: Params, layout: Layout) -> dict[str, Any]:

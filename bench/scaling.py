@@ -41,7 +41,7 @@ def flow_shard(params: ShardParams, index_path: Path, root: Path) -> dict[str, A
     """
     import shutil
 
-    from flows.common import configure_environment
+    from flows.common import configure_environment, stage_settings
     from flows.shard import run
 
     configure_environment()
@@ -50,7 +50,8 @@ def flow_shard(params: ShardParams, index_path: Path, root: Path) -> dict[str, A
     layout.index.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(index_path, layout.index)
     start = time.perf_counter()
-    result = run(params, layout)
+    with stage_settings():  # as a stage process runs its flows
+        result = run(params, layout)
     return {**result, "shard_s": time.perf_counter() - start}
 
 

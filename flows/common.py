@@ -178,21 +178,26 @@ def run_tags(stage: str) -> list[str]:
 @contextmanager
 def stage_run(stage: str, params_path: str) -> Iterator[None]:
     """What a stage's ``main()`` runs its flow in: the workspace lock (one writer at a
-    time), then the run's tags; taken inside the lock, so the pipeline id is the holder's.
-
-    Without Prefect's flow-run heartbeats: their thread sleeps in one-second steps, so every
-    flow's end waits up to a second for it (half a second a flow on average, measured in
-    every stage). A stage process that dies is caught without them: it leaves its lock,
-    and DVC reruns the stage. Deployment runs (`make serve`) keep them.
-    """
+    time), then the run's tags (taken inside the lock, so the pipeline id is the holder's),
+    under :func:`stage_settings`."""
     from prefect import tags
+
+    with hold_workspace(Path("."), Path(params_path)), tags(*run_tags(stage)), stage_settings():
+        yield
+
+
+@contextmanager
+def stage_settings() -> Iterator[None]:
+    """Prefect settings for a stage's flows (the benchmarks run theirs under it too).
+
+    No flow-run heartbeats: their thread sleeps in one-second steps, so every flow's end
+    waits up to a second for it (half a second a flow on average, measured in every stage).
+    A stage process that dies is caught without them: it leaves its lock, and DVC reruns
+    the stage. Deployment runs (`make serve`) keep them.
+    """
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
-    with (
-        hold_workspace(Path("."), Path(params_path)),
-        tags(*run_tags(stage)),
-        temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}),
-    ):
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield
 
 
