@@ -13,6 +13,7 @@ import os
 import stat
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -327,6 +328,9 @@ def assign_split(content_hash: str, fractions: SplitFractions, seed: int) -> str
     return "test"
 
 
+CHUNK = 64  # files per job sent to a worker
+
+
 def inspect_all(
     source_dir: Path,
     candidates: list[Candidate],
@@ -334,51 +338,68 @@ def inspect_all(
     known: dict[str, list[Any]] | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[Inspected]:
-    """Inspect every candidate, in parallel (spawned processes) when it pays.
+    """Inspect every candidate; results in ``candidates`` order.
 
-    ``known`` (path -> previous verdict) spares decoding files whose content is unchanged;
-    each chunk is sent only its own paths' verdicts. ``progress(done, total)`` is called
-    as chunks finish (the flow moves its Prefect progress artifact with it).
+    New files are decoded in chunks by spawned workers when there are enough of them. A
+    file with a ``known`` verdict (path -> previous verdict) is read and hashed here, while
+    the workers decode: when its content still matches, the verdict is reused without a
+    decode, and a round trip to a worker would cost more than the hash (measured: an
+    incremental ingest of 20k files took 1.2-1.5 s in one process, 1.8-2.2 s through two
+    workers). ``progress(done, total)`` is called as files finish (the flow moves its
+    Prefect progress artifact with it).
     """
-    known = known or {}
     from tqdm import tqdm
 
-    workers = max(1, params.workers)
-    chunk_size = 64
-    chunks = [candidates[i : i + chunk_size] for i in range(0, len(candidates), chunk_size)]
+    known = known or {}
     limits = (
         params.max_pixels,
         params.min_side,
         int(params.max_file_mb * 2**20),
         params.draft_check,
     )
-    results: list[Inspected] = []
+    fresh = [i for i, c in enumerate(candidates) if c.path not in known]
+    chunks = [fresh[i : i + CHUNK] for i in range(0, len(fresh), CHUNK)]
+    parallel = params.workers > 1 and len(chunks) >= 2
+    results: list[Inspected | None] = [None] * len(candidates)
+    done = 0
     with tqdm(total=len(candidates), desc="ingest", unit="img", mininterval=1.0) as bar:
-        if workers == 1 or len(chunks) < 2:
-            for chunk in chunks:
-                results.extend(_inspect_chunk(str(source_dir), chunk, limits, known))
-                bar.update(len(chunk))
-                if progress:
-                    progress(len(results), len(candidates))
-        else:
-            with spawn_pool(min(workers, len(chunks))) as pool:
-                futures = [
+
+        def finished(count: int) -> None:
+            nonlocal done
+            done += count
+            bar.update(count)
+            if progress:
+                progress(done, len(candidates))
+
+        with spawn_pool(min(params.workers, len(chunks))) if parallel else nullcontext() as pool:
+            futures = (
+                [
                     pool.submit(
-                        _inspect_chunk,
-                        str(source_dir),
-                        c,
-                        limits,
-                        {x.path: known[x.path] for x in c if x.path in known},
+                        _inspect_chunk, str(source_dir), [candidates[i] for i in chunk], limits, {}
                     )
-                    for c in chunks
+                    for chunk in chunks
                 ]
-                for future in futures:  # in submission order: output order is deterministic
-                    chunk_result = future.result()
-                    results.extend(chunk_result)
-                    bar.update(len(chunk_result))
-                    if progress:
-                        progress(len(results), len(candidates))
-    return results
+                if pool is not None
+                else []
+            )
+            here = [i for i, c in enumerate(candidates) if pool is None or c.path in known]
+            locator = Locator(source_dir, limits[2])
+            for start in range(0, len(here), CHUNK):
+                block = here[start : start + CHUNK]
+                for i in block:
+                    candidate = candidates[i]
+                    results[i] = inspect_file(
+                        locator, candidate, *limits, known=known.get(candidate.path)
+                    )
+                finished(len(block))
+            for chunk, future in zip(chunks, futures, strict=False):
+                for i, item in zip(chunk, future.result(), strict=True):
+                    results[i] = item
+                finished(len(chunk))
+    missing = [candidates[i].path for i, r in enumerate(results) if r is None]
+    if missing:  # a bug, never a data problem
+        raise AssertionError(f"ingest lost files: {missing[:5]} not inspected")
+    return [r for r in results if r is not None]
 
 
 def build_index(
