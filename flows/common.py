@@ -4,7 +4,6 @@ name, its pipeline and stage tags, a progress artifact)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -12,8 +11,9 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from types import ModuleType
 from typing import Any, NoReturn, TypeVar
+
+from tasks.provenance import code_version as code_version  # task versions, re-exported
 
 T = TypeVar("T")
 
@@ -58,16 +58,6 @@ def run_then_exit(main: Callable[[], object]) -> NoReturn:
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     os._exit(0)
-
-
-def code_version(*modules: ModuleType) -> str:
-    """A short hash of the modules' source: a task's version changes exactly with its code."""
-    digest = hashlib.sha256()
-    for module in modules:
-        source = getattr(module, "__file__", None)
-        if source:
-            digest.update(Path(source).read_bytes())
-    return digest.hexdigest()[:12]
 
 
 def parse_stage_args(choices: tuple[str, ...], prog: str) -> tuple[list[str], str]:

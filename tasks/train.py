@@ -14,7 +14,6 @@ run starts over in a new MLflow run.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -24,7 +23,6 @@ import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import keras
@@ -41,6 +39,7 @@ from tasks.manifest import ShardManifest, load_manifest
 from tasks.metrics_files import split_numeric
 from tasks.models import build_model, unfreeze_top
 from tasks.params import Params, TrainParams, flatten
+from tasks.provenance import code_version
 from tasks.reader import read_split
 
 FINE_TUNE_LR_FACTOR = 0.1  # fine-tuning a pretrained backbone wants a much smaller step
@@ -96,17 +95,6 @@ def seed_everything(params: TrainParams) -> None:
 
 
 # -- which backup may be resumed ----------------------------------------------------------
-
-
-def code_version(*modules: ModuleType) -> str:
-    """A short hash of the modules' source (flows.common.code_version's recipe; tasks never
-    import flows): a backup's code version changes exactly with the training code."""
-    digest = hashlib.sha256()
-    for module in modules:
-        source = getattr(module, "__file__", None)
-        if source:
-            digest.update(Path(source).read_bytes())
-    return digest.hexdigest()[:12]
 
 
 def training_code_version() -> str:
