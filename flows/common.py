@@ -165,6 +165,21 @@ def run_tags(stage: str) -> list[str]:
     return tags
 
 
+def stage_main(
+    name: str, choices: tuple[str, ...], run: Callable[[list[str], str], object]
+) -> None:
+    """What ``python -m flows.<name> [STAGE ...] [--params FILE]`` does: offline settings,
+    the Prefect server (started when none answers), the arguments, then ``run(stages,
+    params_path)`` under :func:`stage_run`."""
+    from flows.server import require_server
+
+    configure_environment()
+    require_server()
+    stages, params_path = parse_stage_args(choices, f"flows.{name}")
+    with stage_run(name, params_path):  # one writer at a time, tagged with its pipeline
+        run(stages, params_path)
+
+
 @contextmanager
 def stage_run(stage: str, params_path: str) -> Iterator[None]:
     """What a stage's ``main()`` runs its flow in: the workspace lock (one writer at a

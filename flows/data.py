@@ -15,15 +15,12 @@ from prefect import flow
 
 from flows import ingest, shard, validate
 from flows.common import (
-    configure_environment,
     naming,
-    parse_stage_args,
     run_parameter,
     run_stage,
     run_then_exit,
-    stage_run,
+    stage_main,
 )
-from flows.server import require_server
 from tasks.layout import Layout
 from tasks.params import load_params, run_params_path
 
@@ -63,11 +60,9 @@ def data_flow(
 
 
 def main() -> None:
-    configure_environment()
-    require_server()
-    stages, params_path = parse_stage_args(DATA_STAGES, "flows.data")
-    with stage_run("data", params_path):  # one writer at a time, tagged with its pipeline
-        data_flow(params_path=params_path, stages=stages)
+    stage_main(
+        "data", DATA_STAGES, lambda stages, params: data_flow(params_path=params, stages=stages)
+    )
 
 
 if __name__ == "__main__":

@@ -16,15 +16,12 @@ from prefect.tasks import exponential_backoff
 
 from flows.common import (
     code_version,
-    configure_environment,
     naming,
-    parse_stage_args,
     run_parameter,
     run_then_exit,
-    stage_run,
+    stage_main,
 )
 from flows.model_runs import link_mlflow_run, recorded_run_name, retry_unless_refused
-from flows.server import require_server
 from tasks import evaluate, gate, manifest, reader, schema, tracking
 from tasks.evaluate import run_evaluate
 from tasks.layout import Layout
@@ -75,11 +72,7 @@ def evaluate_flow(params_path: str = "params.yaml", root: str = ".") -> dict[str
 
 
 def main() -> None:
-    configure_environment()
-    require_server()
-    _, params_path = parse_stage_args(("evaluate",), "flows.evaluate")
-    with stage_run("evaluate", params_path):  # one writer at a time
-        evaluate_flow(params_path=params_path)
+    stage_main("evaluate", ("evaluate",), lambda _, params: evaluate_flow(params_path=params))
 
 
 if __name__ == "__main__":

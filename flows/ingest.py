@@ -15,16 +15,13 @@ from prefect.cache_policies import NO_CACHE
 from flows.common import (
     Progress,
     code_version,
-    configure_environment,
     naming,
-    parse_stage_args,
     rename_flow_run,
     run_name,
     run_parameter,
     run_then_exit,
-    stage_run,
+    stage_main,
 )
-from flows.server import require_server
 from tasks import images, ingest
 from tasks.layout import Layout
 from tasks.params import IngestParams, load_params, run_params_path
@@ -80,11 +77,7 @@ def ingest_flow(params_path: str = "params.yaml", root: str = ".") -> dict[str, 
 
 
 def main() -> None:
-    configure_environment()
-    require_server()
-    _, params_path = parse_stage_args(("ingest",), "flows.ingest")
-    with stage_run("ingest", params_path):  # one writer at a time, tagged with its pipeline
-        ingest_flow(params_path=params_path)
+    stage_main("ingest", ("ingest",), lambda _, params: ingest_flow(params_path=params))
 
 
 if __name__ == "__main__":

@@ -22,16 +22,13 @@ from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 from flows.common import (
     Progress,
     code_version,
-    configure_environment,
     naming,
-    parse_stage_args,
     rename_flow_run,
     run_name,
     run_parameter,
     run_then_exit,
-    stage_run,
+    stage_main,
 )
-from flows.server import require_server
 from tasks import images, schema, shard
 from tasks.layout import Layout
 from tasks.manifest import ShardFile
@@ -235,11 +232,11 @@ def shard_flow(
 
 
 def main() -> None:
-    configure_environment()
-    require_server()
-    stages, params_path = parse_stage_args(("shard", "compact"), "flows.shard")
-    with stage_run("shard", params_path):  # one writer at a time, tagged with its pipeline
-        shard_flow(params_path=params_path, compact=stages == ["compact"])
+    stage_main(
+        "shard",
+        ("shard", "compact"),
+        lambda stages, params: shard_flow(params_path=params, compact=stages == ["compact"]),
+    )
 
 
 if __name__ == "__main__":

@@ -19,15 +19,12 @@ from prefect.cache_policies import NO_CACHE
 from flows.common import (
     Progress,
     code_version,
-    configure_environment,
     naming,
-    parse_stage_args,
     run_parameter,
     run_then_exit,
-    stage_run,
+    stage_main,
 )
 from flows.model_runs import link_mlflow_run, retry_unless_refused
-from flows.server import require_server
 from tasks import gate, manifest, models, reader, schema, tracking, train
 from tasks.layout import Layout
 from tasks.params import Params, TrainParams, load_params, run_params_path
@@ -122,11 +119,7 @@ def train_flow(params_path: str = "params.yaml", root: str = ".") -> dict[str, A
 
 
 def main() -> None:
-    configure_environment()
-    require_server()
-    _, params_path = parse_stage_args(("train",), "flows.train")
-    with stage_run("train", params_path):  # one writer at a time
-        train_flow(params_path=params_path)
+    stage_main("train", ("train",), lambda _, params: train_flow(params_path=params))
 
 
 if __name__ == "__main__":

@@ -21,15 +21,12 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 from flows.common import (
-    configure_environment,
     naming,
-    parse_stage_args,
     run_stage,
     run_then_exit,
-    stage_run,
+    stage_main,
 )
 from flows.evaluate import evaluate_task
-from flows.server import require_server
 from flows.train import model_run_details, train_task
 from tasks import tracking
 from tasks.layout import Layout
@@ -144,11 +141,9 @@ def summary_markdown(
 
 
 def main() -> None:
-    configure_environment()
-    require_server()
-    stages, params_path = parse_stage_args(STAGES, "flows.training")
-    with stage_run("training", params_path):  # one writer at a time
-        training_flow(params_path=params_path, stages=stages)
+    stage_main(
+        "training", STAGES, lambda stages, params: training_flow(params_path=params, stages=stages)
+    )
 
 
 if __name__ == "__main__":

@@ -11,14 +11,11 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.common import (
     code_version,
-    configure_environment,
     naming,
-    parse_stage_args,
     run_parameter,
     run_then_exit,
-    stage_run,
+    stage_main,
 )
-from flows.server import require_server
 from tasks import data_diff, manifest, schema, validate
 from tasks.layout import Layout
 from tasks.params import ValidateParams, load_params
@@ -74,11 +71,7 @@ def validate_flow(params_path: str = "params.yaml", root: str = ".") -> dict[str
 
 
 def main() -> None:
-    configure_environment()
-    require_server()
-    _, params_path = parse_stage_args(("validate",), "flows.validate")
-    with stage_run("validate", params_path):  # one writer at a time, tagged with its pipeline
-        validate_flow(params_path=params_path)
+    stage_main("validate", ("validate",), lambda _, params: validate_flow(params_path=params))
 
 
 if __name__ == "__main__":
