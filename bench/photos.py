@@ -247,6 +247,10 @@ def measure_photos(
         figures["ceiling"] = timed("ceiling", files, size, cores, work)
         figures["decode"] = decode_ratio(files[: min(len(files), 40)], size)
         figures["per_worker_vs_seed"] = figures["workers_1"] / figures["seed"]
+        # The most one worker could reach: the decode + resize alone, nothing else paid.
+        figures["preprocess_only_vs_seed"] = (
+            1000 / figures["decode"]["shard_decode_ms"] / figures["seed"]
+        )
         figures["all_vs_ceiling"] = figures["workers_all"] / figures["ceiling"]
         log(
             f"   {tag}: seed {figures['seed']:.1f}, shard w1 {figures['workers_1']:.1f}, "
