@@ -19,6 +19,10 @@ if TYPE_CHECKING:
 # 224x224 records would hold ~300 MB and stall every epoch while the buffer fills.
 SHUFFLE_BUFFER_BYTES = 64 * 2**20
 MAX_SHUFFLE_RECORDS = 4096
+# Shards are local files: an unbuffered TFRecordDataset reads each record straight into its
+# tensor, where the default 256 KiB buffer copies every record once more on its way there
+# (raw 224x224: 141 -> 108 us of CPU per record on 2 cores; jpeg: no change).
+READ_BUFFER_BYTES = 0
 
 
 def read_split(
@@ -54,7 +58,7 @@ def read_split(
     # Shuffle the file order first, then interleave records from several files at once.
     ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True) if training else ds
     ds = ds.interleave(
-        lambda path: tf.data.TFRecordDataset(path, compression_type=manifest.compression_type),
+        lambda path: shard_records(path, manifest),
         cycle_length=min(len(files), 8) if training else 1,
         block_length=1 if training else None,
         num_parallel_calls=tf.data.AUTOTUNE,
@@ -77,6 +81,15 @@ def read_split(
 
     ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
     return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def shard_records(path: tf.Tensor | str, manifest: ShardManifest) -> tf.data.Dataset:
+    """The serialized records of one shard file, read as every Shardflow reader reads them."""
+    import tensorflow as tf
+
+    return tf.data.TFRecordDataset(
+        path, compression_type=manifest.compression_type, buffer_size=READ_BUFFER_BYTES
+    )
 
 
 def default_shuffle_buffer(manifest: ShardManifest, split: str) -> int:

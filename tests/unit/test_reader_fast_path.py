@@ -201,3 +201,15 @@ def test_read_split_gives_what_the_general_parse_gives(
         assert got.keys() == want.keys()
         for key in want:
             np.testing.assert_array_equal(got[key], want[key])
+
+
+def test_the_read_ceiling_reads_the_records_read_split_reads(tmp_path: Path) -> None:
+    """bench's bytes ceiling and read_split share one file reader (unbuffered, same bytes)."""
+    from bench.read import bytes_dataset
+
+    shards = write_tiny_shards(tmp_path, size=8, per_class={"train": 11}, validated=False)
+    files = sorted(str(p) for p in shards.glob("train.tfrecord-*"))
+    on_disk = [r.numpy() for r in tf.data.TFRecordDataset(files)]  # TF's default buffered read
+    ceiling = [r.numpy() for records, _ in bytes_dataset(shards, batch=4) for r in records]
+    assert len(ceiling) == 33 // 4 * 4
+    assert set(ceiling) <= set(on_disk) and len(set(ceiling)) == len(ceiling)
