@@ -72,7 +72,10 @@ def read_split(
     # copy parse_example makes of each image (RecordSchema.parse_batch). For jpeg/png,
     # decoding inside the batch measured as fast as per-record parallel decode before
     # batching (5.4-6.1k vs 5.3k img/s at 224x224 on 2 cores). Parsing and picking
-    # (image, label) are one map: training skips the metadata entirely.
+    # (image, label) are one map: training skips the metadata entirely. Raw 224x224, batch
+    # 32, 2 cores: 8.0k -> 9.9k img/s with these two changes; the bytes ceiling (same
+    # unbuffered read, never parsed) is 14.2k. The gap left is decode_raw's copy of each
+    # record plus the slice that drops the header: no stock TF op decodes at an offset.
     ds = ds.batch(batch_size, drop_remainder=training)
 
     def parse(serialized: tf.Tensor) -> Any:
