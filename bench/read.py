@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from bench.images import list_images
 from bench.stats import timed_passes
 from tasks.manifest import load_manifest
-from tasks.reader import read_split
+from tasks.reader import read_split, shard_records
 from tasks.schema import IMAGE_KEY
 
 if TYPE_CHECKING:
@@ -126,8 +126,9 @@ def shardflow_dataset(shards_dir: Path, *, batch: int) -> tf.data.Dataset:
 def bytes_dataset(shards_dir: Path, *, batch: int, split: str = "train") -> tf.data.Dataset:
     """The physical limit of ``read.raw``: the same shard files as bare serialized records.
 
-    Interleaved like :func:`tasks.reader.read_split` reads them, batched, never parsed or
-    decoded: what is left of a read once every copy after the file read is gone.
+    Read (:func:`tasks.reader.shard_records`) and interleaved like
+    :func:`tasks.reader.read_split` reads them, batched, never parsed or decoded: what is
+    left of a read once every copy after the file read is gone.
     """
     import tensorflow as tf
 
@@ -135,7 +136,7 @@ def bytes_dataset(shards_dir: Path, *, batch: int, split: str = "train") -> tf.d
     files = [str(shards_dir / s.file) for s in manifest.split(split).shards]
     ds = tf.data.Dataset.from_tensor_slices(files)
     ds = ds.interleave(
-        lambda path: tf.data.TFRecordDataset(path, compression_type=manifest.compression_type),
+        lambda path: shard_records(path, manifest),
         cycle_length=min(len(files), 8),
         num_parallel_calls=tf.data.AUTOTUNE,
     )

@@ -7,6 +7,8 @@ drift between them cannot happen silently.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import io
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -25,6 +27,116 @@ SOURCE_KEY = "source"
 
 class SchemaError(ValueError):
     """A record or schema does not match what the manifest declares."""
+
+
+# ``content_hash`` is a sha256 hex digest: its length fixes where a raw record's image starts.
+HASH_HEX_CHARS = hashlib.sha256().digest_size * 2
+# Bytes of the ``source`` entry checked after the label: entry tag, 1-byte length, key field.
+_SOURCE_HEAD = 2 + 2 + len(SOURCE_KEY)
+
+
+@dataclass(frozen=True)
+class RawLayout:
+    """Where image and label bytes sit in a raw record as ``tasks.tfrecord`` writes it.
+
+    ``encode_example`` writes keys in sorted order, so a raw record is ``content_hash``
+    (64 hex chars), ``image`` (exactly H*W*C bytes), ``label``, ``source``: the image starts
+    at a fixed offset. Reading it there skips the copy ``parse_example`` makes of every image.
+    It is only trusted where a record's own bytes prove it: ``head`` (everything before the
+    image) and ``tail`` (the label entry and the start of the ``source`` entry) must equal
+    the template on the bits ``*_mask`` selects. Unchecked bits are the varying ones: the
+    outer length (only its varint continuation bits are fixed), the hash value, the label
+    value (its high bit must be clear: a 1-byte varint, labels 0..127).
+    """
+
+    image_offset: int
+    image_bytes: int
+    label_offset: int
+    head: bytes
+    head_mask: bytes
+    tail: bytes
+    tail_mask: bytes
+
+    @property
+    def tail_offset(self) -> int:
+        return self.image_offset + self.image_bytes
+
+    @property
+    def length(self) -> int:
+        """Bytes of each record to decode: everything up to the end of the checked tail."""
+        return self.tail_offset + len(self.tail)
+
+
+def _bytes_match(actual: Any, template: bytes, mask: bytes) -> Any:
+    """True (scalar tensor) when every row of uint8 ``actual`` equals ``template`` on ``mask``."""
+    import tensorflow as tf
+
+    mask_bits = np.frombuffer(mask, np.uint8)
+    want = np.frombuffer(template, np.uint8) & mask_bits
+    return tf.reduce_all(tf.equal(tf.bitwise.bitwise_and(actual, mask_bits), want))
+
+
+def _entry(key: str, value: bytes | int) -> bytes:
+    """One feature-map entry exactly as ``encode_example`` writes it inside a record.
+
+    A one-feature record is ``0x0a``, a varint length, then the entry: strip the first two.
+    """
+    from tasks.tfrecord import encode_example
+
+    record = encode_example({key: value})
+    start = 1
+    while record[start] & 0x80:  # varint continuation bit
+        start += 1
+    return record[start + 1 :]
+
+
+@functools.cache
+def raw_layout(image_bytes: int) -> RawLayout:
+    """The layout of a raw record with ``image_bytes`` of pixels, derived from the writer.
+
+    Built from the same ``encode_example`` that writes shards, so a change to the writer
+    changes the template instead of silently invalidating hard-coded offsets.
+    """
+    from tasks.tfrecord import encode_example
+
+    hash_entry = _entry(HASH_KEY, b"0" * HASH_HEX_CHARS)
+    image_entry = _entry(IMAGE_KEY, bytes(image_bytes))
+    label_entry = _entry(LABEL_KEY, 0)
+    source_entry = _entry(SOURCE_KEY, b"")
+    entries = hash_entry + image_entry + label_entry + source_entry
+    record = encode_example(
+        {
+            HASH_KEY: b"0" * HASH_HEX_CHARS,
+            IMAGE_KEY: bytes(image_bytes),
+            LABEL_KEY: 0,
+            SOURCE_KEY: b"",
+        }
+    )
+    if not record.endswith(entries):
+        raise SchemaError("encode_example no longer writes feature entries in sorted key order")
+    outer = record[: len(record) - len(entries)]
+    image_head = image_entry[:-image_bytes]
+    head = outer + hash_entry + image_head
+    head_mask = (
+        b"\xff"
+        + b"\x80" * (len(outer) - 1)
+        + b"\xff" * (len(hash_entry) - HASH_HEX_CHARS)
+        + b"\x00" * HASH_HEX_CHARS
+        + b"\xff" * len(image_head)
+    )
+    tail = label_entry + source_entry[:_SOURCE_HEAD]
+    tail_mask = (
+        b"\xff" * (len(label_entry) - 1) + b"\x80" + b"\xff\x80" + b"\xff" * (_SOURCE_HEAD - 2)
+    )
+    return RawLayout(
+        image_offset=len(head),
+        image_bytes=image_bytes,
+        label_offset=len(head) + image_bytes + len(label_entry) - 1,
+        head=head,
+        head_mask=head_mask,
+        tail=tail,
+        tail_mask=tail_mask,
+    )
 
 
 @dataclass(frozen=True)
@@ -181,12 +293,19 @@ class RecordSchema:
             pixels = tf.io.decode_png(image_bytes, channels=self.channels)
         return tf.ensure_shape(pixels, self.image_shape)
 
-    def parse_batch(self, serialized: Any) -> dict[str, Any]:
+    def parse_batch(self, serialized: Any, *, metadata: bool = True) -> dict[str, Any]:
         """Parse a batch of serialized examples into a dict of tensors (images decoded).
 
-        Returns ``image`` uint8 [B, H, W, C], ``label`` int32 [B], ``content_hash`` and
-        ``source`` string [B].
+        Returns ``image`` uint8 [B, H, W, C], ``label`` int32 [B] and, with ``metadata``,
+        ``content_hash`` and ``source`` string [B]. Training needs no metadata: leaving it out
+        lets a raw batch skip ``parse_example`` entirely (see :meth:`_parse_raw_batch`).
         """
+        if self.encoding == "raw":
+            return self._parse_raw_batch(serialized, metadata=metadata)
+        return self._parse_batch_general(serialized, metadata=metadata)
+
+    def _parse_batch_general(self, serialized: Any, *, metadata: bool) -> dict[str, Any]:
+        """``parse_example`` then decode: any record layout, every key checked by name."""
         import tensorflow as tf
 
         features = tf.io.parse_example(serialized, self.parse_spec())
@@ -200,15 +319,67 @@ class RecordSchema:
                 features[IMAGE_KEY],
                 fn_output_signature=tf.TensorSpec(self.image_shape, tf.uint8),
             )
-        # parse_example keeps a static batch size (drop_remainder batches); reshape(-1) loses it.
-        batch_size = features[LABEL_KEY].shape[0]
-        images = tf.ensure_shape(images, (batch_size, *self.image_shape))
-        return {
-            IMAGE_KEY: images,
+        parsed = {
+            IMAGE_KEY: self._static_batch(images, serialized),
             LABEL_KEY: tf.cast(features[LABEL_KEY], tf.int32),
-            HASH_KEY: features[HASH_KEY],
-            SOURCE_KEY: features[SOURCE_KEY],
         }
+        if metadata:
+            parsed |= {HASH_KEY: features[HASH_KEY], SOURCE_KEY: features[SOURCE_KEY]}
+        return parsed
+
+    def _parse_raw_batch(self, serialized: Any, *, metadata: bool) -> dict[str, Any]:
+        """Raw pixels straight from the serialized bytes when every record proves the layout.
+
+        ``parse_example`` copies each image into a string (and walks every record) before
+        ``decode_raw`` copies it into pixels. Here ``decode_raw`` copies each record's first
+        :attr:`RawLayout.length` bytes and the image and label are sliced out of those.
+        The batch takes this path only if every record's bytes around the image match
+        :func:`raw_layout`; any other batch (another writer's key order, a hash that is not
+        sha256 hex, a label over 127, a long source path, a missing key) goes through
+        :meth:`_parse_batch_general`, which reads it correctly or fails naming the key.
+        """
+        import tensorflow as tf
+
+        layout, record_bytes, proven = self.raw_record_bytes(serialized)
+
+        def fast() -> dict[str, Any]:
+            pixels = record_bytes[:, layout.image_offset : layout.tail_offset]
+            images = tf.reshape(pixels, (-1, *self.image_shape))
+            parsed = {
+                IMAGE_KEY: self._static_batch(images, serialized),
+                LABEL_KEY: tf.cast(record_bytes[:, layout.label_offset], tf.int32),
+            }
+            if metadata:
+                spec = {k: v for k, v in self.parse_spec().items() if k != IMAGE_KEY}
+                features = tf.io.parse_example(serialized, spec)
+                parsed |= {HASH_KEY: features[HASH_KEY], SOURCE_KEY: features[SOURCE_KEY]}
+            return parsed
+
+        return tf.cond(  # type: ignore[no-any-return]
+            proven, fast, lambda: self._parse_batch_general(serialized, metadata=metadata)
+        )
+
+    def raw_record_bytes(self, serialized: Any) -> tuple[RawLayout, Any, Any]:
+        """Each record's first ``layout.length`` bytes and whether the whole batch has the layout.
+
+        Returns the :class:`RawLayout`, uint8 [B, length] and a scalar bool tensor that is true
+        only when every record's head and tail bytes match the layout's template.
+        """
+        import tensorflow as tf
+
+        layout = raw_layout(self.height * self.width * self.channels)
+        record_bytes = tf.io.decode_raw(serialized, tf.uint8, fixed_length=layout.length)
+        proven = tf.logical_and(
+            _bytes_match(record_bytes[:, : layout.image_offset], layout.head, layout.head_mask),
+            _bytes_match(record_bytes[:, layout.tail_offset :], layout.tail, layout.tail_mask),
+        )
+        return layout, record_bytes, proven
+
+    def _static_batch(self, images: Any, serialized: Any) -> Any:
+        """Keep a static batch size (drop_remainder batches); ``reshape(-1, ...)`` loses it."""
+        import tensorflow as tf
+
+        return tf.ensure_shape(images, (serialized.shape[0], *self.image_shape))
 
     def parse_single(self, serialized: Any) -> dict[str, Any]:
         """Parse one serialized example (validation walks records one at a time)."""
