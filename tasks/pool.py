@@ -11,9 +11,16 @@ they run; the stage's orchestration stays in the parent.
 from __future__ import annotations
 
 import multiprocessing
+import os
+import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
 
 
 def _started() -> None:
@@ -43,3 +50,69 @@ def spawn_pool(
         pool.shutdown(wait=True, cancel_futures=True)
         raise
     pool.shutdown(wait=True)
+
+
+class ChildResult(Generic[T]):
+    """The result of :func:`run_in_child`, collected with :meth:`result`."""
+
+    def __init__(self, process: BaseProcess, connection: Connection) -> None:
+        self._process = process
+        self._connection = connection
+
+    def result(self, timeout: float | None = None) -> T:
+        """Wait for the child's value (or its exception); the child is gone afterwards."""
+        try:
+            if not self._connection.poll(timeout):
+                self._process.kill()  # the parent gives up: so does the child
+                raise TimeoutError(f"no result from the child process within {timeout} s")
+            kind, value = self._connection.recv()
+        except EOFError:
+            self._process.join(5)
+            raise RuntimeError(
+                "the child process died before sending a result (exit code "
+                f"{self._process.exitcode})"
+            ) from None
+        finally:
+            self._connection.close()
+            self._process.join(5)  # it ends right after sending
+            if self._process.is_alive():
+                self._process.kill()
+                self._process.join()
+        if kind == "error":
+            raise value
+        return value  # type: ignore[no-any-return]
+
+
+def run_in_child(fn: Callable[..., T], *args: object) -> ChildResult[T]:
+    """Start ``fn(*args)`` in a spawned process now; collect it with ``.result()``.
+
+    For one-off work that needs a heavy import (TensorFlow) beside TensorFlow-free work in
+    the parent. The child sends its value and ends at once: a pool worker instead exits
+    through the interpreter's teardown, and with TensorFlow loaded that took 1.4 s that the
+    parent's own exit waited for.
+    """
+    context = multiprocessing.get_context("spawn")
+    receiver, sender = context.Pipe(duplex=False)
+    process = context.Process(target=_child_main, args=(sender, fn, args), daemon=True)
+    process.start()
+    sender.close()
+    return ChildResult(process, receiver)
+
+
+def _child_main(
+    connection: Connection, fn: Callable[..., object], args: tuple[object, ...]
+) -> None:
+    try:
+        try:
+            message: tuple[str, object] = ("ok", fn(*args))
+        except Exception as exc:  # sent to the parent, which raises it
+            message = ("error", exc)
+        try:
+            connection.send(message)
+        except Exception as exc:  # an unpicklable value or exception: say what it was
+            connection.send(("error", RuntimeError(f"{type(exc).__name__}: {exc}")))
+        connection.close()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(0)

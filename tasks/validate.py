@@ -13,10 +13,8 @@ spawned process at the same time and must agree.
 from __future__ import annotations
 
 import hashlib
-import multiprocessing
 import re
 from collections import Counter, defaultdict
-from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,7 @@ from typing import Any
 from tasks.atomic import write_json, write_text
 from tasks.manifest import MANIFEST_NAME, SPLITS, ShardManifest, file_sha256
 from tasks.params import ValidateParams
+from tasks.pool import ChildResult, run_in_child
 from tasks.schema import HASH_KEY, IMAGE_KEY, LABEL_KEY, RecordSchema, SchemaError
 
 MAX_EXAMPLES = 20  # failures listed per check; the counts are always complete
@@ -180,23 +179,19 @@ def _fingerprint(image: bytes, features: dict[str, Any]) -> list[Any]:
 
 def start_cross_check(
     manifest: ShardManifest, shards_dir: Path, files: list[str]
-) -> Future[dict[str, Any]]:
+) -> ChildResult[dict[str, Any]]:
     """Start TensorFlow's parser over the first records of ``files`` in a spawned process.
 
     It runs beside the TensorFlow-free read (its import is most of its cost), so the check
     adds little wall time; :func:`cross_check_with_tensorflow` collects and compares.
     """
-    context = multiprocessing.get_context("spawn")  # TensorFlow and fork() do not mix
-    pool = ProcessPoolExecutor(max_workers=1, mp_context=context)
-    future = pool.submit(
+    return run_in_child(
         _tensorflow_sample,
         dict(manifest.schema_),
         manifest.compression_type,
         [str(shards_dir / name) for name in files],
         CROSS_CHECK_PER_SHARD,
     )
-    pool.shutdown(wait=False)
-    return future
 
 
 def _tensorflow_sample(
@@ -228,7 +223,7 @@ def _tensorflow_sample(
 
 
 def cross_check_with_tensorflow(
-    future: Future[dict[str, Any]] | None, contents: list[ShardContents]
+    future: ChildResult[dict[str, Any]] | None, contents: list[ShardContents]
 ) -> dict[str, Any]:
     """TensorFlow's parser (what training reads with) agrees with the TensorFlow-free one."""
     if future is None:

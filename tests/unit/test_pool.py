@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.pool import spawn_pool
+from tasks.pool import run_in_child, spawn_pool
 
 WARM_DIR = "SHARDFLOW_TEST_WARM_DIR"
 
@@ -45,3 +45,26 @@ def test_every_worker_starts_and_warms_once_before_work(
 def test_a_worker_error_reaches_the_caller() -> None:
     with spawn_pool(1) as pool, pytest.raises(ValueError, match="names itself"):
         pool.submit(_boom).result()
+
+
+def _square_and_pid(value: int) -> tuple[int, int]:
+    return value * value, os.getpid()
+
+
+def test_run_in_child_returns_the_value_and_the_child_is_gone() -> None:
+    child = run_in_child(_square_and_pid, 7)
+    value, pid = child.result(timeout=60)
+    assert value == 49 and pid != os.getpid()
+    assert not child._process.is_alive()  # type: ignore[attr-defined]
+
+
+def test_run_in_child_raises_the_childs_error() -> None:
+    with pytest.raises(ValueError, match="names itself"):
+        run_in_child(_boom).result(timeout=60)
+
+
+def test_run_in_child_times_out_and_stops_the_child() -> None:
+    child = run_in_child(_work, 30.0)
+    with pytest.raises(TimeoutError):
+        child.result(timeout=0.5)
+    assert not child._process.is_alive()  # type: ignore[attr-defined]
