@@ -95,6 +95,7 @@ def kill_during(project: Project, stage: str, rng: random.Random) -> str | None:
         assert repro.poll() is None, (project.root / f"kill-{stage}.log").read_text()
         wait_until(lambda: repro.poll() is not None or started(project.root), f"{stage} work")
         time.sleep(rng.uniform(0.0, MAX_DELAY_S[stage]))
+        freeze_inside_a_stage(repro, parent)
         identity = project.root / ".shardflow/train_backup" / IDENTITY_NAME
         run_id = (
             json.loads(identity.read_text()).get("mlflow_run_id") if identity.exists() else None
@@ -108,6 +109,35 @@ def kill_during(project: Project, stage: str, rng: random.Random) -> str | None:
     assert not alive, f"still running after SIGKILL: {alive}"
     assert_no_partial_json(project.root)
     return run_id
+
+
+def stage_running(parent: psutil.Process) -> bool:
+    """A stage process (``python -m flows.X``) of this `dvc repro` is alive (stopped counts)."""
+    for child in parent.children(recursive=True):
+        try:
+            if "flows." in " ".join(child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            continue
+    return False
+
+
+def freeze_inside_a_stage(repro: subprocess.Popen[bytes], parent: psutil.Process) -> None:
+    """SIGSTOP the process group at a moment a stage process is running.
+
+    The kill is meant for a stage. Between stages DVC alone runs, and it rewrites dvc.lock in
+    place: a SIGKILL there tears dvc.lock, which is DVC's behaviour, not a stage's. So when
+    the stage has already ended at the freeze, the group runs on until the next stage has
+    started (dvc.lock is written by then), and the kill lands in that one.
+    """
+    while True:
+        os.killpg(repro.pid, signal.SIGSTOP)
+        if stage_running(parent):
+            return
+        os.killpg(repro.pid, signal.SIGCONT)
+        wait_until(lambda: repro.poll() is not None or stage_running(parent), "the next stage")
+        if repro.poll() is not None:
+            return
 
 
 def assert_no_partial_json(root: Path) -> None:
