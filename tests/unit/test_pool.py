@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -68,3 +70,35 @@ def test_run_in_child_times_out_and_stops_the_child() -> None:
     with pytest.raises(TimeoutError):
         child.result(timeout=0.5)
     assert not child._process.is_alive()  # type: ignore[attr-defined]
+
+
+MAIN_MODULE = """
+import sys
+import heavy_marker  # stands for Prefect: what a stage's flow module imports
+from probe import loaded
+from tasks.pool import run_in_child, spawn_pool
+
+if __name__ == "__main__":
+    with spawn_pool(1) as pool:
+        print(pool.submit(loaded).result(), run_in_child(loaded).result(60))
+"""
+
+
+def test_children_do_not_import_the_parents_main_module(tmp_path: Path) -> None:
+    """`python -m flows.shard` must not make every worker import the flow module (Prefect)."""
+    (tmp_path / "heavy_marker.py").write_text("")
+    (tmp_path / "probe.py").write_text(
+        "import sys\ndef loaded():\n    return 'heavy_marker' in sys.modules\n"
+    )
+    (tmp_path / "stage_main.py").write_text(MAIN_MODULE)
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-m", "stage_main"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{repo}"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "False"]
