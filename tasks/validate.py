@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import re
+import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from tasks.atomic import write_json, write_text
@@ -194,11 +196,38 @@ def start_cross_check(
     )
 
 
+# TensorFlow's ``__init__`` imports this eagerly (to register optimizers for SavedModel);
+# importing it imports all of Keras, and Keras imports scikit-learn and matplotlib.
+KERAS_EAGER_IMPORT = "keras.src.optimizers"
+
+
+def tensorflow_without_keras() -> ModuleType:
+    """``import tensorflow``, minus the Keras import that its ``__init__`` makes eagerly.
+
+    The cross-check needs ``tf.data`` and ``tf.io`` only; Keras was 1.5 s of a 4 s import,
+    and that import is the cross-check's whole critical path. TensorFlow's ``__init__``
+    ignores an ImportError from its eager Keras import, so the module is blocked for that
+    one import and unblocked right after: anything asking for Keras later gets it as
+    usual. Where TensorFlow or Keras is loaded already, this is a plain import.
+    """
+    if "tensorflow" in sys.modules or KERAS_EAGER_IMPORT in sys.modules:
+        import tensorflow as tf
+
+        return tf
+    sys.modules[KERAS_EAGER_IMPORT] = None  # type: ignore[assignment]
+    try:
+        import tensorflow as tf
+    finally:
+        if sys.modules.get(KERAS_EAGER_IMPORT, False) is None:
+            del sys.modules[KERAS_EAGER_IMPORT]
+    return tf
+
+
 def _tensorflow_sample(
     schema_dict: dict[str, Any], compression: str, paths: list[str], per_file: int
 ) -> dict[str, Any]:
     """{file name: [[label, hash, pixel digest], ...] or {"error": ...}} via ``parse_single``."""
-    import tensorflow as tf
+    tf = tensorflow_without_keras()
 
     schema = RecordSchema.from_dict(schema_dict)
     out: dict[str, Any] = {}

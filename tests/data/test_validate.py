@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
+from tasks.index import load_index, write_index
 from tasks.manifest import MANIFEST_NAME, ShardFile, ShardManifest, build_manifest, file_sha256
 from tasks.params import default_params
 from tasks.shard import run_shard
 from tasks.validate import ValidationFailed, raise_if_failed, run_validate
-from tasks.index import load_index, write_index
 
 ALL_CHECKS = [
     "manifest",
@@ -348,3 +348,36 @@ def test_tensorflow_cross_check_fails_when_the_parsers_disagree(shards: Path) ->
     assert result["passed"] is False
     example = result["details"]["examples"][0]
     assert example["file"] == target.file and example["record_index"] == 0
+
+
+def _tensorflow_sample_and_keras(*args: object) -> tuple[dict[str, object], list[str]]:
+    """The cross-check child's work, and which of Keras and its imports it loaded."""
+    import sys
+
+    from tasks.validate import _tensorflow_sample
+
+    sampled = _tensorflow_sample(*args)  # type: ignore[arg-type]
+    return sampled, [m for m in ("keras", "sklearn", "matplotlib") if m in sys.modules]
+
+
+def test_the_cross_check_child_reads_with_tensorflow_and_never_loads_keras(
+    shards: Path,
+) -> None:
+    """TensorFlow's parser in a fresh process agrees with the schema reader on every sampled
+    record, and that process never imports Keras (1.5 s of its import, unused)."""
+    from tasks.pool import run_in_child
+    from tasks.validate import CROSS_CHECK_PER_SHARD, read_shards
+
+    manifest = load(shards)
+    contents = read_shards(manifest, shards)
+    files = [t.file for t in contents]
+    sampled, loaded = run_in_child(
+        _tensorflow_sample_and_keras,
+        dict(manifest.schema_),
+        manifest.compression_type,
+        [str(shards / name) for name in files],
+        CROSS_CHECK_PER_SHARD,
+    ).result(timeout=300)
+    assert loaded == []
+    assert sampled == {t.file: [list(row) for row in t.sample] for t in contents}
+    assert all(len(t.sample) == min(CROSS_CHECK_PER_SHARD, len(t.labels)) for t in contents)
