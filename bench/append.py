@@ -240,6 +240,7 @@ def data_side(params: Params, layout: Layout, source: Path, mode: str) -> dict[s
         "set_bytes": sum(state[0] for state in snapshot(layout.shards_dir).values()),
         "ingest_reused": ingest["reused_count"],
         "ingest_decoded": ingest["decoded_count"],
+        "ingest_stat_trusted": ingest["stat_trusted_count"],
         "shard": shard,
     }
 
@@ -311,6 +312,7 @@ def measure_append(
     """Figures (``append.*``) and details of one append of ``fraction`` new images to a set
     of ``images``, against building the grown set from scratch."""
     from bench.images import generate_images
+    from tasks.ingest import RACE_MARGIN_NS
     from tasks.manifest import load_manifest
 
     new_count = new_image_count(images, fraction)
@@ -326,8 +328,14 @@ def measure_append(
     full, grow = Layout(root / "full"), Layout(root / "grow")
     full_images, grow_images = full.root / "images", grow.root / "images"
 
-    log(f"   base: {len(base_names)} images, ingest + shard (rebuild) + validate, untimed")
+    # Both folders are staged first: a hard link moves its file's ctime, so linking the full
+    # set after the base run would make every base file look rewritten to the update's
+    # ingest. The pause lets the last links age past ingest's race margin, as a user's
+    # files have long before their next ingest.
+    link_images(source, full_images, [*base_names, *new_names])
     link_images(source, grow_images, base_names)
+    time.sleep(RACE_MARGIN_NS / 1e9)
+    log(f"   base: {len(base_names)} images, ingest + shard (rebuild) + validate, untimed")
     base = data_side(params, grow, grow_images, "rebuild")
     base_manifest = load_manifest(grow.shards_dir)
     base_shards = [s.file for info in base_manifest.splits.values() for s in info.shards]
@@ -336,7 +344,6 @@ def measure_append(
     base_pushed, _, _ = push(grow.root, remote, "data/shards")
 
     log(f"   full run: {total} images from scratch")
-    link_images(source, full_images, [*base_names, *new_names])
     from_scratch = data_side(params, full, full_images, "rebuild")
 
     log(f"   update: +{len(new_names)} images, shard.mode append")

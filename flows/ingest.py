@@ -55,7 +55,8 @@ def key_figures(report: dict[str, Any]) -> str:
         f"{report['accepted']} accepted ({splits}) in {len(report['classes'])} classes, "
         f"{report['quarantined_count']} quarantined, {report['duplicate_count']} duplicates, "
         f"{report['skipped_count']} skipped; {report['decoded_count']} decoded, "
-        f"{report['reused_count']} verdicts reused"
+        f"{report['reused_count']} verdicts reused ({report['stat_trusted_count']} files "
+        "unchanged by stat, not read)"
     )
 
 

@@ -9,19 +9,21 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import json
 import os
 import stat
+import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from tasks.atomic import write_json
+from tasks.atomic import write_json, write_text
 from tasks.images import ImageRejected, verify
 from tasks.index import INDEX_VERSION, iter_verdicts, read_header, write_index
-from tasks.manifest import SPLITS
+from tasks.manifest import SPLITS, file_sha256
 from tasks.params import IngestParams, SplitFractions
 from tasks.pool import spawn_pool
 
@@ -42,6 +44,17 @@ class Inspected:
     height: int
     reason: str | None  # None when the image is usable
     reused: bool = False  # verdict taken from the previous index (same path, same content)
+    signature: Signature | None = None  # the file's stat when it was vetted
+    trusted: bool = False  # content hash taken on its unchanged stat: the bytes were not read
+
+
+# (size, mtime_ns, ctime_ns, inode, device): what `git status` and DVC also trust to mean
+# "unchanged". Any write moves mtime and ctime, and no user call can set ctime back.
+Signature = tuple[int, int, int, int, int]
+
+
+def signature(info: os.stat_result) -> Signature:
+    return (info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino, info.st_dev)
 
 
 class Rejected(Exception):
@@ -77,8 +90,8 @@ class Locator:
         self._source = os.fspath(self.source_dir)
         self._folders: dict[str, str | Rejected] = {}  # folder -> its real path
 
-    def __call__(self, relative: str) -> str:
-        """The real path of ``relative``, vetted; :class:`Rejected` says why not."""
+    def __call__(self, relative: str) -> tuple[str, os.stat_result]:
+        """The real path of ``relative`` and its stat, vetted; :class:`Rejected` says why not."""
         try:
             relative.encode("utf-8")
         except UnicodeEncodeError:
@@ -113,7 +126,7 @@ class Locator:
                 f"file too large: {info.st_size / 2**20:.1f} MB > ingest.max_file_mb "
                 f"({self.max_bytes / 2**20:g} MB)"
             )
-        return real
+        return real, info
 
     def _folder(self, folder: str) -> str:
         if folder not in self._folders:
@@ -154,12 +167,15 @@ def inspect_file(
     min_side: int,
     draft: bool = True,
     known: list[Any] | None = None,
+    trusted: Signature | None = None,
 ) -> Inspected:
     """Vet, read, hash and fully decode one file; never raises for a bad file.
 
     ``known`` is the previous index's verdict for this path (``[sha256, format, width,
     height, reason]``): when the content hash still matches, the verdict is reused and the
-    file is not decoded again.
+    file is not decoded again. ``trusted`` is the stat signature under which that hash was
+    taken, where it is safe to trust (see :func:`previous_signatures`): when the file's
+    stat still equals it, the hash and verdict are reused without reading the file.
     """
     name = display_name(candidate.path)
 
@@ -167,7 +183,11 @@ def inspect_file(
         return Inspected(name, display_name(candidate.label), digest, None, 0, 0, reason)
 
     try:
-        with open(locator(candidate.path), "rb") as handle:
+        real, info = locator(candidate.path)
+        now = signature(info)
+        if known is not None and trusted is not None and now == trusted:
+            return _reuse(candidate, known, known[0], now, trusted=True)
+        with open(real, "rb") as handle:
             data = handle.read()
     except Rejected as exc:
         return rejected(str(exc))
@@ -175,15 +195,26 @@ def inspect_file(
         return rejected(f"unreadable: {exc}")
     digest = hashlib.sha256(data).hexdigest()
     if known is not None and known[0] == digest:
-        _, fmt, width, height, reason = known
-        if reason is not None:
-            return Inspected(name, display_name(candidate.label), digest, None, 0, 0, reason, True)
-        return Inspected(candidate.path, candidate.label, digest, fmt, width, height, None, True)
+        return _reuse(candidate, known, digest, now, trusted=False)
     try:
         fmt, width, height = verify(data, max_pixels=max_pixels, min_side=min_side, draft=draft)
     except ImageRejected as exc:
-        return rejected(str(exc), digest)
-    return Inspected(candidate.path, candidate.label, digest, fmt, width, height, None)
+        return replace(rejected(str(exc), digest), signature=now)
+    return Inspected(candidate.path, candidate.label, digest, fmt, width, height, None, False, now)
+
+
+def _reuse(
+    candidate: Candidate, known: list[Any], digest: str, now: Signature, *, trusted: bool
+) -> Inspected:
+    """The previous verdict for unchanged content (a quarantine reason, or the image's
+    format and size)."""
+    _, fmt, width, height, reason = known
+    if reason is not None:
+        name, label = display_name(candidate.path), display_name(candidate.label)
+        return Inspected(name, label, digest, None, 0, 0, reason, True, now, trusted)
+    return Inspected(
+        candidate.path, candidate.label, digest, fmt, width, height, None, True, now, trusted
+    )
 
 
 def _inspect_chunk(
@@ -226,6 +257,56 @@ def verdicts_of(inspected: list[Inspected]) -> dict[str, list[Any]]:
         for i in inspected
         if i.sha256 is not None
     }
+
+
+# A signature is trusted only when the file last changed this long before the run that
+# recorded it started vetting: a write in the same timestamp tick as that run's stat could
+# otherwise leave mtime and ctime as they were (git's "racily clean" files). 2 s covers the
+# coarsest file system clocks (FAT).
+RACE_MARGIN_NS = 2_000_000_000
+
+
+def signatures_path(index_path: Path) -> Path:
+    """Where ingest keeps the stat signatures of the files behind ``index_path``.
+
+    Beside the index, not in it: inode and device numbers differ between machines, and the
+    index is a DVC output whose bytes must not."""
+    return index_path.with_name(index_path.stem + ".signatures.json")
+
+
+def previous_signatures(index_path: Path, params: IngestParams) -> dict[str, Signature]:
+    """path -> the stat signature under which the index's content hash for it was taken.
+
+    Only for the very index it was written with (its sha256 is recorded): a replaced index
+    (a `dvc pull`, a checkout) or a missing or unreadable file means no signature is
+    trusted and every file is read and hashed. ``ingest.trust_file_stat: false`` turns
+    this off.
+    """
+    if not params.trust_file_stat:
+        return {}
+    path = signatures_path(index_path)
+    try:
+        recorded = json.loads(path.read_text())
+        if recorded.get("index_sha256") != file_sha256(index_path):
+            return {}
+        return {str(f[0]): (f[1], f[2], f[3], f[4], f[5]) for f in recorded["files"]}
+    except (OSError, ValueError, TypeError, KeyError, IndexError):
+        return {}
+
+
+def write_signatures(index_path: Path, inspected: list[Inspected], started_ns: int) -> None:
+    """Record the signatures safe to trust next time: files whose content was hashed (or
+    trusted) and whose last change came :data:`RACE_MARGIN_NS` before this run began."""
+    cutoff = started_ns - RACE_MARGIN_NS
+    files = [
+        [i.path, *i.signature]
+        for i in inspected
+        if i.sha256 is not None and i.signature is not None and max(i.signature[1:3]) < cutoff
+    ]
+    text = json.dumps(
+        {"index_sha256": file_sha256(index_path), "files": files}, separators=(",", ":")
+    )
+    write_text(signatures_path(index_path), text + "\n")
 
 
 @dataclass(frozen=True)
@@ -338,6 +419,7 @@ def inspect_all(
     params: IngestParams,
     known: dict[str, list[Any]] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    trusted: dict[str, Signature] | None = None,
 ) -> list[Inspected]:
     """Inspect every candidate; results in ``candidates`` order.
 
@@ -351,7 +433,7 @@ def inspect_all(
     """
     from tqdm import tqdm
 
-    known = known or {}
+    known, trusted = known or {}, trusted or {}
     limits = (
         params.max_pixels,
         params.min_side,
@@ -391,7 +473,13 @@ def inspect_all(
                 for i in block:
                     candidate = candidates[i]
                     results[i] = inspect_file(
-                        locator, candidate, max_pixels, min_side, draft, known.get(candidate.path)
+                        locator,
+                        candidate,
+                        max_pixels,
+                        min_side,
+                        draft,
+                        known.get(candidate.path),
+                        trusted.get(candidate.path),
                     )
                 finished(len(block))
             for chunk, future in zip(chunks, futures, strict=False):
@@ -466,7 +554,9 @@ def run_ingest(
     classes = sorted({c.label for c in candidates})
     key = verdict_key(params)
     known = previous_verdicts(index_path, key)
-    inspected = inspect_all(source_dir, candidates, params, known, progress)
+    trusted = previous_signatures(index_path, params) if known else {}
+    started_ns = time.time_ns()
+    inspected = inspect_all(source_dir, candidates, params, known, progress, trusted)
     sorted_out = build_index(inspected, classes, params)
     records = sorted_out["records"]
     present = sorted({r["label"] for r in records})
@@ -488,6 +578,8 @@ def run_ingest(
         # incremental ingest: verdicts reused from the previous index vs files decoded now
         "reused_count": sum(1 for i in inspected if i.reused),
         "decoded_count": sum(1 for i in inspected if i.sha256 is not None and not i.reused),
+        # of the reused: content hash taken on an unchanged stat, the file was not read
+        "stat_trusted_count": sum(1 for i in inspected if i.trusted),
         "counts": counts,
         "split_counts": {s: sum(counts[c][s] for c in classes) for s in SPLITS},
         "formats": dict(sorted(Counter(str(r["format"]) for r in records).items())),
@@ -511,6 +603,7 @@ def run_ingest(
         "verdicts": verdicts_of(inspected),
     }
     write_index(index_path, index)
+    write_signatures(index_path, inspected, started_ns)
     write_json(report_path, report)
     return report
 

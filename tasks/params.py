@@ -61,6 +61,8 @@ class IngestParams(_Strict):
     min_side: int = Field(ge=1)
     max_file_mb: float = Field(gt=0)  # larger files are quarantined before they are read
     draft_check: bool  # check JPEGs with a 1/8-scale decode (still reads every byte)
+    # reuse a file's content hash while its size, times and inode are unchanged (git, DVC)
+    trust_file_stat: bool
     workers: int = Field(ge=1)
 
 

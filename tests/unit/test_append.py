@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -253,6 +254,56 @@ def test_incremental_ingest_decodes_only_new_or_changed_files(tmp_path: Path) ->
     ).ingest
     run_ingest(params, full / "index.json", full / "ingest.json")
     assert load_index(project.index) == load_index(full / "index.json")
+
+
+def test_unchanged_files_are_not_read_again_and_any_rewrite_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file whose size, mtime, ctime and inode match the last ingest keeps its hash
+    unread; a rewrite that keeps size and mtime still moves ctime, so it is read again."""
+    from tasks import ingest
+    from tasks.ingest import signatures_path
+
+    project = Project(tmp_path)
+    project.ingest()
+    fresh = project.ingest()
+    assert fresh["stat_trusted_count"] == 0  # written just now: racily clean, never trusted
+
+    monkeypatch.setattr(ingest, "RACE_MARGIN_NS", 0)
+    project.ingest()
+    index_before = project.index.read_bytes()
+    trusted = project.ingest()
+    assert trusted["stat_trusted_count"] == trusted["reused_count"] == trusted["files_found"]
+    assert trusted["decoded_count"] == 0 and project.index.read_bytes() == index_before
+
+    target = project.source / "blue" / "001.png"
+    before = target.stat()
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    target.write_bytes(bytes(data))
+    os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))  # same size, same mtime
+    assert (target.stat().st_size, target.stat().st_mtime_ns) == (
+        before.st_size,
+        before.st_mtime_ns,
+    )
+    caught = project.ingest()
+    assert caught["stat_trusted_count"] == trusted["stat_trusted_count"] - 1
+    verdicts = load_index(project.index)["verdicts"]
+    assert verdicts["blue/001.png"][0] == hashlib.sha256(bytes(data)).hexdigest()
+
+    # Signatures belong to the index they were written with: another index, none trusted.
+    other = tmp_path / "other"
+    add_images(project.source, "red", 1, seed=9)
+    params = ingest_params(project.source)
+    run_ingest(params, other / "index.json", other / "ingest.json")
+    project.index.write_bytes((other / "index.json").read_bytes())
+    assert signatures_path(project.index).is_file()
+    assert project.ingest()["stat_trusted_count"] == 0
+
+    off = default_params(ingest={**params.model_dump(mode="json"), "trust_file_stat": False}).ingest
+    run_ingest(off, project.index, project.root / "ingest.json")
+    report = run_ingest(off, project.index, project.root / "ingest.json")
+    assert report["stat_trusted_count"] == 0 and report["reused_count"] == report["files_found"]
 
 
 def test_train_run_records_the_generation_list(
