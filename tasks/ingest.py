@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.atomic import write_json, write_text
+from tasks.heap import paused_gc
 from tasks.images import ImageRejected, verify
 from tasks.index import INDEX_VERSION, iter_verdicts, read_header, write_index
 from tasks.manifest import SPLITS, file_sha256
@@ -538,6 +539,7 @@ def build_index(
     return {"records": records, "quarantined": quarantined, "duplicates": duplicates}
 
 
+@paused_gc()
 def run_ingest(
     params: IngestParams,
     index_path: Path,

@@ -41,6 +41,7 @@ from typing import Any, overload
 import numpy as np
 
 from tasks.atomic import write_json, write_text
+from tasks.heap import paused_gc
 from tasks.images import preprocess_bytes, preprocessing_version
 from tasks.index import iter_records, read_header, read_records_at
 from tasks.manifest import (
@@ -568,6 +569,7 @@ class StagePlan:
     current_paths: dict[str, str] | None = None
 
 
+@paused_gc()
 def plan_stage(params: ShardParams, index_path: Path, shards_dir: Path) -> StagePlan:
     """Plan a rebuild (generation 0 from the index) or an append (a new generation).
 
@@ -891,6 +893,7 @@ def run_shard(
     ).manifest
 
 
+@paused_gc()
 def write_stage_diff(
     plan: StagePlan, manifest: ShardManifest, shards_dir: Path, diff_path: Path
 ) -> dict[str, Any]:

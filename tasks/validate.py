@@ -22,6 +22,7 @@ from types import ModuleType
 from typing import Any
 
 from tasks.atomic import write_json, write_text
+from tasks.heap import paused_gc
 from tasks.manifest import MANIFEST_NAME, SPLITS, ShardManifest, file_sha256
 from tasks.params import ValidateParams
 from tasks.pool import ChildResult, run_in_child
@@ -539,6 +540,7 @@ def check_data_diff(
 # -- the stage -------------------------------------------------------------------------------
 
 
+@paused_gc()
 def run_validate(
     shards_dir: Path,
     report_path: Path,
