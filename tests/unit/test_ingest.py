@@ -185,7 +185,28 @@ def test_missing_source_dir_names_it(tmp_path: Path) -> None:
         ingest(tmp_path / "nowhere", tmp_path)
 
 
-def test_parallel_ingest_matches_serial(tmp_path: Path) -> None:
+def test_new_files_go_to_workers_only_when_they_hold_enough_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tasks import ingest as ingest_module
+
+    src = tmp_path / "src"
+    generate(src, per_class=3, classes=("circle", "square"), min_size=16, max_size=24)
+    paths = [p.relative_to(src).as_posix() for p in sorted(src.rglob("*.png"))]
+    total = sum((src / p).stat().st_size for p in paths)
+    monkeypatch.setattr(ingest_module, "POOL_MIN_BYTES", total)
+    assert ingest_module.worth_workers(src, ["circle/missing.png", *paths])
+    monkeypatch.setattr(ingest_module, "POOL_MIN_BYTES", total + 1)
+    assert not ingest_module.worth_workers(src, paths)
+
+
+def test_parallel_ingest_matches_serial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tasks import ingest as ingest_module
+
+    monkeypatch.setattr(ingest_module, "POOL_MIN_BYTES", 0)  # tiny files: workers all the same
+    started = []
+    real_pool = ingest_module.spawn_pool
+    monkeypatch.setattr(ingest_module, "spawn_pool", lambda n: started.append(n) or real_pool(n))
     src = tmp_path / "src"
     generate(src, per_class=70, classes=("circle", "square"), min_size=16, max_size=24)
     serial = run_ingest(
@@ -198,6 +219,7 @@ def test_parallel_ingest_matches_serial(tmp_path: Path) -> None:
         tmp_path / "i2.json",
         tmp_path / "r2.json",
     )
+    assert started == [2]  # the serial run started none, the parallel one two workers
     assert serial == parallel
     assert (tmp_path / "i1.json").read_bytes() == (tmp_path / "i2.json").read_bytes()
 
