@@ -163,13 +163,21 @@ def load_records(
         )
     per_file: dict[str, list[dict[str, Any]]] = {}
     for generation in manifest.generations:
-        path = Path(shards_dir) / generation.records_file
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: records of generation {generation.number} missing")
-        if file_sha256(path) != generation.records_sha256:
-            raise ValueError(f"{path}: sha256 differs from the manifest (edited or damaged)")
-        per_file.update(json.loads(path.read_text())["shards"])
+        per_file.update(generation_records(shards_dir, generation))
     return per_file
+
+
+def generation_records(
+    shards_dir: str | Path, generation: Generation
+) -> dict[str, list[dict[str, Any]]]:
+    """One generation's record list (shard file -> records), checked against its sha256."""
+    path = Path(shards_dir) / generation.records_file
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: records of generation {generation.number} missing")
+    if file_sha256(path) != generation.records_sha256:
+        raise ValueError(f"{path}: sha256 differs from the manifest (edited or damaged)")
+    shards: dict[str, list[dict[str, Any]]] = json.loads(path.read_text())["shards"]
+    return shards
 
 
 def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:

@@ -54,6 +54,7 @@ from tasks.manifest import (
     build_manifest,
     file_sha256,
     generation_folder,
+    generation_records,
     load_manifest,
     load_records,
     records_file_name,
@@ -834,9 +835,15 @@ def describe_generation(plan: StagePlan, shards_dir: Path) -> Generation:
 def records_of(
     manifest: ShardManifest, plan: StagePlan, shards_dir: Path
 ) -> dict[str, list[dict[str, Any]]]:
-    """Every generation's record lists of the manifest just written (the diff's "after")."""
-    if plan.base is not None and plan.previous_records is not None and not plan.specs:
-        return plan.previous_records
+    """Every generation's record lists of the manifest just written (the diff's "after").
+
+    An append's base lists were read (and checked) while planning: only the new
+    generation's list is read here."""
+    if plan.base is not None and plan.previous_records is not None:
+        if not plan.specs:
+            return plan.previous_records
+        newest = generation_records(shards_dir, manifest.generations[-1])
+        return {**plan.previous_records, **newest}
     return load_records(shards_dir, manifest)
 
 
