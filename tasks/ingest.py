@@ -16,9 +16,9 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from tasks.atomic import write_json, write_text
 from tasks.heap import paused_gc
@@ -35,8 +35,9 @@ class Candidate:
     label: str
 
 
-@dataclass(frozen=True)
-class Inspected:
+class Inspected(NamedTuple):
+    """What inspecting one file found (a tuple: 50k of them are built per ingest)."""
+
     path: str
     label: str
     sha256: str | None
@@ -200,7 +201,7 @@ def inspect_file(
     try:
         fmt, width, height = verify(data, max_pixels=max_pixels, min_side=min_side, draft=draft)
     except ImageRejected as exc:
-        return replace(rejected(str(exc), digest), signature=now)
+        return rejected(str(exc), digest)._replace(signature=now)
     return Inspected(candidate.path, candidate.label, digest, fmt, width, height, None, False, now)
 
 
