@@ -12,13 +12,10 @@ spawned process at the same time and must agree.
 
 from __future__ import annotations
 
-import hashlib
 import re
-import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from tasks.atomic import write_json, write_text
@@ -27,6 +24,7 @@ from tasks.manifest import MANIFEST_NAME, SPLITS, ShardManifest, file_sha256
 from tasks.params import ValidateParams
 from tasks.pool import ChildResult, run_in_child
 from tasks.schema import HASH_KEY, IMAGE_KEY, LABEL_KEY, RecordSchema, SchemaError
+from tasks.tf_check import fingerprint, tensorflow_sample
 
 MAX_EXAMPLES = 20  # failures listed per check; the counts are always complete
 CROSS_CHECK_PER_SHARD = 4  # records per shard that TensorFlow's parser reads too
@@ -165,16 +163,10 @@ def _scan_records(
                 target.hashes.append(str(features[HASH_KEY]))
                 if position < CROSS_CHECK_PER_SHARD:
                     image = decode_example(serialized)[IMAGE_KEY]
-                    target.sample.append(_fingerprint(bytes(image), features))  # type: ignore[arg-type]
+                    target.sample.append(fingerprint(bytes(image), features))  # type: ignore[arg-type]
                 position += 1
     except (CorruptRecord, SchemaError, ValueError, OSError, EOFError) as exc:
         target.error = _record_error(path, position, exc)
-
-
-def _fingerprint(image: bytes, features: dict[str, Any]) -> list[Any]:
-    """What two parsers must agree on for one record: label, content hash and the digest of
-    the image feature's bytes (decoders may differ by a level on JPEG; the bytes may not)."""
-    return [int(features[LABEL_KEY]), str(features[HASH_KEY]), hashlib.sha256(image).hexdigest()]
 
 
 # -- the TensorFlow cross-check --------------------------------------------------------------
@@ -189,67 +181,12 @@ def start_cross_check(
     adds little wall time; :func:`cross_check_with_tensorflow` collects and compares.
     """
     return run_in_child(
-        _tensorflow_sample,
+        tensorflow_sample,
         dict(manifest.schema_),
         manifest.compression_type,
         [str(shards_dir / name) for name in files],
         CROSS_CHECK_PER_SHARD,
     )
-
-
-# TensorFlow's ``__init__`` imports this eagerly (to register optimizers for SavedModel);
-# importing it imports all of Keras, and Keras imports scikit-learn and matplotlib.
-KERAS_EAGER_IMPORT = "keras.src.optimizers"
-
-
-def tensorflow_without_keras() -> ModuleType:
-    """``import tensorflow``, minus the Keras import that its ``__init__`` makes eagerly.
-
-    The cross-check needs ``tf.data`` and ``tf.io`` only; Keras was 1.5 s of a 4 s import,
-    and that import is the cross-check's whole critical path. TensorFlow's ``__init__``
-    ignores an ImportError from its eager Keras import, so the module is blocked for that
-    one import and unblocked right after: anything asking for Keras later gets it as
-    usual. Where TensorFlow or Keras is loaded already, this is a plain import.
-    """
-    if "tensorflow" in sys.modules or KERAS_EAGER_IMPORT in sys.modules:
-        import tensorflow as tf
-
-        return tf
-    sys.modules[KERAS_EAGER_IMPORT] = None  # type: ignore[assignment]
-    try:
-        import tensorflow as tf
-    finally:
-        if sys.modules.get(KERAS_EAGER_IMPORT, False) is None:
-            del sys.modules[KERAS_EAGER_IMPORT]
-    return tf
-
-
-def _tensorflow_sample(
-    schema_dict: dict[str, Any], compression: str, paths: list[str], per_file: int
-) -> dict[str, Any]:
-    """{file name: [[label, hash, pixel digest], ...] or {"error": ...}} via ``parse_single``."""
-    tf = tensorflow_without_keras()
-
-    schema = RecordSchema.from_dict(schema_dict)
-    out: dict[str, Any] = {}
-    for path in paths:
-        rows: list[list[Any]] = []
-        try:
-            for serialized in tf.data.TFRecordDataset(path, compression_type=compression).take(
-                per_file
-            ):
-                # The reader's own parse spec, and its decoder (static shape) must succeed.
-                parsed = tf.io.parse_single_example(serialized, schema.parse_spec())
-                schema.decode_image(parsed[IMAGE_KEY])
-                features = {
-                    LABEL_KEY: int(parsed[LABEL_KEY].numpy()),
-                    HASH_KEY: parsed[HASH_KEY].numpy().decode(),
-                }
-                rows.append(_fingerprint(parsed[IMAGE_KEY].numpy(), features))
-            out[Path(path).name] = rows
-        except Exception as exc:
-            out[Path(path).name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-    return out
 
 
 def cross_check_with_tensorflow(

@@ -354,9 +354,9 @@ def _tensorflow_sample_and_keras(*args: object) -> tuple[dict[str, object], list
     """The cross-check child's work, and which of Keras and its imports it loaded."""
     import sys
 
-    from tasks.validate import _tensorflow_sample
+    from tasks.tf_check import tensorflow_sample
 
-    sampled = _tensorflow_sample(*args)  # type: ignore[arg-type]
+    sampled = tensorflow_sample(*args)  # type: ignore[arg-type]
     return sampled, [m for m in ("keras", "sklearn", "matplotlib") if m in sys.modules]
 
 
