@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Sized
 from concurrent.futures import Executor
-from contextlib import nullcontext
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -69,9 +69,10 @@ def result_details(result: dict[str, Any]) -> list[object]:
     return [str(result["fingerprint"])[:8], f"{sum(result['records'].values())} images"]
 
 
-def runner_writer(workers: int, pool: Executor | None = None) -> shard.WriteMany:
+def runner_writer(workers: int, local: LocalWorkers | None = None) -> shard.WriteMany:
     """A writer that sends batches of shards to the flow's task runner, a few at a time
-    (each task computing in ``pool`` when given, see :func:`write_shards_task`).
+    (each task computing in ``local``'s worker processes when it has them for these
+    shards, see :func:`write_shards_task`).
 
     Specs are materialised (their records read from the index) only as they are submitted,
     and at most two batches per worker are in flight, so the parent's memory stays flat
@@ -85,6 +86,7 @@ def runner_writer(workers: int, pool: Executor | None = None) -> shard.WriteMany
         total = len(specs) if isinstance(specs, Sized) else 0
         size = batch_size(total, workers)
         progress = Progress("shard-progress", f"shards written of {total or '?'} to write")
+        pool = local.for_shards(specs) if local is not None else None
         pending: list[PrefectFuture[list[ShardFile]]] = []
         done = 0
 
@@ -126,12 +128,12 @@ def write_shards_flow(params: ShardParams, layout: Layout) -> dict[str, Any]:
     write the missing shards, the manifest, the data diff) writing through this flow's task
     runner; the data diff also becomes a Prefect artifact."""
     logger = get_run_logger()
-    with local_pool(params) as pool:  # workers start now, while the stage plans
+    with LocalWorkers(params) as local:  # a rebuild's workers start now, while it plans
         stage = shard.shard_stage(
             params,
             layout.index,
             layout.shards_dir,
-            write_many=runner_writer(params.workers, pool),
+            write_many=runner_writer(params.workers, local),
             diff_path=layout.data_diff,
         )
     plan, manifest, diff = stage.plan, stage.manifest, stage.diff
@@ -178,7 +180,7 @@ def key_figures(summary: dict[str, Any], removed: int) -> str:
 
 def shard_task_runner(params: ShardParams) -> TaskRunner[Any]:
     """Threads of the flow by default (one per worker; each task computes in the stage's
-    worker processes, :func:`local_pool`); a Dask cluster on request."""
+    worker processes, :class:`LocalWorkers`); a Dask cluster on request."""
     if params.runner == "dask":
         if not params.dask_address:
             raise ValueError("shard.runner is 'dask' but shard.dask_address is not set in params")
@@ -188,17 +190,67 @@ def shard_task_runner(params: ShardParams) -> TaskRunner[Any]:
     return ThreadPoolTaskRunner(max_workers=max(1, params.workers))
 
 
-def local_pool(params: ShardParams) -> Any:
-    """The local runner's worker processes (``shard.workers`` of them, spawned and warmed at
-    once), as a context manager yielding the pool; ``None`` for one worker or Dask.
+# When an append's new shards are worth the local workers, in estimated seconds of one
+# core's work: two spawned workers take 0.3-0.5 s to start and warm up, so below about a
+# second the flow's own threads write sooner (500 JPEGs of 64-128 px appended to 50k: the
+# stage took 1.6 s that way, 1.8-1.95 s with workers). The estimate, from the bench: about
+# 1 ms an image plus 2.5 ms a megapixel of source (a 12 MP photo: 27 ms).
+POOL_MIN_WORK_S = 1.0
+SECONDS_PER_RECORD = 1e-3
+SECONDS_PER_PIXEL = 2.5e-9
+
+
+def worth_workers(specs: Iterable[shard.ShardSpec]) -> bool:
+    """Whether writing ``specs`` is estimated at :data:`POOL_MIN_WORK_S` or more. Sizes come
+    from the index, read only until the estimate gets there; specs that are not a plan
+    (sizes unknown) always are."""
+    if not isinstance(specs, shard.ShardPlan):
+        return True
+    work = 0.0
+    for slot in specs.slots:
+        for record in specs.index_records(slot):
+            pixels = int(record["width"]) * int(record["height"])
+            work += SECONDS_PER_RECORD + SECONDS_PER_PIXEL * pixels
+            if work >= POOL_MIN_WORK_S:
+                return True
+    return False
+
+
+class LocalWorkers:
+    """The local runner's worker processes (``shard.workers`` of them, spawned and warmed
+    together), started when they pay off: a rebuild starts them with the flow, so they warm
+    up while the stage plans; an append starts them on its first shards, and only when
+    those are worth it (:func:`worth_workers`). None for one worker or Dask.
 
     Plain processes rather than Prefect's process runner: a worker imports only the shard
     code (NumPy, Pillow, no Prefect, no TensorFlow), so it starts in a fraction of the time
     and memory, while every batch keeps its Prefect task run in the flow.
     """
-    if params.runner != "local" or params.workers <= 1:
-        return nullcontext(None)
-    return spawn_pool(params.workers, warm=shard.warm_worker)
+
+    def __init__(self, params: ShardParams) -> None:
+        self.params = params
+        self.enabled = params.runner == "local" and params.workers > 1
+        self.pool: Executor | None = None
+        self._stack = ExitStack()
+
+    def __enter__(self) -> LocalWorkers:
+        if self.enabled and self.params.mode == "rebuild":
+            self._start()
+        return self
+
+    def __exit__(self, *exc: object) -> bool | None:
+        return self._stack.__exit__(*exc)  # type: ignore[arg-type]
+
+    def for_shards(self, specs: Iterable[shard.ShardSpec]) -> Executor | None:
+        """The pool to write ``specs`` in, started now if they are worth it; or None."""
+        if self.pool is None and self.enabled and worth_workers(specs):
+            self._start()
+        return self.pool
+
+    def _start(self) -> None:
+        self.pool = self._stack.enter_context(
+            spawn_pool(self.params.workers, warm=shard.warm_worker)
+        )
 
 
 def run(params: ShardParams, layout: Layout) -> dict[str, Any]:

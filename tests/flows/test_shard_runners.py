@@ -81,3 +81,54 @@ def test_dask_runner_needs_an_address() -> None:
 
     with pytest.raises(ValueError, match="dask_address"):
         shard_task_runner(default_params().shard.model_copy(update={"runner": "dask"}))
+
+
+def test_an_append_starts_workers_only_when_its_new_shards_are_worth_them(
+    prefect_harness: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A few small new images are written by the flow's threads (two workers would take
+    longer to start); the same append judged worth it goes to workers: same bytes."""
+    import shutil
+
+    import flows.shard as shard_flow
+    from tasks.ingest import run_ingest
+    from tasks.shard import run_shard
+    from tests.conftest import write_image_folder
+    from tests.unit.test_append import add_images
+
+    source = write_image_folder(tmp_path / "images", per_class=8)
+    splits = {"train": 0.5, "val": 0.25, "test": 0.25}
+    ingest = default_params(ingest={"source_dir": str(source), "splits": splits, "workers": 1})
+    index = tmp_path / "index.json"
+    params = default_params(
+        shard={"image_size": [16, 16], "target_shard_mb": 0.002, "workers": 2}
+    ).shard
+    run_ingest(ingest.ingest, index, tmp_path / "ingest.json")
+    run_shard(params, index, tmp_path / "base")  # generation 0, inline
+    add_images(source, "red", 6, seed=3)
+    run_ingest(ingest.ingest, index, tmp_path / "ingest.json")
+
+    started: list[int] = []
+    real = shard_flow.spawn_pool
+
+    def spy(workers: int, **kwargs: object) -> object:
+        started.append(workers)
+        return real(workers, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(shard_flow, "spawn_pool", spy)
+    append = params.model_copy(update={"mode": "append"})
+    results, written = {}, {}
+    for name, threshold in (("threads", shard_flow.POOL_MIN_WORK_S), ("workers", 0.0)):
+        monkeypatch.setattr(shard_flow, "POOL_MIN_WORK_S", threshold)
+        layout = Layout(tmp_path / name)
+        shutil.copytree(tmp_path / "base", layout.shards_dir)
+        started.clear()
+        results[name] = run_flow(layout, index, append)
+        written[name] = list(started)
+        assert int(str(results[name]["added"])) == 6
+    assert written == {"threads": [], "workers": [2]}
+    assert results["threads"]["fingerprint"] == results["workers"]["fingerprint"]
+    threads, workers = Layout(tmp_path / "threads"), Layout(tmp_path / "workers")
+    assert shard_bytes(threads.shards_dir / "gen-00001") == shard_bytes(
+        workers.shards_dir / "gen-00001"
+    )
