@@ -89,7 +89,7 @@ class Locator:
         self.root = os.fspath(self.source_dir.resolve())
         self.max_bytes = max_bytes
         self._root_prefix = self.root.rstrip("/") + "/"
-        self._source = os.fspath(self.source_dir)
+        self._source = os.fspath(self.source_dir).rstrip("/") or "/"
         self._folders: dict[str, str | Rejected] = {}  # folder -> its real path
 
     def __call__(self, relative: str) -> tuple[str, os.stat_result]:
@@ -104,7 +104,7 @@ class Locator:
             raise Rejected(
                 f"outside source_dir: {relative!r} is not a path inside {self.source_dir}"
             )
-        path = os.path.join(self._source, relative)
+        path = f"{self._source}/{relative}"
         try:
             info = os.lstat(path)
         except FileNotFoundError:
@@ -115,8 +115,8 @@ class Locator:
             real = _resolve(path)
             info = os.stat(real)
         else:
-            folder, name = os.path.split(path)
-            real = os.path.join(self._folder(folder), name)
+            folder, name = path.rsplit("/", 1)
+            real = f"{self._folder(folder)}/{name}"
         if not (real == self.root or real.startswith(self._root_prefix)):
             raise Rejected(
                 f"outside source_dir: {relative!r} resolves to a path outside {self.root}"
