@@ -220,7 +220,7 @@ class LocalWorkers:
     """The local runner's worker processes (``shard.workers`` of them, spawned and warmed
     together), started when they pay off: a rebuild starts them with the flow, so they warm
     up while the stage plans; an append starts them on its first shards, and only when
-    those are worth it (:func:`worth_workers`). None for one worker or Dask.
+    those are worth it (:func:`worth_workers`). With one worker or Dask it has no pool.
 
     Plain processes rather than Prefect's process runner: a worker imports only the shard
     code (NumPy, Pillow, no Prefect, no TensorFlow), so it starts in a fraction of the time
