@@ -14,9 +14,11 @@ and remembers only each one's byte offset, so planning a million images stays sm
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterable, Iterator
+from itertools import chain
 from pathlib import Path
 from typing import IO, Any
 
@@ -24,8 +26,10 @@ INDEX_VERSION = 3
 HEADER_KEYS = ("version", "source_dir", "classes", "verdict_key", "num_records", "num_verdicts")
 
 
-def write_index(index_path: Path, index: dict[str, Any]) -> None:
-    """Write ``index`` (header fields, ``records``, ``verdicts``) atomically, line by line.
+def write_index(index_path: Path, index: dict[str, Any]) -> str:
+    """Write ``index`` (header fields, ``records``, ``verdicts``) atomically, line by line;
+    return the sha256 of the bytes written (ingest binds its stat signatures to it without
+    reading the file back).
 
     Same data, same bytes (sorted keys): the index is a DVC output whose hash decides
     whether the shard stage reruns.
@@ -42,16 +46,20 @@ def write_index(index_path: Path, index: dict[str, Any]) -> None:
     }
     index_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = index_path.with_name(f".{index_path.name}.tmp-{os.getpid()}")
+    digest = hashlib.sha256()
+    lines = chain([header], records, ([path, *v] for path, v in sorted(verdicts.items())))
     try:
-        with open(tmp, "w") as handle:
-            handle.write(_line(header))
-            handle.writelines(_line(r) for r in records)
-            handle.writelines(_line([path, *v]) for path, v in sorted(verdicts.items()))
+        with open(tmp, "wb") as handle:
+            for value in lines:
+                data = _line(value).encode()
+                digest.update(data)
+                handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, index_path)
     finally:
         tmp.unlink(missing_ok=True)
+    return digest.hexdigest()
 
 
 # One encoder for every line: ``json.dumps`` with options builds a new one per call, which

@@ -296,18 +296,19 @@ def previous_signatures(index_path: Path, params: IngestParams) -> dict[str, Sig
         return {}
 
 
-def write_signatures(index_path: Path, inspected: list[Inspected], started_ns: int) -> None:
-    """Record the signatures safe to trust next time: files whose content was hashed (or
-    trusted) and whose last change came :data:`RACE_MARGIN_NS` before this run began."""
+def write_signatures(
+    index_path: Path, index_sha256: str, inspected: list[Inspected], started_ns: int
+) -> None:
+    """Record the signatures safe to trust next time, bound to the index just written (its
+    sha256): files whose content was hashed (or trusted) and whose last change came
+    :data:`RACE_MARGIN_NS` before this run began."""
     cutoff = started_ns - RACE_MARGIN_NS
     files = [
         [i.path, *i.signature]
         for i in inspected
         if i.sha256 is not None and i.signature is not None and max(i.signature[1:3]) < cutoff
     ]
-    text = json.dumps(
-        {"index_sha256": file_sha256(index_path), "files": files}, separators=(",", ":")
-    )
+    text = json.dumps({"index_sha256": index_sha256, "files": files}, separators=(",", ":"))
     write_text(signatures_path(index_path), text + "\n")
 
 
@@ -628,8 +629,8 @@ def run_ingest(
         "verdict_key": key,
         "verdicts": verdicts_of(inspected),
     }
-    write_index(index_path, index)
-    write_signatures(index_path, inspected, started_ns)
+    index_sha256 = write_index(index_path, index)
+    write_signatures(index_path, index_sha256, inspected, started_ns)
     write_json(report_path, report)
     return report
 

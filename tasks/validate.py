@@ -341,10 +341,8 @@ def check_index(
     from tasks.index import iter_records, read_header
 
     try:  # the records only: the decode verdicts after them are ingest's business
-        index = {
-            "classes": read_header(index_path)["classes"],
-            "records": [record for _, record in iter_records(index_path)],
-        }
+        classes = read_header(index_path)["classes"]
+        records = [record for _, record in iter_records(index_path)]
     except (OSError, ValueError) as exc:
         return check("index", [str(exc)], "", str(exc))
     found: dict[str, list[tuple[str, int]]] = defaultdict(list)
@@ -354,7 +352,7 @@ def check_index(
     problems: list[dict[str, Any]] = []
     # By class name: an appended shard set keeps its classes' indices, new classes last.
     position = {name: i for i, name in enumerate(manifest.classes)}
-    for record in index["records"]:
+    for record in records:
         seen = found.pop(record["sha256"], [])
         want = (record["split"], position.get(record["label"], -1))
         if seen != [want]:
@@ -365,21 +363,19 @@ def check_index(
         {"content_hash": digest, "shards": [list(s) for s in places]}
         for digest, places in found.items()
     ]
-    if sorted(index["classes"]) != sorted(manifest.classes):
-        problems.append(
-            {"problem": f"index classes {index['classes']} != manifest {manifest.classes}"}
-        )
+    if sorted(classes) != sorted(manifest.classes):
+        problems.append({"problem": f"index classes {classes} != manifest {manifest.classes}"})
     message = (
         f"{len(problems)} index records missing or mismatched, "
         f"{len(extra)} shard records not in the index"
     )
-    ok = f"all {len(index['records'])} index records present once with their split and label"
+    ok = f"all {len(records)} index records present once with their split and label"
     return check(
         "index",
         problems + extra,
         ok,
         message,
-        index_records=len(index["records"]),
+        index_records=len(records),
         missing_or_mismatched=len(problems),
         extra=len(extra),
     )
