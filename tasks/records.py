@@ -34,12 +34,25 @@ OFFSETS_NAME = "offsets.json"
 OFFSETS_VERSION = 1
 
 
-def offsets_json(manifest: ShardManifest, shards_dir: str | Path) -> dict[str, Any]:
-    """Each shard's record offsets and end, from its record headers only (no data is read)."""
+def offsets_json(
+    manifest: ShardManifest,
+    shards_dir: str | Path,
+    known: dict[str, tuple[list[int], int]] | None = None,
+) -> dict[str, Any]:
+    """Each shard's record offsets and end, from its record headers only (no data is read).
+
+    ``known`` (file -> offsets, end) are taken as they are: an append passes its base's
+    index, checked against the base manifest, so only the new generation's headers are read.
+    """
     gzip_compressed = manifest.compression == "gzip"
+    known = known or {}
     shards: dict[str, Any] = {}
     for info in manifest.splits.values():
         for shard in info.shards:
+            if shard.file in known:
+                offsets, end = known[shard.file]
+                shards[shard.file] = {"offsets": offsets, "end": end}
+                continue
             path = Path(shards_dir) / shard.file
             found = record_offsets(path, gzip_compressed=gzip_compressed)
             if len(found) != shard.num_records:
@@ -51,14 +64,36 @@ def offsets_json(manifest: ShardManifest, shards_dir: str | Path) -> dict[str, A
     return {"version": OFFSETS_VERSION, "fingerprint": manifest.fingerprint, "shards": shards}
 
 
-def write_record_index(manifest: ShardManifest, shards_dir: str | Path) -> None:
-    """Write ``offsets.json`` for the manifest's shards (atomic; same shards, same bytes)."""
-    text = json.dumps(offsets_json(manifest, shards_dir), sort_keys=True, separators=(",", ":"))
+def write_record_index(
+    manifest: ShardManifest, shards_dir: str | Path, base: ShardManifest | None = None
+) -> None:
+    """Write ``offsets.json`` for the manifest's shards (atomic; same shards, same bytes).
+
+    With ``base`` (an append), the base's shards keep the offsets its own index holds when
+    that index checks out against the base manifest (:func:`load_offsets`); otherwise, or
+    without a base, every shard's headers are read (at 50k images, 0.25 s of an append).
+    """
+    known: dict[str, tuple[list[int], int]] = {}
+    if base is not None:
+        try:
+            known = _checked_offsets(Path(shards_dir), base)
+        except (OSError, ValueError):
+            known = {}  # missing or stale: read the base's headers again
+    text = json.dumps(
+        offsets_json(manifest, shards_dir, known), sort_keys=True, separators=(",", ":")
+    )
     write_text(Path(shards_dir) / OFFSETS_NAME, text + "\n")
 
 
 def load_offsets(shards_dir: str | Path, manifest: ShardManifest) -> dict[str, list[int]]:
     """Record offsets per shard file from ``offsets.json``, checked against the manifest."""
+    return {name: offsets for name, (offsets, _) in _checked_offsets(shards_dir, manifest).items()}
+
+
+def _checked_offsets(
+    shards_dir: str | Path, manifest: ShardManifest
+) -> dict[str, tuple[list[int], int]]:
+    """(offsets, end) per shard file from ``offsets.json``, checked against the manifest."""
     path = Path(shards_dir) / OFFSETS_NAME
     if not path.exists():
         raise FileNotFoundError(f"{path}: no offset index for these shards; rerun the shard stage")
@@ -89,7 +124,7 @@ def load_offsets(shards_dir: str | Path, manifest: ShardManifest) -> dict[str, l
                     f"{shard.file}; the manifest has {shard.num_records} records in "
                     f"{shard.bytes} bytes (stale index); rerun the shard stage"
                 )
-            offsets[shard.file] = found
+            offsets[shard.file] = (found, end)
     return offsets
 
 

@@ -766,7 +766,8 @@ def finalize_manifest(
         else preprocessing_version(),
         generations=[*(base.generations if base else []), generation],
     )
-    write_record_index(manifest, Path(shards_dir))  # offsets for readers without TensorFlow
+    # offsets for readers without TensorFlow; an append reuses the base's (checked)
+    write_record_index(manifest, Path(shards_dir), base)
     write_tfds_metadata(manifest, Path(shards_dir))  # tfds.builder_from_directory(shards_dir)
     write_text(shards_dir / MANIFEST_NAME, manifest.to_json())
     return manifest

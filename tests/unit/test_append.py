@@ -324,3 +324,38 @@ def test_train_run_records_the_generation_list(
         (1, project.base_fingerprint),
     ]
     assert logged[1]["shards"] == manifest.generations[1].shards
+
+
+@pytest.mark.parametrize("base_index", ["kept", "stale"])
+def test_append_reads_only_new_headers_for_the_offset_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, base_index: str
+) -> None:
+    """An append takes the base's record offsets from its checked offset index; a stale
+    one is not trusted and every header is read again. Either way the index is exact."""
+    import tasks.records as records
+
+    project = Project(tmp_path)
+    project.update("rebuild")
+    base_files = {s.file for i in load_manifest(project.shards).splits.values() for s in i.shards}
+    if base_index == "stale":
+        offsets_path = project.shards / records.OFFSETS_NAME
+        stale = json.loads(offsets_path.read_text())
+        stale["fingerprint"] = "0" * 64
+        offsets_path.write_text(json.dumps(stale))
+    add_images(project.source, "red", 5, seed=1)
+    read: list[str] = []
+    real = records.record_offsets
+
+    def spy(path: str | Path, **kwargs: Any) -> list[tuple[int, int]]:
+        read.append(Path(path).relative_to(project.shards).as_posix())
+        return real(path, **kwargs)
+
+    monkeypatch.setattr(records, "record_offsets", spy)
+    manifest = project.update("append")
+    new_files = {s.file for i in manifest.splits.values() for s in i.shards} - base_files
+    assert new_files and set(read) == (
+        new_files if base_index == "kept" else new_files | base_files
+    )
+    monkeypatch.setattr(records, "record_offsets", real)
+    written = json.loads((project.shards / records.OFFSETS_NAME).read_text())
+    assert written == records.offsets_json(manifest, project.shards)  # every header, read now
