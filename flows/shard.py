@@ -84,9 +84,12 @@ def runner_writer(workers: int, local: LocalWorkers | None = None) -> shard.Writ
     def write_many(specs: Iterable[shard.ShardSpec], shards_dir: Path) -> Iterator[ShardFile]:
         logger = get_run_logger()
         total = len(specs) if isinstance(specs, Sized) else 0
-        size = batch_size(total, workers)
         progress = Progress("shard-progress", f"shards written of {total or '?'} to write")
         pool = local.for_shards(specs) if local is not None else None
+        # Shards not worth the workers (under a second of one core's work) go as one task:
+        # the flow's threads would only share the GIL and add task runs.
+        small = local is not None and local.enabled and pool is None
+        size = max(1, total) if small else batch_size(total, workers)
         pending: list[PrefectFuture[list[ShardFile]]] = []
         done = 0
 

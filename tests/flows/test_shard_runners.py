@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -87,7 +88,8 @@ def test_an_append_starts_workers_only_when_its_new_shards_are_worth_them(
     prefect_harness: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A few small new images are written by the flow's threads (two workers would take
-    longer to start); the same append judged worth it goes to workers: same bytes."""
+    longer to start), all in one task; the same append judged worth it goes to workers, in
+    batches: same bytes."""
     import shutil
 
     import flows.shard as shard_flow
@@ -116,17 +118,31 @@ def test_an_append_starts_workers_only_when_its_new_shards_are_worth_them(
         return real(workers, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(shard_flow, "spawn_pool", spy)
+    batches: list[int] = []
+    task = shard_flow.write_shards_task
+
+    class Spied:  # the flow's task, counting the shards each submission carries
+        def submit(self, specs: list[Any], *args: object) -> object:
+            batches.append(len(specs))
+            return task.submit(specs, *args)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(shard_flow, "write_shards_task", Spied())
     append = params.model_copy(update={"mode": "append"})
-    results, written = {}, {}
+    results, written, submitted = {}, {}, {}
     for name, threshold in (("threads", shard_flow.POOL_MIN_WORK_S), ("workers", 0.0)):
         monkeypatch.setattr(shard_flow, "POOL_MIN_WORK_S", threshold)
         layout = Layout(tmp_path / name)
         shutil.copytree(tmp_path / "base", layout.shards_dir)
         started.clear()
+        batches.clear()
         results[name] = run_flow(layout, index, append)
-        written[name] = list(started)
+        written[name], submitted[name] = list(started), list(batches)
         assert int(str(results[name]["added"])) == 6
     assert written == {"threads": [], "workers": [2]}
+    # Not worth the workers: every new shard in one task, not spread over the threads.
+    new_shards = sum(submitted["workers"])
+    assert new_shards > 1 and submitted["threads"] == [new_shards]
+    assert len(submitted["workers"]) > 1
     assert results["threads"]["fingerprint"] == results["workers"]["fingerprint"]
     threads, workers = Layout(tmp_path / "threads"), Layout(tmp_path / "workers")
     assert shard_bytes(threads.shards_dir / "gen-00001") == shard_bytes(
