@@ -356,7 +356,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
         overrides = {"train": {"epochs": args.orch_epochs}} if args.orch_epochs else {}
         result = measure_orchestration(
-            REPO_ROOT, work / "orchestration", images=images, overrides=overrides, log=log
+            REPO_ROOT,
+            work / "orchestration",
+            images=images,
+            overrides=overrides,
+            passes=min(2, args.passes),
+            log=log,
         )
         for key in ("orchestration_tax", "dvc_noop_s"):
             value = result.pop(key)
