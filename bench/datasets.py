@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tasks.ingest import run_ingest
+from tasks.ingest import run_ingest, signatures_path
 from tasks.layout import Layout
 from tasks.params import ShardParams, SplitFractions, default_params
 
@@ -18,10 +18,13 @@ from tasks.params import ShardParams, SplitFractions, default_params
 ALL_TRAIN = SplitFractions.model_construct(train=1.0, val=0.0, test=0.0)
 
 
-def ingest_folder(source_dir: Path, work_dir: Path, *, workers: int = 2) -> Path:
+def ingest_folder(
+    source_dir: Path, work_dir: Path, *, workers: int = 2, fresh: bool = False
+) -> Path:
     """Index every image of ``source_dir`` into the train split; cached while inputs match.
 
-    All-train keeps every benchmark image in the split the reader times.
+    All-train keeps every benchmark image in the split the reader times. ``fresh`` ingests
+    from nothing (no cached index, no verdict or signature to reuse): a timed ingest.
     """
     changes = {"source_dir": str(source_dir), "splits": ALL_TRAIN, "workers": workers}
     params = default_params().ingest.model_copy(update=changes)
@@ -32,6 +35,9 @@ def ingest_folder(source_dir: Path, work_dir: Path, *, workers: int = 2) -> Path
         "params": params.model_dump(mode="json"),
         "images": marker.read_text() if marker.exists() else None,
     }
+    if fresh:
+        for stale in (index_path, signatures_path(index_path), recipe_path):
+            stale.unlink(missing_ok=True)
     if (
         index_path.exists()
         and recipe_path.exists()
