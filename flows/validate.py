@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+if __name__ == "__main__":
+    # `python -m flows.validate`: the TensorFlow cross-check's child starts importing
+    # TensorFlow now (about 2 s), while this process imports Prefect below (about 1.5 s);
+    # on an append that import is validation's critical path.
+    from tasks import tf_check
+
+    tf_check.prestart()
+
 from pathlib import Path
 from typing import Any
 

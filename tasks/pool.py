@@ -126,16 +126,76 @@ def _child_main(
     connection: Connection, fn: Callable[..., object], args: tuple[object, ...]
 ) -> None:
     try:
+        _send_result(connection, fn, args)
+    finally:
+        os._exit(0)
+
+
+def _send_result(
+    connection: Connection, fn: Callable[..., object], args: tuple[object, ...]
+) -> None:
+    try:
+        message: tuple[str, object] = ("ok", fn(*args))
+    except Exception as exc:  # sent to the parent, which raises it
+        message = ("error", exc)
+    try:
+        connection.send(message)
+    except Exception as exc:  # an unpicklable value or exception: say what it was
+        connection.send(("error", RuntimeError(f"{type(exc).__name__}: {exc}")))
+    connection.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+class StandbyChild:
+    """A spawned process that runs ``warm()`` now and then one job, sent later with
+    :meth:`run`: :func:`run_in_child` for work whose arguments are not known yet, with the
+    heavy import already under way.
+
+    A stage's entry point starts one before its own imports (validation's TensorFlow
+    cross-check: the child's 2 s TensorFlow import then overlaps the stage's 1.5 s Prefect
+    import). A child that gets no job ends when the parent does: its end of the pipe closes.
+    """
+
+    def __init__(self, warm: Callable[[], object]) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._connection, child_end = context.Pipe()
+        self._process = context.Process(target=_standby_main, args=(child_end, warm), daemon=True)
+        with _main_module_hidden():
+            self._process.start()
+        child_end.close()
+        self._used = False
+
+    def run(self, fn: Callable[..., T], *args: object) -> ChildResult[T]:
+        """Send ``fn(*args)`` to the child (once); collect it with ``.result()``."""
+        if self._used:
+            raise RuntimeError("a standby child runs one job; start another")
+        self._used = True
+        self._connection.send((fn, args))
+        return ChildResult(self._process, self._connection)
+
+    def close(self) -> None:
+        """Dismiss a child that will get no job (it ends at once, or after its warm-up)."""
+        self._used = True
+        self._connection.close()
+        self._process.join(0)
+
+
+def _standby_main(connection: Connection, warm: Callable[[], object]) -> None:
+    try:
         try:
-            message: tuple[str, object] = ("ok", fn(*args))
-        except Exception as exc:  # sent to the parent, which raises it
-            message = ("error", exc)
+            warm()
+            failed: Exception | None = None
+        except Exception as exc:  # reported on the job, which would fail the same way
+            failed = exc
         try:
-            connection.send(message)
-        except Exception as exc:  # an unpicklable value or exception: say what it was
-            connection.send(("error", RuntimeError(f"{type(exc).__name__}: {exc}")))
-        connection.close()
-        sys.stdout.flush()
-        sys.stderr.flush()
+            fn, args = connection.recv()
+        except (EOFError, OSError):  # dismissed, or the parent is gone: no job
+            return
+        if failed is not None:
+            problem = f"the child's warm-up failed: {type(failed).__name__}: {failed}"
+            connection.send(("error", RuntimeError(problem)))
+            return
+        _send_result(connection, fn, args)
     finally:
         os._exit(0)

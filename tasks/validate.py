@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tasks import tf_check
 from tasks.atomic import write_json, write_text
 from tasks.heap import paused_gc
 from tasks.manifest import MANIFEST_NAME, SPLITS, ShardManifest, file_sha256
@@ -178,15 +179,24 @@ def start_cross_check(
     """Start TensorFlow's parser over the first records of ``files`` in a spawned process.
 
     It runs beside the TensorFlow-free read (its import is most of its cost), so the check
-    adds little wall time; :func:`cross_check_with_tensorflow` collects and compares.
+    adds little wall time; :func:`cross_check_with_tensorflow` collects and compares. The
+    child the stage's entry point prestarted (:func:`tasks.tf_check.prestart`) takes the job
+    when there is one; otherwise a child starts now.
     """
-    return run_in_child(
-        tensorflow_sample,
+    args = (
         dict(manifest.schema_),
         manifest.compression_type,
-        [str(shards_dir / name) for name in files],
+        str(shards_dir),
+        files,
         CROSS_CHECK_PER_SHARD,
     )
+    child = tf_check.standby()
+    if child is not None:
+        try:
+            return child.run(tensorflow_sample, *args)
+        except OSError:  # the prestarted child is gone: start another
+            child.close()
+    return run_in_child(tensorflow_sample, *args)
 
 
 def cross_check_with_tensorflow(
@@ -202,7 +212,10 @@ def cross_check_with_tensorflow(
         return check("tensorflow_parser", [problem], "", problem["problem"])
     problems: list[dict[str, Any]] = []
     for target in contents:
-        if target.error or target.file not in sampled:
+        if target.error or not target.sample:
+            continue  # unreadable (its own check says why), or trusted by hash: not sampled
+        if target.file not in sampled:  # a sampled shard TensorFlow never reported on
+            problems.append({"file": target.file, "problem": "TensorFlow did not read it"})
             continue
         theirs = sampled[target.file]
         if isinstance(theirs, dict):

@@ -340,6 +340,12 @@ def test_tensorflow_cross_check_fails_when_the_parsers_disagree(shards: Path) ->
     agreeing.set_result({t.file: [list(row) for row in t.sample] for t in contents})
     assert cross_check_with_tensorflow(agreeing, contents)["passed"] is True
 
+    # A sampled shard TensorFlow did not report on fails too (it compared nothing).
+    silent: Future[dict[str, object]] = Future()
+    silent.set_result({t.file: [list(row) for row in t.sample] for t in contents if t != target})
+    result = cross_check_with_tensorflow(silent, contents)
+    assert result["passed"] is False and target.file in result["message"]
+
     rows = [list(row) for row in target.sample]
     rows[0][1] = "f" * 64  # TensorFlow saw another content hash in record 0
     disagreeing: Future[dict[str, object]] = Future()
@@ -375,9 +381,26 @@ def test_the_cross_check_child_reads_with_tensorflow_and_never_loads_keras(
         _tensorflow_sample_and_keras,
         dict(manifest.schema_),
         manifest.compression_type,
-        [str(shards / name) for name in files],
+        str(shards),
+        files,
         CROSS_CHECK_PER_SHARD,
     ).result(timeout=300)
     assert loaded == []
     assert sampled == {t.file: [list(row) for row in t.sample] for t in contents}
     assert all(len(t.sample) == min(CROSS_CHECK_PER_SHARD, len(t.labels)) for t in contents)
+
+
+def test_a_prestarted_cross_check_child_takes_the_job(shards: Path, tmp_path: Path) -> None:
+    """`python -m flows.validate` starts the cross-check's child before its own imports;
+    the validation that follows sends its job there, once, and TensorFlow still reads."""
+    from tasks import tf_check
+    from tasks.validate import run_validate
+
+    tf_check.prestart()
+    child = tf_check._standby
+    assert child is not None
+    report = run_validate(shards, tmp_path / "v.json", tmp_path / "v.md")
+    checks = {c["name"]: c for c in report["checks"]}
+    assert report["passed"] and checks["tensorflow_parser"]["details"]["records"] > 0
+    assert tf_check.standby() is None  # taken by that validation
+    assert not child._process.is_alive()  # type: ignore[attr-defined]

@@ -151,6 +151,13 @@ def test_read_split_and_validation_cover_every_generation(
     assert report["passed"], [c["message"] for c in checks.values() if not c["passed"]]
     assert checks["generations"]["details"]["old_shards"] > 0
     assert checks["generations"]["details"]["new_shards"] == len(manifest.generations[1].shards)
+    # TensorFlow's parser read the new generation's shards (gen-00001/...) and agreed on the
+    # first records of each: the append's bytes are what training will read.
+    from tasks.validate import CROSS_CHECK_PER_SHARD
+
+    sizes = {s.file: s.num_records for info in manifest.splits.values() for s in info.shards}
+    sampled = sum(min(CROSS_CHECK_PER_SHARD, sizes[f]) for f in manifest.generations[1].shards)
+    assert checks["tensorflow_parser"]["details"]["records"] == sampled > 0
 
 
 def test_validation_reads_new_shards_and_trusts_old_ones_by_hash(

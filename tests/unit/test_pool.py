@@ -102,3 +102,46 @@ def test_children_do_not_import_the_parents_main_module(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "False"]
+
+
+def _warm_then_record(path: str) -> None:
+    time.sleep(0.2)
+    Path(path).write_text(repr(time.monotonic()))
+
+
+def _failing_warm() -> None:
+    raise ImportError("no such library")
+
+
+def test_a_standby_child_warms_first_then_runs_the_job_sent_later(tmp_path: Path) -> None:
+    import functools
+
+    from tasks.pool import StandbyChild
+
+    marker = tmp_path / "warmed"
+    child = StandbyChild(functools.partial(_warm_then_record, str(marker)))
+    value, pid = child.run(_square_and_pid, 6).result(timeout=60)
+    assert value == 36 and pid != os.getpid() and marker.exists()  # warmed before the job
+    assert not child._process.is_alive()  # type: ignore[attr-defined]
+    with pytest.raises(RuntimeError, match="one job"):
+        child.run(_square_and_pid, 1)
+
+
+def test_a_standby_childs_failed_warm_up_is_reported_on_its_job() -> None:
+    from tasks.pool import StandbyChild
+
+    with pytest.raises(RuntimeError, match="warm-up failed: ImportError: no such library"):
+        StandbyChild(_failing_warm).run(_square_and_pid, 2).result(timeout=60)
+
+
+def test_a_standby_child_that_gets_no_job_ends() -> None:
+    from tasks.pool import StandbyChild
+
+    child = StandbyChild(_started_noop)
+    child.close()
+    child._process.join(60)  # type: ignore[attr-defined]
+    assert child._process.exitcode == 0  # type: ignore[attr-defined]
+
+
+def _started_noop() -> None:
+    """A warm-up with nothing to do."""
