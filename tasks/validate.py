@@ -167,7 +167,7 @@ def _scan_records(
                     target.sample.append(fingerprint(bytes(image), features))  # type: ignore[arg-type]
                 position += 1
     except (CorruptRecord, SchemaError, ValueError, OSError, EOFError) as exc:
-        target.error = _record_error(path, position, exc)
+        target.error = _record_error(target.file, position, exc)
 
 
 # -- the TensorFlow cross-check --------------------------------------------------------------
@@ -242,12 +242,14 @@ def cross_check_with_tensorflow(
     return check("tensorflow_parser", problems, ok, message, records=records)
 
 
-def _record_error(path: Path, position: int, exc: Exception) -> dict[str, Any]:
-    """Where a record failed and why, without TensorFlow's op-name decorations."""
+def _record_error(file: str, position: int, exc: Exception) -> dict[str, Any]:
+    """Where a record failed (the shard as the manifest names it: an appended generation's
+    ``gen-NNNNN/...`` file, not its bare name, which generation 0 may share) and why,
+    without TensorFlow's op-name decorations."""
     message = getattr(exc, "message", None) or str(exc)
     message = re.sub(r"\{\{function_node [^}]*\}\}\s*|\s*\[Op:\w+\].*$", "", message.strip())
     error = f"{type(exc).__name__}: {message.splitlines()[0] if message else ''}"
-    return {"file": path.name, "record_index": position, "error": error}
+    return {"file": file, "record_index": position, "error": error}
 
 
 def check_records(manifest: ShardManifest, contents: list[ShardContents]) -> dict[str, Any]:

@@ -175,6 +175,25 @@ def test_validation_reads_new_shards_and_trusts_old_ones_by_hash(
     assert "files" in failed and old in failed["files"]["message"]
 
 
+def test_a_damaged_new_shard_is_named_with_its_generation(
+    grown: tuple[Project, dict[str, str], list[str]],
+) -> None:
+    """A bad record in an appended shard names ``gen-00001/<file>``: generation 0 may hold a
+    file of the same bare name."""
+    project, _, _ = grown
+    manifest = load_manifest(project.shards)
+    new = manifest.generations[1].shards[0]
+    data = bytearray((project.shards / new).read_bytes())
+    data[len(data) // 2] ^= 0xFF  # inside a record: its CRC no longer matches
+    (project.shards / new).write_bytes(bytes(data))
+    reports = project.root / "reports"
+    report = run_validate(project.shards, reports / "v.json", reports / "v.md")
+    failed = {c["name"]: c for c in report["checks"] if not c["passed"]}
+    example = failed["records"]["details"]["examples"][0]
+    assert new.startswith("gen-00001/") and example["file"] == new
+    assert "record_index" in example and new in failed["records"]["message"]
+
+
 def test_a_new_class_takes_the_next_index(tmp_path: Path) -> None:
     project = Project(tmp_path)
     project.update("rebuild")
