@@ -11,10 +11,12 @@ import hashlib
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tasks.pool import StandbyChild
 from tasks.schema import HASH_KEY, IMAGE_KEY, LABEL_KEY, RecordSchema
+
+if TYPE_CHECKING:
+    from tasks.pool import StandbyChild
 
 
 def fingerprint(image: bytes, features: dict[str, Any]) -> list[Any]:
@@ -61,6 +63,8 @@ def prestart() -> None:
     ``python -m flows.validate`` calls it before importing Prefect, so the child's import
     (about 2 s, validation's critical path on an append) overlaps the stage's own start-up
     (about 1.5 s). The validation that follows sends its job with :func:`standby`."""
+    from tasks.pool import StandbyChild  # here: the child itself never needs it
+
     global _standby
     if _standby is None:
         _standby = StandbyChild(tensorflow_without_keras)
