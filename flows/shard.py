@@ -195,9 +195,9 @@ def shard_task_runner(params: ShardParams) -> TaskRunner[Any]:
 
 # When an append's new shards are worth the local workers, in estimated seconds of one
 # core's work: two spawned workers take 0.3-0.5 s to start and warm up, so below about a
-# second the flow's own threads write sooner (500 JPEGs of 64-128 px appended to 50k: the
-# stage took 1.6 s that way, 1.8-1.95 s with workers). The estimate, from the bench: about
-# 1 ms an image plus 2.5 ms a megapixel of source (a 12 MP photo: 27 ms).
+# second the flow writes them itself, in one task (500 JPEGs of 64-128 px appended to 50k:
+# the stage took 1.0-1.1 s that way, 1.8-1.95 s with workers). The estimate, from the
+# bench: about 1 ms an image plus 2.5 ms a megapixel of source (a 12 MP photo: 27 ms).
 POOL_MIN_WORK_S = 1.0
 SECONDS_PER_RECORD = 1e-3
 SECONDS_PER_PIXEL = 2.5e-9
