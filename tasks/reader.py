@@ -54,11 +54,15 @@ def read_split(
     deterministic = seed is not None or not training
     buffer = shuffle_buffer or default_shuffle_buffer(manifest, split)
 
+    # Plain TensorFlow ops with Python-level branches only: AutoGraph's conversion of these
+    # functions found nothing to convert and cost 0.35 s of each process's first read.
+    plain = tf.autograph.experimental.do_not_convert
+
     ds = tf.data.Dataset.from_tensor_slices(files)
     # Shuffle the file order first, then interleave records from several files at once.
     ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True) if training else ds
     ds = ds.interleave(
-        lambda path: shard_records(path, manifest),
+        plain(lambda path: shard_records(path, manifest)),
         cycle_length=min(len(files), 8) if training else 1,
         block_length=1 if training else None,
         num_parallel_calls=tf.data.AUTOTUNE,
@@ -82,7 +86,7 @@ def read_split(
         features = schema.parse_batch(serialized, metadata=with_metadata)
         return features if with_metadata else (features[IMAGE_KEY], features[LABEL_KEY])
 
-    ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+    ds = ds.map(plain(parse), num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
     return ds.prefetch(tf.data.AUTOTUNE)
 
 
