@@ -33,7 +33,8 @@ def subset_index(index_path: Path, n: int, out_path: Path) -> int:
 
 
 def flow_shard(params: ShardParams, index_path: Path, root: Path) -> dict[str, Any]:
-    """The shard stage as `dvc repro` runs it (``flows.shard.run``), from scratch, in ``root``.
+    """The shard stage as `dvc repro` runs it (``flows.shard.run``), from scratch, in ``root``:
+    a rebuild's workers start first, then the imports, then the run, as in the stage process.
 
     Copies the index into ``Layout(root)`` and removes old shards first (the stage resumes
     a finished plan, so a timed run must start empty); returns the flow's result plus
@@ -41,6 +42,9 @@ def flow_shard(params: ShardParams, index_path: Path, root: Path) -> dict[str, A
     """
     import shutil
 
+    from tasks.shard import prestart_workers
+
+    prestart_workers(params)  # before the Prefect import, as `python -m flows.shard` does
     from flows.common import configure_environment, stage_settings
     from flows.shard import run
 

@@ -6,6 +6,24 @@ ingest: editing how ingest checks or reports files does not reshard.
 
 from __future__ import annotations
 
+STAGES = ("shard", "compact")
+
+if __name__ == "__main__":
+    # `python -m flows.shard`: a rebuild's workers spawn and warm up now, while this process
+    # imports Prefect below (about 1.3 s), instead of after its flow has started. Params
+    # that do not load start none: the run below reports them.
+    from flows.common import parse_stage_args
+    from tasks.params import load_params
+    from tasks.shard import prestart_workers, run_params
+
+    _stages, _params_path = parse_stage_args(STAGES, "flows.shard")
+    try:
+        _params = load_params(_params_path).shard
+    except Exception:  # the run below reports bad params, with the stage's context
+        pass
+    else:
+        prestart_workers(run_params(_params, compact=_stages == ["compact"]))
+
 import math
 from collections.abc import Iterable, Iterator, Sized
 from concurrent.futures import Executor
@@ -33,7 +51,7 @@ from tasks import images, schema, shard
 from tasks.layout import Layout
 from tasks.manifest import ShardFile
 from tasks.params import ShardParams, load_params, run_params_path
-from tasks.pool import spawn_pool
+from tasks.pool import dismiss_prestarted, spawn_pool
 
 # Shards per Prefect task: each task costs a run record, state reports and a round trip to
 # a worker, so a task writes a batch of shards; about this many tasks per worker keep the
@@ -232,7 +250,7 @@ class LocalWorkers:
 
     def __init__(self, params: ShardParams) -> None:
         self.params = params
-        self.enabled = params.runner == "local" and params.workers > 1
+        self.enabled = shard.pool_workers(params) > 0
         self.pool: Executor | None = None
         self._stack = ExitStack()
 
@@ -258,7 +276,10 @@ class LocalWorkers:
 
 def run(params: ShardParams, layout: Layout) -> dict[str, Any]:
     """The shard stage through its task runner: the one write path production takes."""
-    return write_shards_flow.with_options(task_runner=shard_task_runner(params))(params, layout)
+    try:
+        return write_shards_flow.with_options(task_runner=shard_task_runner(params))(params, layout)
+    finally:
+        dismiss_prestarted()  # workers started for this run that it did not take
 
 
 def mode_details() -> list[object]:
@@ -280,8 +301,7 @@ def shard_flow(
     (what `make compact` runs).
     """
     params = load_params(run_params_path(root, params_path))
-    shard_params = params.shard.model_copy(update={"mode": "rebuild"}) if compact else params.shard
-    result = run(shard_params, Layout(Path(root)))
+    result = run(shard.run_params(params.shard, compact=compact), Layout(Path(root)))
     rename_flow_run(run_name("shard", *result_details(result)))
     return result
 
@@ -289,7 +309,7 @@ def shard_flow(
 def main() -> None:
     stage_main(
         "shard",
-        ("shard", "compact"),
+        STAGES,
         lambda stages, params: shard_flow(params_path=params, compact=stages == ["compact"]),
     )
 

@@ -60,6 +60,7 @@ from tasks.manifest import (
     records_file_name,
 )
 from tasks.params import ShardParams
+from tasks.pool import prestart_pool
 from tasks.records import write_record_index
 from tasks.schema import RecordSchema
 from tasks.tfds_metadata import write_tfds_metadata
@@ -544,6 +545,26 @@ def warm_worker() -> None:
     """A shard worker's one-off start-up: this module's imports (done by unpickling this
     function) and a first preprocessing-version probe, before any shard is due."""
     preprocessing_version()
+
+
+def pool_workers(params: ShardParams) -> int:
+    """Worker processes the local runner spawns for ``params`` (0: the flow writes itself,
+    with one worker or on Dask)."""
+    return params.workers if params.runner == "local" and params.workers > 1 else 0
+
+
+def run_params(params: ShardParams, *, compact: bool) -> ShardParams:
+    """The params a shard run uses: ``compact`` rebuilds (every generation folds into one)
+    whatever ``shard.mode`` says."""
+    return params.model_copy(update={"mode": "rebuild"}) if compact else params
+
+
+def prestart_workers(params: ShardParams) -> None:
+    """Start a rebuild's workers before the stage's own imports (see
+    :func:`tasks.pool.prestart_pool`); the stage's pool takes them. An append starts none:
+    it spawns workers only once its new shards prove worth them."""
+    if pool_workers(params) and params.mode == "rebuild":
+        prestart_pool(params.workers, warm=warm_worker)
 
 
 class RebuildNeeded(ValueError):

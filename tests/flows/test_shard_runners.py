@@ -148,3 +148,39 @@ def test_an_append_starts_workers_only_when_its_new_shards_are_worth_them(
     assert shard_bytes(threads.shards_dir / "gen-00001") == shard_bytes(
         workers.shards_dir / "gen-00001"
     )
+
+
+def test_the_stage_takes_the_workers_its_entry_point_started(
+    prefect_harness: None, tiny_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`python -m flows.shard` starts a rebuild's workers before importing Prefect: the run
+    takes them (no second spawn) and writes the same bytes; a run that has no use for them
+    (one worker) leaves none behind."""
+    from flows import shard as shard_flow
+    from tasks import pool, shard
+
+    spawned: list[int] = []
+    real = pool._new_pool
+    monkeypatch.setattr(pool, "_new_pool", lambda n, warm: spawned.append(n) or real(n, warm))
+    params = default_params(
+        shard={"image_size": [16, 16], "target_shard_mb": 0.002, "workers": 2}
+    ).shard
+
+    def stage_run(name: str, run_params: ShardParams) -> Layout:
+        layout = Layout(tmp_path / name)
+        layout.index.parent.mkdir(parents=True, exist_ok=True)
+        layout.index.write_bytes(tiny_index.read_bytes())
+        shard_flow.run(run_params, layout)
+        return layout
+
+    shard.prestart_workers(params)
+    assert spawned == [2]
+    taken = stage_run("taken", params)
+    assert spawned == [2] and not pool._prestarted
+    plain = stage_run("plain", params)  # nothing prestarted: the run spawns its own
+    assert spawned == [2, 2]
+    assert shard_bytes(taken.shards_dir) == shard_bytes(plain.shards_dir)
+
+    shard.prestart_workers(params)
+    stage_run("one-worker", params.model_copy(update={"workers": 1}))
+    assert spawned == [2, 2, 2] and not pool._prestarted

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.pool import run_in_child, spawn_pool
+from tasks import pool as pool_module
+from tasks.pool import dismiss_prestarted, prestart_pool, run_in_child, spawn_pool
 
 WARM_DIR = "SHARDFLOW_TEST_WARM_DIR"
 
@@ -42,6 +43,41 @@ def test_every_worker_starts_and_warms_once_before_work(
     assert {pid for pid, _ in done} <= set(warmed)
     for pid, finished in done:
         assert warmed[pid] < finished
+
+
+def test_a_prestarted_pool_is_taken_by_the_spawn_pool_of_its_shape(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stage's entry point starts the workers; its pool later takes them, warm, and
+    spawns none of its own; a pool of another shape does not take them."""
+    monkeypatch.setenv(WARM_DIR, str(tmp_path))
+    prestart_pool(2, warm=_warm)
+    try:
+        with spawn_pool(1, warm=_warm) as other:  # another shape: a pool of its own
+            (other_pid, _) = other.submit(_work, 0).result()
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.iterdir())) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the prestarted workers warm up without being asked
+        warmed = {int(p.name) for p in tmp_path.iterdir()} - {other_pid}
+        assert len(warmed) == 2
+        with spawn_pool(2, warm=_warm) as pool:
+            done = list(pool.map(_work, [0.2] * 4))
+        assert {pid for pid, _ in done} <= warmed
+        assert len(list(tmp_path.iterdir())) == 3  # nothing spawned or warmed again
+        assert not pool_module._prestarted
+    finally:
+        dismiss_prestarted()
+
+
+def test_a_prestarted_pool_nobody_takes_is_dismissed() -> None:
+    prestart_pool(2)
+    (pool,) = pool_module._prestarted.values()
+    processes = list(pool._processes.values())  # type: ignore[attr-defined]
+    dismiss_prestarted()
+    assert not pool_module._prestarted
+    for process in processes:
+        process.join(30)
+        assert not process.is_alive()
 
 
 def test_a_worker_error_reaches_the_caller() -> None:
