@@ -287,6 +287,40 @@ def test_preprocessing_version_names_the_pixel_libraries(monkeypatch: pytest.Mon
     assert images.preprocessing_version() != before
 
 
+def test_preprocessing_version_is_probed_once_per_process_and_filter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Shards reuse the probe's result; a filter swapped at run time is probed afresh."""
+    from tasks import images
+
+    probes: list[int] = []
+    real = images._probe_images
+    monkeypatch.setattr(images, "_probe_images", lambda: probes.append(1) or real())
+    images._preprocessing_version.cache_clear()
+    first = images.preprocessing_version()
+    assert images.preprocessing_version() == first and len(probes) == 1
+    monkeypatch.setattr(images, "RESAMPLE", Image.Resampling.NEAREST)
+    assert images.preprocessing_version() != first and len(probes) == 2
+
+
+def test_only_a_local_rebuild_with_workers_prestarts_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tasks import shard
+
+    started: list[int] = []
+    monkeypatch.setattr(shard, "prestart_pool", lambda n, warm: started.append(n))
+    base = params().model_copy(update={"workers": 2})
+    for update in ({"workers": 1}, {"mode": "append"}, {"runner": "dask"}):
+        shard.prestart_workers(base.model_copy(update=update))
+    assert started == []
+    shard.prestart_workers(
+        shard.run_params(base.model_copy(update={"mode": "append"}), compact=True)
+    )
+    shard.prestart_workers(base)
+    assert started == [2, 2]
+
+
 def test_worker_with_other_preprocessing_refuses_to_write(
     tiny_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
