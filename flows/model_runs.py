@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tasks import tracking
 from tasks.gate import ShardsNotValidated
 from tasks.layout import Layout
 
@@ -28,12 +27,15 @@ def recorded_run_name(layout: Layout) -> str:
     return str(json.loads(Path(layout.train_run).read_text())["run_name"])
 
 
-def link_mlflow_run(layout: Layout, run_id: str, run_name: str, what: str) -> str:
-    """A link artifact (``mlflow-run``) to the run's page in the MLflow UI; returns the URL."""
+def link_mlflow_run(run_url: str, run_name: str, what: str) -> str:
+    """A link artifact (``mlflow-run``) to the run's page in the MLflow UI; returns the URL.
+
+    ``run_url`` is :func:`tasks.tracking.run_url`'s: for a local store it appends which
+    store `make ui` must serve, kept as a note.
+    """
     from prefect.artifacts import create_link_artifact
 
-    # run_url appends, for a local store, which store `make ui` must serve: keep it as a note.
-    url, _, note = tracking.run_url(tracking.client(layout.root), run_id).partition(" ")
+    url, _, note = run_url.partition(" ")
     create_link_artifact(
         link=url,
         link_text=f"MLflow run {run_name}",

@@ -95,7 +95,8 @@ def train_task(params: Params, layout: Layout) -> dict[str, Any]:
     progress = Progress("train-progress", f"epochs done of {planned} ({params.train.model})")
     summary = run_train(params, layout, callbacks=[EpochProgress(planned, progress, logger)])
     progress(planned, planned)  # early stopping ends a run before its planned epochs
-    url = link_mlflow_run(layout, summary["run_id"], summary["run_name"], "training run")
+    run_url = tracking.run_url(tracking.client(layout.root), summary["run_id"])
+    url = link_mlflow_run(run_url, summary["run_name"], "training run")
     final = summary.get("final", {})
     logger.info(
         "trained %s: %s epochs (resumed from epoch %s), val accuracy %.4f, val loss %.4f, "

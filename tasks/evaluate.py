@@ -468,6 +468,17 @@ def log_test_results(
 # -- the stage -----------------------------------------------------------------------------
 
 
+def warm_up() -> None:
+    """What :func:`run_evaluate` imports before its work: Keras (TensorFlow with it), MLflow
+    and Matplotlib, about 5 s. ``python -m flows.evaluate`` has a child process run this
+    while the stage imports Prefect, then sends it :func:`run_evaluate`."""
+    import keras  # noqa: F401
+    import mlflow  # noqa: F401
+    from matplotlib.figure import Figure  # noqa: F401
+
+    from tasks import predict  # noqa: F401  (registration logs the pyfunc)
+
+
 def run_evaluate(params: Params, layout: Layout) -> dict[str, Any]:
     """Evaluate the trained model, log onto its training run, register and maybe promote.
 
@@ -548,4 +559,4 @@ def run_evaluate(params: Params, layout: Layout) -> dict[str, Any]:
     for path in (layout.eval_metrics, layout.eval_summary, layout.test_predictions):
         client.log_artifact(run_id, str(path), "eval")
     client.set_terminated(run_id, status="FINISHED")
-    return result
+    return {**result, "run_url": tracking.run_url(client, run_id)}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
+import traceback
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
@@ -166,6 +167,8 @@ def _send_result(
     try:
         message: tuple[str, object] = ("ok", fn(*args))
     except Exception as exc:  # sent to the parent, which raises it
+        # A pickled exception loses its traceback: where it came from travels as a note.
+        exc.add_note(f"in the child process {os.getpid()}:\n{traceback.format_exc()}")
         message = ("error", exc)
     try:
         connection.send(message)
@@ -208,6 +211,28 @@ class StandbyChild:
         self._used = True
         self._connection.close()
         self._process.join(0)
+
+
+# Children a stage's entry point started before its own imports, by warm-up function
+# (see :func:`prestart_child`); each handed out once.
+_standing_by: dict[Callable[[], object], StandbyChild] = {}
+
+
+def prestart_child(warm: Callable[[], object]) -> None:
+    """Start a :class:`StandbyChild` warming up with ``warm`` now, for the stage's work to
+    take later with :func:`standby_child`.
+
+    A stage's ``python -m`` entry point calls it before importing Prefect (about 1.3 s), so
+    the child's heavy import (TensorFlow) overlaps the stage's own start-up.
+    """
+    if warm not in _standing_by:
+        _standing_by[warm] = StandbyChild(warm)
+
+
+def standby_child(warm: Callable[[], object]) -> StandbyChild | None:
+    """The child :func:`prestart_child` started with ``warm``, once (None when there is
+    none, or it was taken)."""
+    return _standing_by.pop(warm, None)
 
 
 def _standby_main(connection: Connection, warm: Callable[[], object]) -> None:

@@ -52,29 +52,22 @@ def tensorflow_without_keras() -> ModuleType:
     return tf
 
 
-# A cross-check child started by the stage's entry point, before its own imports (see
-# :func:`prestart`); handed out once.
-_standby: StandbyChild | None = None
-
-
 def prestart() -> None:
     """Start the cross-check's child now: it imports TensorFlow while this process goes on.
 
     ``python -m flows.validate`` calls it before importing Prefect, so the child's import
     (about 2 s, validation's critical path on an append) overlaps the stage's own start-up
     (about 1.5 s). The validation that follows sends its job with :func:`standby`."""
-    from tasks.pool import StandbyChild  # here: the child itself never needs it
+    from tasks.pool import prestart_child  # here: the child itself never needs it
 
-    global _standby
-    if _standby is None:
-        _standby = StandbyChild(tensorflow_without_keras)
+    prestart_child(tensorflow_without_keras)
 
 
 def standby() -> StandbyChild | None:
     """The child :func:`prestart` started, once (None when there is none, or it was taken)."""
-    global _standby
-    child, _standby = _standby, None
-    return child
+    from tasks.pool import standby_child
+
+    return standby_child(tensorflow_without_keras)
 
 
 def tensorflow_sample(

@@ -393,11 +393,11 @@ def test_the_cross_check_child_reads_with_tensorflow_and_never_loads_keras(
 def test_a_prestarted_cross_check_child_takes_the_job(shards: Path, tmp_path: Path) -> None:
     """`python -m flows.validate` starts the cross-check's child before its own imports;
     the validation that follows sends its job there, once, and TensorFlow still reads."""
-    from tasks import tf_check
+    from tasks import pool, tf_check
     from tasks.validate import run_validate
 
     tf_check.prestart()
-    child = tf_check._standby
+    child = pool._standing_by.get(tf_check.tensorflow_without_keras)
     assert child is not None
     report = run_validate(shards, tmp_path / "v.json", tmp_path / "v.md")
     checks = {c["name"]: c for c in report["checks"]}

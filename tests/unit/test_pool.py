@@ -97,8 +97,11 @@ def test_run_in_child_returns_the_value_and_the_child_is_gone() -> None:
 
 
 def test_run_in_child_raises_the_childs_error() -> None:
-    with pytest.raises(ValueError, match="names itself"):
+    with pytest.raises(ValueError, match="names itself") as raised:
         run_in_child(_boom).result(timeout=60)
+    # Where it was raised travels with it: the child's traceback, as a note.
+    (note,) = raised.value.__notes__
+    assert note.startswith("in the child process") and "in _boom" in note
 
 
 def test_run_in_child_times_out_and_stops_the_child() -> None:
