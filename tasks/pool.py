@@ -13,6 +13,8 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
+import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -49,9 +51,18 @@ def _started() -> None:
     """The no-op each worker runs first: its submission makes the pool spawn the worker."""
 
 
+def _worker_start(parent: int, warm: Callable[[], object] | None) -> None:
+    end_with_parent(parent)  # no shard is written for a stage that was killed
+    if warm is not None:
+        warm()
+
+
 def _new_pool(workers: int, warm: Callable[[], object] | None) -> ProcessPoolExecutor:
     pool = ProcessPoolExecutor(
-        max_workers=workers, mp_context=multiprocessing.get_context("spawn"), initializer=warm
+        max_workers=workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_worker_start,
+        initargs=(os.getpid(), warm),
     )
     with _main_module_hidden():  # each submit here spawns one worker
         for _ in range(workers):
@@ -145,16 +156,33 @@ def run_in_child(fn: Callable[..., T], *args: object) -> ChildResult[T]:
     """
     context = multiprocessing.get_context("spawn")
     receiver, sender = context.Pipe(duplex=False)
-    process = context.Process(target=_child_main, args=(sender, fn, args), daemon=True)
+    process = context.Process(target=_child_main, args=(sender, fn, args, os.getpid()), daemon=True)
     with _main_module_hidden():
         process.start()
     sender.close()
     return ChildResult(process, receiver)
 
 
+def end_with_parent(parent: int, *, every_s: float = 0.2) -> None:
+    """In a child: end it as soon as its parent ``parent`` is gone.
+
+    A stage killed outright (SIGKILL, an OOM kill) runs no cleanup: without this its child
+    would go on evaluating, registering and writing reports for a run nobody waits for,
+    outside the workspace lock its dead parent held.
+    """
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="end-with-parent", daemon=True).start()
+
+
 def _child_main(
-    connection: Connection, fn: Callable[..., object], args: tuple[object, ...]
+    connection: Connection, fn: Callable[..., object], args: tuple[object, ...], parent: int
 ) -> None:
+    end_with_parent(parent)
     try:
         _send_result(connection, fn, args)
     finally:
@@ -192,7 +220,9 @@ class StandbyChild:
     def __init__(self, warm: Callable[[], object]) -> None:
         context = multiprocessing.get_context("spawn")
         self._connection, child_end = context.Pipe()
-        self._process = context.Process(target=_standby_main, args=(child_end, warm), daemon=True)
+        self._process = context.Process(
+            target=_standby_main, args=(child_end, warm, os.getpid()), daemon=True
+        )
         with _main_module_hidden():
             self._process.start()
         child_end.close()
@@ -235,7 +265,8 @@ def standby_child(warm: Callable[[], object]) -> StandbyChild | None:
     return _standing_by.pop(warm, None)
 
 
-def _standby_main(connection: Connection, warm: Callable[[], object]) -> None:
+def _standby_main(connection: Connection, warm: Callable[[], object], parent: int) -> None:
+    end_with_parent(parent)
     try:
         try:
             warm()

@@ -184,3 +184,57 @@ def test_a_standby_child_that_gets_no_job_ends() -> None:
 
 def _started_noop() -> None:
     """A warm-up with nothing to do."""
+
+
+KILLED_PARENT = """
+import sys, time
+from tasks.pool import StandbyChild, prestart_pool, run_in_child, _prestarted
+job = run_in_child(time.sleep, 120)
+standby = StandbyChild(time.time)
+standby.run(time.sleep, 120)
+prestart_pool(1)
+(pool,) = _prestarted.values()
+pool.submit(time.sleep, 120)
+time.sleep(2)  # every child is up and in its sleep
+pids = [job._process.pid, standby._process.pid, *pool._processes]
+print(" ".join(map(str, pids)), flush=True)
+time.sleep(120)
+"""
+
+
+def test_children_end_when_their_parent_is_killed(tmp_path: Path) -> None:
+    """A stage killed outright leaves no child working on: run_in_child's, a standby
+    child's and a pool's workers all end within a second or so of their parent."""
+    import signal
+
+    import psutil
+
+    script = tmp_path / "parent.py"
+    script.write_text(KILLED_PARENT)
+    repo = Path(__file__).resolve().parents[2]
+    parent = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+    )
+    assert parent.stdout is not None
+    pids = [int(pid) for pid in parent.stdout.readline().split()]
+    assert len(pids) == 3 and all(psutil.pid_exists(pid) for pid in pids)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [pid for pid in alive if _running(pid)]
+    assert alive == []
+
+
+def _running(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
