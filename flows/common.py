@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -248,22 +249,31 @@ def rename_flow_run(name: str) -> None:
 class Progress:
     """A progress artifact in the flow run's UI, moved from 0 to 100 as work completes.
 
-    Updates are sent only when the figure moves by ``step`` percent (or reaches 100), so a
-    long stage makes at most ~100 API calls whatever its size.
+    An update is sent when the figure has moved by ``step`` percent and ``interval_s`` has
+    passed since the last one, and always on reaching 100: a long stage makes at most ~100
+    API calls whatever its size, and a short one a few. Each update is a round trip to the
+    server that the work waits for (about 20 ms on 2 cores): a 3,000-image ingest sent 47
+    of them, 1 s of its 2.1 s.
     """
 
-    def __init__(self, key: str, description: str, *, step: float = 1.0) -> None:
+    def __init__(
+        self, key: str, description: str, *, step: float = 1.0, interval_s: float = 1.0
+    ) -> None:
         from prefect.artifacts import create_progress_artifact
 
         self.step = step
+        self.interval_s = interval_s
         self.shown = 0.0
         # Called from sync code, Prefect's dispatch returns the id, not a coroutine.
         self.artifact_id: Any = create_progress_artifact(0.0, key=key, description=description)
+        self.sent_at = time.monotonic()
 
     def __call__(self, done: int, total: int) -> None:
         from prefect.artifacts import update_progress_artifact
 
         percent = 100.0 if total <= 0 else min(100.0, 100.0 * done / total)
-        if percent - self.shown >= self.step or (percent >= 100.0 > self.shown):
+        due = time.monotonic() - self.sent_at >= self.interval_s
+        if (due and percent - self.shown >= self.step) or (percent >= 100.0 > self.shown):
             update_progress_artifact(self.artifact_id, percent)
             self.shown = percent
+            self.sent_at = time.monotonic()
