@@ -7,6 +7,13 @@ is evaluated or served does not retrain it. ``flows/training.py`` composes this 
 
 from __future__ import annotations
 
+if __name__ == "__main__":
+    # `python -m flows.train`: Keras without the scikit-learn it imports for wrappers
+    # training never uses (0.7-0.8 s), before the imports below load it whole.
+    from tasks.tf_imports import keras_without_sklearn
+
+    keras_without_sklearn()
+
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path

@@ -8,12 +8,11 @@ too, 0.1 s more on the cross-check's critical path (the child's TensorFlow impor
 from __future__ import annotations
 
 import hashlib
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from tasks.schema import HASH_KEY, IMAGE_KEY, LABEL_KEY, RecordSchema
+from tasks.tf_imports import tensorflow_without_keras
 
 if TYPE_CHECKING:
     from tasks.pool import StandbyChild
@@ -23,33 +22,6 @@ def fingerprint(image: bytes, features: dict[str, Any]) -> list[Any]:
     """What two parsers must agree on for one record: label, content hash and the digest of
     the image feature's bytes (decoders may differ by a level on JPEG; the bytes may not)."""
     return [int(features[LABEL_KEY]), str(features[HASH_KEY]), hashlib.sha256(image).hexdigest()]
-
-
-# TensorFlow's ``__init__`` imports this eagerly (to register optimizers for SavedModel);
-# importing it imports all of Keras, and Keras imports scikit-learn and matplotlib.
-KERAS_EAGER_IMPORT = "keras.src.optimizers"
-
-
-def tensorflow_without_keras() -> ModuleType:
-    """``import tensorflow``, minus the Keras import that its ``__init__`` makes eagerly.
-
-    The cross-check needs ``tf.data`` and ``tf.io`` only; Keras was 1.5 s of a 4 s import,
-    and that import is the cross-check's whole critical path. TensorFlow's ``__init__``
-    ignores an ImportError from its eager Keras import, so the module is blocked for that
-    one import and unblocked right after: anything asking for Keras later gets it as
-    usual. Where TensorFlow or Keras is loaded already, this is a plain import.
-    """
-    if "tensorflow" in sys.modules or KERAS_EAGER_IMPORT in sys.modules:
-        import tensorflow as tf
-
-        return tf
-    sys.modules[KERAS_EAGER_IMPORT] = None  # type: ignore[assignment]
-    try:
-        import tensorflow as tf
-    finally:
-        if sys.modules.get(KERAS_EAGER_IMPORT, False) is None:
-            del sys.modules[KERAS_EAGER_IMPORT]
-    return tf
 
 
 def prestart() -> None:
