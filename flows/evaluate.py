@@ -29,6 +29,7 @@ from flows.common import (
     run_parameter,
     run_then_exit,
     stage_main,
+    untagged_task_runs,
 )
 from flows.model_runs import link_mlflow_run, recorded_run_name, retry_unless_refused
 from tasks import evaluate, gate, manifest, reader, schema, tracking
@@ -92,7 +93,8 @@ def evaluate_where_warm(params: Params, layout: Layout) -> dict[str, Any]:
 def evaluate_flow(params_path: str = "params.yaml", root: str = ".") -> dict[str, Any]:
     """Evaluate, register and maybe promote the model the train stage left."""
     params = load_params(run_params_path(root, params_path))
-    return evaluate_task(params, Layout(Path(root)))
+    with untagged_task_runs():
+        return evaluate_task(params, Layout(Path(root)))
 
 
 def main() -> None:

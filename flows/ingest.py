@@ -21,6 +21,7 @@ from flows.common import (
     run_parameter,
     run_then_exit,
     stage_main,
+    untagged_task_runs,
 )
 from tasks import images, ingest
 from tasks.layout import Layout
@@ -71,7 +72,8 @@ def source_details() -> list[object]:
 def ingest_flow(params_path: str = "params.yaml", root: str = ".") -> dict[str, Any]:
     """Find every input image, check it, assign splits; quarantine the rest."""
     params = load_params(run_params_path(root, params_path))
-    result = ingest_task(params.ingest, Layout(Path(root)))
+    with untagged_task_runs():
+        result = ingest_task(params.ingest, Layout(Path(root)))
     accepted = f"{result['accepted']} of {result['files_found']} files accepted"
     rename_flow_run(run_name("ingest", params.ingest.source_dir, accepted))
     return result

@@ -46,6 +46,7 @@ from flows.common import (
     run_parameter,
     run_then_exit,
     stage_main,
+    untagged_task_runs,
 )
 from tasks import images, schema, shard
 from tasks.layout import Layout
@@ -149,7 +150,8 @@ def write_shards_flow(params: ShardParams, layout: Layout) -> dict[str, Any]:
     write the missing shards, the manifest, the data diff) writing through this flow's task
     runner; the data diff also becomes a Prefect artifact."""
     logger = get_run_logger()
-    with LocalWorkers(params) as local:  # a rebuild's workers start now, while it plans
+    # A rebuild's workers start now (if its entry point has not started them), while it plans.
+    with untagged_task_runs(), LocalWorkers(params) as local:
         stage = shard.shard_stage(
             params,
             layout.index,

@@ -30,6 +30,7 @@ from flows.common import (
     run_parameter,
     run_then_exit,
     stage_main,
+    untagged_task_runs,
 )
 from flows.model_runs import link_mlflow_run, retry_unless_refused
 from tasks import gate, manifest, models, reader, schema, tracking, train
@@ -123,7 +124,8 @@ def train_task(params: Params, layout: Layout) -> dict[str, Any]:
 def train_flow(params_path: str = "params.yaml", root: str = ".") -> dict[str, Any]:
     """Train a model on validated shards, tracked as one MLflow run."""
     params = load_params(run_params_path(root, params_path))
-    return train_task(params, Layout(Path(root)))
+    with untagged_task_runs():
+        return train_task(params, Layout(Path(root)))
 
 
 def main() -> None:

@@ -23,6 +23,7 @@ from flows.common import (
     run_parameter,
     run_then_exit,
     stage_main,
+    untagged_task_runs,
 )
 from tasks import data_diff, manifest, schema, validate
 from tasks.layout import Layout
@@ -75,7 +76,8 @@ def manifest_details() -> list[object]:
 def validate_flow(params_path: str = "params.yaml", root: str = ".") -> dict[str, Any]:
     """Re-read every shard and check it against the manifest and the ingest index."""
     params = load_params(Path(root) / params_path)
-    return validate_task(Layout(Path(root)), params.validate_)
+    with untagged_task_runs():
+        return validate_task(Layout(Path(root)), params.validate_)
 
 
 def main() -> None:

@@ -47,3 +47,15 @@ def artifacts(flow_run_id: Any) -> dict[str, Any]:
             artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
         )
     return {artifact.key: artifact for artifact in found if artifact.key}
+
+
+def task_run_tags(flow_run_id: Any) -> list[list[str]]:
+    """The tags of each task run of the flow run."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+        )
+    return [list(run.tags) for run in runs]
