@@ -164,3 +164,34 @@ def test_dvc_stages_in_file_order(tmp_path: Path) -> None:
 
     (tmp_path / "dvc.yaml").write_text("stages:\n  b: {cmd: x}\n  a: {cmd: y}\n")
     assert dvc_stages(tmp_path) == ["b", "a"]
+
+
+def test_stage_seconds_run_from_each_stage_line_to_the_next() -> None:
+    from bench.orchestration import DVC_START, stage_seconds
+
+    marks = [
+        (0.5, "Verifying data sources\n"),
+        (1.0, "Running stage 'ingest':\n"),
+        (1.2, "> python -m flows.ingest\n"),
+        (3.0, "Updating lock file 'dvc.lock'\n"),
+        (3.5, "Running stage 'shard':\n"),
+    ]
+    assert stage_seconds(marks, end=7.0) == {DVC_START: 1.0, "ingest": 2.5, "shard": 3.5}
+    assert stage_seconds([(0.1, "Stage 'x' didn't change, skipping\n")], end=1.0) == {}
+
+
+def test_the_tax_takes_each_stages_fastest_pass_on_each_side() -> None:
+    from bench.orchestration import tax_from_stages
+
+    direct = [
+        {"(imports and exit)": 5.0, "ingest": 2.0, "train": 40.0, "total": 47.0},
+        {"(imports and exit)": 6.0, "ingest": 1.0, "train": 50.0, "total": 57.0},
+    ]
+    dvc = [
+        {"(dvc start)": 1.0, "ingest": 3.0, "train": 55.0, "total": 59.0},
+        {"(dvc start)": 1.5, "ingest": 4.0, "train": 42.0, "total": 47.6},
+    ]
+    # direct 5 + 1 + 40 = 46; dvc 1 + 3 + 42 = 46
+    assert tax_from_stages(direct, dvc) == pytest.approx(0.0)
+    dvc[1]["train"] = 49.0  # the dvc side's fastest training is now 49: 1 + 3 + 49 = 53
+    assert tax_from_stages(direct, dvc) == pytest.approx(1 - 46 / 53)
