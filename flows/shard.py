@@ -12,10 +12,11 @@ if __name__ == "__main__":
     # `python -m flows.shard`: a rebuild's workers spawn and warm up now, while this process
     # imports Prefect below (about 1.3 s), instead of after its flow has started. Params
     # that do not load start none: the run below reports them.
-    from flows.common import parse_stage_args
+    from flows.common import configure_environment, parse_stage_args
     from tasks.params import load_params
     from tasks.shard import prestart_workers, run_params
 
+    configure_environment()  # the workers take this environment as it is now
     _stages, _params_path = parse_stage_args(STAGES, "flows.shard")
     try:
         _params = load_params(_params_path).shard

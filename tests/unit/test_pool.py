@@ -238,3 +238,26 @@ def _running(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+@pytest.mark.parametrize("stage", ["flows.evaluate", "flows.validate"])
+def test_a_stages_prestarted_child_starts_with_the_offline_settings(
+    stage: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child is spawned before the stage's own set-up: it must already see the offline
+    environment (MLflow's telemetry off), as the stage process does."""
+    import runpy
+
+    from flows import common
+
+    seen: list[str | None] = []
+    monkeypatch.delenv("MLFLOW_DISABLE_TELEMETRY", raising=False)
+    monkeypatch.setattr(
+        pool_module,
+        "prestart_child",
+        lambda warm: seen.append(os.environ.get("MLFLOW_DISABLE_TELEMETRY")),
+    )
+    monkeypatch.setattr(common, "stage_main", lambda *args: None)  # no server, no flow
+    monkeypatch.setattr(common, "run_then_exit", lambda main: main())
+    runpy.run_module(stage, run_name="__main__")
+    assert seen == ["true"]
