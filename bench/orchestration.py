@@ -185,20 +185,11 @@ def _run_dvc_repro(target: str, cwd: Path, timeout: float = 7200) -> dict[str, f
 
 def _run_direct(root: Path, stages: list[str]) -> dict[str, float]:
     """The direct runner in a fresh interpreter; its own timing of each stage."""
-    start = time.perf_counter()
-    done = subprocess.run(
+    end, out = _run_with_output(
         [sys.executable, "-m", "bench.orchestration", str(root), *stages],
         cwd=Path(__file__).resolve().parent.parent,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=7200,
     )
-    end = time.perf_counter() - start
-    if done.returncode != 0:
-        tail = (done.stdout + done.stderr).strip()[-3000:]
-        raise RuntimeError(f"direct run of {stages} in {root} failed ({done.returncode}): {tail}")
-    seconds = json.loads(done.stdout.strip().splitlines()[-1])
+    seconds = json.loads(out.strip().splitlines()[-1])
     # Its interpreter's start, imports (TensorFlow, Keras, MLflow: once, for every stage)
     # and exit: the direct pipeline's counterpart of each stage process's start-up.
     seconds[DIRECT_START] = round(end - sum(seconds.values()), 3)
@@ -218,15 +209,21 @@ def tax_from_stages(direct: list[dict[str, float]], dvc: list[dict[str, float]])
     return 1 - fastest_direct / fastest_dvc
 
 
-def _run(cmd: list[str], cwd: Path, timeout: float = 7200) -> float:
-    """Run a command; return its wall seconds; raise with its output tail when it fails."""
+def _run_with_output(cmd: list[str], cwd: Path, timeout: float = 7200) -> tuple[float, str]:
+    """Run a command; return its wall seconds and standard output; raise with its output
+    tail when it fails."""
     start = time.perf_counter()
     done = subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
     elapsed = time.perf_counter() - start
     if done.returncode != 0:
         tail = (done.stdout + done.stderr).strip()[-3000:]
         raise RuntimeError(f"`{' '.join(cmd)}` in {cwd} failed ({done.returncode}): {tail}")
-    return elapsed
+    return elapsed, done.stdout
+
+
+def _run(cmd: list[str], cwd: Path, timeout: float = 7200) -> float:
+    """Run a command; return its wall seconds; raise with its output tail when it fails."""
+    return _run_with_output(cmd, cwd, timeout)[0]
 
 
 def measure_orchestration(
