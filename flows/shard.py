@@ -258,7 +258,7 @@ class LocalWorkers:
         self._stack = ExitStack()
 
     def __enter__(self) -> LocalWorkers:
-        if self.enabled and self.params.mode == "rebuild":
+        if shard.workers_from_the_start(self.params):
             self._start()
         return self
 

@@ -559,11 +559,16 @@ def run_params(params: ShardParams, *, compact: bool) -> ShardParams:
     return params.model_copy(update={"mode": "rebuild"}) if compact else params
 
 
+def workers_from_the_start(params: ShardParams) -> bool:
+    """Whether the run's workers start with it: a rebuild with local workers. An append
+    spawns workers only once its new shards prove worth them."""
+    return pool_workers(params) > 0 and params.mode == "rebuild"
+
+
 def prestart_workers(params: ShardParams) -> None:
     """Start a rebuild's workers before the stage's own imports (see
-    :func:`tasks.pool.prestart_pool`); the stage's pool takes them. An append starts none:
-    it spawns workers only once its new shards prove worth them."""
-    if pool_workers(params) and params.mode == "rebuild":
+    :func:`tasks.pool.prestart_pool`); the stage's pool takes them."""
+    if workers_from_the_start(params):
         prestart_pool(params.workers, warm=warm_worker)
 
 
