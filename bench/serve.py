@@ -72,9 +72,10 @@ def batch_throughput(
 
     from bench.stats import timed_passes
     from tasks.predict import predict_files
+    from tasks.tracking import using_store
 
-    mlflow.set_tracking_uri(tracking_uri)
-    model = mlflow.pyfunc.load_model(model_uri)
+    with using_store(tracking_uri):
+        model = mlflow.pyfunc.load_model(model_uri)
     return timed_passes(lambda: len(predict_files(model, files, max_bytes)), passes=passes)
 
 

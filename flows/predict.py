@@ -33,9 +33,8 @@ ARTIFACT_ROWS = 500  # the Prefect table shows the first rows; the CSV holds the
 def predict_task(model_uri: str, source: str, tracking_uri: str) -> list[dict[str, Any]]:
     import mlflow
 
-    mlflow.set_tracking_uri(tracking_uri)
-    mlflow.set_registry_uri(tracking_uri)
-    loaded = mlflow.pyfunc.load_model(model_uri)
+    with tracking.using_store(tracking_uri):
+        loaded = mlflow.pyfunc.load_model(model_uri)
     spec = predict.ServingSpec.from_dict(loaded.metadata.metadata["preprocessing"])
     paths = predict.list_sources(source)
     return predict.predict_files(loaded, paths, spec.max_file_bytes)

@@ -385,9 +385,11 @@ def register_model(
     import mlflow
 
     from tasks.predict import log_pyfunc
+    from tasks.tracking import using_store
 
     model_uri = log_pyfunc(client, run_id, model_file, spec)
-    version = mlflow.register_model(model_uri, model_name)
+    with using_store(client.tracking_uri):
+        version = mlflow.register_model(model_uri, model_name)
     return str(version.version)
 
 

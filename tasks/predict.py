@@ -276,10 +276,9 @@ def log_pyfunc(client: MlflowClient, run_id: str, model_file: str | Path, spec: 
     import tensorflow as tf
 
     import tasks
+    from tasks.tracking import using_store
 
-    mlflow.set_tracking_uri(client.tracking_uri)
-    mlflow.set_registry_uri(client.tracking_uri)
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, using_store(client.tracking_uri):
         spec_file = Path(tmp) / "serving_spec.json"
         spec_file.write_text(json.dumps(spec.to_dict(), indent=2, sort_keys=True))
         with mlflow.start_run(run_id=run_id):

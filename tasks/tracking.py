@@ -58,6 +58,41 @@ def client(root: str | Path = ".") -> MlflowClient:
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
+@contextmanager
+def using_store(uri: str) -> Iterator[None]:
+    """MLflow's fluent API (``log_model``, ``register_model``, ``pyfunc.load_model``) on the
+    store ``uri`` for this block only, as tracking and registry store.
+
+    ``mlflow.set_tracking_uri`` and ``set_registry_uri`` are process-wide, and they also
+    export ``MLFLOW_TRACKING_URI`` and ``MLFLOW_REGISTRY_URI`` to every child the process
+    starts later. Left set, a registration for one project made a later
+    ``models:/name@champion`` in a child resolve in that project's registry instead of the
+    child's own store: the wrong model, served without an error. The block's end puts
+    both URIs and both variables back as they were.
+    """
+    import mlflow
+    from mlflow.tracking._model_registry import utils as registry_utils
+    from mlflow.tracking._tracking_service import utils as tracking_utils
+
+    names = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
+    saved_env = {name: os.environ.get(name) for name in names}
+    saved_tracking = tracking_utils._tracking_uri
+    saved_registry = registry_utils._registry_uri
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    try:
+        yield
+    finally:
+        # None (unset) is accepted at run time; it also resets MLflow's tracer to it.
+        mlflow.set_tracking_uri(saved_tracking)  # type: ignore[arg-type]
+        registry_utils._registry_uri = saved_registry
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def experiment_id(mlflow_client: MlflowClient, name: str = EXPERIMENT_NAME) -> str:
     """Id of experiment ``name``, created on first use (artifacts beside a SQLite store)."""
     experiment = mlflow_client.get_experiment_by_name(name)

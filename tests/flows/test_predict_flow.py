@@ -16,6 +16,7 @@ from mlflow import MlflowClient
 
 from tasks.images import preprocessing_version
 from tasks.manifest import load_manifest
+from tasks.tracking import using_store
 from tests.trained_model import MODEL_NAME, TrainedProject
 
 pytestmark = pytest.mark.slow
@@ -30,11 +31,12 @@ def prefect_server() -> Iterator[None]:
 
 
 @pytest.fixture
-def project(trained_project: TrainedProject, monkeypatch: pytest.MonkeyPatch) -> TrainedProject:
+def project(
+    trained_project: TrainedProject, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[TrainedProject]:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", trained_project.tracking_uri)
-    mlflow.set_tracking_uri(trained_project.tracking_uri)
-    mlflow.set_registry_uri(trained_project.tracking_uri)
-    return trained_project
+    with using_store(trained_project.tracking_uri):  # for this test only, children included
+        yield trained_project
 
 
 def reference_rows(project: TrainedProject) -> list[dict[str, str]]:

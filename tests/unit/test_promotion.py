@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -125,19 +126,10 @@ def test_negative_margin_is_refused(registry: Registry) -> None:
     assert registry.champion == "1"
 
 
-def test_registering_the_same_run_twice_reuses_its_version(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A retried or repeated evaluation must not add a duplicate registry version."""
+def model_to_register(tmp_path: Path) -> tuple[Path, Any]:
+    """A saved two-class Keras model and a serving spec for it."""
     import keras
 
-    from tasks.evaluate import register_model
-
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    client = MlflowClient(uri, uri)
-    experiment = client.create_experiment("e", artifact_location=(tmp_path / "art").as_uri())
-    runs = [client.create_run(experiment).info.run_id for _ in range(2)]
     from tasks.predict import ServingSpec
     from tasks.schema import RecordSchema
 
@@ -153,10 +145,53 @@ def test_registering_the_same_run_twice_reuses_its_version(
     spec = ServingSpec(
         RecordSchema(8, 8, "raw").to_dict(), "pad", True, ["a", "b"], "v", 10**6, 1, 10**6
     )
+    return model_file, spec
+
+
+def store_with_runs(tmp_path: Path, name: str, runs: int) -> tuple[MlflowClient, list[str]]:
+    uri = f"sqlite:///{tmp_path / name}"
+    client = MlflowClient(uri, uri)
+    experiment = client.create_experiment("e", artifact_location=(tmp_path / "art").as_uri())
+    return client, [client.create_run(experiment).info.run_id for _ in range(runs)]
+
+
+def test_registering_the_same_run_twice_reuses_its_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retried or repeated evaluation must not add a duplicate registry version."""
+    from tasks.evaluate import register_model
+
+    client, runs = store_with_runs(tmp_path, "mlflow.db", 2)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)
+    model_file, spec = model_to_register(tmp_path)
     first = register_model(client, runs[0], model_file, "m", spec)
     again = register_model(client, runs[0], model_file, "m", spec)
     other = register_model(client, runs[1], model_file, "m", spec)
     assert first == again == "1" and other == "2"
+
+
+def test_registering_leaves_the_process_store_settings_as_they_were(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Registering in the client's store must not point the process, or the children it
+    starts later, at that store: their ``models:/m@champion`` would resolve there."""
+    import mlflow
+
+    from tasks.evaluate import register_model
+
+    client, runs = store_with_runs(tmp_path, "project.db", 1)
+    own = f"sqlite:///{tmp_path / 'own.db'}"  # the store this process is configured for
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", own)
+    monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
+    before = (mlflow.get_tracking_uri(), mlflow.get_registry_uri())
+    model_file, spec = model_to_register(tmp_path)
+
+    assert register_model(client, runs[0], model_file, "m", spec) == "1"
+
+    assert client.get_model_version("m", "1").run_id == runs[0]  # in the client's store
+    assert (mlflow.get_tracking_uri(), mlflow.get_registry_uri()) == before == (own, own)
+    assert os.environ["MLFLOW_TRACKING_URI"] == own
+    assert "MLFLOW_REGISTRY_URI" not in os.environ
 
 
 # -- the evaluate stage: refusals, fair comparison and crash recovery ------------------------
