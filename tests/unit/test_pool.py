@@ -186,6 +186,42 @@ def _started_noop() -> None:
     """A warm-up with nothing to do."""
 
 
+LOCK_HOLDER = """
+import multiprocessing
+def hold_lock():
+    global LOCK
+    LOCK = multiprocessing.RLock()  # as tqdm's write lock does for MLflow's download bars
+    return "ok"
+"""
+
+LOCK_MAIN = """
+import time
+from lock_holder import hold_lock
+from tasks.pool import StandbyChild, run_in_child
+if __name__ == "__main__":
+    print(StandbyChild(time.time).run(hold_lock).result(60), run_in_child(hold_lock).result(60))
+"""
+
+
+def test_a_childs_semaphores_are_released_when_it_ends(tmp_path: Path) -> None:
+    """One-job children end at once, yet clean up after themselves: a job that made a
+    lock must not leave its stage ending on a "leaked semaphore objects" warning."""
+    (tmp_path / "lock_holder.py").write_text(LOCK_HOLDER)
+    (tmp_path / "lock_main.py").write_text(LOCK_MAIN)
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-m", "lock_main"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{repo}"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["ok", "ok"]
+    assert "leaked semaphore" not in done.stderr, done.stderr
+
+
 KILLED_PARENT = """
 import sys, time
 from tasks.pool import StandbyChild, prestart_pool, run_in_child, _prestarted
