@@ -112,7 +112,7 @@ def targets_for(default_encoding: str) -> list[Target]:
         Target("write 1 worker vs seed recipe", "write.workers_1", "write.seed", ">=", 5.0),
         Target("write 2 workers vs 1 worker", "write.workers_2", "write.workers_1", ">=", 1.7),
         Target("training is not input-bound", "input_bound_ratio", None, "<=", 1.05),
-        Target("orchestration tax", "orchestration_tax", None, "<=", 0.05),
+        Target("orchestration tax", "orchestration_tax", None, "<=", 0.15),  # issue 12
         Target("dvc repro no-op seconds", "dvc_noop_s", None, "<", 3.0),
         Target("scaling s/image largest vs smallest", "scaling.s_per_image_ratio", None, "<=", 1.2),
         Target("scaling peak RSS largest vs smallest", "scaling.peak_rss_ratio", None, "<=", 1.3),
