@@ -270,10 +270,9 @@ def example_input(spec: ServingSpec) -> pd.DataFrame:
 
 def log_pyfunc(client: MlflowClient, run_id: str, model_file: str | Path, spec: ServingSpec) -> str:
     """Log the pyfunc (Keras model + spec + the ``tasks`` code) to a run; return its URI."""
-    import keras
+    from importlib.metadata import version
+
     import mlflow
-    import PIL
-    import tensorflow as tf
 
     import tasks
     from tasks.tracking import using_store
@@ -291,10 +290,9 @@ def log_pyfunc(client: MlflowClient, run_id: str, model_file: str | Path, spec: 
                 input_example=example_input(spec),
                 metadata={"preprocessing": spec.to_dict()},
                 # Pinned here so logging never shells out to infer requirements.
+                # From the installed metadata: logging imports neither TensorFlow nor Keras.
                 pip_requirements=[
-                    f"tensorflow=={tf.__version__}",
-                    f"keras=={keras.__version__}",
-                    f"pillow=={PIL.__version__}",
+                    *(f"{name}=={version(name)}" for name in ("tensorflow", "keras", "pillow")),
                     f"numpy=={np.__version__}",
                     "pydantic>=2.7",
                 ],
