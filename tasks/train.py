@@ -37,6 +37,7 @@ from tasks.gate import check_validated
 from tasks.layout import Layout
 from tasks.manifest import ShardManifest, load_manifest
 from tasks.metrics_files import split_numeric
+from tasks.model_file import save_model
 from tasks.models import build_model, unfreeze_top
 from tasks.params import Params, TrainParams, flatten
 from tasks.provenance import code_version
@@ -398,8 +399,7 @@ def train(
         keras.mixed_precision.set_global_policy(previous_policy)
 
     rows = read_epoch_log(epoch_log.path)
-    model_file.parent.mkdir(parents=True, exist_ok=True)
-    model.save(model_file)
+    save_model(model, model_file)  # the same weights give the same bytes
     summary = history_summary(rows)
     # After saving: the probe's extra steps change the in-memory weights, never the model file.
     summary["input_bound"] = probe_input_bound(model, train_ds)
