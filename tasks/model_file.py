@@ -13,8 +13,9 @@ nothing else is touched:
   first appearance: the same sharing, stable numbers.
 - Each zip entry carries a modification time; all are set to 1980-01-01, the zip epoch.
 
-With a byte-identical model, ``dvc repro`` after a training rerun that changed nothing
-(a comment in the training code, say) finds the evaluate stage's input unchanged.
+With a byte-identical model, a training rerun that changed nothing (a comment in the
+training code, say) keeps the model's md5 in ``dvc.lock``, and anyone can check that two runs
+made the same model by its hash.
 """
 
 from __future__ import annotations
