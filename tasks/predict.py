@@ -269,7 +269,12 @@ def example_input(spec: ServingSpec) -> pd.DataFrame:
 
 
 def log_pyfunc(client: MlflowClient, run_id: str, model_file: str | Path, spec: ServingSpec) -> str:
-    """Log the pyfunc (Keras model + spec + the ``tasks`` code) to a run; return its URI."""
+    """Log the pyfunc (Keras model + spec + the ``tasks`` code) to a run; return its URI.
+
+    The run keeps the status it had: MLflow logs a model only onto its active run, and its
+    ``with start_run()`` would mark the run FINISHED on the way out, while evaluation is still
+    logging to it (a crash after that left a finished-looking run with half its results).
+    """
     from importlib.metadata import version
 
     import mlflow
@@ -277,10 +282,12 @@ def log_pyfunc(client: MlflowClient, run_id: str, model_file: str | Path, spec: 
     import tasks
     from tasks.tracking import using_store
 
+    status = client.get_run(run_id).info.status
     with tempfile.TemporaryDirectory() as tmp, using_store(client.tracking_uri):
         spec_file = Path(tmp) / "serving_spec.json"
         spec_file.write_text(json.dumps(spec.to_dict(), indent=2, sort_keys=True))
-        with mlflow.start_run(run_id=run_id):
+        mlflow.start_run(run_id=run_id)
+        try:
             info = mlflow.pyfunc.log_model(
                 name=MODEL_NAME_IN_RUN,
                 python_model=ShardflowModel(),
@@ -289,14 +296,16 @@ def log_pyfunc(client: MlflowClient, run_id: str, model_file: str | Path, spec: 
                 signature=signature(spec.classes),
                 input_example=example_input(spec),
                 metadata={"preprocessing": spec.to_dict()},
-                # Pinned here so logging never shells out to infer requirements.
-                # From the installed metadata: logging imports neither TensorFlow nor Keras.
+                # Pinned here (versions from the installed metadata) so logging never shells
+                # out to infer requirements.
                 pip_requirements=[
                     *(f"{name}=={version(name)}" for name in ("tensorflow", "keras", "pillow")),
                     f"numpy=={np.__version__}",
                     "pydantic>=2.7",
                 ],
             )
+        finally:
+            mlflow.end_run(status=status)  # no longer active here; its status as it was
     return str(info.model_uri)
 
 

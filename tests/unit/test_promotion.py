@@ -170,11 +170,12 @@ def test_registering_the_same_run_twice_reuses_its_version(
     assert first == again == "1" and other == "2"
 
 
-def test_registering_leaves_the_process_store_settings_as_they_were(
+def test_registering_leaves_the_process_and_the_run_as_they_were(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Registering in the client's store must not point the process, or the children it
-    starts later, at that store: their ``models:/m@champion`` would resolve there."""
+    starts later, at that store (their ``models:/m@champion`` would resolve there), nor end
+    the run that evaluation is still logging to."""
     import mlflow
 
     from tasks.evaluate import register_model
@@ -192,6 +193,9 @@ def test_registering_leaves_the_process_store_settings_as_they_were(
     assert (mlflow.get_tracking_uri(), mlflow.get_registry_uri()) == before == (own, own)
     assert os.environ["MLFLOW_TRACKING_URI"] == own
     assert "MLFLOW_REGISTRY_URI" not in os.environ
+    # Evaluation goes on logging to the run: it must not look finished yet, nor stay active.
+    assert client.get_run(runs[0]).info.status == "RUNNING"
+    assert mlflow.active_run() is None
 
 
 # -- the evaluate stage: refusals, fair comparison and crash recovery ------------------------
