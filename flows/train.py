@@ -8,18 +8,22 @@ is evaluated or served does not retrain it. ``flows/training.py`` composes this 
 from __future__ import annotations
 
 if __name__ == "__main__":
-    # `python -m flows.train`: Keras without the scikit-learn it imports for wrappers
-    # training never uses (0.7-0.8 s), before the imports below load it whole.
-    from tasks.tf_imports import keras_without_sklearn
+    # `python -m flows.train`: a child starts importing what training runs (Keras with
+    # TensorFlow, MLflow: about 4-5 s) now, while this process imports Prefect below (about
+    # 1.3 s) and starts its flow; the train task then runs in that child and reports each
+    # epoch back. The offline settings first: the child takes this environment as it is now.
+    from flows.common import configure_environment
+    from tasks import train_child as _train_child
+    from tasks.pool import prestart_child
 
-    keras_without_sklearn()
+    configure_environment()
+    prestart_child(_train_child.warm_up)
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import keras
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
@@ -33,12 +37,15 @@ from flows.common import (
     untagged_task_runs,
 )
 from flows.model_runs import link_mlflow_run, retry_unless_refused
-from tasks import gate, manifest, models, reader, schema, tracking, train
+from tasks import manifest, schema, tracking, train_child
 from tasks.layout import Layout
 from tasks.params import Params, TrainParams, load_params, run_params_path
-from tasks.train import run_train
+from tasks.pool import standby_child
 
 EPOCH_FIGURES = ("loss", "accuracy", "val_loss", "val_accuracy")
+# The training code, named: this process only versions it; the child (or the task, when
+# no child stands by) imports it.
+TRAINING_CODE = ("tasks.train", "tasks.gate", "tasks.models", "tasks.reader")
 
 
 def planned_epochs(params: TrainParams) -> int:
@@ -57,27 +64,18 @@ def epoch_line(epoch: int, planned: int, logs: Mapping[str, Any]) -> str:
     return f"epoch {epoch + 1}/{planned}: " + ", ".join(shown)
 
 
-class EpochProgress(keras.callbacks.Callback):
-    """Each epoch's line in the flow run's log, and the progress artifact one epoch on.
+def epoch_reporter(
+    planned: int,
+    progress: Progress,
+    logger: logging.Logger | logging.LoggerAdapter[logging.Logger],
+) -> train_child.Report:
+    """Each epoch's line in the flow run's log, and the progress artifact one epoch on."""
 
-    Runs after run_train's own callbacks, so the logs already carry throughput and the
-    learning rate.
-    """
+    def report(epoch: int, figures: dict[str, float]) -> None:
+        logger.info(epoch_line(epoch, planned, figures))
+        progress(epoch + 1, planned)
 
-    def __init__(
-        self,
-        planned: int,
-        progress: Callable[[int, int], None],
-        logger: logging.Logger | logging.LoggerAdapter[logging.Logger],
-    ) -> None:
-        super().__init__()
-        self.planned = planned
-        self.progress = progress
-        self.logger = logger
-
-    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        self.logger.info(epoch_line(epoch, self.planned, logs or {}))
-        self.progress(epoch + 1, self.planned)
+    return report
 
 
 def model_run_details() -> Sequence[object]:
@@ -91,7 +89,7 @@ def model_run_details() -> Sequence[object]:
 # A retry resumes from the BackupAndRestore state, so it costs at most one epoch.
 @task(
     name="train",
-    version=code_version(train, gate, models, reader, schema, manifest, tracking),
+    version=code_version(*TRAINING_CODE, schema, manifest, tracking),
     cache_policy=NO_CACHE,  # DVC decides what is current (content hashes), see run_stage
     retries=1,
     retry_delay_seconds=10,
@@ -101,10 +99,9 @@ def train_task(params: Params, layout: Layout) -> dict[str, Any]:
     logger = get_run_logger()
     planned = planned_epochs(params.train)
     progress = Progress("train-progress", f"epochs done of {planned} ({params.train.model})")
-    summary = run_train(params, layout, callbacks=[EpochProgress(planned, progress, logger)])
+    summary = train_where_warm(params, layout, epoch_reporter(planned, progress, logger))
     progress(planned, planned)  # early stopping ends a run before its planned epochs
-    run_url = tracking.run_url(tracking.client(layout.root), summary["run_id"])
-    url = link_mlflow_run(run_url, summary["run_name"], "training run")
+    url = link_mlflow_run(summary["run_url"], summary["run_name"], "training run")
     final = summary.get("final", {})
     logger.info(
         "trained %s: %s epochs (resumed from epoch %s), val accuracy %.4f, val loss %.4f, "
@@ -118,6 +115,21 @@ def train_task(params: Params, layout: Layout) -> dict[str, Any]:
         url,
     )
     return {key: value for key, value in summary.items() if key != "history"}
+
+
+def train_where_warm(params: Params, layout: Layout, report: train_child.Report) -> dict[str, Any]:
+    """:func:`tasks.train_child.train` in the child the stage's entry point prestarted (its
+    imports done or under way), each epoch reported back here; else in this process: a
+    deployment run's, or a retry (which resumes from the backup)."""
+    child = standby_child(train_child.warm_up)
+    if child is not None:
+        try:
+            job = child.run(train_child.train, params, layout)
+        except OSError:  # the prestarted child is gone
+            child.close()
+        else:
+            return job.result(on_report=lambda message: report(*message))
+    return train_child.train(params, layout, report)
 
 
 @flow(name="train", log_prints=True, flow_run_name=naming("train", model_run_details))

@@ -10,6 +10,7 @@ they run; the stage's orchestration stays in the parent.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import sys
@@ -21,8 +22,9 @@ from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
@@ -122,13 +124,29 @@ class ChildResult(Generic[T]):
         self._process = process
         self._connection = connection
 
-    def result(self, timeout: float | None = None) -> T:
-        """Wait for the child's value (or its exception); the child is gone afterwards."""
+    def result(
+        self, timeout: float | None = None, on_report: Callable[[Any], object] | None = None
+    ) -> T:
+        """Wait for the child's value (or its exception); the child is gone afterwards.
+
+        ``on_report`` gets each message the job sends with :func:`report` while it runs (an
+        epoch's figures, say), in order; an error there is logged, and the job goes on.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            if not self._connection.poll(timeout):
-                self._process.kill()  # the parent gives up: so does the child
-                raise TimeoutError(f"no result from the child process within {timeout} s")
-            kind, value = self._connection.recv()
+            while True:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if not self._connection.poll(left):
+                    self._process.kill()  # the parent gives up: so does the child
+                    raise TimeoutError(f"no result from the child process within {timeout} s")
+                kind, value = self._connection.recv()
+                if kind != "report":
+                    break
+                if on_report is not None:
+                    try:
+                        on_report(value)
+                    except Exception:  # a report is news, not work: the job goes on
+                        log.exception("handling a report from the child process failed")
         except EOFError:
             self._process.join(5)
             raise RuntimeError(
@@ -205,15 +223,30 @@ def _leave() -> None:
         os._exit(0)
 
 
+# In a child, while its job runs: where :func:`report` sends.
+_reports_to: Connection | None = None
+
+
+def report(message: object) -> None:
+    """Send ``message`` (picklable) from a job running in a child to its parent, whose
+    :meth:`ChildResult.result` hands it to ``on_report`` at once."""
+    if _reports_to is None:
+        raise RuntimeError("report() is for a job running in a child (run_in_child, StandbyChild)")
+    _reports_to.send(("report", message))
+
+
 def _send_result(
     connection: Connection, fn: Callable[..., object], args: tuple[object, ...]
 ) -> None:
+    global _reports_to
+    _reports_to = connection
     try:
         message: tuple[str, object] = ("ok", fn(*args))
     except Exception as exc:  # sent to the parent, which raises it
         # A pickled exception loses its traceback: where it came from travels as a note.
         exc.add_note(f"in the child process {os.getpid()}:\n{traceback.format_exc()}")
         message = ("error", exc)
+    _reports_to = None
     try:
         connection.send(message)
     except Exception as exc:  # an unpicklable value or exception: say what it was

@@ -21,7 +21,7 @@ import shutil
 import sys
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -333,6 +333,22 @@ class MlflowEpochMetrics(keras.callbacks.Callback):
         now = int(time.time() * 1000)
         metrics = [Metric(key, float(value), now, epoch) for key, value in (logs or {}).items()]
         self.client.log_batch(self.run_id, metrics=metrics)
+
+
+class EpochReport(keras.callbacks.Callback):
+    """Hands each finished epoch to ``report(epoch, figures)``, the figures as plain floats
+    (picklable: the stage's report may go to a parent process).
+
+    Passed to :func:`run_train` after its own callbacks, so the figures already carry
+    throughput and the learning rate.
+    """
+
+    def __init__(self, report: Callable[[int, dict[str, float]], object]) -> None:
+        super().__init__()
+        self.report = report
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self.report(epoch, {key: float(value) for key, value in (logs or {}).items()})
 
 
 def read_epoch_log(path: Path) -> list[dict[str, float]]:

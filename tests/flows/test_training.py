@@ -14,7 +14,7 @@ from mlflow import MlflowClient
 
 from flows.training import training_flow
 from tasks import evaluate as tasks_evaluate
-from tasks import pool, tracking
+from tasks import pool, tracking, train_child
 from tasks.evaluate import CHAMPION, PER_CLASS_TABLE, logged_model_id
 from tasks.layout import Layout
 from tasks.params import default_params
@@ -119,19 +119,25 @@ def test_flow_trains_evaluates_tracks_and_promotes(
 def test_stage_entry_points_run_one_stage_each_and_tell_their_story(
     project: Path, mlflow_uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """What the dvc.yaml stages run: `python -m flows.train`, then `python -m flows.evaluate`.
+    """What the dvc.yaml stages run: `python -m flows.train`, then `python -m flows.evaluate`,
+    each task in the child its entry point prestarted.
 
     Through the Prefect API: both runs share the pipeline tag and are named after the MLflow
-    run; the train run logs every epoch line, its progress artifact reaches 100 and a link
-    artifact leads to the MLflow run's page."""
+    run; the train run logs every epoch line (reported from its child), its progress artifact
+    reaches 100 and a link artifact leads to the MLflow run's page."""
     from flows import evaluate, train
 
     layout = Layout().with_root(project)
     monkeypatch.chdir(project)
     monkeypatch.setenv("SHARDFLOW_PIPELINE_ID", "train-story")
     monkeypatch.setattr("sys.argv", ["flows.train"])
+    prestart_child(train_child.warm_up)  # what `python -m flows.train` does first
+    trainer = pool._standing_by[train_child.warm_up]
     train.main()
     assert layout.model_file.exists() and not layout.eval_metrics.exists()
+    # The training ran in that child (its epochs reported back, below), which is gone.
+    assert pool.standby_child(train_child.warm_up) is None
+    assert not trainer._process.is_alive()  # type: ignore[attr-defined]
     monkeypatch.setattr("sys.argv", ["flows.evaluate"])
     prestart_child(tasks_evaluate.warm_up)  # what `python -m flows.evaluate` does first
     child = pool._standing_by[tasks_evaluate.warm_up]

@@ -166,6 +166,40 @@ def test_a_standby_child_warms_first_then_runs_the_job_sent_later(tmp_path: Path
         child.run(_square_and_pid, 1)
 
 
+def _count_aloud(n: int) -> int:
+    from tasks.pool import report
+
+    for i in range(n):
+        report(("step", i, os.getpid()))
+    return n * 10
+
+
+def test_a_childs_job_reports_to_the_parent_while_it_runs() -> None:
+    """Messages a job sends with report() reach on_report in order, before its value."""
+    from tasks.pool import StandbyChild
+
+    seen: list[object] = []
+    value = StandbyChild(_started_noop).run(_count_aloud, 3).result(60, on_report=seen.append)
+    assert value == 30
+    assert [step for _, step, _ in seen] == [0, 1, 2]  # type: ignore[misc]
+    assert {pid for _, _, pid in seen} != {os.getpid()}  # type: ignore[misc]
+    assert run_in_child(_count_aloud, 2).result(60) == 20  # no handler: reports are dropped
+
+
+def test_a_failing_report_handler_does_not_stop_the_job() -> None:
+    def broken(message: object) -> None:
+        raise ValueError("the handler's own problem")
+
+    assert run_in_child(_count_aloud, 2).result(60, on_report=broken) == 20
+
+
+def test_report_outside_a_childs_job_says_so() -> None:
+    from tasks.pool import report
+
+    with pytest.raises(RuntimeError, match="job running in a child"):
+        report("hello")
+
+
 def test_a_standby_childs_failed_warm_up_is_reported_on_its_job() -> None:
     from tasks.pool import StandbyChild
 
