@@ -130,17 +130,23 @@ def test_children_do_not_import_the_parents_main_module(tmp_path: Path) -> None:
         "import sys\ndef loaded():\n    return 'heavy_marker' in sys.modules\n"
     )
     (tmp_path / "stage_main.py").write_text(MAIN_MODULE)
+    done = run_main_module(tmp_path, "stage_main")
+    assert done.stdout.split() == ["False", "False"]
+
+
+def run_main_module(folder: Path, module: str) -> subprocess.CompletedProcess[str]:
+    """``python -m module`` from ``folder`` (importable, with the repo), as a stage runs."""
     repo = Path(__file__).resolve().parents[2]
     done = subprocess.run(
-        [sys.executable, "-m", "stage_main"],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{repo}"},
+        [sys.executable, "-m", module],
+        cwd=folder,
+        env={**os.environ, "PYTHONPATH": f"{folder}{os.pathsep}{repo}"},
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["False", "False"]
+    return done
 
 
 def _warm_then_record(path: str) -> None:
@@ -242,16 +248,7 @@ def test_a_childs_semaphores_are_released_when_it_ends(tmp_path: Path) -> None:
     lock must not leave its stage ending on a "leaked semaphore objects" warning."""
     (tmp_path / "lock_holder.py").write_text(LOCK_HOLDER)
     (tmp_path / "lock_main.py").write_text(LOCK_MAIN)
-    repo = Path(__file__).resolve().parents[2]
-    done = subprocess.run(
-        [sys.executable, "-m", "lock_main"],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{repo}"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
+    done = run_main_module(tmp_path, "lock_main")
     assert done.stdout.split() == ["ok", "ok"]
     assert "leaked semaphore" not in done.stderr, done.stderr
 
