@@ -33,7 +33,10 @@ def ingest_task(params: IngestParams, layout: Layout) -> dict[str, Any]:
     progress = Progress("ingest-progress", f"files inspected in {params.source_dir}")
     report = ingest.run_ingest(params, layout.index, layout.ingest_report, progress=progress)
     progress(1, 1)  # an empty folder inspects nothing and is done too
-    get_run_logger().info(key_figures(report))
+    logger = get_run_logger()
+    logger.info(key_figures(report))
+    for dropped in report["classes_dropped"]:
+        logger.warning("class %r dropped: %s", dropped["class"], dropped["reason"])
     create_table_artifact(
         key="ingest-summary",
         table=ingest.summary_rows(report),

@@ -318,6 +318,7 @@ class Discovered:
 
     candidates: list[Candidate]
     skipped: list[dict[str, str]]  # {"path", "reason"}: hidden files, files outside classes
+    labels: list[str]  # every class the source names: its folders, or the CSV's labels
 
 
 def discover(source_dir: Path, labels_csv: Path | None = None) -> Discovered:
@@ -348,7 +349,7 @@ def discover(source_dir: Path, labels_csv: Path | None = None) -> Discovered:
                 if not path or not label:
                     raise ValueError(f"{labels_csv}, line {line}: empty `path` or `label`")
                 rows.append(Candidate(path, label))
-        return Discovered(sorted(rows, key=lambda c: c.path), [])
+        return Discovered(sorted(rows, key=lambda c: c.path), [], sorted({r.label for r in rows}))
     if not source_dir.is_dir():
         raise FileNotFoundError(
             f"{source_dir}: source folder not found (ingest.source_dir); "
@@ -356,6 +357,7 @@ def discover(source_dir: Path, labels_csv: Path | None = None) -> Discovered:
         )
     found: list[Candidate] = []
     skipped: list[dict[str, str]] = []
+    labels: list[str] = []
     for entry in sorted(source_dir.iterdir()):
         name = display_name(entry.relative_to(source_dir).as_posix())
         if entry.name.startswith("."):
@@ -363,10 +365,11 @@ def discover(source_dir: Path, labels_csv: Path | None = None) -> Discovered:
         elif not entry.is_dir():
             skipped.append({"path": name, "reason": "not in a class sub-folder"})
         else:
+            labels.append(entry.name)
             found.extend(_class_files(source_dir, entry, skipped))
     if not found:
         raise ValueError(f"{source_dir}: no files found in class sub-folders")
-    return Discovered(found, skipped)
+    return Discovered(found, skipped, labels)
 
 
 def _class_files(
@@ -588,6 +591,7 @@ def run_ingest(
     records = sorted_out["records"]
     present = sorted({r["label"] for r in records})
     classes = [c for c in classes if c in present]  # a class whose files all failed is dropped
+    dropped = classes_dropped(discovered, present)
     for record in records:
         record["label_index"] = classes.index(record["label"])
 
@@ -597,6 +601,7 @@ def run_ingest(
     report = {
         "source_dir": params.source_dir,
         "classes": classes,
+        "classes_dropped": dropped,
         "files_found": len(candidates) + len(discovered.skipped),
         "accepted": len(records),
         "quarantined_count": len(sorted_out["quarantined"]),
@@ -633,6 +638,20 @@ def run_ingest(
     write_signatures(index_path, index_sha256, inspected, started_ns)
     write_json(report_path, report)
     return report
+
+
+def classes_dropped(discovered: Discovered, present: Iterable[str]) -> list[dict[str, str]]:
+    """The classes the source names that have no accepted image, each with why: the model
+    will not know them, which the report must say rather than leave to be noticed."""
+    files = Counter(candidate.label for candidate in discovered.candidates)
+    dropped = []
+    for label in sorted(set(discovered.labels) - set(present)):
+        if files[label]:
+            reason = f"none of its {files[label]} files accepted (quarantined or duplicates)"
+        else:
+            reason = "no files in its folder"
+        dropped.append({"class": label, "reason": reason})
+    return dropped
 
 
 def summary_rows(report: dict[str, Any]) -> list[dict[str, Any]]:

@@ -332,6 +332,25 @@ def test_hidden_and_stray_entries_are_counted_as_skipped(tmp_path: Path) -> None
     assert report["accepted"] + report["skipped_count"] == report["files_found"]
 
 
+def test_classes_without_an_accepted_image_are_named_with_why(tmp_path: Path) -> None:
+    """An empty class folder, or one whose files all fail, is not a class of the model:
+    the report says so, class by class, instead of leaving it to be noticed."""
+    src = write_image_folder(tmp_path / "src", per_class=2)
+    (src / "horse").mkdir()
+    (src / "zebra").mkdir()
+    (src / "zebra" / "broken.jpg").write_bytes(b"not an image")
+    (src / "zebra" / "empty.png").write_bytes(b"")
+    report, index = ingest(src, tmp_path)
+    assert "horse" not in report["classes"] and "zebra" not in report["classes"]
+    assert index["classes"] == report["classes"] and report["classes"]
+    assert report["classes_dropped"] == [
+        {"class": "horse", "reason": "no files in its folder"},
+        {"class": "zebra", "reason": "none of its 2 files accepted (quarantined or duplicates)"},
+    ]
+    clean, _ = ingest(write_image_folder(tmp_path / "clean", per_class=2), tmp_path / "c")
+    assert clean["classes_dropped"] == []
+
+
 def test_decompression_bomb_guard_stays_on() -> None:
     import tasks.ingest  # noqa: F401  (importing the stage must not switch the guard off)
 
