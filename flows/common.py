@@ -38,6 +38,17 @@ def configure_environment() -> None:
         os.environ.setdefault(key, value)
 
 
+def prestart_stage_child(warm: Callable[[], object]) -> None:
+    """What a stage's ``python -m`` entry point does first when its task runs in a child:
+    the offline settings, then the child, warming up with ``warm`` while the stage goes on
+    to import Prefect (:func:`tasks.pool.prestart_child`). In that order: the child takes
+    the environment as it is at spawn."""
+    from tasks.pool import prestart_child
+
+    configure_environment()
+    prestart_child(warm)
+
+
 def run_then_exit(main: Callable[[], object]) -> NoReturn:
     """A stage's ``python -m`` entry point: run ``main``, then end the process at once.
 

@@ -9,14 +9,11 @@ from __future__ import annotations
 if __name__ == "__main__":
     # `python -m flows.evaluate`: a child starts importing what evaluation runs (Keras with
     # TensorFlow, MLflow: about 5 s) now, while this process imports Prefect below (about
-    # 1.3 s) and starts its flow; the evaluate task then runs in that child. The offline
-    # settings first (MLflow's telemetry off): the child takes this environment as it is now.
-    from flows.common import configure_environment
+    # 1.3 s) and starts its flow; the evaluate task then runs in that child.
+    from flows.common import prestart_stage_child
     from tasks import evaluate as _evaluate
-    from tasks.pool import prestart_child
 
-    configure_environment()
-    prestart_child(_evaluate.warm_up)
+    prestart_stage_child(_evaluate.warm_up)
 
 from collections.abc import Sequence
 from pathlib import Path

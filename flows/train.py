@@ -11,13 +11,11 @@ if __name__ == "__main__":
     # `python -m flows.train`: a child starts importing what training runs (Keras with
     # TensorFlow, MLflow: about 4-5 s) now, while this process imports Prefect below (about
     # 1.3 s) and starts its flow; the train task then runs in that child and reports each
-    # epoch back. The offline settings first: the child takes this environment as it is now.
-    from flows.common import configure_environment
+    # epoch back.
+    from flows.common import prestart_stage_child
     from tasks import train_child as _train_child
-    from tasks.pool import prestart_child
 
-    configure_environment()
-    prestart_child(_train_child.warm_up)
+    prestart_stage_child(_train_child.warm_up)
 
 import logging
 from collections.abc import Mapping, Sequence
