@@ -12,9 +12,12 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -158,7 +161,9 @@ def stage_seconds(marks: list[tuple[float, str]], end: float) -> dict[str, float
 
 
 def _run_dvc_repro(target: str, cwd: Path, timeout: float = 7200) -> dict[str, float]:
-    """``dvc repro target``, timing each stage from its output as it streams."""
+    """``dvc repro target``, timing each stage from its output as it streams; killed after
+    ``timeout`` seconds, with its stages (reading the stream would otherwise wait on a hung
+    run forever: a stage process holds the stream open after DVC itself is gone)."""
     start = time.perf_counter()
     process = subprocess.Popen(
         [sys.executable, "-m", "dvc", "repro", target],
@@ -167,15 +172,23 @@ def _run_dvc_repro(target: str, cwd: Path, timeout: float = 7200) -> dict[str, f
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        start_new_session=True,
     )
     assert process.stdout is not None
     marks: list[tuple[float, str]] = []
-    tail: list[str] = []
-    for line in process.stdout:
-        marks.append((time.perf_counter() - start, line))
-        tail = [*tail[-40:], line]
-    process.wait(timeout=timeout)
+    tail: deque[str] = deque(maxlen=41)
+    deadline = threading.Timer(timeout, os.killpg, (process.pid, signal.SIGKILL))
+    deadline.start()
+    try:
+        for line in process.stdout:
+            marks.append((time.perf_counter() - start, line))
+            tail.append(line)
+        process.wait()
+    finally:
+        deadline.cancel()
     end = time.perf_counter() - start
+    if end >= timeout:
+        raise TimeoutError(f"`dvc repro {target}` in {cwd} ran past {timeout} s and was killed")
     if process.returncode != 0:
         raise RuntimeError(
             f"`dvc repro {target}` in {cwd} failed ({process.returncode}): {''.join(tail)[-3000:]}"
