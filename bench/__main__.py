@@ -16,6 +16,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 QUICK = {
     "images": 200,
     "passes": 1,
+    "read_seconds": 0.0,
     "scaling": [200, 1000],
     "steps": 10,
     "warmup_steps": 3,
@@ -34,6 +35,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--size", type=int, default=224, help="square training size for read/write")
     parser.add_argument("--batch", type=int, default=32, help="batch size for read figures")
     parser.add_argument("--passes", type=int, default=3, help="timed passes per figure (median)")
+    parser.add_argument(
+        "--read-seconds",
+        type=float,
+        default=2.0,
+        help="least seconds of each timed read pass (whole epochs, repeated)",
+    )
     parser.add_argument(
         "--scaling",
         type=_int_list,
@@ -223,51 +230,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     def read() -> None:
         from bench import read as r
 
-        run.record(
-            "read.folder",
-            r.measure_read(
-                r.folder_dataset(images, size=size, batch=args.batch), passes=args.passes
-            ),
-        )
+        # Every pipeline first, then all of them timed in turns (bench.read.measure_reads).
+        datasets = {"read.folder": r.folder_dataset(images, size=size, batch=args.batch)}
         seed_file = work / f"seed-{tag}.tfrecord"
         r.write_seed_tfrecord(images, seed_file)
-        run.record(
-            "read.seed",
-            r.measure_read(
-                r.seed_dataset(seed_file, size=size, batch=args.batch), passes=args.passes
-            ),
-        )
+        datasets["read.seed"] = r.seed_dataset(seed_file, size=size, batch=args.batch)
         for encoding in ("raw", "jpeg", "png"):
             params = base.shard.model_copy(update={"image_size": size, "encoding": encoding})
             shards = fresh_shards(params, index, work / f"read-{tag}-{encoding}", workers=cores)
-            run.record(
-                f"read.{encoding}",
-                r.measure_read(r.shardflow_dataset(shards, batch=args.batch), passes=args.passes),
-            )
+            datasets[f"read.{encoding}"] = r.shardflow_dataset(shards, batch=args.batch)
             if encoding == "raw":
                 # The physical limit: the same files as bare records, never parsed.
-                run.record(
-                    "read.bytes_ceiling",
-                    r.measure_read(r.bytes_dataset(shards, batch=args.batch), passes=args.passes),
-                )
+                datasets["read.bytes_ceiling"] = r.bytes_dataset(shards, batch=args.batch)
             if encoding == "jpeg":
                 # Stricter ceiling for read.jpeg: the shards' own JPEG bytes, decoded from memory.
                 encoded, labels = r.shard_image_bytes(shards)
-                run.record(
-                    "read.ceiling_shard_jpeg",
-                    r.measure_read(
-                        r.ceiling_dataset(encoded, labels, size=None, batch=args.batch),
-                        passes=args.passes,
-                    ),
+                datasets["read.ceiling_shard_jpeg"] = r.ceiling_dataset(
+                    encoded, labels, size=None, batch=args.batch
                 )
-                run.figures["read.ceiling_shard_jpeg"] = run.figures.pop("read.ceiling_shard_jpeg")
         encoded, labels = r.source_jpegs(images)
-        run.record(
-            "read.ceiling",
-            r.measure_read(
-                r.ceiling_dataset(encoded, labels, size=size, batch=args.batch), passes=args.passes
-            ),
-        )
+        datasets["read.ceiling"] = r.ceiling_dataset(encoded, labels, size=size, batch=args.batch)
+        results = r.measure_reads(datasets, passes=args.passes, seconds=args.read_seconds)
+        for key, result in results.items():
+            run.record(key, result)
 
     def write() -> None:
         from bench.stats import timed_passes

@@ -1,16 +1,19 @@
 """Read throughput: images/s of batched (image, label) over one full epoch, per input recipe.
 
-Each ``*_dataset`` builds one pipeline; :func:`measure_read` iterates it for a warm-up epoch
-and then ``passes`` timed epochs. All yield batches of ``size`` images at ``batch``.
+Each ``*_dataset`` builds one pipeline; :func:`measure_reads` times them all together: a
+warm-up epoch of each, then ``passes`` rounds in which each pipeline reads whole epochs for at
+least ``seconds``, in turns, so the ratios between them hold on a noisy machine. All yield
+batches of ``size`` images at ``batch``.
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench.images import list_images
-from bench.stats import timed_passes
+from bench.stats import alternating_passes, for_at_least
 from tasks.manifest import load_manifest
 from tasks.reader import read_split, shard_records
 from tasks.schema import IMAGE_KEY
@@ -27,8 +30,18 @@ def epoch_images(ds: tf.data.Dataset) -> int:
     return count
 
 
-def measure_read(ds: tf.data.Dataset, *, passes: int) -> dict[str, Any]:
-    return timed_passes(lambda: epoch_images(ds), passes=passes, warmup=1)
+def measure_reads(
+    datasets: dict[str, tf.data.Dataset], *, passes: int, seconds: float
+) -> dict[str, dict[str, Any]]:
+    """images/s of every pipeline (:func:`bench.stats.alternating_passes`), each timed pass
+    reading whole epochs for at least ``seconds``."""
+    for ds in datasets.values():
+        epoch_images(ds)  # warm-up: tracing, thread pools, file cache
+    runs = {
+        name: for_at_least(functools.partial(epoch_images, ds), seconds)
+        for name, ds in datasets.items()
+    }
+    return alternating_passes(runs, passes=passes, warmup=0)
 
 
 def folder_dataset(source_dir: Path, *, size: tuple[int, int], batch: int) -> tf.data.Dataset:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -35,16 +35,56 @@ def timed_passes(
     Warm-up passes are run and discarded (graph tracing, file cache, thread pools). A run
     that times itself (a subprocess reporting its own clock) returns ``(items, seconds)``.
     """
-    for _ in range(warmup):
-        run()
-    rates, items = [], 0
+    return alternating_passes({"run": run}, passes=passes, warmup=warmup)["run"]
+
+
+def alternating_passes(
+    runs: Mapping[str, Callable[[], int | tuple[int, float]]], *, passes: int, warmup: int = 1
+) -> dict[str, dict[str, Any]]:
+    """:func:`timed_passes` of several runs, taken in turns: every run's warm-up first,
+    then pass 1 of each, pass 2 of each, ... A slow spell of the machine then falls on all
+    of them alike instead of on one figure, so ratios between them hold (two read figures
+    timed a minute apart on this VM differed by up to 2x from one run to the next).
+    """
+    for run in runs.values():
+        for _ in range(warmup):
+            run()
+    rates: dict[str, list[float]] = {name: [] for name in runs}
+    items: dict[str, int] = {}
     for _ in range(max(1, passes)):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            result = run()
+            elapsed = time.perf_counter() - start
+            items[name], elapsed = result if isinstance(result, tuple) else (result, elapsed)
+            rates[name].append(items[name] / elapsed if elapsed > 0 else float("inf"))
+    return {
+        name: {
+            "per_s": median(values),
+            "passes": [round(r, 2) for r in values],
+            "items": items[name],
+        }
+        for name, values in rates.items()
+    }
+
+
+def for_at_least(run: Callable[[], int], seconds: float) -> Callable[[], tuple[int, float]]:
+    """``run`` repeated until ``seconds`` have gone by: (items, seconds) of all the calls.
+
+    A read epoch of 3,000 raw images takes 0.3 s here, short enough that one hiccup of the
+    VM halves a pass; a timed pass of a few seconds averages them out.
+    """
+
+    def repeated() -> tuple[int, float]:
         start = time.perf_counter()
-        result = run()
-        elapsed = time.perf_counter() - start
-        items, elapsed = result if isinstance(result, tuple) else (result, elapsed)
-        rates.append(items / elapsed if elapsed > 0 else float("inf"))
-    return {"per_s": median(rates), "passes": [round(r, 2) for r in rates], "items": items}
+        count = 0
+        while True:
+            count += run()
+            elapsed = time.perf_counter() - start
+            if elapsed >= seconds:
+                return count, elapsed
+
+    return repeated
 
 
 @dataclass(frozen=True)

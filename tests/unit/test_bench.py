@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from bench.images import CLASSES, draw_image, generate_images, list_images
 from bench.scaling import subset_index
-from bench.stats import Target, evaluate_targets, median, ratio, scaling_ratios, timed_passes
+from bench.stats import (
+    Target,
+    alternating_passes,
+    evaluate_targets,
+    for_at_least,
+    median,
+    ratio,
+    scaling_ratios,
+    timed_passes,
+)
 from tasks.index import load_index, write_index
 
 
@@ -47,6 +57,35 @@ def test_timed_passes_discards_warmup_and_counts_items() -> None:
     assert len(result["passes"]) == 3
     assert result["items"] == 100
     assert result["per_s"] > 0
+
+
+def test_alternating_passes_take_turns_after_every_warmup() -> None:
+    calls: list[str] = []
+
+    def counter(name: str, items: int) -> Callable[[], int]:
+        def run() -> int:
+            calls.append(name)
+            return items
+
+        return run
+
+    results = alternating_passes({"a": counter("a", 10), "b": counter("b", 20)}, passes=2)
+    # Each warm-up first, then the timed passes in turns: a slow spell hits both figures.
+    assert calls == ["a", "b", "a", "b", "a", "b"]
+    assert [len(r["passes"]) for r in results.values()] == [2, 2]
+    assert (results["a"]["items"], results["b"]["items"]) == (10, 20)
+
+
+def test_for_at_least_repeats_until_the_time_is_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [100.0]
+    monkeypatch.setattr("bench.stats.time.perf_counter", lambda: clock[0])
+
+    def run() -> int:
+        clock[0] += 1.0  # each call takes one second of the fake clock
+        return 5
+
+    # Whole calls until 2.5 s have gone by: the third call ends at 3 s.
+    assert for_at_least(run, 2.5)() == (15, 3.0)
 
 
 @pytest.mark.parametrize(
