@@ -23,8 +23,9 @@ QUICK = {
     "photos": 12,
     "serve_requests": 30,
     "append_images": 500,
+    "stage_rss_max": 10_000,
 }
-SELF_CONTAINED = {"append", "photos"}
+SELF_CONTAINED = {"append", "photos", "plan_rss"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -35,6 +36,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--size", type=int, default=224, help="square training size for read/write")
     parser.add_argument("--batch", type=int, default=32, help="batch size for read figures")
     parser.add_argument("--passes", type=int, default=3, help="timed passes per figure (median)")
+    parser.add_argument(
+        "--stage-rss-max",
+        type=int,
+        default=1_000_000,
+        help="largest synthetic index the whole shard stage's peak RSS is measured on",
+    )
     parser.add_argument(
         "--read-seconds",
         type=float,
@@ -160,6 +167,8 @@ class Run:
             "append.push_only_new_shards": None,
             "plan_rss.records_10k_mb": None,
             "plan_rss.records_1m_mb": None,
+            "plan_rss.stage_10k_mb": None,
+            "plan_rss.stage_1m_mb": None,
             "machine": machine_info(),
             "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "details": {},
@@ -218,7 +227,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
         state["index"] = ingest_folder(images, work / f"ingest-{tag}", workers=cores)
 
-    # Sections that generate their own images need no read/write set.
+    # Sections that generate their own data (images, or a synthetic index) need no read/write set.
     if not args.only or not set(args.only) <= SELF_CONTAINED:
         run.section("prepare", prepare)
         if "index" not in state:
@@ -426,7 +435,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     def plan_rss() -> None:
         from bench.plan_rss import measure_plan_rss
 
-        figures = measure_plan_rss(work / "plan-rss", log=log)
+        figures = measure_plan_rss(work / "plan-rss", stage_up_to=args.stage_rss_max, log=log)
         for key, value in figures.items():
             target = run.figures if not key.endswith("_details") else run.figures["details"]
             target[f"plan_rss.{key}"] = value

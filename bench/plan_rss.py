@@ -6,19 +6,32 @@ and runs the shard stage's planning on it: the streamed index scan, the cut into
 (raw encoding, so no image is read to estimate sizes) and the plan hash, which reads
 every shard's records back once. Figures: ``plan_rss.records_10k_mb`` and
 ``plan_rss.records_1m_mb``; the target is their ratio.
+
+``python -m bench.plan_rss stage N INDEX DIR`` runs the whole shard stage
+(:func:`tasks.shard.shard_stage`) on the same index, twice: a first build into an empty
+folder, then a rebuild over it (its data diff compares against the 1M records before). Only
+the pixels are left out: each record is one placeholder byte in real TFRecord framing, so
+the manifest, the record lists, the offsets index and the data diff run as in production.
+Figures ``plan_rss.stage_{10k,1m}_mb`` (the larger of the two runs); no target: they show
+what is not yet flat.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.measured import child_rusage, run_measured
 from tasks.index import write_index
+
+if TYPE_CHECKING:
+    from tasks.manifest import ShardFile
 
 SIZES = {"records_10k_mb": 10_000, "records_1m_mb": 1_000_000}
 CLASSES = ("cat", "dog", "fox")
@@ -48,10 +61,11 @@ def synthetic_index(path: Path, n: int) -> Path:
 
 
 def measure_plan_rss(
-    work: Path, *, sizes: dict[str, int] = SIZES, log: Any = print
+    work: Path, *, sizes: dict[str, int] = SIZES, stage_up_to: int = 10**6, log: Any = print
 ) -> dict[str, Any]:
-    """Peak RSS (MB, sampled over the child's life) of planning for each size, each in a
-    fresh interpreter."""
+    """Peak RSS (MB, sampled over the child's life) of planning for each size, then of the
+    whole stage for sizes up to ``stage_up_to`` (1M: about 90 s), each in a fresh
+    interpreter."""
     figures: dict[str, Any] = {}
     for key, n in sizes.items():
         index_path = work / f"plan-index-{n}.jsonl"
@@ -63,6 +77,27 @@ def measure_plan_rss(
         figures[key] = result["peak_rss_mb"]
         figures[f"{key}_details"] = result
         log(f"   planning {n} records: peak RSS {result['peak_rss_mb']:.1f} MB")
+        if n > stage_up_to:
+            continue
+        stage_key = key.replace("records_", "stage_")
+        stage_dir = work / f"stage-{n}"
+        shutil.rmtree(stage_dir, ignore_errors=True)
+        runs = [
+            run_measured(
+                "bench.plan_rss",
+                ["stage", str(index_path), str(stage_dir)],
+                work / f"stage-rss-{n}-{name}.log",
+            )
+            for name in ("first", "over")
+        ]
+        shutil.rmtree(stage_dir, ignore_errors=True)
+        figures[stage_key] = max(r["peak_rss_mb"] for r in runs)
+        figures[f"{stage_key}_details"] = runs
+        log(
+            f"   the whole shard stage on {n} records: peak RSS "
+            f"{runs[0]['peak_rss_mb']:.1f} MB (first build), "
+            f"{runs[1]['peak_rss_mb']:.1f} MB (rebuild over it)"
+        )
     return figures
 
 
@@ -89,8 +124,50 @@ def _child(index_path: str) -> None:
     )
 
 
+def _stage_child(index_path: str, root: str) -> None:
+    from tasks.layout import Layout
+    from tasks.params import default_params
+    from tasks.shard import ShardSpec, describe_shard, shard_stage
+    from tasks.tfrecord import TFRecordWriter
+
+    def placeholders(specs: Iterable[ShardSpec], shards_dir: Path) -> Iterator[ShardFile]:
+        """Each shard as real TFRecord framing around one-byte records: no pixels."""
+        for spec in specs:
+            path = Path(shards_dir) / spec.file
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with TFRecordWriter(path) as writer:
+                for _ in spec.records:
+                    writer.write(b"x")
+            yield describe_shard(spec.file, len(spec.records), Path(shards_dir))
+
+    params = default_params(shard={"encoding": "raw", "workers": 1}).shard
+    layout = Layout(Path(root))
+    start = time.perf_counter()
+    run = shard_stage(
+        params,
+        Path(index_path),
+        layout.shards_dir,
+        write_many=placeholders,
+        diff_path=layout.data_diff,
+    )
+    assert run.diff is not None
+    print(
+        json.dumps(
+            {
+                "records": sum(split.num_records for split in run.manifest.splits.values()),
+                "previous_records": run.diff["records"]["before"],
+                "written": run.written,
+                "stage_s": round(time.perf_counter() - start, 3),
+                **child_rusage(),
+            }
+        )
+    )
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "make":
+    if sys.argv[1] == "stage":
+        _stage_child(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "make":
         synthetic_index(Path(sys.argv[3]), int(sys.argv[2]))
         print(json.dumps({"records": int(sys.argv[2])}))
     else:

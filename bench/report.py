@@ -96,7 +96,12 @@ def format_table(figures: dict[str, Any], targets: list[dict[str, Any]]) -> str:
         ("serve.p95_ms", "ms"),
     ):
         lines.append(f"{key:<24}{_fmt(figures.get(key)):>14}  {unit}")
-    for key in ("plan_rss.records_10k_mb", "plan_rss.records_1m_mb"):
+    for key in (
+        "plan_rss.records_10k_mb",
+        "plan_rss.records_1m_mb",
+        "plan_rss.stage_10k_mb",
+        "plan_rss.stage_1m_mb",
+    ):
         lines.append(f"{key:<24}{_fmt(figures.get(key)):>14}  MB peak RSS")
     for point in figures.get("scaling") or []:
         lines.append(
