@@ -234,3 +234,27 @@ def test_the_tax_takes_each_stages_fastest_pass_on_each_side() -> None:
     assert tax_from_stages(direct, dvc) == pytest.approx(0.0)
     dvc[1]["train"] = 49.0  # the dvc side's fastest training is now 49: 1 + 3 + 49 = 53
     assert tax_from_stages(direct, dvc) == pytest.approx(1 - 46 / 53)
+
+
+def test_the_stage_memory_run_builds_a_real_set_then_diffs_against_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`plan_rss.stage_*` measures the production stage: placeholder records in real framing,
+    so the manifest, offsets and data diff must come out as for real shards."""
+    import json
+
+    from bench.plan_rss import _stage_child, synthetic_index
+    from tasks.layout import Layout
+    from tasks.manifest import load_manifest
+    from tasks.records import load_offsets
+
+    index = synthetic_index(tmp_path / "index.jsonl", 300)
+    root = tmp_path / "stage"
+    for before in (0, 300):
+        _stage_child(str(index), str(root))
+        result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert (result["records"], result["previous_records"]) == (300, before)
+    shards_dir = Layout(root).shards_dir
+    manifest = load_manifest(shards_dir)
+    offsets = load_offsets(shards_dir, manifest)
+    assert sum(len(found) for found in offsets.values()) == 300
