@@ -7,9 +7,10 @@ and runs the shard stage's planning on it: the streamed index scan, the cut into
 every shard's records back once. Figures: ``plan_rss.records_10k_mb`` and
 ``plan_rss.records_1m_mb``; the target is their ratio.
 
-``python -m bench.plan_rss stage N INDEX DIR`` runs the whole shard stage
-(:func:`tasks.shard.shard_stage`) on the same index, twice: a first build into an empty
-folder, then a rebuild over it (its data diff compares against the 1M records before). Only
+``python -m bench.plan_rss stage INDEX DIR`` runs the whole shard stage
+(:func:`tasks.shard.shard_stage`) on the same index; :func:`measure_plan_rss` runs it twice:
+a first build into an empty folder, then a rebuild over it (whose data diff compares against
+every record of the first). Only
 the pixels are left out: each record is one placeholder byte in real TFRecord framing, so
 the manifest, the record lists, the offsets index and the data diff run as in production.
 Figures ``plan_rss.stage_{10k,1m}_mb`` (the larger of the two runs); no target: they show

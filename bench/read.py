@@ -1,4 +1,4 @@
-"""Read throughput: images/s of batched (image, label) over one full epoch, per input recipe.
+"""Read throughput: images/s of batched (image, label) over whole epochs, per input recipe.
 
 Each ``*_dataset`` builds one pipeline; :func:`measure_reads` times them all together: a
 warm-up epoch of each, then ``passes`` rounds in which each pipeline reads whole epochs for at
