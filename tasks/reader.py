@@ -51,6 +51,11 @@ def read_split(
     info = manifest.split(split)
     schema = manifest.record_schema
     files = [str(shards_dir / shard.file) for shard in info.shards]
+    if not info.num_records:
+        raise ValueError(
+            f"{shards_dir}: split {split!r} holds no records; validation fails such a set "
+            "(add images, or raise that split's fraction in ingest.splits)"
+        )
     deterministic = seed is not None or not training
     buffer = shuffle_buffer or default_shuffle_buffer(manifest, split)
 

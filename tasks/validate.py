@@ -4,10 +4,10 @@ Bad data never raises here: each problem becomes a failed, named check in
 ``reports/validation.json`` (plus a Markdown summary). The flow calls :func:`raise_if_failed`
 after the report is written, so the stage exits non-zero with the evidence on disk.
 
-Checks: ``manifest``, ``files``, ``records``, ``tensorflow_parser``, ``labels``,
-``class_counts``, ``leakage`` and, with an index, ``index``. Records are read without
-TensorFlow; TensorFlow's parser, the one training reads with, re-reads a sample of them in a
-spawned process at the same time and must agree.
+Checks: ``manifest``, ``files``, ``records``, ``tensorflow_parser``, ``splits`` (none
+empty), ``labels``, ``class_counts``, ``leakage`` and, with an index, ``index``. Records are
+read without TensorFlow; TensorFlow's parser, the one training reads with, re-reads a sample
+of them in a spawned process at the same time and must agree.
 """
 
 from __future__ import annotations
@@ -287,6 +287,27 @@ def _describe(problem: dict[str, Any]) -> str:
 # -- content checks --------------------------------------------------------------------------
 
 
+def check_splits(manifest: ShardManifest, contents: list[ShardContents]) -> dict[str, Any]:
+    """Every split holds records: training validates on ``val`` and evaluation scores ``test``.
+
+    ``ingest.splits`` puts every fraction above zero, but each image's split is drawn from its
+    content hash, so a small set can leave a split empty (36 images at 0.98/0.01/0.01 left
+    val and test without one); training then had nothing to validate on.
+    """
+    total = sum(len(t.labels) for t in contents)
+    problems = [
+        {"split": split, "records": 0}
+        for split in SPLITS
+        if not any(t.labels for t in contents if t.split == split)
+    ]
+    empty = ", ".join(repr(p["split"]) for p in problems)
+    message = (
+        f"split(s) {empty} hold no records (of {total} images): training needs val records "
+        "and evaluation test records; add images, or raise those fractions in ingest.splits"
+    )
+    return check("splits", problems, "every split holds records", message, records=total)
+
+
 def check_labels(manifest: ShardManifest, contents: list[ShardContents]) -> dict[str, Any]:
     """Every label indexes into the manifest's classes."""
     num_classes = len(manifest.classes)
@@ -526,6 +547,7 @@ def run_validate(
         # Every TensorFlow-free check runs while the cross-check's child imports TensorFlow
         # (its critical path); the cross-check is collected last, reported in its place.
         tail = [
+            check_splits(manifest, contents),
             check_labels(manifest, contents),
             check_class_counts(manifest, contents),
             check_leakage(contents),

@@ -20,6 +20,7 @@ ALL_CHECKS = [
     "files",
     "records",
     "tensorflow_parser",
+    "splits",
     "labels",
     "class_counts",
     "leakage",
@@ -77,6 +78,42 @@ def test_clean_set_passes_every_check(shards: Path, tiny_index: Path) -> None:
     summary = (shards.parent / "reports" / "validation.md").read_text()
     assert "PASSED" in summary and "| records | pass |" in summary
     raise_if_failed(report)  # no exception
+
+
+def test_a_split_left_empty_fails_validation_and_names_the_param(tmp_path: Path) -> None:
+    """Each image's split is drawn from its content hash: 36 images at 0.98/0.01/0.01 leave
+    val and test empty, which training and evaluation cannot use."""
+    from tasks.ingest import run_ingest
+    from tasks.reader import read_split
+    from tests.conftest import write_image_folder
+
+    source = write_image_folder(tmp_path / "images")
+    params = default_params(
+        ingest={
+            "source_dir": str(source),
+            "splits": {"train": 0.98, "val": 0.01, "test": 0.01},
+            "workers": 1,
+        },
+        shard={"image_size": [16, 16], "workers": 1},
+    )
+    run_ingest(params.ingest, tmp_path / "index.json", tmp_path / "ingest.json")
+    manifest = run_shard(params.shard, tmp_path / "index.json", tmp_path / "shards")
+    assert {s: i.num_records for s, i in manifest.splits.items()} == {
+        "train": 36,
+        "val": 0,
+        "test": 0,
+    }
+    report = validate(tmp_path / "shards")
+    assert report["passed"] is False
+    assert list(failed(report)) == ["splits"]
+    message = failed(report)["splits"]["message"]
+    assert "'val', 'test' hold no records (of 36 images)" in message
+    assert "ingest.splits" in message
+    with pytest.raises(ValidationFailed, match="splits"):
+        raise_if_failed(report)
+    # Read directly, the empty split names itself instead of failing inside tf.data.
+    with pytest.raises(ValueError, match=r"shards: split 'val' holds no records"):
+        read_split(tmp_path / "shards", "val", batch_size=4, training=False)
 
 
 @pytest.mark.parametrize("encoding", ["jpeg", "png"])
