@@ -288,24 +288,38 @@ def _describe(problem: dict[str, Any]) -> str:
 
 
 def check_splits(manifest: ShardManifest, contents: list[ShardContents]) -> dict[str, Any]:
-    """Every split holds records: training validates on ``val`` and evaluation scores ``test``.
+    """Every split holds records (training validates on ``val``, evaluation scores ``test``)
+    and every class has train records (a class the model never trains on cannot be learned).
 
     ``ingest.splits`` puts every fraction above zero, but each image's split is drawn from its
     content hash, so a small set can leave a split empty (36 images at 0.98/0.01/0.01 left
-    val and test without one); training then had nothing to validate on.
+    val and test without one; training then had nothing to validate on), and a class of a
+    few images can land wholly outside train.
     """
     total = sum(len(t.labels) for t in contents)
-    problems = [
-        {"split": split, "records": 0}
-        for split in SPLITS
-        if not any(t.labels for t in contents if t.split == split)
+    per_split = {split: Counter[int]() for split in SPLITS}
+    for target in contents:
+        per_split.setdefault(target.split, Counter()).update(target.labels)
+    problems: list[dict[str, Any]] = [
+        {"split": split, "records": 0} for split in SPLITS if not per_split[split]
     ]
-    empty = ", ".join(repr(p["split"]) for p in problems)
+    if per_split["train"]:
+        problems += [
+            {"split": "train", "class": name, "records": 0}
+            for index, name in enumerate(manifest.classes)
+            if not per_split["train"][index]
+        ]
+    reasons = [
+        f"split {p['split']!r} holds no records"
+        if "class" not in p
+        else f"class {p['class']!r} has no train records"
+        for p in problems
+    ]
     message = (
-        f"split(s) {empty} hold no records (of {total} images): training needs val records "
-        "and evaluation test records; add images, or raise those fractions in ingest.splits"
+        f"{'; '.join(reasons[:5])} (of {total} images; splits are drawn per image from its "
+        "content hash): add images, or raise an empty split's fraction in ingest.splits"
     )
-    return check("splits", problems, "every split holds records", message, records=total)
+    return check("splits", problems, "every split holds records, every class trains", message)
 
 
 def check_labels(manifest: ShardManifest, contents: list[ShardContents]) -> dict[str, Any]:

@@ -107,13 +107,41 @@ def test_a_split_left_empty_fails_validation_and_names_the_param(tmp_path: Path)
     assert report["passed"] is False
     assert list(failed(report)) == ["splits"]
     message = failed(report)["splits"]["message"]
-    assert "'val', 'test' hold no records (of 36 images)" in message
+    assert "split 'val' holds no records; split 'test' holds no records (of 36 images" in message
     assert "ingest.splits" in message
     with pytest.raises(ValidationFailed, match="splits"):
         raise_if_failed(report)
     # Read directly, the empty split names itself instead of failing inside tf.data.
     with pytest.raises(ValueError, match=r"shards: split 'val' holds no records"):
         read_split(tmp_path / "shards", "val", batch_size=4, training=False)
+
+
+def test_a_class_with_no_train_records_fails_validation(tmp_path: Path) -> None:
+    from tasks.ingest import run_ingest
+    from tests.conftest import write_image_folder
+
+    source = write_image_folder(tmp_path / "images")
+    splits = {"train": 0.5, "val": 0.25, "test": 0.25}  # as tiny_index: none empty
+    params = default_params(
+        ingest={"source_dir": str(source), "splits": splits, "workers": 1},
+        shard={"image_size": [16, 16], "workers": 1},
+    )
+    index = tmp_path / "index.json"
+    run_ingest(params.ingest, index, tmp_path / "ingest.json")
+    # Keep only the red images that the content hash put outside train.
+    in_train = [r["path"] for r in load_index(index)["records"] if r["split"] == "train"]
+    removed = [path for path in in_train if path.startswith("red/")]
+    assert removed
+    for path in removed:
+        (source / path).unlink()
+    run_ingest(params.ingest, index, tmp_path / "ingest.json")
+    run_shard(params.shard, index, tmp_path / "shards")
+    report = validate(tmp_path / "shards")
+    assert list(failed(report)) == ["splits"]
+    assert failed(report)["splits"]["details"]["examples"] == [
+        {"split": "train", "class": "red", "records": 0}
+    ]
+    assert "class 'red' has no train records" in failed(report)["splits"]["message"]
 
 
 @pytest.mark.parametrize("encoding", ["jpeg", "png"])
