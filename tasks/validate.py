@@ -4,10 +4,11 @@ Bad data never raises here: each problem becomes a failed, named check in
 ``reports/validation.json`` (plus a Markdown summary). The flow calls :func:`raise_if_failed`
 after the report is written, so the stage exits non-zero with the evidence on disk.
 
-Checks: ``manifest``, ``files``, ``records``, ``tensorflow_parser``, ``splits`` (none
-empty), ``labels``, ``class_counts``, ``leakage`` and, with an index, ``index``. Records are
-read without TensorFlow; TensorFlow's parser, the one training reads with, re-reads a sample
-of them in a spawned process at the same time and must agree.
+Checks: ``manifest``, ``files``, ``records``, ``tensorflow_parser``, ``coverage`` (two
+classes or more, no split empty, every class in train), ``labels``, ``class_counts``,
+``leakage`` and, with an index, ``index``. Records are read without TensorFlow; TensorFlow's
+parser, the one training reads with, re-reads a sample of them in a spawned process at the
+same time and must agree.
 """
 
 from __future__ import annotations
@@ -287,39 +288,47 @@ def _describe(problem: dict[str, Any]) -> str:
 # -- content checks --------------------------------------------------------------------------
 
 
-def check_splits(manifest: ShardManifest, contents: list[ShardContents]) -> dict[str, Any]:
-    """Every split holds records (training validates on ``val``, evaluation scores ``test``)
-    and every class has train records (a class the model never trains on cannot be learned).
+def check_coverage(manifest: ShardManifest, contents: list[ShardContents]) -> dict[str, Any]:
+    """What training and evaluation need of the set: two classes or more, records in every
+    split (training validates on ``val``, evaluation scores ``test``), and train records of
+    every class (a class the model never trains on cannot be learned).
 
     ``ingest.splits`` puts every fraction above zero, but each image's split is drawn from its
     content hash, so a small set can leave a split empty (36 images at 0.98/0.01/0.01 left
-    val and test without one; training then had nothing to validate on), and a class of a
-    few images can land wholly outside train.
+    val and test without one; training then failed inside tf.data), and a class of a few
+    images can land wholly outside train. One class folder trained a model that always
+    answers it.
     """
     total = sum(len(t.labels) for t in contents)
     per_split = {split: Counter[int]() for split in SPLITS}
     for target in contents:
         per_split.setdefault(target.split, Counter()).update(target.labels)
-    problems: list[dict[str, Any]] = [
-        {"split": split, "records": 0} for split in SPLITS if not per_split[split]
-    ]
+    problems: list[dict[str, Any]] = []
+    if len(manifest.classes) < 2:
+        problems.append({"classes": list(manifest.classes)})
+    problems += [{"split": split, "records": 0} for split in SPLITS if not per_split[split]]
     if per_split["train"]:
         problems += [
             {"split": "train", "class": name, "records": 0}
             for index, name in enumerate(manifest.classes)
             if not per_split["train"][index]
         ]
-    reasons = [
-        f"split {p['split']!r} holds no records"
-        if "class" not in p
-        else f"class {p['class']!r} has no train records"
-        for p in problems
-    ]
+    reasons = [_coverage_reason(p) for p in problems]
     message = (
         f"{'; '.join(reasons[:5])} (of {total} images; splits are drawn per image from its "
-        "content hash): add images, or raise an empty split's fraction in ingest.splits"
+        "content hash): add images or class folders, or raise an empty split's fraction in "
+        "ingest.splits"
     )
-    return check("splits", problems, "every split holds records, every class trains", message)
+    ok = f"{len(manifest.classes)} classes, every split holds records, every class trains"
+    return check("coverage", problems, ok, message)
+
+
+def _coverage_reason(problem: dict[str, Any]) -> str:
+    if "classes" in problem:
+        return f"{len(problem['classes'])} class(es) {problem['classes']}: a classifier needs two"
+    if "class" in problem:
+        return f"class {problem['class']!r} has no train records"
+    return f"split {problem['split']!r} holds no records"
 
 
 def check_labels(manifest: ShardManifest, contents: list[ShardContents]) -> dict[str, Any]:
@@ -561,7 +570,7 @@ def run_validate(
         # Every TensorFlow-free check runs while the cross-check's child imports TensorFlow
         # (its critical path); the cross-check is collected last, reported in its place.
         tail = [
-            check_splits(manifest, contents),
+            check_coverage(manifest, contents),
             check_labels(manifest, contents),
             check_class_counts(manifest, contents),
             check_leakage(contents),

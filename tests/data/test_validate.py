@@ -20,7 +20,7 @@ ALL_CHECKS = [
     "files",
     "records",
     "tensorflow_parser",
-    "splits",
+    "coverage",
     "labels",
     "class_counts",
     "leakage",
@@ -105,11 +105,11 @@ def test_a_split_left_empty_fails_validation_and_names_the_param(tmp_path: Path)
     }
     report = validate(tmp_path / "shards")
     assert report["passed"] is False
-    assert list(failed(report)) == ["splits"]
-    message = failed(report)["splits"]["message"]
+    assert list(failed(report)) == ["coverage"]
+    message = failed(report)["coverage"]["message"]
     assert "split 'val' holds no records; split 'test' holds no records (of 36 images" in message
     assert "ingest.splits" in message
-    with pytest.raises(ValidationFailed, match="splits"):
+    with pytest.raises(ValidationFailed, match="coverage"):
         raise_if_failed(report)
     # Read directly, the empty split names itself instead of failing inside tf.data.
     with pytest.raises(ValueError, match=r"shards: split 'val' holds no records"):
@@ -137,11 +137,30 @@ def test_a_class_with_no_train_records_fails_validation(tmp_path: Path) -> None:
     run_ingest(params.ingest, index, tmp_path / "ingest.json")
     run_shard(params.shard, index, tmp_path / "shards")
     report = validate(tmp_path / "shards")
-    assert list(failed(report)) == ["splits"]
-    assert failed(report)["splits"]["details"]["examples"] == [
+    assert list(failed(report)) == ["coverage"]
+    assert failed(report)["coverage"]["details"]["examples"] == [
         {"split": "train", "class": "red", "records": 0}
     ]
-    assert "class 'red' has no train records" in failed(report)["splits"]["message"]
+    assert "class 'red' has no train records" in failed(report)["coverage"]["message"]
+
+
+def test_a_single_class_fails_validation(tiny_dataset: Path, tmp_path: Path) -> None:
+    """One class folder used to train a model that always answers it."""
+    from tasks.ingest import run_ingest
+
+    for name in ("green", "red"):
+        shutil.rmtree(tiny_dataset / name)
+    splits = {"train": 0.5, "val": 0.25, "test": 0.25}
+    params = default_params(
+        ingest={"source_dir": str(tiny_dataset), "splits": splits, "workers": 1},
+        shard={"image_size": [16, 16], "workers": 1},
+    )
+    run_ingest(params.ingest, tmp_path / "index.json", tmp_path / "ingest.json")
+    run_shard(params.shard, tmp_path / "index.json", tmp_path / "shards")
+    report = validate(tmp_path / "shards")
+    assert list(failed(report)) == ["coverage"]
+    assert failed(report)["coverage"]["details"]["examples"] == [{"classes": ["blue"]}]
+    assert "1 class(es) ['blue']: a classifier needs two" in failed(report)["coverage"]["message"]
 
 
 @pytest.mark.parametrize("encoding", ["jpeg", "png"])
