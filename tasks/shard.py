@@ -34,12 +34,13 @@ import sys
 from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, overload
 
 import numpy as np
 
+from tasks import data_diff
 from tasks.atomic import write_json, write_text
 from tasks.heap import paused_gc
 from tasks.images import preprocess_bytes, preprocessing_version
@@ -54,10 +55,10 @@ from tasks.manifest import (
     build_manifest,
     file_sha256,
     generation_folder,
-    generation_records,
     load_manifest,
     load_records,
     records_file_name,
+    stream_records,
 )
 from tasks.params import ShardParams
 from tasks.pool import prestart_pool
@@ -590,10 +591,9 @@ class StagePlan:
     index_path: Path  # the ingest index the plan reads records (and their sizes) from
     base: ShardManifest | None  # append: the manifest appended to
     previous: ShardManifest | None  # the manifest found before this run: the diff's "before"
-    previous_records: dict[str, list[dict[str, Any]]] | None
-    # append: content hash -> path of every index record, noted while planning (the diff's
-    # duplicates); None: the diff reads the index for them
-    current_paths: dict[str, str] | None = None
+    previous_records: data_diff.Table | None  # its records (None: unreadable)
+    # append: base images now in the index under another name (the diff's duplicates)
+    duplicates: list[dict[str, str]] = field(default_factory=list)
 
 
 @paused_gc()
@@ -602,7 +602,8 @@ def plan_stage(params: ShardParams, index_path: Path, shards_dir: Path) -> Stage
 
     An append reads the index once: the same pass that orders the new records notes every
     record's class, split and path, for the check that nothing in the base was removed and
-    for the data diff (at 50k images each extra pass cost about 0.3 s).
+    for the data diff's duplicates (at 50k images each extra pass cost about 0.3 s). The
+    diff's "before" is kept as a compact table, not as the record lists.
     """
     shards_dir, index_path = Path(shards_dir), Path(index_path)
     header = read_header(index_path)
@@ -632,6 +633,10 @@ def plan_stage(params: ShardParams, index_path: Path, shards_dir: Path) -> Stage
         params, index_path, classes=classes, exclude=exclude, sample=sample, visit=note
     )
     check_nothing_removed(current, base, base_records, shards_dir)
+    duplicates = returned_under_another_name(current, base, base_records)
+    before = data_diff.Table.of(data_diff.rows(base, data_diff.per_file_entries(base_records)))
+    base_records.clear()  # a million records' lists and paths: about 700 MB, not needed
+    current.clear()  # past this point
     number = len(base.generations)
     specs = cut_shards(
         params, index_path, header, scan, folder=generation_folder(number), classes=classes
@@ -644,8 +649,8 @@ def plan_stage(params: ShardParams, index_path: Path, shards_dir: Path) -> Stage
         index_path,
         base,
         base,
-        base_records,
-        current_paths={digest: path for digest, (_, _, path) in current.items()},
+        before,
+        duplicates,
     )
 
 
@@ -725,17 +730,35 @@ def check_nothing_removed(
         )
 
 
-def _previous(
-    shards_dir: Path,
-) -> tuple[ShardManifest | None, dict[str, list[dict[str, Any]]] | None]:
-    """The manifest already in ``shards_dir`` and its record lists, where readable."""
+def returned_under_another_name(
+    current: dict[str, tuple[str, str, str]],
+    base: ShardManifest,
+    base_records: dict[str, list[dict[str, Any]]],
+) -> list[dict[str, str]]:
+    """Base records whose content the index now holds under another path (``current``:
+    content hash -> label, split, path), in manifest order: the append keeps the record it
+    has, and the diff names both paths."""
+    returned = []
+    for info in base.splits.values():
+        for shard in info.shards:
+            for entry in base_records.get(shard.file, []):
+                now = current.get(entry["sha256"])
+                if now is not None and now[2] != entry["path"]:
+                    returned.append({"path": now[2], "same_content_as": entry["path"]})
+    return returned
+
+
+def _previous(shards_dir: Path) -> tuple[ShardManifest | None, data_diff.Table | None]:
+    """The manifest already in ``shards_dir`` and its records, where readable: read before
+    a rebuild replaces them, streamed into a compact table."""
     try:
         previous = load_manifest(shards_dir)
     except (OSError, ValueError):
         return None, None
     try:
-        return previous, load_records(shards_dir, previous)
-    except (OSError, ValueError, KeyError):
+        records = data_diff.rows(previous, stream_records(shards_dir, previous))
+        return previous, data_diff.Table.of(records, expected=previous.total_records)
+    except (OSError, ValueError, KeyError, TypeError, OverflowError):
         return previous, None
 
 
@@ -859,21 +882,6 @@ def describe_generation(plan: StagePlan, shards_dir: Path) -> Generation:
     )
 
 
-def records_of(
-    manifest: ShardManifest, plan: StagePlan, shards_dir: Path
-) -> dict[str, list[dict[str, Any]]]:
-    """Every generation's record lists of the manifest just written (the diff's "after").
-
-    An append's base lists were read (and checked) while planning: only the new
-    generation's list is read here."""
-    if plan.base is not None and plan.previous_records is not None:
-        if not plan.specs:
-            return plan.previous_records
-        newest = generation_records(shards_dir, manifest.generations[-1])
-        return {**plan.previous_records, **newest}
-    return load_records(shards_dir, manifest)
-
-
 @dataclass(frozen=True)
 class StageRun:
     """What one run of the shard stage did."""
@@ -931,18 +939,18 @@ def run_shard(
 def write_stage_diff(
     plan: StagePlan, manifest: ShardManifest, shards_dir: Path, diff_path: Path
 ) -> dict[str, Any]:
-    """The data diff of this run (previous manifest -> this one), written as JSON + Markdown."""
-    from tasks import data_diff
+    """The data diff of this run (previous manifest -> this one), written as JSON + Markdown.
 
+    The "after" side streams every generation's record list (each checked by sha256), so no
+    more than a table of the records is held at once."""
+    after = data_diff.rows(manifest, stream_records(shards_dir, manifest))
     diff = data_diff.compute(
         plan.previous,
         plan.previous_records,
         manifest,
-        records_of(manifest, plan, shards_dir),
+        data_diff.Table.of(after, expected=manifest.total_records),
         mode=plan.mode,
-        current_paths=plan.current_paths
-        if plan.current_paths is not None
-        else {r["sha256"]: r["path"] for _, r in iter_records(plan.index_path)},
+        duplicates=plan.duplicates,
     )
     data_diff.write(diff, Path(diff_path))
     return diff
