@@ -67,8 +67,14 @@ def open_checked(data: bytes, *, max_pixels: int, min_side: int) -> Image.Image:
 
 
 def oriented_size(image: Image.Image) -> tuple[int, int]:
-    """(width, height) after EXIF orientation, read from the header without decoding."""
+    """(width, height) after EXIF orientation, read from the header without decoding.
+
+    Pillow's TIFF reader reports the oriented size already (and turns the pixels as it
+    loads them), so a TIFF's size is taken as it is.
+    """
     width, height = image.size
+    if image.format == "TIFF":
+        return width, height
     try:
         orientation = image.getexif().get(ORIENTATION_TAG, 1)
     except Exception:  # a broken EXIF block is the decoder's problem, not the size's
@@ -88,8 +94,9 @@ def finish_decode(image: Image.Image) -> Image.Image:
     """Decode an opened image's pixels, apply EXIF orientation, normalise to RGB."""
     try:
         image.load()
+        peak = integer_peak(image)  # from the file's header: the oriented copy has none
         oriented = ImageOps.exif_transpose(image) or image
-        return to_rgb(oriented)
+        return to_rgb(oriented, peak)
     except Exception as exc:
         raise ImageRejected(f"truncated or corrupt {image.format} data: {exc}") from None
 
@@ -135,23 +142,34 @@ def draft_for(image: Image.Image, size: tuple[int, int], policy: str) -> None:
     image.draft(None, (max(1, need_w), max(1, need_h)))
 
 
-def to_rgb(image: Image.Image) -> Image.Image:
+def to_rgb(image: Image.Image, peak: float = 65535.0) -> Image.Image:
     """Normalise any PIL mode (L, P, RGBA, CMYK, 16-bit, float) to 8-bit RGB.
 
-    Transparent pixels are composited over black; 16-bit values are scaled, not clipped.
+    Transparent pixels are composited over black, whether the transparency is an alpha
+    channel, a palette's or a PNG colour key (``tRNS`` in an L or RGB image). Integer
+    samples are scaled from ``peak``, the white their format declares
+    (:func:`integer_peak`), never from the image's own values. Float images are scaled
+    from their own finite range (no format declares one); NaN is black.
     """
     mode = image.mode
+    key = image.info.get("transparency")
+    if mode in ("1", "L", "RGB") and key is not None:
+        image, mode = image.convert("RGBA"), "RGBA"  # the colour key becomes alpha
     if mode == "RGB":
         return image
     if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
         pixels = np.asarray(image, dtype=np.float64)
-        peak = 65535.0 if mode.startswith("I;16") or pixels.max() > 255 else 255.0
         gray = np.clip(pixels / peak * 255.0 + 0.5, 0, 255).astype(np.uint8)
+        if isinstance(key, int):
+            gray[pixels == key] = 0
         return Image.fromarray(gray, mode="L").convert("RGB")
     if mode == "F":
         pixels = np.asarray(image, dtype=np.float64)
-        span = max(float(pixels.max() - pixels.min()), 1e-12)
-        gray = ((pixels - pixels.min()) / span * 255.0 + 0.5).astype(np.uint8)
+        finite = pixels[np.isfinite(pixels)]
+        low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
+        pixels = np.nan_to_num(pixels, nan=low, posinf=high, neginf=low)
+        span = max(high - low, 1e-12)
+        gray = np.clip((pixels - low) / span * 255.0 + 0.5, 0, 255).astype(np.uint8)
         return Image.fromarray(gray, mode="L").convert("RGB")
     if mode in ("P", "PA"):
         image = image.convert("RGBA")
@@ -161,6 +179,23 @@ def to_rgb(image: Image.Image) -> Image.Image:
         background = Image.new("RGBA", rgba.size, (0, 0, 0, 255))
         return Image.alpha_composite(background, rgba).convert("RGB")
     return image.convert("RGB")  # L, 1, CMYK, YCbCr, LAB, HSV
+
+
+def integer_peak(image: Image.Image) -> float:
+    """The white of an integer-mode image: the largest sample its format declares.
+
+    16-bit modes, and the 16-bit PNG and PPM/PGM samples Pillow opens as ``I`` (a PGM's
+    own maximum is rescaled to 65535 as it loads), reach 65535. A TIFF declares its bits per
+    sample and whether they are signed (32-bit integer TIFFs open as ``I`` too).
+    """
+    if image.format == "TIFF":
+        tags = getattr(image, "tag_v2", {})
+        bits = tags.get(258, (16,))
+        bits = int(bits[0] if isinstance(bits, tuple) else bits)
+        signed = tags.get(339, (1,))
+        signed = int(signed[0] if isinstance(signed, tuple) else signed) == 2
+        return float(2 ** (bits - 1 if signed else bits) - 1)
+    return 65535.0
 
 
 def resize_image(image: Image.Image, size: tuple[int, int], policy: str) -> np.ndarray:
@@ -267,6 +302,8 @@ def _probe_images() -> list[bytes]:
         (base.convert("RGBA"), "PNG", {}),
         (base.convert("P"), "PNG", {}),
         (base.convert("L"), "JPEG", {"quality": 85}),
+        (base, "PNG", {"transparency": (0, 0, 0)}),  # a colour key: tRNS in an RGB PNG
+        (Image.fromarray(rgb[..., 0].astype(np.uint16) * 257), "PNG", {}),  # 16-bit grey
     ):
         buffer = io.BytesIO()
         image.save(buffer, format=fmt, **extra)

@@ -65,3 +65,75 @@ def test_crop_never_asks_for_a_box_outside_the_source() -> None:
         for size in [(16, 16), (13, 29), (24, 9)]:
             out = resize_image(image, size, "crop")
             assert out.shape == (*size, 3) and (out == (10, 200, 30)).all()
+
+
+def encoded(image: Image.Image, fmt: str, **kwargs: object) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format=fmt, **kwargs)
+    return buffer.getvalue()
+
+
+def pgm16(samples: np.ndarray) -> bytes:
+    """A 16-bit binary PGM (Pillow opens it in mode ``I``)."""
+    height, width = samples.shape
+    return f"P5\n{width} {height}\n65535\n".encode() + samples.astype(">u2").tobytes()
+
+
+def grey(data: bytes) -> np.ndarray:
+    return np.asarray(decode_rgb(data, max_pixels=10**6, min_side=1))[..., 0]
+
+
+def test_integer_samples_scale_from_the_range_the_format_declares() -> None:
+    """A dark 16-bit image stays dark, and a sample's grey never depends on the others."""
+    dark = np.full((8, 8), 200, np.uint16)
+    with_a_bright_pixel = dark.copy()
+    with_a_bright_pixel[0, 0] = 65535
+    for samples in (dark, with_a_bright_pixel):
+        assert grey(pgm16(samples))[4, 4] == 1  # 200 / 65535 of white, as 8 bits
+        assert grey(encoded(Image.fromarray(samples), "PNG"))[4, 4] == 1
+    signed = np.array([[0, -5], [2**31 - 1, 2**30]], np.int32).repeat(4, 0).repeat(4, 1)
+    tiff = grey(encoded(Image.fromarray(signed), "TIFF"))  # 32-bit signed: mode I
+    assert (tiff[0, 0], tiff[0, 4], tiff[4, 0], tiff[4, 4]) == (0, 0, 255, 128)
+
+
+def test_a_colour_key_is_transparent_like_alpha_and_a_palette() -> None:
+    """The same picture with its right half transparent: every way of saying so composites
+    those pixels over black."""
+    rgb = Image.new("RGB", (16, 8), (40, 90, 160))
+    rgb.paste((255, 255, 255), (8, 0, 16, 8))
+    alpha = rgb.convert("RGBA")
+    alpha.putalpha(
+        Image.fromarray(np.where(np.asarray(rgb)[..., 0] == 255, 0, 255).astype(np.uint8))
+    )
+    palette = Image.fromarray((np.asarray(rgb)[..., 0] == 255).astype(np.uint8), mode="P")
+    palette.putpalette([40, 90, 160, 255, 255, 255])
+    ways = {
+        "alpha": encoded(alpha, "PNG"),
+        "palette": encoded(palette, "PNG", transparency=1),
+        "rgb key": encoded(rgb, "PNG", transparency=(255, 255, 255)),
+        "grey key": encoded(rgb.convert("L"), "PNG", transparency=255),
+    }
+    for way, data in ways.items():
+        pixels = np.asarray(decode_rgb(data, max_pixels=10**6, min_side=1))
+        assert pixels[:, 8:].max() == 0, way
+        assert pixels[:, :8].min() > 0, way
+
+
+def test_a_float_image_keeps_its_range_around_nan_and_infinity() -> None:
+    ramp = np.tile(np.linspace(0.0, 1.0, 6, dtype=np.float32), (4, 1))
+    clean = grey(encoded(Image.fromarray(ramp, mode="F"), "TIFF"))
+    spoiled = ramp.copy()
+    spoiled[0, 2], spoiled[1, 3] = np.nan, np.inf
+    pixels = grey(encoded(Image.fromarray(spoiled, mode="F"), "TIFF"))
+    assert list(clean[2]) == [0, 51, 102, 153, 204, 255]
+    assert (pixels[2:] == clean[2:]).all()  # one NaN no longer blacks out the image
+    assert (pixels[0, 2], pixels[1, 3]) == (0, 255)  # NaN is black, +inf the top
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "TIFF", "WEBP"])
+def test_verify_reports_the_size_the_decoded_image_has(fmt: str) -> None:
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90: a 60x40 image is 40x60 once oriented
+    data = encoded(Image.new("RGB", (60, 40), (10, 20, 30)), fmt, exif=exif)
+    _, width, height = verify(data, max_pixels=10**6, min_side=1, draft=False)
+    assert (width, height) == decode_rgb(data, max_pixels=10**6, min_side=1).size == (40, 60)
