@@ -339,16 +339,7 @@ def discover(source_dir: Path, labels_csv: Path | None = None) -> Discovered:
                 "move the CSV into the source folder (DVC tracks it there, so editing a "
                 "label reruns ingest)"
             )
-        with labels_csv.open(newline="") as handle:
-            reader = csv.DictReader(handle)
-            if not reader.fieldnames or not {"path", "label"} <= set(reader.fieldnames):
-                raise ValueError(f"{labels_csv}: needs a header with columns `path,label`")
-            rows = []
-            for line, row in enumerate(reader, start=2):
-                path, label = (row.get("path") or "").strip(), (row.get("label") or "").strip()
-                if not path or not label:
-                    raise ValueError(f"{labels_csv}, line {line}: empty `path` or `label`")
-                rows.append(Candidate(path, label))
+        rows = read_labels_csv(labels_csv)
         return Discovered(sorted(rows, key=lambda c: c.path), [], sorted({r.label for r in rows}))
     if not source_dir.is_dir():
         raise FileNotFoundError(
@@ -372,6 +363,30 @@ def discover(source_dir: Path, labels_csv: Path | None = None) -> Discovered:
     return Discovered(found, skipped, labels)
 
 
+def read_labels_csv(labels_csv: Path) -> list[Candidate]:
+    """The ``path,label`` rows of a UTF-8 CSV (a byte-order mark, as spreadsheets save it,
+    is allowed); an error names the file and the line as an editor counts it."""
+    rows = []
+    try:
+        with labels_csv.open(newline="", encoding="utf-8-sig") as handle:
+            reader = csv.DictReader(handle)
+            if not reader.fieldnames or not {"path", "label"} <= set(reader.fieldnames):
+                raise ValueError(f"{labels_csv}: needs a header with columns `path,label`")
+            for row in reader:
+                path, label = (row.get("path") or "").strip(), (row.get("label") or "").strip()
+                if not path or not label:
+                    raise ValueError(
+                        f"{labels_csv}, line {reader.line_num}: empty `path` or `label`"
+                    )
+                rows.append(Candidate(path, label))
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{labels_csv}: not UTF-8 (byte {error.start}: {error.reason}); save "
+            "ingest.labels_csv as UTF-8"
+        ) from None
+    return rows
+
+
 def _class_files(
     source_dir: Path, class_dir: Path, skipped: list[dict[str, str]]
 ) -> list[Candidate]:
@@ -386,17 +401,22 @@ def _class_files(
     folders = [(os.fspath(class_dir), class_dir.relative_to(source_dir).as_posix())]
     while folders:
         folder, folder_rel = folders.pop()
-        with os.scandir(folder) as entries:
-            for entry in entries:
-                rel = f"{folder_rel}/{entry.name}"
-                is_folder = entry.is_dir(follow_symlinks=False)
-                if entry.name.startswith("."):
-                    reason = "hidden folder" if is_folder else "hidden"
-                    own_skipped.append({"path": display_name(rel), "reason": reason})
-                elif is_folder:
-                    folders.append((entry.path, rel))
-                else:
-                    found.append(Candidate(rel, label))
+        try:
+            with os.scandir(folder) as entries:
+                listed = [(entry, entry.is_dir(follow_symlinks=False)) for entry in entries]
+        except OSError as error:  # the run goes on; the report names what it could not list
+            reason = f"unreadable folder, its files not listed: {error.strerror or error}"
+            own_skipped.append({"path": display_name(folder_rel) + "/", "reason": reason})
+            continue
+        for entry, is_folder in listed:
+            rel = f"{folder_rel}/{entry.name}"
+            if entry.name.startswith("."):
+                reason = "hidden folder" if is_folder else "hidden"
+                own_skipped.append({"path": display_name(rel), "reason": reason})
+            elif is_folder:
+                folders.append((entry.path, rel))
+            else:
+                found.append(Candidate(rel, label))
     skipped.extend(sorted(own_skipped, key=lambda s: os.fsencode(s["path"])))
     return sorted(found, key=lambda c: os.fsencode(c.path))
 
@@ -650,7 +670,7 @@ def classes_dropped(discovered: Discovered, present: Iterable[str]) -> list[dict
             reason = f"none of its {files[label]} files accepted (quarantined or duplicates)"
         else:
             reason = "no files in its folder"
-        dropped.append({"class": label, "reason": reason})
+        dropped.append({"class": display_name(label), "reason": reason})
     return dropped
 
 

@@ -716,8 +716,10 @@ def check_nothing_removed(
         for entry in entries:
             now = current.get(entry["sha256"])
             label = base.classes[int(entry["label_index"])]
-            if now is None:
-                problems.append(f"{entry['path']} removed or changed")
+            if now is None:  # deleted, edited, or quarantined now (e.g. a copy in another class)
+                problems.append(
+                    f"{entry['path']} removed, changed or quarantined (see the ingest report)"
+                )
             elif now[:2] != (label, split_of[file]):
                 problems.append(
                     f"{entry['path']} moved from {label}/{split_of[file]} to {now[0]}/{now[1]}"

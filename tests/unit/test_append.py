@@ -257,7 +257,7 @@ def test_removed_or_changed_image_needs_a_rebuild_which_gives_one_generation(
     before = digests(project.shards)
     with pytest.raises(RebuildNeeded, match=r"shard\.mode: rebuild") as error:
         project.update("append")
-    assert new[0] in str(error.value)
+    assert f"{new[0]} removed, changed or quarantined" in str(error.value)
     assert digests(project.shards) == before  # the refused append left the set as it was
     manifest = project.shard("rebuild")
     assert [g.number for g in manifest.generations] == [0]

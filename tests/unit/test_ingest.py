@@ -357,3 +357,68 @@ def test_decompression_bomb_guard_stays_on() -> None:
     assert Image.MAX_IMAGE_PIXELS is not None
     with pytest.raises(ImageRejected, match="decompression-bomb guard"):
         decode_rgb(_png_header_only(30_000, 30_000), max_pixels=10**12, min_side=1)
+
+
+def flat_csv_source(tmp_path: Path, count: int = 4) -> tuple[Path, list[str]]:
+    """A flat folder of ``count`` distinct PNGs; the CSV rows are for the caller to write."""
+    src = tmp_path / "flat"
+    src.mkdir()
+    rng = np.random.default_rng(5)
+    names = []
+    for i in range(count):
+        names.append(f"img_{i}.png")
+        (src / names[-1]).write_bytes(encode(draw_shape(rng, "cross", (24, 24)), "PNG"))
+    return src, names
+
+
+def test_labels_csv_as_spreadsheets_save_it_and_errors_that_name_the_line(tmp_path: Path) -> None:
+    src, names = flat_csv_source(tmp_path)
+    rows = "".join(f"{name},{'odd' if i % 2 else 'even'}\r\n" for i, name in enumerate(names))
+    csv_path = src / "labels.csv"
+    csv_path.write_bytes("\ufeffpath,label\r\n".encode() + rows.encode())  # Excel's CSV UTF-8
+    report, index = ingest(src, tmp_path, labels_csv=str(csv_path))
+    assert index["classes"] == ["even", "odd"] and report["accepted"] == len(names)
+
+    csv_path.write_bytes(b"path,label\n\n\nimg_0.png,even\n\nimg_1.png,\n")
+    with pytest.raises(ValueError, match=rf"{csv_path}, line 6: empty `path` or `label`"):
+        ingest(src, tmp_path, labels_csv=str(csv_path))
+
+    csv_path.write_bytes("path,label\nimg_0.png,café\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=rf"{csv_path}: not UTF-8 .*ingest.labels_csv"):
+        ingest(src, tmp_path, labels_csv=str(csv_path))
+
+
+def test_an_unreadable_folder_is_reported_and_the_run_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = write_image_folder(tmp_path / "src", per_class=2)
+    locked = src / "red" / "locked"
+    locked.mkdir()
+    (locked / "x.png").write_bytes((src / "red" / "001.png").read_bytes())
+    scandir = os.scandir
+
+    def refuse_locked(path: str) -> object:  # as chmod 000 does, for a user without root
+        if os.fspath(path) == os.fspath(locked):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", refuse_locked)
+    report, index = ingest(src, tmp_path)
+    skipped = {s["path"]: s["reason"] for s in report["skipped"]}
+    assert skipped == {"red/locked/": "unreadable folder, its files not listed: Permission denied"}
+    assert report["accepted"] == 6 and len(index["records"]) == 6
+    assert report["files_found"] == report["accepted"] + report["skipped_count"]
+
+
+def test_a_dropped_class_with_a_non_utf8_name_stays_valid_json(tmp_path: Path) -> None:
+    src = write_image_folder(tmp_path / "src", per_class=2)
+    folder = os.fsencode(src) + b"/caf\xe9"
+    os.mkdir(folder)
+    with open(folder + b"/one.png", "wb") as handle:
+        handle.write((src / "red" / "001.png").read_bytes())
+    report, _ = ingest(src, tmp_path)
+    assert {
+        "class": "caf\\xe9",
+        "reason": "none of its 1 files accepted (quarantined or duplicates)",
+    } in report["classes_dropped"]
+    (tmp_path / "ingest.json").read_bytes().decode("utf-8", "strict")
