@@ -300,9 +300,7 @@ def check_coverage(manifest: ShardManifest, contents: list[ShardContents]) -> di
     answers it.
     """
     total = sum(len(t.labels) for t in contents)
-    per_split = {split: Counter[int]() for split in SPLITS}
-    for target in contents:
-        per_split.setdefault(target.split, Counter()).update(target.labels)
+    per_split = labels_per_split(contents)
     problems: list[dict[str, Any]] = []
     if len(manifest.classes) < 2:
         problems.append({"classes": list(manifest.classes)})
@@ -348,11 +346,20 @@ def check_labels(manifest: ShardManifest, contents: list[ShardContents]) -> dict
     )
 
 
+def labels_per_split(contents: list[ShardContents]) -> dict[str, Counter[int]]:
+    """Records read per split and class index (every split present, empty or not)."""
+    per_split = {split: Counter[int]() for split in SPLITS}
+    for target in contents:
+        per_split.setdefault(target.split, Counter()).update(target.labels)
+    return per_split
+
+
 def check_class_counts(manifest: ShardManifest, contents: list[ShardContents]) -> dict[str, Any]:
     """Per split and class, the records read equal the manifest's class_counts."""
     problems: list[dict[str, Any]] = []
+    per_split = labels_per_split(contents)
     for split, info in manifest.splits.items():
-        seen = Counter(label for t in contents if t.split == split for label in t.labels)
+        seen = per_split.get(split, Counter())
         for index, name in enumerate(manifest.classes):
             declared = info.class_counts.get(name, 0)
             if seen[index] != declared:
