@@ -7,14 +7,15 @@ and runs the shard stage's planning on it: the streamed index scan, the cut into
 every shard's records back once. Figures: ``plan_rss.records_10k_mb`` and
 ``plan_rss.records_1m_mb``; the target is their ratio.
 
-``python -m bench.plan_rss stage INDEX DIR`` runs the whole shard stage
-(:func:`tasks.shard.shard_stage`) on the same index; :func:`measure_plan_rss` runs it twice:
-a first build into an empty folder, then a rebuild over it (whose data diff compares against
-every record of the first). Only
-the pixels are left out: each record is one placeholder byte in real TFRecord framing, so
+``python -m bench.plan_rss stage INDEX DIR [MODE]`` runs the whole shard stage
+(:func:`tasks.shard.shard_stage`) on the same index; :func:`measure_plan_rss` runs it three
+times: a first build into an empty folder, a rebuild over it (whose data diff compares
+against every record of the first), then an append of 1% more records (an index of
+``N + N // 100`` records, the first ``N`` the same) as a new generation. Only the pixels
+are left out: each record is one placeholder byte in real TFRecord framing, so
 the manifest, the record lists, the offsets index and the data diff run as in production.
-Figures ``plan_rss.stage_{10k,1m}_mb`` (the larger of the two runs); no target: they show
-what is not yet flat.
+Figures ``plan_rss.stage_{10k,1m}_mb`` (the largest of the three runs); no target: they
+show what is not yet flat.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def measure_plan_rss(
     work: Path, *, sizes: dict[str, int] = SIZES, stage_up_to: int = 10**6, log: Any = print
 ) -> dict[str, Any]:
     """Peak RSS (MB, sampled over the child's life) of planning for each size, then of the
-    whole stage for sizes up to ``stage_up_to`` (1M: about 90 s), each in a fresh
+    whole stage for sizes up to ``stage_up_to`` (1M: about 2 minutes), each in a fresh
     interpreter."""
     figures: dict[str, Any] = {}
     for key, n in sizes.items():
@@ -83,13 +84,22 @@ def measure_plan_rss(
         stage_key = key.replace("records_", "stage_")
         stage_dir = work / f"stage-{n}"
         shutil.rmtree(stage_dir, ignore_errors=True)
+        grown = work / f"plan-index-{n}-plus-{n // 100}.jsonl"
+        if not grown.exists():
+            run_measured(
+                "bench.plan_rss", ["make", str(n + n // 100), str(grown)], grown.with_suffix(".log")
+            )
         runs = [
             run_measured(
                 "bench.plan_rss",
-                ["stage", str(index_path), str(stage_dir)],
+                ["stage", str(index), str(stage_dir), mode],
                 work / f"stage-rss-{n}-{name}.log",
             )
-            for name in ("first", "over")
+            for name, index, mode in (
+                ("first", index_path, "rebuild"),
+                ("over", index_path, "rebuild"),
+                ("append", grown, "append"),
+            )
         ]
         shutil.rmtree(stage_dir, ignore_errors=True)
         figures[stage_key] = max(r["peak_rss_mb"] for r in runs)
@@ -97,7 +107,8 @@ def measure_plan_rss(
         log(
             f"   the whole shard stage on {n} records: peak RSS "
             f"{runs[0]['peak_rss_mb']:.1f} MB (first build), "
-            f"{runs[1]['peak_rss_mb']:.1f} MB (rebuild over it)"
+            f"{runs[1]['peak_rss_mb']:.1f} MB (rebuild over it), "
+            f"{runs[2]['peak_rss_mb']:.1f} MB (appending {n // 100})"
         )
     return figures
 
@@ -125,7 +136,7 @@ def _child(index_path: str) -> None:
     )
 
 
-def _stage_child(index_path: str, root: str) -> None:
+def _stage_child(index_path: str, root: str, mode: str = "rebuild") -> None:
     from tasks.layout import Layout
     from tasks.params import default_params
     from tasks.shard import ShardSpec, describe_shard, shard_stage
@@ -141,7 +152,7 @@ def _stage_child(index_path: str, root: str) -> None:
                     writer.write(b"x")
             yield describe_shard(spec.file, len(spec.records), Path(shards_dir))
 
-    params = default_params(shard={"encoding": "raw", "workers": 1}).shard
+    params = default_params(shard={"encoding": "raw", "workers": 1, "mode": mode}).shard
     layout = Layout(Path(root))
     start = time.perf_counter()
     run = shard_stage(
@@ -157,6 +168,7 @@ def _stage_child(index_path: str, root: str) -> None:
             {
                 "records": sum(split.num_records for split in run.manifest.splits.values()),
                 "previous_records": run.diff["records"]["before"],
+                "added": run.diff["added_total"],
                 "written": run.written,
                 "stage_s": round(time.perf_counter() - start, 3),
                 **child_rusage(),
@@ -167,7 +179,7 @@ def _stage_child(index_path: str, root: str) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "stage":
-        _stage_child(sys.argv[2], sys.argv[3])
+        _stage_child(sys.argv[2], sys.argv[3], *sys.argv[4:5])
     elif sys.argv[1] == "make":
         synthetic_index(Path(sys.argv[3]), int(sys.argv[2]))
         print(json.dumps({"records": int(sys.argv[2])}))

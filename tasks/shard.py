@@ -56,7 +56,6 @@ from tasks.manifest import (
     file_sha256,
     generation_folder,
     load_manifest,
-    load_records,
     records_file_name,
     stream_records,
 )
@@ -172,20 +171,22 @@ def scan_index(
     index_path: Path,
     *,
     classes: list[str] | None = None,
-    exclude: frozenset[str] | set[str] = frozenset(),
+    exclude: np.ndarray | None = None,
     sample: bool = False,
     offset_bits: int | None = None,
     visit: Callable[[dict[str, Any]], None] | None = None,
 ) -> IndexScan:
     """Stream the index once: each split's records in seeded-hash order (ties by path).
 
-    Records whose content hash is in ``exclude`` (append: already in the base) are left
-    out; ``classes`` (append) must name every record's label. ``sample`` keeps the
+    Records whose content hash (as 32 bytes) is in ``exclude`` (append: the base's, as a
+    ``S32`` array) are left out, all at once when the scan ends; ``classes`` (append) must
+    name every record's label. ``sample`` keeps the
     :data:`SIZE_SAMPLE` records with the smallest order keys (for the size estimate).
     ``visit`` sees every record (excluded ones too) as it streams past.
     """
     bits = pack_bits(index_path.stat().st_size) if offset_bits is None else offset_bits
     packed = {s: array("Q") for s in SPLITS}
+    digests = {s: bytearray() for s in SPLITS} if exclude is not None else None
     count = path_bytes = 0
     first: list[tuple[str, int, ShardRecord]] = []
     for offset, rec in iter_records(index_path):
@@ -202,10 +203,14 @@ def scan_index(
             first.append((digest.hex(), count, _shard_record(rec, None)))
             if len(first) >= 4 * SIZE_SAMPLE:
                 first = sorted(first)[:SIZE_SAMPLE]
-        if rec["sha256"] in exclude:
-            continue
+        if digests is not None:
+            digests[rec["split"]] += bytes.fromhex(rec["sha256"])
         top = int.from_bytes(digest[:8], "big") >> bits
         packed[rec["split"]].append((top << bits) | offset)
+    if digests is not None and exclude is not None:
+        for split, values in packed.items():
+            keep = data_diff.missing_from(np.frombuffer(digests.pop(split), dtype="S32"), exclude)
+            packed[split] = array("Q", np.frombuffer(values, dtype=np.uint64)[keep].tobytes())
     order = {s: _sorted_split(index_path, params.seed, v, bits) for s, v in packed.items()}
     return IndexScan(
         order=order,
@@ -618,40 +623,39 @@ def plan_stage(params: ShardParams, index_path: Path, shards_dir: Path) -> Stage
         )
     base = load_base(shards_dir)
     check_compatible(base, params, shards_dir)
-    try:
-        base_records = load_records(shards_dir, base)
+    try:  # the base's records as a table (43 bytes each), its lists read a shard at a time
+        before = base_table(shards_dir, base)
     except ValueError as error:
         raise RebuildNeeded(f"{error}; {REBUILD_HINT}") from error
-    exclude = {entry["sha256"] for entries in base_records.values() for entry in entries}
     classes = base.classes + sorted(set(header["classes"]) - set(base.classes))
-    current: dict[str, tuple[str, str, str]] = {}
+    current = data_diff.Table()  # every index record, in index order
 
-    def note(record: dict[str, Any]) -> None:
-        current[record["sha256"]] = (record["label"], record["split"], record["path"])
+    def note(r: dict[str, Any]) -> None:
+        current.add(r["sha256"], r["path"], r["split"], r["label"], r["width"], r["height"])
 
     scan = scan_index(
-        params, index_path, classes=classes, exclude=exclude, sample=sample, visit=note
+        params,
+        index_path,
+        classes=classes,
+        exclude=before.hash_array(),
+        sample=sample,
+        visit=note,
     )
-    check_nothing_removed(current, base, base_records, shards_dir)
-    duplicates = returned_under_another_name(current, base, base_records)
-    before = data_diff.Table.of(data_diff.rows(base, data_diff.per_file_entries(base_records)))
-    base_records.clear()  # a million records' lists and paths: about 700 MB, not needed
-    current.clear()  # past this point
+    duplicates = check_nothing_removed(current, base, before, shards_dir, index_path)
+    current = data_diff.Table()  # the whole index's table is not needed past this point
     number = len(base.generations)
     specs = cut_shards(
         params, index_path, header, scan, folder=generation_folder(number), classes=classes
     )
     return StagePlan(
-        params.mode,
-        number,
-        specs,
-        classes,
-        index_path,
-        base,
-        base,
-        before,
-        duplicates,
+        params.mode, number, specs, classes, index_path, base, base, before, duplicates
     )
+
+
+def base_table(shards_dir: Path, base: ShardManifest) -> data_diff.Table:
+    """Every record of the base shard set, from its record lists (sha256 checked)."""
+    records = data_diff.rows(base, stream_records(shards_dir, base))
+    return data_diff.Table.of(records, expected=base.total_records)
 
 
 def load_base(shards_dir: Path) -> ShardManifest:
@@ -699,55 +703,72 @@ def check_compatible(base: ShardManifest, params: ShardParams, shards_dir: Path)
 
 
 def check_nothing_removed(
-    current: dict[str, tuple[str, str, str]],
+    current: data_diff.Table,
     base: ShardManifest,
-    base_records: dict[str, list[dict[str, Any]]],
+    before: data_diff.Table,
     shards_dir: Path,
-) -> None:
-    """Refuse when a base record is gone from the index (``current``: content hash ->
-    label, split, path) or has moved.
+    index_path: Path,
+) -> list[dict[str, str]]:
+    """Refuse when a base record (``before``) is gone from the index (``current``, every
+    index record in index order) or has moved to another class or split; return the base
+    records whose content the index now holds under another path (the diff's duplicates:
+    the append keeps the record it has, and the diff names both paths).
 
     Append never removes or rewrites a record: an image deleted or edited since the base
-    (its old content is gone), or moved to another class or split, needs a rebuild.
+    (its old content is gone), quarantined now, or moved, needs a rebuild. Compared as
+    columns (a binary search per base record); paths are read back only for the records a
+    message or the duplicates name.
     """
-    split_of = {s.file: split for split, info in base.splits.items() for s in info.shards}
-    problems = []
-    for file, entries in base_records.items():
-        for entry in entries:
-            now = current.get(entry["sha256"])
-            label = base.classes[int(entry["label_index"])]
-            if now is None:  # deleted, edited, or quarantined now (e.g. a copy in another class)
-                problems.append(
-                    f"{entry['path']} removed, changed or quarantined (see the ingest report)"
+    now, then = current.hash_array(), before.hash_array()
+    order = np.argsort(now, kind="stable")
+    match = np.zeros(len(then), dtype=np.int64)
+    found = np.zeros(len(then), dtype=bool)
+    if len(order):
+        match = order[np.minimum(np.searchsorted(now[order], then), len(order) - 1)]
+        found = now[match] == then
+    moved = found & (
+        (current.label_codes(before.names)[match] != before.label_codes())
+        | (current.split_codes()[match] != before.split_codes())
+    )
+    problems = np.flatnonzero(~found | moved)
+    if len(problems):
+        shown = [int(i) for i in problems[:5]]
+        paths = _paths_at((entry["path"] for _, entry in stream_records(shards_dir, base)), shown)
+        reasons = []
+        for i in shown:
+            if not found[i]:
+                reasons.append(
+                    f"{paths[i]} removed, changed or quarantined (see the ingest report)"
                 )
-            elif now[:2] != (label, split_of[file]):
-                problems.append(
-                    f"{entry['path']} moved from {label}/{split_of[file]} to {now[0]}/{now[1]}"
-                )
-    if problems:
+                continue
+            j = int(match[i])
+            was = f"{before.names[before.labels[i]]}/{SPLITS[before.splits[i]]}"
+            to = f"{current.names[current.labels[j]]}/{SPLITS[current.splits[j]]}"
+            reasons.append(f"{paths[i]} moved from {was} to {to}")
         raise RebuildNeeded(
             f"{shards_dir}: {len(problems)} record(s) of the base shard set no longer match "
-            f"the sources ({'; '.join(problems[:5])}); append only adds records: "
+            f"the sources ({'; '.join(reasons)}); append only adds records: "
             f"{REBUILD_HINT}"
         )
+    renamed = [
+        int(i)
+        for i in np.flatnonzero(current.path_digest_array()[match] != before.path_digest_array())
+    ]
+    if not renamed:
+        return []
+    old = _paths_at((entry["path"] for _, entry in stream_records(shards_dir, base)), renamed)
+    new = _paths_at((r["path"] for _, r in iter_records(index_path)), match[renamed])
+    return [
+        {"path": new[int(match[i])], "same_content_as": old[i]}
+        for i in renamed
+        if new[int(match[i])] != old[i]
+    ]
 
 
-def returned_under_another_name(
-    current: dict[str, tuple[str, str, str]],
-    base: ShardManifest,
-    base_records: dict[str, list[dict[str, Any]]],
-) -> list[dict[str, str]]:
-    """Base records whose content the index now holds under another path (``current``:
-    content hash -> label, split, path), in manifest order: the append keeps the record it
-    has, and the diff names both paths."""
-    returned = []
-    for info in base.splits.values():
-        for shard in info.shards:
-            for entry in base_records.get(shard.file, []):
-                now = current.get(entry["sha256"])
-                if now is not None and now[2] != entry["path"]:
-                    returned.append({"path": now[2], "same_content_as": entry["path"]})
-    return returned
+def _paths_at(paths: Iterable[str], positions: Iterable[int]) -> dict[int, str]:
+    """The paths at these positions of a stream of paths (read to its end)."""
+    wanted = {int(p) for p in positions}
+    return {i: path for i, path in enumerate(paths) if i in wanted}
 
 
 def _previous(shards_dir: Path) -> tuple[ShardManifest | None, data_diff.Table | None]:

@@ -385,3 +385,33 @@ def test_append_reads_only_new_headers_for_the_offset_index(
     monkeypatch.setattr(records, "record_offsets", real)
     written = json.loads((project.shards / records.OFFSETS_NAME).read_text())
     assert written == records.offsets_json(manifest, project.shards)  # every header, read now
+
+
+def test_an_image_moved_to_another_class_needs_a_rebuild_and_the_message_says_where(
+    tmp_path: Path,
+) -> None:
+    project = Project(tmp_path)
+    project.update("rebuild")
+    index = load_index(project.index)
+    record = next(r for r in index["records"] if r["path"] == "red/000.jpg")
+    (project.source / record["path"]).rename(project.source / "blue" / "moved.png")
+    (project.source / "red" / "001.png").rename(project.source / "red" / "renamed.png")  # fine
+    before = digests(project.shards)
+    with pytest.raises(RebuildNeeded) as error:
+        project.update("append")
+    split = record["split"]  # drawn from the content: a move keeps it
+    assert "1 record(s) of the base shard set no longer match" in str(error.value)
+    assert f"{record['path']} moved from red/{split} to blue/{split}" in str(error.value)
+    assert digests(project.shards) == before
+
+
+def test_a_renamed_image_is_kept_once_and_the_diff_names_both_paths(tmp_path: Path) -> None:
+    project = Project(tmp_path)
+    project.update("rebuild")
+    (project.source / "red" / "001.png").rename(project.source / "red" / "renamed.png")
+    new = add_images(project.source, "blue", 2, seed=9)
+    manifest = project.update("append")
+    diff = json.loads((project.root / "diff.json").read_text())
+    assert diff["duplicates"] == [{"path": "red/renamed.png", "same_content_as": "red/001.png"}]
+    assert diff["added_total"] == len(new) and diff["removed_total"] == 0
+    assert manifest.total_records == diff["records"]["before"] + len(new)

@@ -249,12 +249,18 @@ def test_the_stage_memory_run_builds_a_real_set_then_diffs_against_it(
     from tasks.records import load_offsets
 
     index = synthetic_index(tmp_path / "index.jsonl", 300)
+    grown = synthetic_index(tmp_path / "grown.jsonl", 303)
     root = tmp_path / "stage"
-    for before in (0, 300):
-        _stage_child(str(index), str(root))
+    for path, mode, want in (
+        (index, "rebuild", (300, 0, 300)),
+        (index, "rebuild", (300, 300, 0)),
+        (grown, "append", (303, 300, 3)),
+    ):
+        _stage_child(str(path), str(root), mode)
         result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-        assert (result["records"], result["previous_records"]) == (300, before)
+        assert (result["records"], result["previous_records"], result["added"]) == want
     shards_dir = Layout(root).shards_dir
     manifest = load_manifest(shards_dir)
     offsets = load_offsets(shards_dir, manifest)
-    assert sum(len(found) for found in offsets.values()) == 300
+    assert sum(len(found) for found in offsets.values()) == 303
+    assert len(manifest.generations) == 2
