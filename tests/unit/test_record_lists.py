@@ -115,3 +115,20 @@ def test_a_table_refuses_a_count_the_manifest_does_not_have() -> None:
         data_diff.Table.of(rows, expected=2)
     with pytest.raises(ValueError, match="not a sha256"):
         data_diff.Table.of([row("a", "red/1.png", "train", "red", 1, 1)._replace(sha256="ab")])
+
+
+def test_hashes_ending_in_zero_bytes_stay_distinct(tmp_path: Path) -> None:
+    """numpy's fixed-width bytes pad with zeros: hashes that end in them must still differ."""
+    manifest = Project(tmp_path).update("rebuild")
+    one, two = "ab" * 31 + "00", "ab" * 30 + "0000"
+    before = data_diff.Table.of([data_diff.Row(one, "red/1.png", "train", "red", 4, 4)])
+    after = data_diff.Table.of(
+        [
+            data_diff.Row(one, "red/1.png", "train", "red", 4, 4),
+            data_diff.Row(two, "red/2.png", "train", "red", 4, 4),
+        ]
+    )
+    diff = data_diff.compute(manifest, before, manifest, after, mode="rebuild")
+    assert (diff["added_total"], diff["removed_total"]) == (1, 0)
+    assert data_diff.missing_from(before.hash_array(), after.hash_array()).tolist() == [False]
+    assert data_diff.missing_from(after.hash_array(), before.hash_array()).tolist() == [False, True]
