@@ -34,7 +34,13 @@ def check_validated(shards_dir: str | Path, validation_report: str | Path) -> Sh
     shards_dir, report_path = Path(shards_dir), Path(validation_report)
     if not report_path.exists():
         raise ShardsNotValidated(f"{report_path}: no validation report; {FIX} first")
-    report = json.loads(report_path.read_text())
+    try:
+        report = json.loads(report_path.read_text())
+        report.get("passed")
+    except (ValueError, AttributeError) as error:  # torn, emptied or edited by hand
+        raise ShardsNotValidated(
+            f"{report_path}: not a validation report ({error}); {FIX} first"
+        ) from error
     if report.get("passed") is not True:
         failed = [c for c in report.get("checks", []) if not c.get("passed", False)]
         listing = "; ".join(f"{c.get('name')}: {c.get('message', '')}" for c in failed)

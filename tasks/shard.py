@@ -684,12 +684,15 @@ def check_compatible(base: ShardManifest, params: ShardParams, shards_dir: Path)
         "schema": schema_from_params(params).to_dict(),
         "compression": params.compression,
         "resize": params.resize,
+        # decoded at reduced size or not: one manifest flag tells serving which, for all
+        "draft_decode": params.draft_decode,
         "preprocessing_version": preprocessing_version(),
     }
     then = {
         "schema": dict(base.schema_),
         "compression": base.compression,
         "resize": base.resize,
+        "draft_decode": base.draft_decode,
         "preprocessing_version": base.preprocessing_version,
     }
     changed = [

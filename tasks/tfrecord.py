@@ -14,6 +14,7 @@ from __future__ import annotations
 import gzip
 import os
 import struct
+import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
@@ -218,10 +219,29 @@ def read_framed(handle: BinaryIO) -> bytes | None:
 
 
 def open_records(path: str | Path, *, gzip_compressed: bool = False) -> BinaryIO:
-    """Open a TFRecord file for reading; GZIP files are decompressed as they are read."""
+    """Open a TFRecord file for reading; GZIP files are decompressed as they are read, and
+    damaged compressed data raises :class:`CorruptRecord` like damaged framing does."""
     if gzip_compressed:
-        return gzip.open(path, "rb")  # type: ignore[return-value]
+        return _CheckedGzipFile(path, "rb")  # type: ignore[return-value]
     return open(path, "rb")
+
+
+class _CheckedGzipFile(gzip.GzipFile):
+    """A GZIP reader whose decompression errors (``zlib.error``, a stream cut short) are
+    :class:`CorruptRecord`: one damaged byte in a compressed shard is bad data, to be named
+    with its file and record, never a crash of the reader or of validation."""
+
+    def read(self, size: int | None = -1) -> bytes:
+        try:
+            return super().read(size)
+        except (zlib.error, EOFError) as error:
+            raise CorruptRecord(f"damaged GZIP data ({error})") from error
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        try:
+            return super().seek(offset, whence)
+        except (zlib.error, EOFError) as error:
+            raise CorruptRecord(f"damaged GZIP data ({error})") from error
 
 
 def record_offsets(path: str | Path, *, gzip_compressed: bool = False) -> list[tuple[int, int]]:

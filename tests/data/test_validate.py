@@ -12,7 +12,9 @@ import pytest
 from tasks.index import load_index, write_index
 from tasks.manifest import MANIFEST_NAME, ShardFile, ShardManifest, build_manifest, file_sha256
 from tasks.params import default_params
+from tasks.records import iter_split
 from tasks.shard import run_shard
+from tasks.tfrecord import CorruptRecord
 from tasks.validate import ValidationFailed, raise_if_failed, run_validate
 
 ALL_CHECKS = [
@@ -196,7 +198,10 @@ def test_flipped_byte_names_the_shard_and_record(shards: Path) -> None:
         raise_if_failed(report)
 
 
-def test_flipped_byte_in_gzip_shard_is_located(tiny_index: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", ["middle", "deflate header"])
+def test_flipped_byte_in_gzip_shard_is_located(tiny_index: Path, tmp_path: Path, where: str) -> None:
+    """A flip in the deflate stream's own header makes zlib fail (not a CRC): still a named,
+    failed check, and the TensorFlow-free reader names the file too."""
     params = default_params(
         shard={
             "image_size": [16, 16],
@@ -208,11 +213,16 @@ def test_flipped_byte_in_gzip_shard_is_located(tiny_index: Path, tmp_path: Path)
     manifest = run_shard(params, tiny_index, tmp_path / "shards")
     target = manifest.split("val").shards[0].file
     data = bytearray((tmp_path / "shards" / target).read_bytes())
-    data[len(data) // 2] ^= 0xFF
+    if where == "middle":
+        data[len(data) // 2] ^= 0xFF
+    else:
+        data[12] ^= 0x10  # past the 10-byte GZIP header: the first deflate block's header
     (tmp_path / "shards" / target).write_bytes(bytes(data))
     bad = failed(validate(tmp_path / "shards"))
     assert bad["records"]["details"]["examples"][0]["file"] == target
     assert target in bad["files"]["message"]
+    with pytest.raises(CorruptRecord, match=target):
+        list(iter_split(tmp_path / "shards", "val"))
 
 
 def test_truncated_shard_fails_files_and_records(shards: Path) -> None:

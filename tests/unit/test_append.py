@@ -415,3 +415,19 @@ def test_a_renamed_image_is_kept_once_and_the_diff_names_both_paths(tmp_path: Pa
     assert diff["duplicates"] == [{"path": "red/renamed.png", "same_content_as": "red/001.png"}]
     assert diff["added_total"] == len(new) and diff["removed_total"] == 0
     assert manifest.total_records == diff["records"]["before"] + len(new)
+
+
+def test_an_append_that_would_decode_otherwise_needs_a_rebuild(tmp_path: Path) -> None:
+    """The manifest has one draft_decode for every record, and serving decodes by it: an
+    append under the other setting would leave old and new records made two ways."""
+    project = Project(tmp_path)
+    project.update("rebuild")
+    add_images(project.source, "red", 2, seed=11)
+    project.ingest()
+    before = digests(project.shards)
+    params = default_params(
+        shard={"image_size": [16, 16], "target_shard_mb": 0.002, "workers": 1, "mode": "append"}
+    ).shard
+    with pytest.raises(RebuildNeeded, match=r"\(draft_decode\)"):
+        run_shard(params.model_copy(update={"draft_decode": False}), project.index, project.shards)
+    assert digests(project.shards) == before

@@ -91,3 +91,11 @@ def test_run_train_refuses_before_tracking_or_training(tiny_shards: Path, mlflow
         run_train(default_params(train={"epochs": 1, "batch_size": 16}), layout)
     assert not layout.model_file.exists()
     assert not (tiny_shards / "mlflow.db").exists()  # no run was opened
+
+
+@pytest.mark.parametrize("text", ["", '{"passed": tru', "[]"], ids=["empty", "torn", "a list"])
+def test_an_unreadable_report_is_refused_naming_it(tiny_shards: Path, text: str) -> None:
+    report = tiny_shards / "reports" / "validation.json"
+    report.write_text(text)
+    with pytest.raises(ShardsNotValidated, match=rf"{report}: not a validation report"):
+        gate(tiny_shards)
