@@ -88,10 +88,7 @@ class Table:
     @classmethod
     def of(cls, records: Iterable[Row], expected: int | None = None) -> Table:
         """A table of ``records``; with ``expected``, a count that differs raises ValueError."""
-        table = cls()
-        add = table.add
-        for row in records:
-            add(*row)
+        table = cls().extend(records)
         if expected is not None and len(table) != expected:
             raise ValueError(f"record lists hold {len(table)} records, the manifest {expected}")
         return table
@@ -112,6 +109,21 @@ class Table:
         self.labels.append(code)
         self.widths.append(width)
         self.heights.append(height)
+
+    def copy(self) -> Table:
+        twin = Table()
+        twin.hashes, twin.path_digests = bytearray(self.hashes), bytearray(self.path_digests)
+        twin.splits, twin.labels = array("B", self.splits), array("H", self.labels)
+        twin.widths, twin.heights = array("I", self.widths), array("I", self.heights)
+        twin.names, twin._codes = list(self.names), dict(self._codes)
+        return twin
+
+    def extend(self, records: Iterable[Row]) -> Table:
+        """Add ``records``; returns this table."""
+        add = self.add
+        for row in records:
+            add(*row)
+        return self
 
     def __len__(self) -> int:
         return len(self.splits)
@@ -155,6 +167,27 @@ class Table:
         )
 
 
+def locate(values: Table, reference: Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each record of ``values``: whether ``reference`` holds its content, where (an
+    index into ``reference``, meaningful where found), and whether it sits there in the same
+    class and split. One sorted order of ``reference`` and a binary search per record."""
+    ours, theirs = values.hash_array(), reference.hash_array()
+    at = np.zeros(len(ours), dtype=np.int64)
+    found = np.zeros(len(ours), dtype=bool)
+    if len(theirs):
+        order = np.argsort(theirs, kind="stable")
+        at = order[np.minimum(np.searchsorted(theirs[order], ours), len(order) - 1)]
+        found = theirs[at] == ours
+    same = (
+        found
+        & (values.label_codes(reference.names) == reference.label_codes()[at])
+        & (values.split_codes() == reference.split_codes()[at])
+        if len(theirs)
+        else found
+    )
+    return found, at, same
+
+
 def missing_from(values: np.ndarray, reference: np.ndarray) -> np.ndarray:
     """Mask of the ``values`` not in ``reference`` (one sorted copy of it, then a binary
     search per value: no set of a million hashes)."""
@@ -183,8 +216,11 @@ def compute(
     """
     known = previous is not None and before is not None
     before = before if previous is not None and before is not None else Table()
-    added = missing_from(after.hash_array(), before.hash_array())
-    removed = missing_from(before.hash_array(), after.hash_array())
+    # a record is added or removed per class and split: an image moved to another class (or
+    # split) is removed from one and added to the other, and counted as moved
+    found, _, same = locate(after, before)
+    added, moved = ~same, found & ~same
+    removed = ~locate(before, after)[2]
     count_before, count_after = before.label_counts(), after.label_counts()
     classes_before = sorted(count_before)
     classes = list(manifest.classes) + [c for c in classes_before if c not in manifest.classes]
@@ -210,6 +246,7 @@ def compute(
         "removed": _per_split_class(before.split_label_counts(removed)),
         "added_total": int(added.sum()),
         "removed_total": int(removed.sum()),
+        "moved_total": int(moved.sum()),
         "new_classes": [c for c in manifest.classes if c not in classes_before] if known else [],
         "class_share": shares,
         "largest_share_shift": (
@@ -257,6 +294,7 @@ def summary_markdown(diff: dict[str, Any]) -> str:
         "",
         f"- records: {diff['records']['before']} -> {diff['records']['after']} "
         f"(+{diff['added_total']}, -{diff['removed_total']}); generations: {diff['generations']}",
+        f"- moved to another class or split (in both counts): {diff['moved_total']}",
         f"- new classes: {', '.join(diff['new_classes']) or 'none'}",
         f"- images back under another name (duplicates): {diff['duplicate_count']}",
         "",

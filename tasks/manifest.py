@@ -171,9 +171,12 @@ def load_records(
 
 
 def stream_records(
-    shards_dir: str | Path, manifest: ShardManifest
+    shards_dir: str | Path,
+    manifest: ShardManifest,
+    generations: list[Generation] | None = None,
 ) -> Iterator[tuple[str, dict[str, Any]]]:
-    """``(shard file, record)`` of every generation's record list, in file order.
+    """``(shard file, record)`` of every generation's record list (or of ``generations``),
+    in file order.
 
     What :func:`load_records` returns, streamed: a million records parsed as one document
     hold about 450 MB of dicts, streamed one shard's list at a time (as fast: 1.4 s for a
@@ -186,7 +189,7 @@ def stream_records(
             f"{Path(shards_dir) / MANIFEST_NAME}: written before shard generations (no record "
             "lists); rebuild the shard set (shard.mode: rebuild)"
         )
-    for generation in manifest.generations:
+    for generation in manifest.generations if generations is None else generations:
         path = Path(shards_dir) / generation.records_file
         if not path.is_file():
             raise FileNotFoundError(f"{path}: records of generation {generation.number} missing")

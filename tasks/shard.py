@@ -722,18 +722,8 @@ def check_nothing_removed(
     columns (a binary search per base record); paths are read back only for the records a
     message or the duplicates name.
     """
-    now, then = current.hash_array(), before.hash_array()
-    order = np.argsort(now, kind="stable")
-    match = np.zeros(len(then), dtype=np.int64)
-    found = np.zeros(len(then), dtype=bool)
-    if len(order):
-        match = order[np.minimum(np.searchsorted(now[order], then), len(order) - 1)]
-        found = now[match] == then
-    moved = found & (
-        (current.label_codes(before.names)[match] != before.label_codes())
-        | (current.split_codes()[match] != before.split_codes())
-    )
-    problems = np.flatnonzero(~found | moved)
+    found, match, same = data_diff.locate(before, current)
+    problems = np.flatnonzero(~same)
     if len(problems):
         shown = [int(i) for i in problems[:5]]
         paths = _paths_at((entry["path"] for _, entry in stream_records(shards_dir, base)), shown)
@@ -967,14 +957,27 @@ def write_stage_diff(
 ) -> dict[str, Any]:
     """The data diff of this run (previous manifest -> this one), written as JSON + Markdown.
 
-    The "after" side streams every generation's record list (each checked by sha256), so no
-    more than a table of the records is held at once."""
-    after = data_diff.rows(manifest, stream_records(shards_dir, manifest))
+    The "after" side streams the record lists (each checked by sha256) into a table: every
+    generation's after a rebuild; after an append, the base's table (read while planning)
+    plus the new generation's list only."""
+    base = plan.previous_records if plan.base is not None else None
+    if base is not None and manifest.generations[-1].number == plan.number:
+        new = stream_records(shards_dir, manifest, manifest.generations[-1:])
+        after = base.copy().extend(data_diff.rows(manifest, new))
+    elif base is not None:
+        after = base  # nothing was appended: the set is the base
+    else:
+        after = data_diff.Table.of(data_diff.rows(manifest, stream_records(shards_dir, manifest)))
+    if len(after) != manifest.total_records:
+        raise ValueError(
+            f"{shards_dir}: record lists hold {len(after)} records, the manifest "
+            f"{manifest.total_records}"
+        )
     diff = data_diff.compute(
         plan.previous,
         plan.previous_records,
         manifest,
-        data_diff.Table.of(after, expected=manifest.total_records),
+        after,
         mode=plan.mode,
         duplicates=plan.duplicates,
     )

@@ -115,3 +115,27 @@ def test_a_stale_diff_fails_validation(changed: tuple[Project, list[str], str]) 
     report = validate(project, ValidateParams(max_class_share_shift=1.0, allow_new_classes=True))
     failed = {c["name"]: c["message"] for c in report["checks"] if not c["passed"]}
     assert list(failed) == ["data_diff"] and "not these" in failed["data_diff"]
+
+
+def test_a_relabel_is_removed_from_one_class_and_added_to_the_other(tmp_path: Path) -> None:
+    project = Project(tmp_path)
+    project.update("rebuild")
+    index = load_index(project.index)
+    moved = [r for r in index["records"] if r["label"] == "red"][:3]
+    for record in moved:
+        name = Path(record["path"]).name
+        (project.source / record["path"]).rename(project.source / "blue" / f"was-red-{name}")
+    project.update("rebuild")
+    diff = diff_of(project)
+    want = Counter(r["split"] for r in moved)
+    assert diff["moved_total"] == diff["added_total"] == diff["removed_total"] == 3
+    assert {s: n.get("blue", 0) for s, n in diff["added"].items()} == {
+        s: want.get(s, 0) for s in ("train", "val", "test")
+    }
+    assert {s: n.get("red", 0) for s, n in diff["removed"].items()} == {
+        s: want.get(s, 0) for s in ("train", "val", "test")
+    }
+    assert diff["class_share"]["blue"]["shift"] == pytest.approx(3 / 24, abs=1e-6)
+    assert "moved to another class or split (in both counts): 3" in (
+        project.root / "diff.md"
+    ).read_text()

@@ -431,3 +431,18 @@ def test_an_append_that_would_decode_otherwise_needs_a_rebuild(tmp_path: Path) -
     with pytest.raises(RebuildNeeded, match=r"\(draft_decode\)"):
         run_shard(params.model_copy(update={"draft_decode": False}), project.index, project.shards)
     assert digests(project.shards) == before
+
+
+def test_a_damaged_older_record_list_fails_generations_and_blames_no_intact_shard(
+    grown: tuple[Project, dict[str, str], list[str]],
+) -> None:
+    project, _, _ = grown
+    path = project.shards / "records.json"  # generation 0's list
+    path.write_text(path.read_text().replace('"width"', '"width" ', 1))  # one byte more
+    report = run_validate(project.shards, tmp_report(project), tmp_report(project, ".md"))
+    failed = {c["name"]: c["message"] for c in report["checks"] if not c["passed"]}
+    assert list(failed) == ["generations"] and "records.json" in failed["generations"]
+
+
+def tmp_report(project: Project, suffix: str = ".json") -> Path:
+    return project.root / f"validation{suffix}"
