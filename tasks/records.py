@@ -139,8 +139,9 @@ class SplitReader:
         self.schema = self.manifest.record_schema
         self.gzip = self.manifest.compression == "gzip"
         self.shards = self.manifest.split(split).shards
-        by_file = load_offsets(self.shards_dir, self.manifest)
-        self.offsets = [by_file[shard.file] for shard in self.shards]
+        by_file = _checked_offsets(self.shards_dir, self.manifest)
+        self.offsets = [by_file[shard.file][0] for shard in self.shards]
+        self.ends = [by_file[shard.file][1] for shard in self.shards]
         self.starts = [0]  # position of each shard's first record within the split
         for shard in self.shards:
             self.starts.append(self.starts[-1] + shard.num_records)
@@ -149,7 +150,11 @@ class SplitReader:
         return self.starts[-1]
 
     def features(self, start: int = 0, stop: int | None = None) -> Iterator[dict[str, Any]]:
-        """Parsed records ``start`` to ``stop`` (exclusive): each shard opened once, one seek."""
+        """Parsed records ``start`` to ``stop`` (exclusive): each shard opened once, one seek.
+
+        Each record must end where the index says the next begins (or the shard ends): an
+        offset that lands on another record's boundary passes every CRC, so this is what
+        catches an edited or stale ``offsets.json`` before a wrong record is returned."""
         stop = len(self) if stop is None else min(stop, len(self))
         position = start
         while position < stop:
@@ -157,9 +162,21 @@ class SplitReader:
             shard = self.shards[number]
             path = self.shards_dir / shard.file
             with open_records(path, gzip_compressed=self.gzip) as handle:
-                handle.seek(self.offsets[number][position - self.starts[number]])
+                offsets = self.offsets[number]
+                handle.seek(offsets[position - self.starts[number]])
                 while position < min(stop, self.starts[number + 1]):
-                    yield self._parse(handle, path, position - self.starts[number])
+                    record = position - self.starts[number]
+                    features = self._parse(handle, path, record)
+                    boundary = (
+                        offsets[record + 1] if record + 1 < len(offsets) else self.ends[number]
+                    )
+                    if handle.tell() != boundary:
+                        raise CorruptRecord(
+                            f"{path}: record {record} ends at byte {handle.tell()}, where "
+                            f"{OFFSETS_NAME} puts the next at {boundary} (an edited or stale "
+                            "index); rerun the shard stage"
+                        )
+                    yield features
                     position += 1
 
     def __getitem__(self, position: int) -> dict[str, Any]:

@@ -174,6 +174,28 @@ def test_missing_or_stale_index_is_named(raw_shards: Path, tmp_path: Path) -> No
         list(iter_split(shards_dir, "val"))
 
 
+def test_an_offset_moved_to_another_boundary_is_caught_before_a_wrong_record(
+    raw_shards: Path, tmp_path: Path
+) -> None:
+    """Record 2's offset pointed at record 1's start: a real boundary, every CRC passes."""
+    shards_dir = Path(shutil.copytree(raw_shards, tmp_path / "shards"))
+    manifest = load_manifest(shards_dir)
+    shard = max(manifest.split("train").shards, key=lambda s: s.num_records)
+    assert shard.num_records >= 3
+    start = sum(s.num_records for s in manifest.split("train").shards[: manifest.split("train").shards.index(shard)])
+    index = offsets(shards_dir)
+    index["shards"][shard.file]["offsets"][2] = index["shards"][shard.file]["offsets"][1]
+    (shards_dir / OFFSETS_NAME).write_text(json.dumps(index))
+    for read in (
+        lambda: read_record(shards_dir, "train", start + 1),  # ends where record 2 truly starts
+        lambda: read_record(shards_dir, "train", start + 2),  # is record 1
+        lambda: list(iter_split(shards_dir, "train")),
+    ):
+        with pytest.raises(CorruptRecord, match=f"{shard.file}: record [12] ends at byte"):
+            read()
+    assert read_record(shards_dir, "train", start)[1] in range(len(manifest.classes))
+
+
 def test_damaged_record_names_file_and_record(raw_shards: Path, tmp_path: Path) -> None:
     shards_dir = Path(shutil.copytree(raw_shards, tmp_path / "shards"))
     shard = load_manifest(shards_dir).split("train").shards[1]
