@@ -6,6 +6,7 @@ import hashlib
 import json
 import shutil
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,16 +69,22 @@ def test_diff_counts_a_crafted_change(changed: tuple[Project, list[str], str]) -
     assert "| amber |" in summary and "+0.200" in summary
 
 
-def test_diff_counts_removals_after_a_rebuild(tmp_path: Path) -> None:
+def rebuilt_after(
+    tmp_path: Path, label: str, change: Callable[[Path], object]
+) -> tuple[Project, dict[str, Any], Counter[str]]:
+    """Rebuild, ``change`` three images of ``label``, rebuild: the project, its diff and the
+    changed images per split."""
     project = Project(tmp_path)
     project.update("rebuild")
-    index = load_index(project.index)
-    gone = [r for r in index["records"] if r["label"] == "blue"][:3]
-    for record in gone:
-        (project.source / record["path"]).unlink()
+    picked = [r for r in load_index(project.index)["records"] if r["label"] == label][:3]
+    for record in picked:
+        change(project.source / record["path"])
     project.update("rebuild")
-    diff = diff_of(project)
-    want = Counter(r["split"] for r in gone)
+    return project, diff_of(project), Counter(r["split"] for r in picked)
+
+
+def test_diff_counts_removals_after_a_rebuild(tmp_path: Path) -> None:
+    _, diff, want = rebuilt_after(tmp_path, "blue", Path.unlink)
     assert {s: n.get("blue", 0) for s, n in diff["removed"].items()} == {
         s: want.get(s, 0) for s in ("train", "val", "test")
     }
@@ -118,16 +125,10 @@ def test_a_stale_diff_fails_validation(changed: tuple[Project, list[str], str]) 
 
 
 def test_a_relabel_is_removed_from_one_class_and_added_to_the_other(tmp_path: Path) -> None:
-    project = Project(tmp_path)
-    project.update("rebuild")
-    index = load_index(project.index)
-    moved = [r for r in index["records"] if r["label"] == "red"][:3]
-    for record in moved:
-        name = Path(record["path"]).name
-        (project.source / record["path"]).rename(project.source / "blue" / f"was-red-{name}")
-    project.update("rebuild")
-    diff = diff_of(project)
-    want = Counter(r["split"] for r in moved)
+    def to_blue(path: Path) -> None:
+        path.rename(path.parent.parent / "blue" / f"was-red-{path.name}")
+
+    project, diff, want = rebuilt_after(tmp_path, "red", to_blue)
     assert diff["moved_total"] == diff["added_total"] == diff["removed_total"] == 3
     assert {s: n.get("blue", 0) for s, n in diff["added"].items()} == {
         s: want.get(s, 0) for s in ("train", "val", "test")
