@@ -407,7 +407,12 @@ def list_sources(source: str | Path) -> list[Path]:
                 raise ValueError(
                     f"{source}: a CSV of images needs a 'path' column (found {reader.fieldnames})"
                 )
-            return [source.parent / row["path"] for row in reader if row["path"]]
+            paths = []
+            for row in reader:
+                if not (row["path"] or "").strip():  # a row in, a row out: never dropped
+                    raise ValueError(f"{source}, line {reader.line_num}: empty 'path'")
+                paths.append(source.parent / row["path"])
+            return paths
     return [source]
 
 

@@ -199,6 +199,9 @@ def test_list_sources_reads_folders_csvs_and_single_files(tmp_path: Path) -> Non
     assert list_sources(tmp_path / "photos" / "a.jpg") == [tmp_path / "photos" / "a.jpg"]
     with pytest.raises(FileNotFoundError, match="nope"):
         list_sources(tmp_path / "nope")
+    listing.write_text("path,note\na.jpg,y\n\n,blank\n")
+    with pytest.raises(ValueError, match=r"list.csv, line 4: empty 'path'"):
+        list_sources(listing)
     (tmp_path / "bad.csv").write_text("file\na.jpg\n")
     with pytest.raises(ValueError, match=r"bad.csv: a CSV of images needs a 'path' column"):
         list_sources(tmp_path / "bad.csv")
