@@ -43,7 +43,7 @@ class Row(NamedTuple):
 
 def rows(manifest: ShardManifest, entries: Iterable[tuple[str, dict[str, Any]]]) -> Iterator[Row]:
     """The manifest's records from ``(shard file, record)`` pairs of its record lists
-    (:func:`tasks.manifest.iter_records`, or :func:`per_file_entries` of loaded lists)."""
+    (:func:`tasks.manifest.stream_records`)."""
     split_of = {
         shard.file: split for split, info in manifest.splits.items() for shard in info.shards
     }
@@ -59,13 +59,6 @@ def rows(manifest: ShardManifest, entries: Iterable[tuple[str, dict[str, Any]]])
             int(entry["width"]),
             int(entry["height"]),
         )
-
-
-def per_file_entries(
-    per_file: dict[str, list[dict[str, Any]]],
-) -> Iterator[tuple[str, dict[str, Any]]]:
-    """``(shard file, record)`` pairs of record lists already loaded."""
-    return ((file, entry) for file, entries in per_file.items() for entry in entries)
 
 
 class Table:
@@ -147,10 +140,9 @@ class Table:
         where = {name: i for i, name in enumerate(names)}
         return np.array([where.get(n, -1) for n in self.names], dtype=np.int64)[codes]
 
-    def label_counts(self, mask: np.ndarray | None = None) -> Counter[str]:
-        """Records per class name (classes with none left out), of the rows in ``mask``."""
-        labels = np.asarray(self.labels)
-        counts = np.bincount(labels if mask is None else labels[mask], minlength=len(self.names))
+    def label_counts(self) -> Counter[str]:
+        """Records per class name (classes with none left out)."""
+        counts = np.bincount(np.asarray(self.labels), minlength=len(self.names))
         return Counter({name: int(n) for name, n in zip(self.names, counts, strict=True) if n})
 
     def split_label_counts(self, mask: np.ndarray) -> Counter[tuple[str, str]]:
