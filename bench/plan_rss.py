@@ -166,7 +166,7 @@ def _stage_child(index_path: str, root: str, mode: str = "rebuild") -> None:
     print(
         json.dumps(
             {
-                "records": sum(split.num_records for split in run.manifest.splits.values()),
+                "records": run.manifest.total_records,
                 "previous_records": run.diff["records"]["before"],
                 "added": run.diff["added_total"],
                 "written": run.written,

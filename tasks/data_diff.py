@@ -7,7 +7,7 @@ recorded at ingest, and images that came back under another name. Validation the
 ``validate.max_class_share_shift`` and ``validate.allow_new_classes`` (:func:`violations`), so
 a suspicious change fails validation, and training refuses it, until the params accept it.
 
-Pure functions of the two manifests and their record lists (``tasks.manifest.iter_records``),
+Pure functions of the two manifests and their record lists (``tasks.manifest.stream_records``),
 held as compact columns (:class:`Table`): no shard is read.
 """
 
@@ -162,32 +162,32 @@ class Table:
 def locate(values: Table, reference: Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For each record of ``values``: whether ``reference`` holds its content, where (an
     index into ``reference``, meaningful where found), and whether it sits there in the same
-    class and split. One sorted order of ``reference`` and a binary search per record."""
-    ours, theirs = values.hash_array(), reference.hash_array()
-    at = np.zeros(len(ours), dtype=np.int64)
-    found = np.zeros(len(ours), dtype=bool)
-    if len(theirs):
-        order = np.argsort(theirs, kind="stable")
-        at = order[np.minimum(np.searchsorted(theirs[order], ours), len(order) - 1)]
-        found = theirs[at] == ours
+    class and split."""
+    found, at = _search(values.hash_array(), reference.hash_array())
+    if not len(reference):
+        return found, at, found
     same = (
         found
         & (values.label_codes(reference.names) == reference.label_codes()[at])
         & (values.split_codes() == reference.split_codes()[at])
-        if len(theirs)
-        else found
     )
     return found, at, same
 
 
 def missing_from(values: np.ndarray, reference: np.ndarray) -> np.ndarray:
-    """Mask of the ``values`` not in ``reference`` (one sorted copy of it, then a binary
-    search per value: no set of a million hashes)."""
+    """Mask of the ``values`` not in ``reference`` (no set of a million hashes)."""
+    return ~_search(values, reference)[0]
+
+
+def _search(values: np.ndarray, reference: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Whether each of ``values`` is in ``reference``, and at which index of it: one sorted
+    order of ``reference``, then a binary search per value."""
+    at = np.zeros(len(values), dtype=np.int64)
     if not len(reference):
-        return np.ones(len(values), dtype=bool)
-    ordered = np.sort(reference)
-    at = np.minimum(np.searchsorted(ordered, values), len(ordered) - 1)
-    return np.asarray(ordered[at] != values)
+        return np.zeros(len(values), dtype=bool), at
+    order = np.argsort(reference, kind="stable")
+    at = order[np.minimum(np.searchsorted(reference[order], values), len(order) - 1)]
+    return np.asarray(reference[at] == values), at
 
 
 def compute(
