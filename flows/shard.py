@@ -55,10 +55,14 @@ from tasks.manifest import ShardFile
 from tasks.params import ShardParams, load_params, run_params_path
 from tasks.pool import dismiss_prestarted, spawn_pool
 
-# Shards per Prefect task: each task costs a run record, state reports and a round trip to
-# a worker, so a task writes a batch of shards; about this many tasks per worker keep the
-# workers evenly loaded, and a batch never holds more shards than the cap.
-TASKS_PER_WORKER = 4
+# Shards per Prefect task: each task run costs a run record and state events that the
+# Prefect server processes (about 40 ms of its CPU, taken from the workers on a small
+# machine), so a task carries a batch of shards. The workers take shards, not batches, from
+# the pool (see write_shards_task), so batches need not be small to keep them evenly loaded:
+# this many tasks per worker keep the progress moving, and a batch never passes the cap.
+# 200 photos of 12 MP on 2 workers (8 shards): 8 tasks of one shard, each sent to the pool
+# whole, reached 72% of the all-core ceiling; 4 tasks, shards sent one by one, 74-76%.
+TASKS_PER_WORKER = 2
 MAX_SHARDS_PER_TASK = 16
 
 
@@ -66,16 +70,24 @@ MAX_SHARDS_PER_TASK = 16
 def write_shards_task(
     specs: list[shard.ShardSpec], shards_dir: Path, pool: Executor | None = None
 ) -> list[ShardFile]:
-    """A batch of shards, one after the other: each an independent unit of work,
-    byte-identical on whichever worker runs it.
+    """A batch of shards: each an independent unit of work, byte-identical on whichever
+    worker runs it.
 
-    With ``pool`` (the local runner) the pixels are computed in one of the stage's warm
-    worker processes while this task, in a thread of the flow, keeps its Prefect run record;
-    without (a Dask worker, or a single worker), right here.
+    With ``pool`` (the local runner) each shard is computed in one of the stage's warm
+    worker processes, whichever is free first, while this task, in a thread of the flow,
+    keeps its Prefect run record; without (a Dask worker, or a single worker), right here,
+    one after the other.
     """
     if pool is None:
         return shard.write_batch(specs, shards_dir)
-    return pool.submit(shard.write_batch, specs, shards_dir).result()
+    # One pool job a shard: the pool's queue holds the shards of every running task, so a
+    # worker goes from one shard to the next without waiting for a task run to start.
+    jobs = [pool.submit(shard.write_shard, spec, shards_dir) for spec in specs]
+    try:
+        return [job.result() for job in jobs]
+    finally:
+        for job in jobs:
+            job.cancel()  # after a failure: this batch's shards not yet started
 
 
 def batch_size(total: int, workers: int) -> int:

@@ -543,7 +543,7 @@ def write_inline(specs: Iterable[ShardSpec], shards_dir: Path) -> Iterator[Shard
 
 
 def write_batch(specs: list[ShardSpec], shards_dir: Path) -> list[ShardFile]:
-    """A batch of shards, one after the other: what one worker process is sent at a time."""
+    """A batch of shards, one after the other, in this process."""
     return list(write_inline(specs, shards_dir))
 
 

@@ -184,3 +184,40 @@ def test_the_stage_takes_the_workers_its_entry_point_started(
     shard.prestart_workers(params)
     stage_run("one-worker", params.model_copy(update={"workers": 1}))
     assert spawned == [2, 2, 2] and not pool._prestarted
+
+
+def test_a_batch_goes_to_the_pool_a_shard_at_a_time(tiny_index: Path, tmp_path: Path) -> None:
+    """Each shard of a task's batch is its own pool job, so idle workers take the next shard
+    of any running task; a failed shard cancels the batch's shards not yet started."""
+    from concurrent.futures import Future
+
+    from flows.shard import write_shards_task
+    from tasks.shard import plan_shards, write_shard
+
+    params = default_params(shard={"image_size": [16, 16], "target_shard_mb": 0.002}).shard
+    plan = plan_shards(params, tiny_index)
+    specs = [plan[i] for i in range(3)]
+
+    class Pool:  # runs each job at once; or fails the second and leaves the third pending
+        def __init__(self, fail_second: bool) -> None:
+            self.fail_second = fail_second
+            self.jobs: list[tuple[Any, str, Future[Any]]] = []
+
+        def submit(self, fn: Any, *args: Any) -> Future[Any]:
+            future: Future[Any] = Future()
+            self.jobs.append((fn, args[0].file, future))
+            if not self.fail_second or len(self.jobs) == 1:
+                future.set_result(fn(*args))
+            elif len(self.jobs) == 2:
+                future.set_exception(ValueError("shard failed"))
+            return future
+
+    pool = Pool(fail_second=False)
+    results = write_shards_task.fn(specs, tmp_path / "ok", pool)
+    assert [(fn, file) for fn, file, _ in pool.jobs] == [(write_shard, s.file) for s in specs]
+    assert [r.file for r in results] == [spec.file for spec in specs]
+
+    failing = Pool(fail_second=True)
+    with pytest.raises(ValueError, match="shard failed"):
+        write_shards_task.fn(specs, tmp_path / "failed", failing)
+    assert len(failing.jobs) == 3 and failing.jobs[2][2].cancelled()
