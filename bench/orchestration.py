@@ -330,9 +330,9 @@ def _require_prefect_server(repo_root: Path) -> None:
 
 def _direct(root: str, *stages: str) -> None:
     """One interpreter, the stage functions in order: the pipeline without orchestration."""
-    from tasks.tf_imports import keras_without_sklearn
+    from tasks.tf_imports import keras_without_extras
 
-    keras_without_sklearn()  # Keras imported as the stages import it: not orchestration
+    keras_without_extras()  # Keras imported as the stages import it: not orchestration
     os.chdir(root)
     layout = Layout(Path("."))
     params = load_params(layout.params)

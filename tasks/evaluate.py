@@ -474,9 +474,9 @@ def warm_up() -> None:
     """What :func:`run_evaluate` imports before its work: Keras (TensorFlow with it), MLflow
     and Matplotlib, about 5 s. ``python -m flows.evaluate`` has a child process run this
     while the stage imports Prefect, then sends it :func:`run_evaluate`."""
-    from tasks.tf_imports import keras_without_sklearn
+    from tasks.tf_imports import keras_without_extras
 
-    keras_without_sklearn()
+    keras_without_extras()
     import mlflow  # noqa: F401
     from matplotlib.figure import Figure  # noqa: F401
 

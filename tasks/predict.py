@@ -216,9 +216,9 @@ class ShardflowModel(PythonModel):
     """Raw image bytes (column ``image``) -> label, label_index, score, p_<class>, error."""
 
     def load_context(self, context: Any) -> None:
-        from tasks.tf_imports import keras_without_sklearn
+        from tasks.tf_imports import keras_without_extras
 
-        keras = keras_without_sklearn()
+        keras = keras_without_extras()
         self.spec = ServingSpec.from_dict(
             json.loads(Path(context.artifacts[SPEC_ARTIFACT]).read_text())
         )

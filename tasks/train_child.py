@@ -21,9 +21,9 @@ Report = Callable[[int, dict[str, float]], object]  # (epoch from 0, its figures
 
 def warm_up() -> None:
     """Import what :func:`train` runs."""
-    from tasks.tf_imports import keras_without_sklearn
+    from tasks.tf_imports import keras_without_extras
 
-    keras_without_sklearn()
+    keras_without_extras()
     import mlflow  # noqa: F401  (the run's tracking)
 
     import tasks.train  # noqa: F401  (TensorFlow, the models, the reader)
