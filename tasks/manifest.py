@@ -19,6 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from tasks.schema import RecordSchema
 
 MANIFEST_NAME = "manifest.json"
+# The shard stage's resume record (the plan it is writing), in the top folder and in each
+# generation's.
+PLAN_NAME = ".plan.json"
 SPLITS = ("train", "val", "test")
 _WHITESPACE = re.compile(r"[ \t\n\r]*")  # JSON's whitespace
 
@@ -144,6 +147,17 @@ def load_manifest(shards_dir: str | Path) -> ShardManifest:
     if manifest.fingerprint != manifest.compute_fingerprint():
         raise ValueError(f"{path}: fingerprint does not match its contents (edited by hand?)")
     return manifest
+
+
+def own_files(manifest: ShardManifest) -> set[str]:
+    """Every file of the shard folder the manifest accounts for, as POSIX paths relative to
+    it: the manifest, every shard, and each generation's record list and plan record."""
+    files = {MANIFEST_NAME, PLAN_NAME}
+    files.update(shard.file for info in manifest.splits.values() for shard in info.shards)
+    for generation in manifest.generations:
+        files.add(generation.records_file)
+        files.add(f"{generation_folder(generation.number)}{PLAN_NAME}")
+    return files
 
 
 def records_file_name(number: int) -> str:

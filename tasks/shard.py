@@ -47,6 +47,7 @@ from tasks.images import preprocess_bytes, preprocessing_version
 from tasks.index import iter_records, read_header, read_records_at
 from tasks.manifest import (
     MANIFEST_NAME,
+    PLAN_NAME,
     SPLITS,
     Generation,
     ShardFile,
@@ -66,7 +67,6 @@ from tasks.schema import RecordSchema
 from tasks.tfds_metadata import write_tfds_metadata
 from tasks.tfrecord import TFRecordWriter
 
-PLAN_NAME = ".plan.json"
 PLAN_VERSION = 2
 SIZE_SAMPLE = 32  # records encoded to estimate the size of a JPEG/PNG record
 RECORD_OVERHEAD = 16 + 120  # TFRecord framing (length + 2 CRCs) + Example keys, label, hash

@@ -114,10 +114,18 @@ def labels_text(manifest: ShardManifest) -> str:
     return "".join(f"{name}\n" for name in manifest.classes)
 
 
+def tfds_files(manifest: ShardManifest) -> tuple[str, ...]:
+    """The TFDS files a shard set carries: none for GZIP shards or several generations
+    (TFDS reads neither), else its three."""
+    if manifest.compression != "none" or len(manifest.generations) > 1:
+        return ()
+    return (DATASET_INFO_NAME, FEATURES_NAME, LABELS_NAME)
+
+
 def write_tfds_metadata(manifest: ShardManifest, shards_dir: Path) -> None:
     """Write (or, for GZIP shards, remove) the TFDS files; each atomic, same manifest same bytes."""
     shards_dir = Path(shards_dir)
-    if manifest.compression != "none" or len(manifest.generations) > 1:
+    if not tfds_files(manifest):
         for name in (DATASET_INFO_NAME, FEATURES_NAME, LABELS_NAME):
             (shards_dir / name).unlink(missing_ok=True)
         return

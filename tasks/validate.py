@@ -13,6 +13,7 @@ same time and must agree.
 
 from __future__ import annotations
 
+import os
 import re
 from collections import Counter, defaultdict
 from collections.abc import Collection
@@ -23,11 +24,13 @@ from typing import Any
 from tasks import tf_check
 from tasks.atomic import write_json, write_text
 from tasks.heap import paused_gc
-from tasks.manifest import MANIFEST_NAME, SPLITS, ShardManifest, file_sha256
+from tasks.manifest import MANIFEST_NAME, SPLITS, ShardManifest, file_sha256, own_files
 from tasks.params import ValidateParams
 from tasks.pool import ChildResult, run_in_child
+from tasks.records import OFFSETS_NAME
 from tasks.schema import HASH_KEY, IMAGE_KEY, LABEL_KEY, RecordSchema, SchemaError
 from tasks.tf_check import fingerprint, tensorflow_sample
+from tasks.tfds_metadata import tfds_files
 
 MAX_EXAMPLES = 20  # failures listed per check; the counts are always complete
 CROSS_CHECK_PER_SHARD = 4  # records per shard that TensorFlow's parser reads too
@@ -121,6 +124,27 @@ def check_files(manifest: ShardManifest, shards_dir: Path) -> dict[str, Any]:
         message,
         shards=shards,
         bytes=total,
+    )
+
+
+def check_extra_files(manifest: ShardManifest, shards_dir: Path) -> dict[str, Any]:
+    """Nothing in the shard folder but the set's own files: a shard the manifest does not
+    list (left by hand, or copied from another set) is read by any reader that globs for
+    shards, and is versioned with the set, while no record of the set accounts for it."""
+    expected = own_files(manifest) | {OFFSETS_NAME, *tfds_files(manifest)}
+    extra = sorted(
+        (Path(folder) / name).relative_to(shards_dir).as_posix()
+        for folder, _dirs, names in os.walk(shards_dir)
+        for name in names
+        if (Path(folder) / name).relative_to(shards_dir).as_posix() not in expected
+    )
+    shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
+    return check(
+        "extra_files",
+        extra,
+        "no files besides the set's own",
+        f"{shards_dir}: {len(extra)} file(s) the manifest does not account for: {shown} "
+        "(remove them; the shard stage writes only what its manifest lists)",
     )
 
 
@@ -600,7 +624,11 @@ def run_validate(
                     limits.allow_new_classes,
                 )
             )
-        head = [check_files(manifest, shards_dir), check_records(manifest, contents)]
+        head = [
+            check_files(manifest, shards_dir),
+            check_extra_files(manifest, shards_dir),
+            check_records(manifest, contents),
+        ]
         checks += [*head, cross_check_with_tensorflow(sample, contents, set(full_read)), *tail]
     report = {
         "passed": all(c["passed"] for c in checks),

@@ -20,6 +20,7 @@ from tasks.validate import ValidationFailed, raise_if_failed, run_validate
 ALL_CHECKS = [
     "manifest",
     "files",
+    "extra_files",
     "records",
     "tensorflow_parser",
     "coverage",
@@ -173,7 +174,8 @@ def test_encoded_clean_sets_pass(encoding: str, tiny_index: Path, tmp_path: Path
     manifest = run_shard(params, tiny_index, tmp_path / "shards")
     report = validate(tmp_path / "shards", tiny_index)
     assert report["passed"] is True, failed(report)
-    assert report["checks"][2]["details"]["records"] == sum(
+    records = next(c for c in report["checks"] if c["name"] == "records")
+    assert records["details"]["records"] == sum(
         i.num_records for i in manifest.splits.values()
     )
 
@@ -296,6 +298,7 @@ def test_split_leak_fails_leakage(shards: Path, tiny_index: Path) -> None:
         preprocessing_version=manifest.preprocessing_version,
     )
     save(shards, rebuilt, refingerprint=False)
+    (shards / "records.json").unlink()  # a manifest without generations lists no record list
 
     report = validate(shards)
     assert set(failed(report)) == {"leakage"}
@@ -359,6 +362,59 @@ def test_missing_shard_and_missing_manifest(shards: Path) -> None:
     assert report["passed"] is False and set(failed(report)) == {"manifest"}
     with pytest.raises(ValidationFailed, match=r"manifest: .*no manifest"):
         raise_if_failed(report)
+
+
+def test_files_the_manifest_does_not_list_fail_by_name(shards: Path, tiny_index: Path) -> None:
+    """A shard copied in from another set, a stray generation folder or any other file: no
+    record of the set accounts for them, yet they would be versioned and globbed with it."""
+    train = load(shards).split("train").shards
+    shutil.copy(shards / train[0].file, shards / "train.tfrecord-00099-of-00100")
+    (shards / "gen-00007").mkdir()
+    (shards / "gen-00007" / "records.json").write_text("[]")
+    (shards / "notes.txt").write_text("kept here by hand")
+    report = validate(shards, tiny_index)
+    assert report["passed"] is False and set(failed(report)) == {"extra_files"}
+    check = failed(report)["extra_files"]
+    assert check["details"]["examples"] == [
+        "gen-00007/records.json",
+        "notes.txt",
+        "train.tfrecord-00099-of-00100",
+    ]
+    assert "train.tfrecord-00099-of-00100" in check["message"] and "notes.txt" in check["message"]
+    with pytest.raises(ValidationFailed, match="extra_files: .*does not account for"):
+        raise_if_failed(report)
+
+
+def test_an_appended_set_passes_with_every_generations_own_files(
+    tiny_dataset: Path, tmp_path: Path
+) -> None:
+    """Generation folders, their record lists and plan records are the set's own; TFDS files
+    are not (several generations): left over from generation 0, they fail."""
+    from tasks.ingest import run_ingest
+    from tests.unit.test_append import add_images
+
+    source = tiny_dataset  # a private folder: images are added to it
+    splits = {"train": 0.5, "val": 0.25, "test": 0.25}
+    ingest = default_params(
+        ingest={"source_dir": str(source), "splits": splits, "workers": 1}
+    ).ingest
+    params = default_params(
+        shard={"image_size": [16, 16], "target_shard_mb": 0.002, "workers": 1}
+    ).shard
+    index, shards = tmp_path / "index.jsonl", tmp_path / "shards"
+    run_ingest(ingest, index, tmp_path / "ingest.json")
+    run_shard(params, index, shards)
+    tfds_file = (shards / "features.json").read_bytes()
+    add_images(source, sorted(p.name for p in source.iterdir())[0], 4, seed=5)
+    run_ingest(ingest, index, tmp_path / "ingest.json")
+    run_shard(params.model_copy(update={"mode": "append"}), index, shards)
+    assert (shards / "gen-00001" / ".plan.json").exists()
+    report = validate(shards, index)
+    assert report["passed"] is True, failed(report)
+    (shards / "features.json").write_bytes(tfds_file)
+    assert failed(validate(shards, index))["extra_files"]["details"]["examples"] == [
+        "features.json"
+    ]
 
 
 def _rewrite_with_long_images(shards: Path, target: str, positions: set[int] | None) -> int:
