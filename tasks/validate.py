@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter, defaultdict
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -132,12 +132,7 @@ def check_extra_files(manifest: ShardManifest, shards_dir: Path) -> dict[str, An
     list (left by hand, or copied from another set) is read by any reader that globs for
     shards, and is versioned with the set, while no record of the set accounts for it."""
     expected = own_files(manifest) | {OFFSETS_NAME, *tfds_files(manifest)}
-    extra = sorted(
-        (Path(folder) / name).relative_to(shards_dir).as_posix()
-        for folder, _dirs, names in os.walk(shards_dir)
-        for name in names
-        if (Path(folder) / name).relative_to(shards_dir).as_posix() not in expected
-    )
+    extra = sorted(set(folder_entries(shards_dir)) - expected)
     shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
     return check(
         "extra_files",
@@ -146,6 +141,15 @@ def check_extra_files(manifest: ShardManifest, shards_dir: Path) -> dict[str, An
         f"{shards_dir}: {len(extra)} file(s) the manifest does not account for: {shown} "
         "(remove them; the shard stage writes only what its manifest lists)",
     )
+
+
+def folder_entries(root: Path) -> Iterator[str]:
+    """Every file under ``root`` and every link to a folder (never followed), as POSIX paths
+    relative to it."""
+    for folder, dirs, names in os.walk(root):
+        here = Path(folder)
+        for name in [*names, *(d for d in dirs if (here / d).is_symlink())]:
+            yield (here / name).relative_to(root).as_posix()
 
 
 # -- reading records -------------------------------------------------------------------------

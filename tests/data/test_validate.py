@@ -372,11 +372,13 @@ def test_files_the_manifest_does_not_list_fail_by_name(shards: Path, tiny_index:
     (shards / "gen-00007").mkdir()
     (shards / "gen-00007" / "records.json").write_text("[]")
     (shards / "notes.txt").write_text("kept here by hand")
+    (shards / "more").symlink_to(shards.parent, target_is_directory=True)  # never followed
     report = validate(shards, tiny_index)
     assert report["passed"] is False and set(failed(report)) == {"extra_files"}
     check = failed(report)["extra_files"]
     assert check["details"]["examples"] == [
         "gen-00007/records.json",
+        "more",
         "notes.txt",
         "train.tfrecord-00099-of-00100",
     ]
