@@ -32,6 +32,7 @@ from tasks.schema import HASH_KEY, IMAGE_KEY, LABEL_KEY, SOURCE_KEY
 DATASET_INFO_NAME = "dataset_info.json"
 FEATURES_NAME = "features.json"
 LABELS_NAME = f"{LABEL_KEY}.labels.txt"
+TFDS_FILE_NAMES = (DATASET_INFO_NAME, FEATURES_NAME, LABELS_NAME)
 TFDS_NAME = "shardflow"
 # tasks.shard.shard_name writes exactly these names (a test holds them together).
 FILE_TEMPLATE = "{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}"
@@ -119,14 +120,14 @@ def tfds_files(manifest: ShardManifest) -> tuple[str, ...]:
     (TFDS reads neither), else its three."""
     if manifest.compression != "none" or len(manifest.generations) > 1:
         return ()
-    return (DATASET_INFO_NAME, FEATURES_NAME, LABELS_NAME)
+    return TFDS_FILE_NAMES
 
 
 def write_tfds_metadata(manifest: ShardManifest, shards_dir: Path) -> None:
     """Write (or, for GZIP shards, remove) the TFDS files; each atomic, same manifest same bytes."""
     shards_dir = Path(shards_dir)
     if not tfds_files(manifest):
-        for name in (DATASET_INFO_NAME, FEATURES_NAME, LABELS_NAME):
+        for name in TFDS_FILE_NAMES:
             (shards_dir / name).unlink(missing_ok=True)
         return
     write_json(shards_dir / FEATURES_NAME, features_json(manifest))
