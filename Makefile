@@ -46,20 +46,17 @@ lint: install  ## ruff, mypy and the import-linter contract (training never impo
 test: install lint  ## every check and test
 	$(BIN)/pytest
 
-serve: install  ## Prefect server + a process serving the deployments, on 127.0.0.1
+serve: install  ## this clone's Prefect server + a process serving the deployments, on 127.0.0.1
 	$(BIN)/python -m flows.cli serve
 
-stop:  ## stop the Prefect server that `make run`/`make serve` started
+stop:  ## stop the Prefect server that this clone's `make run`/`make serve` started
 	$(BIN)/python -m flows.cli stop
 
-ui: install  ## MLflow UI on 127.0.0.1:5000 over the project's tracking store
+ui: install  ## MLflow UI on a free 127.0.0.1 port (printed) over the project's tracking store
 	$(BIN)/python -m flows.cli ui
 
-SERVE_MODEL_PORT ?= 5001
-serve-model: install  ## the registered champion behind `mlflow models serve` on 127.0.0.1:$(SERVE_MODEL_PORT)
-	MLFLOW_TRACKING_URI=$${MLFLOW_TRACKING_URI:-sqlite:///$(CURDIR)/mlflow.db} $(BIN)/mlflow models serve \
-	  -m "models:/$$($(BIN)/python -c 'from tasks.params import load_params; print(load_params().evaluate.model_name)')@champion" \
-	  --env-manager local -h 127.0.0.1 -p $(SERVE_MODEL_PORT)
+serve-model: install  ## the registered champion behind `mlflow models serve` on a free 127.0.0.1 port
+	$(BIN)/python -m flows.cli serve-model $(if $(SERVE_MODEL_PORT),--port $(SERVE_MODEL_PORT))
 
 bench: install  ## benchmarks -> reports/bench.json, reports/bench.png (BENCH_ARGS=--quick for a smoke run)
 	$(BIN)/python -m flows.cli bench $(BENCH_ARGS)

@@ -16,6 +16,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from flows.server import free_port
+
 # What the Makefile exports for every target: no telemetry, quiet TensorFlow.
 ENVIRONMENT = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -26,6 +28,7 @@ ENVIRONMENT = {
 }
 DEMO_DIR = "data/demo"
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+HOST = "127.0.0.1"
 
 Steps = list[list[str]]
 
@@ -58,10 +61,36 @@ def bench_steps(extra: Sequence[str]) -> Steps:
     return [module("flows.server", "ensure"), module("bench", *extra)]
 
 
+def listen_address(extra: Sequence[str]) -> tuple[list[str], str]:
+    """``--host 127.0.0.1 [--port N]`` and the URL: the ``--port`` given in ``extra``, else a
+    free one (no fixed port: clones share machines, and a second UI must not collide)."""
+    if "--port" in extra:
+        return ["--host", HOST], f"http://{HOST}:{extra[extra.index('--port') + 1]}"
+    port = free_port()
+    return ["--host", HOST, "--port", str(port)], f"http://{HOST}:{port}"
+
+
+def tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+
+
 def ui_steps(extra: Sequence[str]) -> Steps:
-    uri = os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
-    address = ["--host", "127.0.0.1", "--port", "5000"]
-    return [module("mlflow", "ui", "--backend-store-uri", uri, *address, *extra)]
+    address, url = listen_address(extra)
+    print(f"MLflow UI: {url}", flush=True)
+    return [module("mlflow", "ui", "--backend-store-uri", tracking_uri(), *address, *extra)]
+
+
+def serve_model_steps(extra: Sequence[str]) -> Steps:
+    from tasks.params import load_params
+
+    # `mlflow models serve` has no store option: it reads MLFLOW_TRACKING_URI (main() passes
+    # this process's environment on), absolute so its workers find the same file.
+    os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{Path.cwd() / 'mlflow.db'}")
+    model = f"models:/{load_params().evaluate.model_name}@champion"
+    address, url = listen_address(extra)
+    print(f"serving {model}: POST {url}/invocations", flush=True)
+    serve = ["models", "serve", "-m", model, "--env-manager", "local", *address, *extra]
+    return [module("mlflow", *serve)]
 
 
 def stop_steps(extra: Sequence[str]) -> Steps:
@@ -74,8 +103,9 @@ COMMANDS: dict[str, tuple[str, Callable[[Sequence[str]], Steps]]] = {
     "serve": ("Prefect server plus a process serving the deployments", serve_steps),
     "predict": ("batch prediction: python -m flows.predict SOURCE [options]", predict_steps),
     "bench": ("benchmarks -> reports/bench.json and bench.png (--quick: a smoke run)", bench_steps),
-    "ui": ("MLflow UI on 127.0.0.1:5000 over the project's tracking store", ui_steps),
-    "stop": ("stop the Prefect server that run/serve/bench started", stop_steps),
+    "ui": ("MLflow UI on a free 127.0.0.1 port over the project's tracking store", ui_steps),
+    "serve-model": ("the champion behind `mlflow models serve` on a free port", serve_model_steps),
+    "stop": ("stop the Prefect server that this clone's run/serve/bench started", stop_steps),
 }
 
 
@@ -102,15 +132,16 @@ def environment() -> dict[str, str]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a subcommand's steps in order; the exit code is the first failing step's."""
     args, extra = build_parser().parse_known_args(argv)
+    steps = COMMANDS[args.command][1](extra)
     env = environment()
-    for step in COMMANDS[args.command][1](extra):
+    for step in steps:
         code = subprocess.run(step, env=env).returncode
         if code != 0:
             print(f"shardflow {args.command}: `{' '.join(step)}` exited {code}", file=sys.stderr)
             return code
     if args.command == "run":
         print("Done. Metrics: metrics/eval.json; model: models/model.keras; reports/; plots/.")
-        print("Compare runs: shardflow ui (MLflow, 127.0.0.1:5000); Prefect UI: 127.0.0.1:4200.")
+        print("Compare runs: shardflow ui (MLflow); Prefect UI: `python -m flows.server status`.")
     return 0
 
 

@@ -1,7 +1,13 @@
 """Serve the deployments `pipeline/local`, `data/local`, `training/local` and `predict/local`.
 
-``make serve`` runs this next to a local Prefect server; then, from the repo root,
+``make serve`` runs this next to this clone's Prefect server; then, from the repo root,
 ``prefect deployment run 'pipeline/local' --watch`` runs the pipeline through it.
+
+A deployment's id is its flow and name, the same in every clone: two clones serving against
+one server would share ids, and a run of one clone's `pipeline/local` could run in the
+other (writing that clone's params.yaml and dvc.lock). So each deployment carries its
+clone's identity as a tag (``clone:host:path``), and this refuses to serve while another
+clone serves deployments of the same names on the server, naming that clone.
 """
 
 from __future__ import annotations
@@ -14,34 +20,79 @@ from flows.common import configure_environment
 from flows.data import data_flow
 from flows.pipeline import pipeline
 from flows.predict import predict_flow
-from flows.server import require_server
+from flows.server import api_url, clone_id, require_server
 from flows.training import training_flow
+
+CLONE_TAG = "clone:"
+
+
+def clone_tag() -> str:
+    return f"{CLONE_TAG}{clone_id()}"
+
+
+def served_elsewhere(names: list[str]) -> list[tuple[str, str]]:
+    """(deployment, clone) for each of ``names`` another clone serves on the server now:
+    its deployment carries another clone's tag (or none) and a process polls it (READY)."""
+    from prefect import get_client
+    from prefect.client.schemas.objects import DeploymentStatus
+    from prefect.exceptions import ObjectNotFound
+
+    taken = []
+    with get_client(sync_client=True) as client:
+        for name in names:
+            try:
+                deployment = client.read_deployment_by_name(name)
+            except ObjectNotFound:
+                continue
+            owners = [t.removeprefix(CLONE_TAG) for t in deployment.tags if t.startswith(CLONE_TAG)]
+            if owners == [clone_id()]:
+                continue
+            owner = owners[0] if owners else "unknown (a process that does not tag its clone)"
+            if deployment.status == DeploymentStatus.READY:
+                taken.append((name, owner))
+            else:
+                print(f"{name}: taking over from {owner}, which no longer serves it")
+    return taken
 
 
 def main() -> None:
     configure_environment()
     require_server()
+    tags = [clone_tag()]
     deployments: list[Any] = [
         pipeline.to_deployment(
             name="local",
             description="Data flow then training flow; skips stages DVC finds up to date.",
             parameters={"params_path": "params.yaml", "root": "."},
+            tags=tags,
         ),
         data_flow.to_deployment(
             name="local",
             description="ingest -> shard -> validate, recorded in dvc.lock.",
             parameters={"dvc_bookkeeping": True},
+            tags=tags,
         ),
         training_flow.to_deployment(
             name="local",
             description="train -> evaluate -> promote, recorded in dvc.lock.",
             parameters={"dvc_bookkeeping": True},
+            tags=tags,
         ),
         predict_flow.to_deployment(
             name="local",
             description="Batch prediction with the champion (or `model`): --param source=DIR.",
+            tags=tags,
         ),
     ]
+    taken = served_elsewhere([d.full_name for d in deployments])
+    if taken:
+        listed = "; ".join(f"'{name}' by {owner}" for name, owner in taken)
+        raise SystemExit(
+            f"refusing to serve: the Prefect server at {api_url()} already serves {listed}. "
+            "Deployments of one name share one id, so runs would reach either clone. Serve "
+            "from one clone at a time on a shared server, or unset PREFECT_API_URL to use "
+            "this clone's own server."
+        )
     serve(*deployments, limit=1)  # one run at a time: runs share the working tree and dvc.lock
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
 import sys
 import tomllib
@@ -14,7 +15,7 @@ import pytest
 from flows import cli
 
 ROOT = Path(__file__).resolve().parents[2]
-COMMANDS = ["run", "serve", "predict", "bench", "ui", "stop"]
+COMMANDS = ["run", "serve", "predict", "bench", "ui", "serve-model", "stop"]
 
 
 def test_help_lists_every_subcommand() -> None:
@@ -25,7 +26,7 @@ def test_help_lists_every_subcommand() -> None:
         text=True,
         check=True,
     ).stdout
-    listed = re.findall(r"^    (\w+) ", out, flags=re.MULTILINE)
+    listed = re.findall(r"^    ([\w-]+)(?: |$)", out, flags=re.MULTILINE)
     assert listed == COMMANDS
 
 
@@ -34,7 +35,7 @@ def test_console_script_points_at_main() -> None:
     assert project["scripts"]["shardflow"] == "flows.cli:main"
 
 
-@pytest.mark.parametrize("target", ["run", "serve", "bench", "ui", "stop"])
+@pytest.mark.parametrize("target", ["run", "serve", "bench", "ui", "serve-model", "stop"])
 def test_makefile_targets_go_through_the_cli(target: str) -> None:
     makefile = (ROOT / "Makefile").read_text()
     recipe = re.search(rf"^{target}:.*\n((?:\t.*\n)+)", makefile, flags=re.MULTILINE)
@@ -94,6 +95,61 @@ def test_ui_uses_the_tracking_uri_from_the_environment(monkeypatch: pytest.Monke
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     cli.main(["ui"])
     assert "sqlite:///mlflow.db" in recorder.steps[1]
+
+
+def port_of(step: list[str]) -> int:
+    return int(step[step.index("--port") + 1])
+
+
+def is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+@pytest.mark.parametrize(
+    ("command", "printed"), [("ui", "MLflow UI: "), ("serve-model", "POST ")]
+)
+def test_ui_and_serve_model_listen_on_a_free_port_they_print(
+    command: str,
+    printed: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """No fixed port: a second clone's `make ui` / `make serve-model` must not collide with
+    the first's. The port is free when chosen, differs from one already taken, and is the
+    one printed; `--port` still chooses it."""
+    recorder = Recorder()
+    monkeypatch.setattr(cli.subprocess, "run", recorder)
+    monkeypatch.chdir(ROOT)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        assert cli.main([command]) == 0
+        port = port_of(recorder.steps[0])
+        assert port != taken.getsockname()[1] and is_free(port)
+    assert f"{printed}http://127.0.0.1:{port}" in capsys.readouterr().out
+    assert cli.main([command, "--port", "6123"]) == 0
+    assert recorder.steps[1].count("--port") == 1 and port_of(recorder.steps[1]) == 6123
+    assert "http://127.0.0.1:6123" in capsys.readouterr().out
+
+
+def test_serve_model_serves_the_champion_of_params(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tasks.params import load_params
+
+    recorder = Recorder()
+    monkeypatch.setattr(cli.subprocess, "run", recorder)
+    monkeypatch.chdir(ROOT)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    cli.main(["serve-model"])
+    step = recorder.steps[0]
+    name = load_params(ROOT / "params.yaml").evaluate.model_name
+    assert step[2:7] == ["mlflow", "models", "serve", "-m", f"models:/{name}@champion"]
+    assert recorder.envs[0]["MLFLOW_TRACKING_URI"] == f"sqlite:///{ROOT / 'mlflow.db'}"
 
 
 def test_unknown_subcommand_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
