@@ -1,0 +1,98 @@
+"""Which Prefect server a clone uses, without starting one: the recorded port in the clone's
+profile, the user's own profiles kept, a queued `dvc exp` copy led back to its clone."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from flows import server
+
+REPO = Path(__file__).resolve().parents[2]
+SETTINGS = (
+    "from prefect.settings import get_current_settings as s; "
+    "print(s().api.url, s().server.api.port)"
+)
+
+
+def settings_in(cwd: Path, **env: str) -> list[str]:
+    """PREFECT_API_URL and the server port Prefect resolves in ``cwd`` (no PREFECT_* env)."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "DVC_"))}
+    done = subprocess.run(
+        [sys.executable, "-c", f"import flows; {SETTINGS}"],
+        cwd=cwd,
+        env={**clean, "PYTHONPATH": str(REPO), **env},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    return done.stdout.split()
+
+
+@pytest.fixture
+def clone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "clone"
+    root.mkdir()
+    shutil.copy2(REPO / "prefect.toml", root / "prefect.toml")
+    monkeypatch.chdir(root)
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    return root
+
+
+def test_the_recorded_server_is_what_prefect_commands_at_the_root_reach(clone: Path) -> None:
+    """The repository names no server (no fixed port shared by every clone); the recorded
+    one is the clone's profile, so `prefect deployment run ...` typed there reaches it."""
+    assert "url" not in tomllib.loads((REPO / "prefect.toml").read_text()).get("api", {})
+    assert settings_in(clone) == ["None", "4200"]  # nothing recorded: no server named
+    server.record("http://127.0.0.1:4321/api")
+    assert server.recorded_url() == "http://127.0.0.1:4321/api"
+    assert settings_in(clone) == ["http://127.0.0.1:4321/api", "4321"]
+    # The environment still names another server (tests, a team server).
+    named = settings_in(clone, PREFECT_API_URL="http://10.0.0.9:4200/api")
+    assert named[0] == "http://10.0.0.9:4200/api"
+
+
+def test_recording_keeps_the_users_profiles_and_choice(clone: Path) -> None:
+    profiles = clone / ".prefect/profiles.toml"
+    profiles.parent.mkdir()
+    profiles.write_text(
+        'active = "team"\n\n[profiles.team]\nPREFECT_API_URL = "http://team:4200/api"\n'
+    )
+    server.record("http://127.0.0.1:4321/api")
+    written = tomllib.loads(profiles.read_text())
+    assert written["active"] == "team"
+    assert written["profiles"]["team"] == {"PREFECT_API_URL": "http://team:4200/api"}
+    assert written["profiles"]["shardflow"]["PREFECT_API_URL"] == "http://127.0.0.1:4321/api"
+    assert settings_in(clone)[0] == "http://team:4200/api"  # the user's choice is used
+
+
+def test_a_queued_experiment_copy_uses_its_clones_server(clone: Path) -> None:
+    """`dvc exp run --queue` runs stages in a copy under .dvc/tmp/exps with $DVC_ROOT naming
+    the clone: the copy holds no record of its own and must not start a server of its own."""
+    server.record("http://127.0.0.1:4321/api")
+    copy = clone / ".dvc/tmp/exps/tmp123"
+    copy.mkdir(parents=True)
+    shutil.copy2(clone / "prefect.toml", copy / "prefect.toml")
+    assert settings_in(copy, DVC_ROOT=str(clone))[0] == "http://127.0.0.1:4321/api"
+
+
+def test_stop_leaves_a_server_recorded_by_another_clone(
+    clone: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copied clone holds the original's record of the server it started: not its own."""
+    (clone / ".prefect").mkdir()
+    record = '{"pid": 1, "url": "http://127.0.0.1:4321/api", "clone": "/elsewhere"}'
+    server.started_file().write_text(record)
+    killed: list[int] = []
+    monkeypatch.setattr(server, "is_server_process", lambda pid, url: True)
+    monkeypatch.setattr(server.os, "killpg", lambda pid, sig: killed.append(pid))
+    monkeypatch.setattr(server, "named_url", lambda: None)
+    server.stop()
+    assert killed == [] and "no Prefect server started by this clone" in capsys.readouterr().out
