@@ -298,8 +298,27 @@ def is_server_process(pid: int, url: str) -> bool:
     return b"server" in args and b"start" in args and port in args
 
 
+def stop_legacy() -> None:
+    """Stop a server the code before per-clone ports started here (on 4200, its pid in
+    ``.prefect/server.pid``) if it still runs from this clone's root."""
+    path = state_dir() / "server.pid"
+    try:
+        pid = int(path.read_text())
+    except (OSError, ValueError):
+        return
+    path.unlink()
+    try:
+        here = Path(f"/proc/{pid}/cwd").resolve(strict=True) == shared_root()
+    except OSError:
+        return
+    if here and is_server_process(pid, "http://127.0.0.1:4200/api"):
+        os.killpg(pid, signal.SIGTERM)
+        print(f"stopped the Prefect server this clone started on 4200 before (pid {pid})")
+
+
 def stop() -> None:
     """Stop the server this clone started, never one it did not (another clone's runs)."""
+    stop_legacy()
     started = read_json(started_file())
     url = str(started.get("url") or "")
     pid = started.get("pid")
