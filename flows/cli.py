@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from flows.server import free_port
+from flows.server import api_url, free_port
 
 # What the Makefile exports for every target: no telemetry, quiet TensorFlow.
 ENVIRONMENT = {
@@ -109,6 +109,13 @@ COMMANDS: dict[str, tuple[str, Callable[[Sequence[str]], Steps]]] = {
 }
 
 
+def prefect_ui() -> str:
+    try:
+        return api_url().removesuffix("/api")
+    except RuntimeError as error:
+        return str(error)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="shardflow",
@@ -141,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return code
     if args.command == "run":
         print("Done. Metrics: metrics/eval.json; model: models/model.keras; reports/; plots/.")
-        print("Compare runs: shardflow ui (MLflow); Prefect UI: `python -m flows.server status`.")
+        print(f"Compare runs: shardflow ui (MLflow); Prefect UI: {prefect_ui()}.")
     return 0
 
 

@@ -298,6 +298,18 @@ def is_server_process(pid: int, url: str) -> bool:
     return b"server" in args and b"start" in args and port in args
 
 
+def end(pid: int, url: str, timeout: float = 30.0) -> None:
+    """SIGTERM the server's process group and wait until it is gone (SIGKILL after
+    ``timeout`` s), so that its port is free and nothing answers when `make stop` returns."""
+    os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while is_server_process(pid, url):
+        if time.monotonic() > deadline:
+            os.killpg(pid, signal.SIGKILL)
+            break
+        time.sleep(0.2)
+
+
 def stop_legacy() -> None:
     """Stop a server the code before per-clone ports started here (on 4200, its pid in
     ``.prefect/server.pid``) if it still runs from this clone's root."""
@@ -312,7 +324,7 @@ def stop_legacy() -> None:
     except OSError:
         return
     if here and is_server_process(pid, "http://127.0.0.1:4200/api"):
-        os.killpg(pid, signal.SIGTERM)
+        end(pid, "http://127.0.0.1:4200/api")
         print(f"stopped the Prefect server this clone started on 4200 before (pid {pid})")
 
 
@@ -332,7 +344,7 @@ def stop() -> None:
             print(f"{other} answers with {whose}: not this clone's, so it is left running")
         started_file().unlink(missing_ok=True)
         return
-    os.killpg(pid, signal.SIGTERM)
+    end(pid, url)
     started_file().unlink(missing_ok=True)
     print(f"stopped this clone's Prefect server at {url} (pid {pid})")
 

@@ -53,6 +53,10 @@ def home_of(url: str) -> Path:
     return Path(httpx.get(f"{url}/admin/settings", timeout=10).json()["home"])
 
 
+def flow_names(url: str) -> set[str]:
+    return {flow["name"] for flow in api_post(url, "/flows/filter", {})}
+
+
 def is_up(url: str) -> bool:
     try:
         return httpx.get(f"{url}/health", timeout=5).status_code == 200
@@ -98,11 +102,17 @@ def test_each_clone_uses_its_own_server_and_stops_only_its_own(
     assert f"{url_a} answers with the server of the clone {a}" in said
     assert is_up(url_a)
 
-    said = server(b, "ensure")
+    # B's first flow (a stage calls require_server first) starts B's server and reports there.
+    probe = (
+        "from flows.server import require_server\nrequire_server()\n"
+        "from prefect import flow\n@flow(name='probe')\ndef probe() -> None: pass\nprobe()\n"
+    )
+    said = in_clone(b, "-c", probe)
     url_b = recorded(b)
     assert url_b != url_a and f"Prefect server started at {url_b}" in said
     assert f"the server of the clone {a}" in said
     assert home_of(url_b) == b / ".prefect"
+    assert "probe" in flow_names(url_b) and "probe" not in flow_names(url_a)
 
     # What B's stages and B's `prefect ...` commands typed at its root use: B's server.
     used = (
