@@ -55,11 +55,10 @@ def served_elsewhere(names: list[str]) -> list[tuple[str, str]]:
     return taken
 
 
-def main() -> None:
-    configure_environment()
-    require_server()
+def deployments() -> list[Any]:
+    """The deployments ``make serve`` serves, each tagged with this clone."""
     tags = [clone_tag()]
-    deployments: list[Any] = [
+    return [
         pipeline.to_deployment(
             name="local",
             description="Data flow then training flow; skips stages DVC finds up to date.",
@@ -84,7 +83,13 @@ def main() -> None:
             tags=tags,
         ),
     ]
-    taken = served_elsewhere([d.full_name for d in deployments])
+
+
+def main() -> None:
+    configure_environment()
+    require_server()
+    served = deployments()
+    taken = served_elsewhere([d.full_name for d in served])
     if taken:
         listed = "; ".join(f"'{name}' by {owner}" for name, owner in taken)
         raise SystemExit(
@@ -93,7 +98,7 @@ def main() -> None:
             "from one clone at a time on a shared server, or unset PREFECT_API_URL to use "
             "this clone's own server."
         )
-    serve(*deployments, limit=1)  # one run at a time: runs share the working tree and dvc.lock
+    serve(*served, limit=1)  # one run at a time: runs share the working tree and dvc.lock
 
 
 if __name__ == "__main__":

@@ -102,28 +102,35 @@ def is_healthy(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
-def server_home(url: str, timeout: float = 5.0) -> Path | None:
-    """Where the server at ``url`` keeps its runs (its Prefect home); None if it won't say."""
-    try:
-        with urllib.request.urlopen(f"{url}/admin/settings", timeout=timeout) as response:
-            home = json.load(response).get("home")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return Path(home) if isinstance(home, str) and Path(home).is_absolute() else None
+def server_home(url: str, attempts: int = 3) -> Path | None:
+    """Where the server at ``url`` keeps its runs (its Prefect home, as it says it); None
+    if it does not answer (a busy SQLite server can miss one request: asked ``attempts``
+    times)."""
+    for attempt in range(attempts):
+        try:
+            with urllib.request.urlopen(f"{url}/admin/settings", timeout=5) as response:
+                home = json.load(response).get("home")
+            return Path(home) if isinstance(home, str) else None
+        except (OSError, ValueError, AttributeError):
+            time.sleep(attempt)
+    return None
 
 
 def owner(home: Path | None) -> str:
     """A server's home in words: a clone's ``.prefect`` names the clone."""
     if home is None:
         return "a server that does not say where it keeps its runs"
+    if not home.is_absolute():  # a bare `prefect server start`: relative to where it ran
+        return f"a server keeping its runs in {home} of the folder it was started in"
     if home.name == ".prefect" and (home.parent / "dvc.yaml").exists():
         return f"the server of the clone {home.parent} (its runs are in {home})"
     return f"a server keeping its runs in {home}"
 
 
 def is_ours(url: str) -> bool:
+    """Whether the server at ``url`` keeps its runs in this clone's ``.prefect``."""
     home = server_home(url)
-    return home is not None and home.resolve() == state_dir().resolve()
+    return home is not None and home.is_absolute() and home.resolve() == state_dir().resolve()
 
 
 def wait_healthy(
@@ -258,7 +265,13 @@ def ensure() -> str:
             return use(start(named, Path(os.environ.get("PREFECT_HOME") or state_dir())))
         url = recorded_url()
         if url is not None and is_healthy(url):
-            print(f"{url} answers with {owner(server_home(url))}, not this clone's server")
+            if (home := server_home(url)) is None:  # it may be ours, busy: never start a 2nd
+                raise SystemExit(
+                    f"{url}, this clone's recorded Prefect server, answers but does not say "
+                    "where it keeps its runs (GET /api/admin/settings); stop it, or name a "
+                    "server with PREFECT_API_URL"
+                )
+            print(f"{url} answers with {owner(home)}, not this clone's server")
             url = None
         address = local_address(url) if url else None
         if url is None or address is None or not port_is_free(*address):

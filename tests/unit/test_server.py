@@ -96,3 +96,43 @@ def test_stop_leaves_a_server_recorded_by_another_clone(
     monkeypatch.setattr(server, "named_url", lambda: None)
     server.stop()
     assert killed == [] and "no Prefect server started by this clone" in capsys.readouterr().out
+
+
+def test_serving_is_refused_only_where_another_clone_serves_now(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A deployment of the same name tagged with another clone (or no clone) and polled by
+    a serving process blocks serving; one nobody serves any more is taken over."""
+    import prefect
+    from prefect.client.schemas.objects import DeploymentStatus
+    from prefect.exceptions import ObjectNotFound
+
+    from flows import deployments
+
+    ready, idle = DeploymentStatus.READY, DeploymentStatus.NOT_READY
+    other = "laptop:/home/bob/shardflow"
+    found = {
+        "pipeline/local": (["clone:" + server.clone_id()], ready),  # this clone's own
+        "data/local": (["clone:" + other], ready),
+        "training/local": (["clone:" + other], idle),
+        "predict/local": ([], ready),  # served by a process that names no clone
+    }
+
+    class Client:
+        def __enter__(self) -> Client:
+            return self
+
+        def __exit__(self, *_: object) -> None:
+            pass
+
+        def read_deployment_by_name(self, name: str) -> object:
+            if name not in found:
+                raise ObjectNotFound(None)
+            tags, status = found[name]
+            return type("Deployment", (), {"tags": tags, "status": status})
+
+    monkeypatch.setattr(prefect, "get_client", lambda sync_client: Client())
+    taken = deployments.served_elsewhere([*found, "missing/local"])
+    assert [name for name, _ in taken] == ["data/local", "predict/local"]
+    assert dict(taken)["data/local"] == other
+    assert f"training/local: taking over from {other}" in capsys.readouterr().out
