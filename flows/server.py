@@ -195,6 +195,15 @@ def free_port(host: str = HOST) -> int:
         return int(sock.getsockname()[1])
 
 
+def write_atomically(path: Path, text: str) -> None:
+    """Readers (stages starting at once) see the old file or the new one, never half.
+    Owner-only, as Prefect keeps its profiles (a profile may hold an API key)."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
+        out.write(text)
+    partial.replace(path)
+
+
 def record(url: str) -> None:
     """Make ``url`` this clone's server: ``server.json`` and the ``shardflow`` profile
     (other profiles in the file, and which one is active, are the user's and kept)."""
@@ -203,7 +212,7 @@ def record(url: str) -> None:
     port = urlsplit(url).port
     directory = state_dir()
     directory.mkdir(parents=True, exist_ok=True)
-    state_file().write_text(json.dumps({"url": url}) + "\n")
+    write_atomically(state_file(), json.dumps({"url": url}) + "\n")
     profiles_path = directory / "profiles.toml"
     document = tomlkit.parse(profiles_path.read_text()) if profiles_path.exists() else None
     document = document or tomlkit.document()
@@ -215,7 +224,7 @@ def record(url: str) -> None:
         "PREFECT_SERVER_API_PORT": port,
         "PREFECT_SERVER_CORS_ALLOWED_ORIGINS": f"http://{HOST}:{port}",
     }
-    profiles_path.write_text(tomlkit.dumps(document))
+    write_atomically(profiles_path, tomlkit.dumps(document))
 
 
 def use(url: str) -> str:
@@ -240,7 +249,7 @@ def start(url: str, home: Path) -> str:
     home = home.expanduser().resolve()
     process = start_server(*address, log_file(), env={"PREFECT_HOME": str(home)})
     started = {"pid": process.pid, "url": url, "home": str(home), "clone": str(shared_root())}
-    started_file().write_text(json.dumps(started) + "\n")
+    write_atomically(started_file(), json.dumps(started) + "\n")
     wait_healthy(url, process=process)
     print(
         f"Prefect server started at {url} (UI: {url.removesuffix('/api')}, log: {log_file()}; "

@@ -59,7 +59,7 @@ def test_the_recorded_server_is_what_prefect_commands_at_the_root_reach(clone: P
     assert named[0] == "http://10.0.0.9:4200/api"
 
 
-def test_recording_keeps_the_users_profiles_and_choice(clone: Path) -> None:
+def test_recording_keeps_the_users_profiles_choice_and_privacy(clone: Path) -> None:
     profiles = clone / ".prefect/profiles.toml"
     profiles.parent.mkdir()
     profiles.write_text(
@@ -71,6 +71,7 @@ def test_recording_keeps_the_users_profiles_and_choice(clone: Path) -> None:
     assert written["profiles"]["team"] == {"PREFECT_API_URL": "http://team:4200/api"}
     assert written["profiles"]["shardflow"]["PREFECT_API_URL"] == "http://127.0.0.1:4321/api"
     assert settings_in(clone)[0] == "http://team:4200/api"  # the user's choice is used
+    assert profiles.stat().st_mode & 0o077 == 0  # owner-only: a profile may hold an API key
 
 
 def test_a_queued_experiment_copy_uses_its_clones_server(clone: Path) -> None:
