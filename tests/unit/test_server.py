@@ -128,7 +128,7 @@ def test_serving_is_refused_only_where_another_clone_serves_now(
 
         def read_deployment_by_name(self, name: str) -> object:
             if name not in found:
-                raise ObjectNotFound(None)
+                raise ObjectNotFound(LookupError(name))
             tags, status = found[name]
             return type("Deployment", (), {"tags": tags, "status": status})
 
