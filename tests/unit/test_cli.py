@@ -110,9 +110,7 @@ def is_free(port: int) -> bool:
     return True
 
 
-@pytest.mark.parametrize(
-    ("command", "printed"), [("ui", "MLflow UI: "), ("serve-model", "POST ")]
-)
+@pytest.mark.parametrize(("command", "printed"), [("ui", "MLflow UI: "), ("serve-model", "POST ")])
 def test_ui_and_serve_model_listen_on_a_free_port_they_print(
     command: str,
     printed: str,
