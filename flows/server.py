@@ -9,12 +9,16 @@ another clone's server (the port was free when that clone picked it), so before 
 server is used it must say where it keeps its runs (``GET /api/admin/settings``: its Prefect
 home) and that must be this clone's ``.prefect``; otherwise this clone moves to a new free
 port and starts its own. The server's home is the identity to check because it is where
-the runs land, needs no secret, and a server started by anyone else cannot claim it.
+the runs land, needs no secret, and a server started by anyone else cannot claim it. Both
+halves are needed: a fixed port with only the check would let one clone's server at a time
+run, and recorded ports without it would trust a copied clone's record (``cp -r``) or a
+port another clone took while this one's server was down.
 
 A server the user names (``PREFECT_API_URL`` in the environment or ``.env``, or a profile's
 value other than the recorded one, e.g. ``prefect config set PREFECT_API_URL=...``) is used
-as named, started here if it is on this machine and down (tests and ``dvc exp`` copies point
-at a server that way). Prefect reads, highest first: environment, ``.env``, ``prefect.toml``,
+as named, started here if it is on this machine and down (tests, a team server; where
+another clone serves the same deployments there, ``flows/deployments.py`` refuses to
+serve). Prefect reads, highest first: environment, ``.env``, ``prefect.toml``,
 ``pyproject.toml``, the active profile (``prefect/settings/base.py``); the clone's port sits
 in the profile so that everything above it still wins.
 
