@@ -262,18 +262,22 @@ def start(url: str, home: Path) -> str:
     return url
 
 
+def already_up(url: str) -> str:
+    named = "" if url == recorded_url() else f" (named by you: {owner(server_home(url))})"
+    print(f"Prefect server already up at {url}{named}")
+    return url
+
+
 def ensure() -> str:
     """The server this clone uses, started unless up; one starter at a time (a file lock),
     so stages that find no server at once start one server, not several."""
     if (url := running_url()) is not None:
-        print(f"Prefect server already up at {url}")
-        return use(url)
+        return use(already_up(url))
     state_dir().mkdir(parents=True, exist_ok=True)
     with (state_dir() / "server.start.lock").open("a") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # released on exit, or when we die
         if (url := running_url()) is not None:  # another process started it while we waited
-            print(f"Prefect server already up at {url}")
-            return use(url)
+            return use(already_up(url))
         if (named := named_url()) is not None:
             return use(start(named, Path(os.environ.get("PREFECT_HOME") or state_dir())))
         url = recorded_url()
