@@ -28,11 +28,11 @@ def clone_env() -> dict[str, str]:
     return {**env, "PYTHONPATH": str(REPO), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
 
 
-def in_clone(root: Path, *args: str) -> str:
+def in_clone(root: Path, *args: str, **env: str) -> str:
     done = subprocess.run(
         [sys.executable, *args],
         cwd=root,
-        env=clone_env(),
+        env={**clone_env(), **env},
         capture_output=True,
         text=True,
         timeout=300,
@@ -130,6 +130,12 @@ def test_each_clone_uses_its_own_server_and_stops_only_its_own(
     assert not is_up(url_b) and is_up(url_a)
     assert "no Prefect server started by this clone" in server(b, "stop")
     assert is_up(url_a)
+
+    # Named by the user, A's server is used as named (and said to be A's), never stopped by B.
+    ensure = in_clone(b, "-m", "flows.server", "ensure", PREFECT_API_URL=url_a)
+    assert f"already up at {url_a} (named by you: the server of the clone {a}" in ensure
+    stop = in_clone(b, "-m", "flows.server", "stop", PREFECT_API_URL=url_a)
+    assert f"{url_a} answers with the server of the clone {a}" in stop and is_up(url_a)
 
 
 def deployments(api_url: str, name: str) -> list[dict[str, Any]]:
