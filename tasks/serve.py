@@ -9,13 +9,17 @@ HTTP 413 with the limit in the message before anything parses it, and memory hol
 the limit (a longer body is read and thrown away, a chunk at a time). Inside the limit the
 model decodes and predicts rows a batch at a time (:func:`tasks.predict.predict_images`).
 
-Run: ``python -m tasks.serve MODEL_URI --port PORT --max-request-mb MB``.
+Run: ``python -m tasks.serve MODEL_URI --port PORT --max-request-mb MB`` from the repository
+root; like ``mlflow models serve`` it hands over to uvicorn's command line (uvicorn comes with
+MLflow), here with :func:`app_from_env` as the app factory.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -24,6 +28,9 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+MODEL_URI_ENV = "SHARDFLOW_SERVE_MODEL_URI"
+MAX_BYTES_ENV = "SHARDFLOW_SERVE_MAX_REQUEST_BYTES"
 
 
 class RequestSizeLimit:
@@ -109,7 +116,14 @@ def scoring_app(model_uri: str, max_bytes: int) -> RequestSizeLimit:
     return RequestSizeLimit(scoring_server.init(mlflow.pyfunc.load_model(model_uri)), max_bytes)
 
 
+def app_from_env() -> RequestSizeLimit:
+    """uvicorn's app factory: the model and limit :func:`main` put in the environment."""
+    return scoring_app(os.environ[MODEL_URI_ENV], int(os.environ[MAX_BYTES_ENV]))
+
+
 def main(argv: list[str] | None = None) -> None:
+    """Parse the command line, then become the uvicorn server (as ``mlflow models serve`` runs
+    uvicorn's command line, with the model named in the environment)."""
     parser = argparse.ArgumentParser(
         prog="python -m tasks.serve",
         description="Serve a model (models:/NAME@champion, runs:/ID/model) with a request limit.",
@@ -123,15 +137,19 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.max_request_mb <= 0:
         parser.error(f"--max-request-mb must be positive, got {args.max_request_mb}")
-    import uvicorn
-
-    app = scoring_app(args.model_uri, int(args.max_request_mb * 2**20))
+    env = {
+        **os.environ,
+        MODEL_URI_ENV: args.model_uri,
+        MAX_BYTES_ENV: str(int(args.max_request_mb * 2**20)),
+    }
     print(
         f"serving {args.model_uri} at http://{args.host}:{args.port}/invocations "
         f"(requests up to {args.max_request_mb:g} MB)",
         flush=True,
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    command = [sys.executable, "-m", "uvicorn", "--factory", "tasks.serve:app_from_env"]
+    command += ["--host", args.host, "--port", str(args.port), "--log-level", "warning"]
+    os.execve(sys.executable, command, env)
 
 
 if __name__ == "__main__":
