@@ -229,7 +229,7 @@ def to_8bit(image: Image.Image, peak: float = 65535.0) -> Image.Image:
     channel, a palette's or a PNG colour key (``tRNS`` in an L or RGB image). Integer
     samples are scaled from ``peak``, the white their format declares
     (:func:`integer_peak`), never from the image's own values. Float images are scaled
-    from their own finite range (no format declares one); NaN is black.
+    from their own finite range (no format declares one; :func:`float_range`); NaN is black.
 
     A grey source stays ``L``: the resize is the same per channel, so resizing first and
     replicating after gives the same pixels from a third of the memory. Other modes are
@@ -258,14 +258,19 @@ def strips(image: Image.Image) -> Iterator[tuple[int, Image.Image]]:
 
 
 def float_range(image: Image.Image) -> tuple[float, float]:
-    """The finite (low, high) of a float image, (0, 0) if it has no finite sample."""
+    """The (black, white) of a float image: its finite (low, high).
+
+    Without two different finite values there is no range to stretch, and the image is read
+    on the float convention's own scale, 0 black and 1 white: a constant 0.5 is mid-grey,
+    not black.
+    """
     low, high = math.inf, -math.inf
     for _, strip in strips(image):
         pixels = np.asarray(strip, dtype=np.float64)
         finite = pixels[np.isfinite(pixels)]
         if finite.size:
             low, high = min(low, float(finite.min())), max(high, float(finite.max()))
-    return (low, high) if low <= high else (0.0, 0.0)
+    return (low, high) if low < high else (0.0, 1.0)
 
 
 def strip_to_8bit(image: Image.Image, peak: float, value_range: tuple[float, float]) -> Image.Image:

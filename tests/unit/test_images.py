@@ -357,3 +357,12 @@ def test_decoding_memory_is_bounded_by_the_8bit_rgb_size(
     modes = ["grey16.png"] if where == "serving" else [n for n in big_images if n != "rgb8.png"]
     for name in modes:
         assert peak_bytes(big_images[name], where) <= 1.5 * rgb, name
+
+
+@pytest.mark.parametrize(("value", "expected"), [(0.0, 0), (0.5, 128), (1.0, 255), (7.0, 255)])
+def test_a_constant_float_image_reads_on_the_zero_to_one_scale(value: float, expected: int) -> None:
+    """No range to stretch: 0 is black and 1 white (a constant 0.5 once came out black)."""
+    flat = np.full((6, 8), value, np.float32)
+    flat[0, 0] = np.nan  # NaN stays black
+    pixels = grey(encoded(Image.fromarray(flat, mode="F"), "TIFF"))
+    assert pixels[0, 0] == 0 and (pixels.flat[1:] == expected).all()
