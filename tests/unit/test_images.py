@@ -297,12 +297,16 @@ if where == "serving":
         max_file_bytes=2**30,
     )
     run = lambda: model_input(data, spec)
-else:  # a shard worker's call (tasks.shard.preprocess): ingest enforced the limits
-    from tasks.images import preprocess_bytes
-    run = lambda: preprocess_bytes(data, (224, 224), "pad", max_pixels=sys.maxsize, draft=True)
+else:  # the shard worker's own function; ingest enforced the size limits
+    import hashlib, os
+    from tasks.schema import RecordSchema
+    from tasks.shard.spec import ShardRecord, preprocess
+    record = ShardRecord(os.path.basename(path), 0, hashlib.sha256(data).hexdigest())
+    schema = RecordSchema(224, 224, "raw")
+    run = lambda: preprocess(os.path.dirname(path), record, schema, "pad", True)
 before = psutil.Process().memory_info().rss
 pixels = run()
-assert pixels.shape == (224, 224, 3)
+assert len(pixels if where == "shard" else pixels.tobytes()) == 224 * 224 * 3
 # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the forking parent (pytest).
 status = open("/proc/self/status").read()
 print(int(re.search(r"VmHWM:\\s+(\\d+) kB", status).group(1)) * 1024 - before)
