@@ -139,7 +139,7 @@ def echo_app() -> RequestSizeLimit:
     async def invocations(request: Request) -> dict[str, int]:
         return {"read": len(await request.body())}
 
-    return RequestSizeLimit(app, max_bytes=1000)
+    return RequestSizeLimit(app, max_bytes=1000, max_rows=20)
 
 
 def test_a_body_over_the_limit_is_refused_unread_and_the_next_is_answered() -> None:
@@ -184,6 +184,7 @@ def test_the_served_model_refuses_an_oversized_body_and_stays_up(
                 logged_model,
                 *("--port", str(port)),
                 *("--max-request-mb", "1"),
+                *("--max-request-rows", "100"),
             ],
             cwd=ROOT,
             env=env,
@@ -206,6 +207,9 @@ def test_the_served_model_refuses_an_oversized_body_and_stays_up(
         status, answer = post(f"{url}/invocations", split_body([noise]))
         assert status == 413, answer
         assert "over this server's limit of 1048576 bytes" in str(answer["message"])
+        status, answer = post(f"{url}/invocations", split_body([""] * 200))
+        assert status == 413, answer
+        assert "more than this server's limit of 100 rows" in str(answer["message"])
         status, answer = post(f"{url}/invocations", split_body(good_rows()))
         assert status == 200, answer
         predictions = answer["predictions"]
@@ -215,3 +219,24 @@ def test_the_served_model_refuses_an_oversized_body_and_stays_up(
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=60)
+
+
+def test_more_rows_than_the_limit_are_refused_before_parsing() -> None:
+    """Counted by separators: a JSON comma between rows, a CSV line end."""
+    from fastapi.testclient import TestClient
+
+    json_type = {"Content-Type": "application/json"}
+    with TestClient(echo_app()) as client:  # 20 rows, and 16 separators for the JSON keys
+        many = client.post("/invocations", content=split_body([""] * 40), headers=json_type)
+        assert many.status_code == 413
+        assert "more than this server's limit of 20 rows" in many.json()["message"]
+        csv = client.post(
+            "/invocations", content=b"image\n" + b"x\n" * 40, headers={"Content-Type": "text/csv"}
+        )
+        assert csv.status_code == 413
+        fits = split_body(["a"] * 20)
+        assert client.post("/invocations", content=fits, headers=json_type).json() == {
+            "read": len(fits)
+        }
+        pretty = json.dumps(json.loads(fits), indent=2).encode()  # line ends are not rows
+        assert client.post("/invocations", content=pretty, headers=json_type).status_code == 200
