@@ -160,7 +160,7 @@ def finish_decode(image: Image.Image) -> Image.Image:
     """
     try:
         image.load()
-        peak = integer_peak(image)  # from the file's header: the oriented copy has none
+        peak = integer_peak(image)  # from the file's header, read before the transpose
         # In place: without an orientation to apply, exif_transpose would return a full copy.
         ImageOps.exif_transpose(image, in_place=True)
         return to_8bit(image, peak)
@@ -212,11 +212,6 @@ def draft_for(image: Image.Image, size: tuple[int, int], policy: str) -> None:
 def as_rgb(image: Image.Image) -> Image.Image:
     """An ``L`` or ``RGB`` image as RGB (grey replicated into the three channels)."""
     return image if image.mode == "RGB" else image.convert("RGB")
-
-
-def to_rgb(image: Image.Image, peak: float = 65535.0) -> Image.Image:
-    """Normalise any PIL mode to 8-bit RGB: :func:`to_8bit`, grey replicated to RGB."""
-    return as_rgb(to_8bit(image, peak))
 
 
 GREY_INTEGER_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
