@@ -61,6 +61,8 @@ DECODED_FORMATS = tuple(
         PpmImagePlugin.PpmImageFile,
     )
 )
+# ISO-BMFF brands of HEIC/HEIF photos (iPhones' default): named in the reason for refusing them.
+HEIF_BRANDS = {b"heic", b"heix", b"hevc", b"hevx", b"heim", b"heis", b"mif1", b"msf1"}
 # Pixels converted at a time (a strip of rows): keeps the float64 temporaries at 2 MB each.
 STRIP_PIXELS = 1 << 18
 
@@ -125,6 +127,11 @@ def unlisted_reason(data: bytes) -> str:
                 f"format {name} is not decoded (formats decoded: {', '.join(DECODED_FORMATS)}); "
                 "convert the file to one of them"
             )
+    if data[4:8] == b"ftyp" and data[8:12] in HEIF_BRANDS:  # no Pillow plugin knows HEIC
+        return (
+            f"format HEIC is not decoded (formats decoded: {', '.join(DECODED_FORMATS)}); "
+            "convert the file to one of them (phones can save photos as JPEG)"
+        )
     return "not an image (format not recognised from its bytes)"
 
 

@@ -236,6 +236,15 @@ def test_ingest_quarantines_unlisted_formats_with_the_reason(
     assert plugins_never_opened == []
 
 
+def test_a_heic_photo_is_named_and_anything_else_is_not_an_image() -> None:
+    """Pillow has no HEIC plugin; phones' default format still gets a reason that names it."""
+    heic = b"\0\0\0\x18ftypheic\0\0\0\0mif1heic" + b"\0" * 64
+    with pytest.raises(ImageRejected, match="format HEIC is not decoded"):
+        verify(heic, max_pixels=10**6, min_side=1, draft=False)
+    with pytest.raises(ImageRejected, match=r"not an image \(format not recognised"):
+        verify(b"plain text, no image", max_pixels=10**6, min_side=1, draft=False)
+
+
 @pytest.mark.parametrize("fmt", [*DECODED_FORMATS, "MPO"])
 def test_every_listed_format_decodes(fmt: str) -> None:
     """What phones, cameras and the web give: JPEG (and MPO), PNG, WebP, GIF, BMP, TIFF, PNM."""
