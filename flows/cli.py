@@ -29,6 +29,9 @@ ENVIRONMENT = {
 DEMO_DIR = "data/demo"
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 HOST = "127.0.0.1"
+# `shardflow serve-model`'s request limits (about 12 MB of image files in base64, and rows
+# a batch at a time): larger requests get HTTP 413 before their body is parsed.
+SERVE_LIMITS = {"--max-request-mb": "16", "--max-request-rows": "1024"}
 
 Steps = list[list[str]]
 
@@ -81,16 +84,17 @@ def ui_steps(extra: Sequence[str]) -> Steps:
 
 
 def serve_model_steps(extra: Sequence[str]) -> Steps:
+    """``python -m tasks.serve`` (MLflow's scoring app behind a request size limit) for the
+    champion of ``evaluate.model_name``; a limit given in ``extra`` replaces its default."""
     from tasks.params import load_params
 
-    # `mlflow models serve` has no store option: it reads MLFLOW_TRACKING_URI (main() passes
-    # this process's environment on), absolute so its workers find the same file.
+    # tasks.serve reads the store from MLFLOW_TRACKING_URI (main() passes this process's
+    # environment on), absolute so its workers find the same file.
     os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{Path.cwd() / 'mlflow.db'}")
     model = f"models:/{load_params().evaluate.model_name}@champion"
-    address, url = listen_address(extra)
-    print(f"serving {model}: POST {url}/invocations", flush=True)
-    serve = ["models", "serve", "-m", model, "--env-manager", "local", *address, *extra]
-    return [module("mlflow", *serve)]
+    address, _ = listen_address(extra)  # tasks.serve prints the address it serves
+    limits = [item for limit in SERVE_LIMITS.items() if limit[0] not in extra for item in limit]
+    return [module("tasks.serve", model, *address, *limits, *extra)]
 
 
 def stop_steps(extra: Sequence[str]) -> Steps:
@@ -104,7 +108,7 @@ COMMANDS: dict[str, tuple[str, Callable[[Sequence[str]], Steps]]] = {
     "predict": ("batch prediction: python -m flows.predict SOURCE [options]", predict_steps),
     "bench": ("benchmarks -> reports/bench.json and bench.png (--quick: a smoke run)", bench_steps),
     "ui": ("MLflow UI on a free 127.0.0.1 port over the project's tracking store", ui_steps),
-    "serve-model": ("the champion behind `mlflow models serve` on a free port", serve_model_steps),
+    "serve-model": ("the champion over HTTP, size-limited, on a free port", serve_model_steps),
     "stop": ("stop the Prefect server that this clone's run/serve/bench started", stop_steps),
 }
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 import socket
 import subprocess
@@ -110,12 +112,23 @@ def is_free(port: int) -> bool:
     return True
 
 
-@pytest.mark.parametrize(("command", "printed"), [("ui", "MLflow UI: "), ("serve-model", "POST ")])
+def serve_model_prints(step: list[str], monkeypatch: pytest.MonkeyPatch) -> str:
+    """What `python -m tasks.serve` (the step) prints before it becomes the uvicorn server."""
+    import tasks.serve
+
+    def become(*_: Any) -> None:
+        raise SystemExit(0)
+
+    monkeypatch.setattr(tasks.serve.os, "execve", become)
+    output = io.StringIO()
+    with pytest.raises(SystemExit), contextlib.redirect_stdout(output):
+        tasks.serve.main(step[3:])
+    return output.getvalue()
+
+
+@pytest.mark.parametrize("command", ["ui", "serve-model"])
 def test_ui_and_serve_model_listen_on_a_free_port_they_print(
-    command: str,
-    printed: str,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    command: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """No fixed port: a second clone's `make ui` / `make serve-model` must not collide with
     the first's. The port is free when chosen, differs from one already taken, and is the
@@ -130,13 +143,18 @@ def test_ui_and_serve_model_listen_on_a_free_port_they_print(
         assert cli.main([command]) == 0
         port = port_of(recorder.steps[0])
         assert port != taken.getsockname()[1] and is_free(port)
-    assert f"{printed}http://127.0.0.1:{port}" in capsys.readouterr().out
     assert cli.main([command, "--port", "6123"]) == 0
     assert recorder.steps[1].count("--port") == 1 and port_of(recorder.steps[1]) == 6123
-    assert "http://127.0.0.1:6123" in capsys.readouterr().out
+    if command == "ui":
+        printed = capsys.readouterr().out
+    else:
+        printed = "".join(serve_model_prints(step, monkeypatch) for step in recorder.steps)
+    assert f"http://127.0.0.1:{port}" in printed and "http://127.0.0.1:6123" in printed
 
 
-def test_serve_model_serves_the_champion_of_params(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_serve_model_serves_the_champion_of_params_with_its_limits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from tasks.params import load_params
 
     recorder = Recorder()
@@ -144,10 +162,15 @@ def test_serve_model_serves_the_champion_of_params(monkeypatch: pytest.MonkeyPat
     monkeypatch.chdir(ROOT)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     cli.main(["serve-model"])
-    step = recorder.steps[0]
+    cli.main(["serve-model", "--max-request-rows", "8"])
     name = load_params(ROOT / "params.yaml").evaluate.model_name
-    assert step[2:7] == ["mlflow", "models", "serve", "-m", f"models:/{name}@champion"]
+    first, second = recorder.steps
+    assert first[2:4] == ["tasks.serve", f"models:/{name}@champion"]
     assert recorder.envs[0]["MLFLOW_TRACKING_URI"] == f"sqlite:///{ROOT / 'mlflow.db'}"
+    flag = "--max-request-rows"
+    assert first[first.index(flag) + 1] == cli.SERVE_LIMITS[flag]
+    assert second.count(flag) == 1 and second[second.index(flag) + 1] == "8"
+    assert "--max-request-mb" in second
 
 
 def test_unknown_subcommand_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
