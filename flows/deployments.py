@@ -7,11 +7,18 @@ A deployment's id is its flow and name, the same in every clone: two clones serv
 one server would share ids, and a run of one clone's `pipeline/local` could run in the
 other (writing that clone's params.yaml and dvc.lock). So each deployment carries its
 clone's identity as a tag (``clone:host:path``), and this refuses to serve while another
-clone serves deployments of the same names on the server, naming that clone.
+clone serves deployments of the same names on the server, naming that clone. Whether it
+serves now: on this host, its serving process (``.prefect/serving.json``) still runs; on
+another, Prefect marks the deployment READY (polled in the last minute). A stale tag (the
+clone stopped serving) is taken over.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import socket
+from pathlib import Path
 from typing import Any
 
 from prefect import serve
@@ -22,6 +29,7 @@ from flows.pipeline import pipeline
 from flows.predict import predict_flow
 from flows.server import api_url, clone_id, require_server
 from flows.training import training_flow
+from tasks.layout import shared_root
 
 CLONE_TAG = "clone:"
 
@@ -30,9 +38,29 @@ def clone_tag() -> str:
     return f"{CLONE_TAG}{clone_id()}"
 
 
+def serving_file(clone: Path) -> Path:
+    """Where a clone serving its deployments records its serving process while it runs."""
+    return clone / ".prefect" / "serving.json"
+
+
+def serves_now(owner: str, url: str) -> bool | None:
+    """Whether the clone ``host:path`` has a process serving on the server at ``url`` now;
+    None when the clone is on another host (this one cannot tell)."""
+    host, _, path = owner.partition(":")
+    if host != socket.gethostname():
+        return None
+    try:
+        record = json.loads(serving_file(Path(path)).read_text())
+        args = Path(f"/proc/{int(record['pid'])}/cmdline").read_bytes()
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return record.get("url") == url and b"flows.deployments" in args
+
+
 def served_elsewhere(names: list[str]) -> list[tuple[str, str]]:
-    """(deployment, clone) for each of ``names`` another clone serves on the server now:
-    its deployment carries another clone's tag (or none) and a process polls it (READY)."""
+    """(deployment, clone) for each of ``names`` another clone serves on the server now: its
+    deployment carries another clone's tag (or none), and that clone's serving process runs
+    (same host) or, elsewhere, a process polls it (Prefect's READY: polled within a minute)."""
     from prefect import get_client
     from prefect.client.schemas.objects import DeploymentStatus
     from prefect.exceptions import ObjectNotFound
@@ -48,10 +76,13 @@ def served_elsewhere(names: list[str]) -> list[tuple[str, str]]:
             if owners == [clone_id()]:
                 continue
             owner = owners[0] if owners else "unknown (a process that does not tag its clone)"
-            if deployment.status == DeploymentStatus.READY:
+            alive = serves_now(owner, api_url()) if owners else None
+            if alive is None:
+                alive = deployment.status == DeploymentStatus.READY
+            if alive:
                 taken.append((name, owner))
             else:
-                print(f"{name}: taking over from {owner}, which no longer serves it")
+                print(f"{name}: taking over from {owner}, which no longer serves it", flush=True)
     return taken
 
 
@@ -98,7 +129,13 @@ def main() -> None:
             "from one clone at a time on a shared server, or unset PREFECT_API_URL to use "
             "this clone's own server."
         )
-    serve(*served, limit=1)  # one run at a time: runs share the working tree and dvc.lock
+    record = serving_file(shared_root())
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps({"pid": os.getpid(), "url": api_url()}) + "\n")
+    try:
+        serve(*served, limit=1)  # one run at a time: runs share the working tree and dvc.lock
+    finally:
+        record.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -143,39 +144,64 @@ def deployments(api_url: str, name: str) -> list[dict[str, Any]]:
     return [d for d in found if d["name"] == name]
 
 
+def clone_tag(project: Project) -> str:
+    return f"clone:{socket.gethostname()}:{project.root}"
+
+
+def served_by(api_url: str, project: Project, *, ready: bool) -> bool:
+    """Whether all four `*/local` deployments carry the project's tag (and are polled)."""
+    found = deployments(api_url, "local")
+    return len(found) == 4 and all(
+        clone_tag(project) in d["tags"] and (d["status"] == "READY" or not ready) for d in found
+    )
+
+
+@contextmanager
+def serving(project: Project, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """`python -m flows.deployments` in the project, stopped afterwards."""
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "flows.deployments"],
+            cwd=project.root,
+            env=project.env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            yield process
+        finally:
+            process.terminate()
+            process.wait(timeout=60)
+
+
+def wait_until(condition: Callable[[], bool], process: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 180
+    while not condition():
+        assert process.poll() is None, log.read_text()[-4000:]
+        assert time.monotonic() < deadline, log.read_text()[-4000:]
+        time.sleep(1)
+
+
 def test_a_clone_refuses_to_serve_where_another_clone_serves(
     tmp_path: Path, prefect_server: str
 ) -> None:
-    """Both clones named one shared server (PREFECT_API_URL): A serves its deployments, so
-    B refuses, naming A, and A's deployments stay A's."""
+    """Both clones named one shared server (PREFECT_API_URL): while A serves its
+    deployments, B refuses, naming A, and A's deployments stay A's; once A stops, B serves
+    (A's deployments are still READY for a minute: B asks A's serving process instead)."""
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     a: Project = make_project(tmp_path / "a", prefect_server)
     b: Project = make_project(tmp_path / "b", prefect_server)
-    log = (tmp_path / "serve-a.log").open("w")
-    serving = subprocess.Popen(
-        [sys.executable, "-m", "flows.deployments"],
-        cwd=a.root,
-        env=a.env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        deadline = time.monotonic() + 180
-        while not any(d["status"] == "READY" for d in deployments(prefect_server, "local")):
-            assert serving.poll() is None, (tmp_path / "serve-a.log").read_text()[-4000:]
-            assert time.monotonic() < deadline, "A's deployments never became ready"
-            time.sleep(1)
+    log_a, log_b = tmp_path / "serve-a.log", tmp_path / "serve-b.log"
+    with serving(a, log_a) as process:
+        wait_until(lambda: served_by(prefect_server, a, ready=True), process, log_a)
         refused = b.run(sys.executable, "-m", "flows.deployments", check=False, timeout=180)
-    finally:
-        serving.terminate()
-        serving.wait(timeout=60)
-        log.close()
     said = refused.stdout + refused.stderr
     assert refused.returncode != 0, said[-3000:]
     assert "refusing to serve" in said and "'pipeline/local' by " in said
     assert str(a.root) in said, said[-3000:]
-    for deployment in deployments(prefect_server, "local"):
-        assert [t for t in deployment["tags"] if t.startswith("clone:")] == [
-            f"clone:{socket.gethostname()}:{a.root}"
-        ]
+    assert served_by(prefect_server, a, ready=False)
+
+    with serving(b, log_b) as process:
+        wait_until(lambda: served_by(prefect_server, b, ready=False), process, log_b)
+    assert f"pipeline/local: taking over from {socket.gethostname()}:{a.root}" in log_b.read_text()

@@ -3,8 +3,10 @@ profile, the user's own profiles kept, a queued `dvc exp` copy led back to its c
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tomllib
@@ -100,23 +102,30 @@ def test_stop_leaves_a_server_recorded_by_another_clone(
 
 
 def test_serving_is_refused_only_where_another_clone_serves_now(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A deployment of the same name tagged with another clone (or no clone) and polled by
-    a serving process blocks serving; one nobody serves any more is taken over."""
+    """A deployment of the same name tagged with another clone blocks serving while that
+    clone serves on this server: on this host, its serving process runs (a clone that just
+    stopped, its deployments still READY for a minute, is taken over); on another host,
+    Prefect says READY. Untagged and READY blocks too."""
     import prefect
     from prefect.client.schemas.objects import DeploymentStatus
     from prefect.exceptions import ObjectNotFound
 
     from flows import deployments
 
+    url = "http://127.0.0.1:4321/api"
     ready, idle = DeploymentStatus.READY, DeploymentStatus.NOT_READY
-    other = "laptop:/home/bob/shardflow"
+    here = socket.gethostname()
+    serving, stopped, elsewhere = tmp_path / "serving", tmp_path / "stopped", tmp_path / "other"
     found = {
-        "pipeline/local": (["clone:" + server.clone_id()], ready),  # this clone's own
-        "data/local": (["clone:" + other], ready),
-        "training/local": (["clone:" + other], idle),
-        "predict/local": ([], ready),  # served by a process that names no clone
+        "pipeline/local": ([server.clone_id()], ready),  # this clone's own
+        "a/local": ([f"{here}:{serving}"], idle),  # its process runs: blocks
+        "b/local": ([f"{here}:{stopped}"], ready),  # no process any more: taken over
+        "c/local": ([f"{here}:{elsewhere}"], ready),  # its process serves another server
+        "d/local": (["laptop:/home/bob/shardflow"], ready),  # another host, polled: blocks
+        "e/local": (["laptop:/home/bob/shardflow"], idle),  # another host, not polled
+        "f/local": ([], ready),  # a serving process that names no clone: blocks
     }
 
     class Client:
@@ -129,11 +138,26 @@ def test_serving_is_refused_only_where_another_clone_serves_now(
         def read_deployment_by_name(self, name: str) -> object:
             if name not in found:
                 raise ObjectNotFound(LookupError(name))
-            tags, status = found[name]
+            owners, status = found[name]
+            tags = [f"clone:{owner}" for owner in owners]
             return type("Deployment", (), {"tags": tags, "status": status})
 
     monkeypatch.setattr(prefect, "get_client", lambda sync_client: Client())
-    taken = deployments.served_elsewhere([*found, "missing/local"])
-    assert [name for name, _ in taken] == ["data/local", "predict/local"]
-    assert dict(taken)["data/local"] == other
-    assert f"training/local: taking over from {other}" in capsys.readouterr().out
+    monkeypatch.setattr(deployments, "api_url", lambda: url)
+    process = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)", "flows.deployments"]
+    )
+    try:
+        for root, served_url in ((serving, url), (elsewhere, "http://127.0.0.1:9/api")):
+            deployments.serving_file(root).parent.mkdir(parents=True)
+            record = {"pid": process.pid, "url": served_url}
+            deployments.serving_file(root).write_text(json.dumps(record))
+        taken = deployments.served_elsewhere([*found, "missing/local"])
+    finally:
+        process.kill()
+        process.wait()
+    assert [name for name, _ in taken] == ["a/local", "d/local", "f/local"]
+    assert dict(taken)["a/local"] == f"{here}:{serving}"
+    out = capsys.readouterr().out
+    for name in ("b/local", "c/local", "e/local"):
+        assert f"{name}: taking over from " in out
