@@ -263,6 +263,8 @@ def start(url: str, home: Path) -> str:
 
 
 def already_up(url: str) -> str:
+    if url == recorded_url() and configured_url() is None:
+        record(url)  # the profile went missing: `prefect ...` at the root needs it
     named = "" if url == recorded_url() else f" (named by you: {owner(server_home(url))})"
     print(f"Prefect server already up at {url}{named}")
     return url
