@@ -25,7 +25,7 @@ from tasks.heap import paused_gc
 from tasks.images import ImageRejected, finish_decode, open_checked, oriented_size
 from tasks.index import INDEX_VERSION, iter_records, iter_verdicts, read_header, write_index
 from tasks.manifest import SPLITS, file_sha256
-from tasks.near_duplicates import Item, hash_version, perceptual_hash, place
+from tasks.near_duplicates import HASH_SIDE, Item, hash_version, perceptual_hash, place
 from tasks.params import IngestParams, SplitFractions
 from tasks.pool import spawn_pool
 
@@ -224,7 +224,9 @@ def check_image(
     image = open_checked(data, max_pixels=max_pixels, min_side=min_side)
     fmt, (width, height) = str(image.format), oriented_size(image)
     if draft and image.format == "JPEG":
-        image.draft(None, (max(1, image.width // 8), max(1, image.height // 8)))
+        # never below the hash's own input (HASH_SIDE): a 1/8 draft of a 160 px JPEG is
+        # 20 px, too coarse to tell drawings apart; photos (256 px and up) still get 1/8
+        image.draft(None, (max(HASH_SIDE, image.width // 8), max(HASH_SIDE, image.height // 8)))
     return fmt, width, height, perceptual_hash(finish_decode(image))
 
 

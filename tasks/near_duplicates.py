@@ -27,6 +27,7 @@ import numpy as np
 from PIL import Image
 
 HASH_NAME = "phash64"
+HASH_SIDE = 32  # phash's grey copy is 32x32 (hash_size 8 x highfreq_factor 4)
 QUARTERS = 4  # 16-bit substrings of the 64-bit hash (one lookup table of 65,536 buckets each)
 QUARTER_BITS = 16
 # Candidate pairs expanded at once while searching: bounds the search's memory when many
@@ -41,7 +42,7 @@ def perceptual_hash(image: Image.Image) -> str:
 
 def hash_version() -> str:
     """What a stored hash depends on besides the decoded pixels: the hash and its library."""
-    return f"{HASH_NAME};imagehash={imagehash.__version__}"
+    return f"{HASH_NAME};decoded_side>={HASH_SIDE};imagehash={imagehash.__version__}"
 
 
 def hash_values(hexes: Sequence[str]) -> np.ndarray:
