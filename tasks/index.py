@@ -202,6 +202,7 @@ def load_index(index_path: Path) -> dict[str, Any]:
     header = read_header(index_path)
     return {
         **{k: header[k] for k in ("version", "source_dir", "classes", "verdict_key")},
+        "placement": header.get("placement"),
         "records": [record for _, record in iter_records(index_path)],
         "verdicts": dict(iter_verdicts(index_path)),
     }

@@ -28,6 +28,7 @@ ALL_CHECKS = [
     "class_counts",
     "leakage",
     "index",
+    "near_duplicates",
 ]
 
 
