@@ -177,9 +177,7 @@ def measure_search(hashes_path: Path, distance: int) -> dict[str, Any]:
 
     hashes = json.loads(hashes_path.read_text())
     fractions = SplitFractions(train=0.8, val=0.1, test=0.1)
-    items = [
-        Item(f"{i:064x}", f"c{i % 10}/{i}.jpg", f"c{i % 10}", h) for i, h in enumerate(hashes)
-    ]
+    items = [Item(f"{i:064x}", f"c{i % 10}/{i}.jpg", f"c{i % 10}", h) for i, h in enumerate(hashes)]
     rss_before = psutil.Process().memory_info().rss
     start = time.perf_counter()
     pairs = near_pairs(hash_values(hashes), distance)

@@ -13,7 +13,6 @@ import io
 import shutil
 import struct
 import zlib
-from collections.abc import Callable
 from pathlib import Path
 
 import imagehash
@@ -155,7 +154,9 @@ def generate(
         class_dir = staging / shape
         class_dir.mkdir(parents=True)
         for i in range(per_class):
-            image = drawn.new(lambda: _draw_any_size(rng, shape, min_size, max_size))
+            image = _draw_any_size(rng, shape, min_size, max_size)
+            while not drawn.add(image):  # a near-duplicate of an earlier drawing: redraw
+                image = _draw_any_size(rng, shape, min_size, max_size)
             if i % 97 == 5:
                 data, ext = _exif_rotated_jpeg(image), ".jpg"
             else:
@@ -178,18 +179,18 @@ def _draw_any_size(
 
 
 class Distinct:
-    """Draws until a drawing is no near-duplicate of any kept before (see DISTINCT_BITS)."""
+    """The perceptual hashes of the drawings kept so far (see DISTINCT_BITS)."""
 
     def __init__(self) -> None:
         self.hashes = np.empty(0, dtype=np.uint64)
 
-    def new(self, draw: Callable[[], Image.Image]) -> Image.Image:
-        while True:
-            image = draw()
-            value = np.uint64(int(str(imagehash.phash(image)), 16))
-            if not (np.bitwise_count(self.hashes ^ value) <= DISTINCT_BITS).any():
-                self.hashes = np.append(self.hashes, value)
-                return image
+    def add(self, image: Image.Image) -> bool:
+        """Keep ``image`` unless it is a near-duplicate of a kept drawing; whether it was."""
+        value = np.uint64(int(str(imagehash.phash(image)), 16))
+        if (np.bitwise_count(self.hashes ^ value) <= DISTINCT_BITS).any():
+            return False
+        self.hashes = np.append(self.hashes, value)
+        return True
 
 
 def _write_broken(out_dir: Path, classes: tuple[str, ...], rng: np.random.Generator) -> int:

@@ -248,4 +248,3 @@ def straddling_pairs(
     """Positions ``(i, j)`` of near-duplicate pairs whose splits differ."""
     pairs = near_pairs(hash_values(hashes), distance)
     return [(i, j) for i, j in pairs.tolist() if splits[i] != splits[j]]
-
