@@ -137,7 +137,6 @@ def test_a_relabel_is_removed_from_one_class_and_added_to_the_other(tmp_path: Pa
         s: want.get(s, 0) for s in ("train", "val", "test")
     }
     assert diff["class_share"]["blue"]["shift"] == pytest.approx(3 / 24, abs=1e-6)
-    assert (
-        "moved to another class or split (in both counts): 3"
-        in (project.root / "diff.md").read_text()
-    )
+    assert "moved to another class or split (in both counts): 3" in (
+        project.root / "diff.md"
+    ).read_text()

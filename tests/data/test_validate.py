@@ -176,7 +176,9 @@ def test_encoded_clean_sets_pass(encoding: str, tiny_index: Path, tmp_path: Path
     report = validate(tmp_path / "shards", tiny_index)
     assert report["passed"] is True, failed(report)
     records = next(c for c in report["checks"] if c["name"] == "records")
-    assert records["details"]["records"] == sum(i.num_records for i in manifest.splits.values())
+    assert records["details"]["records"] == sum(
+        i.num_records for i in manifest.splits.values()
+    )
 
 
 def test_flipped_byte_names_the_shard_and_record(shards: Path) -> None:
@@ -200,9 +202,7 @@ def test_flipped_byte_names_the_shard_and_record(shards: Path) -> None:
 
 
 @pytest.mark.parametrize("where", ["middle", "deflate header"])
-def test_flipped_byte_in_gzip_shard_is_located(
-    tiny_index: Path, tmp_path: Path, where: str
-) -> None:
+def test_flipped_byte_in_gzip_shard_is_located(tiny_index: Path, tmp_path: Path, where: str) -> None:
     """A flip in the deflate stream's own header makes zlib fail (not a CRC): still a named,
     failed check, and the TensorFlow-free reader names the file too."""
     params = default_params(
@@ -513,7 +513,7 @@ def _tensorflow_sample_and_keras(*args: object) -> tuple[dict[str, object], list
     """The cross-check child's work, and which of Keras and its imports it loaded."""
     import sys
 
-    from tasks.tf_check import tensorflow_sample
+    from tasks.tf_cross_check import tensorflow_sample
 
     sampled = tensorflow_sample(*args)  # type: ignore[arg-type]
     return sampled, [m for m in ("keras", "sklearn", "matplotlib") if m in sys.modules]
@@ -524,7 +524,7 @@ def test_the_cross_check_child_reads_with_tensorflow_and_never_loads_keras(
 ) -> None:
     """TensorFlow's parser in a fresh process agrees with the schema reader on every sampled
     record, and that process never imports Keras (1.5 s of its import, unused)."""
-    from tasks.pool import run_in_child
+    from tasks.processes import run_in_child
     from tasks.validate import CROSS_CHECK_PER_SHARD, read_shards
 
     manifest = load(shards)
@@ -546,14 +546,14 @@ def test_the_cross_check_child_reads_with_tensorflow_and_never_loads_keras(
 def test_a_prestarted_cross_check_child_takes_the_job(shards: Path, tmp_path: Path) -> None:
     """`python -m flows.validate` starts the cross-check's child before its own imports;
     the validation that follows sends its job there, once, and TensorFlow still reads."""
-    from tasks import pool, tf_check
+    from tasks import processes, tf_cross_check
     from tasks.validate import run_validate
 
-    tf_check.prestart()
-    child = pool._standing_by.get(tf_check.tensorflow_without_keras)
+    tf_cross_check.prestart()
+    child = processes._standing_by.get(tf_cross_check.tensorflow_without_keras)
     assert child is not None
     report = run_validate(shards, tmp_path / "v.json", tmp_path / "v.md")
     checks = {c["name"]: c for c in report["checks"]}
     assert report["passed"] and checks["tensorflow_parser"]["details"]["records"] > 0
-    assert tf_check.standby() is None  # taken by that validation
+    assert tf_cross_check.standby() is None  # taken by that validation
     assert not child._process.is_alive()  # type: ignore[attr-defined]
