@@ -565,8 +565,6 @@ def test_a_near_duplicate_pair_across_splits_fails_and_a_rebuild_fixes_it(tmp_pa
     import hashlib
     import io
 
-    from PIL import Image
-
     from bench.near_duplicates import sample_photo
     from tasks.ingest import assign_split, run_ingest
     from tests.conftest import write_image_folder
