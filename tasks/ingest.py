@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from tasks.atomic import write_json, write_text
-from tasks.heap import paused_gc
+from tasks.gc_pause import paused_gc
 from tasks.images import ImageRejected, finish_decode, open_checked, oriented_size
 from tasks.index import INDEX_VERSION, iter_records, iter_verdicts, read_header, write_index
 from tasks.manifest import SPLITS, file_sha256
 from tasks.near_duplicates import HASH_SIDE, Item, hash_version, perceptual_hash, place
 from tasks.params import IngestParams, SplitFractions
-from tasks.pool import spawn_pool
+from tasks.processes import spawn_pool
 
 
 @dataclass(frozen=True)
