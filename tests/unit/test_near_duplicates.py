@@ -215,3 +215,43 @@ def test_the_demo_data_has_no_near_duplicates(tmp_path: Path) -> None:
     report = run_ingest(params.ingest, tmp_path / "index.json", tmp_path / "ingest.json")
     assert report["accepted"] > 2900
     assert report["near_duplicates"]["groups"] == []
+
+
+def splits_in_shards(shards_dir: Path) -> dict[str, str]:
+    """content hash -> the split whose shards hold it, read back from every shard file."""
+    from tests.unit.test_append import records_by_file
+
+    return {
+        digest: Path(file).name.split(".")[0]
+        for file, rows in records_by_file(shards_dir).items()
+        for digest, _ in rows
+    }
+
+
+@pytest.mark.slow
+def test_an_append_keeps_every_placement_and_compaction_keeps_every_split(tmp_path: Path) -> None:
+    """A near-duplicate appended beside a sharded photo joins its split (the append is not
+    refused as a move), and `make compact` (a rebuild of the index) keeps every split."""
+    from tests.unit.test_append import SPLITS, Project
+
+    project = Project(tmp_path)
+    image = photo("rocket")
+    original = jpeg(image, 95)
+    write(project.source / "red" / "rocket.jpg", original)
+    project.update("rebuild")
+    placed = splits_in_shards(project.shards)[sha(original)]
+    seed = default_params().ingest.seed
+    copy = next(
+        data
+        for quality in range(40, 95)
+        if sha(data := jpeg(image, quality)) < sha(original)
+        and assign_split(sha(data), SPLITS, seed) != placed
+    )
+    write(project.source / "red" / "rocket_copy.jpg", copy)
+
+    project.update("append")
+    appended = splits_in_shards(project.shards)
+    assert appended[sha(original)] == appended[sha(copy)] == placed
+
+    project.shard("rebuild")  # what `make compact` runs
+    assert splits_in_shards(project.shards) == appended
