@@ -612,7 +612,8 @@ def build_index(
     for item in good:
         by_hash[str(item.sha256)].append(item)
 
-    records, duplicates = [], []
+    records: list[dict[str, Any]] = []
+    duplicates: list[dict[str, Any]] = []
     for item in good:
         group = by_hash[str(item.sha256)]
         labels = sorted({g.label for g in group})

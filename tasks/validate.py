@@ -508,7 +508,7 @@ def check_near_duplicates(index_path: Path, contents: list[ShardContents]) -> di
         if by_hash.get(digest, {}).get("phash")  # a record unknown to the index: see `index`
     ]
     pairs = straddling_pairs([r["phash"] for _, r in found], [s for s, _ in found], distance)
-    problems = [
+    problems: list[dict[str, Any]] = [
         {
             "paths": [found[i][1]["path"], found[j][1]["path"]],
             "splits": [found[i][0], found[j][0]],
