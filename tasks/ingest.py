@@ -661,6 +661,8 @@ def build_index(
         "distance": params.near_duplicate_distance,
         "group_count": len(placement.groups),
         "images_in_groups": sum(len(g["paths"]) for g in placement.groups),
+        # a chain of near-duplicates is one group: a huge one skews the split fractions
+        "largest_group": max((len(g["paths"]) for g in placement.groups), default=0),
         "label_conflict_count": len(placement.label_conflicts),
         "groups": placement.groups,
         # near-duplicates with different labels: one of them is probably mislabelled
