@@ -78,6 +78,7 @@ def near_pairs(hashes: np.ndarray, distance: int) -> np.ndarray:
         return np.empty((0, 2), dtype=np.int64)
     masks = _masks(distance // QUARTERS)
     found: list[np.ndarray] = []
+    everyone = np.arange(n)
     for quarter in range(QUARTERS):
         values = ((hashes >> np.uint64(quarter * QUARTER_BITS)) & np.uint64(0xFFFF)).astype(
             np.int64
@@ -87,7 +88,10 @@ def near_pairs(hashes: np.ndarray, distance: int) -> np.ndarray:
         starts = np.cumsum(counts) - counts
         for mask in masks:
             keys = values ^ mask
-            found.extend(_expand(hashes, distance, keys, counts, starts, order))
+            # Buckets v and v ^ mask see each other: only the lower one asks (half the work);
+            # within one bucket (mask 0) everyone asks and i < j keeps each pair once.
+            queries = np.flatnonzero(values < keys) if mask else everyone
+            found.extend(_expand(hashes, distance, queries, keys[queries], counts, starts, order))
     if not found:
         return np.empty((0, 2), dtype=np.int64)
     codes = np.unique(np.concatenate(found))  # a pair is found once per matching quarter
@@ -97,36 +101,38 @@ def near_pairs(hashes: np.ndarray, distance: int) -> np.ndarray:
 def _expand(
     hashes: np.ndarray,
     distance: int,
+    queries: np.ndarray,
     keys: np.ndarray,
     counts: np.ndarray,
     starts: np.ndarray,
     order: np.ndarray,
 ) -> list[np.ndarray]:
-    """The pairs (as ``i * n + j`` codes) between each hash ``i`` and the bucket of its
-    ``keys[i]`` that lie within ``distance``; expanded a bounded block of candidates at once."""
+    """The pairs (as ``min * n + max`` codes) between each hash ``queries[k]`` and the bucket
+    ``keys[k]`` that lie within ``distance``, a bounded block of candidates at a time. Most
+    buckets hold 0 or 1 hash: those skip the expansion (``np.repeat`` was most of the time)."""
     n = len(hashes)
     per_query = counts[keys]
-    if not per_query.any():
-        return []
+    single = per_query == 1
+    pairs = [(queries[single], order[starts[keys[single]]])]
+    several = np.flatnonzero(per_query > 1)
+    queries, keys, per_query = queries[several], keys[several], per_query[several]
     ends = np.cumsum(per_query)
-    out = []
     first = 0
-    while first < n:
+    while first < len(queries):
         # the largest block of queries whose candidates fit CANDIDATE_BLOCK (at least one)
         base = ends[first - 1] if first else 0
         last = max(first + 1, int(np.searchsorted(ends, base + CANDIDATE_BLOCK, side="right")))
         size = per_query[first:last]
         total = int(size.sum())
-        if total:
-            i = np.repeat(np.arange(first, last), size)
-            offsets = np.arange(total) - np.repeat(np.cumsum(size) - size, size)
-            j = order[np.repeat(starts[keys[first:last]], size) + offsets]
-            keep = i < j
-            i, j = i[keep], j[keep]
-            bits = np.bitwise_count(hashes[i] ^ hashes[j])
-            keep = bits <= distance
-            out.append(i[keep] * n + j[keep])
+        offsets = np.arange(total) - np.repeat(np.cumsum(size) - size, size)
+        j = order[np.repeat(starts[keys[first:last]], size) + offsets]
+        pairs.append((np.repeat(queries[first:last], size), j))
         first = last
+    out = []
+    for i, j in pairs:
+        low, high = np.minimum(i, j), np.maximum(i, j)
+        keep = (low < high) & (np.bitwise_count(hashes[low] ^ hashes[high]) <= distance)
+        out.append(low[keep] * n + high[keep])
     return out
 
 
