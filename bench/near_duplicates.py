@@ -229,8 +229,9 @@ def measure_near_duplicates(work: Path, *, count: int, distance: int, log: Any) 
         work / "near-duplicates.log",
     )
     log(
-        f"   {count:,} hashes: search {search['search_s']} s, placement {search['place_s']} s, "
-        f"peak RSS {search['peak_rss_mb']} MB ({search['rss_before_search_mb']} MB before)"
+        f"   {count:,} hashes: search {search['search_s']} s ({search['search_cpu_s']} s CPU), "
+        f"placement {search['place_s']} s ({search['place_cpu_s']} s CPU), peak RSS "
+        f"{search['peak_rss_mb']} MB ({search['rss_before_search_mb']} MB before)"
     )
     return {"threshold": threshold, "search": search}
 
