@@ -205,10 +205,11 @@ def place(
     for group in sorted(members.values(), key=lambda m: m[0]):
         kept = [p for p in group if ordered[p].sha256 in placed]
         kept_splits = {placed[ordered[p].sha256] for p in kept}
+        splits.update({ordered[p].sha256: placed[ordered[p].sha256] for p in kept})
         for p in group:
             sha = ordered[p].sha256
             if sha in placed:
-                splits[sha] = placed[sha]
+                continue
             elif len(kept_splits) == 1:
                 splits[sha] = next(iter(kept_splits))
             elif not kept_splits:

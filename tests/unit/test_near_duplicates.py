@@ -165,19 +165,20 @@ def test_same_inputs_give_the_same_splits_in_any_order_and_chains_stay_together(
     assert results[0] == {"a" * 64: "test", "b" * 64: "test", "c" * 64: "test", "d" * 64: "val"}
 
 
-def test_an_image_bridging_two_placed_splits_is_not_placed_and_says_why() -> None:
+@pytest.mark.parametrize("bridge_sha", ["0" * 64, "c" * 64])  # before or after the placed
+def test_an_image_bridging_two_placed_splits_is_not_placed_and_says_why(bridge_sha: str) -> None:
     left = 0x0F0F_0F0F_0F0F_0F0F
     right = flipped(left, range(0, 16))
     bridge = flipped(left, range(0, 8))  # 8 bits from each
     items = [
         Item("a" * 64, "x/left.jpg", "x", f"{left:016x}"),
         Item("b" * 64, "x/right.jpg", "x", f"{right:016x}"),
-        Item("c" * 64, "x/bridge.jpg", "x", f"{bridge:016x}"),
+        Item(bridge_sha, "x/bridge.jpg", "x", f"{bridge:016x}"),
     ]
     placement = place(items, {"a" * 64: "train", "b" * 64: "test"}, 10, lambda s: "val")
 
     assert placement.splits == {"a" * 64: "train", "b" * 64: "test"}
-    reason = placement.unplaceable["c" * 64]
+    reason = placement.unplaceable[bridge_sha]
     assert "x/left.jpg (train)" in reason and "x/right.jpg (test)" in reason
 
 
