@@ -226,8 +226,9 @@ def place(
                     unplaceable[sha] = (
                         f"near-duplicate of images already in two splits: "
                         f"{', '.join(f'{o.path} ({splits[o.sha256]})' for o in across[:3])} "
-                        f"and {ordered[nearest].path} ({split}); placing it would leak "
-                        "(see docs: near-duplicates)"
+                        f"and {ordered[nearest].path} ({split}); placing it would leak. To "
+                        "keep it, place every image afresh: delete the ingest index and "
+                        "rebuild (shard.mode: rebuild)"
                     )
                     continue
                 splits[sha] = split
