@@ -138,6 +138,8 @@ def _expand(
 
 def components(n: int, pairs: np.ndarray) -> np.ndarray:
     """A component label per item: items linked by a chain of near pairs share one."""
+    if not len(pairs):  # no near-duplicates: nothing to link, and scipy's import is skipped
+        return np.arange(n)
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 
