@@ -57,15 +57,15 @@ def serves_now(owner: str, url: str) -> bool | None:
     return record.get("url") == url and b"flows.deployments" in args
 
 
-def served_elsewhere(names: list[str]) -> list[tuple[str, str]]:
-    """(deployment, clone) for each of ``names`` another clone serves on the server now: its
-    deployment carries another clone's tag (or none), and that clone's serving process runs
-    (same host) or, elsewhere, a process polls it (Prefect's READY: polled within a minute)."""
+def other_owners(names: list[str]) -> dict[str, tuple[str, bool]]:
+    """For each of ``names`` the server holds under another clone's tag (or none): that clone,
+    and whether it serves it now: on this host, its serving process still runs; on another,
+    a process polls it (Prefect's READY: polled within a minute)."""
     from prefect import get_client
     from prefect.client.schemas.objects import DeploymentStatus
     from prefect.exceptions import ObjectNotFound
 
-    taken = []
+    others = {}
     with get_client(sync_client=True) as client:
         for name in names:
             try:
@@ -79,11 +79,8 @@ def served_elsewhere(names: list[str]) -> list[tuple[str, str]]:
             alive = serves_now(owner, api_url()) if owners else None
             if alive is None:
                 alive = deployment.status == DeploymentStatus.READY
-            if alive:
-                taken.append((name, owner))
-            else:
-                print(f"{name}: taking over from {owner}, which no longer serves it", flush=True)
-    return taken
+            others[name] = (owner, alive)
+    return others
 
 
 def deployments() -> list[Any]:
@@ -120,8 +117,8 @@ def main() -> None:
     configure_environment()
     require_server()
     served = deployments()
-    taken = served_elsewhere([d.full_name for d in served])
-    if taken:
+    others = other_owners([d.full_name for d in served])
+    if taken := [(name, owner) for name, (owner, serving) in others.items() if serving]:
         listed = "; ".join(f"'{name}' by {owner}" for name, owner in taken)
         raise SystemExit(
             f"refusing to serve: the Prefect server at {api_url()} already serves {listed}. "
@@ -129,6 +126,8 @@ def main() -> None:
             "from one clone at a time on a shared server, or unset PREFECT_API_URL to use "
             "this clone's own server."
         )
+    for name, (owner, _) in others.items():
+        print(f"{name}: taking over from {owner}, which no longer serves it", flush=True)
     record = serving_file(shared_root())
     record.parent.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps({"pid": os.getpid(), "url": api_url()}) + "\n")

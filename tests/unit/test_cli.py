@@ -99,6 +99,12 @@ def test_ui_uses_the_tracking_uri_from_the_environment(monkeypatch: pytest.Monke
     assert "sqlite:///mlflow.db" in recorder.steps[1]
 
 
+def no_tracking_uri(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLFLOW_TRACKING_URI unset, and unset again afterwards even if serve-model sets it."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "unset afterwards")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+
+
 def port_of(step: list[str]) -> int:
     return int(step[step.index("--port") + 1])
 
@@ -136,7 +142,7 @@ def test_ui_and_serve_model_listen_on_a_free_port_they_print(
     recorder = Recorder()
     monkeypatch.setattr(cli.subprocess, "run", recorder)
     monkeypatch.chdir(ROOT)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    no_tracking_uri(monkeypatch)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -160,7 +166,7 @@ def test_serve_model_serves_the_champion_of_params_with_its_limits(
     recorder = Recorder()
     monkeypatch.setattr(cli.subprocess, "run", recorder)
     monkeypatch.chdir(ROOT)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    no_tracking_uri(monkeypatch)
     cli.main(["serve-model"])
     cli.main(["serve-model", "--max-request-rows", "8"])
     name = load_params(ROOT / "params.yaml").evaluate.model_name

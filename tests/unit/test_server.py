@@ -9,6 +9,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -102,7 +103,7 @@ def test_stop_leaves_a_server_recorded_by_another_clone(
 
 
 def test_serving_is_refused_only_where_another_clone_serves_now(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A deployment of the same name tagged with another clone blocks serving while that
     clone serves on this server: on this host, its serving process runs (a clone that just
@@ -147,17 +148,26 @@ def test_serving_is_refused_only_where_another_clone_serves_now(
     process = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(120)", "flows.deployments"]
     )
+    cmdline = Path(f"/proc/{process.pid}/cmdline")
+    while b"flows.deployments" not in cmdline.read_bytes():  # empty until its exec is done
+        time.sleep(0.05)
     try:
         for root, served_url in ((serving, url), (elsewhere, "http://127.0.0.1:9/api")):
             deployments.serving_file(root).parent.mkdir(parents=True)
             record = {"pid": process.pid, "url": served_url}
             deployments.serving_file(root).write_text(json.dumps(record))
-        taken = deployments.served_elsewhere([*found, "missing/local"])
+        others = deployments.other_owners([*found, "missing/local"])
     finally:
         process.kill()
         process.wait()
-    assert [name for name, _ in taken] == ["a/local", "d/local", "f/local"]
-    assert dict(taken)["a/local"] == f"{here}:{serving}"
-    out = capsys.readouterr().out
-    for name in ("b/local", "c/local", "e/local"):
-        assert f"{name}: taking over from " in out
+    serving_now = {name: owner for name, (owner, serves) in others.items() if serves}
+    assert serving_now == {
+        "a/local": f"{here}:{serving}",
+        "d/local": "laptop:/home/bob/shardflow",
+        "f/local": "unknown (a process that does not tag its clone)",
+    }
+    assert sorted(name for name, (_, serves) in others.items() if not serves) == [
+        "b/local",
+        "c/local",
+        "e/local",
+    ]
