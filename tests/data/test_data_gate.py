@@ -19,7 +19,8 @@ from tasks.demo_data import generate
 from tasks.layout import Layout
 from tasks.manifest import MANIFEST_NAME, ShardFile, load_manifest
 from tasks.params import ValidateParams, default_params
-from tasks.shard import ShardSpec, run_params, run_shard, write_inline
+from tasks.shard import ShardSpec, run_params, run_shard
+from tasks.shard.writing import write_inline
 from tasks.train import ShardsNotValidated, check_validated
 from tasks.validate import ValidationFailed, raise_if_failed, run_validate
 from tests.unit.test_append import Project, add_images
@@ -165,7 +166,9 @@ def test_accept_data_lets_the_change_pass_and_records_it(
 ) -> None:
     previous = refused.accepted()["fingerprint"]
     fingerprint = refused.fingerprint()
-    message = str(pytest.raises(ValidationFailed, raise_if_failed, refused.validate()).value)
+    with pytest.raises(ValidationFailed) as refusal:
+        raise_if_failed(refused.validate())
+    message = str(refusal.value)
     command = f"shardflow accept-data --fingerprint {fingerprint[:12]}"
     assert command in message and "rerun the shard stage" not in message
 
