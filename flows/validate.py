@@ -28,14 +28,14 @@ from flows.common import (
     stage_main,
     untagged_task_runs,
 )
-from tasks import data_diff, data_gate, manifest, schema, validate
+from tasks import data_gate, manifest, schema, validate
 from tasks.layout import Layout
 from tasks.params import ValidateParams, load_params
 
 
 @task(
     name="validate",
-    version=code_version(validate, schema, manifest, data_diff, data_gate),
+    version=code_version(validate, schema, manifest, data_gate),
     cache_policy=NO_CACHE,
 )
 def validate_task(layout: Layout, limits: ValidateParams) -> dict[str, Any]:
@@ -48,7 +48,8 @@ def validate_task(layout: Layout, limits: ValidateParams) -> dict[str, Any]:
         diff_path=layout.data_diff,
         limits=limits,
     )
-    if layout.data_diff.exists():
+    gated = [c for c in report["checks"] if c["name"] == "data_diff"]
+    if gated and "accepted_fingerprint" in gated[0]["details"]:  # written by this run
         create_markdown_artifact(
             key="data-diff",
             markdown=layout.data_diff.with_suffix(".md").read_text(),

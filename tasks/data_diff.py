@@ -1,4 +1,4 @@
-"""The dataset diff: what a data change did to the shard set, and the limits it must respect.
+"""What a shard run changed: the diff from the manifest it found to the one it wrote.
 
 The shard stage writes it (``reports/shard_changes.json`` plus a Markdown summary) for every
 run, against the manifest that was there before: images added and removed per class and split,
@@ -245,7 +245,7 @@ def compute(
         "largest_share_shift": (
             {"class": largest[0], "shift": largest[1]["shift"]} if largest else None
         ),
-        "image_size": {"before": sizes(before), "after": sizes(after)},
+        "image_size": {"before": _sizes(before), "after": _sizes(after)},
         "duplicates": returned,
         "duplicate_count": len(returned),
     }
@@ -302,7 +302,7 @@ def _per_split_class(counts: Counter[tuple[str, str]]) -> dict[str, dict[str, in
     }
 
 
-def sizes(table: Table) -> dict[str, list[float]]:
+def _sizes(table: Table) -> dict[str, list[float]]:
     """p10/p50/p90 of width, height and aspect (width / height) at ingest."""
     if not len(table):
         return {}

@@ -574,12 +574,12 @@ def check_data_diff(diff: dict[str, Any], limits: ValidateParams) -> dict[str, A
 
 
 def gate_diff(
-    manifest: ShardManifest, shards_dir: Path, accepted_path: Path, diff_path: Path
+    manifest: ShardManifest, accepted_path: Path, diff_path: Path
 ) -> tuple[dict[str, Any], data_gate.DataVersion, data_gate.AcceptedVersion | None]:
     """These shards against the accepted version at ``accepted_path``, written to
     ``diff_path`` (JSON and Markdown); also returns the version and the accepted one."""
     accepted = data_gate.load_accepted(accepted_path)
-    version = data_gate.describe(manifest, shards_dir)
+    version = data_gate.describe(manifest)
     diff = data_gate.compare(accepted, version)
     data_gate.write(diff, diff_path)
     return diff, version, accepted
@@ -636,7 +636,7 @@ def run_validate(
             tail.append(check_index(Path(index_path), manifest, contents))
         if accepted_path is not None and diff_path is not None and limits is not None:
             try:
-                gate = gate_diff(manifest, shards_dir, Path(accepted_path), Path(diff_path))
+                gate = gate_diff(manifest, Path(accepted_path), Path(diff_path))
             except data_gate.AcceptedRecordError as exc:
                 tail.append(check("data_diff", [str(exc)], "", str(exc)))
             else:
