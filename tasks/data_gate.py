@@ -1,18 +1,17 @@
 """The data gate: these shards against the last accepted data version.
 
 The accepted version (``data/accepted.json``: fingerprint, records per split and class, and
-who accepted it, when and why) is recorded by the validate stage when a
-shard set passes validation, or by one explicit step, :func:`accept` (``shardflow
-accept-data``), when a change the limits refuse is deliberate. It is small and committed with
-``dvc.lock``, so a killed run, a rebuild (`make compact`, `dvc repro -f shard`) and a fresh
-clone all compare against the same baseline: never against whatever manifest the shard
-folder happens to hold. The limits (``validate.max_class_share_shift``,
-``validate.allow_new_classes``) apply to :func:`compare`'s diff and stay as they are when a
-change is accepted.
+who accepted it, when and why) is recorded by the validate stage when a shard set passes
+validation, or by one explicit step, :func:`accept` (``shardflow accept-data``), when a change
+the limits refuse is deliberate. It is small and committed with ``dvc.lock``, so a killed run,
+a rebuild (`make compact`, `dvc repro -f shard`) and a fresh clone all compare against the
+same baseline: never against whatever manifest the shard folder happens to hold. The limits
+(``validate.max_class_share_shift``, ``validate.allow_new_classes``) apply to
+:func:`compare`'s diff and stay as they are when a change is accepted.
 
-Everything comes from the manifest: no shard and no record list is read (a pass over the
-record lists cost 0.4 s at 50,000 images). Record-level changes and image sizes are in the
-shard stage's ``reports/shard_changes.json`` (:mod:`tasks.data_diff`).
+Everything comes from the manifest, so the gate adds no pass over the data to validation:
+record-level changes and image sizes are in the shard stage's ``reports/shard_changes.json``
+(:mod:`tasks.data_diff`), which reads every record list.
 """
 
 from __future__ import annotations
@@ -89,7 +88,10 @@ def load_accepted(path: Path) -> AcceptedVersion | None:
     if not path.exists():
         return None
     try:
-        return AcceptedVersion.model_validate_json(path.read_text())
+        accepted = AcceptedVersion.model_validate_json(path.read_text())
+        if accepted.format != RECORD_FORMAT:
+            raise ValueError(f"format {accepted.format}, this code reads {RECORD_FORMAT}")
+        return accepted
     except (OSError, ValidationError, ValueError) as exc:
         raise AcceptedRecordError(
             f"{path}: the accepted data version is unreadable ({exc}); restore it from git "
@@ -239,7 +241,10 @@ def accept(
             f"{shards_dir} holds shards {manifest.fingerprint[:12]}, not {fingerprint}: the "
             "shards changed since; run the pipeline again and accept what validation names"
         )
-    previous = load_accepted(path) if path.exists() else None
+    try:
+        previous = load_accepted(path)
+    except AcceptedRecordError:  # accepting is also how an unreadable record is replaced
+        previous = None
     return record(
         path,
         describe(manifest),

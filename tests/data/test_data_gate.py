@@ -262,3 +262,10 @@ def test_an_unreadable_accepted_record_fails_validation_by_name(tmp_path: Path) 
     assert list(failed(report)) == ["data_diff"]
     assert str(project.layout.accepted_data) in failed(report)["data_diff"]
     assert project.layout.accepted_data.read_text() == '{"fingerprint": '  # never overwritten
+    data_gate.accept(
+        project.shards,
+        project.layout.accepted_data,
+        fingerprint=project.fingerprint(),
+        reason="the record was damaged",
+    )
+    assert project.validate()["passed"]
