@@ -37,8 +37,12 @@ class Acceptance(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     how: Literal["first build", "validation passed", "accepted"]
-    by: str
-    at: str  # UTC, ISO 8601 to the second
+    # who and when (UTC, ISO 8601 to the second) for an explicit acceptance; None when
+    # validation passed it, so the validate stage's output is a function of its inputs (a
+    # clone that rebuilds it gets the same bytes, and `dvc status` stays clean); the commit
+    # that holds the record says when
+    by: str | None
+    at: str | None
     reason: str
     previous_fingerprint: str | None
 
@@ -182,11 +186,13 @@ def record(
     by: str | None = None,
     previous: AcceptedVersion | None = None,
 ) -> AcceptedVersion:
-    """Write ``version`` as the accepted one, with who, when and why."""
+    """Write ``version`` as the accepted one, with why; an explicit acceptance also with who
+    (``by``, default the login name) and when."""
+    explicit = how == "accepted"
     acceptance = Acceptance(
         how=how,
-        by=by or current_user(),
-        at=datetime.now(UTC).isoformat(timespec="seconds"),
+        by=(by or current_user()) if explicit else None,
+        at=datetime.now(UTC).isoformat(timespec="seconds") if explicit else None,
         reason=reason,
         previous_fingerprint=previous.fingerprint if previous else None,
     )
@@ -206,7 +212,7 @@ def record_passed(
         return record(path, version, how="first build", reason="no data version accepted before")
     largest = diff["largest_share_shift"] or {"class": None, "shift": 0.0}
     reason = (
-        f"within validate's limits: +{diff['records']['after'] - diff['records']['before']} "
+        f"within validate's limits: {diff['records']['after'] - diff['records']['before']:+d} "
         f"records net, largest share shift {largest['shift']:+.3f} ({largest['class']})"
     )
     return record(path, version, how="validation passed", reason=reason, previous=previous)
@@ -275,10 +281,8 @@ def summary_markdown(diff: dict[str, Any]) -> str:
     base = (diff["accepted_fingerprint"] or "none")[:12]
     lines = [f"# Data diff: accepted `{base}` -> `{diff['fingerprint'][:12]}`", ""]
     if accepted:
-        lines.append(
-            f"- baseline: {accepted['how']} by {accepted['by']} at {accepted['at']}: "
-            f"{accepted['reason']}"
-        )
+        who = f" by {accepted['by']} at {accepted['at']}" if accepted["by"] else ""
+        lines.append(f"- baseline: {accepted['how']}{who}: {accepted['reason']}")
     else:
         lines.append("- baseline: none accepted yet (a first build: nothing to compare against)")
     lines += [
