@@ -25,7 +25,7 @@ QUICK = {
     "append_images": 500,
     "stage_rss_max": 10_000,
 }
-SELF_CONTAINED = {"append", "photos", "plan_rss"}
+SELF_CONTAINED = {"append", "photos", "plan_rss", "worker_start"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -93,7 +93,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=lambda s: s.split(","),
         default=None,
         help="comma-separated sections: read,write,photos,input,serve,orchestration,scaling,"
-        "append,plan_rss",
+        "append,plan_rss,worker_start",
     )
     parser.add_argument(
         "--quick", action="store_true", help=f"tiny smoke run: {QUICK}, orchestration at 1 epoch"
@@ -169,6 +169,8 @@ class Run:
             "plan_rss.records_1m_mb": None,
             "plan_rss.stage_10k_mb": None,
             "plan_rss.stage_1m_mb": None,
+            "workers.start_s": None,
+            "workers.break_even_s": None,
             "machine": machine_info(),
             "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "details": {},
@@ -440,6 +442,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             target = run.figures if not key.endswith("_details") else run.figures["details"]
             target[f"plan_rss.{key}"] = value
 
+    def worker_start() -> None:
+        from bench.worker_start import measure_worker_start
+
+        result = measure_worker_start(workers=2, passes=max(3, args.passes))
+        run.figures["workers.start_s"] = result["start_s"]
+        run.figures["workers.break_even_s"] = result["break_even_s"]
+        run.figures["details"]["workers"] = result["details"]
+        log(
+            f"   workers start in {result['start_s']} s: break-even {result['break_even_s']} s "
+            f"of one core's work (tasks.worker_cost holds {result['details']['constant_start_s']})"
+        )
+
+    run.section("worker_start", worker_start)
     run.section("read", read)
     run.section("write", write)
     run.section("photos", photos)

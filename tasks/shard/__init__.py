@@ -14,6 +14,7 @@ from tasks.shard.planning import ShardPlan, plan_shards, shard_name
 from tasks.shard.spec import ShardRecord, ShardSpec
 from tasks.shard.stage import StageRun, run_shard, shard_stage
 from tasks.shard.workers import (
+    LocalWorkers,
     pool_workers,
     prestart_workers,
     run_params,
@@ -23,6 +24,7 @@ from tasks.shard.workers import (
 from tasks.shard.writing import WriteMany, describe_shard, write_batch, write_shard
 
 __all__ = [
+    "LocalWorkers",
     "RebuildNeeded",
     "ShardPlan",
     "ShardRecord",

@@ -111,13 +111,16 @@ def test_an_append_starts_workers_only_when_its_new_shards_are_worth_them(
     run_ingest(ingest.ingest, index, tmp_path / "ingest.json")
 
     started: list[int] = []
-    real = shard_flow.spawn_pool
+    from tasks import worker_cost
+    from tasks.shard import workers as shard_workers
+
+    real = shard_workers.spawn_pool
 
     def spy(workers: int, **kwargs: object) -> object:
         started.append(workers)
         return real(workers, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(shard_flow, "spawn_pool", spy)
+    monkeypatch.setattr(shard_workers, "spawn_pool", spy)
     batches: list[int] = []
     task = shard_flow.write_shards_task
 
@@ -129,8 +132,8 @@ def test_an_append_starts_workers_only_when_its_new_shards_are_worth_them(
     monkeypatch.setattr(shard_flow, "write_shards_task", Spied())
     append = params.model_copy(update={"mode": "append"})
     results, written, submitted = {}, {}, {}
-    for name, threshold in (("threads", shard_flow.POOL_MIN_WORK_S), ("workers", 0.0)):
-        monkeypatch.setattr(shard_flow, "POOL_MIN_WORK_S", threshold)
+    for name, start_s in (("threads", worker_cost.WORKER_START_S), ("workers", 0.0)):
+        monkeypatch.setattr(worker_cost, "WORKER_START_S", start_s)
         layout = Layout(tmp_path / name)
         shutil.copytree(tmp_path / "base", layout.shards_dir)
         started.clear()
