@@ -17,12 +17,13 @@ from flows import ingest, shard, validate
 from flows.common import (
     naming,
     run_parameter,
+    run_params_path,
     run_stage,
     run_then_exit,
     stage_main,
 )
 from tasks.layout import Layout
-from tasks.params import load_params, run_params_path
+from tasks.params import load_params
 
 DATA_STAGES = ("ingest", "shard", "validate")
 

@@ -27,6 +27,7 @@ from flows.common import (
     code_version,
     naming,
     run_parameter,
+    run_params_path,
     run_then_exit,
     stage_main,
     untagged_task_runs,
@@ -35,7 +36,7 @@ from flows.model_runs import link_mlflow_run, recorded_run_name, retry_unless_re
 from tasks import evaluate, gate, manifest, reader, schema, tracking
 from tasks.evaluate import run_evaluate
 from tasks.layout import Layout
-from tasks.params import Params, load_params, run_params_path
+from tasks.params import Params, load_params
 from tasks.processes import standby_child
 
 

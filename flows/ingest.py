@@ -19,13 +19,14 @@ from flows.common import (
     rename_flow_run,
     run_name,
     run_parameter,
+    run_params_path,
     run_then_exit,
     stage_main,
     untagged_task_runs,
 )
 from tasks import images, ingest
 from tasks.layout import Layout
-from tasks.params import IngestParams, load_params, run_params_path
+from tasks.params import IngestParams, load_params
 
 
 @task(name="ingest", version=code_version(ingest, images), cache_policy=NO_CACHE)

@@ -44,6 +44,7 @@ from flows.common import (
     rename_flow_run,
     run_name,
     run_parameter,
+    run_params_path,
     run_then_exit,
     stage_main,
     untagged_task_runs,
@@ -51,7 +52,7 @@ from flows.common import (
 from tasks import images, schema, shard
 from tasks.layout import Layout
 from tasks.manifest import ShardFile
-from tasks.params import ShardParams, load_params, run_params_path
+from tasks.params import ShardParams, load_params
 from tasks.processes import dismiss_prestarted
 
 # Shards per Prefect task: each task run costs a run record and state events that the

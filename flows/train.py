@@ -28,8 +28,11 @@ from prefect.cache_policies import NO_CACHE
 from flows.common import (
     Progress,
     code_version,
+    flow_run_tags,
     naming,
+    run_log,
     run_parameter,
+    run_params_path,
     run_then_exit,
     stage_main,
     untagged_task_runs,
@@ -37,7 +40,7 @@ from flows.common import (
 from flows.model_runs import link_mlflow_run, retry_unless_refused
 from tasks import manifest, schema, tracking, train_child
 from tasks.layout import Layout
-from tasks.params import Params, TrainParams, load_params, run_params_path
+from tasks.params import Params, TrainParams, load_params
 from tasks.processes import standby_child
 
 EPOCH_FIGURES = ("loss", "accuracy", "val_loss", "val_accuracy")
@@ -97,7 +100,8 @@ def train_task(params: Params, layout: Layout) -> dict[str, Any]:
     logger = get_run_logger()
     planned = planned_epochs(params.train)
     progress = Progress("train-progress", f"epochs done of {planned} ({params.train.model})")
-    summary = train_where_warm(params, layout, epoch_reporter(planned, progress, logger))
+    with run_log():  # training's own warnings (a discarded backup) in this run's log
+        summary = train_where_warm(params, layout, epoch_reporter(planned, progress, logger))
     progress(planned, planned)  # early stopping ends a run before its planned epochs
     url = link_mlflow_run(summary["run_url"], summary["run_name"], "training run")
     final = summary.get("final", {})
@@ -122,12 +126,12 @@ def train_where_warm(params: Params, layout: Layout, report: train_child.Report)
     child = standby_child(train_child.warm_up)
     if child is not None:
         try:
-            job = child.run(train_child.train, params, layout)
+            job = child.run(train_child.train, params, layout, None, flow_run_tags())
         except OSError:  # the prestarted child is gone
             child.close()
         else:
             return job.result(on_report=lambda message: report(*message))
-    return train_child.train(params, layout, report)
+    return train_child.train(params, layout, report, flow_run_tags())
 
 
 @flow(name="train", log_prints=True, flow_run_name=naming("train", model_run_details))

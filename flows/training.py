@@ -22,6 +22,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from flows.common import (
     naming,
+    run_params_path,
     run_stage,
     run_then_exit,
     stage_main,
@@ -30,7 +31,7 @@ from flows.evaluate import evaluate_task
 from flows.train import model_run_details, train_task
 from tasks import tracking
 from tasks.layout import Layout
-from tasks.params import load_params, run_params_path
+from tasks.params import load_params
 
 STAGES = ("train", "evaluate")
 

@@ -200,7 +200,6 @@ def test_new_files_are_estimated_from_their_size_and_gone_files_count_nothing(
 
 def test_parallel_ingest_matches_serial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tasks import ingest as ingest_module
-
     from tasks import worker_cost
 
     monkeypatch.setattr(worker_cost, "WORKER_START_S", 0.0)  # tiny files: workers all the same
