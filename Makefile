@@ -10,7 +10,9 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := true
 export MLFLOW_DISABLE_TELEMETRY := true
 export DVC_NO_ANALYTICS := 1
-export TF_CPP_MIN_LOG_LEVEL := 2
+# 3: TensorFlow C++ errors too, e.g. "failed call to cuInit" on every CPU-only machine;
+# TensorFlow raises its real errors in Python, and Python warnings still show.
+export TF_CPP_MIN_LOG_LEVEL := 3
 
 .PHONY: install run test lint demo-data serve stop ui bench screenshots lock clean serve-model compact
 

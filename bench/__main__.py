@@ -206,7 +206,7 @@ class Run:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     from bench.datasets import fresh_shards, ingest_folder
     from bench.images import generate_images
     from bench.report import format_table, plot
