@@ -253,7 +253,7 @@ def shard_flow(
     (what `make compact` runs).
     """
     params = load_params(run_params_path(root, params_path))
-    result = run(shard.run_params(params.shard, compact=compact), Layout(Path(root)))
+    result = run(shard.run_params(params.shard, compact=compact), Layout(root))
     rename_flow_run(run_name("shard", *result_details(result)))
     return result
 

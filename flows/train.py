@@ -19,7 +19,6 @@ if __name__ == "__main__":
 
 import logging
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -83,7 +82,7 @@ def model_run_details() -> Sequence[object]:
     """What names a training run: its MLflow run name (model, epochs, batch, lr, shards)."""
     root = run_parameter("root", ".")
     params = load_params(run_params_path(root, run_parameter("params_path", "params.yaml")))
-    fingerprint = manifest.load_manifest(Layout(Path(root)).shards_dir).fingerprint
+    fingerprint = manifest.load_manifest(Layout(root).shards_dir).fingerprint
     return [tracking.run_name(params, fingerprint)]
 
 
@@ -139,7 +138,7 @@ def train_flow(params_path: str = "params.yaml", root: str = ".") -> dict[str, A
     """Train a model on validated shards, tracked as one MLflow run."""
     params = load_params(run_params_path(root, params_path))
     with untagged_task_runs():
-        return train_task(params, Layout(Path(root)))
+        return train_task(params, Layout(root))
 
 
 def main() -> None:

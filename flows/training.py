@@ -52,7 +52,7 @@ def training_flow(
     unknown = set(stages) - set(STAGES)
     if unknown:
         raise ValueError(f"unknown stages {sorted(unknown)}; choose from {STAGES}")
-    layout = Layout().with_root(root)
+    layout = Layout(root)
     params = load_params(run_params_path(root, params_path))  # inside the repo if deployed
 
     steps = {

@@ -12,7 +12,7 @@ of workers. What the flow and the other stages' callers use is named here.
 from tasks.shard.append import RebuildNeeded
 from tasks.shard.planning import ShardPlan, plan_shards, shard_name
 from tasks.shard.spec import ShardRecord, ShardSpec
-from tasks.shard.stage import StageRun, run_shard, shard_stage
+from tasks.shard.stage import StageRun, shard_stage
 from tasks.shard.workers import (
     LocalWorkers,
     pool_workers,
@@ -36,7 +36,6 @@ __all__ = [
     "pool_workers",
     "prestart_workers",
     "run_params",
-    "run_shard",
     "shard_name",
     "shard_stage",
     "warm_worker",
