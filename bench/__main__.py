@@ -29,8 +29,9 @@ QUICK = {
     "serve_requests": 30,
     "append_images": 500,
     "stage_rss_max": 10_000,
+    "near_duplicate_hashes": 2000,
 }
-SELF_CONTAINED = {"append", "photos", "plan_rss", "worker_start"}
+SELF_CONTAINED = {"append", "photos", "plan_rss", "worker_start", "near_duplicates"}
 
 
 def _int_list(text: str) -> list[int]:
@@ -175,6 +176,11 @@ class Run:
             "plan_rss.stage_1m_mb": None,
             "workers.start_s": None,
             "workers.break_even_s": None,
+            "near_duplicates.max_light_edit_bits": None,
+            "near_duplicates.min_other_bits": None,
+            "near_duplicates.search_s": None,
+            "near_duplicates.place_s": None,
+            "near_duplicates.peak_rss_mb": None,
             "machine": machine_info(),
             "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "details": {},
@@ -475,6 +481,27 @@ def plan_rss(b: Bench) -> None:
         target[f"plan_rss.{key}"] = value
 
 
+def near_duplicates(b: Bench) -> None:
+    from bench.near_duplicates import measure_near_duplicates
+
+    result = measure_near_duplicates(
+        b.work,
+        count=b.args.near_duplicate_hashes,
+        distance=b.base.ingest.near_duplicate_distance,
+        log=log,
+    )
+    threshold, search = result["threshold"], result["search"]
+    f = b.run.figures
+    f["near_duplicates.max_light_edit_bits"] = threshold["max_light_edit_bits"]
+    f["near_duplicates.min_other_bits"] = min(
+        threshold["min_other_position_bits"], threshold["min_different_photo_bits"]
+    )
+    f["near_duplicates.search_s"] = search["search_s"]
+    f["near_duplicates.place_s"] = search["place_s"]
+    f["near_duplicates.peak_rss_mb"] = search["peak_rss_mb"]
+    f["details"]["near_duplicates"] = result
+
+
 # The sections, in the order they run (`--only` names them; `--skip-*` drops two).
 SECTIONS: dict[str, Callable[[Bench], None]] = {
     "worker_start": worker_start,
@@ -487,6 +514,7 @@ SECTIONS: dict[str, Callable[[Bench], None]] = {
     "scaling": scaling,
     "append": append,
     "plan_rss": plan_rss,
+    "near_duplicates": near_duplicates,
 }
 
 
