@@ -45,5 +45,7 @@ def train(params: Params, layout: Layout, report: Report | None = None) -> dict[
         to_parent((epoch, figures))
 
     summary = run_train(params, layout, callbacks=[EpochReport(report or send)])
-    summary["run_url"] = tracking.run_url(tracking.client(layout.root), summary["run_id"])
+    summary["run_url"] = tracking.run_url(
+        tracking.client(layout.root), summary["run_id"], layout.root
+    )
     return summary
