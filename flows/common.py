@@ -29,11 +29,15 @@ OFFLINE_ENV = {
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "DVC_NO_ANALYTICS": "1",
     "TF_CPP_MIN_LOG_LEVEL": "2",
+    # MLflow prints "View run at <tracking URI>/..." as a run ends on a server, credentials
+    # in the URI included; the flows log their own link, redacted (tasks.tracking.redact).
+    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
 }
 
 
 def configure_environment() -> None:
-    """Analytics off and quiet TensorFlow; called by entry points, never at import."""
+    """Analytics off, quiet TensorFlow, no unredacted MLflow links; called by entry points,
+    never at import."""
     for key, value in OFFLINE_ENV.items():
         os.environ.setdefault(key, value)
 
