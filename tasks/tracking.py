@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import yaml
 
@@ -52,12 +53,33 @@ def tracking_uri(root: str | Path = ".") -> str:
     file in the repository, :func:`tasks.layout.shared_root`: ``root``, except in a queued
     DVC experiment, whose stages run in a temporary copy but must log to the real store.
     Left relative, MLflow would take it from whatever directory the process runs in, and
-    could not place the artifacts beside it.
+    could not place the artifacts beside it. A server's ``user:password@`` moves to the
+    environment (:func:`credentials_to_environment`).
     """
     uri = os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
     if uri.startswith(SQLITE) and not Path(uri.removeprefix(SQLITE)).is_absolute():
         return f"{SQLITE}{shared_root(root) / uri.removeprefix(SQLITE)}"
-    return uri
+    return credentials_to_environment(uri)
+
+
+def credentials_to_environment(uri: str) -> str:
+    """``uri`` without its ``user:password@``, which go to ``MLFLOW_TRACKING_USERNAME`` and
+    ``MLFLOW_TRACKING_PASSWORD`` (unless those are set), where MLflow reads them.
+
+    MLflow puts the URI it is given into its own messages (``API request to <uri>/... failed``,
+    "View run at <uri>"), which end up in logs; a URI without credentials cannot leak them.
+    This process's children inherit the variables. Only for HTTP(S) servers with both parts:
+    a database URI needs its password in the URI, and a lone token has no MLflow variable
+    of the same meaning; both stay, and :func:`redact` keeps them out of what is recorded.
+    """
+    parts = urlsplit(uri)
+    userinfo, at, host = parts.netloc.rpartition("@")
+    user, colon, password = userinfo.partition(":")
+    if parts.scheme not in ("http", "https") or not (at and colon and user and password):
+        return uri
+    os.environ.setdefault("MLFLOW_TRACKING_USERNAME", unquote(user))
+    os.environ.setdefault("MLFLOW_TRACKING_PASSWORD", unquote(password))
+    return urlunsplit(parts._replace(netloc=host))
 
 
 # The userinfo of a URI (``scheme://user:secret@host``): up to the last ``@`` before the path.

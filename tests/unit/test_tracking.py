@@ -254,3 +254,27 @@ def test_run_link_to_a_tracking_server_carries_no_credentials() -> None:
     )
     url = tracking.run_url(client, "abc")  # type: ignore[arg-type]
     assert url == "http://127.0.0.1:5000/#/experiments/7/runs/abc"
+
+
+def test_server_credentials_in_the_uri_move_to_mlflows_variables() -> None:
+    """MLflow never holds a URI with credentials, so none of its messages can carry them."""
+    import os
+    from unittest import mock
+
+    uri = f"https://alice:{TOKEN}%2F@mlflow.example.com:8443/base"
+    with mock.patch.dict(os.environ, {"MLFLOW_TRACKING_URI": uri}):
+        os.environ.pop("MLFLOW_TRACKING_USERNAME", None)
+        os.environ.pop("MLFLOW_TRACKING_PASSWORD", None)
+        client = tracking.client("/repo")
+        creds = client._tracking_client.store.get_host_creds()
+        assert client.tracking_uri == creds.host == "https://mlflow.example.com:8443/base"
+        assert (creds.username, creds.password) == ("alice", f"{TOKEN}/")
+    # Variables already set win; a lone token, or a database's password, stays (redacted
+    # wherever it is recorded).
+    explicit = {"MLFLOW_TRACKING_USERNAME": "bob", "MLFLOW_TRACKING_PASSWORD": "pw"}
+    with mock.patch.dict(os.environ, {"MLFLOW_TRACKING_URI": uri, **explicit}):
+        assert tracking.tracking_uri() == "https://mlflow.example.com:8443/base"
+        assert os.environ["MLFLOW_TRACKING_USERNAME"] == "bob"
+    for kept in (f"https://{TOKEN}@h", f"postgresql://u:{TOKEN}@db/mlflow"):
+        with mock.patch.dict(os.environ, {"MLFLOW_TRACKING_URI": kept}):
+            assert tracking.tracking_uri() == kept
