@@ -104,7 +104,7 @@ def predict_flow(
     repository = Path.cwd() if in_deployment_run() else None
     if repository is not None:
         source_path = inside("source", source, base, repository)
-        output_path = check_deployed_output(output, inside("output", output, base, repository))
+        output_path = deployed_output(output, inside("output", output, base, repository))
     paths = predict.list_sources(source_path, within=repository)
     model_name = model_name or load_params(params_file).evaluate.model_name
     client = tracking.client(root)
@@ -145,9 +145,10 @@ def predict_flow(
     }
 
 
-def check_deployed_output(output: str, resolved: Path) -> Path:
-    """A deployment run's CSV: a ``.csv`` file outside hidden folders, so a run cannot
-    overwrite the repository's own files (params.yaml, dvc.lock, .git)."""
+def deployed_output(output: str, resolved: Path) -> Path:
+    """A deployment run's CSV (``resolved`` lies in the repository, the working directory):
+    a ``.csv`` file outside hidden folders, so a run cannot overwrite the repository's own
+    files (params.yaml, dvc.lock, .git, .dvc)."""
     if resolved.suffix != ".csv" or any(
         part.startswith(".") for part in resolved.relative_to(Path.cwd().resolve()).parts
     ):

@@ -371,7 +371,8 @@ _NAME = MODEL_NAME_PATTERN.strip("^$")
 _ALIAS = r"(?!v\d+$)(?!latest$)[A-Za-z_][A-Za-z0-9_-]{0,254}"  # MLflow's alias rule
 _VERSION = r"[1-9][0-9]{0,9}"
 _RUN_ID = r"[0-9a-f]{32}"
-_ARTIFACT = r"[A-Za-z0-9_-][A-Za-z0-9._-]*(?:/[A-Za-z0-9_-][A-Za-z0-9._-]*)*"  # no "..", no "/"
+# A relative artifact path: segments that never start with "." (no "..", no leading "/").
+_ARTIFACT = r"[A-Za-z0-9_-][A-Za-z0-9._-]*(?:/[A-Za-z0-9_-][A-Za-z0-9._-]*)*"
 # What ``--model`` may name: an alias, a version, a run id, or a registry or run URI of those.
 MODEL_REFERENCE = re.compile(
     rf"{_ALIAS}|{_VERSION}|{_RUN_ID}|models:/{_NAME}(?:@{_ALIAS}|/{_VERSION})"
@@ -421,8 +422,7 @@ def resolve_model(client: MlflowClient, model: str, model_name: str) -> ModelRef
         raise LookupError(
             f"model {model!r} (registered model {model_name!r}) not found in "
             f"{redact(client.tracking_uri)}: {redact(exc.message)}; run the training flow "
-            "first, or pass a "
-            "version, a run id or a models:/ URI"
+            "first, or pass a version, a run id or a models:/ URI"
         ) from None
     return ModelRef(uri, str(found.name), str(found.version), str(found.run_id))
 
