@@ -8,7 +8,6 @@ code, and this flow composes the same tasks for deployment runs.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal, get_args
 
 from prefect import flow
@@ -17,13 +16,14 @@ from flows import ingest, shard, validate
 from flows.common import (
     naming,
     run_parameter,
+    run_params_path,
     run_stage,
     run_then_exit,
     stage_main,
 )
 from flows.parameters import RepoPath
 from tasks.layout import Layout
-from tasks.params import load_params, run_params_path
+from tasks.params import load_params
 
 DataStage = Literal["ingest", "shard", "validate"]  # a run's `stages` are checked names
 DATA_STAGES: tuple[DataStage, ...] = get_args(DataStage)
@@ -47,7 +47,7 @@ def data_flow(
     skipped and a stage that ran is recorded in ``dvc.lock``.
     """
     params = load_params(run_params_path(root, params_path))  # inside the repo if deployed
-    layout = Layout(Path(root))
+    layout = Layout(root)
     stages = stages or list(DATA_STAGES)
     steps = {
         "ingest": lambda: ingest.ingest_task(params.ingest, layout),

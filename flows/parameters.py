@@ -22,7 +22,8 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field, ValidationInfo
 
-from tasks.params import MODEL_NAME_PATTERN, in_deployment_run, inside
+from flows.common import in_deployment_run
+from tasks.params import MODEL_NAME_PATTERN, inside
 
 CONFINED = "x-confined"  # the mark these types leave in a deployment's parameter schema
 

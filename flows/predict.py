@@ -22,10 +22,17 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 
-from flows.common import code_version, configure_environment, run_then_exit
+from flows.common import (
+    code_version,
+    configure_environment,
+    flow_run_tags,
+    in_deployment_run,
+    run_params_path,
+    run_then_exit,
+)
 from flows.parameters import ModelName, ModelReference, RepoPath
 from tasks import images, predict, schema, tracking
-from tasks.params import in_deployment_run, inside, load_params, run_params_path
+from tasks.params import inside, load_params
 
 ARTIFACT_ROWS = 500  # the Prefect table shows the first rows; the CSV holds them all
 
@@ -62,7 +69,7 @@ def record_task(
         "model.uri": ref.uri,
         "predict.source": source,
         "predict.output": output,
-        "prefect.flow_run_id": tracking.prefect_flow_run_id() or "none",
+        "prefect.flow_run_id": flow_run_tags()["prefect.flow_run_id"],
     }
     tags = {key: tracking.redact(value) for key, value in tags.items()}
     run = client.create_run(

@@ -22,6 +22,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from flows.common import (
     naming,
+    run_params_path,
     run_stage,
     run_then_exit,
     stage_main,
@@ -31,7 +32,7 @@ from flows.parameters import RepoPath
 from flows.train import model_run_details, train_task
 from tasks import tracking
 from tasks.layout import Layout
-from tasks.params import load_params, run_params_path
+from tasks.params import load_params
 
 TrainingStage = Literal["train", "evaluate"]  # a run's `stages` are checked names
 STAGES: tuple[TrainingStage, ...] = get_args(TrainingStage)
@@ -50,7 +51,7 @@ def training_flow(
     and a stage that ran is recorded in ``dvc.lock``.
     """
     stages = list(stages or STAGES)  # Prefect refused any other name (TrainingStage)
-    layout = Layout().with_root(root)
+    layout = Layout(root)
     params = load_params(run_params_path(root, params_path))  # inside the repo if deployed
 
     steps = {

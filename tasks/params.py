@@ -254,14 +254,6 @@ def _stays_inside(path: str) -> bool:
     return not parts.is_absolute() and ".." not in parts.parts
 
 
-def in_deployment_run() -> bool:
-    """Whether this code runs in a run a Prefect deployment started: then its parameters
-    come from whoever started the run, and are confined to the repository."""
-    from prefect.runtime import deployment
-
-    return deployment.id is not None
-
-
 def inside(name: str, value: str | Path, base: str | Path, repository: str | Path) -> Path:
     """``base/value``, symlinks followed, refused unless it lies inside ``repository``.
 
@@ -286,17 +278,6 @@ def resolve_inside(root: str | Path, params_path: str | Path, repository: str | 
     """
     root_dir = inside("root", root, repository, repository)
     return inside("params_path", params_path, root_dir, repository)
-
-
-def run_params_path(root: str, params_path: str) -> Path:
-    """The params file a flow reads: for a deployment run, only one inside the repository.
-
-    Deployments are served from the repository root (the working directory); direct calls
-    (DVC stages, tests) name their own project root.
-    """
-    if not in_deployment_run():
-        return Path(root) / params_path
-    return resolve_inside(root, params_path, Path.cwd())
 
 
 def _partial(model: type[BaseModel]) -> type[BaseModel]:
