@@ -146,6 +146,8 @@ class Run:
             "read.png": None,
             "read.ceiling": None,
             "read.bytes_ceiling": None,
+            "read.s3": None,
+            "read.s3_bytes_ceiling": None,
             "write.seed": None,
             "write.workers_1": None,
             "write.workers_2": None,
@@ -238,6 +240,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     def read() -> None:
         from bench import read as r
+        from flows.s3_server import start_s3_server, stop_s3_server
+        from tasks.shard_store import publish
 
         # Every pipeline first, then all of them timed in turns (bench.read.measure_reads).
         datasets = {"read.folder": r.folder_dataset(images, size=size, batch=args.batch)}
@@ -251,6 +255,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if encoding == "raw":
                 # The physical limit: the same files as bare records, never parsed.
                 datasets["read.bytes_ceiling"] = r.bytes_dataset(shards, batch=args.batch)
+                # The same shards from a local S3 server (moto): a cold-cache read, and the
+                # server's bare whole-object read as its limit.
+                state["s3"] = s3 = start_s3_server(work / "moto_server.log")
+                os.environ.update(s3.env)
+                url = s3.url("bench", "raw")
+                publish(shards, url)
+                s3_root = work / f"s3-{tag}"
+                s3_root.mkdir(exist_ok=True)
+                datasets["read.s3"] = r.ColdS3Read(url, s3_root, batch=args.batch)
+                datasets["read.s3_bytes_ceiling"] = r.S3BytesCeiling(url, shards)
             if encoding == "jpeg":
                 # Stricter ceiling for read.jpeg: the shards' own JPEG bytes, decoded from memory.
                 encoded, labels = r.shard_image_bytes(shards)
@@ -259,7 +273,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 )
         encoded, labels = r.source_jpegs(images)
         datasets["read.ceiling"] = r.ceiling_dataset(encoded, labels, size=size, batch=args.batch)
-        results = r.measure_reads(datasets, passes=args.passes, seconds=args.read_seconds)
+        try:
+            results = r.measure_reads(datasets, passes=args.passes, seconds=args.read_seconds)
+        finally:
+            if "s3" in state:
+                stop_s3_server(state.pop("s3"))
         for key, result in results.items():
             run.record(key, result)
 

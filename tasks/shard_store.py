@@ -25,10 +25,13 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from tasks.manifest import MANIFEST_NAME, ShardFile, ShardManifest, parse_manifest
+
+if TYPE_CHECKING:
+    from tasks.params import StorageParams
 
 # Where a run's shards live when they are not in data/shards (an s3:// URL). Where data
 # lives never changes what is computed, so it is an environment setting beside the endpoint
@@ -238,6 +241,15 @@ def publish(shards_dir: str | Path, url: str, *, client: Any = None) -> int:
 def shards_url() -> str | None:
     """The ``s3://`` URL a run reads its shards from, or None for the local shard folder."""
     return os.environ.get(SHARDS_URL_ENV) or None
+
+
+def open_store(root: str | Path, storage: StorageParams) -> ShardStore | None:
+    """The store ``SHARDFLOW_SHARDS_URL`` names (cache under ``root``), or None when unset."""
+    url = shards_url()
+    if url is None:
+        return None
+    max_bytes = int(storage.cache_mb * 2**20)
+    return ShardStore(url, root, max_bytes=max_bytes, prefetch=storage.prefetch_shards)
 
 
 def local_path_fetcher(store: ShardStore, manifest: ShardManifest) -> Callable[[bytes], bytes]:

@@ -114,3 +114,74 @@ def test_a_cache_too_small_for_the_prefetch_is_refused(
     store = published(tiny_shards, s3_server, max_bytes=1000, prefetch=4)
     with pytest.raises(ValueError, match="lower prefetch"):
         store.manifest()
+
+
+def test_the_gate_refuses_a_store_holding_other_shards(
+    tiny_shards: Path, s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    from tasks.gate import ShardsNotValidated, check_validated_store
+    from tests.tiny_shards import write_tiny_shards
+
+    other = write_tiny_shards(tmp_path_factory.mktemp("other"), seed=1, validated=False)
+    url = s3_server.url("other")
+    publish(other, url)
+    store = ShardStore(url, tiny_shards, max_bytes=1 << 30, prefetch=2)
+    report = tiny_shards / "reports" / "validation.json"
+    with pytest.raises(ShardsNotValidated, match=f"shards at {url} are not the validated ones"):
+        check_validated_store(store, report)
+    ours = published(tiny_shards, s3_server)
+    assert check_validated_store(ours, report).fingerprint == load_manifest(
+        tiny_shards / "data" / "shards"
+    ).fingerprint
+
+
+@pytest.mark.slow
+def test_training_and_evaluation_from_object_storage_compute_what_a_local_run_computes(
+    tiny_shards: Path,
+    s3_server: S3Server,
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SHARDFLOW_SHARDS_URL moves where the stages read, never what they compute: with the
+    local shard folder gone, run_train and run_evaluate read the store and write the same
+    model bytes and test metrics as a run on the local folder."""
+    import json
+    import shutil
+
+    from tasks.evaluate import run_evaluate
+    from tasks.layout import Layout
+    from tasks.params import default_params
+    from tasks.shard_store import SHARDS_URL_ENV
+    from tasks.train import run_train
+
+    params = default_params(
+        train={"epochs": 1, "batch_size": 16, "early_stopping_patience": 0},
+        storage={"cache_mb": 1, "prefetch_shards": 1},
+    )
+    local_root = tmp_path_factory.mktemp("local")
+    shutil.copytree(tiny_shards, local_root, dirs_exist_ok=True)
+    remote = Layout().with_root(tiny_shards)
+    local = Layout().with_root(local_root)
+    url = s3_server.url("validated")
+    publish(remote.shards_dir, url)
+    shutil.rmtree(remote.shards_dir)  # the store is the only place the shards are
+
+    import keras
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{local_root / 'mlflow.db'}")
+    keras.backend.clear_session()  # Keras numbers unnamed layers per process: both start at 0
+    run_train(params, local)
+    run_evaluate(params, local)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tiny_shards / 'mlflow.db'}")
+    monkeypatch.setenv(SHARDS_URL_ENV, url)
+    keras.backend.clear_session()
+    run_train(params, remote)
+    run_evaluate(params, remote)
+
+    assert remote.model_file.read_bytes() == local.model_file.read_bytes()
+    assert json.loads(remote.eval_metrics.read_text()) == json.loads(
+        local.eval_metrics.read_text()
+    )
+    assert remote.test_predictions.read_text() == local.test_predictions.read_text()
+    assert not remote.shards_dir.exists()
+    assert any((tiny_shards / CACHE_DIR).iterdir())
