@@ -263,8 +263,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 publish(shards, url)
                 s3_root = work / f"s3-{tag}"
                 s3_root.mkdir(exist_ok=True)
-                datasets["read.s3"] = r.ColdS3Read(url, s3_root, batch=args.batch)
-                datasets["read.s3_bytes_ceiling"] = r.S3BytesCeiling(url, shards)
+                prefetch = base.storage.prefetch_shards  # what training would use
+                datasets["read.s3"] = r.ColdS3Read(
+                    url, s3_root, batch=args.batch, prefetch=prefetch
+                )
+                datasets["read.s3_bytes_ceiling"] = r.S3BytesCeiling(url, shards, prefetch=prefetch)
             if encoding == "jpeg":
                 # Stricter ceiling for read.jpeg: the shards' own JPEG bytes, decoded from memory.
                 encoded, labels = r.shard_image_bytes(shards)

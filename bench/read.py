@@ -158,25 +158,22 @@ def bytes_dataset(shards_dir: Path, *, batch: int, split: str = "train") -> tf.d
 
 
 class ColdS3Read:
-    """``read.s3``: each epoch reads the raw train split from an S3 server through a fresh,
-    empty shard cache (:class:`tasks.shard_store.ShardStore`), exactly as training reads it.
-    Iterating it yields the batches of one cold epoch, so :func:`measure_reads` times it
-    beside the local pipelines."""
+    """``read.s3``: each epoch reads the raw train split from an S3 server through an emptied
+    shard cache (:class:`tasks.shard_store.ShardStore`), exactly as training reads it: one
+    store and one pipeline for the run, as in training, cold for every epoch. Iterating it
+    yields one cold epoch's batches, so :func:`measure_reads` times it beside the others."""
 
-    def __init__(self, url: str, root: Path, *, batch: int, prefetch: int = 4) -> None:
-        self.url, self.root, self.batch, self.prefetch = url, root, batch, prefetch
+    def __init__(self, url: str, root: Path, *, batch: int, prefetch: int) -> None:
+        from tasks.shard_store import ShardStore
+
+        self.store = ShardStore(url, root, max_bytes=2**40, prefetch=prefetch)
+        self.ds = read_split(
+            root, "train", batch_size=batch, training=True, seed=0, store=self.store
+        )
 
     def __iter__(self) -> Any:
-        import shutil
-
-        from tasks.shard_store import CACHE_DIR, ShardStore
-
-        shutil.rmtree(self.root / CACHE_DIR, ignore_errors=True)  # cold: nothing cached
-        store = ShardStore(self.url, self.root, max_bytes=2**40, prefetch=self.prefetch)
-        ds = read_split(
-            self.root, "train", batch_size=self.batch, training=True, seed=0, store=store
-        )
-        return iter(ds)
+        self.store.clear()  # cold: every shard is downloaded and checked again
+        return iter(self.ds)
 
 
 class S3BytesCeiling:
@@ -185,7 +182,7 @@ class S3BytesCeiling:
     Yields one array per shard whose length is the shard's record count, so the figure is in
     images/s like the rest."""
 
-    def __init__(self, url: str, shards_dir: Path, *, prefetch: int = 4) -> None:
+    def __init__(self, url: str, shards_dir: Path, *, prefetch: int) -> None:
         self.url, self.prefetch = url, prefetch
         self.shards = load_manifest(shards_dir).split("train").shards
 

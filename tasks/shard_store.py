@@ -128,6 +128,13 @@ class ShardStore:
             return path
         return self._download(shard, path)
 
+    def clear(self) -> None:
+        """Empty the cache (a cold start): the next read downloads every shard again."""
+        with self._lock:
+            for sha256 in list(self._entries):
+                (self.cache_dir / sha256).unlink(missing_ok=True)
+            self._entries.clear()
+
     def cached_bytes(self) -> int:
         """Bytes the cache directory holds now (files on disk, downloads in flight included)."""
         return sum(p.stat().st_size for p in self.cache_dir.iterdir() if p.is_file())
@@ -141,8 +148,8 @@ class ShardStore:
         part = path.with_name(f"{path.name}.{threading.get_ident()}.part")
         try:
             digest, size = hashlib.sha256(), 0
-            with part.open("wb") as out:
-                body = self._get(key)
+            body = self._get(key)
+            with part.open("wb") as out, body:
                 while block := body.read(_CHUNK):
                     size += len(block)
                     if size > shard.bytes:  # a bigger object never fills the cache past its bound
@@ -150,8 +157,13 @@ class ShardStore:
                     digest.update(block)
                     out.write(block)
             if size != shard.bytes or digest.hexdigest() != shard.sha256:
-                actual = digest.hexdigest()[:12]
-                got = f"{size} bytes" if size != shard.bytes else f"sha256 {actual}"
+                got = (
+                    f"sha256 {digest.hexdigest()[:12]}"
+                    if size == shard.bytes
+                    else f"{size} bytes"
+                    if size < shard.bytes
+                    else f"more than {shard.bytes} bytes"
+                )
                 raise ShardStoreError(
                     f"shard {shard.file} ({where}) has {got}, the manifest says "
                     f"{shard.bytes} bytes with sha256 {shard.sha256[:12]}: refused before any of "
