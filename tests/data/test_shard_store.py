@@ -185,3 +185,10 @@ def test_training_and_evaluation_from_object_storage_compute_what_a_local_run_co
     assert remote.test_predictions.read_text() == local.test_predictions.read_text()
     assert not remote.shards_dir.exists()
     assert any((tiny_shards / CACHE_DIR).iterdir())
+    # lineage names where the data was read: the train and test inputs point at the store
+    from mlflow import MlflowClient
+
+    run_id = json.loads(remote.train_run.read_text())["run_id"]
+    inputs = MlflowClient().get_run(run_id).inputs.dataset_inputs
+    sources = {json.loads(i.dataset.source)["uri"] for i in inputs}
+    assert sources == {url}, sources
