@@ -7,13 +7,27 @@ credentials exported to the test's environment (pass ``server.env`` on to subpro
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
 from flows.s3_server import S3Server, start_s3_server, stop_s3_server
 
-__all__ = ["S3Server", "s3_server", "s3_server_session"]
+__all__ = ["S3Server", "add_dvc_remote", "s3_server", "s3_server_session", "use_dvc_remote"]
+
+
+def add_dvc_remote(dvc: Callable[..., Any], server: S3Server, *, name: str = "s3") -> None:
+    """Make an S3 remote the project's default (``dvc`` runs ``dvc ARGS`` in the project):
+    the URL goes to the tracked ``.dvc/config``, the endpoint to the untracked
+    ``.dvc/config.local``; the keys stay in the environment (``server.env``)."""
+    dvc("remote", "add", "-d", name, server.url("dvc"))
+    use_dvc_remote(dvc, server, name=name)
+
+
+def use_dvc_remote(dvc: Callable[..., Any], server: S3Server, *, name: str = "s3") -> None:
+    """What each clone's owner types once: the endpoint, in ``.dvc/config.local``."""
+    dvc("remote", "modify", "--local", name, "endpointurl", server.endpoint_url)
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import write_image_folder
 from tests.e2e.conftest import Project
-from tests.s3_server import S3Server
+from tests.s3_server import S3Server, add_dvc_remote, use_dvc_remote
 
 pytestmark = pytest.mark.slow
 
@@ -31,19 +31,13 @@ def tree_sha256(root: Path) -> dict[str, str]:
     return digests
 
 
-def use_s3_remote(project: Project, server: S3Server) -> None:
-    """What each clone's owner types: the endpoint goes to .dvc/config.local (untracked)."""
-    project.dvc("remote", "modify", "--local", "s3", "endpointurl", server.endpoint_url)
-
-
 def test_s3_remote_round_trip_is_byte_identical(
     project: Project, s3_server: S3Server, tmp_path: Path
 ) -> None:
     project.env.update(s3_server.env)  # keys reach DVC through the environment only
     # what `dvc init` writes: the cache and config.local stay out of git
     (project.root / ".dvc" / ".gitignore").write_text("/config.local\n/tmp\n/cache\n")
-    project.dvc("remote", "add", "-d", "s3", s3_server.url("dvc"))  # tracked: a URL, no secret
-    use_s3_remote(project, s3_server)
+    add_dvc_remote(project.dvc, s3_server)  # tracked: a URL, no secret
     write_image_folder(project.root / "data" / "raw", per_class=8)
     project.set_params(ingest={"source_dir": "data/raw"}, shard={"image_size": [16, 16]})
     project.dvc("add", "data/raw")
@@ -65,7 +59,7 @@ def test_s3_remote_round_trip_is_byte_identical(
 
     clone = Project(tmp_path / "clone", {**project.env, "PYTHONPATH": str(tmp_path / "clone")})
     project.run("git", "clone", "-q", str(project.root), str(clone.root))
-    use_s3_remote(clone, s3_server)
+    use_dvc_remote(clone.dvc, s3_server)
     clone.dvc("pull")
     assert tree_sha256(clone.root) == pushed
     status = clone.dvc("status")
