@@ -552,4 +552,4 @@ def run_evaluate(params: Params, layout: Layout) -> dict[str, Any]:
     for path in (layout.eval_metrics, layout.eval_summary, layout.test_predictions):
         client.log_artifact(run_id, str(path), "eval")
     client.set_terminated(run_id, status="FINISHED")
-    return {**result, "run_url": tracking.run_url(client, run_id)}
+    return {**result, "run_url": tracking.run_url(client, run_id, layout.root)}
