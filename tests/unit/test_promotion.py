@@ -12,7 +12,9 @@ import pytest
 from mlflow import MlflowClient
 
 from tasks.atomic import write_json
-from tasks.evaluate import CHAMPION, champion_version, pending_decision, promote, run_evaluate
+from tasks.evaluate import run_evaluate
+from tasks.promotion import apply_decision, decide, pending_decision
+from tasks.tracking import CHAMPION, champion_version
 from tasks.gate import ModelNotFromTheseShards, ShardsNotValidated
 from tasks.layout import Layout
 from tasks.params import default_params
@@ -32,19 +34,26 @@ class Registry:
         margin: float = 0.0,
         test_set: str = TEST_SET,
         allow_incomparable: bool = False,
+        metric: str = "accuracy",
+        definition: str = "accuracy",
+        rescore: Any = None,
     ) -> Any:
         source = str(Path(self.client.tracking_uri.removeprefix("sqlite:///")).parent)
         version = str(self.client.create_model_version(self.name, source=source).version)
-        return promote(
+        decision = decide(
             self.client,
             self.name,
             version,
-            metric="accuracy",
+            metric=metric,
+            definition=definition,
             value=value,
             test_fingerprint=test_set,
             margin=margin,
             allow_incomparable=allow_incomparable,
+            rescore=rescore,
         )
+        apply_decision(self.client, self.name, decision)
+        return decision
 
     @property
     def champion(self) -> str:
@@ -290,7 +299,7 @@ def test_incomparable_champion_is_kept_and_the_record_says_so(
     assert recorded == result["promotion"]
     assert recorded["promoted"] is False and recorded["comparable"] is False
     assert recorded["decision"] == "not comparable: champion kept"
-    tags = client.get_run(result["run_id"]).data.tags
+    tags = client.get_run(result["eval_run_id"]).data.tags
     assert tags["promotion.decision"] == "not comparable: champion kept"
     assert tags["promotion.comparable"] == "false"
     assert client.get_model_version_by_alias("m", CHAMPION).version == old
@@ -329,7 +338,12 @@ def test_recorded_decision_is_pending_only_while_the_alias_has_not_moved(tmp_pat
 
     def pending(run_id: str = "r", version: str = "2", champion: str | None = "1") -> Any:
         return pending_decision(
-            path, run_id=run_id, version=version, metric="accuracy", champion=champion
+            path,
+            run_id=run_id,
+            version=version,
+            metric="accuracy",
+            definition="accuracy",
+            champion=champion,
         )
 
     assert pending() == decision  # crashed before the move: complete it
