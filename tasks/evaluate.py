@@ -552,7 +552,8 @@ def run_evaluate(params: Params, layout: Layout) -> dict[str, Any]:
         client.set_terminated(runs["evaluation"], status="FAILED")
         raise
     client.set_terminated(runs["evaluation"], status="FINISHED")
-    return {**result, "run_url": tracking.run_url(client, runs["evaluation"])}
+    urls = {key: tracking.run_url(client, runs[key]) for key in ("training", "evaluation")}
+    return {**result, "run_url": urls["training"], "eval_run_url": urls["evaluation"]}
 
 
 def track_evaluation(

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from tasks.manifest import ShardManifest
 
+SPLIT_ORDER = ("train", "val", "test")
 SMALL_CLASS_SUPPORT = 10  # fewer test records than this: the class's figures are anecdotal
 
 
@@ -32,7 +33,7 @@ def model_card(
 ) -> str:
     """The card as Markdown (sections: model, data, evaluation, comparison, known limits)."""
     sections = [
-        [f"# {model_name} v{version}", ""],
+        [f"# {model_name} v{version}"],
         model_section(run_ids, metrics),
         data_section(manifest),
         source_section(ingest_report),
@@ -56,19 +57,21 @@ def model_section(run_ids: Mapping[str, str], metrics: Mapping[str, Any]) -> lis
 
 def data_section(manifest: ShardManifest) -> list[str]:
     schema = manifest.record_schema
+    splits = [s for s in SPLIT_ORDER if s in manifest.splits]
+    splits += sorted(set(manifest.splits) - set(SPLIT_ORDER))
     lines = [
         "## Data",
         f"- shard set `{manifest.fingerprint[:12]}`: {schema.height}x{schema.width} "
         f"{schema.encoding}, resize `{manifest.resize}`, preprocessing version "
         f"`{manifest.preprocessing_version}`",
         "",
-        "| class | " + " | ".join(manifest.splits) + " |",
-        "|---|" + "---:|" * len(manifest.splits),
+        "| class | " + " | ".join(splits) + " |",
+        "|---|" + "---:|" * len(splits),
     ]
     for name in manifest.classes:
-        counts = [str(info.class_counts.get(name, 0)) for info in manifest.splits.values()]
+        counts = [str(manifest.splits[split].class_counts.get(name, 0)) for split in splits]
         lines.append(f"| {name} | " + " | ".join(counts) + " |")
-    totals = [str(info.num_records) for info in manifest.splits.values()]
+    totals = [str(manifest.splits[split].num_records) for split in splits]
     lines += ["| **all** | " + " | ".join(totals) + " |", "", "Generations:"]
     for generation in manifest.generations:
         added = ", ".join(f"{split} {n}" for split, n in generation.num_records.items())
