@@ -49,6 +49,7 @@ from tasks.tracking import champion_version
 if TYPE_CHECKING:
     import keras
     from mlflow import MlflowClient
+    from mlflow.entities import Run
 
     from tasks.manifest import ShardManifest
     from tasks.predict import ServingSpec
@@ -425,6 +426,7 @@ def start_evaluation_run(client: MlflowClient, train_run_id: str, settings: Eval
     from tasks.tracking import NOTE_TAG
 
     train = client.get_run(train_run_id)
+    end_abandoned_evaluations(client, train)
     run = client.create_run(
         train.info.experiment_id,
         run_name=f"eval-{train.info.run_name}",
@@ -438,6 +440,20 @@ def start_evaluation_run(client: MlflowClient, train_run_id: str, settings: Eval
     params = flatten(settings, "evaluate").items()
     client.log_batch(run_id, params=[Param(key, str(value)) for key, value in params])
     return run_id
+
+
+def end_abandoned_evaluations(client: MlflowClient, train: Run) -> None:
+    """Mark KILLED the evaluation runs of this training run still RUNNING: a killed stage
+    (SIGKILL, a lost machine) cannot end its own run, and the stage runs one at a time
+    under the workspace lock, so a RUNNING one is a dead one."""
+    stale = client.search_runs(
+        [train.info.experiment_id],
+        filter_string=(
+            f"tags.`{EVALUATES_TAG}` = '{train.info.run_id}' and attributes.status = 'RUNNING'"
+        ),
+    )
+    for run in stale:
+        client.set_terminated(run.info.run_id, status="KILLED")
 
 
 def log_test_results(

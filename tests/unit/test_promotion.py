@@ -542,6 +542,21 @@ def test_a_failed_evaluation_marks_its_run_failed(
     assert client.get_run(train_run_id).info.status == "FINISHED"  # untouched
 
 
+def test_an_evaluation_killed_before_it_could_end_its_run_is_marked_killed(
+    trained: Layout, mlflow_uri: str
+) -> None:
+    """A SIGKILLed evaluation leaves its run RUNNING; the next evaluation of the same
+    training run ends it KILLED, so no run stays RUNNING for ever."""
+    from tasks.evaluate import start_evaluation_run
+
+    client = MlflowClient(mlflow_uri, mlflow_uri)
+    train_run_id = json.loads(trained.train_run.read_text())["run_id"]
+    killed = start_evaluation_run(client, train_run_id, default_params().evaluate)
+    result = evaluate(trained)
+    assert client.get_run(killed).info.status == "KILLED"
+    assert client.get_run(result["eval_run_id"]).info.status == "FINISHED"
+
+
 # -- the card and the label review, per registered version ---------------------------------
 
 
