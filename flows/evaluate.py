@@ -36,7 +36,7 @@ from tasks import evaluate, gate, manifest, reader, schema, tracking
 from tasks.evaluate import run_evaluate
 from tasks.layout import Layout
 from tasks.params import Params, load_params, run_params_path
-from tasks.pool import standby_child
+from tasks.processes import standby_child
 
 
 def evaluated_run_details() -> Sequence[object]:

@@ -38,7 +38,7 @@ from flows.model_runs import link_mlflow_run, retry_unless_refused
 from tasks import manifest, schema, tracking, train_child
 from tasks.layout import Layout
 from tasks.params import Params, TrainParams, load_params, run_params_path
-from tasks.pool import standby_child
+from tasks.processes import standby_child
 
 EPOCH_FIGURES = ("loss", "accuracy", "val_loss", "val_accuracy")
 # The training code, named: this process only versions it; the child (or the task, when

@@ -34,11 +34,11 @@ def train(params: Params, layout: Layout, report: Report | None = None) -> dict[
     MLflow run's page) in the summary.
 
     Without ``report`` (in a child) each epoch goes to the parent with
-    :func:`tasks.pool.report`, as ``(epoch, figures)``.
+    :func:`tasks.processes.report`, as ``(epoch, figures)``.
     """
     warm_up()  # done already in a prestarted child; in a process of its own, Keras lean
     from tasks import tracking
-    from tasks.pool import report as to_parent
+    from tasks.processes import report as to_parent
     from tasks.train import EpochReport, run_train
 
     def send(epoch: int, figures: dict[str, float]) -> None:
