@@ -10,6 +10,7 @@ figure was measured on other data or another way.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 from collections.abc import Callable
@@ -345,7 +346,10 @@ def champion_scorer(
                 )
             from tasks.tf_imports import keras_without_extras
 
-            model = keras_without_extras().saving.load_model(model_file, compile=False)
+            try:
+                model = keras_without_extras().saving.load_model(model_file, compile=False)
+            except (ValueError, OSError, TypeError) as exc:
+                raise NotComparable(f"its Keras model does not load here ({exc})") from None
             labels, probs, _ = predict_split(model, shards_dir)
         return float(classification_metrics(labels, probs, spec.classes, top_k=top_k)[metric])
 
@@ -564,8 +568,10 @@ def run_evaluate(params: Params, layout: Layout) -> dict[str, Any]:
     runs["evaluation"] = start_evaluation_run(client, runs["training"], settings)
     try:
         result = track_evaluation(client, runs, params, layout, manifest, metrics)
-    except BaseException:
-        client.set_terminated(runs["evaluation"], status="FAILED")
+    except BaseException as exc:
+        status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
+        with contextlib.suppress(Exception):  # the original error is the one to see
+            client.set_terminated(runs["evaluation"], status=status)
         raise
     client.set_terminated(runs["evaluation"], status="FINISHED")
     urls = {key: tracking.run_url(client, runs[key]) for key in ("training", "evaluation")}
@@ -597,6 +603,7 @@ def track_evaluation(
     result = {key: value for key, value in metrics.items() if key != "confusion_matrix"}
     result.update(promotion=decision, run_id=runs["training"], eval_run_id=runs["evaluation"])
     result["model_version"] = version
+    result["label_issues"] = sum(metrics["label_review"]["flagged"].values())  # a DVC metric
     # The record first: a crash after it is resumable. DVC metrics take the numbers only.
     write_json(layout.eval_metrics, {k: v for k, v in result.items() if is_number(v)})
     write_json(layout.eval_summary, summary_record(result))

@@ -601,5 +601,7 @@ def test_label_review_lands_in_reports_plots_and_the_evaluation_run(
     logged = {a.path for a in client.list_artifacts(result["eval_run_id"], "label_review")}
     assert logged == {"label_review/label_issues.csv"}
     assert result["label_review"]["reviewed"] == {"val": 18, "test": 30}
+    rows = len(trained.label_issues.read_text().splitlines()) - 1
+    assert json.loads(trained.eval_metrics.read_text())["label_issues"] == rows
     recorded = json.loads(trained.eval_summary.read_text())
     assert recorded["label_review"] == result["label_review"]
