@@ -94,10 +94,14 @@ def source_section(report: Mapping[str, Any] | None) -> list[str]:
         f"{report.get('duplicate_count', 0)} exact duplicates",
     ]
     lines += [f"  - quarantined: {count} x {reason}" for reason, count in reasons.most_common(5)]
-    for key in sorted(k for k in report if "near" in k):  # near-duplicate groups, conflicts
-        value = report[key]
-        count = len(value) if isinstance(value, list | dict) else value
-        lines.append(f"- {key.replace('_', ' ')}: {count}")
+    near = report.get("near_duplicates")
+    if isinstance(near, dict):  # ingest's near-duplicate summary (a set built before has none)
+        lines.append(
+            f"- near-duplicates (Hamming distance <= {near.get('distance', '?')}): "
+            f"{near.get('group_count', 0)} groups of {near.get('images_in_groups', 0)} images "
+            f"(largest {near.get('largest_group', 0)}), each group in one split; "
+            f"{near.get('label_conflict_count', 0)} suspected label conflicts"
+        )
     return lines
 
 

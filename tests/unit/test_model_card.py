@@ -92,7 +92,15 @@ def card(**changes: Any) -> str:
             "quarantined_count": 1,
             "duplicate_count": 1,
             "quarantined": [{"path": "bad.jpg", "reason": "truncated"}],
-            "near_duplicate_groups": [["a", "b"], ["c", "d"]],
+            "near_duplicates": {
+                "distance": 6,
+                "group_count": 2,
+                "images_in_groups": 5,
+                "largest_group": 3,
+                "label_conflict_count": 1,
+                "groups": [],
+                "label_conflicts": [],
+            },
         },
     }
     return model_card(**{**settings, **changes})
@@ -107,7 +115,10 @@ def test_the_card_holds_data_generations_sources_review_metrics_and_comparison()
     assert "- 0: train 70, val 8, test 8; new classes ['cat', 'dog']" in text
     assert "- 1: train 8, val 2, test 2" in text
     assert "1 quarantined, 1 exact duplicates" in text and "1 x truncated" in text
-    assert "- near duplicate groups: 2" in text
+    assert (
+        "- near-duplicates (Hamming distance <= 6): 2 groups of 5 images (largest 3), each "
+        "group in one split; 1 suspected label conflicts" in text
+    )
     assert "val 0 of 10, test 1 of 10" in text
     assert "test `cat/x.jpg`: labelled cat, looks like dog" in text
     assert "| dog | 0.600 | 0.750 | 0.667 | 4 |" in text
