@@ -73,7 +73,7 @@ def test_evaluation_finds_labels_flipped_in_the_test_shards(tmp_path: Path) -> N
     from tests.tiny_shards import write_tiny_shards
 
     write_tiny_shards(tmp_path, flipped={"val": 2, "test": 4})
-    layout = Layout().with_root(tmp_path)
+    layout = Layout(tmp_path)
     no_augment = {"flip": False, "crop": 0.0, "brightness": 0.0, "contrast": 0.0}
     params = default_params(
         train={

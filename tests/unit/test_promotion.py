@@ -52,7 +52,7 @@ class Registry:
             allow_incomparable=allow_incomparable,
             rescore=rescore,
         )
-        apply_decision(self.client, self.name, decision)
+        apply_decision(self.client, self.name, decision)  # as run_evaluate does, after writing
         return decision
 
     @property
@@ -219,7 +219,7 @@ def model_root(tiny_shards: Path, mlflow_uri: str) -> Layout:
     from tasks.manifest import load_manifest
     from tasks.models import build_model
 
-    layout = Layout().with_root(tiny_shards)
+    layout = Layout(tiny_shards)
     manifest = load_manifest(layout.shards_dir)
     layout.model_dir.mkdir(parents=True, exist_ok=True)
     build_model(default_params().train, len(manifest.classes), (16, 16, 3)).save(layout.model_file)
@@ -483,7 +483,7 @@ def test_champion_with_another_serving_spec_is_not_comparable_and_names_the_diff
 ) -> None:
     client = MlflowClient(mlflow_uri, mlflow_uri)
     other_model, other_spec = model_to_register(tmp_path)  # 8x8 inputs, classes a, b
-    champion_layout = Layout().with_root(tmp_path / "champion")
+    champion_layout = Layout(tmp_path / "champion")
     champion_layout.model_dir.mkdir(parents=True)
     champion_layout.model_file.write_bytes(other_model.read_bytes())
     register_champion(client, champion_layout, other_spec, fingerprint="b" * 64, accuracy=0.0)
