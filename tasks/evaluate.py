@@ -365,7 +365,7 @@ def download_registered(
     from mlflow.exceptions import MlflowException
 
     from tasks.predict import KERAS_ARTIFACT
-    from tasks.tracking import using_store
+    from tasks.tracking import redact, using_store
 
     where = client.get_model_version_download_uri(model_name, version).rstrip("/")
     try:
@@ -379,8 +379,9 @@ def download_registered(
             keras_path = conf["flavors"]["python_function"]["artifacts"][KERAS_ARTIFACT]["path"]
             local = mlflow.artifacts.download_artifacts(f"{where}/{keras_path}", dst_path=str(into))
     except (MlflowException, OSError, KeyError, TypeError) as exc:
+        # Recorded in tags and the card: no URI's credentials.
         raise NotComparable(
-            f"its model could not be loaded from {where} ({type(exc).__name__}: {exc})"
+            redact(f"its model could not be loaded from {where} ({type(exc).__name__}: {exc})")
         ) from None
     return Path(local), dict(spec)
 
@@ -574,7 +575,9 @@ def run_evaluate(params: Params, layout: Layout) -> dict[str, Any]:
             client.set_terminated(runs["evaluation"], status=status)
         raise
     client.set_terminated(runs["evaluation"], status="FINISHED")
-    urls = {key: tracking.run_url(client, runs[key]) for key in ("training", "evaluation")}
+    urls = {
+        key: tracking.run_url(client, runs[key], layout.root) for key in ("training", "evaluation")
+    }
     return {**result, "run_url": urls["training"], "eval_run_url": urls["evaluation"]}
 
 

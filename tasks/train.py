@@ -701,7 +701,7 @@ def run_train(
     record = {
         "run_id": run_id,
         "experiment_id": run.info.experiment_id,
-        "tracking_uri": client.tracking_uri,
+        "tracking_uri": tracking.recorded_uri(client.tracking_uri, layout.root),
         "fingerprint": manifest.fingerprint,
         "run_name": run.info.run_name,
     }

@@ -50,5 +50,7 @@ def train(
         to_parent((epoch, figures))
 
     summary = run_train(params, layout, callbacks=[EpochReport(report or send)], run_tags=run_tags)
-    summary["run_url"] = tracking.run_url(tracking.client(layout.root), summary["run_id"])
+    summary["run_url"] = tracking.run_url(
+        tracking.client(layout.root), summary["run_id"], layout.root
+    )
     return summary
