@@ -60,7 +60,7 @@ def evaluate_task(params: Params, layout: Layout) -> dict[str, Any]:
     promotion = result.get("promotion", {})
     get_run_logger().info(
         "evaluated %s on %s test images: accuracy %.4f, top-k accuracy %.4f, macro F1 %.4f; "
-        "registered %s v%s, %s (%s); MLflow run %s",
+        "registered %s v%s, %s (%s); MLflow run %s, evaluation run %s",
         run_name,
         result.get("num_test_records"),
         result.get("accuracy", float("nan")),
@@ -71,6 +71,7 @@ def evaluate_task(params: Params, layout: Layout) -> dict[str, Any]:
         "promoted to champion" if promotion.get("promoted") else "champion kept",
         promotion.get("reason"),
         url,
+        result.get("eval_run_url"),
     )
     return {key: value for key, value in result.items() if key != "per_class"}
 
