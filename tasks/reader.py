@@ -35,6 +35,7 @@ def read_split(
     shuffle_buffer: int | None = None,
     manifest: ShardManifest | None = None,
     with_metadata: bool = False,
+    file_shard: tuple[int, int] | None = None,
 ) -> tf.data.Dataset:
     """Batched ``(images, labels)`` of one split: uint8 [B, H, W, 3] and int32 [B].
 
@@ -43,6 +44,7 @@ def read_split(
     reads in manifest order and keeps every record. The dataset's length is known from
     the manifest without a scan. ``with_metadata=True`` yields the parsed feature dict
     instead (adds ``content_hash`` and ``source``), for evaluation reports.
+    ``file_shard=(i, n)`` reads only files i, i + n, ... of the split (one worker's share).
     """
     import tensorflow as tf
 
@@ -50,7 +52,9 @@ def read_split(
     manifest = manifest or load_manifest(shards_dir)
     info = manifest.split(split)
     schema = manifest.record_schema
-    files = [str(shards_dir / shard.file) for shard in info.shards]
+    shards = info.shards[file_shard[0] :: file_shard[1]] if file_shard else info.shards
+    files = [str(shards_dir / shard.file) for shard in shards]
+    num_records = sum(shard.num_records for shard in shards)
     if not info.num_records:
         raise ValueError(
             f"{shards_dir}: split {split!r} holds no records; validation fails such a set "
@@ -73,7 +77,7 @@ def read_split(
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=deterministic,
     )
-    ds = ds.apply(tf.data.experimental.assert_cardinality(info.num_records))
+    ds = ds.apply(tf.data.experimental.assert_cardinality(num_records))
     # Shuffle serialized records (small for jpeg/png) before any decoding.
     ds = ds.shuffle(buffer, seed=seed, reshuffle_each_iteration=True) if training else ds
     # Batch serialized records first: batching moves the record strings (no copy), parsing
