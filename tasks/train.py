@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import keras
 import tensorflow as tf
@@ -54,9 +54,16 @@ from tasks.train_backup import (
 )
 from tasks.train_backup import IDENTITY_NAME as IDENTITY_NAME  # re-exported
 from tasks.train_backup import identity_changes as identity_changes  # re-exported
-from tasks.train_cluster import chief_value, choose_strategy, is_chief, num_workers
+from tasks.train_cluster import (
+    chief_value,
+    choose_strategy,
+    is_chief,
+    num_workers,
+    strategy_name,
+)
 
 FINE_TUNE_LR_FACTOR = 0.1  # fine-tuning a pretrained backbone wants a much smaller step
+MOVING_STATISTICS = ("moving_mean", "moving_variance")  # BatchNormalization's, by name
 
 
 # -- devices, precision, determinism ------------------------------------------------------
@@ -84,7 +91,7 @@ def device_tags(params: TrainParams, strategy: tf.distribute.Strategy) -> dict[s
         "device.type": "gpu" if gpu else "cpu",
         "device.num_workers": str(num_workers(strategy)),
         "device.num_replicas": str(strategy.num_replicas_in_sync),
-        "device.strategy": type(strategy).__name__,
+        "device.strategy": strategy_name(strategy),
         "device.precision_policy": precision_policy(params, gpu=gpu),
         "device.xla": str(params.xla).lower(),
     }
@@ -289,12 +296,21 @@ def read_data(
 # -- one step ------------------------------------------------------------------------------
 
 
+class Steps(NamedTuple):
+    """The compiled steps of one phase (see :func:`step_functions`)."""
+
+    train: Callable[[Any], tf.Tensor]
+    evaluate: Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
+    sync_statistics: Callable[[], None]
+
+
 def step_functions(
     model: keras.Model, strategy: tf.distribute.Strategy, data: Data, *, xla: bool
-) -> tuple[Callable[[Any], tf.Tensor], Callable[[tf.Tensor, tf.Tensor], tf.Tensor]]:
-    """``(train, evaluate)``: ``train(batch)`` takes one step on every replica and returns
-    ``[loss sum, correct, images]`` summed over the global batch; ``evaluate(images,
-    labels)`` the same for one local batch, no step taken."""
+) -> Steps:
+    """``train(batch)`` takes one step on every replica and returns ``[loss sum, correct,
+    images]`` summed over the global batch; ``evaluate(images, labels)`` the same for one
+    local batch, no step taken; ``sync_statistics()`` averages the BatchNorm moving
+    statistics over the replicas."""
     optimizer = model.optimizer
 
     def train_step(images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
@@ -334,7 +350,24 @@ def step_functions(
         per_image = keras.losses.sparse_categorical_crossentropy(labels, probs)
         return figures(per_image, probs, labels)
 
-    return distributed_step, evaluate_step
+    # Each replica updates its own copy of the BatchNorm moving statistics from its own
+    # batches (Keras 3 does not aggregate them). An average of exponential moving averages
+    # is the moving average of the averaged batch statistics, so averaging once an epoch,
+    # before anyone reads them, equals averaging at every step.
+    statistics = [v for v in model.non_trainable_variables if v.path.endswith(MOVING_STATISTICS)]
+
+    @tf.function
+    def sync_statistics() -> None:
+        def replica_means() -> list[tf.Tensor]:
+            context = tf.distribute.get_replica_context()
+            values = [tf.identity(v.value) for v in statistics]  # this replica's copies
+            return context.all_reduce(tf.distribute.ReduceOp.MEAN, values)
+
+        means = strategy.experimental_local_results(strategy.run(replica_means))[0]
+        for variable, mean in zip(statistics, means, strict=True):
+            variable.assign(mean)
+
+    return Steps(distributed_step, evaluate_step, sync_statistics)
 
 
 # -- epochs --------------------------------------------------------------------------------
@@ -354,7 +387,7 @@ def fit_phase(
     data: Data,
     phase: Phase,
     strategy: tf.distribute.Strategy,
-    steps: tuple[Callable[[Any], tf.Tensor], Callable[[tf.Tensor, tf.Tensor], tf.Tensor]],
+    steps: Steps,
     *,
     params: TrainParams,
     callbacks: Sequence[keras.callbacks.Callback],
@@ -382,14 +415,15 @@ def fit_phase(
             )
         )
     hooks = keras.callbacks.CallbackList([*callbacks[:1], *stopping, *callbacks[1:]], model=model)
-    train_step, evaluate_step = steps
     model.stop_training = False
     hooks.on_train_begin()
     ended = start
     for epoch in range(start, phase.end):
         hooks.on_epoch_begin(epoch)
-        logs = run_epoch(train_step, data)
-        logs.update(validate(evaluate_step, data.val, strategy))
+        logs = run_epoch(steps.train, data)
+        if strategy.num_replicas_in_sync > 1:
+            steps.sync_statistics()  # before validation, the backup and the model read them
+        logs.update(validate(steps.evaluate, data.val, strategy))
         logs["learning_rate"] = float(keras.ops.convert_to_numpy(model.optimizer.learning_rate))
         # The backup first: the epoch is committed before any callback can fail.
         train_backup.save_epoch(model, phase.dirs, epoch)
@@ -510,7 +544,7 @@ def train(
         fingerprint=manifest.fingerprint,
         resumed_from_epoch=epoch_log.first_epoch or 0,
         precision_policy=policy,
-        strategy=type(strategy).__name__,
+        strategy=strategy_name(strategy),
         num_workers=num_workers(strategy),
         num_replicas=strategy.num_replicas_in_sync,
         chief=chief,
@@ -579,7 +613,7 @@ def fit_phases(
         steps = step_functions(model, strategy, data, xla=params.xla)  # new trainable set
         tune = Phase(done, done + params.fine_tune_epochs, dirs.phase("fine_tune"))
         fit_phase(model, data, tune, strategy, steps, params=params, callbacks=hooks)
-    return model, epoch_log, lambda: probe_input_bound(steps[0], data)
+    return model, epoch_log, lambda: probe_input_bound(steps.train, data)
 
 
 def probe_input_bound(

@@ -67,6 +67,15 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
     return resolver.task_type == "worker" and resolver.task_id == 0 and not has_chief
 
 
+def strategy_name(strategy: tf.distribute.Strategy) -> str:
+    """The strategy's public name (TensorFlow's multi-worker class is named otherwise)."""
+    import tensorflow as tf
+
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return "MultiWorkerMirroredStrategy"
+    return type(strategy).__name__
+
+
 def num_workers(strategy: tf.distribute.Strategy) -> int:
     return int(getattr(strategy.extended, "_num_workers", 1) or 1)
 
@@ -172,7 +181,8 @@ def launch_local_workers(
     for process in processes:
         process.start()
     results: dict[int, Any] = {}
-    failure: str | None = None
+    errors: dict[int, str] = {}  # a worker's own exception
+    deaths: dict[int, str] = {}  # a worker gone without one (killed, out of memory)
     failed_at: float | None = None
     try:
         while len(results) < workers:
@@ -184,14 +194,14 @@ def launch_local_workers(
                 on_report(payload)
             elif kind == "result":
                 results[index] = payload
-            elif kind == "error" and failure is None:
-                failure, failed_at = f"worker {index} failed: {payload}", time.monotonic()
+            elif kind == "error":
+                errors[index] = f"worker {index} failed: {payload}"
             for index, process in enumerate(processes):
-                if failure is None and index not in results and process.exitcode not in (None, 0):
-                    failure = (
-                        f"worker {index} (pid {process.pid}) died, exit code {process.exitcode}"
-                    )
-                    failed_at = time.monotonic()
+                code = process.exitcode
+                if code not in (None, 0) and index not in errors and index not in deaths:
+                    deaths[index] = f"worker {index} (pid {process.pid}) died, exit code {code}"
+            if failed_at is None and (errors or deaths):
+                failed_at = time.monotonic()
             if failed_at is not None and (
                 time.monotonic() - failed_at > grace_s
                 or all(process.exitcode is not None for process in processes)
@@ -202,9 +212,11 @@ def launch_local_workers(
             if process.exitcode is None:
                 process.kill()
             process.join()
-    if failure is not None:
+    # A worker that died explains the others' errors (their collectives lost a peer).
+    failures = [*deaths.values(), *errors.values()]
+    if failures:
         raise WorkerFailed(
-            f"multi-worker training failed: {failure}; the other workers were stopped. "
+            f"multi-worker training failed: {failures[0]}; the other workers were stopped. "
             "Rerun the train stage: it resumes from the last epoch's backup."
         )
     return results[0]
