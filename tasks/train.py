@@ -758,17 +758,7 @@ def run_train(
     except BaseException:
         client.set_terminated(run_id, status="FAILED")  # the id stays in the backup to resume
         raise
-    probe = summary.get("input_bound", {})
-    if probe:
-        from mlflow.entities import Metric
-
-        client.log_batch(
-            run_id,
-            metrics=[
-                Metric(key, float(value), int(time.time() * 1000), 0)
-                for key, value in probe.items()
-            ],
-        )
+    log_input_bound(client, run_id, summary.get("input_bound", {}))
     for path in (layout.train_metrics, layout.train_summary, layout.train_history):
         client.log_artifact(run_id, str(path), "train")
     client.log_artifact(run_id, str(layout.train_plot), "train")
@@ -783,6 +773,16 @@ def run_train(
     }
     write_json(layout.train_run, record)
     return {**summary, **record}
+
+
+def log_input_bound(client: Any, run_id: str, probe: dict[str, float]) -> None:
+    """The input-bound probe's figures, as metrics of the run (step 0)."""
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    metrics = [Metric(key, float(value), now, 0) for key, value in probe.items()]
+    if metrics:
+        client.log_batch(run_id, metrics=metrics)
 
 
 def resume_run_id(client: Any, run_id: str | None) -> str | None:

@@ -34,16 +34,33 @@ def train(params: Params, layout: Layout, report: Report | None = None) -> dict[
     MLflow run's page) in the summary.
 
     Without ``report`` (in a child) each epoch goes to the parent with
-    :func:`tasks.pool.report`, as ``(epoch, figures)``.
+    :func:`tasks.pool.report`, as ``(epoch, figures)``. With ``SHARDFLOW_TRAIN_WORKERS``
+    above 1 the run is that many workers on 127.0.0.1 (:mod:`tasks.train_cluster`), started
+    from this process, and the chief's epochs are reported.
     """
-    warm_up()  # done already in a prestarted child; in a process of its own, Keras lean
-    from tasks import tracking
     from tasks.pool import report as to_parent
-    from tasks.train import EpochReport, run_train
+    from tasks.train_cluster import launch_local_workers, requested_workers
 
     def send(epoch: int, figures: dict[str, float]) -> None:
         to_parent((epoch, figures))
 
-    summary = run_train(params, layout, callbacks=[EpochReport(report or send)])
-    summary["run_url"] = tracking.run_url(tracking.client(layout.root), summary["run_id"])
+    workers = requested_workers()
+    if workers > 1:
+        forward = report or send
+        return launch_local_workers(
+            workers, train_worker, (params, layout), on_report=lambda message: forward(*message)
+        )
+    return train_worker(params, layout, report or send)
+
+
+def train_worker(params: Params, layout: Layout, report: Report | None = None) -> dict[str, Any]:
+    """One worker's training: :func:`tasks.train.run_train`, each epoch handed to
+    ``report``, and the chief's ``run_url``. Each worker of a cluster runs this."""
+    warm_up()  # done already in a prestarted child; in a process of its own, Keras lean
+    from tasks import tracking
+    from tasks.train import EpochReport, run_train
+
+    summary = run_train(params, layout, callbacks=[EpochReport(report)] if report else [])
+    if "run_id" in summary:  # the chief's: the others track nothing
+        summary["run_url"] = tracking.run_url(tracking.client(layout.root), summary["run_id"])
     return summary

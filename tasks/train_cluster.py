@@ -40,6 +40,19 @@ def cluster_workers() -> int:
     return len(cluster.get("worker", [])) + len(cluster.get("chief", []))
 
 
+def config_is_chief() -> bool:
+    """Whether this process records the run: no ``TF_CONFIG``, or the chief of its cluster
+    (the ``chief`` task, else worker 0). Read without TensorFlow."""
+    config = json.loads(os.environ.get(TF_CONFIG_ENV) or "{}")
+    task = config.get("task") or {}
+    if not task:
+        return True
+    has_chief = bool(config.get("cluster", {}).get("chief"))
+    return task.get("type") == "chief" or (
+        task.get("type") == "worker" and int(task.get("index", 0)) == 0 and not has_chief
+    )
+
+
 def choose_strategy() -> tf.distribute.Strategy:
     """MultiWorkerMirroredStrategy under a ``TF_CONFIG`` cluster; else MirroredStrategy over
     every visible GPU when there is one; else the default strategy.
@@ -145,13 +158,13 @@ def _worker_main(
 ) -> None:
     """A spawned worker: its ``TF_CONFIG`` first (read when TensorFlow starts), then ``fn``.
 
-    ``fn(*args, report)`` gets ``report(message)`` to send epoch figures to the launcher;
-    its result goes back too.
+    ``fn(*args, report)`` gets ``report(*message)`` to send epoch figures to the launcher
+    (as the tuple ``message``); its result goes back too.
     """
     os.environ[TF_CONFIG_ENV] = tf_config
     index = json.loads(tf_config)["task"]["index"]
     try:
-        result = fn(*args, lambda message: messages.put(("report", index, message)))
+        result = fn(*args, lambda *message: messages.put(("report", index, message)))
     except BaseException as error:
         messages.put(("error", index, f"{type(error).__name__}: {error}"))
         raise
@@ -167,8 +180,9 @@ def launch_local_workers(
     grace_s: float = DEAD_WORKER_GRACE_S,
 ) -> Any:
     """Run ``fn(*args, report)`` in ``workers`` spawned processes forming one cluster on
-    127.0.0.1; the chief's result. A worker that dies or fails stops the others and raises
-    :class:`WorkerFailed` naming it: rerun to resume from the last epoch's backup.
+    127.0.0.1; the chief's result. What the chief reports goes to ``on_report``, a tuple.
+    A worker that dies or fails stops the others and raises :class:`WorkerFailed` naming
+    it: rerun to resume from the last epoch's backup.
 
     Spawned, never forked: TensorFlow and fork do not mix.
     """
