@@ -304,14 +304,15 @@ class Steps(NamedTuple):
     sync_statistics: Callable[[], None]
 
 
-def step_functions(
-    model: keras.Model, strategy: tf.distribute.Strategy, data: Data, *, xla: bool
-) -> Steps:
+def step_functions(model: keras.Model, strategy: tf.distribute.Strategy, data: Data) -> Steps:
     """``train(batch)`` takes one step on every replica and returns ``[loss sum, correct,
     images]`` summed over the global batch; ``evaluate(images, labels)`` the same for one
     local batch, no step taken; ``sync_statistics()`` averages the BatchNorm moving
     statistics over the replicas."""
     optimizer = model.optimizer
+    # XLA as Keras resolved ``train.xla`` at compile: off under op determinism, where not
+    # every op has a deterministic XLA kernel (Keras warns then).
+    xla = bool(model.jit_compile)
 
     def train_step(images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
         with tf.GradientTape() as tape:
@@ -597,7 +598,7 @@ def fit_phases(
     with strategy.scope():
         model = build_model(params, len(manifest.classes), manifest.record_schema.image_shape)
         compile_model(model, params, params.learning_rate, data.steps_per_epoch * params.epochs)
-    steps = step_functions(model, strategy, data, xla=params.xla)
+    steps = step_functions(model, strategy, data)
     fine_tune = params.fine_tune_layers > 0 and params.fine_tune_epochs > 0
     done = train_backup.restore_main_phase(model, dirs) if fine_tune else None
     if done is None:
@@ -610,7 +611,7 @@ def fit_phases(
             unfreeze_top(model, params.fine_tune_layers)
             lr = params.learning_rate * FINE_TUNE_LR_FACTOR
             compile_model(model, params, lr, data.steps_per_epoch * params.fine_tune_epochs)
-        steps = step_functions(model, strategy, data, xla=params.xla)  # new trainable set
+        steps = step_functions(model, strategy, data)  # new trainable set
         tune = Phase(done, done + params.fine_tune_epochs, dirs.phase("fine_tune"))
         fit_phase(model, data, tune, strategy, steps, params=params, callbacks=hooks)
     return model, epoch_log, lambda: probe_input_bound(steps.train, data)

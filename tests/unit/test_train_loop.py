@@ -1,0 +1,82 @@
+"""The training loop's switches on the CPU: loss scaling under float16, XLA, and the same
+model file from a repeated deterministic run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+import pytest
+
+import tasks.train as train_module
+from tasks.layout import Layout
+from tests.unit.test_train_core import NO_AUGMENT, run, train_params
+
+pytestmark = pytest.mark.slow
+
+
+class SeeOptimizer(keras.callbacks.Callback):
+    """The optimizer the loop trains with, and its step count after each epoch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.optimizer: Any = None
+        self.iterations: list[int] = []
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self.optimizer = self.model.optimizer
+        self.iterations.append(int(self.model.optimizer.iterations.numpy()))
+
+
+def test_float16_trains_with_loss_scaling(
+    tiny_shards: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The GPU policy, forced on the CPU: float16 gradients need the loss scaled up.
+    monkeypatch.setattr(train_module, "precision_policy", lambda *a, **k: "mixed_float16")
+    params = train_params(
+        epochs=4,
+        batch_size=16,
+        learning_rate=3e-3,
+        early_stopping_patience=0,
+        mixed_precision=True,
+        augment=NO_AUGMENT,
+    )
+    seen = SeeOptimizer()
+    summary = run(tiny_shards, params, callbacks=[seen])
+    assert summary["precision_policy"] == "mixed_float16"
+    assert isinstance(seen.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert seen.iterations[-1] == 4 * (72 // 16)  # every step applied, none skipped
+    history = summary["history"]
+    assert history["loss"][-1] < history["loss"][0]  # learns: gradients unscaled right
+    assert summary["final"]["val_accuracy"] >= 0.8  # chance is 1/3
+
+
+def test_xla_switch_compiles_the_step_and_still_learns(tiny_shards: Path) -> None:
+    params = train_params(
+        epochs=4,
+        batch_size=16,
+        learning_rate=3e-3,
+        early_stopping_patience=0,
+        xla=True,
+        deterministic=False,  # Keras turns XLA off under op determinism
+        augment=NO_AUGMENT,
+    )
+    summary = run(tiny_shards, params)
+    assert summary["final"]["val_accuracy"] >= 0.8
+
+
+def test_a_repeated_deterministic_run_ends_with_the_same_weights(tiny_shards: Path) -> None:
+    """With tests/unit/test_model_file.py (the same weights give the same bytes): the same
+    model file. Compared as weights here: in one process Keras numbers its auto-named
+    objects on (adam, adam_1, ...), which a fresh process, as the stage runs, does not."""
+    params = train_params(epochs=2, batch_size=16, early_stopping_patience=0)
+    model_file = Layout().with_root(tiny_shards).model_file
+    weights = []
+    for _ in range(2):
+        run(tiny_shards, params)
+        weights.append(keras.saving.load_model(model_file).get_weights())
+    assert len(weights[0]) == len(weights[1]) > 0
+    for first, second in zip(*weights, strict=True):
+        np.testing.assert_array_equal(first, second)
