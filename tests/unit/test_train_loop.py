@@ -35,6 +35,14 @@ def test_float16_trains_with_loss_scaling(
 ) -> None:
     # The GPU policy, forced on the CPU: float16 gradients need the loss scaled up.
     monkeypatch.setattr(train_module, "precision_policy", lambda *a, **k: "mixed_float16")
+    scaled: list[object] = []  # the losses the step had the optimizer scale (at trace time)
+    scale_loss = keras.optimizers.LossScaleOptimizer.scale_loss
+
+    def spy(self: Any, loss: Any) -> Any:
+        scaled.append(loss)
+        return scale_loss(self, loss)
+
+    monkeypatch.setattr(keras.optimizers.LossScaleOptimizer, "scale_loss", spy)
     params = train_params(
         epochs=4,
         batch_size=16,
@@ -47,6 +55,7 @@ def test_float16_trains_with_loss_scaling(
     summary = run(tiny_shards, params, callbacks=[seen])
     assert summary["precision_policy"] == "mixed_float16"
     assert isinstance(seen.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert scaled  # the step scales its loss before taking gradients
     assert seen.iterations[-1] == 4 * (72 // 16)  # every step applied, none skipped
     history = summary["history"]
     assert history["loss"][-1] < history["loss"][0]  # learns: gradients unscaled right

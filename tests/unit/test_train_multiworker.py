@@ -135,3 +135,32 @@ def test_fewer_train_files_than_workers_is_refused_naming_the_param(tiny_shards:
     two = SimpleNamespace(num_replicas_in_sync=2, extended=SimpleNamespace(_num_workers=2))
     with pytest.raises(ValueError, match=r"train.batch_size=17 does not split over 2 replicas"):
         check_distributable(odd, manifest, two)
+
+
+def test_the_stage_launches_local_workers_and_only_the_chief_records(
+    tiny_shards: Path, mlflow_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``SHARDFLOW_TRAIN_WORKERS=2``: what the train stage runs (tasks.train_child.train)."""
+    from mlflow import MlflowClient
+
+    from tasks import train_child
+    from tasks.params import Params
+    from tasks.train_cluster import WORKERS_ENV
+
+    monkeypatch.setenv(WORKERS_ENV, "2")
+    params = default_params().model_copy(update={"train": PARAMS})
+    assert isinstance(params, Params)
+    reported: list[int] = []
+    summary = train_child.train(
+        params, Layout().with_root(tiny_shards), lambda epoch, _: reported.append(epoch)
+    )
+    assert summary["strategy"] == "MultiWorkerMirroredStrategy" and summary["chief"]
+    assert reported == list(range(PARAMS.epochs))  # the chief's epoch lines, once each
+    client = MlflowClient(mlflow_uri)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    runs = client.search_runs(experiments)
+    assert [run.info.run_id for run in runs] == [summary["run_id"]]  # one run, the chief's
+    steps = [m.step for m in client.get_metric_history(summary["run_id"], "loss")]
+    assert sorted(steps) == list(range(PARAMS.epochs))  # logged by the chief alone
+    assert client.get_run(summary["run_id"]).data.tags["device.num_workers"] == "2"
+    assert Layout().with_root(tiny_shards).model_file.exists()
