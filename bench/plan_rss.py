@@ -115,7 +115,7 @@ def measure_plan_rss(
 
 def _child(index_path: str) -> None:
     from tasks.params import default_params
-    from tasks.shard import plan_hash, plan_shards
+    from tasks.shard.planning import plan_hash, plan_shards
 
     params = default_params(shard={"encoding": "raw", "workers": 1}).shard
     start = time.perf_counter()

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
-from tasks.provenance import code_version as code_version  # task versions, re-exported
+from tasks.code_version import code_version as code_version  # task versions, re-exported
 
 T = TypeVar("T")
 
@@ -41,9 +41,9 @@ def configure_environment() -> None:
 def prestart_stage_child(warm: Callable[[], object]) -> None:
     """What a stage's ``python -m`` entry point does first when its task runs in a child:
     the offline settings, then the child, warming up with ``warm`` while the stage goes on
-    to import Prefect (:func:`tasks.pool.prestart_child`). In that order: the child takes
+    to import Prefect (:func:`tasks.processes.prestart_child`). In that order: the child takes
     the environment as it is at spawn."""
-    from tasks.pool import prestart_child
+    from tasks.processes import prestart_child
 
     configure_environment()
     prestart_child(warm)
@@ -58,7 +58,7 @@ def run_where_warm(
     """``fn(*args)`` in the child the stage's entry point prestarted with ``warm`` (its
     imports done or under way), each message it reports (a tuple) handed to ``report(*message)``;
     else ``fn(*args, report)`` here: a deployment run's process, or a retry."""
-    from tasks.pool import standby_child
+    from tasks.processes import standby_child
 
     child = standby_child(warm)
     if child is not None:

@@ -53,7 +53,7 @@ from tasks import images, schema, shard
 from tasks.layout import Layout
 from tasks.manifest import ShardFile
 from tasks.params import ShardParams, load_params, run_params_path
-from tasks.pool import dismiss_prestarted, spawn_pool
+from tasks.processes import dismiss_prestarted, spawn_pool
 
 # Shards per Prefect task: each task run costs a run record and state events that the
 # Prefect server processes (about 40 ms of its CPU, taken from the workers on a small

@@ -8,10 +8,10 @@ if __name__ == "__main__":
     # on an append that import is validation's critical path. The offline settings first:
     # the child takes this environment as it is now.
     from flows.common import configure_environment
-    from tasks import tf_check
+    from tasks import tf_cross_check
 
     configure_environment()
-    tf_check.prestart()
+    tf_cross_check.prestart()
 
 from pathlib import Path
 from typing import Any

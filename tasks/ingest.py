@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from tasks.atomic import write_json, write_text
-from tasks.heap import paused_gc
+from tasks.gc_pause import paused_gc
 from tasks.images import ImageRejected, verify
 from tasks.index import INDEX_VERSION, iter_verdicts, read_header, write_index
 from tasks.manifest import SPLITS, file_sha256
 from tasks.params import IngestParams, SplitFractions
-from tasks.pool import spawn_pool
+from tasks.processes import spawn_pool
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ import tensorflow as tf
 from tasks import manifest as manifest_module
 from tasks import models, reader, schema, train_backup, train_cluster
 from tasks.atomic import write_json
+from tasks.code_version import code_version
 from tasks.gate import ShardsNotValidated as ShardsNotValidated  # re-exported for the flows
 from tasks.gate import check_validated
 from tasks.layout import Layout
@@ -41,7 +42,6 @@ from tasks.metrics_files import split_numeric
 from tasks.model_file import save_model
 from tasks.models import build_model, unfreeze_top
 from tasks.params import Params, TrainParams, flatten
-from tasks.provenance import code_version
 from tasks.reader import read_split
 from tasks.train_backup import (
     EPOCH_LOG_NAME,

@@ -34,11 +34,11 @@ def train(params: Params, layout: Layout, report: Report | None = None) -> dict[
     MLflow run's page) in the summary.
 
     Without ``report`` (in a child) each epoch goes to the parent with
-    :func:`tasks.pool.report`, as ``(epoch, figures)``. With ``SHARDFLOW_TRAIN_WORKERS``
+    :func:`tasks.processes.report`, as ``(epoch, figures)``. With ``SHARDFLOW_TRAIN_WORKERS``
     above 1 the run is that many workers on 127.0.0.1 (:mod:`tasks.train_cluster`), started
     from this process, and the chief's epochs are reported.
     """
-    from tasks.pool import report as to_parent
+    from tasks.processes import report as to_parent
     from tasks.train_cluster import launch_local_workers, requested_workers
 
     def send(epoch: int, figures: dict[str, float]) -> None:

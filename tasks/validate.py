@@ -21,15 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks import tf_check
+from tasks import tf_cross_check
 from tasks.atomic import write_json, write_text
-from tasks.heap import paused_gc
+from tasks.gc_pause import paused_gc
 from tasks.manifest import MANIFEST_NAME, SPLITS, ShardManifest, file_sha256, own_files
 from tasks.params import ValidateParams
-from tasks.pool import ChildResult, run_in_child
+from tasks.processes import ChildResult, run_in_child
 from tasks.records import OFFSETS_NAME
 from tasks.schema import HASH_KEY, IMAGE_KEY, LABEL_KEY, RecordSchema, SchemaError
-from tasks.tf_check import fingerprint, tensorflow_sample
+from tasks.tf_cross_check import fingerprint, tensorflow_sample
 from tasks.tfds_metadata import tfds_files
 
 MAX_EXAMPLES = 20  # failures listed per check; the counts are always complete
@@ -210,7 +210,7 @@ def start_cross_check(
 
     It runs beside the TensorFlow-free read (its import is most of its cost), so the check
     adds little wall time; :func:`cross_check_with_tensorflow` collects and compares. The
-    child the stage's entry point prestarted (:func:`tasks.tf_check.prestart`) takes the job
+    child the stage's entry point prestarted (:func:`tasks.tf_cross_check.prestart`) takes the job
     when there is one; otherwise a child starts now.
     """
     args = (
@@ -220,7 +220,7 @@ def start_cross_check(
         files,
         CROSS_CHECK_PER_SHARD,
     )
-    child = tf_check.standby()
+    child = tf_cross_check.standby()
     if child is not None:
         try:
             return child.run(tensorflow_sample, *args)

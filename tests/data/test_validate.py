@@ -512,7 +512,7 @@ def _tensorflow_sample_and_keras(*args: object) -> tuple[dict[str, object], list
     """The cross-check child's work, and which of Keras and its imports it loaded."""
     import sys
 
-    from tasks.tf_check import tensorflow_sample
+    from tasks.tf_cross_check import tensorflow_sample
 
     sampled = tensorflow_sample(*args)  # type: ignore[arg-type]
     return sampled, [m for m in ("keras", "sklearn", "matplotlib") if m in sys.modules]
@@ -523,7 +523,7 @@ def test_the_cross_check_child_reads_with_tensorflow_and_never_loads_keras(
 ) -> None:
     """TensorFlow's parser in a fresh process agrees with the schema reader on every sampled
     record, and that process never imports Keras (1.5 s of its import, unused)."""
-    from tasks.pool import run_in_child
+    from tasks.processes import run_in_child
     from tasks.validate import CROSS_CHECK_PER_SHARD, read_shards
 
     manifest = load(shards)
@@ -545,14 +545,14 @@ def test_the_cross_check_child_reads_with_tensorflow_and_never_loads_keras(
 def test_a_prestarted_cross_check_child_takes_the_job(shards: Path, tmp_path: Path) -> None:
     """`python -m flows.validate` starts the cross-check's child before its own imports;
     the validation that follows sends its job there, once, and TensorFlow still reads."""
-    from tasks import pool, tf_check
+    from tasks import processes, tf_cross_check
     from tasks.validate import run_validate
 
-    tf_check.prestart()
-    child = pool._standing_by.get(tf_check.tensorflow_without_keras)
+    tf_cross_check.prestart()
+    child = processes._standing_by.get(tf_cross_check.tensorflow_without_keras)
     assert child is not None
     report = run_validate(shards, tmp_path / "v.json", tmp_path / "v.md")
     checks = {c["name"]: c for c in report["checks"]}
     assert report["passed"] and checks["tensorflow_parser"]["details"]["records"] > 0
-    assert tf_check.standby() is None  # taken by that validation
+    assert tf_cross_check.standby() is None  # taken by that validation
     assert not child._process.is_alive()  # type: ignore[attr-defined]

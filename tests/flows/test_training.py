@@ -14,11 +14,11 @@ from mlflow import MlflowClient
 
 from flows.training import training_flow
 from tasks import evaluate as tasks_evaluate
-from tasks import pool, tracking, train_child
+from tasks import processes, tracking, train_child
 from tasks.evaluate import CHAMPION, PER_CLASS_TABLE, logged_model_id
 from tasks.layout import Layout
 from tasks.params import default_params
-from tasks.pool import prestart_child
+from tasks.processes import prestart_child
 from tests.prefect_story import artifacts, flow_runs_tagged, log_lines
 
 pytestmark = pytest.mark.slow
@@ -132,19 +132,19 @@ def test_stage_entry_points_run_one_stage_each_and_tell_their_story(
     monkeypatch.setenv("SHARDFLOW_PIPELINE_ID", "train-story")
     monkeypatch.setattr("sys.argv", ["flows.train"])
     prestart_child(train_child.warm_up)  # what `python -m flows.train` does first
-    trainer = pool._standing_by[train_child.warm_up]
+    trainer = processes._standing_by[train_child.warm_up]
     train.main()
     assert layout.model_file.exists() and not layout.eval_metrics.exists()
     # The training ran in that child (its epochs reported back, below), which is gone.
-    assert pool.standby_child(train_child.warm_up) is None
+    assert processes.standby_child(train_child.warm_up) is None
     assert not trainer._process.is_alive()  # type: ignore[attr-defined]
     monkeypatch.setattr("sys.argv", ["flows.evaluate"])
     prestart_child(tasks_evaluate.warm_up)  # what `python -m flows.evaluate` does first
-    child = pool._standing_by[tasks_evaluate.warm_up]
+    child = processes._standing_by[tasks_evaluate.warm_up]
     evaluate.main()
     assert json.loads(layout.eval_summary.read_text())["model_version"] == "1"
     # The evaluation ran in that child, which is gone: nothing is left standing by.
-    assert pool.standby_child(tasks_evaluate.warm_up) is None
+    assert processes.standby_child(tasks_evaluate.warm_up) is None
     assert not child._process.is_alive()  # type: ignore[attr-defined]
 
     record = json.loads(layout.train_run.read_text())

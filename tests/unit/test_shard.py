@@ -306,7 +306,7 @@ def test_preprocessing_version_is_probed_once_per_process_and_filter(
 def test_only_a_local_rebuild_with_workers_prestarts_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from tasks import shard
+    from tasks.shard import workers as shard
 
     started: list[int] = []
     monkeypatch.setattr(shard, "prestart_pool", lambda n, warm: started.append(n))
@@ -335,7 +335,7 @@ def test_worker_with_other_preprocessing_refuses_to_write(
 
 
 def test_draft_decode_is_part_of_the_plan(tiny_index: Path) -> None:
-    from tasks.shard import plan_hash
+    from tasks.shard.planning import plan_hash
 
     with_draft = plan_shards(params(draft_decode=True), tiny_index)
     without = plan_shards(params(draft_decode=False), tiny_index)
@@ -347,7 +347,7 @@ def test_draft_decode_is_part_of_the_plan(tiny_index: Path) -> None:
 
 def reference_order(index_path: Path, seed: int) -> dict[str, list[str]]:
     """Each split's paths in the documented order: seeded hash, then path (all in memory)."""
-    from tasks.shard import order_key
+    from tasks.shard.planning import order_key
 
     records = load_index(index_path)["records"]
     return {
@@ -368,7 +368,7 @@ def test_streamed_plan_keeps_the_documented_order(
 ) -> None:
     """62 offset bits leave 2 bits of order key: nearly every record ties and is re-sorted."""
     from tasks.index import read_records_at
-    from tasks.shard import scan_index
+    from tasks.shard.planning import scan_index
 
     index = load_index(tiny_index)
     twin = dict(index["records"][0], path="zz/duplicate.png")  # same content: a full-key tie
@@ -389,7 +389,7 @@ def test_plan_memory_does_not_hold_the_records(tmp_path: Path) -> None:
     import tracemalloc
 
     from bench.plan_rss import synthetic_index
-    from tasks.shard import plan_hash
+    from tasks.shard.planning import plan_hash
 
     index_path = synthetic_index(tmp_path / "index.jsonl", 20_000)
     tracemalloc.start()

@@ -15,7 +15,7 @@ from tasks.schema import HASH_KEY, IMAGE_KEY, LABEL_KEY, RecordSchema
 from tasks.tf_imports import tensorflow_without_keras
 
 if TYPE_CHECKING:
-    from tasks.pool import StandbyChild
+    from tasks.processes import StandbyChild
 
 
 def fingerprint(image: bytes, features: dict[str, Any]) -> list[Any]:
@@ -30,14 +30,14 @@ def prestart() -> None:
     ``python -m flows.validate`` calls it before importing Prefect, so the child's import
     (about 2 s, validation's critical path on an append) overlaps the stage's own start-up
     (about 1.5 s). The validation that follows sends its job with :func:`standby`."""
-    from tasks.pool import prestart_child  # here: the child itself never needs it
+    from tasks.processes import prestart_child  # here: the child itself never needs it
 
     prestart_child(tensorflow_without_keras)
 
 
 def standby() -> StandbyChild | None:
     """The child :func:`prestart` started, once (None when there is none, or it was taken)."""
-    from tasks.pool import standby_child
+    from tasks.processes import standby_child
 
     return standby_child(tensorflow_without_keras)
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks import pool as pool_module
-from tasks.pool import dismiss_prestarted, prestart_pool, run_in_child, spawn_pool
+from tasks import processes as processes_module
+from tasks.processes import dismiss_prestarted, prestart_pool, run_in_child, spawn_pool
 
 WARM_DIR = "SHARDFLOW_TEST_WARM_DIR"
 
@@ -64,17 +64,17 @@ def test_a_prestarted_pool_is_taken_by_the_spawn_pool_of_its_shape(
             done = list(pool.map(_work, [0.2] * 4))
         assert {pid for pid, _ in done} <= warmed
         assert len(list(tmp_path.iterdir())) == 3  # nothing spawned or warmed again
-        assert not pool_module._prestarted
+        assert not processes_module._prestarted
     finally:
         dismiss_prestarted()
 
 
 def test_a_prestarted_pool_nobody_takes_is_dismissed() -> None:
     prestart_pool(2)
-    (pool,) = pool_module._prestarted.values()
+    (pool,) = processes_module._prestarted.values()
     processes = list(pool._processes.values())  # type: ignore[attr-defined]
     dismiss_prestarted()
-    assert not pool_module._prestarted
+    assert not processes_module._prestarted
     for process in processes:
         process.join(30)
         assert not process.is_alive()
@@ -115,7 +115,7 @@ MAIN_MODULE = """
 import sys
 import heavy_marker  # stands for Prefect: what a stage's flow module imports
 from probe import loaded
-from tasks.pool import run_in_child, spawn_pool
+from tasks.processes import run_in_child, spawn_pool
 
 if __name__ == "__main__":
     with spawn_pool(1) as pool:
@@ -161,7 +161,7 @@ def _failing_warm() -> None:
 def test_a_standby_child_warms_first_then_runs_the_job_sent_later(tmp_path: Path) -> None:
     import functools
 
-    from tasks.pool import StandbyChild
+    from tasks.processes import StandbyChild
 
     marker = tmp_path / "warmed"
     child = StandbyChild(functools.partial(_warm_then_record, str(marker)))
@@ -173,7 +173,7 @@ def test_a_standby_child_warms_first_then_runs_the_job_sent_later(tmp_path: Path
 
 
 def _count_aloud(n: int) -> int:
-    from tasks.pool import report
+    from tasks.processes import report
 
     for i in range(n):
         report(("step", i, os.getpid()))
@@ -182,7 +182,7 @@ def _count_aloud(n: int) -> int:
 
 def test_a_childs_job_reports_to_the_parent_while_it_runs() -> None:
     """Messages a job sends with report() reach on_report in order, before its value."""
-    from tasks.pool import StandbyChild
+    from tasks.processes import StandbyChild
 
     seen: list[object] = []
     value = StandbyChild(_started_noop).run(_count_aloud, 3).result(60, on_report=seen.append)
@@ -200,21 +200,21 @@ def test_a_failing_report_handler_does_not_stop_the_job() -> None:
 
 
 def test_report_outside_a_childs_job_says_so() -> None:
-    from tasks.pool import report
+    from tasks.processes import report
 
     with pytest.raises(RuntimeError, match="job running in a child"):
         report("hello")
 
 
 def test_a_standby_childs_failed_warm_up_is_reported_on_its_job() -> None:
-    from tasks.pool import StandbyChild
+    from tasks.processes import StandbyChild
 
     with pytest.raises(RuntimeError, match="warm-up failed: ImportError: no such library"):
         StandbyChild(_failing_warm).run(_square_and_pid, 2).result(timeout=60)
 
 
 def test_a_standby_child_that_gets_no_job_ends() -> None:
-    from tasks.pool import StandbyChild
+    from tasks.processes import StandbyChild
 
     child = StandbyChild(_started_noop)
     child.close()
@@ -237,7 +237,7 @@ def hold_lock():
 LOCK_MAIN = """
 import time
 from lock_holder import hold_lock
-from tasks.pool import StandbyChild, run_in_child
+from tasks.processes import StandbyChild, run_in_child
 if __name__ == "__main__":
     print(StandbyChild(time.time).run(hold_lock).result(60), run_in_child(hold_lock).result(60))
 """
@@ -255,7 +255,7 @@ def test_a_childs_semaphores_are_released_when_it_ends(tmp_path: Path) -> None:
 
 KILLED_PARENT = """
 import sys, time
-from tasks.pool import StandbyChild, prestart_pool, run_in_child, _prestarted
+from tasks.processes import StandbyChild, prestart_pool, run_in_child, _prestarted
 job = run_in_child(time.sleep, 120)
 standby = StandbyChild(time.time)
 standby.run(time.sleep, 120)
@@ -320,7 +320,7 @@ def test_a_stages_prestarted_child_starts_with_the_offline_settings(
     seen: list[str | None] = []
     monkeypatch.delenv("MLFLOW_DISABLE_TELEMETRY", raising=False)
     monkeypatch.setattr(
-        pool_module,
+        processes_module,
         "prestart_child",
         lambda warm: seen.append(os.environ.get("MLFLOW_DISABLE_TELEMETRY")),
     )

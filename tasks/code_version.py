@@ -16,14 +16,23 @@ def code_version(*modules: ModuleType | str) -> str:
     """A short hash of the modules' source: it changes exactly when their code does.
 
     A module may be named instead (``"tasks.train"``): its file is found without importing
-    it, so a stage's process can version code that only its child imports (TensorFlow).
+    it, so a stage's process can version code that only its child imports (TensorFlow). A
+    package (``tasks.shard``) stands for every module file in it, not its ``__init__`` alone.
     """
     digest = hashlib.sha256()
     for module in modules:
         source = module_file(module) if isinstance(module, str) else module.__file__
         if source:
-            digest.update(Path(source).read_bytes())
+            for path in package_files(Path(source)):
+                digest.update(path.read_bytes())
     return digest.hexdigest()[:12]
+
+
+def package_files(source: Path) -> list[Path]:
+    """``source`` itself, or every module file of its package when it is an ``__init__``."""
+    if source.name != "__init__.py":
+        return [source]
+    return sorted(source.parent.rglob("*.py"))
 
 
 def module_file(name: str) -> str | None:

@@ -1,0 +1,44 @@
+"""The shard stage: preprocess every indexed image once into TFRecord shards plus a manifest.
+
+One module a job: :mod:`~tasks.shard.spec` (one shard's unit of work and one record's
+preprocessing), :mod:`~tasks.shard.planning` (index scan, order keys, cuts),
+:mod:`~tasks.shard.writing` (writing and resume), :mod:`~tasks.shard.append` (what an append
+may build on), :mod:`~tasks.shard.workers` (the local worker processes) and
+:mod:`~tasks.shard.stage` (plan, prepare, write, finalize: manifest, record lists, data diff).
+Same inputs and params give byte-identical shards and ``manifest.json`` whatever the number
+of workers. What the flow and the other stages' callers use is named here.
+"""
+
+from tasks.shard.append import RebuildNeeded
+from tasks.shard.planning import ShardPlan, plan_shards, shard_name
+from tasks.shard.spec import ShardRecord, ShardSpec
+from tasks.shard.stage import StageRun, run_shard, shard_stage
+from tasks.shard.workers import (
+    pool_workers,
+    prestart_workers,
+    run_params,
+    warm_worker,
+    workers_from_the_start,
+)
+from tasks.shard.writing import WriteMany, describe_shard, write_batch, write_shard
+
+__all__ = [
+    "RebuildNeeded",
+    "ShardPlan",
+    "ShardRecord",
+    "ShardSpec",
+    "StageRun",
+    "WriteMany",
+    "describe_shard",
+    "plan_shards",
+    "pool_workers",
+    "prestart_workers",
+    "run_params",
+    "run_shard",
+    "shard_name",
+    "shard_stage",
+    "warm_worker",
+    "workers_from_the_start",
+    "write_batch",
+    "write_shard",
+]

@@ -1,0 +1,139 @@
+"""Append checks: what a new generation may build on (``shard.mode: append``).
+
+An append only adds records, written exactly like the base's; anything else (a record removed,
+changed or moved, other params or preprocessing) raises :class:`RebuildNeeded` naming the fix.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from tasks import data_diff
+from tasks.images import preprocessing_version
+from tasks.index import iter_records
+from tasks.manifest import MANIFEST_NAME, SPLITS, ShardManifest, load_manifest, stream_records
+from tasks.params import ShardParams
+from tasks.shard.spec import schema_from_params
+
+
+class RebuildNeeded(ValueError):
+    """``shard.mode: append`` cannot express this change; ``shard.mode: rebuild`` can."""
+
+
+REBUILD_HINT = "set shard.mode: rebuild in params.yaml (or run `make compact`)"
+
+
+def load_base(shards_dir: Path) -> ShardManifest:
+    """The manifest an append builds on; missing, the stage stops and names the fix."""
+    if not (shards_dir / MANIFEST_NAME).exists():
+        raise FileNotFoundError(
+            f"{shards_dir / MANIFEST_NAME}: shard.mode is append but the base shard set is "
+            "not here; fetch it with `dvc pull data/shards` (a fresh clone has only its "
+            "hash), or set shard.mode: rebuild to build the whole set again"
+        )
+    base = load_manifest(shards_dir)
+    for info in base.splits.values():
+        for shard in info.shards:
+            path = shards_dir / shard.file
+            if not path.is_file() or path.stat().st_size != shard.bytes:
+                raise FileNotFoundError(
+                    f"{path}: a base shard is missing or incomplete; fetch the base with "
+                    "`dvc pull data/shards`, or set shard.mode: rebuild"
+                )
+    return base
+
+
+def check_compatible(base: ShardManifest, params: ShardParams, shards_dir: Path) -> None:
+    """An append must write records exactly like the base's: same schema and preprocessing."""
+    now = {
+        "schema": schema_from_params(params).to_dict(),
+        "compression": params.compression,
+        "resize": params.resize,
+        # decoded at reduced size or not: one manifest flag tells serving which, for all
+        "draft_decode": params.draft_decode,
+        "preprocessing_version": preprocessing_version(),
+    }
+    then = {
+        "schema": dict(base.schema_),
+        "compression": base.compression,
+        "resize": base.resize,
+        "draft_decode": base.draft_decode,
+        "preprocessing_version": base.preprocessing_version,
+    }
+    changed = [
+        k for k in now if json.dumps(now[k], sort_keys=True) != json.dumps(then[k], sort_keys=True)
+    ]
+    if changed:
+        raise RebuildNeeded(
+            f"{shards_dir}: the base shards differ from what shard params and code write now "
+            f"({', '.join(changed)}); an append cannot mix two kinds of record: {REBUILD_HINT}"
+        )
+
+
+def base_table(shards_dir: Path, base: ShardManifest) -> data_diff.Table:
+    """Every record of the base shard set, from its record lists (sha256 checked)."""
+    records = data_diff.rows(base, stream_records(shards_dir, base))
+    return data_diff.Table.of(records, expected=base.total_records)
+
+
+def check_nothing_removed(
+    current: data_diff.Table,
+    base: ShardManifest,
+    before: data_diff.Table,
+    shards_dir: Path,
+    index_path: Path,
+) -> list[dict[str, str]]:
+    """Refuse when a base record (``before``) is gone from the index (``current``, every
+    index record in index order) or has moved to another class or split; return the base
+    records whose content the index now holds under another path (the diff's duplicates:
+    the append keeps the record it has, and the diff names both paths).
+
+    Append never removes or rewrites a record: an image deleted or edited since the base
+    (its old content is gone), quarantined now, or moved, needs a rebuild. Compared as
+    columns (a binary search per base record); paths are read back only for the records a
+    message or the duplicates name.
+    """
+    found, match, same = data_diff.locate(before, current)
+    problems = np.flatnonzero(~same)
+    if len(problems):
+        shown = [int(i) for i in problems[:5]]
+        paths = _paths_at((entry["path"] for _, entry in stream_records(shards_dir, base)), shown)
+        reasons = []
+        for i in shown:
+            if not found[i]:
+                reasons.append(
+                    f"{paths[i]} removed, changed or quarantined (see the ingest report)"
+                )
+                continue
+            j = int(match[i])
+            was = f"{before.names[before.labels[i]]}/{SPLITS[before.splits[i]]}"
+            to = f"{current.names[current.labels[j]]}/{SPLITS[current.splits[j]]}"
+            reasons.append(f"{paths[i]} moved from {was} to {to}")
+        raise RebuildNeeded(
+            f"{shards_dir}: {len(problems)} record(s) of the base shard set no longer match "
+            f"the sources ({'; '.join(reasons)}); append only adds records: "
+            f"{REBUILD_HINT}"
+        )
+    renamed = [
+        int(i)
+        for i in np.flatnonzero(current.path_digest_array()[match] != before.path_digest_array())
+    ]
+    if not renamed:
+        return []
+    old = _paths_at((entry["path"] for _, entry in stream_records(shards_dir, base)), renamed)
+    new = _paths_at((r["path"] for _, r in iter_records(index_path)), match[renamed])
+    return [
+        {"path": new[int(match[i])], "same_content_as": old[i]}
+        for i in renamed
+        if new[int(match[i])] != old[i]
+    ]
+
+
+def _paths_at(paths: Iterable[str], positions: Iterable[int]) -> dict[int, str]:
+    """The paths at these positions of a stream of paths (read to its end)."""
+    wanted = {int(p) for p in positions}
+    return {i: path for i, path in enumerate(paths) if i in wanted}
