@@ -56,10 +56,13 @@ ui: install  ## MLflow UI on 127.0.0.1:5000 over the project's tracking store
 	$(BIN)/python -m flows.cli ui
 
 SERVE_MODEL_PORT ?= 5001
-serve-model: install  ## the registered champion behind `mlflow models serve` on 127.0.0.1:$(SERVE_MODEL_PORT)
-	MLFLOW_TRACKING_URI=$${MLFLOW_TRACKING_URI:-sqlite:///$(CURDIR)/mlflow.db} $(BIN)/mlflow models serve \
-	  -m "models:/$$($(BIN)/python -c 'from tasks.params import load_params; print(load_params().evaluate.model_name)')@champion" \
-	  --env-manager local -h 127.0.0.1 -p $(SERVE_MODEL_PORT)
+SERVE_MAX_REQUEST_MB ?= 16
+SERVE_MAX_REQUEST_ROWS ?= 1024
+serve-model: install  ## the registered champion (MLflow's scoring app; requests up to $(SERVE_MAX_REQUEST_MB) MB, $(SERVE_MAX_REQUEST_ROWS) rows) on 127.0.0.1:$(SERVE_MODEL_PORT)
+	MLFLOW_TRACKING_URI=$${MLFLOW_TRACKING_URI:-sqlite:///$(CURDIR)/mlflow.db} $(BIN)/python -m tasks.serve \
+	  "models:/$$($(BIN)/python -c 'from tasks.params import load_params; print(load_params().evaluate.model_name)')@champion" \
+	  --host 127.0.0.1 --port $(SERVE_MODEL_PORT) --max-request-mb $(SERVE_MAX_REQUEST_MB) \
+	  --max-request-rows $(SERVE_MAX_REQUEST_ROWS)
 
 bench: install  ## benchmarks -> reports/bench.json, reports/bench.png (BENCH_ARGS=--quick for a smoke run)
 	$(BIN)/python -m flows.cli bench $(BENCH_ARGS)

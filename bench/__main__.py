@@ -24,8 +24,9 @@ QUICK = {
     "serve_requests": 30,
     "append_images": 500,
     "stage_rss_max": 10_000,
+    "near_duplicate_hashes": 2000,
 }
-SELF_CONTAINED = {"append", "photos", "plan_rss"}
+SELF_CONTAINED = {"append", "photos", "plan_rss", "near_duplicates"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -86,6 +87,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0.01,
         help="new images the append section adds, as a fraction of --append-images",
     )
+    parser.add_argument(
+        "--near-duplicate-hashes",
+        type=int,
+        default=50000,
+        help="perceptual hashes the near_duplicates section searches and places",
+    )
     parser.add_argument("--skip-orchestration", action="store_true")
     parser.add_argument("--skip-scaling", action="store_true")
     parser.add_argument(
@@ -93,7 +100,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=lambda s: s.split(","),
         default=None,
         help="comma-separated sections: read,write,photos,input,serve,orchestration,scaling,"
-        "append,plan_rss",
+        "append,plan_rss,near_duplicates",
     )
     parser.add_argument(
         "--quick", action="store_true", help=f"tiny smoke run: {QUICK}, orchestration at 1 epoch"
@@ -169,6 +176,11 @@ class Run:
             "plan_rss.records_1m_mb": None,
             "plan_rss.stage_10k_mb": None,
             "plan_rss.stage_1m_mb": None,
+            "near_duplicates.max_light_edit_bits": None,
+            "near_duplicates.min_other_bits": None,
+            "near_duplicates.search_s": None,
+            "near_duplicates.place_s": None,
+            "near_duplicates.peak_rss_mb": None,
             "machine": machine_info(),
             "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "details": {},
@@ -440,6 +452,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             target = run.figures if not key.endswith("_details") else run.figures["details"]
             target[f"plan_rss.{key}"] = value
 
+    def near_duplicates() -> None:
+        from bench.near_duplicates import measure_near_duplicates
+
+        result = measure_near_duplicates(
+            work,
+            count=args.near_duplicate_hashes,
+            distance=base.ingest.near_duplicate_distance,
+            log=log,
+        )
+        threshold, search = result["threshold"], result["search"]
+        f = run.figures
+        f["near_duplicates.max_light_edit_bits"] = threshold["max_light_edit_bits"]
+        f["near_duplicates.min_other_bits"] = min(
+            threshold["min_other_position_bits"], threshold["min_different_photo_bits"]
+        )
+        f["near_duplicates.search_s"] = search["search_s"]
+        f["near_duplicates.place_s"] = search["place_s"]
+        f["near_duplicates.peak_rss_mb"] = search["peak_rss_mb"]
+        f["details"]["near_duplicates"] = result
+
     run.section("read", read)
     run.section("write", write)
     run.section("photos", photos)
@@ -451,6 +483,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         run.section("scaling", scaling)
     run.section("append", append)
     run.section("plan_rss", plan_rss)
+    run.section("near_duplicates", near_duplicates)
 
     run.figures["targets"] = evaluate_targets(run.figures, base.shard.encoding)
     run.save()

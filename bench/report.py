@@ -122,6 +122,14 @@ def format_table(figures: dict[str, Any], targets: list[dict[str, Any]]) -> str:
             f"  peak RSS {point['peak_rss_mb']:.0f} MB"
         )
     lines += append_rows(figures)
+    for key, unit in (
+        ("near_duplicates.max_light_edit_bits", "bits (light edits, at most)"),
+        ("near_duplicates.min_other_bits", "bits (other parts and photos, at least)"),
+        ("near_duplicates.search_s", "s neighbour search"),
+        ("near_duplicates.place_s", "s search + groups + splits"),
+        ("near_duplicates.peak_rss_mb", "MB peak RSS"),
+    ):
+        lines.append(f"{key:<24}{_fmt(figures.get(key), 3):>14}  {unit}")
     lines += ["", f"{'target':<40}{'measured':>10}  {'rule':<48}result", "-" * 108]
     for t in targets:
         result = {True: "PASS", False: "FAIL", None: "n/a"}[t["pass"]]

@@ -37,6 +37,13 @@ def ingest_task(params: IngestParams, layout: Layout) -> dict[str, Any]:
     logger.info(key_figures(report))
     for dropped in report["classes_dropped"]:
         logger.warning("class %r dropped: %s", dropped["class"], dropped["reason"])
+    for conflict in report["near_duplicates"]["label_conflicts"][:20]:
+        logger.warning(
+            "near-duplicates with different labels %s (suspected label error, kept in %s): %s",
+            conflict["labels"],
+            conflict["split"],
+            ", ".join(conflict["paths"][:10]),
+        )
     create_table_artifact(
         key="ingest-summary",
         table=ingest.summary_rows(report),
@@ -58,7 +65,11 @@ def key_figures(report: dict[str, Any]) -> str:
         f"ingest {report['source_dir']}: {report['files_found']} files found: "
         f"{report['accepted']} accepted ({splits}) in {len(report['classes'])} classes, "
         f"{report['quarantined_count']} quarantined, {report['duplicate_count']} duplicates, "
-        f"{report['skipped_count']} skipped; {report['decoded_count']} decoded, "
+        f"{report['skipped_count']} skipped; "
+        f"{report['near_duplicates']['images_in_groups']} near-duplicates in "
+        f"{report['near_duplicates']['group_count']} groups (largest "
+        f"{report['near_duplicates']['largest_group']}), each in one split; "
+        f"{report['decoded_count']} decoded, "
         f"{report['reused_count']} verdicts reused ({report['stat_trusted_count']} files "
         "unchanged by stat, not read)"
     )

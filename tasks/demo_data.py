@@ -15,10 +15,15 @@ import struct
 import zlib
 from pathlib import Path
 
+import imagehash
 import numpy as np
 from PIL import Image, ImageDraw
 
 CLASSES = ("circle", "cross", "square", "stripes", "triangle", "ring")
+# Every drawing's perceptual hash is more bits than this from every other's: well above
+# ingest.near_duplicate_distance (10), with room for what encoding moves a hash (measured:
+# at most 10 bits), so the demo has no near-duplicates and its splits are its hash splits.
+DISTINCT_BITS = 16
 
 
 def draw_shape(rng: np.random.Generator, shape: str, size: tuple[int, int]) -> Image.Image:
@@ -26,7 +31,7 @@ def draw_shape(rng: np.random.Generator, shape: str, size: tuple[int, int]) -> I
     width, height = size
     background = tuple(int(v) for v in rng.integers(0, 256, 3))
     foreground = tuple(int((b + rng.integers(96, 160)) % 256) for b in background)
-    image = Image.new("RGB", size, background)
+    image = Image.fromarray(_shaded(rng, background, width, height), mode="RGB")
     draw = ImageDraw.Draw(image)
     side = min(width, height)
     r = side * rng.uniform(0.22, 0.38)
@@ -53,6 +58,26 @@ def draw_shape(rng: np.random.Generator, shape: str, size: tuple[int, int]) -> I
     pixels = np.asarray(image, dtype=np.int16)
     noise = rng.normal(0, 10, pixels.shape).astype(np.int16)
     return Image.fromarray(np.clip(pixels + noise, 0, 255).astype(np.uint8), mode="RGB")
+
+
+def _shaded(
+    rng: np.random.Generator, colour: tuple[int, ...], width: int, height: int
+) -> np.ndarray:
+    """A background of ``colour`` under random soft light (a few low-frequency waves).
+
+    Without it every drawing is a centred blob on a flat ground, and perceptual hashes (which
+    keep only an image's coarsest structure) make most of a class near-duplicates of each
+    other, so near-duplicate placement would put whole classes in one split. The light
+    gives each drawing a coarse structure of its own; the shape stays on top, as sharp.
+    """
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    light = np.zeros((height, width), np.float32)
+    for _ in range(4):
+        fx, fy = rng.uniform(0.3, 2.0, 2) * rng.choice([-1, 1], 2)
+        phase = rng.uniform(0, 2 * np.pi)
+        light += np.cos(2 * np.pi * (fx * x / width + fy * y / height) + phase)
+    shaded = np.asarray(colour, np.float32) + 40 * light[..., None]
+    return np.clip(shaded, 0, 255).astype(np.uint8)
 
 
 def _encode(rng: np.random.Generator, image: Image.Image, index: int) -> tuple[bytes, str]:
@@ -124,15 +149,14 @@ def generate(
     shutil.rmtree(staging, ignore_errors=True)
     rng = np.random.default_rng(seed)
     count = 0
+    drawn = Distinct()
     for shape in classes:
         class_dir = staging / shape
         class_dir.mkdir(parents=True)
         for i in range(per_class):
-            size = (
-                int(rng.integers(min_size, max_size + 1)),
-                int(rng.integers(min_size, max_size + 1)),
-            )
-            image = draw_shape(rng, shape, size)
+            image = _draw_any_size(rng, shape, min_size, max_size)
+            while not drawn.add(image):  # a near-duplicate of an earlier drawing: redraw
+                image = _draw_any_size(rng, shape, min_size, max_size)
             if i % 97 == 5:
                 data, ext = _exif_rotated_jpeg(image), ".jpg"
             else:
@@ -145,6 +169,28 @@ def generate(
         shutil.rmtree(out_dir)
     staging.rename(out_dir)
     return count
+
+
+def _draw_any_size(
+    rng: np.random.Generator, shape: str, min_size: int, max_size: int
+) -> Image.Image:
+    size = (int(rng.integers(min_size, max_size + 1)), int(rng.integers(min_size, max_size + 1)))
+    return draw_shape(rng, shape, size)
+
+
+class Distinct:
+    """The perceptual hashes of the drawings kept so far (see DISTINCT_BITS)."""
+
+    def __init__(self) -> None:
+        self.hashes = np.empty(0, dtype=np.uint64)
+
+    def add(self, image: Image.Image) -> bool:
+        """Keep ``image`` unless it is a near-duplicate of a kept drawing; whether it was."""
+        value = np.uint64(int(str(imagehash.phash(image)), 16))
+        if (np.bitwise_count(self.hashes ^ value) <= DISTINCT_BITS).any():
+            return False
+        self.hashes = np.append(self.hashes, value)
+        return True
 
 
 def _write_broken(out_dir: Path, classes: tuple[str, ...], rng: np.random.Generator) -> int:

@@ -6,9 +6,14 @@ policy. Ingest checks files with it, the shard stage writes records with it, and
 turns a new photo into the model's input with it, so training and serving can never disagree
 about what an image looks like.
 
-:func:`preprocessing_version` names this code: a hash of this module and of the record schema
-(the encoder), plus the versions of the libraries that compute pixels (Pillow, NumPy). It is
-part of the shard plan hash and of ``manifest.json``, so changing any of them reshards.
+:func:`preprocessing_version` names this code. It covers the code tokens of this module and of
+the record schema (the encoder), comments, docstrings and layout left out (:func:`code_digest`);
+the versions of the libraries that compute pixels (Pillow, NumPy); and the pixels a fixed set
+of probe images come out as. It is part of the shard plan hash and of ``manifest.json``, so a
+change to any of those reshards, and a reworded comment or docstring does not.
+
+Only the formats in :data:`DECODED_FORMATS` are decoded; every other file is refused from its
+first bytes, before any other Pillow plugin sees it.
 
 This module must stay free of TensorFlow and of any stage code: it is imported by shard
 workers and by the serving model, and ``pyproject.toml``'s import contracts check it.
@@ -21,10 +26,45 @@ import hashlib
 import io
 import itertools
 import math
+import tokenize
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import (
+    BmpImagePlugin,
+    GifImagePlugin,
+    Image,
+    ImageOps,
+    JpegImagePlugin,
+    PngImagePlugin,
+    PpmImagePlugin,
+    TiffImagePlugin,
+    UnidentifiedImageError,
+    WebPImagePlugin,
+)
+
+# The formats decoded anywhere (ingest, shard workers, serving): what phones, cameras and the
+# web give. Pillow's other plugins (EPS, which runs Ghostscript; FITS, PSD, ICO and the rest)
+# are never asked to open a file: Image.open tries only these, so a file in another format is
+# rejected from its first bytes. JPEG covers MPO (phone photos with a depth or preview
+# image); PPM covers the PNM family (PBM, PGM, PPM, PFM).
+DECODED_FORMATS = tuple(
+    plugin.format
+    for plugin in (
+        JpegImagePlugin.JpegImageFile,
+        PngImagePlugin.PngImageFile,
+        WebPImagePlugin.WebPImageFile,
+        GifImagePlugin.GifImageFile,
+        BmpImagePlugin.BmpImageFile,
+        TiffImagePlugin.TiffImageFile,
+        PpmImagePlugin.PpmImageFile,
+    )
+)
+# ISO-BMFF brands of HEIC/HEIF photos (iPhones' default): named in the reason for refusing them.
+HEIF_BRANDS = {b"heic", b"heix", b"hevc", b"hevx", b"heim", b"heis", b"mif1", b"msf1"}
+# Pixels converted at a time (a strip of rows): keeps the float64 temporaries at 2 MB each.
+STRIP_PIXELS = 1 << 18
 
 RESAMPLE = Image.Resampling.BILINEAR
 RESIZE_POLICIES = ("pad", "crop", "stretch")
@@ -48,9 +88,9 @@ def open_checked(data: bytes, *, max_pixels: int, min_side: int) -> Image.Image:
     if not data:
         raise ImageRejected("empty file (0 bytes)")
     try:
-        image = Image.open(io.BytesIO(data))
+        image = Image.open(io.BytesIO(data), formats=DECODED_FORMATS)
     except UnidentifiedImageError:
-        raise ImageRejected("not an image (format not recognised from its bytes)") from None
+        raise ImageRejected(unlisted_reason(data)) from None
     except Image.DecompressionBombError as exc:
         raise ImageRejected(
             f"absurd dimensions (Pillow's decompression-bomb guard): {exc}"
@@ -64,6 +104,35 @@ def open_checked(data: bytes, *, max_pixels: int, min_side: int) -> Image.Image:
             f"{max_pixels} px in all)"
         )
     return image
+
+
+def unlisted_reason(data: bytes) -> str:
+    """Why bytes no listed format opens are refused, naming the format when Pillow knows it.
+
+    Only each plugin's signature check runs (a test of the first 16 bytes); no other
+    plugin code, and no decoder, ever sees the file.
+    """
+    Image.init()
+    prefix = data[:16]
+    for name in Image.ID:
+        accept = Image.OPEN[name][1] if name in Image.OPEN else None
+        if name in DECODED_FORMATS or accept is None:
+            continue
+        try:
+            known = accept(prefix)
+        except Exception:  # a signature check that trips on a short prefix: not this format
+            continue
+        if known and not isinstance(known, str):  # a str is Pillow's "maybe" warning
+            return (
+                f"format {name} is not decoded (formats decoded: {', '.join(DECODED_FORMATS)}); "
+                "convert the file to one of them"
+            )
+    if data[4:8] == b"ftyp" and data[8:12] in HEIF_BRANDS:  # no Pillow plugin knows HEIC
+        return (
+            f"format HEIC is not decoded (formats decoded: {', '.join(DECODED_FORMATS)}); "
+            "convert the file to one of them (phones can save photos as JPEG)"
+        )
+    return "not an image (format not recognised from its bytes)"
 
 
 def oriented_size(image: Image.Image) -> tuple[int, int]:
@@ -87,16 +156,21 @@ def decode_rgb(data: bytes, *, max_pixels: int, min_side: int) -> Image.Image:
 
     Raises :class:`ImageRejected` with the reason when the bytes cannot be used.
     """
-    return finish_decode(open_checked(data, max_pixels=max_pixels, min_side=min_side))
+    image = finish_decode(open_checked(data, max_pixels=max_pixels, min_side=min_side))
+    return as_rgb(image)
 
 
 def finish_decode(image: Image.Image) -> Image.Image:
-    """Decode an opened image's pixels, apply EXIF orientation, normalise to RGB."""
+    """Decode an opened image's pixels, apply EXIF orientation, normalise to 8 bits.
+
+    The result is ``L`` for a grey source and ``RGB`` otherwise (see :func:`to_8bit`).
+    """
     try:
         image.load()
-        peak = integer_peak(image)  # from the file's header: the oriented copy has none
-        oriented = ImageOps.exif_transpose(image) or image
-        return to_rgb(oriented, peak)
+        peak = integer_peak(image)  # from the file's header, read before the transpose
+        # In place: without an orientation to apply, exif_transpose would return a full copy.
+        ImageOps.exif_transpose(image, in_place=True)
+        return to_8bit(image, peak)
     except Exception as exc:
         raise ImageRejected(f"truncated or corrupt {image.format} data: {exc}") from None
 
@@ -142,35 +216,86 @@ def draft_for(image: Image.Image, size: tuple[int, int], policy: str) -> None:
     image.draft(None, (max(1, need_w), max(1, need_h)))
 
 
-def to_rgb(image: Image.Image, peak: float = 65535.0) -> Image.Image:
-    """Normalise any PIL mode (L, P, RGBA, CMYK, 16-bit, float) to 8-bit RGB.
+def as_rgb(image: Image.Image) -> Image.Image:
+    """An ``L`` or ``RGB`` image as RGB (grey replicated into the three channels)."""
+    return image if image.mode == "RGB" else image.convert("RGB")
+
+
+GREY_INTEGER_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
+
+
+def to_8bit(image: Image.Image, peak: float = 65535.0) -> Image.Image:
+    """Normalise any PIL mode (L, P, RGBA, CMYK, 16-bit, float) to 8-bit ``L`` or ``RGB``.
 
     Transparent pixels are composited over black, whether the transparency is an alpha
     channel, a palette's or a PNG colour key (``tRNS`` in an L or RGB image). Integer
     samples are scaled from ``peak``, the white their format declares
     (:func:`integer_peak`), never from the image's own values. Float images are scaled
-    from their own finite range (no format declares one); NaN is black.
+    from their own finite range (no format declares one; :func:`float_range`); NaN is black.
+
+    A grey source stays ``L``: the resize is the same per channel, so resizing first and
+    replicating after gives the same pixels from a third of the memory. Other modes are
+    converted a strip of rows at a time (:data:`STRIP_PIXELS`), so the temporaries stay
+    small whatever the image's size and bit depth: the full-size buffers are the decoded
+    image and the 8-bit result only.
     """
+    mode = image.mode
+    keyed = mode in ("1", "L", "RGB") and image.info.get("transparency") is not None
+    if mode in ("L", "RGB") and not keyed:
+        return image
+    grey = not keyed and mode in (*GREY_INTEGER_MODES, "F", "1")
+    value_range = float_range(image) if mode == "F" else (0.0, 0.0)
+    out = Image.new("L" if grey else "RGB", image.size)
+    for top, strip in strips(image):
+        out.paste(strip_to_8bit(strip, peak, value_range), (0, top))
+    return out
+
+
+def strips(image: Image.Image) -> Iterator[tuple[int, Image.Image]]:
+    """(top row, a copy of the rows from there) covering the image, STRIP_PIXELS each."""
+    width, height = image.size
+    rows = max(1, STRIP_PIXELS // max(1, width))
+    for top in range(0, height, rows):
+        yield top, image.crop((0, top, width, min(height, top + rows)))
+
+
+def float_range(image: Image.Image) -> tuple[float, float]:
+    """The (black, white) of a float image: its finite (low, high).
+
+    Without two different finite values there is no range to stretch, and the image is read
+    on the float convention's own scale, 0 black and 1 white: a constant 0.5 is mid-grey,
+    not black.
+    """
+    low, high = math.inf, -math.inf
+    for _, strip in strips(image):
+        pixels = np.asarray(strip, dtype=np.float64)
+        finite = pixels[np.isfinite(pixels)]
+        if finite.size:
+            low, high = min(low, float(finite.min())), max(high, float(finite.max()))
+    return (low, high) if low < high else (0.0, 1.0)
+
+
+def strip_to_8bit(image: Image.Image, peak: float, value_range: tuple[float, float]) -> Image.Image:
+    """One strip of :func:`to_8bit`; ``value_range`` is the whole float image's."""
     mode = image.mode
     key = image.info.get("transparency")
     if mode in ("1", "L", "RGB") and key is not None:
         image, mode = image.convert("RGBA"), "RGBA"  # the colour key becomes alpha
-    if mode == "RGB":
-        return image
-    if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
+    if mode in GREY_INTEGER_MODES:
         pixels = np.asarray(image, dtype=np.float64)
         gray = np.clip(pixels / peak * 255.0 + 0.5, 0, 255).astype(np.uint8)
         if isinstance(key, int):
             gray[pixels == key] = 0
-        return Image.fromarray(gray, mode="L").convert("RGB")
+        return Image.fromarray(gray, mode="L")
     if mode == "F":
+        low, high = value_range
         pixels = np.asarray(image, dtype=np.float64)
-        finite = pixels[np.isfinite(pixels)]
-        low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
         pixels = np.nan_to_num(pixels, nan=low, posinf=high, neginf=low)
         span = max(high - low, 1e-12)
         gray = np.clip((pixels - low) / span * 255.0 + 0.5, 0, 255).astype(np.uint8)
-        return Image.fromarray(gray, mode="L").convert("RGB")
+        return Image.fromarray(gray, mode="L")
+    if mode == "1":
+        return image.convert("L")
     if mode in ("P", "PA"):
         image = image.convert("RGBA")
         mode = "RGBA"
@@ -178,7 +303,7 @@ def to_rgb(image: Image.Image, peak: float = 65535.0) -> Image.Image:
         rgba = image.convert("RGBA")
         background = Image.new("RGBA", rgba.size, (0, 0, 0, 255))
         return Image.alpha_composite(background, rgba).convert("RGB")
-    return image.convert("RGB")  # L, 1, CMYK, YCbCr, LAB, HSV
+    return image.convert("RGB")  # CMYK, YCbCr, LAB, HSV
 
 
 def integer_peak(image: Image.Image) -> float:
@@ -199,7 +324,8 @@ def integer_peak(image: Image.Image) -> float:
 
 
 def resize_image(image: Image.Image, size: tuple[int, int], policy: str) -> np.ndarray:
-    """Resize an RGB image to ``size`` = (height, width) under a policy; uint8 HxWx3.
+    """Resize an ``RGB`` or ``L`` image to ``size`` = (height, width) under a policy; uint8
+    HxWx3 (grey is replicated after the resize).
 
     ``pad`` fits inside and letterboxes on black (centred), ``crop`` covers then
     centre-crops, ``stretch`` ignores the aspect ratio. ``BILINEAR``, antialiased when
@@ -223,13 +349,13 @@ def resize_image(image: Image.Image, size: tuple[int, int], policy: str) -> np.n
         new_w = min(width, max(1, round(src_w * scale)))
         new_h = min(height, max(1, round(src_h * scale)))
         fitted = image.resize((new_w, new_h), RESAMPLE, reducing_gap=None)
-        out = Image.new("RGB", (width, height), (0, 0, 0))
+        out = Image.new(image.mode, (width, height), 0)
         out.paste(fitted, ((width - new_w) // 2, (height - new_h) // 2))
     else:
         raise ValueError(
             f"unknown resize policy {policy!r} (shard.resize: {' | '.join(RESIZE_POLICIES)})"
         )
-    return np.asarray(out, dtype=np.uint8)
+    return np.asarray(as_rgb(out), dtype=np.uint8)
 
 
 def preprocess_bytes(
@@ -255,8 +381,9 @@ def preprocess_bytes(
 def preprocessing_version() -> str:
     """Names the code and libraries that compute pixels: any change gives a new version.
 
-    Three parts: the source of this module and of the record schema (the encoder), the
-    versions of Pillow and NumPy, and the output of the preprocessing itself on a fixed set
+    Three parts: the code tokens of this module and of the record schema (the encoder;
+    comments and docstrings do not count, see :func:`code_digest`), the versions of Pillow
+    and NumPy, and the output of the preprocessing itself on a fixed set
     of probe images (every resize policy, EXIF rotation, alpha, palette, JPEG and PNG
     sources). The probe catches what a source hash cannot: a codec library built
     differently, or a filter swapped at run time.
@@ -275,9 +402,9 @@ def _preprocessing_version(pillow: str, numpy: str, resample: Image.Resampling) 
     :data:`RESAMPLE`: here it only keys the cache)."""
     from tasks import schema
 
-    digest = hashlib.sha256(b"shardflow-preprocessing-v1")
+    digest = hashlib.sha256(b"shardflow-preprocessing-v2")
     for source in (Path(__file__), Path(schema.__file__)):
-        digest.update(source.read_bytes())
+        digest.update(code_digest(source.read_text(encoding="utf-8")))
     digest.update(f"pillow={pillow};numpy={numpy}".encode())
     for probe in _probe_images():
         for policy, draft in itertools.product(RESIZE_POLICIES, (False, True)):
@@ -287,6 +414,47 @@ def _preprocessing_version(pillow: str, numpy: str, resample: Image.Resampling) 
                 encoder = schema.RecordSchema(12, 16, encoding)  # type: ignore[arg-type]
                 digest.update(encoder.encode_image(pixels))
     return digest.hexdigest()[:16]
+
+
+def code_digest(source: str) -> bytes:
+    """A hash of Python source's code tokens: comments, docstrings and layout left out.
+
+    Built on :mod:`tokenize`, whose tokens are the language's and stable across Python
+    versions (``ast.dump`` output is not). A string that stands alone as a statement (a
+    docstring) is dropped with its line; every other token counts by its type and text, so
+    a changed name, number or operator gives a new digest and a reworded comment does not.
+    """
+    digest = hashlib.sha256()
+    for token in code_tokens(source):
+        digest.update(token.encode())
+        digest.update(b"\0")
+    return digest.digest()
+
+
+def code_tokens(source: str) -> Iterator[str]:
+    """The ``TYPE:text`` of each token that can change behaviour, in order."""
+    skipped = {tokenize.COMMENT, tokenize.NL, tokenize.ENCODING, tokenize.ENDMARKER}
+    tokens = [
+        token
+        for token in tokenize.generate_tokens(io.StringIO(source).readline)
+        if token.type not in skipped
+    ]
+    line_starts = {tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT}
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        if token.type == tokenize.STRING and (i == 0 or tokens[i - 1].type in line_starts):
+            end = i
+            while end < len(tokens) and tokens[end].type == tokenize.STRING:
+                end += 1  # implicit concatenation: "a" "b"
+            if end == len(tokens) or tokens[end].type == tokenize.NEWLINE:
+                i = end + 1  # a string statement (a docstring) and its line end
+                continue
+        # Line ends (LF or CRLF) and indentation count by their place, not their characters.
+        layout = (tokenize.INDENT, tokenize.DEDENT, tokenize.NEWLINE)
+        text = "" if token.type in layout else token.string
+        yield f"{tokenize.tok_name[token.type]}:{text}"
+        i += 1
 
 
 def _probe_images() -> list[bytes]:

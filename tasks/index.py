@@ -5,10 +5,13 @@ editing how ingest checks or reports files never reshards.
 
 Format (version 3): JSON Lines, so a reader never holds the whole index. Line 1 is the
 header (``version``, ``source_dir``, ``classes``, ``verdict_key``, ``num_records``,
-``num_verdicts``); then ``num_records`` lines, one accepted record each (``path``,
-``label``, ``label_index``, ``sha256``, ``split``, ``format``, ``width``, ``height``); then
-``num_verdicts`` lines, one decode verdict each (``[path, sha256, format, width, height,
-reason]``) that the next incremental ingest reuses. The shard planner streams the records
+``num_verdicts``, and ``placement``: the rule the splits were placed under); then
+``num_records`` lines, one accepted record each (``path``, ``label``, ``label_index``,
+``sha256``, ``split``, ``format``, ``width``, ``height``, ``phash``: the perceptual hash that
+near-duplicate placement used); then ``num_verdicts`` lines, one decode verdict each
+(``[path, sha256, format, width, height, reason, phash]``) that the next incremental ingest
+reuses. An index written before ``phash`` existed lacks it (and ``placement``): ingest
+places every image afresh and validation names the rerun. The shard planner streams the records
 and remembers only each one's byte offset, so planning a million images stays small.
 """
 
@@ -46,6 +49,7 @@ def write_index(index_path: Path, index: dict[str, Any]) -> str:
         "verdict_key": index.get("verdict_key"),
         "num_records": len(records),
         "num_verdicts": len(verdicts),
+        "placement": index.get("placement"),
     }
     index_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = index_path.with_name(f".{index_path.name}.tmp-{os.getpid()}")
@@ -174,10 +178,11 @@ def _record(index_path: Path, line: bytes, offset: int) -> dict[str, Any]:
 
 
 def iter_verdicts(index_path: Path) -> Iterator[tuple[str, list[Any]]]:
-    """(path, [sha256, format, width, height, reason]) of every file ingest read.
+    """(path, [sha256, format, width, height, reason, phash]) of every file ingest read.
 
     The verdict lines are parsed as one JSON array: one parser call instead of one a line
-    (at 50k files, 0.3 -> 0.1 s). Their caller keeps them all anyway.
+    (at 50k files, 0.3 -> 0.1 s). Their caller keeps them all anyway. (``phash`` is last,
+    in verdicts written since near-duplicate placement.)
     """
     with _open(index_path) as handle:
         header = _header(index_path, handle)
@@ -197,6 +202,7 @@ def load_index(index_path: Path) -> dict[str, Any]:
     header = read_header(index_path)
     return {
         **{k: header[k] for k in ("version", "source_dir", "classes", "verdict_key")},
+        "placement": header.get("placement"),
         "records": [record for _, record in iter_records(index_path)],
         "verdicts": dict(iter_verdicts(index_path)),
     }

@@ -22,9 +22,10 @@ from typing import Any, NamedTuple
 
 from tasks.atomic import write_json, write_text
 from tasks.gc_pause import paused_gc
-from tasks.images import ImageRejected, verify
-from tasks.index import INDEX_VERSION, iter_verdicts, read_header, write_index
+from tasks.images import ImageRejected, finish_decode, open_checked, oriented_size
+from tasks.index import INDEX_VERSION, iter_records, iter_verdicts, read_header, write_index
 from tasks.manifest import SPLITS, file_sha256
+from tasks.near_duplicates import HASH_SIDE, Item, hash_version, perceptual_hash, place
 from tasks.params import IngestParams, SplitFractions
 from tasks.processes import spawn_pool
 
@@ -48,6 +49,7 @@ class Inspected(NamedTuple):
     reused: bool = False  # verdict taken from the previous index (same path, same content)
     signature: Signature | None = None  # the file's stat when it was vetted
     trusted: bool = False  # content hash taken on its unchanged stat: the bytes were not read
+    phash: str | None = None  # perceptual hash of the decoded image (near-duplicates)
 
 
 # (size, mtime_ns, ctime_ns, inode, device): what `git status` and DVC also trust to mean
@@ -174,7 +176,7 @@ def inspect_file(
     """Vet, read, hash and fully decode one file; never raises for a bad file.
 
     ``known`` is the previous index's verdict for this path (``[sha256, format, width,
-    height, reason]``): when the content hash still matches, the verdict is reused and the
+    height, reason, phash]``): when the content hash still matches, the verdict is reused and the
     file is not decoded again. ``trusted`` is the stat signature under which that hash was
     taken, where it is safe to trust (see :func:`previous_signatures`): when the file's
     stat still equals it, the hash and verdict are reused without reading the file.
@@ -199,10 +201,33 @@ def inspect_file(
     if known is not None and known[0] == digest:
         return _reuse(candidate, known, digest, now, trusted=False)
     try:
-        fmt, width, height = verify(data, max_pixels=max_pixels, min_side=min_side, draft=draft)
+        fmt, width, height, phash = check_image(
+            data, max_pixels=max_pixels, min_side=min_side, draft=draft
+        )
     except ImageRejected as exc:
         return rejected(str(exc), digest)._replace(signature=now)
-    return Inspected(candidate.path, candidate.label, digest, fmt, width, height, None, False, now)
+    return Inspected(
+        candidate.path, candidate.label, digest, fmt, width, height, None, False, now, False, phash
+    )
+
+
+def check_image(
+    data: bytes, *, max_pixels: int, min_side: int, draft: bool
+) -> tuple[str, int, int, str]:
+    """Ingest's check, :func:`tasks.images.verify`'s steps: (format, width and height after
+    EXIF orientation, perceptual hash) of usable image bytes.
+
+    Every byte of the image data is decoded (with ``draft`` a JPEG at 1/8 scale: libjpeg
+    still parses the whole stream), so truncated or corrupt files are caught; the
+    near-duplicate hash is taken from that same decode, so it costs no second one.
+    """
+    image = open_checked(data, max_pixels=max_pixels, min_side=min_side)
+    fmt, (width, height) = str(image.format), oriented_size(image)
+    if draft and image.format == "JPEG":
+        # never below the hash's own input (HASH_SIDE): a 1/8 draft of a 160 px JPEG is
+        # 20 px, too coarse to tell drawings apart; photos (256 px and up) still get 1/8
+        image.draft(None, (max(HASH_SIDE, image.width // 8), max(HASH_SIDE, image.height // 8)))
+    return fmt, width, height, perceptual_hash(finish_decode(image))
 
 
 def _reuse(
@@ -210,12 +235,12 @@ def _reuse(
 ) -> Inspected:
     """The previous verdict for unchanged content (a quarantine reason, or the image's
     format and size)."""
-    _, fmt, width, height, reason = known
+    _, fmt, width, height, reason, phash = known
     if reason is not None:
         name, label = display_name(candidate.path), display_name(candidate.label)
         return Inspected(name, label, digest, None, 0, 0, reason, True, now, trusted)
     return Inspected(
-        candidate.path, candidate.label, digest, fmt, width, height, None, True, now, trusted
+        candidate.path, candidate.label, digest, fmt, width, height, None, True, now, trusted, phash
     )
 
 
@@ -229,12 +254,14 @@ def _inspect_chunk(
 
 
 def verdict_key(params: IngestParams) -> str:
-    """What a decode verdict depends on besides the bytes: the limits and the decoder."""
+    """What a decode verdict depends on besides the bytes: the limits, the decoder and the
+    perceptual hash taken from the decode."""
     from tasks.images import preprocessing_version
 
     return (
         f"max_pixels={params.max_pixels};min_side={params.min_side};"
-        f"max_file_mb={params.max_file_mb};draft={params.draft_check};{preprocessing_version()}"
+        f"max_file_mb={params.max_file_mb};draft={params.draft_check};{preprocessing_version()};"
+        f"{hash_version()}"
     )
 
 
@@ -255,7 +282,7 @@ def previous_verdicts(index_path: Path, key: str) -> dict[str, list[Any]]:
 def verdicts_of(inspected: list[Inspected]) -> dict[str, list[Any]]:
     """Decode verdicts of every file that was read, for the next run to reuse."""
     return {
-        i.path: [i.sha256, i.format, i.width, i.height, i.reason]
+        i.path: [i.sha256, i.format, i.width, i.height, i.reason, i.phash]
         for i in inspected
         if i.sha256 is not None
     }
@@ -541,10 +568,42 @@ def inspect_all(
     return [r for r in results if r is not None]
 
 
+def placement_key(params: IngestParams) -> dict[str, Any]:
+    """The rule a split was placed under: the hash, the near-duplicate distance, the hash
+    split's seed and fractions. Placements are kept only while it stays the same."""
+    return {
+        "hash": hash_version(),
+        "near_duplicate_distance": params.near_duplicate_distance,
+        "seed": params.seed,
+        "splits": params.splits.model_dump(),
+    }
+
+
+def previous_placements(index_path: Path, key: dict[str, Any]) -> dict[str, str]:
+    """sha256 -> split of every image the previous index placed under the same rule.
+
+    Those images are in shards: they never move. An index placed under another rule (or
+    before near-duplicate placement) keeps nothing, so every image is placed afresh: a
+    rebuild (``shard.mode: append`` refuses moved images and names the rebuild).
+    """
+    try:
+        if read_header(index_path).get("placement") != key:
+            return {}
+        return {str(r["sha256"]): str(r["split"]) for _, r in iter_records(index_path)}
+    except (OSError, ValueError, TypeError, KeyError):
+        return {}
+
+
 def build_index(
-    inspected: list[Inspected], classes: list[str], params: IngestParams
+    inspected: list[Inspected],
+    classes: list[str],
+    params: IngestParams,
+    placed: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Sort inspected files into accepted / quarantined / duplicate, with splits."""
+    """Sort inspected files into accepted / quarantined / duplicate, with splits.
+
+    ``placed`` (sha256 -> split, see :func:`previous_placements`) are images already in
+    shards; every other image is placed by :func:`tasks.near_duplicates.place`."""
     quarantined = [
         {"path": i.path, "label": i.label, "reason": i.reason} for i in inspected if i.reason
     ]
@@ -553,7 +612,8 @@ def build_index(
     for item in good:
         by_hash[str(item.sha256)].append(item)
 
-    records, duplicates = [], []
+    records: list[dict[str, Any]] = []
+    duplicates: list[dict[str, Any]] = []
     for item in good:
         group = by_hash[str(item.sha256)]
         labels = sorted({g.label for g in group})
@@ -577,14 +637,43 @@ def build_index(
                 "label": item.label,
                 "label_index": classes.index(item.label),
                 "sha256": item.sha256,
-                "split": assign_split(str(item.sha256), params.splits, params.seed),
+                "split": None,  # placed below, once every image's neighbours are known
                 "format": item.format,
                 "width": item.width,
                 "height": item.height,
+                "phash": item.phash,
             }
         )
+    placement = place(
+        [Item(r["sha256"], r["path"], r["label"], r["phash"]) for r in records],
+        placed or {},
+        params.near_duplicate_distance,
+        lambda sha: assign_split(sha, params.splits, params.seed),
+    )
+    for record in records:
+        reason = placement.unplaceable.get(record["sha256"])
+        if reason is not None:
+            quarantined.append({"path": record["path"], "label": record["label"], "reason": reason})
+        record["split"] = placement.splits.get(record["sha256"])
+    records = [r for r in records if r["split"] is not None]
     quarantined.sort(key=lambda q: q["path"])
-    return {"records": records, "quarantined": quarantined, "duplicates": duplicates}
+    near_duplicates = {
+        "distance": params.near_duplicate_distance,
+        "group_count": len(placement.groups),
+        "images_in_groups": sum(len(g["paths"]) for g in placement.groups),
+        # a chain of near-duplicates is one group: a huge one skews the split fractions
+        "largest_group": max((len(g["paths"]) for g in placement.groups), default=0),
+        "label_conflict_count": len(placement.label_conflicts),
+        "groups": placement.groups,
+        # near-duplicates with different labels: one of them is probably mislabelled
+        "label_conflicts": placement.label_conflicts,
+    }
+    return {
+        "records": records,
+        "quarantined": quarantined,
+        "duplicates": duplicates,
+        "near_duplicates": near_duplicates,
+    }
 
 
 @paused_gc()
@@ -604,10 +693,11 @@ def run_ingest(
     classes = sorted({c.label for c in candidates})
     key = verdict_key(params)
     known = previous_verdicts(index_path, key)
+    placed = previous_placements(index_path, placement_key(params))
     trusted = previous_signatures(index_path, params) if known else {}
     started_ns = time.time_ns()
     inspected = inspect_all(source_dir, candidates, params, known, progress, trusted)
-    sorted_out = build_index(inspected, classes, params)
+    sorted_out = build_index(inspected, classes, params, placed)
     records = sorted_out["records"]
     present = sorted({r["label"] for r in records})
     classes = [c for c in classes if c in present]  # a class whose files all failed is dropped
@@ -638,6 +728,8 @@ def run_ingest(
         "quarantined": sorted_out["quarantined"],
         "duplicates": sorted_out["duplicates"],
         "skipped": discovered.skipped,
+        # groups of near-duplicate images, each kept in one split
+        "near_duplicates": sorted_out["near_duplicates"],
     }
     accounted = sum(
         report[k] for k in ("accepted", "quarantined_count", "duplicate_count", "skipped_count")
@@ -652,6 +744,7 @@ def run_ingest(
         "classes": classes,
         "records": records,
         "verdict_key": key,
+        "placement": placement_key(params),
         "verdicts": verdicts_of(inspected),
     }
     index_sha256 = write_index(index_path, index)

@@ -61,6 +61,9 @@ class IngestParams(_Strict):
     min_side: int = Field(ge=1)
     max_file_mb: float = Field(gt=0)  # larger files are quarantined before they are read
     draft_check: bool  # check JPEGs with a 1/8-scale decode (still reads every byte)
+    # images whose 64-bit perceptual hashes differ in at most this many bits are
+    # near-duplicates and share a split (chosen by `python -m bench --only near_duplicates`)
+    near_duplicate_distance: int = Field(ge=0, le=32)
     # reuse a file's content hash while its size, times and inode are unchanged (git, DVC)
     trust_file_stat: bool
     workers: int = Field(ge=1)

@@ -8,12 +8,16 @@ for ``jpeg``/``png`` shards it repeats the shard round trip (``RecordSchema.enco
 then the reader's TensorFlow decode), so the pixels the model sees at serving time are the
 pixels it saw in training: no train/serve skew.
 
-A bad row (not an image, truncated, too large) gets its ``error`` column filled; the rest of
-the batch is still answered. The code under ``tasks/`` is logged with the model
-(``code_paths``), so a fresh process or ``mlflow models serve`` can import it; when the
-loading environment's :func:`tasks.images.preprocessing_version` differs from the recorded
-one, loading logs a warning (the model still loads: the bundled code is used, but Pillow or
-NumPy differ and pixels may too).
+A bad row (malformed base64, not an image, a format not decoded, truncated, too large) gets its
+``error`` column filled; the rest of the batch is still answered. Rows are decoded and predicted
+a batch at a time. Versions registered before the ``image`` column became a string (MLflow
+``binary``) fail a whole request on one malformed base64 row: the scoring server decodes it.
+
+The code under ``tasks/`` is logged with the model (``code_paths``), so a fresh process or
+``mlflow models serve`` can import it; when the loading environment's
+:func:`tasks.images.preprocessing_version` differs from the recorded one, loading logs a
+warning (the model still loads: the bundled code is used, but Pillow or NumPy differ and
+pixels may too).
 """
 
 from __future__ import annotations
@@ -179,21 +183,25 @@ def prediction_frame(
 def predict_images(
     model: keras.Model, images: Sequence[object], spec: ServingSpec, *, batch_size: int = BATCH_SIZE
 ) -> pd.DataFrame:
-    """Predict a batch of image files (bytes); a row that cannot be used gets its error."""
-    pixels: list[np.ndarray] = []
+    """Predict image files (bytes, or base64 strings); a row that cannot be used gets its error.
+
+    Rows are decoded and predicted ``batch_size`` at a time, so memory holds one batch of
+    decoded pixels however many rows a request has.
+    """
+    probs: list[np.ndarray] = []
     ok_rows: list[int] = []
     errors: dict[int, str] = {}
-    for row, value in enumerate(images):
-        try:
-            pixels.append(model_input(as_bytes(value), spec))
-            ok_rows.append(row)
-        except ImageRejected as exc:
-            errors[row] = str(exc)
-    probs = [
-        # training=False: the model's augmentation layers must not run at serving time.
-        np.asarray(model(np.stack(pixels[i : i + batch_size]), training=False), np.float64)
-        for i in range(0, len(pixels), batch_size)
-    ]
+    for start in range(0, len(images), batch_size):
+        pixels: list[np.ndarray] = []
+        for row in range(start, min(start + batch_size, len(images))):
+            try:
+                pixels.append(model_input(as_bytes(images[row]), spec))
+                ok_rows.append(row)
+            except ImageRejected as exc:
+                errors[row] = str(exc)
+        if pixels:
+            # training=False: the model's augmentation layers must not run at serving time.
+            probs.append(np.asarray(model(np.stack(pixels), training=False), np.float64))
     stacked = np.concatenate(probs) if probs else np.zeros((0, len(spec.classes)))
     return prediction_frame(stacked, ok_rows, errors, spec.classes)
 
@@ -239,7 +247,14 @@ class ShardflowModel(PythonModel):
 
 
 def signature(classes: Sequence[str]) -> ModelSignature:
-    """Input: one binary column ``image``; output: the prediction columns."""
+    """Input: one string column ``image``; output: the prediction columns.
+
+    A string, not MLflow's ``binary``: for a binary column the scoring server decodes the
+    base64 of every row before the model runs, and one malformed row fails the whole request
+    (HTTP 400 "Incorrect padding"). As a string the model decodes each row itself
+    (:func:`as_bytes`), so a bad row gets its own ``error``. Python callers may still pass
+    the file bytes: MLflow lets any object through a string column.
+    """
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, DataType, Schema, TensorSpec
 
@@ -251,12 +266,13 @@ def signature(classes: Sequence[str]) -> ModelSignature:
         ColSpec(DataType.string, "error"),
     ]
     return ModelSignature(
-        inputs=Schema([ColSpec(DataType.binary, IMAGE_COLUMN)]), outputs=Schema(outputs)
+        inputs=Schema([ColSpec(DataType.string, IMAGE_COLUMN)]), outputs=Schema(outputs)
     )
 
 
 def example_input(spec: ServingSpec) -> pd.DataFrame:
-    """A one-row input example: a PNG of a mid-grey image at the shard size."""
+    """A one-row input example: a PNG of a mid-grey image at the shard size, as base64 (what
+    a JSON client sends)."""
     import io
 
     import pandas as pd
@@ -265,7 +281,7 @@ def example_input(spec: ServingSpec) -> pd.DataFrame:
     schema = spec.schema
     buffer = io.BytesIO()
     Image.new("RGB", (schema.width, schema.height), (128, 128, 128)).save(buffer, format="PNG")
-    return pd.DataFrame({IMAGE_COLUMN: [buffer.getvalue()]})
+    return pd.DataFrame({IMAGE_COLUMN: [base64.b64encode(buffer.getvalue()).decode()]})
 
 
 def log_pyfunc(client: MlflowClient, run_id: str, model_file: str | Path, spec: ServingSpec) -> str:

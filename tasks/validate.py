@@ -482,6 +482,53 @@ def check_index(
     )
 
 
+def check_near_duplicates(index_path: Path, contents: list[ShardContents]) -> dict[str, Any]:
+    """No near-duplicate pair (perceptual hashes within the distance ingest placed with)
+    spans two splits: a resized or re-encoded copy of a training photo in test inflates test
+    accuracy as surely as an exact copy does (``leakage`` catches those)."""
+    from tasks.index import iter_records, read_header
+    from tasks.near_duplicates import hamming, straddling_pairs
+
+    try:
+        placement = read_header(index_path).get("placement")
+        by_hash = {str(r["sha256"]): r for _, r in iter_records(index_path)}
+    except (OSError, ValueError) as exc:
+        return check("near_duplicates", [str(exc)], "", str(exc))
+    if not isinstance(placement, dict):
+        problem = (
+            f"{index_path} holds no perceptual hashes (written before near-duplicate "
+            "placement): rerun the ingest stage, then rebuild the shards"
+        )
+        return check("near_duplicates", [problem], "", problem)
+    distance = int(placement["near_duplicate_distance"])
+    found = [
+        (target.split, by_hash[digest])
+        for target in contents
+        for digest in target.hashes
+        if by_hash.get(digest, {}).get("phash")  # a record unknown to the index: see `index`
+    ]
+    pairs = straddling_pairs([r["phash"] for _, r in found], [s for s, _ in found], distance)
+    problems: list[dict[str, Any]] = [
+        {
+            "paths": [found[i][1]["path"], found[j][1]["path"]],
+            "splits": [found[i][0], found[j][0]],
+            "distance": hamming(found[i][1]["phash"], found[j][1]["phash"]),
+        }
+        for i, j in pairs
+    ]
+    first = problems[0] if problems else None
+    message = (
+        f"{len(problems)} near-duplicate pairs span two splits (e.g. {first['paths'][0]} in "
+        f"{first['splits'][0]}, {first['paths'][1]} in {first['splits'][1]}, "
+        f"{first['distance']} bits apart); rebuild the shards (shard.mode: rebuild or "
+        "`make compact`) after ingest so each group is placed in one split"
+        if first
+        else ""
+    )
+    ok = f"no near-duplicate pair (within {distance} bits) spans two splits"
+    return check("near_duplicates", problems, ok, message, distance=distance)
+
+
 # -- generations and the data diff ----------------------------------------------------------
 
 
@@ -619,6 +666,7 @@ def run_validate(
         ]
         if index_path is not None:
             tail.append(check_index(Path(index_path), manifest, contents))
+            tail.append(check_near_duplicates(Path(index_path), contents))
         if diff_path is not None and limits is not None:
             tail.append(
                 check_data_diff(

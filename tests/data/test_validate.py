@@ -28,6 +28,7 @@ ALL_CHECKS = [
     "class_counts",
     "leakage",
     "index",
+    "near_duplicates",
 ]
 
 
@@ -556,3 +557,59 @@ def test_a_prestarted_cross_check_child_takes_the_job(shards: Path, tmp_path: Pa
     assert report["passed"] and checks["tensorflow_parser"]["details"]["records"] > 0
     assert tf_cross_check.standby() is None  # taken by that validation
     assert not child._process.is_alive()  # type: ignore[attr-defined]
+
+
+def test_a_near_duplicate_pair_across_splits_fails_and_a_rebuild_fixes_it(tmp_path: Path) -> None:
+    """A set built before near-duplicate placement (hash splits only): validation names the
+    pair that straddles, and the rebuild after the next ingest passes."""
+    import hashlib
+    import io
+
+    from bench.near_duplicates import sample_photo
+    from tasks.ingest import assign_split, run_ingest
+    from tests.conftest import write_image_folder
+
+    source = write_image_folder(tmp_path / "images")
+    params = default_params(
+        ingest={
+            "source_dir": str(source),
+            "workers": 1,
+            "splits": {"train": 0.5, "val": 0.25, "test": 0.25},
+        }
+    )
+    fractions, seed = params.ingest.splits, params.ingest.seed
+    image = sample_photo("astronaut").resize((96, 96))
+    original, copy = io.BytesIO(), io.BytesIO()
+    image.save(original, format="PNG")
+    first = assign_split(hashlib.sha256(original.getvalue()).hexdigest(), fractions, seed)
+    for quality in range(50, 95):  # a re-encoded copy whose own hash split is another one
+        copy = io.BytesIO()
+        image.save(copy, format="JPEG", quality=quality)
+        if assign_split(hashlib.sha256(copy.getvalue()).hexdigest(), fractions, seed) != first:
+            break
+    (source / "red" / "photo.png").write_bytes(original.getvalue())
+    (source / "red" / "photo_copy.jpg").write_bytes(copy.getvalue())
+    index_path = tmp_path / "ingest" / "index.json"
+    run_ingest(params.ingest, index_path, tmp_path / "ingest.json")
+    # What the index of a set built before this feature held: hash splits, no placement.
+    old = load_index(index_path)
+    for record in old["records"]:
+        record["split"] = assign_split(record["sha256"], fractions, seed)
+        del record["phash"]
+    write_index(index_path, {**old, "placement": None})
+    shard_params = default_params(
+        shard={"image_size": [16, 16], "target_shard_mb": 0.002, "workers": 1}
+    ).shard
+    shards_dir = tmp_path / "shards"
+    run_shard(shard_params, index_path, shards_dir)
+    assert "near_duplicates" in failed(validate(shards_dir, index_path))  # no hashes to check
+
+    run_ingest(params.ingest, index_path, tmp_path / "ingest.json")  # places afresh
+    bad = failed(validate(shards_dir, index_path))["near_duplicates"]
+    (pair,) = bad["details"]["examples"]
+    assert sorted(pair["paths"]) == ["red/photo.png", "red/photo_copy.jpg"]
+    assert "rebuild" in bad["message"]
+
+    run_shard(shard_params, index_path, shards_dir)  # shard.mode: rebuild
+    report = validate(shards_dir, index_path)
+    assert report["passed"] is True, failed(report)

@@ -103,7 +103,7 @@ def test_served_champion_answers_jpeg_and_png_bytes(
     payload = [
         base64.b64encode((trained_project.source_dir / row["source"]).read_bytes()).decode()
         for row in (jpeg, png)
-    ] + [base64.b64encode(b"this is not an image").decode()]
+    ] + [base64.b64encode(b"this is not an image").decode(), "aGVsbG8"]  # bad base64 last
     port = free_port()
     log = tmp_path / "serve.log"
     with log.open("w") as handle:
@@ -126,10 +126,11 @@ def test_served_champion_answers_jpeg_and_png_bytes(
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=60)
     rows = answer["predictions"]
-    assert isinstance(rows, list) and len(rows) == 3
+    assert isinstance(rows, list) and len(rows) == 4
     for row, expected in zip(rows[:2], (jpeg, png), strict=True):
         assert row["error"] == "" and row["label"] == expected["predicted"]
         assert abs(row["score"] - float(expected["score"])) <= 1e-5
         assert row[f"p_{expected['predicted']}"] == row["score"]
     assert rows[2]["label"] == "" and rows[2]["label_index"] == -1
     assert "not an image" in rows[2]["error"]
+    assert rows[3]["label_index"] == -1 and "not base64" in rows[3]["error"]

@@ -41,6 +41,7 @@ def expected_lines(data: dict[str, Any]) -> list[str]:
         "verdict_key": None,
         "num_records": len(data["records"]),
         "num_verdicts": len(data["verdicts"]),
+        "placement": None,
     }
     values = [header, *data["records"], *([p, *v] for p, v in sorted(data["verdicts"].items()))]
     return [json.dumps(v, sort_keys=True, separators=(",", ":")) + "\n" for v in values]

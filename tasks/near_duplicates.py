@@ -1,0 +1,260 @@
+"""Near-duplicate photos: perceptual hashes, an indexed neighbour search, and split placement.
+
+The same photo resized, re-encoded or lightly cropped has other bytes, so its content hash
+(and its hash split) differs and it can land in train and in test at once. Ingest therefore
+takes a 64-bit perceptual hash (``imagehash.phash``: a DCT of a 32x32 grey copy) of the image
+it has already decoded to check the file, and groups images whose hashes lie within
+``ingest.near_duplicate_distance`` bits of each other. Every image of a group lands in one
+split (:func:`place`).
+
+Neighbours are found by multi-index hashing (Norouzi et al., "Fast Search in Hamming Space
+with Multi-Index Hashing"): two 64-bit hashes within ``d`` bits differ in at most ``d // 4``
+bits in one of their four 16-bit quarters, so only images sharing a quarter within that
+radius are compared, never all pairs (:func:`near_pairs`).
+
+Plain Python and NumPy, no stage code: ingest places, validation re-checks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Any
+
+import imagehash
+import numpy as np
+from PIL import Image
+
+HASH_NAME = "phash64"
+HASH_SIDE = 32  # phash's grey copy is 32x32 (hash_size 8 x highfreq_factor 4)
+QUARTERS = 4  # 16-bit substrings of the 64-bit hash (one lookup table of 65,536 buckets each)
+QUARTER_BITS = 16
+# Candidate pairs expanded at once while searching: bounds the search's memory when many
+# hashes share a quarter (flat or near-identical images), whatever the data.
+CANDIDATE_BLOCK = 1 << 21
+
+
+def perceptual_hash(image: Image.Image) -> str:
+    """The image's 64-bit DCT perceptual hash as 16 hex digits."""
+    return str(imagehash.phash(image))
+
+
+def hash_version() -> str:
+    """What a stored hash depends on besides the decoded pixels: the hash and its library."""
+    return f"{HASH_NAME};decoded_side>={HASH_SIDE};imagehash={imagehash.__version__}"
+
+
+def hash_values(hexes: Sequence[str]) -> np.ndarray:
+    """Hex hashes as a ``uint64`` array."""
+    return np.array([int(h, 16) for h in hexes], dtype=np.uint64)
+
+
+def hamming(a: str, b: str) -> int:
+    """Bits that differ between two hex hashes."""
+    return (int(a, 16) ^ int(b, 16)).bit_count()
+
+
+def _masks(radius: int) -> np.ndarray:
+    """Every 16-bit value with at most ``radius`` bits set (the quarter-neighbourhood)."""
+    masks = [
+        sum(1 << bit for bit in bits)
+        for r in range(min(radius, QUARTER_BITS) + 1)
+        for bits in combinations(range(QUARTER_BITS), r)
+    ]
+    return np.array(masks, dtype=np.int64)
+
+
+def near_pairs(hashes: np.ndarray, distance: int) -> np.ndarray:
+    """Every pair ``(i, j)``, ``i < j``, of ``hashes`` (uint64) within ``distance`` bits.
+
+    Multi-index hashing: per quarter, hashes are bucketed by that quarter's value (a
+    counting sort), and each hash looks up only the buckets within ``distance // 4`` bits of
+    its own quarter. Every candidate is then checked on all 64 bits. Returns an ``(n, 2)``
+    int64 array sorted by ``(i, j)``.
+    """
+    n = len(hashes)
+    if n < 2:
+        return np.empty((0, 2), dtype=np.int64)
+    masks = _masks(distance // QUARTERS)
+    found: list[np.ndarray] = []
+    everyone = np.arange(n)
+    for quarter in range(QUARTERS):
+        values = ((hashes >> np.uint64(quarter * QUARTER_BITS)) & np.uint64(0xFFFF)).astype(
+            np.int64
+        )
+        order = np.argsort(values, kind="stable")
+        counts = np.bincount(values, minlength=1 << QUARTER_BITS)
+        starts = np.cumsum(counts) - counts
+        for mask in masks:
+            keys = values ^ mask
+            # Buckets v and v ^ mask see each other: only the lower one asks (half the work);
+            # within one bucket (mask 0) everyone asks and i < j keeps each pair once.
+            queries = np.flatnonzero(values < keys) if mask else everyone
+            found.extend(_expand(hashes, distance, queries, keys[queries], counts, starts, order))
+    if not found:
+        return np.empty((0, 2), dtype=np.int64)
+    codes = np.unique(np.concatenate(found))  # a pair is found once per matching quarter
+    return np.stack([codes // n, codes % n], axis=1)
+
+
+def _expand(
+    hashes: np.ndarray,
+    distance: int,
+    queries: np.ndarray,
+    keys: np.ndarray,
+    counts: np.ndarray,
+    starts: np.ndarray,
+    order: np.ndarray,
+) -> list[np.ndarray]:
+    """The pairs (as ``min * n + max`` codes) between each hash ``queries[k]`` and the bucket
+    ``keys[k]`` that lie within ``distance``, a bounded block of candidates at a time. Most
+    buckets hold 0 or 1 hash: those skip the expansion (``np.repeat`` was most of the time)."""
+    n = len(hashes)
+    per_query = counts[keys]
+    single = per_query == 1
+    pairs = [(queries[single], order[starts[keys[single]]])]
+    several = np.flatnonzero(per_query > 1)
+    queries, keys, per_query = queries[several], keys[several], per_query[several]
+    ends = np.cumsum(per_query)
+    first = 0
+    while first < len(queries):
+        # the largest block of queries whose candidates fit CANDIDATE_BLOCK (at least one)
+        base = ends[first - 1] if first else 0
+        last = max(first + 1, int(np.searchsorted(ends, base + CANDIDATE_BLOCK, side="right")))
+        size = per_query[first:last]
+        total = int(size.sum())
+        offsets = np.arange(total) - np.repeat(np.cumsum(size) - size, size)
+        j = order[np.repeat(starts[keys[first:last]], size) + offsets]
+        pairs.append((np.repeat(queries[first:last], size), j))
+        first = last
+    out = []
+    for i, j in pairs:
+        low, high = np.minimum(i, j), np.maximum(i, j)
+        keep = (low < high) & (np.bitwise_count(hashes[low] ^ hashes[high]) <= distance)
+        out.append(low[keep] * n + high[keep])
+    return out
+
+
+def components(n: int, pairs: np.ndarray) -> np.ndarray:
+    """A component label per item: items linked by a chain of near pairs share one."""
+    if not len(pairs):  # no near-duplicates: nothing to link, and scipy's import is skipped
+        return np.arange(n)
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    graph = coo_matrix(
+        (np.ones(len(pairs), dtype=np.int8), (pairs[:, 0], pairs[:, 1])), shape=(n, n)
+    )
+    _, labels = connected_components(graph, directed=False)
+    return np.asarray(labels)
+
+
+@dataclass(frozen=True)
+class Item:
+    """One accepted image as placement sees it."""
+
+    sha256: str
+    path: str
+    label: str
+    phash: str
+
+
+@dataclass
+class Placement:
+    """Where each image goes, and what the report says about its near-duplicates."""
+
+    splits: dict[str, str]  # sha256 -> split
+    groups: list[dict[str, Any]]  # every group of 2+ images: split, paths, labels
+    label_conflicts: list[dict[str, Any]]  # groups whose images carry different labels
+    unplaceable: dict[str, str]  # sha256 -> why it cannot be placed without a leak
+
+
+def place(
+    items: Sequence[Item],
+    placed: dict[str, str],
+    distance: int,
+    hash_split: Callable[[str], str],
+) -> Placement:
+    """Give every image a split so that no near-duplicate pair spans two splits.
+
+    Images in ``placed`` (sha256 -> split: already in shards) never move. A group (images
+    linked by a chain of pairs within ``distance`` bits) with placed images takes their
+    split; a group with none takes the hash split of its first image by content hash, so
+    the same inputs give the same splits in any discovery order. Chains matter: a burst of
+    photos can pair 1-2 and 2-3 while 1 and 3 are too far apart, and a nearest-neighbour
+    rule alone would leave 1 and 3 in two splits.
+
+    A new image joining placed images of two splits (a bridge between groups placed apart)
+    takes the split of its nearest placed image; if that leaves it near an image in another
+    split it is not placed (``unplaceable``, with the reason) rather than leaked.
+    """
+    ordered = sorted(items, key=lambda item: item.sha256)
+    values = hash_values([item.phash for item in ordered])
+    pairs = near_pairs(values, distance)
+    group_of = components(len(ordered), pairs)
+    neighbours: dict[int, list[int]] = {}
+    for i, j in pairs.tolist():
+        neighbours.setdefault(i, []).append(j)
+        neighbours.setdefault(j, []).append(i)
+    members: dict[int, list[int]] = {}
+    for position, group in enumerate(group_of.tolist()):
+        members.setdefault(group, []).append(position)
+
+    splits: dict[str, str] = {}
+    unplaceable: dict[str, str] = {}
+    groups, conflicts = [], []
+    for group in sorted(members.values(), key=lambda m: m[0]):
+        kept = [p for p in group if ordered[p].sha256 in placed]
+        kept_splits = {placed[ordered[p].sha256] for p in kept}
+        splits.update({ordered[p].sha256: placed[ordered[p].sha256] for p in kept})
+        for p in group:
+            sha = ordered[p].sha256
+            if sha in placed:
+                continue
+            elif len(kept_splits) == 1:
+                splits[sha] = next(iter(kept_splits))
+            elif not kept_splits:
+                splits[sha] = hash_split(ordered[group[0]].sha256)
+            else:  # a bridge: nearest placed image's split, refused if that still leaks
+                nearest = min(kept, key=lambda q: (int(np.bitwise_count(values[p] ^ values[q])), q))
+                split = placed[ordered[nearest].sha256]
+                across = [
+                    ordered[q]
+                    for q in neighbours.get(p, [])
+                    if splits.get(ordered[q].sha256, split) != split
+                ]
+                if across:
+                    unplaceable[sha] = (
+                        f"near-duplicate of images already in two splits: "
+                        f"{', '.join(f'{o.path} ({splits[o.sha256]})' for o in across[:3])} "
+                        f"and {ordered[nearest].path} ({split}); placing it would leak. To "
+                        "keep it, place every image afresh: delete the ingest index and "
+                        "rebuild (shard.mode: rebuild)"
+                    )
+                    continue
+                splits[sha] = split
+        if len(group) < 2:
+            continue
+        shown = [p for p in group if ordered[p].sha256 in splits]
+        labels = sorted({ordered[p].label for p in shown})
+        entry = {
+            "split": "/".join(sorted({splits[ordered[p].sha256] for p in shown})),
+            "paths": sorted(ordered[p].path for p in shown),
+            "labels": labels,
+        }
+        if len(shown) >= 2:
+            groups.append(entry)
+            if len(labels) > 1:
+                conflicts.append(entry)
+    groups.sort(key=lambda g: g["paths"][0])
+    conflicts.sort(key=lambda g: g["paths"][0])
+    return Placement(splits, groups, conflicts, unplaceable)
+
+
+def straddling_pairs(
+    hashes: Sequence[str], splits: Sequence[str], distance: int
+) -> list[tuple[int, int]]:
+    """Positions ``(i, j)`` of near-duplicate pairs whose splits differ."""
+    pairs = near_pairs(hash_values(hashes), distance)
+    return [(i, j) for i, j in pairs.tolist() if splits[i] != splits[j]]

@@ -1,0 +1,191 @@
+"""A registered model over HTTP: MLflow's scoring app behind a request size limit.
+
+``mlflow models serve`` runs MLflow's scoring app under uvicorn, and that app reads and
+parses a whole request body before the model sees a row; neither uvicorn nor MLflow has an
+option that limits a body's size. So the project's serve command (``make serve-model``)
+runs the same app (:func:`mlflow.pyfunc.scoring_server.init`, what ``mlflow models serve``
+builds) wrapped in :class:`RequestSizeLimit`: a body over ``--max-request-mb``, or with more
+rows than ``--max-request-rows``, is answered HTTP 413 with the limit in the message before
+anything parses it, and memory holds at most the byte limit (a longer body is read and thrown
+away, a chunk at a time). Inside the limits the model decodes and predicts rows a batch at a
+time (:func:`tasks.predict.predict_images`).
+
+Run: ``python -m tasks.serve MODEL_URI --port PORT --max-request-mb MB --max-request-rows N``
+from the repository root; like ``mlflow models serve`` it hands over to uvicorn's command line
+(uvicorn comes with MLflow), here with :func:`app_from_env` as the app factory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+App = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+MODEL_URI_ENV = "SHARDFLOW_SERVE_MODEL_URI"
+MAX_BYTES_ENV = "SHARDFLOW_SERVE_MAX_REQUEST_BYTES"
+MAX_ROWS_ENV = "SHARDFLOW_SERVE_MAX_REQUEST_ROWS"
+# Separators a request may have beyond one a row: those between its JSON keys
+# ("columns", "data", "params", ...).
+ROW_SLACK = 16
+
+
+class RequestSizeLimit:
+    """ASGI middleware: a body over ``max_bytes``, or with more than ``max_rows`` rows, gets
+    HTTP 413 and never reaches ``app``.
+
+    A declared ``Content-Length`` over the limit is refused without buffering anything; a
+    chunked body is buffered until it passes the limit. Either way the rest of the body is
+    drained unkept, so the client reads the answer instead of a reset connection.
+
+    Rows are counted before parsing by their separators, which no base64 cell contains:
+    commas in JSON (any of MLflow's layouts puts one between two rows), line ends in CSV.
+    The count is an upper bound, with :data:`ROW_SLACK` for the separators of the JSON keys.
+    A byte limit alone would not do: MLflow parses a body of empty rows into tens of times
+    its size.
+    """
+
+    def __init__(self, app: App, *, max_bytes: int, max_rows: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.max_rows = max_rows
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        declared = headers.get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            await drain(receive)
+            await self.refuse(send, self.too_large(f"{int(declared)} bytes"))
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                chunks.clear()
+                more = await drain(receive) if message.get("more_body", False) else 0
+                await self.refuse(send, self.too_large(f"{size + more} bytes"))
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        chunks.clear()
+        content_type = headers.get(b"content-type", b"").split(b";")[0].strip()
+        separator = b"\n" if content_type == b"text/csv" else b","
+        if body.count(separator) > self.max_rows + ROW_SLACK:
+            await self.refuse(
+                send,
+                f"request has more than this server's limit of {self.max_rows} rows "
+                f"(--max-request-rows; `make serve-model SERVE_MAX_REQUEST_ROWS=...`): "
+                "send fewer images per request",
+            )
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()  # the app waiting for a disconnect
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    def too_large(self, size: str) -> str:
+        return (
+            f"request body of {size} is over this server's limit of {self.max_bytes} bytes "
+            f"({self.max_bytes / 2**20:g} MB, --max-request-mb; "
+            "`make serve-model SERVE_MAX_REQUEST_MB=...`): send fewer or smaller images per request"
+        )
+
+    @staticmethod
+    async def refuse(send: Send, message: str) -> None:
+        body = json.dumps({"error_code": "REQUEST_TOO_LARGE", "message": message}).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+async def drain(receive: Receive) -> int:
+    """Read the rest of a request body without keeping it; its length in bytes."""
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return size
+        size += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return size
+
+
+def scoring_app(model_uri: str, *, max_bytes: int, max_rows: int) -> RequestSizeLimit:
+    """MLflow's scoring app for ``model_uri`` (as ``mlflow models serve`` builds it), limited."""
+    import mlflow.pyfunc
+    from mlflow.pyfunc import scoring_server
+
+    app = scoring_server.init(mlflow.pyfunc.load_model(model_uri))
+    return RequestSizeLimit(app, max_bytes=max_bytes, max_rows=max_rows)
+
+
+def app_from_env() -> RequestSizeLimit:
+    """uvicorn's app factory: the model and limit :func:`main` put in the environment."""
+    return scoring_app(
+        os.environ[MODEL_URI_ENV],
+        max_bytes=int(os.environ[MAX_BYTES_ENV]),
+        max_rows=int(os.environ[MAX_ROWS_ENV]),
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse the command line, then become the uvicorn server (as ``mlflow models serve`` runs
+    uvicorn's command line, with the model named in the environment)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m tasks.serve",
+        description="Serve a model (models:/NAME@champion, runs:/ID/model) with a request limit.",
+    )
+    parser.add_argument("model_uri")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument(
+        "--max-request-mb", type=float, required=True, help="larger bodies get HTTP 413"
+    )
+    parser.add_argument(
+        "--max-request-rows", type=int, required=True, help="requests with more get HTTP 413"
+    )
+    args = parser.parse_args(argv)
+    if args.max_request_mb <= 0 or args.max_request_rows <= 0:
+        parser.error("--max-request-mb and --max-request-rows must be positive")
+    env = {
+        **os.environ,
+        MODEL_URI_ENV: args.model_uri,
+        MAX_BYTES_ENV: str(int(args.max_request_mb * 2**20)),
+        MAX_ROWS_ENV: str(args.max_request_rows),
+    }
+    print(
+        f"serving {args.model_uri} at http://{args.host}:{args.port}/invocations "
+        f"(requests up to {args.max_request_mb:g} MB and {args.max_request_rows} rows)",
+        flush=True,
+    )
+    command = [sys.executable, "-m", "uvicorn", "--factory", "tasks.serve:app_from_env"]
+    command += ["--host", args.host, "--port", str(args.port), "--log-level", "warning"]
+    os.execve(sys.executable, command, env)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,242 @@
+"""Serving under hostile requests: each bad row fails alone, and a body over the limit is
+refused before it is parsed, while the server goes on answering."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi import FastAPI, Request
+from PIL import Image
+
+from tasks.predict import ServingSpec, log_pyfunc, predict_images
+from tasks.serve import RequestSizeLimit
+from tests.e2e.conftest import free_port
+from tests.unit.test_images import EPS
+from tests.unit.test_predict import png_bytes, spec_for, tiny_keras_model
+
+ROOT = Path(__file__).parents[2]
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def jpeg_bytes(pixels: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(pixels, mode="RGB").save(buffer, format="JPEG")
+    return buffer.getvalue()
+
+
+def split_body(values: list[str]) -> bytes:
+    frame = {"columns": ["image"], "data": [[value] for value in values]}
+    return json.dumps({"dataframe_split": frame}).encode()
+
+
+# -- rows decoded and predicted a batch at a time -------------------------------------------
+
+
+def test_rows_are_decoded_and_predicted_a_batch_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Never more than one batch of decoded pixels waits for the model."""
+    from tasks import predict
+
+    waiting = 0
+    most_waiting = 0
+    real_model_input = predict.model_input
+
+    def counting_model_input(data: bytes, spec: ServingSpec) -> np.ndarray:
+        nonlocal waiting, most_waiting
+        pixels = real_model_input(data, spec)
+        waiting += 1
+        most_waiting = max(most_waiting, waiting)
+        return pixels
+
+    def model(batch: np.ndarray, training: bool) -> np.ndarray:
+        nonlocal waiting
+        waiting -= len(batch)
+        return np.tile([0.2, 0.5, 0.3], (len(batch), 1))
+
+    monkeypatch.setattr(predict, "model_input", counting_model_input)
+    good = png_bytes(np.full((20, 20, 3), 90, np.uint8))
+    images: list[object] = [good] * 25
+    images[7] = b"not an image"
+    frame = predict_images(model, images, spec_for(), batch_size=4)  # type: ignore[arg-type]
+    assert most_waiting <= 4
+    assert list(frame["error"] != "") == [row == 7 for row in range(25)]
+    assert list(frame["label"]) == ["green" if row != 7 else "" for row in range(25)]
+
+
+# -- a logged model behind MLflow's scoring app ---------------------------------------------
+
+
+@pytest.fixture
+def logged_model(tmp_path: Path, mlflow_uri: str) -> str:
+    """A tiny model logged with the project's pyfunc (signature, code, spec); its runs:/ URI."""
+    from mlflow import MlflowClient
+
+    model_file = tmp_path / "model.keras"
+    tiny_keras_model().save(model_file)  # type: ignore[attr-defined]
+    client = MlflowClient(mlflow_uri)
+    artifacts = (tmp_path / "artifacts").as_uri()  # not ./mlruns in the working tree
+    run = client.create_run(client.create_experiment("serving", artifact_location=artifacts))
+    return log_pyfunc(client, run.info.run_id, model_file, spec_for())
+
+
+def good_rows() -> list[str]:
+    rng = np.random.default_rng(0)
+    return [
+        b64(png_bytes(rng.integers(0, 256, (24, 20, 3), dtype=np.uint8))),
+        b64(jpeg_bytes(rng.integers(0, 256, (30, 40, 3), dtype=np.uint8))),
+    ]
+
+
+@pytest.mark.slow
+def test_each_bad_row_gets_its_error_through_the_scoring_app(logged_model: str) -> None:
+    """MLflow's own scoring app (the one `mlflow models serve` runs), in process."""
+    import mlflow.pyfunc
+    from fastapi.testclient import TestClient
+    from mlflow.pyfunc import scoring_server
+
+    good_png, good_jpeg = good_rows()
+    rows = [good_png, "aGVsbG8", b64(b"plain text"), b64(EPS), good_jpeg]
+    app = scoring_server.init(mlflow.pyfunc.load_model(logged_model))
+    with TestClient(app) as client:
+        answer = client.post(
+            "/invocations", content=split_body(rows), headers={"Content-Type": "application/json"}
+        )
+    assert answer.status_code == 200, answer.text
+    predictions = answer.json()["predictions"]
+    errors = [row["error"] for row in predictions]
+    assert errors[0] == errors[4] == ""
+    assert "not base64" in errors[1]
+    assert "not an image" in errors[2]
+    assert "format EPS is not decoded" in errors[3]
+    assert [row["label_index"] for row in predictions][1:4] == [-1, -1, -1]
+    assert all(row["label"] in ("blue", "green", "red") for row in (predictions[0], predictions[4]))
+
+
+# -- the request size limit -----------------------------------------------------------------
+
+
+def echo_app() -> RequestSizeLimit:
+    """The limit in front of a tiny app that answers with the body length it read."""
+    app = FastAPI()
+
+    @app.post("/invocations")
+    async def invocations(request: Request) -> dict[str, int]:
+        return {"read": len(await request.body())}
+
+    return RequestSizeLimit(app, max_bytes=1000, max_rows=20)
+
+
+def test_a_body_over_the_limit_is_refused_unread_and_the_next_is_answered() -> None:
+    from fastapi.testclient import TestClient
+
+    with TestClient(echo_app()) as client:
+        over = client.post("/invocations", content=b"x" * 1001)
+        assert over.status_code == 413
+        assert over.json()["error_code"] == "REQUEST_TOO_LARGE"
+        assert "1001 bytes is over this server's limit of 1000 bytes" in over.json()["message"]
+        chunked = client.post("/invocations", content=iter([b"y" * 600] * 3))  # no length
+        assert chunked.status_code == 413 and "1800 bytes" in chunked.json()["message"]
+        assert client.post("/invocations", content=b"z" * 1000).json() == {"read": 1000}
+        assert client.post("/invocations", content=iter([b"w" * 500] * 2)).json() == {"read": 1000}
+
+
+def post(url: str, body: bytes) -> tuple[int, dict[str, object]]:
+    request = urllib.request.Request(
+        url, data=body, headers={"Content-Type": "application/json"}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+@pytest.mark.slow
+def test_the_served_model_refuses_an_oversized_body_and_stays_up(
+    logged_model: str, mlflow_uri: str, tmp_path: Path
+) -> None:
+    """`python -m tasks.serve` (what `make serve-model` runs), a real uvicorn server."""
+    port = free_port()
+    log = tmp_path / "serve.log"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_uri}
+    with log.open("w") as handle:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tasks.serve",
+                logged_model,
+                *("--port", str(port)),
+                *("--max-request-mb", "1"),
+                *("--max-request-rows", "100"),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert process.poll() is None, log.read_text()[-4000:]
+            assert time.monotonic() < deadline, log.read_text()[-4000:]
+            try:
+                with urllib.request.urlopen(f"{url}/ping", timeout=2):
+                    break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                time.sleep(1)
+        noise = b64(np.random.default_rng(1).bytes(900_000))  # ~1.2 MB of base64
+        status, answer = post(f"{url}/invocations", split_body([noise]))
+        assert status == 413, answer
+        assert "over this server's limit of 1048576 bytes" in str(answer["message"])
+        status, answer = post(f"{url}/invocations", split_body([""] * 200))
+        assert status == 413, answer
+        assert "more than this server's limit of 100 rows" in str(answer["message"])
+        status, answer = post(f"{url}/invocations", split_body(good_rows()))
+        assert status == 200, answer
+        predictions = answer["predictions"]
+        assert isinstance(predictions, list)
+        assert [row["error"] for row in predictions] == ["", ""]
+        assert process.poll() is None
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=60)
+
+
+def test_more_rows_than_the_limit_are_refused_before_parsing() -> None:
+    """Counted by separators: a JSON comma between rows, a CSV line end."""
+    from fastapi.testclient import TestClient
+
+    json_type = {"Content-Type": "application/json"}
+    with TestClient(echo_app()) as client:  # 20 rows, and 16 separators for the JSON keys
+        many = client.post("/invocations", content=split_body([""] * 40), headers=json_type)
+        assert many.status_code == 413
+        assert "more than this server's limit of 20 rows" in many.json()["message"]
+        csv = client.post(
+            "/invocations", content=b"image\n" + b"x\n" * 40, headers={"Content-Type": "text/csv"}
+        )
+        assert csv.status_code == 413
+        fits = split_body(["a"] * 20)
+        assert client.post("/invocations", content=fits, headers=json_type).json() == {
+            "read": len(fits)
+        }
+        pretty = json.dumps(json.loads(fits), indent=2).encode()  # line ends are not rows
+        assert client.post("/invocations", content=pretty, headers=json_type).status_code == 200
