@@ -12,6 +12,7 @@ import pytest
 
 import tasks.train as train_module
 from tasks.layout import Layout
+from tasks.models import backbone_of
 from tests.unit.test_train_core import NO_AUGMENT, run, train_params
 
 pytestmark = pytest.mark.slow
@@ -89,3 +90,30 @@ def test_a_repeated_deterministic_run_ends_with_the_same_weights(tiny_shards: Pa
     assert len(weights[0]) == len(weights[1]) > 0
     for first, second in zip(*weights, strict=True):
         np.testing.assert_array_equal(first, second)
+
+
+def test_efficientnet_b0_fine_tunes_in_both_phases(tmp_path: Path) -> None:
+    """The frozen phase, then the top layers at a tenth of the rate, on the loop."""
+    from tests.tiny_shards import write_tiny_shards
+
+    write_tiny_shards(tmp_path, size=32, per_class={"train": 8, "val": 2, "test": 2})
+    params = train_params(
+        model="efficientnet_b0",
+        weights=None,
+        epochs=1,
+        fine_tune_layers=5,
+        fine_tune_epochs=1,
+        batch_size=8,
+        learning_rate=0.01,
+        lr_schedule="constant",
+        early_stopping_patience=0,
+        augment=NO_AUGMENT,
+    )
+    summary = run(tmp_path, params)
+    assert summary["epochs_completed"] == 2
+    rates = summary["history"]["learning_rate"]
+    assert rates == [pytest.approx(0.01), pytest.approx(0.01 * train_module.FINE_TUNE_LR_FACTOR)]
+    backbone = backbone_of(keras.saving.load_model(Layout().with_root(tmp_path).model_file))
+    assert backbone is not None
+    assert any(layer.trainable and layer.weights for layer in backbone.layers[-5:])
+    assert not any(layer.trainable for layer in backbone.layers[:-5] if layer.weights)
