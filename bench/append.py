@@ -211,6 +211,7 @@ def run_validate(params: Params, layout: Layout) -> dict[str, Any]:
         layout.validation_report,
         layout.validation_summary,
         index_path=layout.index,
+        accepted_path=layout.accepted_data,
         diff_path=layout.data_diff,
         limits=params.validate_,
     )

@@ -160,7 +160,7 @@ def _stage_child(index_path: str, root: str, mode: str = "rebuild") -> None:
         Path(index_path),
         layout.shards_dir,
         write_many=placeholders,
-        diff_path=layout.data_diff,
+        diff_path=layout.shard_changes,
     )
     assert run.diff is not None
     print(

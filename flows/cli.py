@@ -46,6 +46,10 @@ def run_steps(extra: Sequence[str]) -> Steps:
     ]
 
 
+def accept_data_steps(extra: Sequence[str]) -> Steps:
+    return [module("flows.accept_data", *extra)]
+
+
 def serve_steps(extra: Sequence[str]) -> Steps:
     return [module("flows.server", "ensure"), module("flows.deployments", *extra)]
 
@@ -71,6 +75,10 @@ def stop_steps(extra: Sequence[str]) -> Steps:
 # name -> (help line, steps); the order is the order of `shardflow --help`.
 COMMANDS: dict[str, tuple[str, Callable[[Sequence[str]], Steps]]] = {
     "run": ("demo data if missing, Prefect server, then the whole pipeline (dvc repro)", run_steps),
+    "accept-data": (
+        "accept the shards validation refused as the data baseline: --fingerprint F --reason R",
+        accept_data_steps,
+    ),
     "serve": ("Prefect server plus a process serving the deployments", serve_steps),
     "predict": ("batch prediction: python -m flows.predict SOURCE [options]", predict_steps),
     "bench": ("benchmarks -> reports/bench.json and bench.png (--quick: a smoke run)", bench_steps),

@@ -160,8 +160,8 @@ def _first_done(pending: list[PrefectFuture[list[ShardFile]]]) -> list[ShardFile
 @flow(name="write-shards", flow_run_name="write-shards")
 def write_shards_flow(params: ShardParams, layout: Layout) -> dict[str, Any]:
     """The shard stage (:func:`tasks.shard.shard_stage`: plan a rebuild or a new generation,
-    write the missing shards, the manifest, the data diff) writing through this flow's task
-    runner; the data diff also becomes a Prefect artifact."""
+    write the missing shards, the manifest, what the run changed) writing through this
+    flow's task runner; what it changed also becomes a Prefect artifact."""
     logger = get_run_logger()
     # A rebuild's workers start now (if its entry point has not started them), while it plans.
     with untagged_task_runs(), LocalWorkers(params) as local:
@@ -170,7 +170,7 @@ def write_shards_flow(params: ShardParams, layout: Layout) -> dict[str, Any]:
             layout.index,
             layout.shards_dir,
             write_many=runner_writer(params.workers, local),
-            diff_path=layout.data_diff,
+            diff_path=layout.shard_changes,
         )
     plan, manifest, diff = stage.plan, stage.manifest, stage.diff
     assert diff is not None
@@ -184,8 +184,8 @@ def write_shards_flow(params: ShardParams, layout: Layout) -> dict[str, Any]:
         manifest.preprocessing_version,
     )
     create_markdown_artifact(
-        key="data-diff",
-        markdown=layout.data_diff.with_suffix(".md").read_text(),
+        key="shard-changes",
+        markdown=layout.shard_changes.with_suffix(".md").read_text(),
         description=f"+{diff['added_total']} -{diff['removed_total']} images, "
         f"{len(manifest.generations)} generation(s)",
     )

@@ -42,8 +42,20 @@ class Layout:
         return self.root / "data" / "shards"
 
     @property
+    def shard_changes(self) -> Path:
+        """What the last shard run changed in the shard folder, record by record (JSON; the
+        Markdown summary is its ``.md`` sibling)."""
+        return self.root / "reports" / "shard_changes.json"
+
+    @property
+    def accepted_data(self) -> Path:
+        """The last accepted data version, the data gate's baseline: validate's persisted,
+        git-tracked output (``tasks.data_gate``)."""
+        return self.root / "data" / "accepted.json"
+
+    @property
     def data_diff(self) -> Path:
-        """The shard stage's data diff (JSON; the Markdown summary is its ``.md`` sibling)."""
+        """Validate's diff from the accepted data version (JSON; Markdown beside it)."""
         return self.root / "reports" / "data_diff.json"
 
     @property
