@@ -164,3 +164,58 @@ def test_the_stage_launches_local_workers_and_only_the_chief_records(
     assert sorted(steps) == list(range(PARAMS.epochs))  # logged by the chief alone
     assert client.get_run(summary["run_id"]).data.tags["device.num_workers"] == "2"
     assert Layout().with_root(tiny_shards).model_file.exists()
+
+
+CHIEF_SCRIPT = """
+import sys
+from pathlib import Path
+from tasks.params import TrainParams
+from tests.unit.test_train_core import run
+run(Path(sys.argv[1]), TrainParams.model_validate_json(sys.argv[2]))
+"""
+
+
+def test_a_platform_worker_runs_the_stage_command_and_records_nothing(
+    tiny_shards: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Worker 1 of a platform's ``TF_CONFIG`` runs ``python -m flows.train`` as the chief
+    would: it trains beside the chief (here the training core), with no Prefect flow, no
+    MLflow run and no output of its own."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from tasks.train_cluster import local_tf_configs
+
+    merged = default_params(train=PARAMS.model_dump(mode="json")).model_dump(mode="json")
+    (tiny_shards / "params.yaml").write_text(yaml.safe_dump(merged))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    chief_config, worker_config = local_tf_configs(2)
+    env = {**os.environ, "PYTHONPATH": str(Path.cwd())}
+    chief = subprocess.Popen(
+        [sys.executable, "-c", CHIEF_SCRIPT, str(tiny_shards), PARAMS.model_dump_json()],
+        env={**env, "TF_CONFIG": chief_config},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    worker = subprocess.run(
+        [sys.executable, "-m", "flows.train"],
+        cwd=tiny_shards,
+        env={**env, "TF_CONFIG": worker_config},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    chief_output = chief.communicate(timeout=600)[0]
+    assert chief.returncode == 0, chief_output[-3000:]
+    assert worker.returncode == 0, worker.stderr[-3000:]
+    assert "flow run" not in worker.stdout + worker.stderr.lower()  # no Prefect flow
+    assert not list(tiny_shards.glob("mlflow*")) and not (tiny_shards / "mlruns").exists()
+    layout = Layout().with_root(tiny_shards)
+    assert layout.model_file.exists() and not layout.backup_dir.exists()
+    rows = json.loads(layout.train_history.read_text())
+    assert [row["epoch"] for row in rows] == [1, 2, 3, 4]  # the chief's, written once
