@@ -8,7 +8,6 @@ code, and this flow composes the same tasks for deployment runs.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from prefect import flow
@@ -17,12 +16,13 @@ from flows import ingest, shard, validate
 from flows.common import (
     naming,
     run_parameter,
+    run_params_path,
     run_stage,
     run_then_exit,
     stage_main,
 )
 from tasks.layout import Layout
-from tasks.params import load_params, run_params_path
+from tasks.params import load_params
 
 DATA_STAGES = ("ingest", "shard", "validate")
 
@@ -45,7 +45,7 @@ def data_flow(
     skipped and a stage that ran is recorded in ``dvc.lock``.
     """
     params = load_params(run_params_path(root, params_path))  # inside the repo if deployed
-    layout = Layout(Path(root))
+    layout = Layout(root)
     stages = stages or list(DATA_STAGES)
     steps = {
         "ingest": lambda: ingest.ingest_task(params.ingest, layout),

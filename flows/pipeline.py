@@ -14,11 +14,11 @@ from typing import Any
 
 from prefect import flow, get_run_logger, tags
 
-from flows.common import configure_environment, hold_workspace, pipeline_id
+from flows.common import configure_environment, hold_workspace, pipeline_id, run_params_path
 from flows.data import data_flow
 from flows.server import require_server
 from flows.training import training_flow
-from tasks.params import ParamOverrides, apply_overrides, run_params_path
+from tasks.params import ParamOverrides, apply_overrides
 
 
 @flow(name="pipeline", log_prints=True)

@@ -22,7 +22,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 
-from flows.common import code_version, configure_environment, run_then_exit
+from flows.common import code_version, configure_environment, flow_run_tags, run_then_exit
 from tasks import images, predict, schema, tracking
 from tasks.params import load_params
 
@@ -61,7 +61,7 @@ def record_task(
         "model.uri": ref.uri,
         "predict.source": source,
         "predict.output": output,
-        "prefect.flow_run_id": tracking.prefect_flow_run_id() or "none",
+        "prefect.flow_run_id": flow_run_tags()["prefect.flow_run_id"],
     }
     run = client.create_run(
         tracking.experiment_id(client, predict.PREDICT_EXPERIMENT),

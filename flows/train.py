@@ -23,7 +23,6 @@ if __name__ == "__main__":
 
 import logging
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -33,9 +32,12 @@ from flows.common import (
     Progress,
     code_version,
     configure_environment,
+    flow_run_tags,
     naming,
     parse_stage_args,
+    run_log,
     run_parameter,
+    run_params_path,
     run_then_exit,
     run_where_warm,
     stage_main,
@@ -44,7 +46,7 @@ from flows.common import (
 from flows.model_runs import link_mlflow_run, retry_unless_refused
 from tasks import manifest, schema, tracking, train_child
 from tasks.layout import Layout
-from tasks.params import Params, TrainParams, load_params, run_params_path
+from tasks.params import Params, TrainParams, load_params
 from tasks.train_cluster import config_is_chief, requested_workers
 
 EPOCH_FIGURES = ("loss", "accuracy", "val_loss", "val_accuracy")
@@ -94,7 +96,7 @@ def model_run_details() -> Sequence[object]:
     """What names a training run: its MLflow run name (model, epochs, batch, lr, shards)."""
     root = run_parameter("root", ".")
     params = load_params(run_params_path(root, run_parameter("params_path", "params.yaml")))
-    fingerprint = manifest.load_manifest(Layout(Path(root)).shards_dir).fingerprint
+    fingerprint = manifest.load_manifest(Layout(root).shards_dir).fingerprint
     return [tracking.run_name(params, fingerprint)]
 
 
@@ -111,7 +113,8 @@ def train_task(params: Params, layout: Layout) -> dict[str, Any]:
     logger = get_run_logger()
     planned = planned_epochs(params.train)
     progress = Progress("train-progress", f"epochs done of {planned} ({params.train.model})")
-    summary = train_where_warm(params, layout, epoch_reporter(planned, progress, logger))
+    with run_log():  # training's own warnings (a discarded backup) in this run's log
+        summary = train_where_warm(params, layout, epoch_reporter(planned, progress, logger))
     progress(planned, planned)  # early stopping ends a run before its planned epochs
     url = link_mlflow_run(summary["run_url"], summary["run_name"], "training run")
     final = summary.get("final", {})
@@ -133,9 +136,12 @@ def train_where_warm(params: Params, layout: Layout, report: train_child.Report)
     """:func:`tasks.train_child.train`, in the prestarted child when one stands by, each
     epoch reported back here. Local workers are spawned from this process instead (a
     prestarted child is a daemon, and a daemon has no children)."""
+    tags = flow_run_tags()
     if requested_workers() > 1:
-        return train_child.train(params, layout, report)
-    return run_where_warm(train_child.warm_up, train_child.train, params, layout, report=report)
+        return train_child.train(params, layout, tags, report)
+    return run_where_warm(
+        train_child.warm_up, train_child.train, params, layout, tags, report=report
+    )
 
 
 @flow(name="train", log_prints=True, flow_run_name=naming("train", model_run_details))
@@ -143,7 +149,7 @@ def train_flow(params_path: str = "params.yaml", root: str = ".") -> dict[str, A
     """Train a model on validated shards, tracked as one MLflow run."""
     params = load_params(run_params_path(root, params_path))
     with untagged_task_runs():
-        return train_task(params, Layout(Path(root)))
+        return train_task(params, Layout(root))
 
 
 def main() -> None:
@@ -152,7 +158,7 @@ def main() -> None:
         # and records nothing, so it needs no Prefect flow, lock or MLflow run.
         configure_environment()
         _, params_path = parse_stage_args(("train",), "flows.train")
-        train_child.train_worker(load_params(run_params_path(".", params_path)), Layout(Path(".")))
+        train_child.train_worker(load_params(run_params_path(".", params_path)), Layout("."))
         return
     stage_main("train", ("train",), lambda _, params: train_flow(params_path=params))
 

@@ -22,6 +22,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from flows.common import (
     naming,
+    run_params_path,
     run_stage,
     run_then_exit,
     stage_main,
@@ -30,7 +31,7 @@ from flows.evaluate import evaluate_task
 from flows.train import model_run_details, train_task
 from tasks import tracking
 from tasks.layout import Layout
-from tasks.params import load_params, run_params_path
+from tasks.params import load_params
 
 STAGES = ("train", "evaluate")
 
@@ -51,7 +52,7 @@ def training_flow(
     unknown = set(stages) - set(STAGES)
     if unknown:
         raise ValueError(f"unknown stages {sorted(unknown)}; choose from {STAGES}")
-    layout = Layout().with_root(root)
+    layout = Layout(root)
     params = load_params(run_params_path(root, params_path))  # inside the repo if deployed
 
     steps = {

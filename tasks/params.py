@@ -270,19 +270,6 @@ def resolve_inside(root: str | Path, params_path: str | Path, repository: str | 
     return path
 
 
-def run_params_path(root: str, params_path: str) -> Path:
-    """The params file a flow reads: for a deployment run, only one inside the repository.
-
-    Deployments are served from the repository root (the working directory); direct calls
-    (DVC stages, tests) name their own project root.
-    """
-    from prefect.runtime import deployment
-
-    if deployment.id is None:
-        return Path(root) / params_path
-    return resolve_inside(root, params_path, Path.cwd())
-
-
 def _partial(model: type[BaseModel]) -> type[BaseModel]:
     """``model`` with every field optional (None = keep the params.yaml value), recursively.
 

@@ -123,8 +123,11 @@ def start_train_run(
     shards_dir: str | Path,
     root: str | Path = ".",
     device_tags: dict[str, str] | None = None,
+    run_tags: dict[str, str] | None = None,
 ) -> str:
-    """Create a training run with params, data lineage and device tags; return its id."""
+    """Create a training run with params, data lineage and device tags; return its id.
+
+    ``run_tags`` name the orchestrator's run (the flow passes its Prefect flow run's)."""
     from mlflow.entities import Metric, Param, RunTag
 
     logged = {
@@ -137,8 +140,9 @@ def start_train_run(
         **lineage_tags(manifest, root=root),
         **(device_tags or {}),
         **dvc_experiment_tags(),
-        "prefect.flow_run_id": prefect_flow_run_id() or "none",
-        "prefect.flow_run_url": prefect_flow_run_url() or "none",
+        "prefect.flow_run_id": "none",
+        "prefect.flow_run_url": "none",
+        **(run_tags or {}),
     }
     tags[NOTE_TAG] = run_description(
         {key: str(value) for key, value in logged.items()},
@@ -354,25 +358,6 @@ def git_commit(root: str | Path = ".") -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return result.stdout.strip() or "unknown"
-
-
-def prefect_flow_run_id() -> str | None:
-    """The id of the Prefect flow run this code runs in, or None outside a flow."""
-    try:
-        from prefect.runtime import flow_run
-    except ImportError:
-        return None
-    run_id = flow_run.id
-    return str(run_id) if run_id else None
-
-
-def prefect_flow_run_url() -> str | None:
-    """The Prefect UI page of the flow run this code runs in, or None outside a flow."""
-    try:
-        from prefect.runtime import flow_run
-    except ImportError:
-        return None
-    return str(flow_run.ui_url) if flow_run.id and flow_run.ui_url else None
 
 
 def timestamp_ms() -> int:

@@ -707,10 +707,12 @@ def run_train(
     *,
     strategy: tf.distribute.Strategy | None = None,
     callbacks: Sequence[keras.callbacks.Callback] = (),
+    run_tags: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Gate on validation, open (or resume) an MLflow run, train, record the run for evaluate.
 
     With several workers each runs this; only the chief tracks and records the run.
+    ``run_tags``: the orchestrator's tags for a new MLflow run (the flow run that trains).
     """
     from tasks import tracking
 
@@ -738,6 +740,7 @@ def run_train(
             shards_dir=layout.shards_dir,
             root=layout.root,
             device_tags=device_tags(params.train, strategy),
+            run_tags=run_tags,
         )
         if discarded:  # the run says why it did not resume the backup it found
             client.set_tag(run_id, "resume.backup_discarded", "; ".join(discarded)[:5000])

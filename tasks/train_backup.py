@@ -20,7 +20,6 @@ import json
 import logging
 import os
 import shutil
-import sys
 import tempfile
 import warnings
 from collections.abc import Sequence
@@ -43,20 +42,9 @@ MAIN_PHASE_WEIGHTS = "main_phase.weights.h5"
 MAIN_PHASE_DONE = "main_phase.json"  # written after the weights: the frozen phase's commit
 EARLY_STOPPING_NAME = "early_stopping.json"
 
-# The train stage's log: a discarded backup is the stage's news, wherever the code lives.
+# The train stage's log (a flow shows it in its run's log, flows.common.run_log): a discarded
+# backup is the stage's news, wherever the code lives.
 log = logging.getLogger("tasks.train")
-
-
-def run_logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
-    """The Prefect run logger inside a flow or task run (shown in the UI), else the stage's."""
-    if "prefect" in sys.modules:  # never import it here: importing it configures logging
-        from prefect import get_run_logger
-
-        try:
-            return get_run_logger()
-        except Exception:  # outside a Prefect run (MissingContextError)
-            pass
-    return log
 
 
 class BackupUnusable(RuntimeError):
@@ -117,7 +105,7 @@ def claim_backup(
 
 def discard_backup(backup_dir: Path, reasons: Sequence[str]) -> None:
     """Delete the backup and say why, so a rerun that starts over is never a surprise."""
-    run_logger().warning("backup discarded: %s (%s)", "; ".join(reasons), backup_dir)
+    log.warning("backup discarded: %s (%s)", "; ".join(reasons), backup_dir)
     shutil.rmtree(backup_dir, ignore_errors=True)
 
 
@@ -221,7 +209,7 @@ def early_stopping_state(dirs: BackupDirs, resumed_at: int) -> dict[str, Any] | 
         return None
     state = json.loads(path.read_text())
     if state["epoch"] != resumed_at - 1:
-        run_logger().warning(
+        log.warning(
             "early stopping state is from epoch %s, not %s: starting it afresh",
             state["epoch"] + 1,
             resumed_at,

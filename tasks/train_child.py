@@ -29,9 +29,14 @@ def warm_up() -> None:
     import tasks.train  # noqa: F401  (TensorFlow, the models, the reader)
 
 
-def train(params: Params, layout: Layout, report: Report | None = None) -> dict[str, Any]:
+def train(
+    params: Params,
+    layout: Layout,
+    run_tags: dict[str, str] | None = None,
+    report: Report | None = None,
+) -> dict[str, Any]:
     """:func:`tasks.train.run_train`, each epoch handed to ``report``, plus ``run_url`` (the
-    MLflow run's page) in the summary.
+    MLflow run's page) in the summary; ``run_tags`` name the flow run on the MLflow run.
 
     Without ``report`` (in a child) each epoch goes to the parent with
     :func:`tasks.processes.report`, as ``(epoch, figures)``. With ``SHARDFLOW_TRAIN_WORKERS``
@@ -44,23 +49,32 @@ def train(params: Params, layout: Layout, report: Report | None = None) -> dict[
     def send(epoch: int, figures: dict[str, float]) -> None:
         to_parent((epoch, figures))
 
+    forward = report or send
     workers = requested_workers()
     if workers > 1:
-        forward = report or send
         return launch_local_workers(
-            workers, train_worker, (params, layout), on_report=lambda message: forward(*message)
+            workers,
+            train_worker,
+            (params, layout, run_tags),
+            on_report=lambda message: forward(*message),
         )
-    return train_worker(params, layout, report or send)
+    return train_worker(params, layout, run_tags, forward)
 
 
-def train_worker(params: Params, layout: Layout, report: Report | None = None) -> dict[str, Any]:
+def train_worker(
+    params: Params,
+    layout: Layout,
+    run_tags: dict[str, str] | None = None,
+    report: Report | None = None,
+) -> dict[str, Any]:
     """One worker's training: :func:`tasks.train.run_train`, each epoch handed to
     ``report``, and the chief's ``run_url``. Each worker of a cluster runs this."""
     warm_up()  # done already in a prestarted child; in a process of its own, Keras lean
     from tasks import tracking
     from tasks.train import EpochReport, run_train
 
-    summary = run_train(params, layout, callbacks=[EpochReport(report)] if report else [])
+    callbacks = [EpochReport(report)] if report else []
+    summary = run_train(params, layout, callbacks=callbacks, run_tags=run_tags)
     if "run_id" in summary:  # the chief's: the others track nothing
         summary["run_url"] = tracking.run_url(tracking.client(layout.root), summary["run_id"])
     return summary

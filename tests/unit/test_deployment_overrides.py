@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from flows.common import run_params_path
 from tasks.params import (
     REPO_PARAMS_PATH,
     ParamOverrides,
     apply_overrides,
     check_overrides,
     resolve_inside,
-    run_params_path,
 )
 
 REPO = REPO_PARAMS_PATH.parent

@@ -152,7 +152,7 @@ def test_the_stage_launches_local_workers_and_only_the_chief_records(
     assert isinstance(params, Params)
     reported: list[int] = []
     summary = train_child.train(
-        params, Layout().with_root(tiny_shards), lambda epoch, _: reported.append(epoch)
+        params, Layout().with_root(tiny_shards), report=lambda epoch, _: reported.append(epoch)
     )
     assert summary["strategy"] == "MultiWorkerMirroredStrategy" and summary["chief"]
     assert reported == list(range(PARAMS.epochs))  # the chief's epoch lines, once each
