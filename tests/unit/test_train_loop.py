@@ -82,7 +82,7 @@ def test_a_repeated_deterministic_run_ends_with_the_same_weights(tiny_shards: Pa
     model file. Compared as weights here: in one process Keras numbers its auto-named
     objects on (adam, adam_1, ...), which a fresh process, as the stage runs, does not."""
     params = train_params(epochs=2, batch_size=16, early_stopping_patience=0)
-    model_file = Layout().with_root(tiny_shards).model_file
+    model_file = Layout(tiny_shards).model_file
     weights = []
     for _ in range(2):
         run(tiny_shards, params)
@@ -113,7 +113,7 @@ def test_efficientnet_b0_fine_tunes_in_both_phases(tmp_path: Path) -> None:
     assert summary["epochs_completed"] == 2
     rates = summary["history"]["learning_rate"]
     assert rates == [pytest.approx(0.01), pytest.approx(0.01 * train_module.FINE_TUNE_LR_FACTOR)]
-    backbone = backbone_of(keras.saving.load_model(Layout().with_root(tmp_path).model_file))
+    backbone = backbone_of(keras.saving.load_model(Layout(tmp_path).model_file))
     assert backbone is not None
     assert any(layer.trainable and layer.weights for layer in backbone.layers[-5:])
     assert not any(layer.trainable for layer in backbone.layers[:-5] if layer.weights)

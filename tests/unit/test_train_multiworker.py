@@ -96,14 +96,14 @@ def test_two_workers_end_with_identical_weights_and_single_worker_accuracy(
     for name in first.files:
         np.testing.assert_array_equal(first[name], second[name])
 
-    layout = Layout().with_root(tiny_shards)
+    layout = Layout(tiny_shards)
     two = evaluate_model(layout.model_file, layout.shards_dir, tiny_shards / "eval2", top_k=1)
     single_root = tmp_path_factory.mktemp("single")
     from tests.tiny_shards import write_tiny_shards
 
     write_tiny_shards(single_root)
     run(single_root, PARAMS)
-    single_layout = Layout().with_root(single_root)
+    single_layout = Layout(single_root)
     one = evaluate_model(
         single_layout.model_file, single_layout.shards_dir, single_root / "eval1", top_k=1
     )
@@ -113,7 +113,7 @@ def test_two_workers_end_with_identical_weights_and_single_worker_accuracy(
 
 
 def test_worker_killed_mid_epoch_fails_the_run_and_the_rerun_resumes(tiny_shards: Path) -> None:
-    layout = Layout().with_root(tiny_shards)
+    layout = Layout(tiny_shards)
     with pytest.raises(WorkerFailed, match=r"worker 1 \(pid \d+\) died, exit code -9.*Rerun"):
         two_workers(tiny_shards, die_at=2)
     assert not layout.model_file.exists()
@@ -127,7 +127,7 @@ def test_worker_killed_mid_epoch_fails_the_run_and_the_rerun_resumes(tiny_shards
 
 
 def test_fewer_train_files_than_workers_is_refused_naming_the_param(tiny_shards: Path) -> None:
-    manifest = load_manifest(Layout().with_root(tiny_shards).shards_dir)  # 2 train files
+    manifest = load_manifest(Layout(tiny_shards).shards_dir)  # 2 train files
     three = SimpleNamespace(num_replicas_in_sync=3, extended=SimpleNamespace(_num_workers=3))
     with pytest.raises(ValueError, match=r"2 train shard files for 3 workers.*target_shard_mb"):
         check_distributable(PARAMS.model_copy(update={"batch_size": 18}), manifest, three)
@@ -152,7 +152,7 @@ def test_the_stage_launches_local_workers_and_only_the_chief_records(
     assert isinstance(params, Params)
     reported: list[int] = []
     summary = train_child.train(
-        params, Layout().with_root(tiny_shards), report=lambda epoch, _: reported.append(epoch)
+        params, Layout(tiny_shards), report=lambda epoch, _: reported.append(epoch)
     )
     assert summary["strategy"] == "MultiWorkerMirroredStrategy" and summary["chief"]
     assert reported == list(range(PARAMS.epochs))  # the chief's epoch lines, once each
@@ -163,7 +163,7 @@ def test_the_stage_launches_local_workers_and_only_the_chief_records(
     steps = [m.step for m in client.get_metric_history(summary["run_id"], "loss")]
     assert sorted(steps) == list(range(PARAMS.epochs))  # logged by the chief alone
     assert client.get_run(summary["run_id"]).data.tags["device.num_workers"] == "2"
-    assert Layout().with_root(tiny_shards).model_file.exists()
+    assert Layout(tiny_shards).model_file.exists()
 
 
 CHIEF_SCRIPT = """
@@ -215,7 +215,7 @@ def test_a_platform_worker_runs_the_stage_command_and_records_nothing(
     assert worker.returncode == 0, worker.stderr[-3000:]
     assert "flow run" not in worker.stdout + worker.stderr.lower()  # no Prefect flow
     assert not list(tiny_shards.glob("mlflow*")) and not (tiny_shards / "mlruns").exists()
-    layout = Layout().with_root(tiny_shards)
+    layout = Layout(tiny_shards)
     assert layout.model_file.exists() and not layout.backup_dir.exists()
     rows = json.loads(layout.train_history.read_text())
     assert [row["epoch"] for row in rows] == [1, 2, 3, 4]  # the chief's, written once
