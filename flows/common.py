@@ -29,11 +29,15 @@ OFFLINE_ENV = {
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "DVC_NO_ANALYTICS": "1",
     "TF_CPP_MIN_LOG_LEVEL": "3",  # C++ errors too: "failed call to cuInit" on a CPU-only machine
+    # MLflow prints "View run at <tracking URI>/..." as a run ends on a server, credentials
+    # in the URI included; the flows log their own link, redacted (tasks.tracking.redact).
+    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
 }
 
 
 def configure_environment() -> None:
-    """Analytics off and quiet TensorFlow; called by entry points, never at import."""
+    """Analytics off, quiet TensorFlow, no unredacted MLflow links; called by entry points,
+    never at import."""
     for key, value in OFFLINE_ENV.items():
         os.environ.setdefault(key, value)
 
@@ -256,17 +260,23 @@ def stage_settings() -> Iterator[None]:
         yield
 
 
+def in_deployment_run() -> bool:
+    """Whether this code runs in a run a Prefect deployment started: then its parameters
+    come from whoever started the run, and are confined to the repository."""
+    from prefect.runtime import deployment
+
+    return deployment.id is not None
+
+
 def run_params_path(root: str, params_path: str) -> Path:
     """The params file a flow reads: for a deployment run, only one inside the repository.
 
     Deployments are served from the repository root (the working directory); direct calls
     (DVC stages, tests) name their own project root.
     """
-    from prefect.runtime import deployment
-
     from tasks.params import resolve_inside  # here: entry points import this module first
 
-    if deployment.id is None:
+    if not in_deployment_run():
         return Path(root) / params_path
     return resolve_inside(root, params_path, Path.cwd())
 

@@ -35,7 +35,7 @@ from tasks import models, reader, schema, train_backup, train_cluster
 from tasks.atomic import write_json
 from tasks.code_version import code_version
 from tasks.gate import ShardsNotValidated as ShardsNotValidated  # re-exported for the flows
-from tasks.gate import check_validated
+from tasks.gate import check_validated, check_validated_store
 from tasks.layout import Layout
 from tasks.manifest import ShardManifest, load_manifest
 from tasks.metrics_files import split_numeric
@@ -43,6 +43,7 @@ from tasks.model_file import save_model
 from tasks.models import build_model, unfreeze_top
 from tasks.params import Params, TrainParams, flatten
 from tasks.reader import read_split
+from tasks.shard_store import ShardStore, open_store
 from tasks.train_backup import (
     EPOCH_LOG_NAME,
     BackupDirs,
@@ -269,6 +270,7 @@ def read_data(
     manifest: ShardManifest,
     shards_dir: Path,
     strategy: tf.distribute.Strategy,
+    store: ShardStore | None = None,
 ) -> Data:
     def train_input(context: tf.distribute.InputContext) -> tf.data.Dataset:
         # Sharded by file: worker i reads train files i, i + n, ... (AutoShardPolicy.FILE,
@@ -282,11 +284,17 @@ def read_data(
             seed=params.seed,
             manifest=manifest,
             file_shard=(context.input_pipeline_id, context.num_input_pipelines),
+            store=store,
         ).repeat()
 
     train_ds = strategy.distribute_datasets_from_function(train_input)
     val = read_split(
-        shards_dir, "val", batch_size=params.batch_size, training=False, manifest=manifest
+        shards_dir,
+        "val",
+        batch_size=params.batch_size,
+        training=False,
+        manifest=manifest,
+        store=store,
     )
     return Data(
         iter(train_ds), val, steps_per_epoch(params, manifest, shards_dir), params.batch_size
@@ -487,21 +495,22 @@ def train(
     plot_file: str | Path | None = None,
     strategy: tf.distribute.Strategy | None = None,
     callbacks: Sequence[keras.callbacks.Callback] = (),
+    store: ShardStore | None = None,
 ) -> dict[str, Any]:
     """Train ``params.model`` on the shards' train split (val for early stopping).
 
     Writes the model (Keras format) to ``model_file`` and, when given, the numeric summary
-    (``metrics_file``, what DVC shows as metrics), the rest of it (``summary_file``), the
-    per-epoch rows (``history_file``, DVC plot data) and the plot. Resumable: state lives in
-    ``backup_dir`` until the run completes, and is resumed only by a run with the same
-    params, shards and training code (else discarded, with the reason logged). With several
-    workers every worker calls this; the chief alone writes these files. Returns a small
-    summary dict.
+    (``metrics_file``, DVC's metrics), the rest of it (``summary_file``), the per-epoch rows
+    (``history_file``, DVC plot data) and the plot. Resumable: state lives in ``backup_dir``
+    until the run completes, and is resumed only by a run with the same params, shards and
+    training code (else discarded, with the reason logged). Every worker calls this; the
+    chief alone writes. A ``store`` (tasks.shard_store) reads the shards from object
+    storage instead: the same records in the same order. Returns a small summary dict.
     """
     # The strategy first: the multi-worker one must exist before any other TensorFlow op.
     strategy = strategy or choose_strategy()
     shards_dir, model_file, backup_dir = Path(shards_dir), Path(model_file), Path(backup_dir)
-    manifest = load_manifest(shards_dir)
+    manifest = store.manifest() if store else load_manifest(shards_dir)
     chief = is_chief(strategy)
     steps_per_epoch(params, manifest, shards_dir)  # refuses a batch larger than the split
     check_distributable(params, manifest, strategy)
@@ -519,7 +528,7 @@ def train(
     try:
         try:
             model, epoch_log, probe = fit_phases(
-                params, manifest, shards_dir, dirs, strategy, callbacks
+                params, manifest, shards_dir, dirs, strategy, callbacks, store
             )
         except BackupUnusable as error:
             # The identity matched but the state does not fit this model: start over once.
@@ -528,7 +537,7 @@ def train(
                 write_identity(backup_dir, identity, (stored or {}).get("mlflow_run_id"))
             chief_value(strategy, 0.0)  # the backup is gone before anyone looks again
             model, epoch_log, probe = fit_phases(
-                params, manifest, shards_dir, dirs, strategy, callbacks
+                params, manifest, shards_dir, dirs, strategy, callbacks, store
             )
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)
@@ -583,6 +592,7 @@ def fit_phases(
     dirs: BackupDirs,
     strategy: tf.distribute.Strategy,
     callbacks: Sequence[keras.callbacks.Callback],
+    store: ShardStore | None = None,
 ) -> tuple[keras.Model, EpochLog, Callable[[], dict[str, float]]]:
     """Build the model and fit it: the frozen (or only) phase, then fine-tuning if asked.
     Returns the model, its epoch log and the input-bound probe of its last phase's step.
@@ -592,7 +602,7 @@ def fit_phases(
     from those weights instead of redoing the frozen phase.
     """
     seed_everything(params)
-    data = read_data(params, manifest, shards_dir, strategy)
+    data = read_data(params, manifest, shards_dir, strategy, store)
     epoch_log = EpochLog(dirs.write / EPOCH_LOG_NAME)
     hooks = [epoch_log, *callbacks]
     with strategy.scope():
@@ -710,14 +720,15 @@ def run_train(
     run_tags: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Gate on validation, open (or resume) an MLflow run, train, record the run for evaluate.
-
-    With several workers each runs this; only the chief tracks and records the run.
-    ``run_tags``: the orchestrator's tags for a new MLflow run (the flow run that trains).
-    """
+    Every worker runs this; the chief alone tracks (``run_tags`` on a new MLflow run)."""
     from tasks import tracking
 
     strategy = strategy or choose_strategy()  # first: see train
-    manifest = check_validated(layout.shards_dir, layout.validation_report)
+    store = open_store(layout.root, params.storage)  # SHARDFLOW_SHARDS_URL, else data/shards
+    if store:
+        manifest = check_validated_store(store, layout.validation_report)
+    else:
+        manifest = check_validated(layout.shards_dir, layout.validation_report)
     if not is_chief(strategy):
         return train(
             params.train,
@@ -726,6 +737,7 @@ def run_train(
             backup_dir=layout.backup_dir,
             strategy=strategy,
             callbacks=callbacks,
+            store=store,
         )
     client = tracking.client(layout.root)
     identity = backup_identity(params.train, manifest.fingerprint)
@@ -737,7 +749,7 @@ def run_train(
             client,
             params,
             manifest,
-            shards_dir=layout.shards_dir,
+            shards_dir=store.url if store else layout.shards_dir,
             root=layout.root,
             device_tags=device_tags(params.train, strategy),
             run_tags=run_tags,
@@ -758,6 +770,7 @@ def run_train(
                 plot_file=layout.train_plot,
                 strategy=strategy,
                 callbacks=[MlflowEpochMetrics(client, run_id), *callbacks],
+                store=store,
             )
     except BaseException:
         client.set_terminated(run_id, status="FAILED")  # the id stays in the backup to resume
@@ -771,7 +784,7 @@ def run_train(
     record = {
         "run_id": run_id,
         "experiment_id": run.info.experiment_id,
-        "tracking_uri": client.tracking_uri,
+        "tracking_uri": tracking.recorded_uri(client.tracking_uri, layout.root),
         "fingerprint": manifest.fingerprint,
         "run_name": run.info.run_name,
     }

@@ -76,5 +76,7 @@ def train_worker(
     callbacks = [EpochReport(report)] if report else []
     summary = run_train(params, layout, callbacks=callbacks, run_tags=run_tags)
     if "run_id" in summary:  # the chief's: the others track nothing
-        summary["run_url"] = tracking.run_url(tracking.client(layout.root), summary["run_id"])
+        summary["run_url"] = tracking.run_url(
+            tracking.client(layout.root), summary["run_id"], layout.root
+        )
     return summary

@@ -601,7 +601,7 @@ def test_a_near_duplicate_pair_across_splits_fails_and_a_rebuild_fixes_it(tmp_pa
         shard={"image_size": [16, 16], "target_shard_mb": 0.002, "workers": 1}
     ).shard
     shards_dir = tmp_path / "shards"
-    run_shard(shard_params, index_path, shards_dir)
+    shard_stage(shard_params, index_path, shards_dir)
     assert "near_duplicates" in failed(validate(shards_dir, index_path))  # no hashes to check
 
     run_ingest(params.ingest, index_path, tmp_path / "ingest.json")  # places afresh
@@ -610,6 +610,6 @@ def test_a_near_duplicate_pair_across_splits_fails_and_a_rebuild_fixes_it(tmp_pa
     assert sorted(pair["paths"]) == ["red/photo.png", "red/photo_copy.jpg"]
     assert "rebuild" in bad["message"]
 
-    run_shard(shard_params, index_path, shards_dir)  # shard.mode: rebuild
+    shard_stage(shard_params, index_path, shards_dir)  # shard.mode: rebuild
     report = validate(shards_dir, index_path)
     assert report["passed"] is True, failed(report)
