@@ -28,6 +28,7 @@ from flows.common import (
     run_parameter,
     run_params_path,
     run_then_exit,
+    run_where_warm,
     stage_main,
     untagged_task_runs,
 )
@@ -36,7 +37,6 @@ from tasks import evaluate, gate, manifest, reader, schema, tracking
 from tasks.evaluate import run_evaluate
 from tasks.layout import Layout
 from tasks.params import Params, load_params
-from tasks.processes import standby_child
 
 
 def evaluated_run_details() -> Sequence[object]:
@@ -54,7 +54,7 @@ def evaluated_run_details() -> Sequence[object]:
     retry_condition_fn=retry_unless_refused,  # a refused model stays refused
 )
 def evaluate_task(params: Params, layout: Layout) -> dict[str, Any]:
-    result = evaluate_where_warm(params, layout)
+    result = run_where_warm(evaluate.warm_up, run_evaluate, params, layout)
     run_name = recorded_run_name(layout)
     url = link_mlflow_run(result["run_url"], run_name, "evaluated training run")
     promotion = result.get("promotion", {})
@@ -74,20 +74,6 @@ def evaluate_task(params: Params, layout: Layout) -> dict[str, Any]:
         result.get("eval_run_url"),
     )
     return {key: value for key, value in result.items() if key != "per_class"}
-
-
-def evaluate_where_warm(params: Params, layout: Layout) -> dict[str, Any]:
-    """:func:`run_evaluate` in the child the stage's entry point prestarted (its imports
-    done or under way), else here: a deployment run's process, or a retry."""
-    child = standby_child(evaluate.warm_up)
-    if child is not None:
-        try:
-            job = child.run(run_evaluate, params, layout)
-        except OSError:  # the prestarted child is gone
-            child.close()
-        else:
-            return job.result()
-    return run_evaluate(params, layout)
 
 
 @flow(name="evaluate", log_prints=True, flow_run_name=naming("evaluate", evaluated_run_details))
