@@ -311,7 +311,8 @@ def log_pyfunc(client: MlflowClient, run_id: str, model_file: str | Path, spec: 
         try:
             info = mlflow.pyfunc.log_model(
                 name=MODEL_NAME_IN_RUN,
-                python_model=ShardflowModel(),
+                # The model from code (tasks/serving_model.py), not a pickled object.
+                python_model=str(Path(tasks.__file__).with_name("serving_model.py")),
                 artifacts={KERAS_ARTIFACT: str(model_file), SPEC_ARTIFACT: str(spec_file)},
                 code_paths=[str(Path(tasks.__file__).parent)],
                 signature=signature(spec.classes),
