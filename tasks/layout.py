@@ -87,7 +87,7 @@ class Layout:
 
     @property
     def backup_dir(self) -> Path:
-        """Training backups (tasks/train_backup.py); outside every DVC out so a killed run can resume."""
+        """Training backups (tasks/train_backup.py), outside every DVC out: a killed run resumes."""
         return self.root / ".shardflow" / "train_backup"
 
     @property
