@@ -240,3 +240,24 @@ def test_more_rows_than_the_limit_are_refused_before_parsing() -> None:
         }
         pretty = json.dumps(json.loads(fits), indent=2).encode()  # line ends are not rows
         assert client.post("/invocations", content=pretty, headers=json_type).status_code == 200
+
+
+@pytest.mark.slow
+def test_the_pyfunc_is_logged_from_code_and_loads_without_unpickling(
+    tmp_path: Path, mlflow_uri: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A registered version is its entry file (models from code), never a pickled object:
+    loading runs reviewed code only, and MLflow has no CloudPickle warning to give."""
+    import logging
+
+    import mlflow.pyfunc
+    import yaml
+
+    with caplog.at_level(logging.WARNING, logger="mlflow"):
+        uri = logged_model.__wrapped__(tmp_path, mlflow_uri)  # type: ignore[attr-defined]
+    assert not [r for r in caplog.records if "CloudPickle" in r.getMessage()]
+    local = Path(mlflow.artifacts.download_artifacts(uri, dst_path=str(tmp_path / "got")))
+    flavor = yaml.safe_load((local / "MLmodel").read_text())["flavors"]["python_function"]
+    assert flavor.get("model_code_path", "").endswith("serving_model.py")
+    assert not list(local.rglob("python_model.pkl"))
+    assert mlflow.pyfunc.load_model(uri).metadata.signature is not None
