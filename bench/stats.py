@@ -171,7 +171,7 @@ def targets_for(default_encoding: str) -> list[Target]:
             1.3,
         ),
         Target(
-            "whole shard stage peak RSS, append to 1M vs to 10k records",
+            "whole shard stage peak RSS, adding 1% to 1M vs to 10k records",
             "plan_rss.stage_append_1m_mb",
             "plan_rss.stage_append_10k_mb",
             "<=",

@@ -94,14 +94,16 @@ def scan_index(
 
     ``exclude`` (append), called once the pass ends, gives a mask over the index's records
     (in index order) of those to leave out: the base's, found by ``visit``'s table; each
-    record's position in the index is kept (4 bytes) until then. ``classes`` (append) must
+    record's split is kept (1 byte) until then, which places the mask on each split's
+    records (appended in index order). ``classes`` (append) must
     name every record's label. ``sample`` keeps the
     :data:`SIZE_SAMPLE` records with the smallest order keys (for the size estimate).
     ``visit`` sees every record (excluded ones too) as it streams past.
     """
     bits = pack_bits(index_path.stat().st_size) if offset_bits is None else offset_bits
     packed = {s: array("Q") for s in SPLITS}
-    positions = {s: array("I") for s in SPLITS} if exclude is not None else None
+    split_codes = bytearray() if exclude is not None else None
+    code_of = {s: i for i, s in enumerate(SPLITS)}
     count = path_bytes = 0
     first: list[tuple[str, int, ShardRecord]] = []
     for offset, rec in iter_records(index_path):
@@ -118,14 +120,14 @@ def scan_index(
             first.append((digest.hex(), count, shard_record(rec, None)))
             if len(first) >= 4 * SIZE_SAMPLE:
                 first = sorted(first)[:SIZE_SAMPLE]
-        if positions is not None:
-            positions[rec["split"]].append(count - 1)
+        if split_codes is not None:
+            split_codes.append(code_of[rec["split"]])
         top = int.from_bytes(digest[:8], "big") >> bits
         packed[rec["split"]].append((top << bits) | offset)
-    if positions is not None and exclude is not None:
-        leave_out = exclude()
+    if split_codes is not None and exclude is not None:
+        leave_out, codes = exclude(), np.frombuffer(split_codes, dtype=np.uint8)
         for split, values in packed.items():
-            keep = ~leave_out[np.frombuffer(positions.pop(split), dtype=np.uint32)]
+            keep = ~leave_out[codes == code_of[split]]
             packed[split] = array("Q", np.frombuffer(values, dtype=np.uint64)[keep].tobytes())
     order = {s: _sorted_split(index_path, params.seed, v, bits) for s, v in packed.items()}
     return IndexScan(
