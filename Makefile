@@ -3,24 +3,31 @@ SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell sha256sum requirements.lock | cut -c1-16)
+STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha256sum | cut -c1-16)
 
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := true
 export MLFLOW_DISABLE_TELEMETRY := true
 export DVC_NO_ANALYTICS := 1
-export TF_CPP_MIN_LOG_LEVEL := 2
+# 3: TensorFlow C++ errors too, e.g. "failed call to cuInit" on every CPU-only machine;
+# TensorFlow raises its real errors in Python, and Python warnings still show.
+export TF_CPP_MIN_LOG_LEVEL := 3
 
 .PHONY: install run test lint demo-data serve stop ui bench screenshots lock clean serve-model compact
 
-install: $(STAMP)  ## create .venv from the hash-pinned lock (idempotent)
+install: $(STAMP)  ## create .venv from the hash-pinned lock, plus this clone's `shardflow` (idempotent)
 
-$(STAMP): requirements.lock
+# The project goes in editable, after the lock: no dependency from anywhere but the lock
+# (--no-deps), nothing downloaded to build it (--no-build-isolation: setuptools and wheel
+# are in the lock). Its import hook maps only `tasks` and `flows`, to this clone's folders,
+# and lives in this clone's .venv: another clone's processes import their own code.
+$(STAMP): requirements.lock pyproject.toml
 	@test -n "$(PYTHON)" || { echo "need python3.11 on PATH"; exit 1; }
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Python 3.11 needed, found {sys.version}"'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --require-hashes --no-deps -r requirements.lock
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation --editable .
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -46,23 +53,21 @@ lint: install  ## ruff, mypy and the import-linter contract (training never impo
 test: install lint  ## every check and test
 	$(BIN)/pytest
 
-serve: install  ## Prefect server + a process serving the deployments, on 127.0.0.1
+serve: install  ## this clone's Prefect server + a process serving the deployments, on 127.0.0.1
 	$(BIN)/python -m flows.cli serve
 
-stop:  ## stop the Prefect server that `make run`/`make serve` started
+stop:  ## stop the Prefect server that this clone's `make run`/`make serve` started
 	$(BIN)/python -m flows.cli stop
 
-ui: install  ## MLflow UI on 127.0.0.1:5000 over the project's tracking store
+ui: install  ## MLflow UI on a free 127.0.0.1 port (printed) over the project's tracking store
 	$(BIN)/python -m flows.cli ui
 
-SERVE_MODEL_PORT ?= 5001
-SERVE_MAX_REQUEST_MB ?= 16
-SERVE_MAX_REQUEST_ROWS ?= 1024
-serve-model: install  ## the registered champion (MLflow's scoring app; requests up to $(SERVE_MAX_REQUEST_MB) MB, $(SERVE_MAX_REQUEST_ROWS) rows) on 127.0.0.1:$(SERVE_MODEL_PORT)
-	MLFLOW_TRACKING_URI=$${MLFLOW_TRACKING_URI:-sqlite:///$(CURDIR)/mlflow.db} $(BIN)/python -m tasks.serve \
-	  "models:/$$($(BIN)/python -c 'from tasks.params import load_params; print(load_params().evaluate.model_name)')@champion" \
-	  --host 127.0.0.1 --port $(SERVE_MODEL_PORT) --max-request-mb $(SERVE_MAX_REQUEST_MB) \
-	  --max-request-rows $(SERVE_MAX_REQUEST_ROWS)
+# Each variable, when set, overrides its `shardflow serve-model` default (flows/cli.py: a free
+# port; requests up to 16 MB and 1024 rows, larger ones get HTTP 413 before parsing).
+serve-model: install  ## the registered champion (MLflow's scoring app behind a request size limit) on a free 127.0.0.1 port
+	$(BIN)/python -m flows.cli serve-model $(if $(SERVE_MODEL_PORT),--port $(SERVE_MODEL_PORT)) \
+	  $(if $(SERVE_MAX_REQUEST_MB),--max-request-mb $(SERVE_MAX_REQUEST_MB)) \
+	  $(if $(SERVE_MAX_REQUEST_ROWS),--max-request-rows $(SERVE_MAX_REQUEST_ROWS))
 
 bench: install  ## benchmarks -> reports/bench.json, reports/bench.png (BENCH_ARGS=--quick for a smoke run)
 	$(BIN)/python -m flows.cli bench $(BENCH_ARGS)

@@ -159,7 +159,7 @@ def _stage_child(index_path: str, root: str, mode: str = "rebuild") -> None:
             yield describe_shard(spec.file, len(spec.records), Path(shards_dir))
 
     params = default_params(shard={"encoding": "raw", "workers": 1, "mode": mode}).shard
-    layout = Layout(Path(root))
+    layout = Layout(root)
     start = time.perf_counter()
     run = shard_stage(
         params,

@@ -13,6 +13,8 @@ READ_KEYS = (
     "read.seed",
     "read.raw",
     "read.bytes_ceiling",  # read.raw's limit: the same files as bare records, never parsed
+    "read.s3",  # read.raw's shards from a local S3 server, cold shard cache
+    "read.s3_bytes_ceiling",  # read.s3's limit: the server's bare whole-object reads
     "read.jpeg",
     "read.png",
     "read.ceiling",
@@ -123,6 +125,8 @@ def format_table(figures: dict[str, Any], targets: list[dict[str, Any]]) -> str:
         lines.append(f"{key:<24}{_fmt(figures.get(key)):>14}  {unit}")
     for key in RSS_KEYS:
         lines.append(f"{key:<24}{_fmt(figures.get(key)):>14}  MB peak RSS")
+    for key in ("workers.start_s", "workers.break_even_s"):
+        lines.append(f"{key:<24}{_fmt(figures.get(key), 2):>14}  s")
     for point in figures.get("scaling") or []:
         lines.append(
             f"{'scaling ' + str(point['images']):<24}{point['s_per_image'] * 1000:>14.3f}  ms/img"

@@ -88,7 +88,7 @@ def validate_flow(params_path: str = "params.yaml", root: str = ".") -> dict[str
     """Re-read every shard and check it against the manifest and the ingest index."""
     params = load_params(Path(root) / params_path)
     with untagged_task_runs():
-        return validate_task(Layout(Path(root)), params.validate_)
+        return validate_task(Layout(root), params.validate_)
 
 
 def main() -> None:

@@ -16,13 +16,14 @@ from typing import Any, BinaryIO
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tasks.content import SPLITS as SPLITS  # re-exported: the manifest's splits
+from tasks.content import file_sha256 as file_sha256  # re-exported: shards' hash
 from tasks.schema import RecordSchema
 
 MANIFEST_NAME = "manifest.json"
 # The shard stage's resume record (the plan it is writing), in the top folder and in each
 # generation's.
 PLAN_NAME = ".plan.json"
-SPLITS = ("train", "val", "test")
 _WHITESPACE = re.compile(r"[ \t\n\r]*")  # JSON's whitespace
 
 
@@ -138,14 +139,19 @@ def load_manifest(shards_dir: str | Path) -> ShardManifest:
     path = Path(shards_dir) / MANIFEST_NAME
     if not path.exists():
         raise FileNotFoundError(f"{path}: no shard manifest; run the shard stage first")
+    return parse_manifest(path.read_text(), where=str(path))
+
+
+def parse_manifest(text: str, *, where: str) -> ShardManifest:
+    """A manifest from its JSON text (``where`` names its file or object in errors)."""
     try:
-        manifest = ShardManifest.model_validate_json(path.read_text())
+        manifest = ShardManifest.model_validate_json(text)
     except ValueError as error:
         raise ValueError(
-            f"{path}: not a manifest this code reads ({error}); rerun the shard stage"
+            f"{where}: not a manifest this code reads ({error}); rerun the shard stage"
         ) from error
     if manifest.fingerprint != manifest.compute_fingerprint():
-        raise ValueError(f"{path}: fingerprint does not match its contents (edited by hand?)")
+        raise ValueError(f"{where}: fingerprint does not match its contents (edited by hand?)")
     return manifest
 
 
@@ -329,11 +335,3 @@ class _JsonStream:
 
     def _error(self, what: str) -> ValueError:
         return ValueError(f"{self.path}: not a record list ({what}); rebuild the shard set")
-
-
-def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()

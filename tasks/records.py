@@ -215,11 +215,6 @@ class _JsonPieces:
             return value
 
 
-def load_offsets(shards_dir: str | Path, manifest: ShardManifest) -> dict[str, list[int]]:
-    """Record offsets per shard file from ``offsets.json``, checked against the manifest."""
-    return {name: offsets for name, (offsets, _) in _checked_offsets(shards_dir, manifest).items()}
-
-
 def _checked_offsets(
     shards_dir: str | Path, manifest: ShardManifest
 ) -> dict[str, tuple[list[int], int]]:

@@ -34,7 +34,7 @@ from tasks import models, reader, schema
 from tasks.atomic import write_json
 from tasks.code_version import code_version
 from tasks.gate import ShardsNotValidated as ShardsNotValidated  # re-exported for the flows
-from tasks.gate import check_validated
+from tasks.gate import check_validated, check_validated_store
 from tasks.layout import Layout
 from tasks.manifest import ShardManifest, load_manifest
 from tasks.metrics_files import split_numeric
@@ -42,6 +42,9 @@ from tasks.model_file import save_model
 from tasks.models import build_model, unfreeze_top
 from tasks.params import Params, TrainParams, flatten
 from tasks.reader import read_split
+from tasks.shard_store import ShardStore, open_store
+
+log = logging.getLogger(__name__)  # a flow shows it in its run's log (flows.common.run_log)
 
 FINE_TUNE_LR_FACTOR = 0.1  # fine-tuning a pretrained backbone wants a much smaller step
 HISTORY_KEYS = ("loss", "accuracy", "val_loss", "val_accuracy")
@@ -163,24 +166,12 @@ def claim_backup(
 
 def discard_backup(backup_dir: Path, reasons: Sequence[str]) -> None:
     """Delete the backup and say why, so a rerun that starts over is never a surprise."""
-    run_logger().warning("backup discarded: %s (%s)", "; ".join(reasons), backup_dir)
+    log.warning("backup discarded: %s (%s)", "; ".join(reasons), backup_dir)
     shutil.rmtree(backup_dir, ignore_errors=True)
 
 
 def write_identity(backup_dir: Path, identity: dict[str, Any], run_id: str | None = None) -> None:
     write_json(backup_dir / IDENTITY_NAME, {**identity, "mlflow_run_id": run_id})
-
-
-def run_logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
-    """The Prefect run logger inside a flow or task run (shown in the UI), else this module's."""
-    if "prefect" in sys.modules:  # never import it here: importing it configures logging
-        from prefect import get_run_logger
-
-        try:
-            return get_run_logger()
-        except Exception:  # outside a Prefect run (MissingContextError)
-            pass
-    return logging.getLogger(__name__)
 
 
 class BackupUnusable(RuntimeError):
@@ -276,7 +267,7 @@ class ResumableEarlyStopping(keras.callbacks.EarlyStopping):
             return
         state = json.loads(self.state_file.read_text())
         if state["epoch"] != resumed_at - 1:  # killed between the backup and this state
-            run_logger().warning(
+            log.warning(
                 "early stopping state is from epoch %s, not %s: starting it afresh",
                 state["epoch"] + 1,
                 resumed_at,
@@ -372,6 +363,7 @@ def train(
     plot_file: str | Path | None = None,
     strategy: tf.distribute.Strategy | None = None,
     callbacks: Sequence[keras.callbacks.Callback] = (),
+    store: ShardStore | None = None,
 ) -> dict[str, Any]:
     """Train ``params.model`` on the shards' train split (val for early stopping).
 
@@ -381,10 +373,11 @@ def train(
     ``backup_dir`` until the run completes, and is resumed only by a run with the same
     params, shards and training code (else discarded, with the reason logged).
     ``batch_size`` is the global batch, split across the strategy's
-    replicas. Returns a small summary dict.
+    replicas. With a ``store`` (tasks.shard_store) the shards are read from object storage
+    instead of ``shards_dir``: the same records in the same order. Returns a small summary.
     """
     shards_dir, model_file, backup_dir = Path(shards_dir), Path(model_file), Path(backup_dir)
-    manifest = load_manifest(shards_dir)
+    manifest = store.manifest() if store else load_manifest(shards_dir)
     strategy = strategy or choose_strategy()
     steps_per_epoch = manifest.split("train").num_records // params.batch_size
     if steps_per_epoch == 0:
@@ -402,14 +395,14 @@ def train(
     try:
         try:
             model, epoch_log, train_ds = fit_phases(
-                params, manifest, shards_dir, backup_dir, strategy, callbacks
+                params, manifest, shards_dir, backup_dir, strategy, callbacks, store
             )
         except BackupUnusable as error:
             # The identity matched but the state does not fit this model: start over once.
             discard_backup(backup_dir, [str(error)])
             write_identity(backup_dir, identity, (stored or {}).get("mlflow_run_id"))
             model, epoch_log, train_ds = fit_phases(
-                params, manifest, shards_dir, backup_dir, strategy, callbacks
+                params, manifest, shards_dir, backup_dir, strategy, callbacks, store
             )
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)
@@ -447,6 +440,7 @@ def fit_phases(
     backup_dir: Path,
     strategy: tf.distribute.Strategy,
     callbacks: Sequence[keras.callbacks.Callback],
+    store: ShardStore | None = None,
 ) -> tuple[keras.Model, EpochLog, tf.data.Dataset]:
     """Build the model and fit it: the frozen (or only) phase, then fine-tuning if asked.
 
@@ -463,9 +457,15 @@ def fit_phases(
         training=True,
         seed=params.seed,
         manifest=manifest,
+        store=store,
     )
     val_ds = read_split(
-        shards_dir, "val", batch_size=params.batch_size, training=False, manifest=manifest
+        shards_dir,
+        "val",
+        batch_size=params.batch_size,
+        training=False,
+        manifest=manifest,
+        store=store,
     )
     epoch_log = EpochLog(backup_dir / "epochs.jsonl")
     checkpoint = backup_dir.parent / "checkpoints" / "last.keras"
@@ -648,11 +648,18 @@ def run_train(
     *,
     strategy: tf.distribute.Strategy | None = None,
     callbacks: Sequence[keras.callbacks.Callback] = (),
+    run_tags: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Gate on validation, open (or resume) an MLflow run, train, record the run for evaluate."""
+    """Gate on validation, open (or resume) an MLflow run, train, record the run for evaluate.
+
+    ``run_tags``: the orchestrator's tags for a new MLflow run (the flow run that trains)."""
     from tasks import tracking
 
-    manifest = check_validated(layout.shards_dir, layout.validation_report)
+    store = open_store(layout.root, params.storage)  # SHARDFLOW_SHARDS_URL, else data/shards
+    if store:
+        manifest = check_validated_store(store, layout.validation_report)
+    else:
+        manifest = check_validated(layout.shards_dir, layout.validation_report)
     strategy = strategy or choose_strategy()
     client = tracking.client(layout.root)
     identity = backup_identity(params.train, manifest.fingerprint)
@@ -664,9 +671,10 @@ def run_train(
             client,
             params,
             manifest,
-            shards_dir=layout.shards_dir,
+            shards_dir=store.url if store else layout.shards_dir,
             root=layout.root,
             device_tags=device_tags(params.train, strategy),
+            run_tags=run_tags,
         )
         if discarded:  # the run says why it did not resume the backup it found
             client.set_tag(run_id, "resume.backup_discarded", "; ".join(discarded)[:5000])
@@ -684,6 +692,7 @@ def run_train(
                 plot_file=layout.train_plot,
                 strategy=strategy,
                 callbacks=[MlflowEpochMetrics(client, run_id), *callbacks],
+                store=store,
             )
     except BaseException:
         client.set_terminated(run_id, status="FAILED")  # the id stays in the backup to resume
@@ -707,7 +716,7 @@ def run_train(
     record = {
         "run_id": run_id,
         "experiment_id": run.info.experiment_id,
-        "tracking_uri": client.tracking_uri,
+        "tracking_uri": tracking.recorded_uri(client.tracking_uri, layout.root),
         "fingerprint": manifest.fingerprint,
         "run_name": run.info.run_name,
     }

@@ -19,7 +19,7 @@ from tasks.demo_data import generate
 from tasks.layout import Layout
 from tasks.manifest import MANIFEST_NAME, ShardFile, load_manifest
 from tasks.params import ValidateParams, default_params
-from tasks.shard import ShardSpec, run_params, run_shard
+from tasks.shard import ShardSpec, run_params, shard_stage
 from tasks.shard.writing import write_inline
 from tasks.train import ShardsNotValidated, check_validated
 from tasks.validate import ValidationFailed, raise_if_failed, run_validate
@@ -124,7 +124,7 @@ def rerun_after_a_kill(project: GatedProject) -> None:
         shard={"image_size": [16, 16], "target_shard_mb": 0.002, "workers": 1, "mode": "rebuild"}
     ).shard
     with pytest.raises(Killed):
-        run_shard(params, project.index, project.shards, write_many=killed_after_one)
+        shard_stage(params, project.index, project.shards, write_many=killed_after_one)
     assert not (project.shards / MANIFEST_NAME).exists()
     project.shard("rebuild")
 
@@ -143,7 +143,7 @@ def compact(project: GatedProject) -> None:
     params = default_params(
         shard={"image_size": [16, 16], "target_shard_mb": 0.002, "workers": 1, "mode": "append"}
     ).shard
-    run_shard(run_params(params, compact=True), project.index, project.shards)
+    shard_stage(run_params(params, compact=True), project.index, project.shards)
     assert len(load_manifest(project.shards).generations) == 1
 
 
