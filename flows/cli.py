@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from flows.server import api_url, free_port
+from tasks.tracking import MLFLOW_UI_URL
 
 # What the Makefile exports for every target: no telemetry, quiet TensorFlow.
 ENVIRONMENT = {
@@ -68,12 +71,22 @@ def bench_steps(extra: Sequence[str]) -> Steps:
     return [module("flows.server", "ensure"), module("bench", *extra)]
 
 
-def listen_address(extra: Sequence[str]) -> tuple[list[str], str]:
-    """``--host 127.0.0.1 [--port N]`` and the URL: the ``--port`` given in ``extra``, else a
-    free one (no fixed port: clones share machines, and a second UI must not collide)."""
+def port_is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            return False
+        return True
+
+
+def listen_address(extra: Sequence[str], preferred: int | None = None) -> tuple[list[str], str]:
+    """``--host 127.0.0.1 [--port N]`` and the URL: the ``--port`` given in ``extra``, else
+    ``preferred`` while nothing listens there, else a free one (no fixed port: clones share
+    machines, and a second UI must not collide)."""
     if "--port" in extra:
         return ["--host", HOST], f"http://{HOST}:{extra[extra.index('--port') + 1]}"
-    port = free_port()
+    port = preferred if preferred is not None and port_is_free(preferred) else free_port()
     return ["--host", HOST, "--port", str(port)], f"http://{HOST}:{port}"
 
 
@@ -82,7 +95,8 @@ def tracking_uri() -> str:
 
 
 def ui_steps(extra: Sequence[str]) -> Steps:
-    address, url = listen_address(extra)
+    # MLFLOW_UI_URL's port first: the run links a local store's runs carry open there.
+    address, url = listen_address(extra, preferred=urlsplit(MLFLOW_UI_URL).port)
     print(f"MLflow UI: {url}", flush=True)
     return [module("mlflow", "ui", "--backend-store-uri", tracking_uri(), *address, *extra)]
 

@@ -53,6 +53,29 @@ def prestart_stage_child(warm: Callable[[], object]) -> None:
     prestart_child(warm)
 
 
+def run_where_warm(
+    warm: Callable[[], object],
+    fn: Callable[..., T],
+    *args: object,
+    report: Callable[..., object] | None = None,
+) -> T:
+    """``fn(*args)`` in the child the stage's entry point prestarted with ``warm`` (its
+    imports done or under way), each message it reports (a tuple) handed to ``report(*message)``;
+    else ``fn(*args, report)`` here: a deployment run's process, or a retry."""
+    from tasks.processes import standby_child
+
+    child = standby_child(warm)
+    if child is not None:
+        try:
+            job = child.run(fn, *args)
+        except OSError:  # the prestarted child is gone
+            child.close()
+        else:
+            unpack = None if report is None else (lambda message: report(*message))
+            return job.result(on_report=unpack)
+    return fn(*args, report) if report else fn(*args)
+
+
 def run_then_exit(main: Callable[[], object]) -> NoReturn:
     """A stage's ``python -m`` entry point: run ``main``, then end the process at once.
 

@@ -28,6 +28,7 @@ from flows.common import (
     run_parameter,
     run_params_path,
     run_then_exit,
+    run_where_warm,
     stage_main,
     untagged_task_runs,
 )
@@ -36,7 +37,6 @@ from tasks import evaluate, gate, manifest, reader, schema, tracking
 from tasks.evaluate import run_evaluate
 from tasks.layout import Layout
 from tasks.params import Params, load_params
-from tasks.processes import standby_child
 
 
 def evaluated_run_details() -> Sequence[object]:
@@ -54,13 +54,13 @@ def evaluated_run_details() -> Sequence[object]:
     retry_condition_fn=retry_unless_refused,  # a refused model stays refused
 )
 def evaluate_task(params: Params, layout: Layout) -> dict[str, Any]:
-    result = evaluate_where_warm(params, layout)
+    result = run_where_warm(evaluate.warm_up, run_evaluate, params, layout)
     run_name = recorded_run_name(layout)
     url = link_mlflow_run(result["run_url"], run_name, "evaluated training run")
     promotion = result.get("promotion", {})
     get_run_logger().info(
         "evaluated %s on %s test images: accuracy %.4f, top-k accuracy %.4f, macro F1 %.4f; "
-        "registered %s v%s, %s (%s); MLflow run %s",
+        "registered %s v%s, %s (%s); MLflow run %s, evaluation run %s",
         run_name,
         result.get("num_test_records"),
         result.get("accuracy", float("nan")),
@@ -71,22 +71,9 @@ def evaluate_task(params: Params, layout: Layout) -> dict[str, Any]:
         "promoted to champion" if promotion.get("promoted") else "champion kept",
         promotion.get("reason"),
         url,
+        result.get("eval_run_url"),
     )
     return {key: value for key, value in result.items() if key != "per_class"}
-
-
-def evaluate_where_warm(params: Params, layout: Layout) -> dict[str, Any]:
-    """:func:`run_evaluate` in the child the stage's entry point prestarted (its imports
-    done or under way), else here: a deployment run's process, or a retry."""
-    child = standby_child(evaluate.warm_up)
-    if child is not None:
-        try:
-            job = child.run(run_evaluate, params, layout)
-        except OSError:  # the prestarted child is gone
-            child.close()
-        else:
-            return job.result()
-    return run_evaluate(params, layout)
 
 
 @flow(name="evaluate", log_prints=True, flow_run_name=naming("evaluate", evaluated_run_details))

@@ -12,10 +12,14 @@ if __name__ == "__main__":
     # TensorFlow, MLflow: about 4-5 s) now, while this process imports Prefect below (about
     # 1.3 s) and starts its flow; the train task then runs in that child and reports each
     # epoch back.
+    # Not for local workers (spawned by this process) nor another worker of a cluster.
     from flows.common import prestart_stage_child
     from tasks import train_child as _train_child
+    from tasks.train_cluster import config_is_chief as _chief
+    from tasks.train_cluster import requested_workers as _workers
 
-    prestart_stage_child(_train_child.warm_up)
+    if _chief() and _workers() == 1:
+        prestart_stage_child(_train_child.warm_up)
 
 import logging
 from collections.abc import Mapping, Sequence
@@ -27,12 +31,15 @@ from prefect.cache_policies import NO_CACHE
 from flows.common import (
     Progress,
     code_version,
+    configure_environment,
     flow_run_tags,
     naming,
+    parse_stage_args,
     run_log,
     run_parameter,
     run_params_path,
     run_then_exit,
+    run_where_warm,
     stage_main,
     untagged_task_runs,
 )
@@ -40,12 +47,19 @@ from flows.model_runs import link_mlflow_run, retry_unless_refused
 from tasks import manifest, schema, tracking, train_child
 from tasks.layout import Layout
 from tasks.params import Params, TrainParams, load_params
-from tasks.processes import standby_child
+from tasks.train_cluster import config_is_chief, requested_workers
 
 EPOCH_FIGURES = ("loss", "accuracy", "val_loss", "val_accuracy")
 # The training code, named: this process only versions it; the child (or the task, when
 # no child stands by) imports it.
-TRAINING_CODE = ("tasks.train", "tasks.gate", "tasks.models", "tasks.reader")
+TRAINING_CODE = (
+    "tasks.train",
+    "tasks.train_backup",
+    "tasks.train_cluster",
+    "tasks.gate",
+    "tasks.models",
+    "tasks.reader",
+)
 
 
 def planned_epochs(params: TrainParams) -> int:
@@ -119,18 +133,15 @@ def train_task(params: Params, layout: Layout) -> dict[str, Any]:
 
 
 def train_where_warm(params: Params, layout: Layout, report: train_child.Report) -> dict[str, Any]:
-    """:func:`tasks.train_child.train` in the child the stage's entry point prestarted (its
-    imports done or under way), each epoch reported back here; else in this process: a
-    deployment run's, or a retry (which resumes from the backup)."""
-    child = standby_child(train_child.warm_up)
-    if child is not None:
-        try:
-            job = child.run(train_child.train, params, layout, None, flow_run_tags())
-        except OSError:  # the prestarted child is gone
-            child.close()
-        else:
-            return job.result(on_report=lambda message: report(*message))
-    return train_child.train(params, layout, report, flow_run_tags())
+    """:func:`tasks.train_child.train`, in the prestarted child when one stands by, each
+    epoch reported back here. Local workers are spawned from this process instead (a
+    prestarted child is a daemon, and a daemon has no children)."""
+    tags = flow_run_tags()
+    if requested_workers() > 1:
+        return train_child.train(params, layout, tags, report)
+    return run_where_warm(
+        train_child.warm_up, train_child.train, params, layout, tags, report=report
+    )
 
 
 @flow(name="train", log_prints=True, flow_run_name=naming("train", model_run_details))
@@ -142,6 +153,13 @@ def train_flow(params_path: str = "params.yaml", root: str = ".") -> dict[str, A
 
 
 def main() -> None:
+    if not config_is_chief():
+        # Another worker of a platform's cluster (TF_CONFIG): it trains beside the chief
+        # and records nothing, so it needs no Prefect flow, lock or MLflow run.
+        configure_environment()
+        _, params_path = parse_stage_args(("train",), "flows.train")
+        train_child.train_worker(load_params(run_params_path(".", params_path)), Layout("."))
+        return
     stage_main("train", ("train",), lambda _, params: train_flow(params_path=params))
 
 

@@ -1,15 +1,19 @@
-"""Evaluate stage: test-split metrics, reports and plots, then registry promotion.
+"""Evaluate stage: test-split metrics, label review, reports and plots, then promotion.
 
 ``evaluate_model`` is the pure core (model + shards in, metrics and report files out);
-``decide`` says whether a registered version takes the ``champion`` alias (only on a fair
-comparison) and ``apply_decision`` moves it; ``run_evaluate`` wires them to the layout and
-to the training run in MLflow, behind the same validation gate as training.
+``run_evaluate`` wires it to the layout and to an MLflow run of its own (a child of the
+training run), behind the same validation gate as training, registers the model, writes its
+card, and lets :mod:`tasks.promotion` decide on the ``champion`` alias, re-scoring the
+champion's model on the current test shards (:func:`champion_scorer`) when its recorded
+figure was measured on other data or another way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-import math
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,19 +21,37 @@ import numpy as np
 
 from tasks.atomic import write_json
 from tasks.gate import check_model_matches, check_validated, check_validated_store
+from tasks.label_review import (
+    REVIEWED_SPLITS,
+    SHEET_ROWS_SHOWN,
+    HeldOut,
+    plot_label_sheet,
+    review_labels,
+    review_summary,
+    write_label_issues,
+)
 from tasks.layout import Layout
 from tasks.manifest import load_manifest
 from tasks.metrics_files import is_number
 from tasks.params import EvaluateParams, Params, flatten
+from tasks.promotion import (
+    NotComparable,
+    apply_decision,
+    check_margin,
+    decide,
+    metric_definition,
+    pending_decision,
+    spec_differences,
+)
 from tasks.reader import read_split
 from tasks.schema import IMAGE_KEY, LABEL_KEY, SOURCE_KEY
 from tasks.shard_store import open_store
-from tasks.tracking import CHAMPION as CHAMPION  # re-exported: the alias promotion moves
-from tasks.tracking import champion_version as champion_version
+from tasks.tracking import champion_version
 
 if TYPE_CHECKING:
     import keras
     from mlflow import MlflowClient
+    from mlflow.entities import Run
 
     from tasks.manifest import ShardManifest
     from tasks.predict import ServingSpec
@@ -38,6 +60,8 @@ if TYPE_CHECKING:
 MAX_MISCLASSIFIED_SHOWN = 16
 BATCH_SIZE = 256
 PER_CLASS_TABLE = "eval/per_class_table.json"  # an MLflow table (not eval/per_class.json)
+EVALUATES_TAG = "shardflow.evaluates"  # on an evaluation run: the training run it evaluates
+LABEL_SHEET = "label_issues.png"  # the label review's thumbnail sheet, in the eval plots
 
 
 # -- metrics -------------------------------------------------------------------------------
@@ -153,12 +177,15 @@ def evaluate_model(
     top_k: int,
     predictions_file: str | Path | None = None,
     store: ShardStore | None = None,
+    label_issues_file: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Test-split metrics plus the per-class table (JSON, Markdown) and two PNGs in out_dir.
+    """Test-split metrics plus the per-class table (JSON, Markdown) and PNGs in out_dir.
 
     ``predictions_file`` also gets every test record's prediction (the reference the
-    served model must reproduce from the source files). With a ``store`` the shards are
-    read from object storage instead of ``shards_dir``.
+    served model must reproduce from the source files); ``label_issues_file`` the label
+    review of val and test (and out_dir its thumbnail sheet; ``label_review`` in the result
+    sums it up). With a ``store`` the shards are read from object storage instead of
+    ``shards_dir``.
     """
     import keras
 
@@ -174,6 +201,11 @@ def evaluate_model(
     metrics = classification_metrics(labels, probs, manifest.classes, top_k=top_k)
     metrics["test_fingerprint"] = manifest.fingerprint
     out_dir.mkdir(parents=True, exist_ok=True)
+    if label_issues_file is not None:
+        test = HeldOut("test", sources, labels, probs)
+        metrics["label_review"] = label_review(
+            model, shards_dir, manifest.classes, test, Path(label_issues_file), out_dir, store
+        )
     (out_dir / "per_class.json").write_text(json.dumps(metrics["per_class"], indent=2) + "\n")
     (out_dir / "per_class.md").write_text(per_class_markdown(metrics["per_class"]))
     plot_confusion(
@@ -181,6 +213,53 @@ def evaluate_model(
     )
     plot_misclassified(wrong, manifest.classes, out_dir / "misclassified.png")
     return metrics
+
+
+def label_review(
+    model: keras.Model,
+    shards_dir: Path,
+    classes: list[str],
+    test: HeldOut,
+    csv_path: Path,
+    out_dir: Path,
+    store: ShardStore | None = None,
+) -> dict[str, Any]:
+    """Rank likely label errors in val and test; write the CSV and the thumbnail sheet."""
+    held_out = []
+    for split in REVIEWED_SPLITS:
+        if split == test.split:
+            held_out.append(test)
+            continue
+        sources: list[str] = []
+        labels, probs, _ = predict_split(model, shards_dir, split, sources=sources, store=store)
+        held_out.append(HeldOut(split, sources, labels, probs))
+    rows = review_labels(held_out, classes)
+    write_label_issues(csv_path, rows)
+    shown = {(row["split"], row["path"]) for row in rows[:SHEET_ROWS_SHOWN]}
+    plot_label_sheet(rows, shard_images(shards_dir, shown, store), out_dir / LABEL_SHEET)
+    return review_summary(rows, held_out)
+
+
+def shard_images(
+    shards_dir: Path, wanted: set[tuple[str, str]], store: ShardStore | None = None
+) -> dict[tuple[str, str], Any]:
+    """The decoded shard pixels of the ``(split, source)`` records in ``wanted``."""
+    found: dict[tuple[str, str], Any] = {}
+    for split in sorted({split for split, _ in wanted}):
+        dataset = read_split(
+            shards_dir,
+            split,
+            batch_size=BATCH_SIZE,
+            training=False,
+            with_metadata=True,
+            store=store,
+        )
+        for features in dataset:
+            for image, source in zip(features[IMAGE_KEY], features[SOURCE_KEY], strict=True):
+                key = (split, source.numpy().decode())
+                if key in wanted:
+                    found[key] = image.numpy()
+    return found
 
 
 def per_class_markdown(rows: list[dict[str, Any]]) -> str:
@@ -233,125 +312,7 @@ def plot_misclassified(wrong: list[dict[str, Any]], classes: list[str], path: Pa
     figure.savefig(path, dpi=80, bbox_inches="tight")
 
 
-# -- promotion -----------------------------------------------------------------------------
-
-
-def check_margin(margin: float) -> None:
-    """A negative margin would let a worse model take the alias; refuse it up front."""
-    if margin < 0:
-        raise ValueError(
-            f"evaluate.promotion_margin={margin} is negative: a candidate would replace a "
-            f"better {CHAMPION}; set it to 0 or more in params.yaml"
-        )
-
-
-def decide(
-    client: MlflowClient,
-    model_name: str,
-    version: str,
-    *,
-    metric: str,
-    value: float,
-    test_fingerprint: str,
-    margin: float = 0.0,
-    allow_incomparable: bool = False,
-) -> dict[str, Any]:
-    """Whether ``version`` should take ``champion``: it must beat it by more than ``margin``.
-
-    Each version carries its figure and test fingerprint as tags, so the comparison needs
-    no other run. Figures measured on different test data (or a champion with no figure
-    for ``metric``) are not comparable: the champion is kept unless ``allow_incomparable``.
-    Moves no alias (see :func:`apply_decision`), so the decision can be recorded first.
-    """
-    check_margin(margin)
-    client.set_model_version_tag(model_name, version, f"eval.{metric}", str(value))
-    client.set_model_version_tag(model_name, version, "eval.test_fingerprint", test_fingerprint)
-    current = champion_version(client, model_name)
-    decision: dict[str, Any] = {
-        "metric": metric,
-        "candidate_version": version,
-        "candidate_value": value,
-        "margin": margin,
-        "champion_version": current,
-        "champion_value": None,
-        "comparable": True,
-        "allow_incomparable": allow_incomparable,
-    }
-    if current is None:
-        reason = f"no {CHAMPION} yet: version {version} becomes it"
-        return {**decision, "promoted": True, "decision": "promoted", "reason": reason}
-    if current == version:
-        reason = f"version {version} already is {CHAMPION}"
-        return {
-            **decision,
-            "promoted": True,
-            "decision": "promoted",
-            "champion_value": value,
-            "reason": reason,
-        }
-    champion = client.get_model_version(model_name, current)
-    champion_value = float(champion.tags.get(f"eval.{metric}", "nan"))
-    champion_set = champion.tags.get("eval.test_fingerprint", "unknown")
-    comparable = champion_set == test_fingerprint and not math.isnan(champion_value)
-    beats = math.isnan(champion_value) or value > champion_value + margin
-    promoted = beats and (comparable or allow_incomparable)
-    reason = (
-        f"{metric} {value:.4f} {'beats' if beats else 'does not beat'} {CHAMPION} v{current} "
-        f"({champion_value:.4f}) by more than margin {margin}"
-    )
-    outcome = "promoted" if promoted else "kept"
-    if not comparable:
-        reason += (
-            f"; NOT COMPARABLE: {CHAMPION} was evaluated on test set {champion_set[:12]}, this "
-            f"model on {test_fingerprint[:12]}"
-        )
-        if allow_incomparable:
-            reason += "; evaluate.allow_incomparable_promotion is true"
-        else:
-            outcome = "not comparable: champion kept"
-            reason = (
-                f"{outcome} ({reason}); set evaluate.allow_incomparable_promotion to promote anyway"
-            )
-    return {
-        **decision,
-        "promoted": promoted,
-        "decision": outcome,
-        "reason": reason,
-        "comparable": comparable,
-        "champion_value": None if math.isnan(champion_value) else champion_value,
-    }
-
-
-def apply_decision(client: MlflowClient, model_name: str, decision: dict[str, Any]) -> None:
-    """Move ``champion`` to the candidate if the decision says so (idempotent)."""
-    if decision["promoted"]:
-        client.set_registered_model_alias(model_name, CHAMPION, decision["candidate_version"])
-
-
-def pending_decision(
-    eval_summary: Path, *, run_id: str, version: str, metric: str, champion: str | None
-) -> dict[str, Any] | None:
-    """A promotion recorded for this run and version whose alias move may not have happened.
-
-    Evaluation writes its decision (to ``reports/eval_summary.json``) before moving the
-    alias; after a crash in between, the rerun completes that move rather than deciding
-    again. A decision is pending only while the alias is still where it was when the
-    decision was made (or already on ``version``).
-    """
-    if not eval_summary.exists():
-        return None
-    recorded = json.loads(eval_summary.read_text())
-    decision = recorded.get("promotion") or {}
-    same = (
-        recorded.get("run_id") == run_id
-        and recorded.get("model_version") == version
-        and decision.get("metric") == metric
-    )
-    if not same or decision.get("promoted") is not True:
-        return None
-    if champion not in (decision.get("champion_version"), version):
-        return None  # the alias moved elsewhere since: decide afresh
-    return dict(decision)
+# -- registry ------------------------------------------------------------------------------
 
 
 def register_model(
@@ -376,13 +337,81 @@ def register_model(
     return str(version.version)
 
 
+def champion_scorer(
+    client: MlflowClient,
+    model_name: str,
+    spec: ServingSpec,
+    shards_dir: Path,
+    *,
+    metric: str,
+    top_k: int,
+    store: ShardStore | None = None,
+) -> Callable[[str], float]:
+    """``rescore(version)``: that version's ``metric`` on the current test shards (read
+    from ``store`` when there is one).
+
+    Loads the version's Keras model from the registry (never a source image: the shards are
+    the input) after checking that its serving spec matches the current shards'; raises
+    :class:`NotComparable` naming what differs, or why the model could not be loaded.
+    """
+
+    def rescore(version: str) -> float:
+        with tempfile.TemporaryDirectory() as tmp:
+            model_file, recorded = download_registered(client, model_name, version, Path(tmp))
+            differences = spec_differences(recorded, spec.to_dict())
+            if differences:
+                raise NotComparable(
+                    f"its serving spec differs from the current shards' ({'; '.join(differences)})"
+                )
+            from tasks.tf_imports import keras_without_extras
+
+            try:
+                model = keras_without_extras().saving.load_model(model_file, compile=False)
+            except (ValueError, OSError, TypeError) as exc:
+                raise NotComparable(f"its Keras model does not load here ({exc})") from None
+            labels, probs, _ = predict_split(model, shards_dir, store=store)
+        return float(classification_metrics(labels, probs, spec.classes, top_k=top_k)[metric])
+
+    return rescore
+
+
+def download_registered(
+    client: MlflowClient, model_name: str, version: str, into: Path
+) -> tuple[Path, dict[str, Any]]:
+    """A registered version's Keras file and serving spec (from its ``MLmodel``)."""
+    import mlflow
+    import yaml
+    from mlflow.exceptions import MlflowException
+
+    from tasks.predict import KERAS_ARTIFACT
+    from tasks.tracking import redact, using_store
+
+    where = client.get_model_version_download_uri(model_name, version).rstrip("/")
+    try:
+        with using_store(client.tracking_uri):
+            conf = yaml.safe_load(
+                Path(
+                    mlflow.artifacts.download_artifacts(f"{where}/MLmodel", dst_path=str(into))
+                ).read_text()
+            )
+            spec = conf["metadata"]["preprocessing"]
+            keras_path = conf["flavors"]["python_function"]["artifacts"][KERAS_ARTIFACT]["path"]
+            local = mlflow.artifacts.download_artifacts(f"{where}/{keras_path}", dst_path=str(into))
+    except (MlflowException, OSError, KeyError, TypeError) as exc:
+        # Recorded in tags and the card: no URI's credentials.
+        raise NotComparable(
+            redact(f"its model could not be loaded from {where} ({type(exc).__name__}: {exc})")
+        ) from None
+    return Path(local), dict(spec)
+
+
 # -- tracking ------------------------------------------------------------------------------
 
 
-def eval_summary(result: dict[str, Any]) -> dict[str, Any]:
-    """What ``metrics/eval.json`` cannot hold: run, version, test data and the decision."""
-    keys = ("run_id", "model_version", "test_fingerprint", "promotion")
-    return {key: result[key] for key in keys}
+def summary_record(result: dict[str, Any]) -> dict[str, Any]:
+    """What ``metrics/eval.json`` cannot hold: runs, version, test data, decision, review."""
+    keys = ("run_id", "eval_run_id", "model_version", "test_fingerprint", "promotion")
+    return {**{key: result[key] for key in keys}, "label_review": result["label_review"]}
 
 
 def per_class_table(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
@@ -409,45 +438,106 @@ def logged_model_id(client: MlflowClient, run_id: str, model_name: str, version:
     return str(models[0].model_id)
 
 
+def start_evaluation_run(client: MlflowClient, train_run_id: str, settings: EvaluateParams) -> str:
+    """An MLflow run of its own for this evaluation, a child of the training run.
+
+    Evaluation's params live here, not on the training run (MLflow refuses a param logged
+    again with another value): a changed ``evaluate.*`` evaluates the same training run
+    again in a new child run.
+    """
+    from mlflow.entities import Param
+
+    from tasks.tracking import NOTE_TAG
+
+    train = client.get_run(train_run_id)
+    end_abandoned_evaluations(client, train)
+    run = client.create_run(
+        train.info.experiment_id,
+        run_name=f"eval-{train.info.run_name}",
+        tags={
+            "mlflow.parentRunId": train_run_id,
+            EVALUATES_TAG: train_run_id,
+            NOTE_TAG: f"Evaluation of training run {train.info.run_name} ({train_run_id}).",
+        },
+    )
+    run_id = str(run.info.run_id)
+    params = flatten(settings, "evaluate").items()
+    client.log_batch(run_id, params=[Param(key, str(value)) for key, value in params])
+    return run_id
+
+
+def end_abandoned_evaluations(client: MlflowClient, train: Run) -> None:
+    """Mark KILLED the evaluation runs of this training run still RUNNING: a killed stage
+    (SIGKILL, a lost machine) cannot end its own run, and the stage runs one at a time
+    under the workspace lock, so a RUNNING one is a dead one."""
+    stale = client.search_runs(
+        [train.info.experiment_id],
+        filter_string=(
+            f"tags.`{EVALUATES_TAG}` = '{train.info.run_id}' and attributes.status = 'RUNNING'"
+        ),
+    )
+    for run in stale:
+        client.set_terminated(run.info.run_id, status="KILLED")
+
+
 def log_test_results(
     client: MlflowClient,
-    run_id: str,
-    settings: EvaluateParams,
-    version: str,
+    runs: dict[str, str],
+    model_id: str,
     metrics: dict[str, Any],
     manifest: ShardManifest,
     shards_dir: str | Path,
 ) -> None:
-    """Evaluate params and test metrics onto the run, linked to the model and the test split.
+    """Test metrics onto the evaluation run (and, as its latest figures, the training run's
+    row), linked to the model and the test split.
 
-    The split is logged as a ``test`` dataset input beside ``train``, and each ``test_*``
-    metric names the registered version's logged model (``model_id``) and that dataset, so
-    the model's page in MLflow shows them. The per-class table becomes an MLflow table,
-    logged once per run: MLflow appends to a table logged again, and the same model on the
-    same test data would only repeat its rows.
+    The split is logged as a ``test`` dataset input, and each ``test_*`` metric names the
+    registered version's logged model (``model_id``) and that dataset, so the model's page
+    in MLflow shows them. The per-class table becomes an MLflow table.
     """
-    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.entities import Metric
 
     from tasks import tracking
 
-    model_id = logged_model_id(client, run_id, settings.model_name, version)
     dataset_name, digest = tracking.log_dataset(
-        client, run_id, manifest, shards_dir=shards_dir, split="test", context="test"
+        client, runs["evaluation"], manifest, shards_dir=shards_dir, split="test", context="test"
     )
     now = tracking.timestamp_ms()
+    figures = [(f"test_{k}", float(v)) for k, v in metrics.items() if is_number(v)]
+    client.log_batch(
+        runs["evaluation"],
+        metrics=[Metric(k, v, now, 0, model_id, dataset_name, digest) for k, v in figures],
+    )
+    client.log_batch(runs["training"], metrics=[Metric(k, v, now, 0) for k, v in figures])
+    client.log_table(runs["evaluation"], per_class_table(metrics["per_class"]), PER_CLASS_TABLE)
+
+
+def log_decision(client: MlflowClient, run_id: str, version: str, decision: dict[str, Any]) -> None:
+    """The promotion decision and both figures onto the evaluation run."""
+    from mlflow.entities import Metric, RunTag
+
+    from tasks import tracking
+
+    now = tracking.timestamp_ms()
+    figures = {
+        "promotion.promoted": float(decision["promoted"]),
+        "promotion.champion_value": decision["champion_value"],
+        "promotion.champion_recorded_value": decision.get("champion_recorded_value"),
+    }
+    tags = {
+        "promotion.decision": decision["decision"],
+        "promotion.reason": decision["reason"],
+        "promotion.comparable": str(decision["comparable"]).lower(),
+        "promotion.definition": decision.get("definition", decision["metric"]),
+        "promotion.champion_value_source": str(decision.get("champion_value_source")),
+        "promotion.champion_value_how": str(decision.get("champion_value_how")),
+        "registry.version": version,
+    }
     client.log_batch(
         run_id,
-        metrics=[
-            Metric(f"test_{key}", float(value), now, 0, model_id, dataset_name, digest)
-            for key, value in metrics.items()
-            if is_number(value)
-        ],
-        params=[Param(k, str(v)) for k, v in flatten(settings, "evaluate").items()],
-        tags=[RunTag("eval.test_fingerprint", metrics["test_fingerprint"])],
+        metrics=[Metric(k, float(v), now, 0) for k, v in figures.items() if v is not None],
+        tags=[RunTag(k, v) for k, v in tags.items()],
     )
-    logged = {artifact.path for artifact in client.list_artifacts(run_id, "eval")}
-    if PER_CLASS_TABLE not in logged:
-        client.log_table(run_id, per_class_table(metrics["per_class"]), PER_CLASS_TABLE)
 
 
 # -- the stage -----------------------------------------------------------------------------
@@ -467,16 +557,12 @@ def warm_up() -> None:
 
 
 def run_evaluate(params: Params, layout: Layout) -> dict[str, Any]:
-    """Evaluate the trained model, log onto its training run, register and maybe promote.
+    """Evaluate the trained model in an MLflow run of its own, register it and maybe promote.
 
     Refuses (before any tracking) shards no passing validation vouches for and a model
-    trained on other shards. The decision reaches ``reports/eval_summary.json`` and the run's
-    tags before the alias moves, so a crash in between leaves a record the rerun completes.
+    trained on other shards. The evaluation run is a child of the training run; it ends
+    FAILED (and the error propagates) if anything after its start fails.
     """
-    from mlflow.entities import Metric, RunTag
-
-    from tasks import tracking
-
     settings = params.evaluate
     check_margin(settings.promotion_margin)
     store = open_store(layout.root, params.storage)  # SHARDFLOW_SHARDS_URL, else data/shards
@@ -486,7 +572,6 @@ def run_evaluate(params: Params, layout: Layout) -> dict[str, Any]:
         manifest = check_validated(layout.shards_dir, layout.validation_report)
     record = json.loads(layout.train_run.read_text())
     check_model_matches(record, manifest, layout.train_run)
-    run_id = record["run_id"]
     metrics = evaluate_model(
         layout.model_file,
         layout.shards_dir,
@@ -494,62 +579,139 @@ def run_evaluate(params: Params, layout: Layout) -> dict[str, Any]:
         top_k=settings.top_k,
         predictions_file=layout.test_predictions,
         store=store,
+        label_issues_file=layout.label_issues,
     )
     if settings.promotion_metric not in metrics:
         raise KeyError(
             f"evaluate.promotion_metric={settings.promotion_metric!r} is not an eval metric; "
             f"choose one of accuracy, top_k_accuracy, macro_f1, macro_precision, macro_recall"
         )
-    client = tracking.client(layout.root)
-    client.update_run(run_id, status="RUNNING")
-    client.log_artifacts(run_id, str(layout.eval_dir), "eval")
+    from tasks import tracking
 
+    client = tracking.client(layout.root)
+    runs = {"training": record["run_id"]}
+    runs["evaluation"] = start_evaluation_run(client, runs["training"], settings)
+    try:
+        result = track_evaluation(client, runs, params, layout, manifest, metrics, store)
+    except BaseException as exc:
+        status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
+        with contextlib.suppress(Exception):  # the original error is the one to see
+            client.set_terminated(runs["evaluation"], status=status)
+        raise
+    client.set_terminated(runs["evaluation"], status="FINISHED")
+    urls = {
+        key: tracking.run_url(client, runs[key], layout.root) for key in ("training", "evaluation")
+    }
+    return {**result, "run_url": urls["training"], "eval_run_url": urls["evaluation"]}
+
+
+def track_evaluation(
+    client: MlflowClient,
+    runs: dict[str, str],
+    params: Params,
+    layout: Layout,
+    manifest: ShardManifest,
+    metrics: dict[str, Any],
+    store: ShardStore | None = None,
+) -> dict[str, Any]:
+    """Register, log, decide (re-scoring the champion where needed), record, then move the
+    alias. The decision reaches ``reports/eval_summary.json`` and the evaluation run before
+    the alias moves, so a crash in between leaves a record the rerun completes."""
     from tasks.predict import ServingSpec
 
+    settings = params.evaluate
     spec = ServingSpec.from_manifest(manifest, params.ingest)
-    version = register_model(client, run_id, layout.model_file, settings.model_name, spec)
+    version = register_model(client, runs["training"], layout.model_file, settings.model_name, spec)
+    model_id = logged_model_id(client, runs["training"], settings.model_name, version)
+    client.log_artifacts(runs["evaluation"], str(layout.eval_dir), "eval")
     source = store.url if store else layout.shards_dir
-    log_test_results(client, run_id, settings, version, metrics, manifest, source)
+    log_test_results(client, runs, model_id, metrics, manifest, source)
+    decision = promotion_decision(
+        client, runs["training"], version, settings, layout, spec, metrics, store
+    )
+    result = {key: value for key, value in metrics.items() if key != "confusion_matrix"}
+    result.update(promotion=decision, run_id=runs["training"], eval_run_id=runs["evaluation"])
+    result["model_version"] = version
+    result["label_issues"] = sum(metrics["label_review"]["flagged"].values())  # a DVC metric
+    # The record first: a crash after it is resumable. DVC metrics take the numbers only.
+    write_json(layout.eval_metrics, {k: v for k, v in result.items() if is_number(v)})
+    write_json(layout.eval_summary, summary_record(result))
+    log_decision(client, runs["evaluation"], version, decision)
+    write_card(client, runs, layout, manifest, result)
+    apply_decision(client, settings.model_name, decision)
+    client.set_tag(runs["training"], "eval.latest_run_id", runs["evaluation"])
+    for path in (layout.eval_metrics, layout.eval_summary, layout.test_predictions):
+        client.log_artifact(runs["evaluation"], str(path), "eval")
+    client.log_artifact(runs["evaluation"], str(layout.label_issues), "label_review")
+    return result
+
+
+def promotion_decision(
+    client: MlflowClient,
+    run_id: str,
+    version: str,
+    settings: EvaluateParams,
+    layout: Layout,
+    spec: ServingSpec,
+    metrics: dict[str, Any],
+    store: ShardStore | None = None,
+) -> dict[str, Any]:
+    """A decision recorded but not applied for this run and version, else a new one."""
+    metric = settings.promotion_metric
+    definition = metric_definition(metric, metrics)
     decision = pending_decision(
         layout.eval_summary,
         run_id=run_id,
         version=version,
-        metric=settings.promotion_metric,
+        metric=metric,
+        definition=definition,
         champion=champion_version(client, settings.model_name),
     ) or decide(
         client,
         settings.model_name,
         version,
-        metric=settings.promotion_metric,
-        value=float(metrics[settings.promotion_metric]),
+        metric=metric,
+        definition=definition,
+        value=float(metrics[metric]),
         test_fingerprint=metrics["test_fingerprint"],
         margin=settings.promotion_margin,
         allow_incomparable=settings.allow_incomparable_promotion,
-    )
-    decision["model_name"] = settings.model_name
-    result = {key: value for key, value in metrics.items() if key != "confusion_matrix"}
-    result.update(promotion=decision, run_id=run_id, model_version=version)
-    # The record first: a crash after it is resumable. DVC metrics take the numbers only.
-    write_json(layout.eval_metrics, {k: v for k, v in result.items() if is_number(v)})
-    write_json(layout.eval_summary, eval_summary(result))
-    now = tracking.timestamp_ms()
-    client.log_batch(
-        run_id,
-        metrics=[Metric("promotion.promoted", float(decision["promoted"]), now, 0)]
-        + (
-            [Metric("promotion.champion_value", decision["champion_value"], now, 0)]
-            if decision["champion_value"] is not None
-            else []
+        rescore=champion_scorer(
+            client,
+            settings.model_name,
+            spec,
+            layout.shards_dir,
+            metric=metric,
+            top_k=metrics["top_k"],
+            store=store,
         ),
-        tags=[
-            RunTag("promotion.decision", decision["decision"]),
-            RunTag("promotion.reason", decision["reason"]),
-            RunTag("promotion.comparable", str(decision["comparable"]).lower()),
-            RunTag("registry.version", version),
-        ],
     )
-    apply_decision(client, settings.model_name, decision)
-    for path in (layout.eval_metrics, layout.eval_summary, layout.test_predictions):
-        client.log_artifact(run_id, str(path), "eval")
-    client.set_terminated(run_id, status="FINISHED")
-    return {**result, "run_url": tracking.run_url(client, run_id, layout.root)}
+    return {**decision, "model_name": settings.model_name}
+
+
+def write_card(
+    client: MlflowClient,
+    runs: dict[str, str],
+    layout: Layout,
+    manifest: ShardManifest,
+    result: dict[str, Any],
+) -> None:
+    """The version's model and data card: a file, an MLflow artifact, its description."""
+    from tasks.model_card import model_card
+
+    decision = result["promotion"]
+    ingest = layout.ingest_report
+    card = model_card(
+        model_name=decision["model_name"],
+        version=result["model_version"],
+        run_ids=runs,
+        manifest=manifest,
+        metrics=result,
+        decision=decision,
+        label_review=result["label_review"],
+        ingest_report=json.loads(ingest.read_text()) if ingest.exists() else None,
+    )
+    layout.model_card.parent.mkdir(parents=True, exist_ok=True)
+    layout.model_card.write_text(card)
+    client.log_artifact(runs["evaluation"], str(layout.model_card), "card")
+    client.update_model_version(decision["model_name"], result["model_version"], description=card)

@@ -126,3 +126,13 @@ class Layout:
     def test_predictions(self) -> Path:
         """Evaluation's prediction per test record: the reference served models must match."""
         return self.root / "reports" / "test_predictions.csv"
+
+    @property
+    def label_issues(self) -> Path:
+        """Label review: likely label errors in val and test, most suspect first."""
+        return self.root / "reports" / "label_issues.csv"
+
+    @property
+    def model_card(self) -> Path:
+        """The model and data card of the version evaluation registered (Markdown)."""
+        return self.root / "reports" / "model_card.md"

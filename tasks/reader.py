@@ -37,6 +37,7 @@ def read_split(
     shuffle_buffer: int | None = None,
     manifest: ShardManifest | None = None,
     with_metadata: bool = False,
+    file_shard: tuple[int, int] | None = None,
     store: ShardStore | None = None,
 ) -> tf.data.Dataset:
     """Batched ``(images, labels)`` of one split: uint8 [B, H, W, 3] and int32 [B].
@@ -48,6 +49,7 @@ def read_split(
     instead (adds ``content_hash`` and ``source``), for evaluation reports. With a
     ``store`` (tasks.shard_store), shards come from object storage instead of ``shards_dir``:
     each is downloaded whole and sha256-checked as the read reaches it, then read locally.
+    ``file_shard=(i, n)`` reads only files i, i + n, ... of the split (one worker's share).
     """
     import tensorflow as tf
 
@@ -55,8 +57,10 @@ def read_split(
     manifest = manifest or (store.manifest() if store else load_manifest(shards_dir))
     info = manifest.split(split)
     schema = manifest.record_schema
+    shards = info.shards[file_shard[0] :: file_shard[1]] if file_shard else info.shards
     # With a store the list holds shard names, each turned into a checked local file below.
-    files = [shard.file if store else str(shards_dir / shard.file) for shard in info.shards]
+    files = [shard.file if store else str(shards_dir / shard.file) for shard in shards]
+    num_records = sum(shard.num_records for shard in shards)
     if not info.num_records:
         raise ValueError(
             f"{shards_dir}: split {split!r} holds no records; validation fails such a set "
@@ -82,7 +86,7 @@ def read_split(
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=deterministic,
     )
-    ds = ds.apply(tf.data.experimental.assert_cardinality(info.num_records))
+    ds = ds.apply(tf.data.experimental.assert_cardinality(num_records))
     # Shuffle serialized records (small for jpeg/png) before any decoding.
     ds = ds.shuffle(buffer, seed=seed, reshuffle_each_iteration=True) if training else ds
     # Batch serialized records first: batching moves the record strings (no copy), parsing

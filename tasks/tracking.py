@@ -36,7 +36,7 @@ DEFAULT_URI = f"sqlite:///{DB_NAME}"
 SQLITE = "sqlite:///"  # then a path: relative (three slashes) or absolute (four)
 ARTIFACTS_NAME = "mlartifacts"
 UNTRACKED = "untracked"
-MLFLOW_UI_URL = "http://127.0.0.1:5000"  # where `make ui` serves the local store
+MLFLOW_UI_URL = "http://127.0.0.1:5000"  # where `make ui` serves the local store while free
 CHAMPION = "champion"  # the registry alias of the model in service
 # DVC sets these for the stages of `dvc exp run` (queued or not): the run names its experiment.
 DVC_EXP_ENV = {"DVC_EXP_NAME": "dvc.experiment", "DVC_EXP_BASELINE_REV": "dvc.baseline_rev"}

@@ -1,36 +1,37 @@
 """Train stage: validated shards in, a Keras model, its history and an MLflow run out.
 
 ``train`` is the pure core (shards in, model and metrics files out; no MLflow); ``run_train``
-wraps it with the validation gate, tracking and the layout's paths. A killed run resumes at
-the epoch it stopped at: Keras' BackupAndRestore keeps weights, optimizer state and the epoch,
-an epoch log beside it keeps the history of the epochs run before the kill, and the early
-stopping state (wait, best value, best weights) is kept there too.
+wraps it with the validation gate, tracking and the layout's paths. One training loop runs
+under every ``tf.distribute`` strategy: the default one (one device), MirroredStrategy (every
+local GPU) and MultiWorkerMirroredStrategy (workers under ``TF_CONFIG``, see
+``tasks.train_cluster``). Keras 3's ``model.fit`` fails under the multi-worker strategy
+(keras-team/keras#20585), so the loop is ours: :func:`train_step` under ``strategy.run``,
+driving the same Keras callbacks ``fit`` would.
 
-A backup is only resumed by the same run: ``identity.json`` in the backup records the train
-params, the shards' fingerprint and the training code's version it was made with (and the
-MLflow run it logs to). Any difference discards the backup, with the reason logged, and the
-run starts over in a new MLflow run.
+``train.batch_size`` is the global batch: split across every replica of every worker, so a
+single-device run means what it always did and more replicas do not change the step count.
+
+A killed run resumes at the epoch after the last one committed (``tasks.train_backup``),
+and only as the same run: same params, shards and training code. With several workers the
+chief decides which backup is resumed and records every output (the model, the metrics,
+MLflow); the others train beside it and write only scratch copies.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import os
-import shutil
 import sys
 import time
-import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from tasks import manifest as manifest_module
-from tasks import models, reader, schema
+from tasks import models, reader, schema, train_backup, train_cluster
 from tasks.atomic import write_json
 from tasks.code_version import code_version
 from tasks.gate import ShardsNotValidated as ShardsNotValidated  # re-exported for the flows
@@ -43,25 +44,30 @@ from tasks.models import build_model, unfreeze_top
 from tasks.params import Params, TrainParams, flatten
 from tasks.reader import read_split
 from tasks.shard_store import ShardStore, open_store
-
-log = logging.getLogger(__name__)  # a flow shows it in its run's log (flows.common.run_log)
+from tasks.train_backup import (
+    EPOCH_LOG_NAME,
+    BackupDirs,
+    BackupUnusable,
+    claim_backup,
+    discard_backup,
+    read_epoch_log,
+    write_identity,
+)
+from tasks.train_backup import IDENTITY_NAME as IDENTITY_NAME  # re-exported
+from tasks.train_backup import identity_changes as identity_changes  # re-exported
+from tasks.train_cluster import (
+    chief_value,
+    choose_strategy,
+    is_chief,
+    num_workers,
+    strategy_name,
+)
 
 FINE_TUNE_LR_FACTOR = 0.1  # fine-tuning a pretrained backbone wants a much smaller step
-HISTORY_KEYS = ("loss", "accuracy", "val_loss", "val_accuracy")
-IDENTITY_NAME = "identity.json"
-MAIN_PHASE_WEIGHTS = "main_phase.weights.h5"  # Keras 3 saves weights only to *.weights.h5
-MAIN_PHASE_DONE = "main_phase.json"  # written after the weights: the frozen phase's commit
+MOVING_STATISTICS = ("moving_mean", "moving_variance")  # BatchNormalization's, by name
 
 
 # -- devices, precision, determinism ------------------------------------------------------
-
-
-def choose_strategy() -> tf.distribute.Strategy:
-    """MirroredStrategy over every visible GPU when there is one, else the default strategy."""
-    gpus = tf.config.list_logical_devices("GPU")
-    if gpus:
-        return tf.distribute.MirroredStrategy([gpu.name for gpu in gpus])
-    return tf.distribute.get_strategy()
 
 
 def on_gpu(strategy: tf.distribute.Strategy) -> bool:
@@ -80,12 +86,13 @@ def precision_policy(params: TrainParams, *, gpu: bool) -> str:
 
 
 def device_tags(params: TrainParams, strategy: tf.distribute.Strategy) -> dict[str, str]:
-    """What the run ran on, for tracking: device type, replicas, precision, XLA."""
+    """What the run ran on, for tracking: device type, workers, replicas, precision, XLA."""
     gpu = on_gpu(strategy)
     return {
         "device.type": "gpu" if gpu else "cpu",
+        "device.num_workers": str(num_workers(strategy)),
         "device.num_replicas": str(strategy.num_replicas_in_sync),
-        "device.strategy": type(strategy).__name__,
+        "device.strategy": strategy_name(strategy),
         "device.precision_policy": precision_policy(params, gpu=gpu),
         "device.xla": str(params.xla).lower(),
     }
@@ -103,7 +110,9 @@ def seed_everything(params: TrainParams) -> None:
 
 def training_code_version() -> str:
     """Version of the code that shapes a backup: model, training loop, reader, record schema."""
-    return code_version(sys.modules[__name__], models, reader, schema, manifest_module)
+    return code_version(
+        sys.modules[__name__], models, reader, schema, manifest_module, train_backup, train_cluster
+    )
 
 
 def backup_identity(params: TrainParams, fingerprint: str) -> dict[str, Any]:
@@ -115,94 +124,7 @@ def backup_identity(params: TrainParams, fingerprint: str) -> dict[str, Any]:
     }
 
 
-def identity_changes(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """Why a backup made with ``stored`` cannot be resumed by ``current``; [] when it can."""
-
-    def show(values: dict[str, Any], key: str) -> str:
-        return json.dumps(values[key]) if key in values else "(unset)"
-
-    old, new = stored.get("params") or {}, current["params"]
-    reasons = [
-        f"{key} changed {show(old, key)} -> {show(new, key)}"
-        for key in sorted(set(old) | set(new))
-        if key not in old or key not in new or old[key] != new[key]
-    ]
-    if stored.get("fingerprint") != current["fingerprint"]:
-        reasons.append(
-            f"shards changed: fingerprint {str(stored.get('fingerprint'))[:12]} -> "
-            f"{current['fingerprint'][:12]}"
-        )
-    if stored.get("code_version") != current["code_version"]:
-        reasons.append(
-            f"training code changed: version {stored.get('code_version')} -> "
-            f"{current['code_version']}"
-        )
-    return reasons
-
-
-def claim_backup(
-    backup_dir: Path, identity: dict[str, Any]
-) -> tuple[dict[str, Any] | None, list[str]]:
-    """The stored identity of a backup this run may resume, else discard the backup.
-
-    Returns ``(stored identity or None, reasons it was discarded)``. A backup without a
-    readable identity (older versions wrote none) is discarded too: nobody can vouch for it.
-    """
-    if not backup_dir.exists() or not any(backup_dir.iterdir()):
-        return None, []
-    path = backup_dir / IDENTITY_NAME
-    try:
-        stored = json.loads(path.read_text())
-        reasons = identity_changes(stored, identity)
-    except FileNotFoundError:
-        reasons = [f"{path} is missing (made by an older version)"]
-    except (json.JSONDecodeError, AttributeError, KeyError) as error:
-        reasons = [f"{path} is unreadable ({error})"]
-    if not reasons:
-        return stored, []
-    discard_backup(backup_dir, reasons)
-    return None, reasons
-
-
-def discard_backup(backup_dir: Path, reasons: Sequence[str]) -> None:
-    """Delete the backup and say why, so a rerun that starts over is never a surprise."""
-    log.warning("backup discarded: %s (%s)", "; ".join(reasons), backup_dir)
-    shutil.rmtree(backup_dir, ignore_errors=True)
-
-
-def write_identity(backup_dir: Path, identity: dict[str, Any], run_id: str | None = None) -> None:
-    write_json(backup_dir / IDENTITY_NAME, {**identity, "mlflow_run_id": run_id})
-
-
-class BackupUnusable(RuntimeError):
-    """A backup that passed the identity check still failed to restore (e.g. another shape)."""
-
-
 # -- callbacks -----------------------------------------------------------------------------
-
-
-class ThroughputTimer(keras.callbacks.Callback):
-    """Adds ``images_per_sec`` and ``step_time_ms`` (training steps only) to epoch logs."""
-
-    def __init__(self, global_batch_size: int) -> None:
-        super().__init__()
-        self.global_batch_size = global_batch_size
-        self._start = self._last = 0.0
-        self._steps = 0
-
-    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        self._start = self._last = time.perf_counter()
-        self._steps = 0
-
-    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        self._steps += 1
-        self._last = time.perf_counter()
-
-    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        seconds = max(self._last - self._start, 1e-9)
-        if logs is not None and self._steps:
-            logs["images_per_sec"] = self._steps * self.global_batch_size / seconds
-            logs["step_time_ms"] = 1000 * seconds / self._steps
 
 
 class EpochLog(keras.callbacks.Callback):
@@ -222,29 +144,16 @@ class EpochLog(keras.callbacks.Callback):
             self.first_epoch = epoch
             kept = [row for row in read_epoch_log(self.path) if row["epoch"] < epoch]
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.write_text("".join(json.dumps(row) + "\n" for row in kept))
+            self.path.write_text("".join(json_line(row) for row in kept))
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        logs = logs if logs is not None else {}
-        logs["learning_rate"] = float(
-            keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)
-        )
-        row = {"epoch": epoch, **{key: float(value) for key, value in logs.items()}}
+        row = {"epoch": epoch, **{key: float(value) for key, value in (logs or {}).items()}}
         with self.path.open("a") as handle:
-            handle.write(json.dumps(row) + "\n")
+            handle.write(json_line(row))
 
 
-class GuardedBackupAndRestore(keras.callbacks.BackupAndRestore):
-    """BackupAndRestore that turns a failed restore into ``BackupUnusable``.
-
-    ``train`` then discards the backup and starts over, so no backup can fail every rerun.
-    """
-
-    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        try:
-            super().on_train_begin(logs)
-        except Exception as error:
-            raise BackupUnusable(f"cannot restore {self.backup_dir}: {error}") from error
+def json_line(row: dict[str, Any]) -> str:
+    return json.dumps(row) + "\n"
 
 
 class ResumableEarlyStopping(keras.callbacks.EarlyStopping):
@@ -252,62 +161,31 @@ class ResumableEarlyStopping(keras.callbacks.EarlyStopping):
 
     Stock EarlyStopping resets in ``on_train_begin``, so a resumed run would forget how long
     it has waited and which weights were best. The state is saved at each epoch end in the
-    phase's backup dir and restored when BackupAndRestore (earlier in the callback list)
-    resumed at the epoch right after it.
+    phase's backup dir and restored when the phase resumed at the epoch right after it.
     """
 
-    def __init__(self, state_dir: Path, **kwargs: Any) -> None:
+    def __init__(self, dirs: BackupDirs, *, resumed_at: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.state_file = state_dir / "early_stopping.json"
+        self.dirs, self.resumed_at = dirs, resumed_at
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         super().on_train_begin(logs)
-        resumed_at = getattr(self.model, "_initial_epoch", None)  # set by BackupAndRestore
-        if not resumed_at or not self.state_file.exists():
-            return
-        state = json.loads(self.state_file.read_text())
-        if state["epoch"] != resumed_at - 1:  # killed between the backup and this state
-            log.warning(
-                "early stopping state is from epoch %s, not %s: starting it afresh",
-                state["epoch"] + 1,
-                resumed_at,
-            )
-            return
-        self.wait, self.best = state["wait"], state["best"]
-        self.best_epoch, self.stopped_epoch = state["best_epoch"], state["stopped_epoch"]
-        if state.get("best_weights"):
-            with np.load(self.state_file.parent / state["best_weights"]) as arrays:
-                self.best_weights = [arrays[f"arr_{i}"] for i in range(len(arrays.files))]
+        state = train_backup.early_stopping_state(self.dirs, self.resumed_at)
+        if state is not None:
+            self.wait, self.best = state["wait"], state["best"]
+            self.best_epoch, self.stopped_epoch = state["best_epoch"], state["stopped_epoch"]
+            self.best_weights = state["best_weights"] or None
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         super().on_epoch_end(epoch, logs)
-        self.state_file.parent.mkdir(parents=True, exist_ok=True)
-        weights_name = None
-        if self.best_weights is not None:
-            # One file per best epoch, named in the state file: the state never points at
-            # weights from another epoch, whenever the process dies.
-            weights_name = f"early_stopping_best_{self.best_epoch}.npz"
-            weights_path = self.state_file.parent / weights_name
-            if not weights_path.exists():
-                tmp = weights_path.with_name(f".{weights_name}.tmp")
-                with tmp.open("wb") as handle:
-                    np.savez(handle, *self.best_weights)
-                os.replace(tmp, weights_path)
-        best = None if self.best is None else float(self.best)
-        write_json(
-            self.state_file,
-            {
-                "epoch": epoch,
-                "wait": self.wait,
-                "best": best,
-                "best_epoch": self.best_epoch,
-                "stopped_epoch": self.stopped_epoch,
-                "best_weights": weights_name,
-            },
-        )
-        for stale in self.state_file.parent.glob("early_stopping_best_*.npz"):
-            if stale.name != weights_name:
-                stale.unlink()
+        state = {
+            "epoch": epoch,
+            "wait": self.wait,
+            "best": None if self.best is None else float(self.best),
+            "best_epoch": self.best_epoch,
+            "stopped_epoch": self.stopped_epoch,
+        }
+        train_backup.save_early_stopping(self.dirs, state, self.best_weights)
 
 
 class MlflowEpochMetrics(keras.callbacks.Callback):
@@ -342,10 +220,264 @@ class EpochReport(keras.callbacks.Callback):
         self.report(epoch, {key: float(value) for key, value in (logs or {}).items()})
 
 
-def read_epoch_log(path: Path) -> list[dict[str, float]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+# -- the input, per worker -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Data:
+    """What one worker trains and validates on: its share of the train files, as an
+    endless iterator of distributed batches, and the val split (read by the chief)."""
+
+    train: Any  # iterator over per-replica (images, labels)
+    val: tf.data.Dataset
+    steps_per_epoch: int
+    global_batch: int
+
+
+def steps_per_epoch(params: TrainParams, manifest: ShardManifest, shards_dir: Path) -> int:
+    """Steps of one epoch, from the global record count: the same on every worker, or the
+    collectives of the worker with more steps wait forever."""
+    records = manifest.split("train").num_records
+    if records // params.batch_size == 0:
+        raise ValueError(
+            f"train.batch_size={params.batch_size} exceeds the {records} train records in "
+            f"{shards_dir}; lower it"
+        )
+    return records // params.batch_size
+
+
+def check_distributable(
+    params: TrainParams, manifest: ShardManifest, strategy: tf.distribute.Strategy
+) -> None:
+    """Refuse what the strategy cannot split: the batch over replicas, the files over workers."""
+    replicas, workers = strategy.num_replicas_in_sync, num_workers(strategy)
+    if params.batch_size % replicas:
+        raise ValueError(
+            f"train.batch_size={params.batch_size} does not split over {replicas} replicas: "
+            f"set a multiple of {replicas} (it is the global batch)"
+        )
+    files = len(manifest.split("train").shards)
+    if files < workers:
+        raise ValueError(
+            f"{files} train shard files for {workers} workers: each worker reads its own "
+            "files; lower shard.target_shard_mb so the train split has at least one file "
+            "per worker, and reshard"
+        )
+
+
+def read_data(
+    params: TrainParams,
+    manifest: ShardManifest,
+    shards_dir: Path,
+    strategy: tf.distribute.Strategy,
+    store: ShardStore | None = None,
+) -> Data:
+    def train_input(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        # Sharded by file: worker i reads train files i, i + n, ... (AutoShardPolicy.FILE,
+        # done by the reader so it still knows its record count). Repeated, because the
+        # epoch is a count of steps: a worker whose files hold fewer records wraps around.
+        return read_split(
+            shards_dir,
+            "train",
+            batch_size=context.get_per_replica_batch_size(params.batch_size),
+            training=True,
+            seed=params.seed,
+            manifest=manifest,
+            file_shard=(context.input_pipeline_id, context.num_input_pipelines),
+            store=store,
+        ).repeat()
+
+    train_ds = strategy.distribute_datasets_from_function(train_input)
+    val = read_split(
+        shards_dir,
+        "val",
+        batch_size=params.batch_size,
+        training=False,
+        manifest=manifest,
+        store=store,
+    )
+    return Data(
+        iter(train_ds), val, steps_per_epoch(params, manifest, shards_dir), params.batch_size
+    )
+
+
+# -- one step ------------------------------------------------------------------------------
+
+
+class Steps(NamedTuple):
+    """The compiled steps of one phase (see :func:`step_functions`)."""
+
+    train: Callable[[Any], tf.Tensor]
+    evaluate: Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
+    sync_statistics: Callable[[], None]
+
+
+def step_functions(model: keras.Model, strategy: tf.distribute.Strategy, data: Data) -> Steps:
+    """``train(batch)`` takes one step on every replica and returns ``[loss sum, correct,
+    images]`` summed over the global batch; ``evaluate(images, labels)`` the same for one
+    local batch, no step taken; ``sync_statistics()`` averages the BatchNorm moving
+    statistics over the replicas."""
+    optimizer = model.optimizer
+    # XLA as Keras resolved ``train.xla`` at compile: off under op determinism, where not
+    # every op has a deterministic XLA kernel (Keras warns then).
+    xla = bool(model.jit_compile)
+
+    def train_step(images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            probs = model(images, training=True)
+            per_image = keras.losses.sparse_categorical_crossentropy(labels, probs)
+            # Averaged over the global batch, not this replica's share: the optimizer sums
+            # the replicas' gradients, so the sum is the global batch's mean gradient.
+            loss = tf.nn.compute_average_loss(per_image, global_batch_size=data.global_batch)
+            # Scaled up under mixed_float16 so small gradients survive float16; the optimizer
+            # (a LossScaleOptimizer then) unscales them and skips a step that overflowed.
+            scaled = optimizer.scale_loss(loss)
+        gradients = tape.gradient(scaled, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+        return figures(per_image, probs, labels)
+
+    def figures(per_image: tf.Tensor, probs: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+        predicted = tf.argmax(probs, axis=-1, output_type=labels.dtype)
+        return tf.stack(
+            [
+                tf.reduce_sum(tf.cast(per_image, tf.float32)),
+                tf.reduce_sum(tf.cast(predicted == labels, tf.float32)),
+                tf.cast(tf.size(labels), tf.float32),
+            ]
+        )
+
+    replica_step = tf.function(train_step, jit_compile=xla)
+
+    @tf.function
+    def distributed_step(batch: Any) -> tf.Tensor:
+        per_replica = strategy.run(replica_step, args=batch)
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+    @tf.function(jit_compile=xla)
+    def evaluate_step(images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+        probs = model(images, training=False)
+        per_image = keras.losses.sparse_categorical_crossentropy(labels, probs)
+        return figures(per_image, probs, labels)
+
+    # Each replica updates its own copy of the BatchNorm moving statistics from its own
+    # batches (Keras 3 does not aggregate them). An average of exponential moving averages
+    # is the moving average of the averaged batch statistics, so averaging once an epoch,
+    # before anyone reads them, equals averaging at every step.
+    statistics = [v for v in model.non_trainable_variables if v.path.endswith(MOVING_STATISTICS)]
+
+    @tf.function
+    def sync_statistics() -> None:
+        def replica_means() -> list[tf.Tensor]:
+            context = tf.distribute.get_replica_context()
+            values = [tf.identity(v.value) for v in statistics]  # this replica's copies
+            return context.all_reduce(tf.distribute.ReduceOp.MEAN, values)
+
+        means = strategy.experimental_local_results(strategy.run(replica_means))[0]
+        for variable, mean in zip(statistics, means, strict=True):
+            variable.assign(mean)
+
+    return Steps(distributed_step, evaluate_step, sync_statistics)
+
+
+# -- epochs --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Phase:
+    """Epochs ``[first, end)`` of one training phase, resumable from ``dirs``."""
+
+    first: int
+    end: int
+    dirs: BackupDirs
+
+
+def fit_phase(
+    model: keras.Model,
+    data: Data,
+    phase: Phase,
+    strategy: tf.distribute.Strategy,
+    steps: Steps,
+    *,
+    params: TrainParams,
+    callbacks: Sequence[keras.callbacks.Callback],
+) -> int:
+    """Train one phase, resuming after its last committed epoch; the epoch it ended at.
+
+    ``callbacks`` start with the epoch log; early stopping follows it, then the rest.
+    """
+    # Every worker restores the same epoch from the chief's backup, or the run is refused:
+    # workers that disagree on where they are would wait on each other's collectives.
+    start = max(train_backup.restore_epoch(model, phase.dirs), phase.first)
+    if chief_value(strategy, start) != start:
+        raise RuntimeError(
+            f"this worker restored epoch {start} from {phase.dirs.read}, the chief another: "
+            "the backup dir must be one path that every worker mounts"
+        )
+    stopping: list[keras.callbacks.Callback] = []
+    if params.early_stopping_patience > 0:
+        stopping.append(
+            ResumableEarlyStopping(
+                phase.dirs,
+                resumed_at=start if start > phase.first else 0,
+                patience=params.early_stopping_patience,
+                restore_best_weights=True,
+            )
+        )
+    hooks = keras.callbacks.CallbackList([*callbacks[:1], *stopping, *callbacks[1:]], model=model)
+    model.stop_training = False
+    hooks.on_train_begin()
+    ended = start
+    for epoch in range(start, phase.end):
+        hooks.on_epoch_begin(epoch)
+        logs = run_epoch(steps.train, data)
+        if strategy.num_replicas_in_sync > 1:
+            steps.sync_statistics()  # before validation, the backup and the model read them
+        logs.update(validate(steps.evaluate, data.val, strategy))
+        logs["learning_rate"] = float(keras.ops.convert_to_numpy(model.optimizer.learning_rate))
+        # The backup first: the epoch is committed before any callback can fail.
+        train_backup.save_epoch(model, phase.dirs, epoch)
+        hooks.on_epoch_end(epoch, logs)
+        ended = epoch + 1
+        if model.stop_training:  # early stopping; the same on every worker (same figures)
+            break
+    hooks.on_train_end()
+    return ended
+
+
+def run_epoch(train: Callable[[Any], tf.Tensor], data: Data) -> dict[str, float]:
+    """One epoch of training steps; loss and accuracy over it, images/s and step time."""
+    start = time.perf_counter()
+    totals = tf.zeros(3)
+    for _ in range(data.steps_per_epoch):
+        totals += train(next(data.train))
+    loss_sum, correct, images = (float(x) for x in totals.numpy())  # waits for the last step
+    seconds = max(time.perf_counter() - start, 1e-9)
+    return {
+        "loss": loss_sum / images,
+        "accuracy": correct / images,
+        "images_per_sec": images / seconds,
+        "step_time_ms": 1000 * seconds / data.steps_per_epoch,
+    }
+
+
+def validate(
+    evaluate: Callable[[tf.Tensor, tf.Tensor], tf.Tensor],
+    val: tf.data.Dataset,
+    strategy: tf.distribute.Strategy,
+) -> dict[str, float]:
+    """Val loss and accuracy, computed by the chief (the demo has one val file) and sent to
+    every worker, so early stopping decides the same everywhere."""
+    loss_sum = correct = images = 0.0
+    if is_chief(strategy):
+        totals = tf.zeros(3)
+        for batch_images, batch_labels in val:
+            totals += evaluate(batch_images, batch_labels)
+        loss_sum, correct, images = (float(x) for x in totals.numpy())
+    images = chief_value(strategy, images)
+    return {
+        "val_loss": chief_value(strategy, loss_sum) / images,
+        "val_accuracy": chief_value(strategy, correct) / images,
+    }
 
 
 # -- the core ------------------------------------------------------------------------------
@@ -368,58 +500,80 @@ def train(
     """Train ``params.model`` on the shards' train split (val for early stopping).
 
     Writes the model (Keras format) to ``model_file`` and, when given, the numeric summary
-    (``metrics_file``, what DVC shows as metrics), the rest of it (``summary_file``), the
-    per-epoch rows (``history_file``, DVC plot data) and the plot. Resumable: state lives in
-    ``backup_dir`` until the run completes, and is resumed only by a run with the same
-    params, shards and training code (else discarded, with the reason logged).
-    ``batch_size`` is the global batch, split across the strategy's
-    replicas. With a ``store`` (tasks.shard_store) the shards are read from object storage
-    instead of ``shards_dir``: the same records in the same order. Returns a small summary.
+    (``metrics_file``, DVC's metrics), the rest of it (``summary_file``), the per-epoch rows
+    (``history_file``, DVC plot data) and the plot. Resumable: state lives in ``backup_dir``
+    until the run completes, and is resumed only by a run with the same params, shards and
+    training code (else discarded, with the reason logged). Every worker calls this; the
+    chief alone writes. A ``store`` (tasks.shard_store) reads the shards from object
+    storage instead: the same records in the same order. Returns a small summary dict.
     """
+    # The strategy first: the multi-worker one must exist before any other TensorFlow op.
+    strategy = strategy or choose_strategy()
     shards_dir, model_file, backup_dir = Path(shards_dir), Path(model_file), Path(backup_dir)
     manifest = store.manifest() if store else load_manifest(shards_dir)
-    strategy = strategy or choose_strategy()
-    steps_per_epoch = manifest.split("train").num_records // params.batch_size
-    if steps_per_epoch == 0:
-        raise ValueError(
-            f"train.batch_size={params.batch_size} exceeds the "
-            f"{manifest.split('train').num_records} train records in {shards_dir}; lower it"
-        )
+    chief = is_chief(strategy)
+    steps_per_epoch(params, manifest, shards_dir)  # refuses a batch larger than the split
+    check_distributable(params, manifest, strategy)
     identity = backup_identity(params, manifest.fingerprint)
-    stored, _ = claim_backup(backup_dir, identity)  # run_train may have claimed it already
-    if stored is None:
-        write_identity(backup_dir, identity)
+    dirs = BackupDirs.for_worker(backup_dir, chief=chief)
+    stored = None
+    if chief:
+        stored, _ = claim_backup(backup_dir, identity)  # run_train may have claimed it already
+        if stored is None:
+            write_identity(backup_dir, identity)
+    chief_value(strategy, 0.0)  # a barrier: the chief's claim lands before anyone restores
     previous_policy = keras.mixed_precision.global_policy()
     policy = precision_policy(params, gpu=on_gpu(strategy))
     keras.mixed_precision.set_global_policy(policy)
     try:
         try:
-            model, epoch_log, train_ds = fit_phases(
-                params, manifest, shards_dir, backup_dir, strategy, callbacks, store
+            model, epoch_log, probe = fit_phases(
+                params, manifest, shards_dir, dirs, strategy, callbacks, store
             )
         except BackupUnusable as error:
             # The identity matched but the state does not fit this model: start over once.
-            discard_backup(backup_dir, [str(error)])
-            write_identity(backup_dir, identity, (stored or {}).get("mlflow_run_id"))
-            model, epoch_log, train_ds = fit_phases(
-                params, manifest, shards_dir, backup_dir, strategy, callbacks, store
+            if chief:
+                discard_backup(backup_dir, [str(error)])
+                write_identity(backup_dir, identity, (stored or {}).get("mlflow_run_id"))
+            chief_value(strategy, 0.0)  # the backup is gone before anyone looks again
+            model, epoch_log, probe = fit_phases(
+                params, manifest, shards_dir, dirs, strategy, callbacks, store
             )
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)
 
     rows = read_epoch_log(epoch_log.path)
-    save_model(model, model_file)  # the same weights give the same bytes
+    # Every worker saves (TensorFlow may need each one to read its variables); the chief's
+    # copy is the model. The same weights give the same bytes.
+    save_model(model, model_file if chief else dirs.write / "model.keras")
     summary = history_summary(rows)
     # After saving: the probe's extra steps change the in-memory weights, never the model file.
-    summary["input_bound"] = probe_input_bound(model, train_ds)
+    summary["input_bound"] = probe()
     summary.update(
         model_file=str(model_file),
         fingerprint=manifest.fingerprint,
         resumed_from_epoch=epoch_log.first_epoch or 0,
         precision_policy=policy,
-        strategy=type(strategy).__name__,
+        strategy=strategy_name(strategy),
+        num_workers=num_workers(strategy),
         num_replicas=strategy.num_replicas_in_sync,
+        chief=chief,
     )
+    if chief:
+        write_outputs(summary, rows, metrics_file, summary_file, history_file, plot_file)
+    dirs.clean_up()  # completed: nothing left to resume (the others drop their scratch)
+    return summary
+
+
+def write_outputs(
+    summary: dict[str, Any],
+    rows: list[dict[str, float]],
+    metrics_file: str | Path | None,
+    summary_file: str | Path | None,
+    history_file: str | Path | None,
+    plot_file: str | Path | None,
+) -> None:
+    """The summary's numbers, the rest of it, the plot rows and the plot, where given."""
     numbers, rest = split_numeric({k: v for k, v in summary.items() if k != "history"})
     if metrics_file is not None:
         write_json(Path(metrics_file), numbers)
@@ -429,142 +583,82 @@ def train(
         write_json(Path(history_file), history_rows(rows))
     if plot_file is not None:
         plot_history(rows, Path(plot_file))
-    shutil.rmtree(backup_dir, ignore_errors=True)  # completed: nothing left to resume
-    return summary
 
 
 def fit_phases(
     params: TrainParams,
     manifest: ShardManifest,
     shards_dir: Path,
-    backup_dir: Path,
+    dirs: BackupDirs,
     strategy: tf.distribute.Strategy,
     callbacks: Sequence[keras.callbacks.Callback],
     store: ShardStore | None = None,
-) -> tuple[keras.Model, EpochLog, tf.data.Dataset]:
+) -> tuple[keras.Model, EpochLog, Callable[[], dict[str, float]]]:
     """Build the model and fit it: the frozen (or only) phase, then fine-tuning if asked.
+    Returns the model, its epoch log and the input-bound probe of its last phase's step.
 
-    Each phase resumes from its own BackupAndRestore dir. The frozen phase commits its end
-    weights and epoch count before its backup goes, so a kill between the phases resumes
-    fine-tuning from those weights instead of redoing the frozen phase.
+    Each phase resumes from its own backup dir. The frozen phase commits its end weights and
+    epoch count before its backup goes, so a kill between the phases resumes fine-tuning
+    from those weights instead of redoing the frozen phase.
     """
     seed_everything(params)
-    steps_per_epoch = manifest.split("train").num_records // params.batch_size
-    train_ds = read_split(
-        shards_dir,
-        "train",
-        batch_size=params.batch_size,
-        training=True,
-        seed=params.seed,
-        manifest=manifest,
-        store=store,
-    )
-    val_ds = read_split(
-        shards_dir,
-        "val",
-        batch_size=params.batch_size,
-        training=False,
-        manifest=manifest,
-        store=store,
-    )
-    epoch_log = EpochLog(backup_dir / "epochs.jsonl")
-    checkpoint = backup_dir.parent / "checkpoints" / "last.keras"
-    checkpoint.parent.mkdir(parents=True, exist_ok=True)
-
-    def phase_callbacks(phase_dir: Path) -> list[keras.callbacks.Callback]:
-        standard: list[keras.callbacks.Callback] = [ThroughputTimer(params.batch_size), epoch_log]
-        if params.early_stopping_patience > 0:
-            standard.append(
-                ResumableEarlyStopping(
-                    phase_dir, patience=params.early_stopping_patience, restore_best_weights=True
-                )
-            )
-        standard.append(keras.callbacks.ModelCheckpoint(checkpoint, save_freq="epoch"))
-        return [*standard, *callbacks]
-
+    data = read_data(params, manifest, shards_dir, strategy, store)
+    epoch_log = EpochLog(dirs.write / EPOCH_LOG_NAME)
+    hooks = [epoch_log, *callbacks]
     with strategy.scope():
         model = build_model(params, len(manifest.classes), manifest.record_schema.image_shape)
-        compile_model(model, params, params.learning_rate, steps_per_epoch * params.epochs)
+        compile_model(model, params, params.learning_rate, data.steps_per_epoch * params.epochs)
+    steps = step_functions(model, strategy, data)
     fine_tune = params.fine_tune_layers > 0 and params.fine_tune_epochs > 0
-    main_weights, main_done = backup_dir / MAIN_PHASE_WEIGHTS, backup_dir / MAIN_PHASE_DONE
-    if fine_tune and main_done.exists():
-        # The frozen phase finished before the kill: pick up its weights, skip it.
-        try:
-            with warnings.catch_warnings():
-                # The file holds the frozen phase's optimizer too; fine-tuning starts a new one.
-                warnings.filterwarnings("ignore", message="Skipping variable loading for optim")
-                model.load_weights(main_weights)
-        except Exception as error:
-            raise BackupUnusable(f"cannot load {main_weights}: {error}") from error
-        done = int(json.loads(main_done.read_text())["epochs_completed"])
-    else:
-        main_dir = backup_dir / "main"
-        fit_phase(model, train_ds, val_ds, params.epochs, 0, main_dir, phase_callbacks(main_dir))
-        done = len(read_epoch_log(epoch_log.path))
+    done = train_backup.restore_main_phase(model, dirs) if fine_tune else None
+    if done is None:
+        main = Phase(0, params.epochs, dirs.phase("main"))
+        done = fit_phase(model, data, main, strategy, steps, params=params, callbacks=hooks)
         if fine_tune:
-            tmp = backup_dir / f"tmp-{MAIN_PHASE_WEIGHTS}"
-            model.save_weights(tmp)
-            os.replace(tmp, main_weights)
-            write_json(main_done, {"epochs_completed": done})
-            shutil.rmtree(main_dir, ignore_errors=True)
+            train_backup.commit_main_phase(model, dirs, done)
     if fine_tune:
         with strategy.scope():
             unfreeze_top(model, params.fine_tune_layers)
-            compile_model(
-                model,
-                params,
-                params.learning_rate * FINE_TUNE_LR_FACTOR,
-                steps_per_epoch * params.fine_tune_epochs,
-            )
-        tune_dir = backup_dir / "fine_tune"
-        fit_phase(
-            model,
-            train_ds,
-            val_ds,
-            done + params.fine_tune_epochs,
-            done,
-            tune_dir,
-            phase_callbacks(tune_dir),
-        )
-    return model, epoch_log, train_ds
+            lr = params.learning_rate * FINE_TUNE_LR_FACTOR
+            compile_model(model, params, lr, data.steps_per_epoch * params.fine_tune_epochs)
+        steps = step_functions(model, strategy, data)  # new trainable set
+        tune = Phase(done, done + params.fine_tune_epochs, dirs.phase("fine_tune"))
+        fit_phase(model, data, tune, strategy, steps, params=params, callbacks=hooks)
+    return model, epoch_log, lambda: probe_input_bound(steps.train, data)
 
 
 def probe_input_bound(
-    model: keras.Model, train_ds: tf.data.Dataset, *, steps: int = 20, warmup: int = 3
+    train_step: Callable[[Any], tf.Tensor], data: Data, *, steps: int = 20, warmup: int = 3
 ) -> dict[str, float]:
     """Median train-step time fed by the shard reader over the same fed from memory.
 
     A ratio near 1 means the accelerator never waits for data; well above 1 means the input
     pipeline starves it. Logged per run so a starved accelerator shows in the MLflow UI.
     """
-    real = train_ds.repeat()
-    batch = next(iter(train_ds))
-    synthetic = tf.data.Dataset.from_tensors(batch).repeat()
-    real_s = _median_step_seconds(model, real, steps=steps, warmup=warmup)
-    synthetic_s = _median_step_seconds(model, synthetic, steps=steps, warmup=warmup)
+    batch = next(data.train)
+    real_s = median_step_seconds(lambda: train_step(next(data.train)), steps, warmup)
+    in_memory_s = median_step_seconds(lambda: train_step(batch), steps, warmup)
     return {
-        "input_bound_ratio": real_s / synthetic_s,
+        "input_bound_ratio": real_s / in_memory_s,
         "step_ms_reader": real_s * 1000,
-        "step_ms_in_memory": synthetic_s * 1000,
+        "step_ms_in_memory": in_memory_s * 1000,
     }
 
 
-def _median_step_seconds(
-    model: keras.Model, ds: tf.data.Dataset, *, steps: int, warmup: int
-) -> float:
-    """Median seconds per ``train_on_batch`` step, waiting for the next batch included."""
-    batches = iter(ds)
+def median_step_seconds(step: Callable[[], tf.Tensor], steps: int, warmup: int) -> float:
+    """Median seconds per step, waiting for the next batch and the step's result."""
     times: list[float] = []
-    for step in range(warmup + steps):
+    for index in range(warmup + steps):
         start = time.perf_counter()
-        images, labels = next(batches)
-        model.train_on_batch(images, labels)
-        if step >= warmup:
+        step().numpy()
+        if index >= warmup:
             times.append(time.perf_counter() - start)
     return sorted(times)[len(times) // 2]
 
 
 def compile_model(model: keras.Model, params: TrainParams, lr: float, total_steps: int) -> None:
+    """Adam (a LossScaleOptimizer around it under mixed_float16, Keras' doing), built now,
+    inside the strategy's scope, so its slots are mirrored like the weights."""
     schedule: float | keras.optimizers.schedules.LearningRateSchedule = lr
     if params.lr_schedule == "cosine":
         schedule = keras.optimizers.schedules.CosineDecay(lr, decay_steps=max(total_steps, 1))
@@ -574,32 +668,7 @@ def compile_model(model: keras.Model, params: TrainParams, lr: float, total_step
         metrics=["accuracy"],
         jit_compile=params.xla,
     )
-
-
-def fit_phase(
-    model: keras.Model,
-    train_ds: tf.data.Dataset,
-    val_ds: tf.data.Dataset,
-    epochs: int,
-    initial_epoch: int,
-    backup_dir: Path,
-    callbacks: list[keras.callbacks.Callback],
-) -> None:
-    # BackupAndRestore goes first: it restores state before the others see an epoch, and
-    # saves it at epoch end before a later callback can fail. Its backup stays until
-    # `train` completes (the frozen phase's is removed once its weights are committed).
-    backup = GuardedBackupAndRestore(str(backup_dir), delete_checkpoint=False)
-    # Keras keeps the epoch a BackupAndRestore restored on the model, and prefers it over
-    # `initial_epoch`: clear it so a phase never starts at the previous phase's epoch.
-    model._initial_epoch = None
-    model.fit(
-        train_ds,
-        validation_data=val_ds,
-        epochs=epochs,
-        initial_epoch=initial_epoch,
-        callbacks=[backup, *callbacks],
-        verbose=2,
-    )
+    model.optimizer.build(model.trainable_variables)
 
 
 def history_summary(rows: list[dict[str, float]]) -> dict[str, Any]:
@@ -651,16 +720,25 @@ def run_train(
     run_tags: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Gate on validation, open (or resume) an MLflow run, train, record the run for evaluate.
-
-    ``run_tags``: the orchestrator's tags for a new MLflow run (the flow run that trains)."""
+    Every worker runs this; the chief alone tracks (``run_tags`` on a new MLflow run)."""
     from tasks import tracking
 
+    strategy = strategy or choose_strategy()  # first: see train
     store = open_store(layout.root, params.storage)  # SHARDFLOW_SHARDS_URL, else data/shards
     if store:
         manifest = check_validated_store(store, layout.validation_report)
     else:
         manifest = check_validated(layout.shards_dir, layout.validation_report)
-    strategy = strategy or choose_strategy()
+    if not is_chief(strategy):
+        return train(
+            params.train,
+            layout.shards_dir,
+            model_file=layout.model_file,
+            backup_dir=layout.backup_dir,
+            strategy=strategy,
+            callbacks=callbacks,
+            store=store,
+        )
     client = tracking.client(layout.root)
     identity = backup_identity(params.train, manifest.fingerprint)
     stored, discarded = claim_backup(layout.backup_dir, identity)
@@ -697,17 +775,7 @@ def run_train(
     except BaseException:
         client.set_terminated(run_id, status="FAILED")  # the id stays in the backup to resume
         raise
-    probe = summary.get("input_bound", {})
-    if probe:
-        from mlflow.entities import Metric
-
-        client.log_batch(
-            run_id,
-            metrics=[
-                Metric(key, float(value), int(time.time() * 1000), 0)
-                for key, value in probe.items()
-            ],
-        )
+    log_input_bound(client, run_id, summary.get("input_bound", {}))
     for path in (layout.train_metrics, layout.train_summary, layout.train_history):
         client.log_artifact(run_id, str(path), "train")
     client.log_artifact(run_id, str(layout.train_plot), "train")
@@ -722,6 +790,16 @@ def run_train(
     }
     write_json(layout.train_run, record)
     return {**summary, **record}
+
+
+def log_input_bound(client: Any, run_id: str, probe: dict[str, float]) -> None:
+    """The input-bound probe's figures, as metrics of the run (step 0)."""
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    metrics = [Metric(key, float(value), now, 0) for key, value in probe.items()]
+    if metrics:
+        client.log_batch(run_id, metrics=metrics)
 
 
 def resume_run_id(client: Any, run_id: str | None) -> str | None:

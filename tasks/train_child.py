@@ -32,25 +32,51 @@ def warm_up() -> None:
 def train(
     params: Params,
     layout: Layout,
-    report: Report | None = None,
     run_tags: dict[str, str] | None = None,
+    report: Report | None = None,
 ) -> dict[str, Any]:
     """:func:`tasks.train.run_train`, each epoch handed to ``report``, plus ``run_url`` (the
     MLflow run's page) in the summary; ``run_tags`` name the flow run on the MLflow run.
 
     Without ``report`` (in a child) each epoch goes to the parent with
-    :func:`tasks.processes.report`, as ``(epoch, figures)``.
+    :func:`tasks.processes.report`, as ``(epoch, figures)``. With ``SHARDFLOW_TRAIN_WORKERS``
+    above 1 the run is that many workers on 127.0.0.1 (:mod:`tasks.train_cluster`), started
+    from this process, and the chief's epochs are reported.
     """
-    warm_up()  # done already in a prestarted child; in a process of its own, Keras lean
-    from tasks import tracking
     from tasks.processes import report as to_parent
-    from tasks.train import EpochReport, run_train
+    from tasks.train_cluster import launch_local_workers, requested_workers
 
     def send(epoch: int, figures: dict[str, float]) -> None:
         to_parent((epoch, figures))
 
-    summary = run_train(params, layout, callbacks=[EpochReport(report or send)], run_tags=run_tags)
-    summary["run_url"] = tracking.run_url(
-        tracking.client(layout.root), summary["run_id"], layout.root
-    )
+    forward = report or send
+    workers = requested_workers()
+    if workers > 1:
+        return launch_local_workers(
+            workers,
+            train_worker,
+            (params, layout, run_tags),
+            on_report=lambda message: forward(*message),
+        )
+    return train_worker(params, layout, run_tags, forward)
+
+
+def train_worker(
+    params: Params,
+    layout: Layout,
+    run_tags: dict[str, str] | None = None,
+    report: Report | None = None,
+) -> dict[str, Any]:
+    """One worker's training: :func:`tasks.train.run_train`, each epoch handed to
+    ``report``, and the chief's ``run_url``. Each worker of a cluster runs this."""
+    warm_up()  # done already in a prestarted child; in a process of its own, Keras lean
+    from tasks import tracking
+    from tasks.train import EpochReport, run_train
+
+    callbacks = [EpochReport(report)] if report else []
+    summary = run_train(params, layout, callbacks=callbacks, run_tags=run_tags)
+    if "run_id" in summary:  # the chief's: the others track nothing
+        summary["run_url"] = tracking.run_url(
+            tracking.client(layout.root), summary["run_id"], layout.root
+        )
     return summary

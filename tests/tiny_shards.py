@@ -28,8 +28,13 @@ def write_tiny_shards(
     seed: int = 0,
     shards_per_split: int = 2,
     validated: bool = True,
+    flipped: dict[str, int] | None = None,
 ) -> Path:
-    """Write ``root/data/shards`` (+ a passing ``root/reports/validation.json``)."""
+    """Write ``root/data/shards`` (+ a passing ``root/reports/validation.json``).
+
+    ``flipped`` gives, per split, how many records get a wrong label on purpose (the next
+    class's); their source path still names the colour they are (``red/test_003.png``).
+    """
     import tensorflow as tf
 
     root = Path(root)
@@ -40,14 +45,26 @@ def write_tiny_shards(
     rng = np.random.default_rng(seed)
     splits: dict[str, SplitInfo] = {}
     for split, count in per_class.items():
-        records = []
+        made = []
         for label, name in enumerate(CLASSES):
             for i in range(count):
                 noise = rng.integers(-50, 51, size=(size, size, 3))
                 pixels = np.clip(np.array(BASE_COLOURS[name]) + noise, 0, 255).astype(np.uint8)
-                source = f"{name}/{split}_{i:03d}.png"
-                digest = hashlib.sha256(pixels.tobytes()).hexdigest()
-                records.append(schema.serialize(schema.encode_image(pixels), label, digest, source))
+                made.append((pixels, label, f"{name}/{split}_{i:03d}.png"))
+        flips = (flipped or {}).get(split, 0)
+        for position in np.linspace(0, len(made), flips, endpoint=False, dtype=int):
+            pixels, label, source = made[position]
+            made[position] = (pixels, (label + 1) % len(CLASSES), source)
+        records = [
+            schema.serialize(
+                schema.encode_image(pixels),
+                label,
+                hashlib.sha256(pixels.tobytes()).hexdigest(),
+                source,
+            )
+            for pixels, label, source in made
+        ]
+        labels_given = [CLASSES[label] for _, label, _ in made]
         order = rng.permutation(len(records))
         shards = []
         for index, part in enumerate(np.array_split(order, shards_per_split)):
@@ -65,7 +82,7 @@ def write_tiny_shards(
             )
         splits[split] = SplitInfo(
             num_records=len(records),
-            class_counts=dict.fromkeys(CLASSES, count),
+            class_counts={name: labels_given.count(name) for name in CLASSES},
             shards=shards,
         )
     manifest = build_manifest(

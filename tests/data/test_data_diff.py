@@ -3,7 +3,6 @@ training when the change from the accepted data version exceeds them."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from collections import Counter
@@ -13,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from tasks.index import load_index
 from tasks.params import ValidateParams
 from tasks.train import ShardsNotValidated, check_validated
 from tasks.validate import run_validate
-from tasks.index import load_index
 from tests.unit.test_append import Project, add_images
 
 
@@ -132,6 +131,7 @@ def test_a_relabel_is_removed_from_one_class_and_added_to_the_other(tmp_path: Pa
         s: want.get(s, 0) for s in ("train", "val", "test")
     }
     assert diff["class_share"]["blue"]["shift"] == pytest.approx(3 / 24, abs=1e-6)
-    assert "moved to another class or split (in both counts): 3" in (
-        project.root / "diff.md"
-    ).read_text()
+    assert (
+        "moved to another class or split (in both counts): 3"
+        in (project.root / "diff.md").read_text()
+    )

@@ -182,7 +182,10 @@ def test_an_offset_moved_to_another_boundary_is_caught_before_a_wrong_record(
     manifest = load_manifest(shards_dir)
     shard = max(manifest.split("train").shards, key=lambda s: s.num_records)
     assert shard.num_records >= 3
-    start = sum(s.num_records for s in manifest.split("train").shards[: manifest.split("train").shards.index(shard)])
+    start = sum(
+        s.num_records
+        for s in manifest.split("train").shards[: manifest.split("train").shards.index(shard)]
+    )
     index = offsets(shards_dir)
     index["shards"][shard.file]["offsets"][2] = index["shards"][shard.file]["offsets"][1]
     (shards_dir / OFFSETS_NAME).write_text(json.dumps(index))

@@ -130,9 +130,10 @@ def test_the_gate_refuses_a_store_holding_other_shards(
     with pytest.raises(ShardsNotValidated, match=f"shards at {url} are not the validated ones"):
         check_validated_store(store, report)
     ours = published(tiny_shards, s3_server)
-    assert check_validated_store(ours, report).fingerprint == load_manifest(
-        tiny_shards / "data" / "shards"
-    ).fingerprint
+    assert (
+        check_validated_store(ours, report).fingerprint
+        == load_manifest(tiny_shards / "data" / "shards").fingerprint
+    )
 
 
 @pytest.mark.slow
@@ -179,9 +180,7 @@ def test_training_and_evaluation_from_object_storage_compute_what_a_local_run_co
     run_evaluate(params, remote)
 
     assert remote.model_file.read_bytes() == local.model_file.read_bytes()
-    assert json.loads(remote.eval_metrics.read_text()) == json.loads(
-        local.eval_metrics.read_text()
-    )
+    assert json.loads(remote.eval_metrics.read_text()) == json.loads(local.eval_metrics.read_text())
     assert remote.test_predictions.read_text() == local.test_predictions.read_text()
     assert not remote.shards_dir.exists()
     assert any((tiny_shards / CACHE_DIR).iterdir())

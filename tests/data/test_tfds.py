@@ -14,7 +14,7 @@ from tasks.atomic import write_json, write_text
 from tasks.manifest import SPLITS, load_manifest
 from tasks.params import default_params
 from tasks.reader import read_split
-from tasks.shard import shard_stage, shard_name
+from tasks.shard import shard_name, shard_stage
 from tasks.tfds_metadata import (
     DATASET_INFO_NAME,
     FEATURES_NAME,

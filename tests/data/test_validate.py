@@ -176,9 +176,7 @@ def test_encoded_clean_sets_pass(encoding: str, tiny_index: Path, tmp_path: Path
     report = validate(tmp_path / "shards", tiny_index)
     assert report["passed"] is True, failed(report)
     records = next(c for c in report["checks"] if c["name"] == "records")
-    assert records["details"]["records"] == sum(
-        i.num_records for i in manifest.splits.values()
-    )
+    assert records["details"]["records"] == sum(i.num_records for i in manifest.splits.values())
 
 
 def test_flipped_byte_names_the_shard_and_record(shards: Path) -> None:
@@ -202,7 +200,9 @@ def test_flipped_byte_names_the_shard_and_record(shards: Path) -> None:
 
 
 @pytest.mark.parametrize("where", ["middle", "deflate header"])
-def test_flipped_byte_in_gzip_shard_is_located(tiny_index: Path, tmp_path: Path, where: str) -> None:
+def test_flipped_byte_in_gzip_shard_is_located(
+    tiny_index: Path, tmp_path: Path, where: str
+) -> None:
     """A flip in the deflate stream's own header makes zlib fail (not a CRC): still a named,
     failed check, and the TensorFlow-free reader names the file too."""
     params = default_params(
@@ -384,7 +384,7 @@ def test_files_the_manifest_does_not_list_fail_by_name(shards: Path, tiny_index:
         "train.tfrecord-00099-of-00100",
     ]
     assert "train.tfrecord-00099-of-00100" in check["message"] and "notes.txt" in check["message"]
-    with pytest.raises(ValidationFailed, match="extra_files: .*does not account for"):
+    with pytest.raises(ValidationFailed, match=r"extra_files: .*does not account for"):
         raise_if_failed(report)
 
 

@@ -15,10 +15,11 @@ from mlflow import MlflowClient
 from flows.training import training_flow
 from tasks import evaluate as tasks_evaluate
 from tasks import processes, tracking, train_child
-from tasks.evaluate import CHAMPION, PER_CLASS_TABLE, logged_model_id
+from tasks.evaluate import PER_CLASS_TABLE, logged_model_id
 from tasks.layout import Layout
 from tasks.params import default_params
 from tasks.processes import prestart_child
+from tasks.tracking import CHAMPION
 from tests.prefect_story import artifacts, flow_runs_tagged, log_lines
 
 pytestmark = pytest.mark.slow
@@ -68,31 +69,36 @@ def test_flow_trains_evaluates_tracks_and_promotes(
     assert probe["step_ms_reader"] > 0 and probe["step_ms_in_memory"] > 0
     assert run.data.metrics["input_bound_ratio"] == pytest.approx(probe["input_bound_ratio"])
     assert run.data.params["train.epochs"] == str(EPOCHS)
-    assert run.data.params["evaluate.top_k"] == "2"
+    # Evaluation has a run of its own, a child of the training run, with its params.
+    recorded = json.loads(layout.eval_summary.read_text())  # beside the numeric metrics
+    evaluation_run = client.get_run(recorded["eval_run_id"])
+    assert evaluation_run.data.tags["mlflow.parentRunId"] == run_id
+    assert evaluation_run.data.params["evaluate.top_k"] == "2"
+    assert evaluation_run.info.status == "FINISHED"
 
     evaluation = json.loads(layout.eval_metrics.read_text())
     assert run.data.metrics["test_accuracy"] == evaluation["accuracy"]
     assert evaluation["accuracy"] >= 0.8
     assert evaluation["num_test_records"] == 30
-    recorded = json.loads(layout.eval_summary.read_text())  # beside the numeric metrics
     assert recorded["test_fingerprint"] == run.data.tags["data.fingerprint"]
     assert recorded["promotion"]["promoted"] is True  # the first version becomes champion
     assert recorded["run_id"] == run_id and recorded["model_version"] == "1"
-    assert run.data.tags["promotion.decision"] == "promoted"
+    assert evaluation_run.data.tags["promotion.decision"] == "promoted"
     champion = client.get_model_version_by_alias("tiny", CHAMPION)
     assert champion.run_id == run_id
-    artifacts = {a.path for a in client.list_artifacts(run_id, "eval")}
+    artifacts = {a.path for a in client.list_artifacts(evaluation_run.info.run_id, "eval")}
     assert "eval/confusion_matrix.png" in artifacts and "eval/misclassified.png" in artifacts
 
     # MLflow 3: the test split is an input beside train, and the test metrics are linked to
     # the registered model and to that dataset, so the model's page shows them.
     contexts = {
         tag.value: dataset_input.dataset
-        for dataset_input in run.inputs.dataset_inputs
+        for each in (run, evaluation_run)
+        for dataset_input in each.inputs.dataset_inputs
         for tag in dataset_input.tags
         if tag.key == "mlflow.data.context"
     }
-    assert set(contexts) == {"train", "test"}
+    assert set(contexts) == {"train", "test"}  # train on the training run, test on its child
     logged_model = client.get_logged_model(logged_model_id(client, run_id, "tiny", "1"))
     on_model = {m.key: m for m in logged_model.metrics or []}
     assert on_model["test_accuracy"].value == evaluation["accuracy"]

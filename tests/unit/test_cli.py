@@ -184,3 +184,25 @@ def test_unknown_subcommand_is_refused(capsys: pytest.CaptureFixture[str]) -> No
         cli.main(["train"])
     assert exited.value.code == 2
     assert "invalid choice: 'train'" in capsys.readouterr().err
+
+
+def test_ui_takes_the_port_run_links_open_while_it_is_free(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A local store's run links (Prefect artifacts, logs) open on MLFLOW_UI_URL's port, so
+    `make ui` listens there while nothing else does, and on a free port once it is taken."""
+    recorder = Recorder()
+    monkeypatch.setattr(cli.subprocess, "run", recorder)
+    monkeypatch.chdir(ROOT)
+    no_tracking_uri(monkeypatch)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        link_port = probe.getsockname()[1]
+    monkeypatch.setattr(cli, "MLFLOW_UI_URL", f"http://127.0.0.1:{link_port}")
+    assert cli.main(["ui"]) == 0
+    assert port_of(recorder.steps[0]) == link_port
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", link_port))
+        taken.listen()
+        assert cli.main(["ui"]) == 0
+    assert port_of(recorder.steps[1]) != link_port

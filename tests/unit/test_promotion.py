@@ -12,17 +12,12 @@ import pytest
 from mlflow import MlflowClient
 
 from tasks.atomic import write_json
-from tasks.evaluate import (
-    CHAMPION,
-    apply_decision,
-    champion_version,
-    decide,
-    pending_decision,
-    run_evaluate,
-)
+from tasks.evaluate import run_evaluate
 from tasks.gate import ModelNotFromTheseShards, ShardsNotValidated
 from tasks.layout import Layout
 from tasks.params import default_params
+from tasks.promotion import apply_decision, decide, pending_decision
+from tasks.tracking import CHAMPION, champion_version
 
 TEST_SET = "a" * 64
 
@@ -39,6 +34,9 @@ class Registry:
         margin: float = 0.0,
         test_set: str = TEST_SET,
         allow_incomparable: bool = False,
+        metric: str = "accuracy",
+        definition: str = "accuracy",
+        rescore: Any = None,
     ) -> Any:
         source = str(Path(self.client.tracking_uri.removeprefix("sqlite:///")).parent)
         version = str(self.client.create_model_version(self.name, source=source).version)
@@ -46,11 +44,13 @@ class Registry:
             self.client,
             self.name,
             version,
-            metric="accuracy",
+            metric=metric,
+            definition=definition,
             value=value,
             test_fingerprint=test_set,
             margin=margin,
             allow_incomparable=allow_incomparable,
+            rescore=rescore,
         )
         apply_decision(self.client, self.name, decision)  # as run_evaluate does, after writing
         return decision
@@ -299,7 +299,7 @@ def test_incomparable_champion_is_kept_and_the_record_says_so(
     assert recorded == result["promotion"]
     assert recorded["promoted"] is False and recorded["comparable"] is False
     assert recorded["decision"] == "not comparable: champion kept"
-    tags = client.get_run(result["run_id"]).data.tags
+    tags = client.get_run(result["eval_run_id"]).data.tags
     assert tags["promotion.decision"] == "not comparable: champion kept"
     assert tags["promotion.comparable"] == "false"
     assert client.get_model_version_by_alias("m", CHAMPION).version == old
@@ -338,7 +338,12 @@ def test_recorded_decision_is_pending_only_while_the_alias_has_not_moved(tmp_pat
 
     def pending(run_id: str = "r", version: str = "2", champion: str | None = "1") -> Any:
         return pending_decision(
-            path, run_id=run_id, version=version, metric="accuracy", champion=champion
+            path,
+            run_id=run_id,
+            version=version,
+            metric="accuracy",
+            definition="accuracy",
+            champion=champion,
         )
 
     assert pending() == decision  # crashed before the move: complete it
@@ -349,3 +354,254 @@ def test_recorded_decision_is_pending_only_while_the_alias_has_not_moved(tmp_pat
         path, {"run_id": "r", "model_version": "2", "promotion": {**decision, "promoted": False}}
     )
     assert pending() is None
+
+
+# -- a fair comparison: the champion re-scored on today's test set, the same metric ----------
+
+
+def test_top_k_change_rescores_the_champion_rather_than_comparing(registry: Registry) -> None:
+    """The bug: v1 champion at top_k 1 (0.533); v2 at top_k 5 (0.8174) was promoted as
+    comparable. A figure measured with another k is another metric: the champion is
+    re-scored at the candidate's k on the candidate's test set, and keeps the alias."""
+    registry.decide(0.533, metric="top_k_accuracy", definition="top_k_accuracy(top_k=1)")
+    asked: list[str] = []
+
+    def rescore(version: str) -> float:
+        asked.append(version)
+        return 0.9  # the champion's top-5 accuracy on the same test set
+
+    decision = registry.decide(
+        0.8174, metric="top_k_accuracy", definition="top_k_accuracy(top_k=5)", rescore=rescore
+    )
+    assert asked == ["1"]
+    assert decision["promoted"] is False and decision["comparable"] is True
+    assert decision["champion_value"] == 0.9 and decision["champion_recorded_value"] == 0.533
+    assert decision["champion_value_source"] == "rescored"
+    assert "top_k_accuracy(top_k=1)" in decision["champion_value_how"]
+    assert registry.champion == "1"
+    tags = registry.client.get_model_version(registry.name, "2").tags
+    assert tags["eval.definition.top_k_accuracy"] == "top_k_accuracy(top_k=5)"
+
+
+def test_top_k_change_without_a_rescore_is_not_comparable(registry: Registry) -> None:
+    registry.decide(0.533, metric="top_k_accuracy", definition="top_k_accuracy(top_k=1)")
+    decision = registry.decide(
+        0.8174, metric="top_k_accuracy", definition="top_k_accuracy(top_k=5)"
+    )
+    assert decision["comparable"] is False and decision["promoted"] is False
+    assert "top_k_accuracy(top_k=1)" in decision["reason"]
+    assert registry.champion == "1"
+
+
+def test_champion_on_another_test_set_is_rescored_on_this_one(registry: Registry) -> None:
+    registry.decide(0.95)  # on test set a: a figure the candidate cannot be held to
+    decision = registry.decide(0.9, test_set="b" * 64, rescore=lambda version: 0.6)
+    assert decision["comparable"] is True and decision["promoted"] is True
+    assert decision["champion_value"] == 0.6 and decision["champion_recorded_value"] == 0.95
+    assert "re-scored on the current test set bbbbbbbbbbbb" in decision["champion_value_how"]
+    assert "aaaaaaaaaaaa" in decision["champion_value_how"]  # and why
+    assert registry.champion == "2"
+
+
+def test_same_test_set_and_definition_uses_the_recorded_figure(registry: Registry) -> None:
+    registry.decide(0.7)
+
+    def never(version: str) -> float:
+        raise AssertionError("re-scored a champion whose figure is comparable")
+
+    decision = registry.decide(0.8, rescore=never)
+    assert decision["champion_value_source"] == "recorded" and decision["promoted"] is True
+
+
+def test_a_champion_that_cannot_be_rescored_is_not_comparable_and_says_why(
+    registry: Registry,
+) -> None:
+    from tasks.promotion import NotComparable
+
+    def other_spec(version: str) -> float:
+        raise NotComparable("its serving spec differs (image size and encoding: 8x8 vs 16x16)")
+
+    registry.decide(0.7)
+    decision = registry.decide(0.9, test_set="b" * 64, rescore=other_spec)
+    assert decision["comparable"] is False and decision["promoted"] is False
+    assert "image size and encoding: 8x8 vs 16x16" in decision["reason"]
+    assert registry.champion == "1"
+
+
+def register_champion(
+    client: MlflowClient, layout: Layout, spec: Any, *, fingerprint: str, accuracy: float
+) -> str:
+    """The model of ``layout`` registered from a run of its own as ``m@champion``, with a
+    recorded figure measured on test set ``fingerprint``."""
+    from tasks import tracking
+    from tasks.evaluate import register_model
+
+    run_id = client.create_run(tracking.experiment_id(client)).info.run_id
+    version = register_model(client, run_id, layout.model_file, "m", spec)
+    client.set_terminated(run_id)
+    client.set_model_version_tag("m", version, "eval.accuracy", str(accuracy))
+    client.set_model_version_tag("m", version, "eval.test_fingerprint", fingerprint)
+    client.set_registered_model_alias("m", CHAMPION, version)
+    return version
+
+
+def current_spec(layout: Layout) -> Any:
+    from tasks.manifest import load_manifest
+    from tasks.predict import ServingSpec
+
+    ingest = default_params().ingest
+    return ServingSpec.from_manifest(load_manifest(layout.shards_dir), ingest)
+
+
+def test_champion_on_older_test_data_is_rescored_on_todays_shards(
+    trained: Layout, mlflow_uri: str
+) -> None:
+    """Growing data: the champion's recorded figure is on an older test set. Its model
+    (the same one here) is scored on the current test shards, and the decision is made on
+    that: the same model does not beat itself, and both figures are recorded."""
+    client = MlflowClient(mlflow_uri, mlflow_uri)
+    old = register_champion(
+        client, trained, current_spec(trained), fingerprint="b" * 64, accuracy=0.0
+    )
+
+    result = evaluate(trained)
+    decision = result["promotion"]
+    assert decision["comparable"] is True and decision["champion_value_source"] == "rescored"
+    assert decision["champion_value"] == pytest.approx(result["accuracy"])
+    assert decision["champion_recorded_value"] == 0.0
+    assert decision["promoted"] is False and decision["decision"] == "kept"
+    assert str(client.get_model_version_by_alias("m", CHAMPION).version) == old
+    tags = client.get_run(result["eval_run_id"]).data.tags
+    assert tags["promotion.champion_value_source"] == "rescored"
+    assert "re-scored on the current test set" in tags["promotion.champion_value_how"]
+    recorded = json.loads(trained.eval_summary.read_text())["promotion"]
+    assert recorded["champion_value"] == decision["champion_value"]
+
+
+def test_champion_with_another_serving_spec_is_not_comparable_and_names_the_difference(
+    trained: Layout, mlflow_uri: str, tmp_path: Path
+) -> None:
+    client = MlflowClient(mlflow_uri, mlflow_uri)
+    other_model, other_spec = model_to_register(tmp_path)  # 8x8 inputs, classes a, b
+    champion_layout = Layout(tmp_path / "champion")
+    champion_layout.model_dir.mkdir(parents=True)
+    champion_layout.model_file.write_bytes(other_model.read_bytes())
+    register_champion(client, champion_layout, other_spec, fingerprint="b" * 64, accuracy=0.0)
+
+    decision = evaluate(trained)["promotion"]
+    assert decision["comparable"] is False and decision["promoted"] is False
+    assert "image size and encoding: height=8, width=8" in decision["reason"]
+    assert "height=16, width=16" in decision["reason"]
+    assert "classes" in decision["reason"]
+
+
+# -- evaluation's own run ------------------------------------------------------------------
+
+
+def test_changed_evaluate_params_reevaluate_the_same_training_run(
+    trained: Layout, mlflow_uri: str
+) -> None:
+    """Evaluation's params live on its own run (a child of the training run): a changed
+    evaluate.* param evaluates again instead of failing on "Changing param values"."""
+    client = MlflowClient(mlflow_uri, mlflow_uri)
+    first = evaluate(trained, top_k=1)
+    second = evaluate(trained, top_k=2, allow_incomparable_promotion=True)
+
+    train_run_id = json.loads(trained.train_run.read_text())["run_id"]
+    assert first["run_id"] == second["run_id"] == train_run_id
+    assert first["eval_run_id"] != second["eval_run_id"]
+    for result, top_k in ((first, "1"), (second, "2")):
+        run = client.get_run(result["eval_run_id"])
+        assert run.info.status == "FINISHED"
+        assert run.data.params["evaluate.top_k"] == top_k
+        assert run.data.tags["mlflow.parentRunId"] == train_run_id
+    training = client.get_run(train_run_id)
+    assert training.info.status == "FINISHED"
+    assert not any(key.startswith("evaluate.") for key in training.data.params)
+    assert training.data.tags["eval.latest_run_id"] == second["eval_run_id"]
+
+
+def test_a_failed_evaluation_marks_its_run_failed(
+    trained: Layout, mlflow_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tasks.evaluate
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("registry unreachable")
+
+    monkeypatch.setattr(tasks.evaluate, "register_model", broken)
+    with pytest.raises(RuntimeError, match="registry unreachable"):
+        evaluate(trained)
+    client = MlflowClient(mlflow_uri, mlflow_uri)
+    train_run_id = json.loads(trained.train_run.read_text())["run_id"]
+    evaluations = client.search_runs(
+        [client.get_run(train_run_id).info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{train_run_id}'",
+    )
+    assert [run.info.status for run in evaluations] == ["FAILED"]
+    assert client.get_run(train_run_id).info.status == "FINISHED"  # untouched
+
+
+def test_an_evaluation_killed_before_it_could_end_its_run_is_marked_killed(
+    trained: Layout, mlflow_uri: str
+) -> None:
+    """A SIGKILLed evaluation leaves its run RUNNING; the next evaluation of the same
+    training run ends it KILLED, so no run stays RUNNING for ever."""
+    from tasks.evaluate import start_evaluation_run
+
+    client = MlflowClient(mlflow_uri, mlflow_uri)
+    train_run_id = json.loads(trained.train_run.read_text())["run_id"]
+    killed = start_evaluation_run(client, train_run_id, default_params().evaluate)
+    result = evaluate(trained)
+    assert client.get_run(killed).info.status == "KILLED"
+    assert client.get_run(result["eval_run_id"]).info.status == "FINISHED"
+
+
+# -- the card and the label review, per registered version ---------------------------------
+
+
+def test_each_registered_version_gets_a_model_and_data_card(
+    trained: Layout, mlflow_uri: str
+) -> None:
+    client = MlflowClient(mlflow_uri, mlflow_uri)
+    write_json(
+        trained.ingest_report,
+        {
+            "files_found": 125,
+            "accepted": 120,
+            "quarantined_count": 3,
+            "duplicate_count": 2,
+            "quarantined": [{"path": f"x{i}.jpg", "reason": "not an image"} for i in range(3)],
+        },
+    )
+    result = evaluate(trained)
+    card = trained.model_card.read_text()
+    description = client.get_model_version("m", result["model_version"]).description
+    assert description == card
+    logged = {a.path for a in client.list_artifacts(result["eval_run_id"], "card")}
+    assert logged == {"card/model_card.md"}
+    for section in ("## Data", "## Source files", "## Label review", "## Known limits"):
+        assert section in card
+    assert "| red | 24 | 6 | 10 |" in card  # counts per class and split
+    assert "3 quarantined" in card and "3 x not an image" in card
+    assert "preprocessing version `synthetic (tests/tiny_shards.py)`" in card
+    assert "no champion yet" in card  # the comparison, and how it was made
+    assert f"| red | {result['per_class'][0]['precision']:.3f} |" in card
+    assert "| **all** | 72 | 18 | 30 |" in card and "Generations:" in card
+
+
+def test_label_review_lands_in_reports_plots_and_the_evaluation_run(
+    trained: Layout, mlflow_uri: str
+) -> None:
+    client = MlflowClient(mlflow_uri, mlflow_uri)
+    result = evaluate(trained)
+    header = trained.label_issues.read_text().splitlines()[0]
+    assert header == "split,path,given_label,suggested_label,score"
+    assert (trained.eval_dir / "label_issues.png").stat().st_size > 0
+    logged = {a.path for a in client.list_artifacts(result["eval_run_id"], "label_review")}
+    assert logged == {"label_review/label_issues.csv"}
+    assert result["label_review"]["reviewed"] == {"val": 18, "test": 30}
+    rows = len(trained.label_issues.read_text().splitlines()) - 1
+    assert json.loads(trained.eval_metrics.read_text())["label_issues"] == rows
+    recorded = json.loads(trained.eval_summary.read_text())
+    assert recorded["label_review"] == result["label_review"]

@@ -1,0 +1,117 @@
+"""Label review: labels flipped on purpose are found near the top of reports/label_issues.csv."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tasks.label_review import LABEL_ISSUE_COLUMNS, HeldOut, review_labels
+
+CLASSES = ["red", "green", "blue"]
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def flips_in_top(rows: list[dict[str, str]], flipped: set[str], split: str) -> float:
+    """The share of ``flipped`` paths among the top 2x-flips rows of ``split``."""
+    top = [row["path"] for row in rows if row["split"] == split][: 2 * len(flipped)]
+    return len(flipped & set(top)) / len(flipped)
+
+
+def test_flipped_labels_rank_first_from_a_fitted_models_held_out_probabilities() -> None:
+    """Fast: a logistic regression fitted on clean blobs scores held-out points whose labels
+    were flipped; the review (cleanlab, through the stage's function) puts them on top."""
+    from sklearn.linear_model import LogisticRegression
+
+    rng = np.random.default_rng(7)
+    centres = np.array([[0.0, 0.0], [4.0, 0.0], [0.0, 4.0]])
+
+    def blobs(n: int) -> tuple[np.ndarray, np.ndarray]:
+        labels = np.repeat(np.arange(3), n)
+        return centres[labels] + rng.normal(scale=1.0, size=(3 * n, 2)), labels
+
+    model = LogisticRegression().fit(*blobs(100))
+    parts, flipped = [], set()
+    for split, n, flips in (("val", 20, 3), ("test", 40, 12)):
+        points, labels = blobs(n)
+        chosen = rng.choice(len(labels), flips, replace=False)
+        labels[chosen] = (labels[chosen] + rng.integers(1, 3, flips)) % 3
+        sources = [f"{split}/{i:03d}.png" for i in range(len(labels))]
+        if split == "test":
+            flipped = {sources[i] for i in chosen}
+        parts.append(HeldOut(split, sources, labels, model.predict_proba(points)))
+
+    rows = review_labels(parts, CLASSES)
+    assert flips_in_top([{k: str(v) for k, v in r.items()} for r in rows], flipped, "test") >= 0.8
+    assert list(rows[0]) == list(LABEL_ISSUE_COLUMNS)
+    scores = [row["score"] for row in rows]
+    assert scores == sorted(scores)  # most suspect first
+    assert {row["split"] for row in rows} <= {"val", "test"}
+
+
+def test_nothing_to_review_gives_no_rows() -> None:
+    empty = HeldOut("test", [], np.zeros(0, np.int64), np.zeros((0, 3)))
+    assert review_labels([empty], CLASSES) == []
+    assert review_labels([], CLASSES) == []
+
+
+@pytest.mark.slow
+def test_evaluation_finds_labels_flipped_in_the_test_shards(tmp_path: Path) -> None:
+    """The real path: a small CNN trained on tiny shards, evaluated with the stage's core,
+    ranks the test records whose labels were flipped first, in reports/label_issues.csv,
+    and draws the thumbnail sheet from the shard pixels."""
+    from tasks.evaluate import LABEL_SHEET, evaluate_model
+    from tasks.layout import Layout
+    from tasks.params import default_params
+    from tasks.train import train
+    from tests.tiny_shards import write_tiny_shards
+
+    write_tiny_shards(tmp_path, flipped={"val": 2, "test": 4})
+    layout = Layout(tmp_path)
+    no_augment = {"flip": False, "crop": 0.0, "brightness": 0.0, "contrast": 0.0}
+    params = default_params(
+        train={
+            "epochs": 6,
+            "batch_size": 16,
+            "learning_rate": 3e-3,
+            "early_stopping_patience": 0,
+            "augment": no_augment,
+        }
+    ).train
+    train(
+        params,
+        layout.shards_dir,
+        model_file=layout.model_file,
+        backup_dir=layout.backup_dir,
+        metrics_file=layout.train_metrics,
+        summary_file=layout.train_summary,
+        history_file=layout.train_history,
+        plot_file=layout.train_plot,
+    )
+    metrics = evaluate_model(
+        layout.model_file,
+        layout.shards_dir,
+        layout.eval_dir,
+        top_k=1,
+        label_issues_file=layout.label_issues,
+    )
+    rows = read_rows(layout.label_issues)
+    flipped = {f"{name}/test_{i:03d}.png" for name, i in FLIPPED_TEST}
+    assert flips_in_top(rows, flipped, "test") >= 0.8
+    found = [row for row in rows if row["split"] == "test" and row["path"] in flipped]
+    # The suggestion is the colour the image is (its folder), not the label it was given.
+    assert all(row["suggested_label"] == row["path"].split("/")[0] for row in found)
+    assert all(row["given_label"] != row["suggested_label"] for row in found)
+    assert metrics["label_review"]["reviewed"] == {"val": 18, "test": 30}
+    assert (layout.eval_dir / LABEL_SHEET).stat().st_size > 0
+
+
+# write_tiny_shards(flipped={"test": 4}) flips records 0, 7, 15 and 22 of the test split,
+# made class by class, 10 a class: red 0, red 7, green 5, blue 2.
+FLIPPED_TEST = (("red", 0), ("red", 7), ("green", 5), ("blue", 2))
