@@ -11,7 +11,10 @@
   (Pillow's reduced-size JPEG decode, then the resize, then the record encoding), on every
   core at once with no orchestration and no file writing;
 - ``decode_ratio``: what a pipeline run pays to decode one photo (ingest's check plus the
-  shard stage's decode) over one full decode of it, measured on the same photos.
+  shard stage's decode) over one full decode of it, measured on the same photos;
+- ``progressive_ratio`` (the first size only): the data side per photo (ingest's check plus
+  the shard stage's decode) on progressive JPEGs, common in web-sourced data, over the same
+  on baseline JPEGs of the same pictures and size, taken photo by photo in turns.
 
 Every timed run is a fresh interpreter that reports its own clock around the work (imports
 and worker start-up excluded, as for a long-running stage).
@@ -39,8 +42,11 @@ PHOTO_CLASSES = ("beach", "forest", "street")
 MARKER = ".bench-photos.json"
 
 
-def draw_photo(index: int, width: int, height: int, *, seed: int = 0) -> tuple[str, bytes]:
-    """(class, JPEG bytes): smooth light, a few soft shapes and sensor noise, quality 92.
+def draw_photo(
+    index: int, width: int, height: int, *, seed: int = 0, progressive: bool = False
+) -> tuple[str, bytes]:
+    """(class, JPEG bytes): smooth light, a few soft shapes and sensor noise, quality 92;
+    ``progressive``: the same picture as a progressive JPEG (Pillow's scan script).
 
     Noise and soft edges give camera-like JPEG sizes (about 1.5-3 bits per pixel), unlike
     flat drawings, so decode times are those of real photos.
@@ -62,20 +68,28 @@ def draw_photo(index: int, width: int, height: int, *, seed: int = 0) -> tuple[s
     image = image.resize((width, height), Image.Resampling.BILINEAR)
     noisy = np.asarray(image, dtype=np.int16) + rng.integers(-6, 7, (height, width, 3))
     buffer = io.BytesIO()
-    Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8)).save(buffer, format="JPEG", quality=92)
+    Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8)).save(
+        buffer, format="JPEG", quality=92, progressive=progressive
+    )
     return label, buffer.getvalue()
 
 
-def _write_photos(out_dir: str, indices: list[int], width: int, height: int) -> int:
+def _write_photos(
+    out_dir: str, indices: list[int], width: int, height: int, progressive: bool = False
+) -> int:
     for index in indices:
-        label, data = draw_photo(index, width, height)
+        label, data = draw_photo(index, width, height, progressive=progressive)
         (Path(out_dir) / label / f"{label}_{index:05d}.jpg").write_bytes(data)
     return len(indices)
 
 
-def generate_photos(out_dir: Path, n: int, width: int, height: int, *, workers: int) -> Path:
+def generate_photos(
+    out_dir: Path, n: int, width: int, height: int, *, workers: int, progressive: bool = False
+) -> Path:
     """``n`` photos of ``width`` x ``height`` in ``out_dir/<class>/``; reused when they match."""
-    recipe = {"n": n, "width": width, "height": height, "version": 1}
+    recipe: dict[str, Any] = {"n": n, "width": width, "height": height, "version": 1}
+    if progressive:
+        recipe["progressive"] = True
     marker = out_dir / MARKER
     if marker.exists() and json.loads(marker.read_text()) == recipe:
         return out_dir
@@ -86,7 +100,9 @@ def generate_photos(out_dir: Path, n: int, width: int, height: int, *, workers: 
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
         for future in [
-            pool.submit(_write_photos, str(out_dir), c, width, height) for c in chunks if c
+            pool.submit(_write_photos, str(out_dir), c, width, height, progressive)
+            for c in chunks
+            if c
         ]:
             future.result()
     marker.write_text(json.dumps(recipe))
@@ -174,6 +190,35 @@ def decode_ratio(files: list[Path], size: int) -> dict[str, float]:
     }
 
 
+def progressive_data_side(
+    baseline: list[Path], progressive: list[Path], size: int
+) -> dict[str, float]:
+    """The data side per photo (ingest's check + the shard stage's decode, as
+    :func:`decode_ratio` times them) on progressive JPEGs over the same on baseline JPEGs
+    of the same pictures; the two taken in turns, photo by photo, so a slow spell of the
+    machine falls on both."""
+    from tasks.images import preprocess_bytes
+    from tasks.ingest import check_image
+
+    if len(baseline) != len(progressive) or not baseline:
+        raise ValueError(f"{len(baseline)} baseline and {len(progressive)} progressive photos")
+    seconds = {"baseline": 0.0, "progressive": 0.0}
+    check_image(baseline[0].read_bytes(), max_pixels=10**9, min_side=1, draft=True)  # warm
+    for pair in zip(baseline, progressive, strict=True):
+        for kind, path in zip(seconds, pair, strict=True):
+            data = path.read_bytes()
+            start = time.perf_counter()
+            check_image(data, max_pixels=10**9, min_side=1, draft=True)
+            preprocess_bytes(data, (size, size), "pad", max_pixels=10**9, draft=True)
+            seconds[kind] += time.perf_counter() - start
+    return {
+        "ratio": seconds["progressive"] / seconds["baseline"],
+        "baseline_ms": 1000 * seconds["baseline"] / len(baseline),
+        "progressive_ms": 1000 * seconds["progressive"] / len(baseline),
+        "photos": len(baseline),
+    }
+
+
 # -- the shard stage as production runs it ---------------------------------------------------
 
 
@@ -251,6 +296,25 @@ def measure_photos(
             figures[key] = len(files) / float(result["shard_s"])
         figures["ceiling"] = timed("ceiling", files, size, cores, work)
         figures["decode"] = decode_ratio(files[: min(len(files), 40)], size)
+        if not results:  # the headline size: the same pictures again as progressive JPEGs
+            progressive = photo_files(
+                generate_photos(
+                    work / f"photos-{tag}-{count}-progressive",
+                    count,
+                    width,
+                    height,
+                    workers=cores,
+                    progressive=True,
+                )
+            )
+            figures["progressive"] = progressive_data_side(
+                files[: min(len(files), 40)], progressive[: min(len(files), 40)], size
+            )
+            log(
+                f"   {tag} progressive: data side {figures['progressive']['progressive_ms']:.1f} "
+                f"ms/photo vs {figures['progressive']['baseline_ms']:.1f} baseline "
+                f"({figures['progressive']['ratio']:.2f}x)"
+            )
         figures["per_worker_vs_seed"] = figures["workers_1"] / figures["seed"]
         # The most one worker could reach: the decode + resize alone, nothing else paid.
         figures["preprocess_only_vs_seed"] = (

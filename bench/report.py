@@ -30,8 +30,17 @@ PHOTO_KEYS = (
 RSS_KEYS = (
     "plan_rss.records_10k_mb",
     "plan_rss.records_1m_mb",
-    "plan_rss.stage_10k_mb",
-    "plan_rss.stage_1m_mb",
+    "plan_rss.stage_rebuild_10k_mb",
+    "plan_rss.stage_rebuild_1m_mb",
+    "plan_rss.stage_append_10k_mb",
+    "plan_rss.stage_append_1m_mb",
+)
+ORCHESTRATION_ROWS = (  # the tax is a median over paired passes; its spread beside it
+    ("orchestration_tax", "median of the paired passes"),
+    ("orchestration_tax_min", "lowest pass"),
+    ("orchestration_tax_max", "highest pass"),
+    ("orchestration_tax_iqr", "interquartile range"),
+    ("orchestration_passes", "pass pairs (direct, dvc repro)"),
 )
 
 
@@ -103,20 +112,18 @@ def format_table(figures: dict[str, Any], targets: list[dict[str, Any]]) -> str:
     lines = ["", f"{'figure':<24}{'value':>14}", "-" * 38]
     for key in (*READ_KEYS, *WRITE_KEYS):
         lines.append(f"{key:<24}{_fmt(figures.get(key)):>14}  img/s")
-    for key, unit in (("input_bound_ratio", "x"), ("orchestration_tax", ""), ("dvc_noop_s", "s")):
-        lines.append(f"{key:<24}{_fmt(figures.get(key), 3):>14}  {unit}")
+    lines.append(f"{'input_bound_ratio':<24}{_fmt(figures.get('input_bound_ratio'), 3):>14}  x")
+    for key, what in ORCHESTRATION_ROWS:
+        digits = 0 if key == "orchestration_passes" else 3
+        lines.append(f"{key:<24}{_fmt(figures.get(key), digits):>14}  {what}")
+    lines.append(f"{'dvc_noop_s':<24}{_fmt(figures.get('dvc_noop_s'), 3):>14}  s")
     for key, unit in (
         ("predict.images_per_s", "img/s"),
         ("serve.p50_ms", "ms"),
         ("serve.p95_ms", "ms"),
     ):
         lines.append(f"{key:<24}{_fmt(figures.get(key)):>14}  {unit}")
-    for key in (
-        "plan_rss.records_10k_mb",
-        "plan_rss.records_1m_mb",
-        "plan_rss.stage_10k_mb",
-        "plan_rss.stage_1m_mb",
-    ):
+    for key in RSS_KEYS:
         lines.append(f"{key:<24}{_fmt(figures.get(key)):>14}  MB peak RSS")
     for key in ("workers.start_s", "workers.break_even_s"):
         lines.append(f"{key:<24}{_fmt(figures.get(key), 2):>14}  s")
@@ -144,6 +151,26 @@ def format_table(figures: dict[str, Any], targets: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def orchestration_panel(ax: Any, figures: dict[str, Any]) -> None:
+    """Each paired pass's orchestration tax as a dot, the median as a line, the target
+    dashed: a reader sees the spread, not only one number."""
+    spread = ((figures.get("details") or {}).get("orchestration") or {}).get(
+        "orchestration_tax_spread"
+    ) or {}
+    taxes = [100 * t for t in spread.get("per_pass") or []]
+    ax.set_title("orchestration tax per pass pair (%)", fontsize=10)
+    if not taxes:
+        ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes)
+        ax.set_xticks([])
+        return
+    ax.plot(range(1, len(taxes) + 1), taxes, "o", color="#1f77b4", label="pass pair")
+    ax.axhline(100 * spread["median"], color="#1f77b4", label=f"median {spread['median']:.1%}")
+    ax.axhline(15, color="#d62728", linestyle="--", label="target 15%")
+    ax.set_xlabel("pass pair (direct, then dvc repro)", fontsize=8)
+    ax.set_xticks(range(1, len(taxes) + 1))
+    ax.legend(fontsize=7)
+
+
 def plot(figures: dict[str, Any], targets: list[dict[str, Any]], path: Path) -> Path:
     """Bars of read, write and 12 MP photo images/s and of peak RSS, with the target ratios
     written beside them."""
@@ -153,8 +180,8 @@ def plot(figures: dict[str, Any], targets: list[dict[str, Any]], path: Path) -> 
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 3, figsize=(17, 10), gridspec_kw={"width_ratios": [3, 1.6, 2.4]})
-    (ax_read, ax_write, ax_text), (ax_photos, ax_rss, ax_empty) = axes
-    ax_empty.axis("off")
+    (ax_read, ax_write, ax_text), (ax_photos, ax_rss, ax_orch) = axes
+    orchestration_panel(ax_orch, figures)
     for ax, keys, title, unit in (
         (ax_read, READ_KEYS, "read (images/s, 224x224, batch 32)", ""),
         (ax_write, WRITE_KEYS, "write (images/s, to 224x224 records)", ""),

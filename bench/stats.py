@@ -165,6 +165,20 @@ def targets_for(default_encoding: str) -> list[Target]:
             1.2,
         ),
         Target(
+            "whole shard stage peak RSS, rebuild 1M vs 10k records",
+            "plan_rss.stage_rebuild_1m_mb",
+            "plan_rss.stage_rebuild_10k_mb",
+            "<=",
+            1.3,
+        ),
+        Target(
+            "whole shard stage peak RSS, adding 1% to 1M vs to 10k records",
+            "plan_rss.stage_append_1m_mb",
+            "plan_rss.stage_append_10k_mb",
+            "<=",
+            1.3,
+        ),
+        Target(
             "12 MP photos: shard, 1 worker vs seed recipe",
             "write_photos.workers_1",
             "write_photos.seed",

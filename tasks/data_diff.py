@@ -14,6 +14,8 @@ held as compact columns (:class:`Table`): no shard is read.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from array import array
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -28,6 +30,20 @@ from tasks.manifest import SPLITS, ShardManifest
 
 QUANTILES = (0.1, 0.5, 0.9)
 _SPLIT_CODES = {split: i for i, split in enumerate(SPLITS)}
+BUCKETS = 256  # a spilled table's records go to one file per first byte of their content hash
+SPILL_PREFIX = ".spill-"  # a spilled table's folder, inside the shard folder (removed after)
+SPILL_CHUNK = 1 << 14  # records buffered in memory before they go to their bucket files
+_ROW = np.dtype(
+    [
+        ("hash", "S32"),
+        ("path", "<u8"),
+        ("split", "u1"),
+        ("label", "<u2"),
+        ("width", "<u4"),
+        ("height", "<u4"),
+        ("position", "<u8"),
+    ]
+)
 
 
 class Row(NamedTuple):
@@ -122,6 +138,32 @@ class Table:
     def __len__(self) -> int:
         return len(self.splits)
 
+    def buckets(self) -> Iterator[tuple[Table, np.ndarray]]:
+        """The records of each :data:`BUCKETS` bucket (by the first byte of the content
+        hash) with their positions in this table, in table order: what a
+        :class:`SpilledTable` yields, so the diff's code is the same for both."""
+        yield from _split_buckets(self._rows(), self.names, self._codes)
+
+    def _rows(self) -> np.ndarray:
+        rows = np.zeros(len(self), dtype=_ROW)
+        rows["hash"], rows["path"] = self.hash_array(), self.path_digest_array()
+        rows["split"], rows["label"] = self.splits, self.labels
+        rows["width"], rows["height"] = self.widths, self.heights
+        rows["position"] = np.arange(len(self), dtype=np.uint64)
+        return rows
+
+    @classmethod
+    def _of_rows(cls, rows: np.ndarray, names: list[str], codes: dict[str, int]) -> Table:
+        """A read-only table over ``rows`` (a :data:`_ROW` array) whose labels are codes
+        into ``names`` (shared, not copied)."""
+        table = cls()
+        table.hashes = bytearray(rows["hash"].tobytes())
+        table.path_digests = bytearray(rows["path"].tobytes())
+        table.splits, table.labels = rows["split"], rows["label"]  # type: ignore[assignment]
+        table.widths, table.heights = rows["width"], rows["height"]  # type: ignore[assignment]
+        table.names, table._codes = names, codes
+        return table
+
     def hash_array(self) -> np.ndarray:
         return np.frombuffer(self.hashes, dtype="S32")
 
@@ -160,6 +202,127 @@ class Table:
         )
 
 
+def _bucket_rows(rows: np.ndarray) -> Iterator[np.ndarray]:
+    """``rows`` (a :data:`_ROW` array) cut into its :data:`BUCKETS` buckets, each in the
+    order given."""
+    bucket = rows["hash"].astype("S1").view(np.uint8)  # the hash's first byte
+    rows = rows[np.argsort(bucket, kind="stable")]
+    ends = np.searchsorted(np.sort(bucket), np.arange(1, BUCKETS + 1))
+    start = 0
+    for end in ends:
+        yield rows[start:end]
+        start = int(end)
+
+
+def _split_buckets(
+    rows: np.ndarray, names: list[str], codes: dict[str, int]
+) -> Iterator[tuple[Table, np.ndarray]]:
+    """``rows`` as one table a bucket, each with its positions."""
+    for part in _bucket_rows(rows):
+        yield Table._of_rows(part, names, codes), part["position"]
+
+
+class SpilledTable:
+    """A :class:`Table` kept on disk: its records go to one file per :data:`BUCKETS` bucket
+    (the first byte of the content hash), 59 bytes a record, under a fresh folder in
+    ``folder`` (the shard folder: nothing is written outside the repository). Two tables
+    are compared a bucket at a time (:meth:`buckets`), so the diff of a million records
+    holds about 4k of them at once, and the stage's memory does not grow with the data.
+    :meth:`close` removes the folder."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix=SPILL_PREFIX, dir=folder))
+        self.names: list[str] = []
+        self._codes: dict[str, int] = {}
+        self._flushed = 0
+        self._buffer = self._empty_buffer()
+
+    def _empty_buffer(self) -> Table:
+        buffer = Table()
+        buffer.names, buffer._codes = self.names, self._codes  # one set of label codes
+        return buffer
+
+    @classmethod
+    def of(cls, folder: Path, records: Iterable[Row], expected: int | None = None) -> SpilledTable:
+        """:meth:`Table.of`, spilled under ``folder`` (removed again when it raises)."""
+        table = cls(folder)
+        try:
+            table.extend(records)
+            if expected is not None and len(table) != expected:
+                raise ValueError(f"record lists hold {len(table)} records, the manifest {expected}")
+        except BaseException:
+            table.close()
+            raise
+        return table
+
+    def add(self, sha256: str, path: str, split: str, label: str, width: int, height: int) -> None:
+        """One record (:meth:`Table.add`); its position is the count of those before it."""
+        self._buffer.add(sha256, path, split, label, width, height)
+        if len(self._buffer) >= SPILL_CHUNK:
+            self._flush()
+
+    def extend(self, records: Iterable[Row]) -> SpilledTable:
+        add = self.add
+        for row in records:
+            add(*row)
+        return self
+
+    def __len__(self) -> int:
+        return self._flushed + len(self._buffer)
+
+    def _flush(self) -> None:
+        if not len(self._buffer):
+            return
+        rows = self._buffer._rows()
+        rows["position"] += np.uint64(self._flushed)
+        for number, part in enumerate(_bucket_rows(rows)):
+            if len(part):
+                with open(self.folder / f"{number:03d}", "ab") as handle:
+                    handle.write(part.tobytes())
+        self._flushed += len(rows)
+        self._buffer = self._empty_buffer()
+
+    def buckets(self) -> Iterator[tuple[Table, np.ndarray]]:
+        """Each bucket's records as a table, with their positions, in the order added."""
+        self._flush()
+        for number in range(BUCKETS):
+            path = self.folder / f"{number:03d}"
+            rows = np.fromfile(path, dtype=_ROW) if path.exists() else np.zeros(0, _ROW)
+            yield Table._of_rows(rows, self.names, self._codes), rows["position"]
+
+    def copy(self, folder: Path) -> SpilledTable:
+        """A twin under a fresh folder in ``folder`` (its bucket files copied)."""
+        self._flush()
+        twin = SpilledTable(folder)
+        for path in self.folder.iterdir():
+            shutil.copyfile(path, twin.folder / path.name)
+        twin.names.extend(self.names)
+        twin._codes.update(self._codes)
+        twin._flushed = self._flushed
+        return twin
+
+    def close(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+AnyTable = Table | SpilledTable
+
+
+def remove_spills(folder: Path) -> None:
+    """Remove spilled tables a killed run left in ``folder``."""
+    for stale in Path(folder).glob(f"{SPILL_PREFIX}*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def found_mask(values: AnyTable, reference: AnyTable) -> np.ndarray:
+    """Whether each record of ``values`` (by position) has its content in ``reference``."""
+    mask = np.zeros(len(values), dtype=bool)
+    for (part, positions), (ref, _) in zip(values.buckets(), reference.buckets(), strict=True):
+        found = _search(part.hash_array(), ref.hash_array())[0]
+        mask[positions[found].astype(np.int64)] = True
+    return mask
+
+
 def locate(values: Table, reference: Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For each record of ``values``: whether ``reference`` holds its content, where (an
     index into ``reference``, meaningful where found), and whether it sits there in the same
@@ -193,9 +356,9 @@ def _search(values: np.ndarray, reference: np.ndarray) -> tuple[np.ndarray, np.n
 
 def compute(
     previous: ShardManifest | None,
-    before: Table | None,
+    before: AnyTable | None,
     manifest: ShardManifest,
-    after: Table,
+    after: AnyTable,
     *,
     mode: str,
     duplicates: list[dict[str, str]] | None = None,
@@ -206,15 +369,31 @@ def compute(
     ``duplicates``: images added again under another name whose content the shard set
     already holds (an append keeps the record it has and adds nothing), as
     ``{"path", "same_content_as"}``; a rebuild's records are the index's, so it has none.
+    Compared a bucket of content hashes at a time: a :class:`SpilledTable` never sits in
+    memory whole.
     """
     known = previous is not None and before is not None
     before = before if previous is not None and before is not None else Table()
     # a record is added or removed per class and split: an image moved to another class (or
     # split) is removed from one and added to the other, and counted as moved
-    found, _, same = locate(after, before)
-    added, moved = ~same, found & ~same
-    removed = ~locate(before, after)[2]
-    count_before, count_after = before.label_counts(), after.label_counts()
+    added: Counter[tuple[str, str]] = Counter()
+    removed: Counter[tuple[str, str]] = Counter()
+    count_before: Counter[str] = Counter()
+    count_after: Counter[str] = Counter()
+    sizes_before, sizes_after = _SizeCounts(), _SizeCounts()
+    added_total = removed_total = moved_total = 0
+    for (old, _), (new, _) in zip(before.buckets(), after.buckets(), strict=True):
+        found, _, same = locate(new, old)
+        gone = ~locate(old, new)[2]
+        added += new.split_label_counts(~same)
+        removed += old.split_label_counts(gone)
+        added_total += int((~same).sum())
+        removed_total += int(gone.sum())
+        moved_total += int((found & ~same).sum())
+        count_before += old.label_counts()
+        count_after += new.label_counts()
+        sizes_before.add(old)
+        sizes_after.add(new)
     classes_before = sorted(count_before)
     classes = list(manifest.classes) + [c for c in classes_before if c not in manifest.classes]
     share_before, share_after = _shares(count_before), _shares(count_after)
@@ -235,17 +414,17 @@ def compute(
         "previous_known": known,
         "generations": len(manifest.generations),
         "records": {"before": len(before), "after": len(after)},
-        "added": _per_split_class(after.split_label_counts(added)),
-        "removed": _per_split_class(before.split_label_counts(removed)),
-        "added_total": int(added.sum()),
-        "removed_total": int(removed.sum()),
-        "moved_total": int(moved.sum()),
+        "added": _per_split_class(added),
+        "removed": _per_split_class(removed),
+        "added_total": added_total,
+        "removed_total": removed_total,
+        "moved_total": moved_total,
         "new_classes": [c for c in manifest.classes if c not in classes_before] if known else [],
         "class_share": shares,
         "largest_share_shift": (
             {"class": largest[0], "shift": largest[1]["shift"]} if largest else None
         ),
-        "image_size": {"before": _sizes(before), "after": _sizes(after)},
+        "image_size": {"before": sizes_before.quantiles(), "after": sizes_after.quantiles()},
         "duplicates": returned,
         "duplicate_count": len(returned),
     }
@@ -302,23 +481,47 @@ def _per_split_class(counts: Counter[tuple[str, str]]) -> dict[str, dict[str, in
     }
 
 
-def _sizes(table: Table) -> dict[str, list[float]]:
-    """p10/p50/p90 of width, height and aspect (width / height) at ingest."""
-    if not len(table):
-        return {}
-    widths = np.asarray(table.widths).astype(np.int64)
-    heights = np.asarray(table.heights).astype(np.int64)
-    columns = {
-        "width": np.sort(widths.astype(np.float64)),
-        "height": np.sort(heights.astype(np.float64)),
-        "aspect": np.sort(widths / heights),  # float64 division, as Python's int / int
-    }
-    return {k: [round(_quantile(v, q), 4) for q in QUANTILES] for k, v in columns.items()}
+class _SizeCounts:
+    """How many records have each width, height and aspect (width / height), summed over
+    buckets: p10/p50/p90 from the counts (as many entries as distinct sizes, not records)."""
+
+    def __init__(self) -> None:
+        self.columns: dict[str, Counter[float]] = {k: Counter() for k in ("width", "height")}
+        self.columns["aspect"] = Counter()
+        self.total = 0
+
+    def add(self, table: Table) -> None:
+        widths = np.asarray(table.widths).astype(np.int64)
+        heights = np.asarray(table.heights).astype(np.int64)
+        self.total += len(widths)
+        for key, values in (
+            ("width", widths.astype(np.float64)),
+            ("height", heights.astype(np.float64)),
+            ("aspect", widths / heights),  # float64 division, as Python's int / int
+        ):
+            found, counts = np.unique(values, return_counts=True)
+            self.columns[key].update(dict(zip(found.tolist(), counts.tolist(), strict=True)))
+
+    def quantiles(self) -> dict[str, list[float]]:
+        """p10/p50/p90 of width, height and aspect at ingest (nearest rank over the sorted
+        values: no interpolation, exact and portable)."""
+        if not self.total:
+            return {}
+        return {
+            key: [round(_counted_quantile(counts, self.total, q), 4) for q in QUANTILES]
+            for key, counts in self.columns.items()
+        }
 
 
-def _quantile(values: np.ndarray, q: float) -> float:
-    """Nearest-rank quantile of sorted values (no interpolation: exact and portable)."""
-    return float(values[min(len(values) - 1, int(q * len(values)))])
+def _counted_quantile(counts: Counter[float], total: int, q: float) -> float:
+    """The value at nearest rank ``q`` of ``total`` values given as value -> count."""
+    rank = min(total - 1, int(q * total))
+    seen = 0
+    for value in sorted(counts):
+        seen += counts[value]
+        if seen > rank:
+            return float(value)
+    raise ValueError(f"{total} values counted, {seen} found")
 
 
 def _fmt(values: list[float] | None) -> str:

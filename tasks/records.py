@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import bisect
 import json
-from collections.abc import Iterator
+import os
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from tasks.atomic import write_text
 from tasks.manifest import ShardManifest, load_manifest
 from tasks.schema import IMAGE_KEY, LABEL_KEY
 from tasks.tfrecord import CorruptRecord, open_records, read_framed, record_offsets
@@ -70,19 +70,149 @@ def write_record_index(
     """Write ``offsets.json`` for the manifest's shards (atomic; same shards, same bytes).
 
     With ``base`` (an append), the base's shards keep the offsets its own index holds when
-    that index checks out against the base manifest (:func:`_checked_offsets`); otherwise, or
-    without a base, every shard's headers are read (at 50k images, 0.25 s of an append).
+    that index indexes the base manifest and the shard's entry checks out against it;
+    otherwise, or without a base, the shard's headers are read (at 50k images, 0.25 s of
+    an append). Written a shard at a time, the base's index read the same way, so a
+    million offsets never sit in memory at once (the bytes ``json.dumps(offsets_json(...),
+    sort_keys=True, separators=(",", ":"))`` gives).
     """
-    known: dict[str, tuple[list[int], int]] = {}
-    if base is not None:
-        try:
-            known = _checked_offsets(Path(shards_dir), base)
-        except (OSError, ValueError):
-            known = {}  # missing or stale: read the base's headers again
-    text = json.dumps(
-        offsets_json(manifest, shards_dir, known), sort_keys=True, separators=(",", ":")
-    )
-    write_text(Path(shards_dir) / OFFSETS_NAME, text + "\n")
+    shards_dir = Path(shards_dir)
+    gzip_compressed = manifest.compression == "gzip"
+    files = sorted(shard.file for info in manifest.splits.values() for shard in info.shards)
+    counts = {s.file: s.num_records for info in manifest.splits.values() for s in info.shards}
+    base_shards = {s.file: s for info in base.splits.values() for s in info.shards} if base else {}
+    known = _base_entries(shards_dir, base)
+    pending: tuple[str, Any] | None = None
+    path = shards_dir / OFFSETS_NAME
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w") as handle:
+            handle.write(f'{{"fingerprint":{json.dumps(manifest.fingerprint)},"shards":{{')
+            for n, file in enumerate(files):
+                entry = None
+                if file in base_shards and base is not None:
+                    while pending is None or pending[0] < file:
+                        pending = next(known, None) or ("\U0010ffff", None)
+                    if pending[0] == file:
+                        entry = _checked_entry(pending[1], base_shards[file], base)
+                if entry is None:
+                    entry = _read_entry(shards_dir / file, counts[file], gzip_compressed)
+                offsets, end = entry
+                handle.write(
+                    f'{"," if n else ""}{json.dumps(file)}:{{"end":{end},"offsets":'
+                    f"{json.dumps(offsets, separators=(',', ':'))}}}"
+                )
+            handle.write(f'}},"version":{OFFSETS_VERSION}}}\n')
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        known.close()
+        tmp.unlink(missing_ok=True)
+
+
+def _read_entry(path: Path, num_records: int, gzip_compressed: bool) -> tuple[list[int], int]:
+    """A shard's record offsets and end, from its record headers."""
+    found = record_offsets(path, gzip_compressed=gzip_compressed)
+    if len(found) != num_records:
+        raise CorruptRecord(f"{path}: holds {len(found)} records, the manifest says {num_records}")
+    end = found[-1][0] + found[-1][1] if found else 0
+    return [offset for offset, _ in found], end
+
+
+def _checked_entry(value: Any, shard: Any, manifest: ShardManifest) -> tuple[list[int], int] | None:
+    """An offset index entry, when it checks out against the manifest's shard; else None."""
+    try:
+        offsets, end = list(map(int, value["offsets"])), int(value["end"])
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if len(offsets) != shard.num_records or (manifest.compression == "none" and end != shard.bytes):
+        return None
+    return offsets, end
+
+
+def _base_entries(
+    shards_dir: Path, base: ShardManifest | None
+) -> Generator[tuple[str, Any], None, None]:
+    """(shard file, entry) of the base's ``offsets.json`` in file order, read a piece at a
+    time; nothing without a base, or when it is missing, unreadable or indexes another
+    shard set."""
+    if base is None:
+        return
+    try:
+        with open(shards_dir / OFFSETS_NAME, encoding="utf-8") as handle:
+            reader = _JsonPieces(handle)
+            reader.expect("{")
+            reader.expect('"fingerprint"')
+            reader.expect(":")
+            if reader.value() != base.fingerprint:
+                return
+            reader.expect(",")
+            reader.expect('"shards"')
+            reader.expect(":")
+            reader.expect("{")
+            first = True
+            while not reader.next_is("}"):
+                if not first:
+                    reader.expect(",")
+                first = False
+                name = reader.value()
+                reader.expect(":")
+                yield str(name), reader.value()
+    except (OSError, ValueError):
+        return
+
+
+class _JsonPieces:
+    """Reads JSON values one at a time from a text stream (whitespace between allowed)."""
+
+    def __init__(self, handle: Any, chunk: int = 1 << 20) -> None:
+        self.handle, self.chunk = handle, chunk
+        self.buffer, self.at, self.eof = "", 0, False
+        self.decoder = json.JSONDecoder()
+
+    def _more(self) -> bool:
+        if self.eof:
+            return False
+        piece = self.handle.read(self.chunk)
+        self.eof = not piece
+        self.buffer = self.buffer[self.at :] + piece
+        self.at = 0
+        return bool(piece)
+
+    def _skip_space(self) -> None:
+        while True:
+            while self.at < len(self.buffer) and self.buffer[self.at] in " \t\r\n":
+                self.at += 1
+            if self.at < len(self.buffer) or not self._more():
+                return
+
+    def next_is(self, text: str) -> bool:
+        self._skip_space()
+        while len(self.buffer) - self.at < len(text) and self._more():
+            pass
+        if self.buffer.startswith(text, self.at):
+            self.at += len(text)
+            return True
+        return False
+
+    def expect(self, text: str) -> None:
+        if not self.next_is(text):
+            raise ValueError(f"expected {text!r}")
+
+    def value(self) -> Any:
+        self._skip_space()
+        while True:
+            try:
+                value, end = self.decoder.raw_decode(self.buffer, self.at)
+            except ValueError:
+                if not self._more():
+                    raise
+                continue
+            if end == len(self.buffer) and self._more():  # a number may go on
+                continue
+            self.at = end
+            return value
 
 
 def _checked_offsets(

@@ -74,16 +74,17 @@ def check_compatible(base: ShardManifest, params: ShardParams, shards_dir: Path)
         )
 
 
-def base_table(shards_dir: Path, base: ShardManifest) -> data_diff.Table:
-    """Every record of the base shard set, from its record lists (sha256 checked)."""
+def base_table(shards_dir: Path, base: ShardManifest) -> data_diff.SpilledTable:
+    """Every record of the base shard set, from its record lists (sha256 checked), spilled
+    under ``shards_dir``."""
     records = data_diff.rows(base, stream_records(shards_dir, base))
-    return data_diff.Table.of(records, expected=base.total_records)
+    return data_diff.SpilledTable.of(shards_dir, records, expected=base.total_records)
 
 
 def check_nothing_removed(
-    current: data_diff.Table,
+    current: data_diff.AnyTable,
     base: ShardManifest,
-    before: data_diff.Table,
+    before: data_diff.AnyTable,
     shards_dir: Path,
     index_path: Path,
 ) -> list[dict[str, str]]:
@@ -94,43 +95,56 @@ def check_nothing_removed(
 
     Append never removes or rewrites a record: an image deleted or edited since the base
     (its old content is gone), quarantined now, or moved, needs a rebuild. Compared as
-    columns (a binary search per base record); paths are read back only for the records a
-    message or the duplicates name.
+    columns, a bucket of content hashes at a time (a binary search per base record); paths
+    are read back only for the records a message or the duplicates name.
     """
-    found, match, same = data_diff.locate(before, current)
-    problems = np.flatnonzero(~same)
-    if len(problems):
-        shown = [int(i) for i in problems[:5]]
-        paths = _paths_at((entry["path"] for _, entry in stream_records(shards_dir, base)), shown)
-        reasons = []
-        for i in shown:
-            if not found[i]:
-                reasons.append(
-                    f"{paths[i]} removed, changed or quarantined (see the ingest report)"
-                )
-                continue
+    problems = 0
+    shown: list[tuple[int, str | None]] = []  # (base position, where it went; None: gone)
+    renamed: list[tuple[int, int]] = []  # (base position, index position)
+    for (old, old_at), (now, now_at) in zip(before.buckets(), current.buckets(), strict=True):
+        found, match, same = data_diff.locate(old, now)
+        bad = np.flatnonzero(~same)
+        problems += len(bad)
+        for i in bad[:SHOWN]:
             j = int(match[i])
-            was = f"{before.names[before.labels[i]]}/{SPLITS[before.splits[i]]}"
-            to = f"{current.names[current.labels[j]]}/{SPLITS[current.splits[j]]}"
-            reasons.append(f"{paths[i]} moved from {was} to {to}")
+            to = f"{now.names[now.labels[j]]}/{SPLITS[now.splits[j]]}" if found[i] else None
+            was = f"{old.names[old.labels[i]]}/{SPLITS[old.splits[i]]}"
+            shown.append((int(old_at[i]), f"{was} to {to}" if to else None))
+        shown = sorted(shown)[:SHOWN]
+        if problems or not len(now):
+            continue
+        moved = np.flatnonzero(now.path_digest_array()[match] != old.path_digest_array())
+        renamed += [(int(old_at[i]), int(now_at[match[i]])) for i in moved]
+    if problems:
+        paths = _paths_at(
+            (entry["path"] for _, entry in stream_records(shards_dir, base)), (i for i, _ in shown)
+        )
+        reasons = [
+            f"{paths[i]} moved from {to}"
+            if to
+            else f"{paths[i]} removed, changed or quarantined (see the ingest report)"
+            for i, to in shown
+        ]
         raise RebuildNeeded(
-            f"{shards_dir}: {len(problems)} record(s) of the base shard set no longer match "
+            f"{shards_dir}: {problems} record(s) of the base shard set no longer match "
             f"the sources ({'; '.join(reasons)}); append only adds records: "
             f"{REBUILD_HINT}"
         )
-    renamed = [
-        int(i)
-        for i in np.flatnonzero(current.path_digest_array()[match] != before.path_digest_array())
-    ]
     if not renamed:
         return []
-    old = _paths_at((entry["path"] for _, entry in stream_records(shards_dir, base)), renamed)
-    new = _paths_at((r["path"] for _, r in iter_records(index_path)), match[renamed])
+    renamed.sort()
+    old_paths = _paths_at(
+        (entry["path"] for _, entry in stream_records(shards_dir, base)), (i for i, _ in renamed)
+    )
+    new_paths = _paths_at((r["path"] for _, r in iter_records(index_path)), (j for _, j in renamed))
     return [
-        {"path": new[int(match[i])], "same_content_as": old[i]}
-        for i in renamed
-        if new[int(match[i])] != old[i]
+        {"path": new_paths[j], "same_content_as": old_paths[i]}
+        for i, j in renamed
+        if new_paths[j] != old_paths[i]
     ]
+
+
+SHOWN = 5  # base records a refusal names
 
 
 def _paths_at(paths: Iterable[str], positions: Iterable[int]) -> dict[int, str]:

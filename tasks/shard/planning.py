@@ -85,22 +85,25 @@ def scan_index(
     index_path: Path,
     *,
     classes: list[str] | None = None,
-    exclude: np.ndarray | None = None,
+    exclude: Callable[[], np.ndarray] | None = None,
     sample: bool = False,
     offset_bits: int | None = None,
     visit: Callable[[dict[str, Any]], None] | None = None,
 ) -> IndexScan:
     """Stream the index once: each split's records in seeded-hash order (ties by path).
 
-    Records whose content hash (as 32 bytes) is in ``exclude`` (append: the base's, as a
-    ``S32`` array) are left out, all at once when the scan ends; ``classes`` (append) must
+    ``exclude`` (append), called once the pass ends, gives a mask over the index's records
+    (in index order) of those to leave out: the base's, found by ``visit``'s table; each
+    record's split is kept (1 byte) until then, which places the mask on each split's
+    records (appended in index order). ``classes`` (append) must
     name every record's label. ``sample`` keeps the
     :data:`SIZE_SAMPLE` records with the smallest order keys (for the size estimate).
     ``visit`` sees every record (excluded ones too) as it streams past.
     """
     bits = pack_bits(index_path.stat().st_size) if offset_bits is None else offset_bits
     packed = {s: array("Q") for s in SPLITS}
-    digests = {s: bytearray() for s in SPLITS} if exclude is not None else None
+    split_codes = bytearray() if exclude is not None else None
+    code_of = {s: i for i, s in enumerate(SPLITS)}
     count = path_bytes = 0
     first: list[tuple[str, int, ShardRecord]] = []
     for offset, rec in iter_records(index_path):
@@ -117,13 +120,14 @@ def scan_index(
             first.append((digest.hex(), count, shard_record(rec, None)))
             if len(first) >= 4 * SIZE_SAMPLE:
                 first = sorted(first)[:SIZE_SAMPLE]
-        if digests is not None:
-            digests[rec["split"]] += bytes.fromhex(rec["sha256"])
+        if split_codes is not None:
+            split_codes.append(code_of[rec["split"]])
         top = int.from_bytes(digest[:8], "big") >> bits
         packed[rec["split"]].append((top << bits) | offset)
-    if digests is not None and exclude is not None:
+    if split_codes is not None and exclude is not None:
+        leave_out, codes = exclude(), np.frombuffer(split_codes, dtype=np.uint8)
         for split, values in packed.items():
-            keep = data_diff.missing_from(np.frombuffer(digests.pop(split), dtype="S32"), exclude)
+            keep = ~leave_out[codes == code_of[split]]
             packed[split] = array("Q", np.frombuffer(values, dtype=np.uint64)[keep].tobytes())
     order = {s: _sorted_split(index_path, params.seed, v, bits) for s, v in packed.items()}
     return IndexScan(
@@ -333,6 +337,6 @@ class StagePlan:
     index_path: Path  # the ingest index the plan reads records (and their sizes) from
     base: ShardManifest | None  # append: the manifest appended to
     previous: ShardManifest | None  # the manifest found before this run: the diff's "before"
-    previous_records: data_diff.Table | None  # its records (None: unreadable)
+    previous_records: data_diff.SpilledTable | None  # its records (None: unreadable)
     # append: base images now in the index under another name (the diff's duplicates)
     duplicates: list[dict[str, str]] = field(default_factory=list)

@@ -76,15 +76,20 @@ def shard_stage(
     there, Markdown next to it).
     """
     shards_dir = Path(shards_dir)
+    data_diff.remove_spills(shards_dir)  # a killed run's
     plan = plan_stage(params, index_path, shards_dir)
-    missing = prepare(plan, shards_dir)
-    written = {r.file: r for r in write_many(missing, shards_dir)}
-    results = [
-        written.get(slot.file) or describe_shard(slot.file, slot.num_records, shards_dir)
-        for slot in plan.specs.slots
-    ]
-    manifest = finalize_manifest(params, plan, results, shards_dir)
-    diff = write_stage_diff(plan, manifest, shards_dir, diff_path) if diff_path else None
+    try:
+        missing = prepare(plan, shards_dir)
+        written = {r.file: r for r in write_many(missing, shards_dir)}
+        results = [
+            written.get(slot.file) or describe_shard(slot.file, slot.num_records, shards_dir)
+            for slot in plan.specs.slots
+        ]
+        manifest = finalize_manifest(params, plan, results, shards_dir)
+        diff = write_stage_diff(plan, manifest, shards_dir, diff_path) if diff_path else None
+    finally:
+        if plan.previous_records is not None:
+            plan.previous_records.close()
     return StageRun(plan, len(missing), manifest, diff)
 
 
@@ -110,26 +115,31 @@ def plan_stage(params: ShardParams, index_path: Path, shards_dir: Path) -> Stage
         )
     base = load_base(shards_dir)
     check_compatible(base, params, shards_dir)
-    try:  # the base's records as a table (43 bytes each), its lists read a shard at a time
+    try:  # the base's records as a table spilled to disk, its lists read a shard at a time
         before = base_table(shards_dir, base)
     except ValueError as error:
         raise RebuildNeeded(f"{error}; {REBUILD_HINT}") from error
     classes = base.classes + sorted(set(header["classes"]) - set(base.classes))
-    current = data_diff.Table()  # every index record, in index order
+    current = data_diff.SpilledTable(shards_dir)  # every index record, in index order
 
     def note(r: dict[str, Any]) -> None:
         current.add(r["sha256"], r["path"], r["split"], r["label"], r["width"], r["height"])
 
-    scan = scan_index(
-        params,
-        index_path,
-        classes=classes,
-        exclude=before.hash_array(),
-        sample=sample,
-        visit=note,
-    )
-    duplicates = check_nothing_removed(current, base, before, shards_dir, index_path)
-    current = data_diff.Table()  # the whole index's table is not needed past this point
+    try:
+        scan = scan_index(
+            params,
+            index_path,
+            classes=classes,
+            exclude=lambda: data_diff.found_mask(current, before),
+            sample=sample,
+            visit=note,
+        )
+        duplicates = check_nothing_removed(current, base, before, shards_dir, index_path)
+    except BaseException:
+        before.close()
+        raise
+    finally:
+        current.close()  # the whole index's table is not needed past this point
     number = len(base.generations)
     specs = cut_shards(
         params, index_path, header, scan, folder=generation_folder(number), classes=classes
@@ -139,16 +149,18 @@ def plan_stage(params: ShardParams, index_path: Path, shards_dir: Path) -> Stage
     )
 
 
-def _previous(shards_dir: Path) -> tuple[ShardManifest | None, data_diff.Table | None]:
+def _previous(shards_dir: Path) -> tuple[ShardManifest | None, data_diff.SpilledTable | None]:
     """The manifest already in ``shards_dir`` and its records, where readable: read before
-    a rebuild replaces them, streamed into a compact table."""
+    a rebuild replaces them, streamed into a table spilled to disk."""
     try:
         previous = load_manifest(shards_dir)
     except (OSError, ValueError):
         return None, None
     try:
         records = data_diff.rows(previous, stream_records(shards_dir, previous))
-        return previous, data_diff.Table.of(records, expected=previous.total_records)
+        return previous, data_diff.SpilledTable.of(
+            shards_dir, records, expected=previous.total_records
+        )
     except (OSError, ValueError, KeyError, TypeError, OverflowError):
         return previous, None
 
@@ -270,29 +282,38 @@ def write_stage_diff(
 ) -> dict[str, Any]:
     """The data diff of this run (previous manifest -> this one), written as JSON + Markdown.
 
-    The "after" side streams the record lists (each checked by sha256) into a table: every
-    generation's after a rebuild; after an append, the base's table (read while planning)
-    plus the new generation's list only."""
+    The "after" side streams the record lists (each checked by sha256) into a table spilled
+    beside the shards: every generation's after a rebuild; after an append, the base's
+    table (read while planning) plus the new generation's list only."""
     base = plan.previous_records if plan.base is not None else None
     if base is not None and manifest.generations[-1].number == plan.number:
         new = stream_records(shards_dir, manifest, manifest.generations[-1:])
-        after = base.copy().extend(data_diff.rows(manifest, new))
+        after = base.copy(shards_dir)
+        try:
+            after.extend(data_diff.rows(manifest, new))
+        except BaseException:
+            after.close()
+            raise
     elif base is not None:
-        after = base  # nothing was appended: the set is the base
+        after = base.copy(shards_dir)  # nothing was appended: the set is the base
     else:
-        after = data_diff.Table.of(data_diff.rows(manifest, stream_records(shards_dir, manifest)))
-    if len(after) != manifest.total_records:
-        raise ValueError(
-            f"{shards_dir}: record lists hold {len(after)} records, the manifest "
-            f"{manifest.total_records}"
+        records = data_diff.rows(manifest, stream_records(shards_dir, manifest))
+        after = data_diff.SpilledTable.of(shards_dir, records)
+    try:
+        if len(after) != manifest.total_records:
+            raise ValueError(
+                f"{shards_dir}: record lists hold {len(after)} records, the manifest "
+                f"{manifest.total_records}"
+            )
+        diff = data_diff.compute(
+            plan.previous,
+            plan.previous_records,
+            manifest,
+            after,
+            mode=plan.mode,
+            duplicates=plan.duplicates,
         )
-    diff = data_diff.compute(
-        plan.previous,
-        plan.previous_records,
-        manifest,
-        after,
-        mode=plan.mode,
-        duplicates=plan.duplicates,
-    )
+    finally:
+        after.close()
     data_diff.write(diff, Path(diff_path))
     return diff

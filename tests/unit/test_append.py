@@ -450,3 +450,66 @@ def test_a_damaged_older_record_list_fails_generations_and_blames_no_intact_shar
 
 def tmp_report(project: Project, suffix: str = ".json") -> Path:
     return project.root / f"validation{suffix}"
+
+
+def test_the_stage_spills_beside_the_shards_and_leaves_nothing_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The data diff's tables go to disk inside the shard folder while the stage runs
+    (memory flat in the number of records) and are gone when it ends; a killed run's
+    leftovers are removed by the next run."""
+    from tasks import data_diff
+
+    project = Project(tmp_path)
+    project.update("rebuild")
+    stale = project.shards / f"{data_diff.SPILL_PREFIX}killed"
+    stale.mkdir()
+    (stale / "000").write_bytes(b"x" * 59)
+    seen: list[Path] = []
+    real = data_diff.SpilledTable.__init__
+
+    def spy(self: data_diff.SpilledTable, folder: Path) -> None:
+        real(self, folder)
+        seen.append(self.folder)
+
+    monkeypatch.setattr(data_diff.SpilledTable, "__init__", spy)
+    add_images(project.source, "red", 3, seed=9)
+    project.update("append")
+    assert seen and all(folder.parent == project.shards for folder in seen)
+    assert not list(project.shards.glob(f"{data_diff.SPILL_PREFIX}*"))
+    project.update("rebuild")
+    assert not list(project.shards.glob(f"{data_diff.SPILL_PREFIX}*"))
+
+
+def test_an_append_rereads_only_the_base_shards_whose_offsets_are_stale(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The base's offset index is read an entry at a time; one entry that does not match
+    the base manifest is read again from its shard's headers, the rest are taken."""
+    import tasks.records as records
+
+    project = Project(tmp_path)
+    project.update("rebuild")
+    offsets_path = project.shards / records.OFFSETS_NAME
+    index = json.loads(offsets_path.read_text())
+    damaged = sorted(index["shards"])[0]
+    index["shards"][damaged]["offsets"].append(10**9)
+    offsets_path.write_text(json.dumps(index, indent=1))  # whitespace is read too
+    base_files = set(index["shards"])
+    read: list[str] = []
+    real = records.record_offsets
+
+    def spy(path: str | Path, **kwargs: Any) -> list[tuple[int, int]]:
+        read.append(Path(path).relative_to(project.shards).as_posix())
+        return real(path, **kwargs)
+
+    monkeypatch.setattr(records, "record_offsets", spy)
+    add_images(project.source, "red", 5, seed=1)
+    manifest = project.update("append")
+    new_files = {s.file for i in manifest.splits.values() for s in i.shards} - base_files
+    assert new_files and set(read) == new_files | {damaged}
+    monkeypatch.setattr(records, "record_offsets", real)
+    want = json.dumps(
+        records.offsets_json(manifest, project.shards), sort_keys=True, separators=(",", ":")
+    )
+    assert offsets_path.read_text() == want + "\n"  # the bytes of the whole document

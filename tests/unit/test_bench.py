@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from bench.images import CLASSES, draw_image, generate_images, list_images
@@ -236,6 +237,45 @@ def test_the_tax_takes_each_stages_fastest_pass_on_each_side() -> None:
     assert tax_from_stages(direct, dvc) == pytest.approx(1 - 46 / 53)
 
 
+def test_the_tax_is_the_median_of_paired_passes_with_its_spread() -> None:
+    from bench.orchestration import tax_spread
+
+    # five pairs; pass 3's dvc side hit a slow spell: one outlier moves min/max, not the median
+    direct = [{"total": t} for t in (85.0, 90.0, 88.0, 80.0, 86.0)]
+    dvc = [{"total": t} for t in (100.0, 100.0, 160.0, 100.0, 100.0)]
+    spread = tax_spread(direct, dvc)
+    assert spread["per_pass"] == [0.15, 0.1, 0.45, 0.2, 0.14]
+    assert spread["median"] == 0.15  # sorted: 0.10 0.14 0.15 0.20 0.45
+    assert (spread["min"], spread["max"], spread["passes"]) == (0.1, 0.45, 5)
+    assert spread["iqr"] == pytest.approx(0.20 - 0.14)  # numpy's linear quartiles
+    assert spread["iqr"] == pytest.approx(
+        float(np.percentile(spread["per_pass"], 75) - np.percentile(spread["per_pass"], 25))
+    )
+    even = tax_spread(direct[:4], dvc[:4])  # an even count: the mean of the middle two
+    assert even["median"] == pytest.approx((0.15 + 0.2) / 2)
+    with pytest.raises(ValueError, match="pair them"):
+        tax_spread(direct, dvc[:4])
+
+
+def test_the_report_table_shows_the_orchestration_spread() -> None:
+    from bench.report import format_table
+
+    table = format_table(
+        {
+            "orchestration_tax": 0.15,
+            "orchestration_tax_min": 0.1,
+            "orchestration_tax_max": 0.45,
+            "orchestration_tax_iqr": 0.06,
+            "orchestration_passes": 5,
+        },
+        [],
+    )
+    rows = {r[0]: r[1] for r in map(str.split, table.splitlines()) if len(r) > 1}
+    assert rows["orchestration_tax"] == "0.150"
+    assert (rows["orchestration_tax_min"], rows["orchestration_tax_max"]) == ("0.100", "0.450")
+    assert (rows["orchestration_tax_iqr"], rows["orchestration_passes"]) == ("0.060", "5")
+
+
 FAKE_DVC = """
 import subprocess, sys, time
 print("Running stage 'ingest':", flush=True)
@@ -303,3 +343,35 @@ def test_the_stage_memory_run_builds_a_real_set_then_diffs_against_it(
     readers = [SplitReader(shards_dir, split, manifest=manifest) for split in manifest.splits]
     assert sum(len(found) for reader in readers for found in reader.offsets) == 303
     assert len(manifest.generations) == 2
+
+
+def test_progressive_photos_are_the_same_pictures_as_progressive_jpegs(tmp_path: Path) -> None:
+    """The photo bench's progressive set: the same picture and size as the baseline, saved
+    progressive (what the data side's figure compares), and its data side is measured on
+    both, photo by photo."""
+    import io
+
+    from PIL import Image
+
+    from bench.photos import draw_photo, generate_photos, photo_files, progressive_data_side
+
+    label, baseline = draw_photo(3, 96, 64)
+    same_label, progressive = draw_photo(3, 96, 64, progressive=True)
+    assert label == same_label
+    with Image.open(io.BytesIO(baseline)) as one, Image.open(io.BytesIO(progressive)) as two:
+        assert (one.size, two.size) == ((96, 64), (96, 64))
+        assert not one.info.get("progressive") and two.info.get("progressive")
+        difference = np.abs(np.asarray(one, np.int16) - np.asarray(two, np.int16))
+        assert difference.mean() < 2  # the same picture: only the scan order differs
+    folders = [
+        generate_photos(tmp_path / kind, 3, 96, 64, workers=1, progressive=kind == "progressive")
+        for kind in ("baseline", "progressive")
+    ]
+    base_files, progressive_files = (photo_files(f) for f in folders)
+    with Image.open(progressive_files[0]) as image:
+        assert image.info.get("progressive")
+    result = progressive_data_side(base_files, progressive_files, 32)
+    assert result["photos"] == 3
+    assert result["ratio"] == pytest.approx(result["progressive_ms"] / result["baseline_ms"])
+    with pytest.raises(ValueError, match="2 baseline and 3 progressive"):
+        progressive_data_side(base_files[:2], progressive_files, 32)

@@ -7,6 +7,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tasks import data_diff
@@ -132,3 +133,56 @@ def test_hashes_ending_in_zero_bytes_stay_distinct(tmp_path: Path) -> None:
     assert (diff["added_total"], diff["removed_total"]) == (1, 0)
     assert data_diff.missing_from(before.hash_array(), after.hash_array()).tolist() == [False]
     assert data_diff.missing_from(after.hash_array(), before.hash_array()).tolist() == [False, True]
+
+
+def random_rows(rng: np.random.Generator, n: int, start: int = 0) -> list[data_diff.Row]:
+    rows = []
+    for i in range(start, start + n):
+        digest = bytearray(rng.bytes(32))
+        digest[0] = i % 3  # some hashes start with zero bytes (numpy pads and strips those)
+        rows.append(
+            data_diff.Row(
+                digest.hex(),
+                f"c{i % 4}/{i}.png",
+                ("train", "val", "test")[i % 3],
+                f"c{i % 4}",
+                int(rng.integers(10, 20)),
+                int(rng.integers(10, 20)),
+            )
+        )
+    return rows
+
+
+def test_a_spilled_table_diffs_exactly_as_the_table_in_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shard stage's tables live on disk a bucket of hashes at a time; the diff, the
+    mask of records found and the size quantiles come out as from the whole table."""
+    monkeypatch.setattr(data_diff, "SPILL_CHUNK", 97)  # many flushes, every bucket appended to
+    manifest = Project(tmp_path / "project").update("rebuild")
+    rng = np.random.default_rng(5)
+    old = random_rows(rng, 1500)
+    # after: 300 removed, 200 moved to another class, 400 new
+    new = [r._replace(label="c9") if i < 200 else r for i, r in enumerate(old[300:])]
+    new += random_rows(rng, 400, start=1500)
+    spills = tmp_path / "shards"
+    spills.mkdir()
+    before = data_diff.SpilledTable.of(spills, old, expected=1500)
+    after = data_diff.SpilledTable.of(spills, new)
+    want = data_diff.compute(
+        manifest, data_diff.Table.of(old), manifest, data_diff.Table.of(new), mode="rebuild"
+    )
+    got = data_diff.compute(manifest, before, manifest, after, mode="rebuild")
+    assert got == want
+    assert (got["added_total"], got["removed_total"], got["moved_total"]) == (600, 500, 200)
+    in_before = data_diff.found_mask(after, before)
+    assert in_before.tolist() == [i < 1200 for i in range(1600)]
+    twin = before.copy(spills)
+    assert data_diff.compute(manifest, twin, manifest, before, mode="x")["added_total"] == 0
+    assert len(list(spills.iterdir())) == 3
+    for table in (before, after, twin):
+        table.close()
+    assert not list(spills.iterdir())
+    with pytest.raises(ValueError, match="hold 1500 records, the manifest 2"):
+        data_diff.SpilledTable.of(spills, old, expected=2)
+    assert not list(spills.iterdir())  # a refused table leaves nothing behind
