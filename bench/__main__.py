@@ -201,8 +201,10 @@ class Run:
             "notes": [],
         }
 
-    def section(self, name: str, body: Callable[[], None]) -> None:
-        if self.args.only and name not in self.args.only:
+    def section(self, name: str, body: Callable[[], None], *, needed: bool = False) -> None:
+        """Run and time ``body`` unless ``--only`` leaves ``name`` out (``needed``: a step
+        the named sections cannot do without, such as ``prepare``)."""
+        if self.args.only and name not in self.args.only and not needed:
             return
         log(f"== {name}")
         start = time.perf_counter()
@@ -582,7 +584,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     sections = wanted(args)
     # Sections that generate their own data (images, or a synthetic index) need no read/write set.
     if not set(sections) <= SELF_CONTAINED:
-        run.section("prepare", partial(prepare, bench))
+        run.section("prepare", partial(prepare, bench), needed=True)
         if not bench.index.exists():
             run.save()
             raise SystemExit("could not prepare the benchmark images; see errors above")

@@ -375,3 +375,17 @@ def test_progressive_photos_are_the_same_pictures_as_progressive_jpegs(tmp_path:
     assert result["ratio"] == pytest.approx(result["progressive_ms"] / result["baseline_ms"])
     with pytest.raises(ValueError, match="2 baseline and 3 progressive"):
         progressive_data_side(base_files[:2], progressive_files, 32)
+
+
+def test_only_a_section_that_needs_the_images_still_prepares_them(tmp_path: Path) -> None:
+    """`--only orchestration` runs `prepare` first (it used to be filtered out, and the run
+    stopped with "could not prepare the benchmark images"); other sections stay out."""
+    from bench.__main__ import Run, parse_args
+
+    args = parse_args(["--only", "orchestration", "--out", str(tmp_path / "bench.json")])
+    run = Run(args)
+    ran: list[str] = []
+    run.section("prepare", lambda: ran.append("prepare"), needed=True)
+    run.section("read", lambda: ran.append("read"))
+    run.section("orchestration", lambda: ran.append("orchestration"))
+    assert ran == ["prepare", "orchestration"]
