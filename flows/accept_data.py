@@ -45,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--by", help="who accepts it (default: git user.name, else login)")
     parser.add_argument("--root", default=".", help="the project root (default: .)")
     args = parser.parse_args(argv)
-    layout = Layout(Path(args.root))
+    layout = Layout(args.root)
     try:
         with hold_workspace(layout.root):  # no stage rewrites the shards meanwhile
             accepted = data_gate.accept(

@@ -161,8 +161,8 @@ def test_training_and_evaluation_from_object_storage_compute_what_a_local_run_co
     )
     local_root = tmp_path_factory.mktemp("local")
     shutil.copytree(tiny_shards, local_root, dirs_exist_ok=True)
-    remote = Layout().with_root(tiny_shards)
-    local = Layout().with_root(local_root)
+    remote = Layout(tiny_shards)
+    local = Layout(local_root)
     url = s3_server.url("validated")
     publish(remote.shards_dir, url)
     shutil.rmtree(remote.shards_dir)  # the store is the only place the shards are
