@@ -12,7 +12,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DVC_NO_ANALYTICS := 1
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: install run test lint demo-data serve stop ui bench screenshots lock clean serve-model compact
+.PHONY: install run test lint demo-data serve stop team-demo ui bench screenshots lock clean serve-model compact
 
 install: $(STAMP)  ## create .venv from the hash-pinned lock (idempotent)
 
@@ -48,6 +48,9 @@ test: install lint  ## every check and test
 
 serve: install  ## Prefect server + a process serving the deployments, on 127.0.0.1
 	$(BIN)/python -m flows.cli serve
+
+team-demo: install  ## the team setup on one machine: servers, S3, git remote, cpu+gpu workers; one pipeline/team run
+	$(BIN)/python -m flows.cli team-demo
 
 stop:  ## stop the Prefect server that `make run`/`make serve` started
 	$(BIN)/python -m flows.cli stop

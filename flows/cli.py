@@ -64,6 +64,10 @@ def ui_steps(extra: Sequence[str]) -> Steps:
     return [module("mlflow", "ui", "--backend-store-uri", uri, *address, *extra)]
 
 
+def team_demo_steps(extra: Sequence[str]) -> Steps:
+    return [module("flows.team_demo", *extra)]
+
+
 def stop_steps(extra: Sequence[str]) -> Steps:
     return [module("flows.server", "stop", *extra)]
 
@@ -76,6 +80,11 @@ COMMANDS: dict[str, tuple[str, Callable[[Sequence[str]], Steps]]] = {
     "bench": ("benchmarks -> reports/bench.json and bench.png (--quick: a smoke run)", bench_steps),
     "ui": ("MLflow UI on 127.0.0.1:5000 over the project's tracking store", ui_steps),
     "stop": ("stop the Prefect server that run/serve/bench started", stop_steps),
+    "team-demo": (
+        "a whole team on this machine (servers, S3, git remote, cpu+gpu workers): run the "
+        "pipeline through it, show what ran where, stop it all",
+        team_demo_steps,
+    ),
 }
 
 
