@@ -253,9 +253,13 @@ def main() -> int:
     with started_team(base) as team:
         clone = base / "user"
         env = user_env(team, clone)
+        head = run(["git", "rev-parse", "HEAD"], repo, env).strip()
         run(["git", "clone", "-q", str(repo), str(clone)], base, env)
+        run(
+            ["git", "checkout", "-q", "-B", "main", head], clone, env
+        )  # the commit, not uncommitted edits
         shutil.copy2(repo / "prefect.yaml", clone / "prefect.yaml")  # also when not committed
-        run([sys.executable, "-m", "tasks.demo_data", "data/demo", "--per-class", "12"], clone, env)
+        run([sys.executable, "-m", "tasks.demo_data", "data/demo", "--per-class", "30"], clone, env)
         publish(team, clone, env)
         start_workers(team)
         print(f"Prefect server {team.prefect_url}, S3 {team.s3_url}, MLflow {team.tracking_url}")
