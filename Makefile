@@ -3,24 +3,31 @@ SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell sha256sum requirements.lock | cut -c1-16)
+STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha256sum | cut -c1-16)
 
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := true
 export MLFLOW_DISABLE_TELEMETRY := true
 export DVC_NO_ANALYTICS := 1
-export TF_CPP_MIN_LOG_LEVEL := 2
+# 3: TensorFlow C++ errors too, e.g. "failed call to cuInit" on every CPU-only machine;
+# TensorFlow raises its real errors in Python, and Python warnings still show.
+export TF_CPP_MIN_LOG_LEVEL := 3
 
 .PHONY: install run test lint demo-data serve stop team-demo ui bench screenshots lock clean serve-model compact
 
-install: $(STAMP)  ## create .venv from the hash-pinned lock (idempotent)
+install: $(STAMP)  ## create .venv from the hash-pinned lock, plus this clone's `shardflow` (idempotent)
 
-$(STAMP): requirements.lock
+# The project goes in editable, after the lock: no dependency from anywhere but the lock
+# (--no-deps), nothing downloaded to build it (--no-build-isolation: setuptools and wheel
+# are in the lock). Its import hook maps only `tasks` and `flows`, to this clone's folders,
+# and lives in this clone's .venv: another clone's processes import their own code.
+$(STAMP): requirements.lock pyproject.toml
 	@test -n "$(PYTHON)" || { echo "need python3.11 on PATH"; exit 1; }
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Python 3.11 needed, found {sys.version}"'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --require-hashes --no-deps -r requirements.lock
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation --editable .
 	rm -f $(VENV)/.installed-*
 	touch $@
 

@@ -9,8 +9,13 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tasks.params import Params
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 QUICK = {
@@ -26,100 +31,7 @@ QUICK = {
     "stage_rss_max": 10_000,
     "near_duplicate_hashes": 2000,
 }
-SELF_CONTAINED = {"append", "photos", "plan_rss", "near_duplicates"}
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("--images", type=int, default=3000, help="images in the read/write set")
-    parser.add_argument("--min-size", type=int, default=200, help="smallest source side (px)")
-    parser.add_argument("--max-size", type=int, default=400, help="largest source side (px)")
-    parser.add_argument("--size", type=int, default=224, help="square training size for read/write")
-    parser.add_argument("--batch", type=int, default=32, help="batch size for read figures")
-    parser.add_argument("--passes", type=int, default=3, help="timed passes per figure (median)")
-    parser.add_argument(
-        "--stage-rss-max",
-        type=int,
-        default=1_000_000,
-        help="largest synthetic index the whole shard stage's peak RSS is measured on",
-    )
-    parser.add_argument(
-        "--read-seconds",
-        type=float,
-        default=2.0,
-        help="least seconds of each timed read pass (whole epochs, repeated)",
-    )
-    parser.add_argument(
-        "--scaling",
-        type=_int_list,
-        default=[1000, 10000, 50000],
-        help="comma-separated image counts for the shard scaling run",
-    )
-    parser.add_argument("--scaling-min-size", type=int, default=64)
-    parser.add_argument("--scaling-max-size", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=50, help="timed train steps (input-bound)")
-    parser.add_argument("--warmup-steps", type=int, default=10)
-    parser.add_argument(
-        "--orch-epochs",
-        type=int,
-        default=None,
-        help="override train.epochs in the orchestration copies",
-    )
-    parser.add_argument("--photos", type=int, default=200, help="camera photos per size")
-    parser.add_argument(
-        "--photo-sizes",
-        type=_size_list,
-        default=[(4000, 3000), (1600, 1200)],
-        help="comma-separated WxH camera sizes (the first is the headline), e.g. 4000x3000",
-    )
-    parser.add_argument(
-        "--serve-requests", type=int, default=200, help="single-image HTTP requests timed"
-    )
-    parser.add_argument(
-        "--append-images",
-        type=int,
-        default=50000,
-        help="base set of the append section (64-128 px JPEGs: --scaling-min/max-size)",
-    )
-    parser.add_argument(
-        "--append-fraction",
-        type=float,
-        default=0.01,
-        help="new images the append section adds, as a fraction of --append-images",
-    )
-    parser.add_argument(
-        "--near-duplicate-hashes",
-        type=int,
-        default=50000,
-        help="perceptual hashes the near_duplicates section searches and places",
-    )
-    parser.add_argument("--skip-orchestration", action="store_true")
-    parser.add_argument("--skip-scaling", action="store_true")
-    parser.add_argument(
-        "--only",
-        type=lambda s: s.split(","),
-        default=None,
-        help="comma-separated sections: read,write,photos,input,serve,orchestration,scaling,"
-        "append,plan_rss,near_duplicates",
-    )
-    parser.add_argument(
-        "--quick", action="store_true", help=f"tiny smoke run: {QUICK}, orchestration at 1 epoch"
-    )
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "reports" / "bench.json")
-    parser.add_argument("--plot", type=Path, default=None, help="default: --out with .png")
-    parser.add_argument(
-        "--workdir",
-        type=Path,
-        default=Path(tempfile.gettempdir()) / "shardflow-bench",
-        help="generated images, shards and repo copies (reused between runs)",
-    )
-    args = parser.parse_args(argv)
-    if args.quick:
-        for key, value in QUICK.items():
-            setattr(args, key, value)
-        args.orch_epochs = args.orch_epochs or 1
-    args.plot = args.plot or args.out.with_suffix(".png")
-    return args
+SELF_CONTAINED = {"append", "photos", "plan_rss", "worker_start", "near_duplicates"}
 
 
 def _int_list(text: str) -> list[int]:
@@ -132,6 +44,92 @@ def _size_list(text: str) -> list[tuple[int, int]]:
         width, height = part.lower().split("x")
         sizes.append((int(width), int(height)))
     return sizes
+
+
+# (flag, type, default, help) of the plain options; --quick overrides some (QUICK).
+OPTIONS: list[tuple[str, Callable[[str], Any], Any, str]] = [
+    ("--images", int, 3000, "images in the read/write set"),
+    ("--min-size", int, 200, "smallest source side (px)"),
+    ("--max-size", int, 400, "largest source side (px)"),
+    ("--size", int, 224, "square training size for read/write"),
+    ("--batch", int, 32, "batch size for read figures"),
+    ("--passes", int, 3, "timed passes per figure (median)"),
+    (
+        "--stage-rss-max",
+        int,
+        1_000_000,
+        "largest synthetic index for the stage's peak RSS",
+    ),
+    (
+        "--read-seconds",
+        float,
+        2.0,
+        "least seconds of a timed read pass (whole epochs)",
+    ),
+    (
+        "--scaling",
+        _int_list,
+        [1000, 10000, 50000],
+        "image counts of the scaling run",
+    ),
+    ("--scaling-min-size", int, 64, "smallest side, scaling/append (px)"),
+    ("--scaling-max-size", int, 128, "largest side, scaling/append (px)"),
+    ("--steps", int, 50, "timed train steps (input-bound)"),
+    ("--warmup-steps", int, 10, "untimed train steps first"),
+    ("--orch-epochs", int, None, "train.epochs of orchestration runs"),
+    ("--photos", int, 200, "camera photos per size"),
+    (
+        "--photo-sizes",
+        _size_list,
+        [(4000, 3000), (1600, 1200)],
+        "WxH camera sizes, the first the headline",
+    ),
+    ("--serve-requests", int, 200, "single-image HTTP requests timed"),
+    (
+        "--append-images",
+        int,
+        50000,
+        "base set of the append section",
+    ),
+    (
+        "--append-fraction",
+        float,
+        0.01,
+        "new images appended, a fraction of the base",
+    ),
+    ("--out", Path, REPO_ROOT / "reports" / "bench.json", "the figures (JSON)"),
+    ("--plot", Path, None, "the chart; default: --out with .png"),
+    (
+        "--workdir",
+        Path,
+        Path(tempfile.gettempdir()) / "shardflow-bench",
+        "images, shards, repo copies (kept)",
+    ),
+]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    for flag, kind, default, help_line in OPTIONS:
+        parser.add_argument(flag, type=kind, default=default, help=help_line)
+    parser.add_argument("--skip-orchestration", action="store_true")
+    parser.add_argument("--skip-scaling", action="store_true")
+    parser.add_argument(
+        "--only",
+        type=lambda text: text.split(","),
+        default=None,
+        help=f"comma-separated sections: {','.join(SECTIONS)}",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help=f"tiny smoke run: {QUICK}, orchestration at 1 epoch"
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        for key, value in QUICK.items():
+            setattr(args, key, value)
+        args.orch_epochs = args.orch_epochs or 1
+    args.plot = args.plot or args.out.with_suffix(".png")
+    return args
 
 
 def log(message: str) -> None:
@@ -176,6 +174,8 @@ class Run:
             "plan_rss.records_1m_mb": None,
             "plan_rss.stage_10k_mb": None,
             "plan_rss.stage_1m_mb": None,
+            "workers.start_s": None,
+            "workers.break_even_s": None,
             "near_duplicates.max_light_edit_bits": None,
             "near_duplicates.min_other_bits": None,
             "near_duplicates.search_s": None,
@@ -214,276 +214,338 @@ class Run:
         tmp.replace(self.args.out)
 
 
+@dataclass
+class Bench:
+    """What every section shares: the options, the params, the read/write image set."""
+
+    args: argparse.Namespace
+    run: Run
+    base: Params
+    work: Path
+    cores: int
+    index: Path = Path("/nonexistent/bench-index.json")  # set by `prepare`
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return (self.args.size, self.args.size)
+
+    @property
+    def tag(self) -> str:
+        return f"{self.args.images}-{self.args.min_size}-{self.args.max_size}"
+
+    @property
+    def images(self) -> Path:
+        return self.work / f"images-{self.tag}"
+
+
+def prepare(b: Bench) -> None:
+    """The read/write set: generated JPEGs, ingested once."""
+    from bench.datasets import ingest_folder
+    from bench.images import generate_images
+
+    args = b.args
+    log(f"   generating {args.images} JPEGs ({args.min_size}-{args.max_size} px) in {b.images}")
+    generate_images(
+        b.images, args.images, min_size=args.min_size, max_size=args.max_size, workers=b.cores
+    )
+    b.index = ingest_folder(b.images, b.work / f"ingest-{b.tag}", workers=b.cores)
+
+
+def worker_start(b: Bench) -> None:
+    from bench.worker_start import measure_worker_start
+
+    result = measure_worker_start(workers=2, passes=max(3, b.args.passes))
+    b.run.figures["workers.start_s"] = result["start_s"]
+    b.run.figures["workers.break_even_s"] = result["break_even_s"]
+    b.run.figures["details"]["workers"] = result["details"]
+    log(
+        f"   workers start in {result['start_s']} s: break-even {result['break_even_s']} s "
+        f"of one core's work (tasks.worker_cost holds {result['details']['constant_start_s']})"
+    )
+
+
+def read(b: Bench) -> None:
+    from bench import read as r
+    from bench.datasets import fresh_shards
+
+    args, size, work, tag = b.args, b.size, b.work, b.tag
+    # Every pipeline first, then all of them timed in turns (bench.read.measure_reads).
+    datasets = {"read.folder": r.folder_dataset(b.images, size=size, batch=args.batch)}
+    seed_file = work / f"seed-{tag}.tfrecord"
+    r.write_seed_tfrecord(b.images, seed_file)
+    datasets["read.seed"] = r.seed_dataset(seed_file, size=size, batch=args.batch)
+    for encoding in ("raw", "jpeg", "png"):
+        params = b.base.shard.model_copy(update={"image_size": size, "encoding": encoding})
+        shards = fresh_shards(params, b.index, work / f"read-{tag}-{encoding}", workers=b.cores)
+        datasets[f"read.{encoding}"] = r.shardflow_dataset(shards, batch=args.batch)
+        if encoding == "raw":
+            # The physical limit: the same files as bare records, never parsed.
+            datasets["read.bytes_ceiling"] = r.bytes_dataset(shards, batch=args.batch)
+        if encoding == "jpeg":
+            # Stricter ceiling for read.jpeg: the shards' own JPEG bytes, decoded from memory.
+            encoded, labels = r.shard_image_bytes(shards)
+            datasets["read.ceiling_shard_jpeg"] = r.ceiling_dataset(
+                encoded, labels, size=None, batch=args.batch
+            )
+    encoded, labels = r.source_jpegs(b.images)
+    datasets["read.ceiling"] = r.ceiling_dataset(encoded, labels, size=size, batch=args.batch)
+    results = r.measure_reads(datasets, passes=args.passes, seconds=args.read_seconds)
+    for key, result in results.items():
+        b.run.record(key, result)
+
+
+def write(b: Bench) -> None:
+    from bench.stats import timed_passes
+    from bench.write import seed_write_measured, shardflow_write_measured
+
+    params = b.base.shard.model_copy(update={"image_size": b.size})
+    b.run.figures["details"]["write.encoding"] = params.encoding
+    seed_file = b.work / f"write-seed-{b.tag}.tfrecord"
+    b.run.record(
+        "write.seed",
+        timed_passes(
+            lambda: seed_write_measured(b.images, seed_file, size=b.size, encoding=params.encoding),
+            passes=b.args.passes,
+        ),
+    )
+    for workers in (1, 2):
+        shards = b.work / f"write-{b.tag}-w{workers}"
+
+        def shard_once(w: int = workers, out: Path = shards) -> tuple[int, float]:
+            return shardflow_write_measured(params, b.index, out, workers=w)
+
+        b.run.record(f"write.workers_{workers}", timed_passes(shard_once, passes=b.args.passes))
+
+
+def photos(b: Bench) -> None:
+    from bench.datasets import ingest_folder
+    from bench.photos import measure_photos
+
+    args = b.args
+    results = measure_photos(
+        b.base.shard,
+        b.work,
+        sizes=args.photo_sizes,
+        count=args.photos,
+        size=args.size,
+        ingest=ingest_folder,
+        log=log,
+    )
+    headline = results[f"{args.photo_sizes[0][0]}x{args.photo_sizes[0][1]}"]
+    for key in ("seed", "workers_1", "workers_all", "ceiling"):
+        b.run.figures[f"write_photos.{key}"] = round(headline[key], 2)
+    b.run.figures["ingest_photos.decode_ratio"] = round(headline["decode"]["ratio"], 4)
+    b.run.figures["details"]["photos"] = results
+
+
+def input_bound(b: Bench) -> None:
+    from bench.datasets import fresh_shards
+    from bench.train_step import input_bound_ratio
+
+    shards = fresh_shards(b.base.shard, b.index, b.work / f"train-{b.tag}", workers=b.cores)
+    # One ratio per pass (each synthetic / real / synthetic), median across passes: on a
+    # 2-core VM a single pass swings by +-10% with the host's load.
+    passes = [
+        input_bound_ratio(shards, b.base.train, steps=b.args.steps, warmup=b.args.warmup_steps)
+        for _ in range(max(1, b.args.passes))
+    ]
+    result = sorted(passes, key=lambda r: r["ratio"])[len(passes) // 2]
+    result["pass_ratios"] = [round(r["ratio"], 4) for r in passes]
+    b.run.figures["input_bound_ratio"] = round(result["ratio"], 4)
+    b.run.figures["details"]["input_bound_ratio"] = result
+    if "stand-in" in result["model"]:
+        b.run.figures["notes"].append(f"input_bound_ratio: {result['model']}")
+    log(
+        f"   input_bound_ratio {result['ratio']:.3f} (real {result['real_step_ms']} ms, "
+        f"synthetic {result['synthetic_step_ms']} ms per step, {result['model']})"
+    )
+
+
+def serve(b: Bench) -> None:
+    from bench.datasets import fresh_shards
+    from bench.serve import measure_serving
+
+    shards = fresh_shards(b.base.shard, b.index, b.work / f"serve-{b.tag}", workers=b.cores)
+    result = measure_serving(
+        b.base,
+        shards,
+        b.images,
+        b.work / "serve",
+        passes=b.args.passes,
+        requests=b.args.serve_requests,
+        log=log,
+    )
+    figures = b.run.figures
+    figures["details"]["serve"] = result.pop("details")
+    for key, value in result.items():
+        figures[key] = round(value, 2)
+    log(
+        f"   predict.images_per_s {figures['predict.images_per_s']}, serve p50 "
+        f"{figures['serve.p50_ms']} ms, p95 {figures['serve.p95_ms']} ms"
+    )
+
+
+def orchestration(b: Bench) -> None:
+    from bench.orchestration import measure_orchestration
+
+    epochs = b.args.orch_epochs
+    result = measure_orchestration(
+        REPO_ROOT,
+        b.work / "orchestration",
+        images=b.images,
+        overrides={"train": {"epochs": epochs}} if epochs else {},
+        passes=min(2, b.args.passes),
+        log=log,
+    )
+    figures = b.run.figures
+    for key in ("orchestration_tax", "dvc_noop_s"):
+        value = result.pop(key)
+        figures[key] = None if value is None else round(value, 4)
+    figures["details"]["orchestration"] = result
+    if result.get("note"):
+        figures["notes"].append(f"orchestration: {result['note']}")
+    if result.get("stages_not_compared"):
+        figures["notes"].append(
+            "orchestration_tax covers stages "
+            + ", ".join(result["stages_compared"])
+            + " only (no direct call registered for "
+            + ", ".join(result["stages_not_compared"])
+            + " in bench/orchestration.py)"
+        )
+    log(f"   orchestration_tax {figures['orchestration_tax']}, dvc_noop_s {figures['dvc_noop_s']}")
+
+
+def scaling(b: Bench) -> None:
+    from bench.datasets import ingest_folder
+    from bench.images import generate_images
+    from bench.scaling import scaling_run
+
+    args, shard = b.args, b.base.shard
+    largest = max(args.scaling)
+    stag = f"{largest}-{args.scaling_min_size}-{args.scaling_max_size}"
+    scaling_images = b.work / f"scaling-images-{stag}"
+    log(f"   generating {largest} JPEGs ({args.scaling_min_size}-{args.scaling_max_size} px)")
+    generate_images(
+        scaling_images,
+        largest,
+        min_size=args.scaling_min_size,
+        max_size=args.scaling_max_size,
+        workers=b.cores,
+    )
+    full_index = ingest_folder(scaling_images, b.work / f"ingest-scaling-{stag}", workers=b.cores)
+    b.run.figures["scaling"] = scaling_run(
+        shard, full_index, b.work / "scaling", sorted(args.scaling), workers=shard.workers, log=log
+    )
+    b.run.figures["notes"].append(
+        f"scaling uses {args.scaling_min_size}-{args.scaling_max_size} px source JPEGs and "
+        f"the params.yaml shard settings ({shard.image_size}, {shard.encoding}, "
+        f"{shard.workers} workers); peak_rss_mb sums the shard process and its workers"
+    )
+
+
+def append(b: Bench) -> None:
+    from bench.append import measure_append
+    from flows.server import require_server
+
+    require_server()  # the shard stage runs as its Prefect flow
+    args = b.args
+    result = measure_append(
+        b.base,
+        b.work,
+        images=args.append_images,
+        fraction=args.append_fraction,
+        min_size=args.scaling_min_size,
+        max_size=args.scaling_max_size,
+        workers=b.cores,
+        log=log,
+    )
+    f = b.run.figures
+    for key, value in result["figures"].items():
+        f[key] = round(value, 4) if isinstance(value, float) else value
+    f["details"]["append"] = result["details"]
+    log(
+        f"   append +{result['details']['new_images']} images: bytes written "
+        f"{f['append.bytes_written_fraction']} of the set, data side "
+        f"{f['append.data_side_fraction']} of a full run, dvc push "
+        f"{f['append.push_files']} objects ({f['append.push_new_shards']} new shards, "
+        f"{f['append.push_old_shards']} old shards)"
+    )
+
+
+def plan_rss(b: Bench) -> None:
+    from bench.plan_rss import measure_plan_rss
+
+    figures = measure_plan_rss(b.work / "plan-rss", stage_up_to=b.args.stage_rss_max, log=log)
+    for key, value in figures.items():
+        target = b.run.figures if not key.endswith("_details") else b.run.figures["details"]
+        target[f"plan_rss.{key}"] = value
+
+
+def near_duplicates(b: Bench) -> None:
+    from bench.near_duplicates import measure_near_duplicates
+
+    result = measure_near_duplicates(
+        b.work,
+        count=b.args.near_duplicate_hashes,
+        distance=b.base.ingest.near_duplicate_distance,
+        log=log,
+    )
+    threshold, search = result["threshold"], result["search"]
+    f = b.run.figures
+    f["near_duplicates.max_light_edit_bits"] = threshold["max_light_edit_bits"]
+    f["near_duplicates.min_other_bits"] = min(
+        threshold["min_other_position_bits"], threshold["min_different_photo_bits"]
+    )
+    f["near_duplicates.search_s"] = search["search_s"]
+    f["near_duplicates.place_s"] = search["place_s"]
+    f["near_duplicates.peak_rss_mb"] = search["peak_rss_mb"]
+    f["details"]["near_duplicates"] = result
+
+
+# The sections, in the order they run (`--only` names them; `--skip-*` drops two).
+SECTIONS: dict[str, Callable[[Bench], None]] = {
+    "worker_start": worker_start,
+    "read": read,
+    "write": write,
+    "photos": photos,
+    "input": input_bound,
+    "serve": serve,
+    "orchestration": orchestration,
+    "scaling": scaling,
+    "append": append,
+    "plan_rss": plan_rss,
+    "near_duplicates": near_duplicates,
+}
+
+
+def wanted(args: argparse.Namespace) -> list[str]:
+    """The sections this run measures."""
+    skipped = {"orchestration"} if args.skip_orchestration else set()
+    skipped |= {"scaling"} if args.skip_scaling else set()
+    return [
+        name for name in SECTIONS if name not in skipped and (not args.only or name in args.only)
+    ]
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from bench.datasets import fresh_shards, ingest_folder
-    from bench.images import generate_images
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     from bench.report import format_table, plot
     from bench.stats import evaluate_targets
     from tasks.params import load_params
 
     run = Run(args)
-    work: Path = args.workdir
-    cores = os.cpu_count() or 1
     base = load_params(REPO_ROOT / "params.yaml")
-    size = (args.size, args.size)
-    tag = f"{args.images}-{args.min_size}-{args.max_size}"
-    images = work / f"images-{tag}"
-    state: dict[str, Any] = {}
-
-    def prepare() -> None:
-        log(f"   generating {args.images} JPEGs ({args.min_size}-{args.max_size} px) in {images}")
-        generate_images(
-            images, args.images, min_size=args.min_size, max_size=args.max_size, workers=cores
-        )
-        state["index"] = ingest_folder(images, work / f"ingest-{tag}", workers=cores)
-
+    bench = Bench(args, run, base, args.workdir, os.cpu_count() or 1)
+    sections = wanted(args)
     # Sections that generate their own data (images, or a synthetic index) need no read/write set.
-    if not args.only or not set(args.only) <= SELF_CONTAINED:
-        run.section("prepare", prepare)
-        if "index" not in state:
+    if not set(sections) <= SELF_CONTAINED:
+        run.section("prepare", partial(prepare, bench))
+        if not bench.index.exists():
             run.save()
             raise SystemExit("could not prepare the benchmark images; see errors above")
-    # The read/write set's index; sections that use it never run without `prepare`.
-    index: Path = state.get("index") or Path("/nonexistent/bench-index.json")
-
-    def read() -> None:
-        from bench import read as r
-
-        # Every pipeline first, then all of them timed in turns (bench.read.measure_reads).
-        datasets = {"read.folder": r.folder_dataset(images, size=size, batch=args.batch)}
-        seed_file = work / f"seed-{tag}.tfrecord"
-        r.write_seed_tfrecord(images, seed_file)
-        datasets["read.seed"] = r.seed_dataset(seed_file, size=size, batch=args.batch)
-        for encoding in ("raw", "jpeg", "png"):
-            params = base.shard.model_copy(update={"image_size": size, "encoding": encoding})
-            shards = fresh_shards(params, index, work / f"read-{tag}-{encoding}", workers=cores)
-            datasets[f"read.{encoding}"] = r.shardflow_dataset(shards, batch=args.batch)
-            if encoding == "raw":
-                # The physical limit: the same files as bare records, never parsed.
-                datasets["read.bytes_ceiling"] = r.bytes_dataset(shards, batch=args.batch)
-            if encoding == "jpeg":
-                # Stricter ceiling for read.jpeg: the shards' own JPEG bytes, decoded from memory.
-                encoded, labels = r.shard_image_bytes(shards)
-                datasets["read.ceiling_shard_jpeg"] = r.ceiling_dataset(
-                    encoded, labels, size=None, batch=args.batch
-                )
-        encoded, labels = r.source_jpegs(images)
-        datasets["read.ceiling"] = r.ceiling_dataset(encoded, labels, size=size, batch=args.batch)
-        results = r.measure_reads(datasets, passes=args.passes, seconds=args.read_seconds)
-        for key, result in results.items():
-            run.record(key, result)
-
-    def write() -> None:
-        from bench.stats import timed_passes
-        from bench.write import seed_write_measured, shardflow_write_measured
-
-        params = base.shard.model_copy(update={"image_size": size})
-        run.figures["details"]["write.encoding"] = params.encoding
-        seed_file = work / f"write-seed-{tag}.tfrecord"
-        run.record(
-            "write.seed",
-            timed_passes(
-                lambda: seed_write_measured(images, seed_file, size=size, encoding=params.encoding),
-                passes=args.passes,
-            ),
-        )
-        for workers in (1, 2):
-            shards = work / f"write-{tag}-w{workers}"
-
-            def shard_once(w: int = workers, out: Path = shards) -> tuple[int, float]:
-                return shardflow_write_measured(params, index, out, workers=w)
-
-            run.record(f"write.workers_{workers}", timed_passes(shard_once, passes=args.passes))
-
-    def photos() -> None:
-        from bench.photos import measure_photos
-
-        results = measure_photos(
-            base.shard,
-            work,
-            sizes=args.photo_sizes,
-            count=args.photos,
-            size=args.size,
-            ingest=ingest_folder,
-            log=log,
-        )
-        headline = results[f"{args.photo_sizes[0][0]}x{args.photo_sizes[0][1]}"]
-        for key in ("seed", "workers_1", "workers_all", "ceiling"):
-            run.figures[f"write_photos.{key}"] = round(headline[key], 2)
-        run.figures["ingest_photos.decode_ratio"] = round(headline["decode"]["ratio"], 4)
-        run.figures["details"]["photos"] = results
-
-    def input_bound() -> None:
-        from bench.train_step import input_bound_ratio
-
-        shards = fresh_shards(base.shard, index, work / f"train-{tag}", workers=cores)
-        # One ratio per pass (each synthetic / real / synthetic), median across passes: on a
-        # 2-core VM a single pass swings by +-10% with the host's load.
-        passes = [
-            input_bound_ratio(shards, base.train, steps=args.steps, warmup=args.warmup_steps)
-            for _ in range(max(1, args.passes))
-        ]
-        result = sorted(passes, key=lambda r: r["ratio"])[len(passes) // 2]
-        result["pass_ratios"] = [round(r["ratio"], 4) for r in passes]
-        run.figures["input_bound_ratio"] = round(result["ratio"], 4)
-        run.figures["details"]["input_bound_ratio"] = result
-        if "stand-in" in result["model"]:
-            run.figures["notes"].append(f"input_bound_ratio: {result['model']}")
-        log(
-            f"   input_bound_ratio {result['ratio']:.3f} (real {result['real_step_ms']} ms, "
-            f"synthetic {result['synthetic_step_ms']} ms per step, {result['model']})"
-        )
-
-    def serve() -> None:
-        from bench.serve import measure_serving
-
-        shards = fresh_shards(base.shard, index, work / f"serve-{tag}", workers=cores)
-        result = measure_serving(
-            base,
-            shards,
-            images,
-            work / "serve",
-            passes=args.passes,
-            requests=args.serve_requests,
-            log=log,
-        )
-        run.figures["details"]["serve"] = result.pop("details")
-        for key, value in result.items():
-            run.figures[key] = round(value, 2)
-        log(
-            f"   predict.images_per_s {run.figures['predict.images_per_s']}, serve p50 "
-            f"{run.figures['serve.p50_ms']} ms, p95 {run.figures['serve.p95_ms']} ms"
-        )
-
-    def orchestration() -> None:
-        from bench.orchestration import measure_orchestration
-
-        overrides = {"train": {"epochs": args.orch_epochs}} if args.orch_epochs else {}
-        result = measure_orchestration(
-            REPO_ROOT,
-            work / "orchestration",
-            images=images,
-            overrides=overrides,
-            passes=min(2, args.passes),
-            log=log,
-        )
-        for key in ("orchestration_tax", "dvc_noop_s"):
-            value = result.pop(key)
-            run.figures[key] = None if value is None else round(value, 4)
-        run.figures["details"]["orchestration"] = result
-        if result.get("note"):
-            run.figures["notes"].append(f"orchestration: {result['note']}")
-        if result.get("stages_not_compared"):
-            run.figures["notes"].append(
-                "orchestration_tax covers stages "
-                + ", ".join(result["stages_compared"])
-                + " only (no direct call registered for "
-                + ", ".join(result["stages_not_compared"])
-                + " in bench/orchestration.py)"
-            )
-        log(
-            f"   orchestration_tax {run.figures['orchestration_tax']}, "
-            f"dvc_noop_s {run.figures['dvc_noop_s']}"
-        )
-
-    def scaling() -> None:
-        from bench.scaling import scaling_run
-
-        largest = max(args.scaling)
-        stag = f"{largest}-{args.scaling_min_size}-{args.scaling_max_size}"
-        scaling_images = work / f"scaling-images-{stag}"
-        log(f"   generating {largest} JPEGs ({args.scaling_min_size}-{args.scaling_max_size} px)")
-        generate_images(
-            scaling_images,
-            largest,
-            min_size=args.scaling_min_size,
-            max_size=args.scaling_max_size,
-            workers=cores,
-        )
-        full_index = ingest_folder(scaling_images, work / f"ingest-scaling-{stag}", workers=cores)
-        run.figures["scaling"] = scaling_run(
-            base.shard,
-            full_index,
-            work / "scaling",
-            sorted(args.scaling),
-            workers=base.shard.workers,
-            log=log,
-        )
-        run.figures["notes"].append(
-            f"scaling uses {args.scaling_min_size}-{args.scaling_max_size} px source JPEGs and "
-            f"the params.yaml shard settings ({base.shard.image_size}, {base.shard.encoding}, "
-            f"{base.shard.workers} workers); peak_rss_mb sums the shard process and its workers"
-        )
-
-    def append() -> None:
-        from bench.append import measure_append
-        from flows.server import require_server
-
-        require_server()  # the shard stage runs as its Prefect flow
-        result = measure_append(
-            base,
-            work,
-            images=args.append_images,
-            fraction=args.append_fraction,
-            min_size=args.scaling_min_size,
-            max_size=args.scaling_max_size,
-            workers=cores,
-            log=log,
-        )
-        for key, value in result["figures"].items():
-            run.figures[key] = round(value, 4) if isinstance(value, float) else value
-        run.figures["details"]["append"] = result["details"]
-        f = run.figures
-        log(
-            f"   append +{result['details']['new_images']} images: bytes written "
-            f"{f['append.bytes_written_fraction']} of the set, data side "
-            f"{f['append.data_side_fraction']} of a full run, dvc push "
-            f"{f['append.push_files']} objects ({f['append.push_new_shards']} new shards, "
-            f"{f['append.push_old_shards']} old shards)"
-        )
-
-    def plan_rss() -> None:
-        from bench.plan_rss import measure_plan_rss
-
-        figures = measure_plan_rss(work / "plan-rss", stage_up_to=args.stage_rss_max, log=log)
-        for key, value in figures.items():
-            target = run.figures if not key.endswith("_details") else run.figures["details"]
-            target[f"plan_rss.{key}"] = value
-
-    def near_duplicates() -> None:
-        from bench.near_duplicates import measure_near_duplicates
-
-        result = measure_near_duplicates(
-            work,
-            count=args.near_duplicate_hashes,
-            distance=base.ingest.near_duplicate_distance,
-            log=log,
-        )
-        threshold, search = result["threshold"], result["search"]
-        f = run.figures
-        f["near_duplicates.max_light_edit_bits"] = threshold["max_light_edit_bits"]
-        f["near_duplicates.min_other_bits"] = min(
-            threshold["min_other_position_bits"], threshold["min_different_photo_bits"]
-        )
-        f["near_duplicates.search_s"] = search["search_s"]
-        f["near_duplicates.place_s"] = search["place_s"]
-        f["near_duplicates.peak_rss_mb"] = search["peak_rss_mb"]
-        f["details"]["near_duplicates"] = result
-
-    run.section("read", read)
-    run.section("write", write)
-    run.section("photos", photos)
-    run.section("input", input_bound)
-    run.section("serve", serve)
-    if not args.skip_orchestration:
-        run.section("orchestration", orchestration)
-    if not args.skip_scaling:
-        run.section("scaling", scaling)
-    run.section("append", append)
-    run.section("plan_rss", plan_rss)
-    run.section("near_duplicates", near_duplicates)
+    for name in sections:
+        run.section(name, partial(SECTIONS[name], bench))
 
     run.figures["targets"] = evaluate_targets(run.figures, base.shard.encoding)
     run.save()

@@ -211,6 +211,7 @@ def run_validate(params: Params, layout: Layout) -> dict[str, Any]:
         layout.validation_report,
         layout.validation_summary,
         index_path=layout.index,
+        accepted_path=layout.accepted_data,
         diff_path=layout.data_diff,
         limits=params.validate_,
     )
@@ -312,66 +313,36 @@ def measure_append(
     """Figures (``append.*``) and details of one append of ``fraction`` new images to a set
     of ``images``, against building the grown set from scratch."""
     from bench.images import generate_images
-    from tasks.ingest import RACE_MARGIN_NS
     from tasks.manifest import load_manifest
 
-    new_count = new_image_count(images, fraction)
-    total = images + new_count
+    total = images + new_image_count(images, fraction)
     source = work / f"append-images-{total}-{min_size}-{max_size}"
     log(f"   generating {total} JPEGs ({min_size}-{max_size} px) in {source}")
     generate_images(source, total, min_size=min_size, max_size=max_size, workers=workers)
     names = [p.relative_to(source).as_posix() for p in source.glob("*/*.jpg")]
     base_names, new_names = partition_images(names, images)
+    full, grow = stage_workspaces(source, work / "append", base_names, new_names)
 
-    root = work / "append"
-    shutil.rmtree(root, ignore_errors=True)
-    full, grow = Layout(root / "full"), Layout(root / "grow")
-    full_images, grow_images = full.root / "images", grow.root / "images"
-
-    # Both folders are staged first: a hard link moves its file's ctime, so linking the full
-    # set after the base run would make every base file look rewritten to the update's
-    # ingest. The pause lets the last links age past ingest's race margin, as a user's
-    # files have long before their next ingest.
-    link_images(source, full_images, [*base_names, *new_names])
-    link_images(source, grow_images, base_names)
-    time.sleep(RACE_MARGIN_NS / 1e9)
     log(f"   base: {len(base_names)} images, ingest + shard (rebuild) + validate, untimed")
-    base = data_side(params, grow, grow_images, "rebuild")
+    base = data_side(params, grow, grow.root / "images", "rebuild")
     base_manifest = load_manifest(grow.shards_dir)
-    base_shards = [s.file for info in base_manifest.splits.values() for s in info.shards]
-    remote = root / "remote"
+    remote = grow.root.parent / "remote"
     dvc_init(grow.root, remote)
     base_pushed, _, _ = push(grow.root, remote, "data/shards")
 
     log(f"   full run: {total} images from scratch")
-    from_scratch = data_side(params, full, full_images, "rebuild")
+    from_scratch = data_side(params, full, full.root / "images", "rebuild")
 
     log(f"   update: +{len(new_names)} images, shard.mode append")
-    link_images(source, grow_images, new_names)
-    update = data_side(params, grow, grow_images, "append")
+    link_images(source, grow.root / "images", new_names)
+    update = data_side(params, grow, grow.root / "images", "append")
     manifest = load_manifest(grow.shards_dir)
     if manifest.fingerprint == base_manifest.fingerprint:
         raise RuntimeError(f"{grow.shards_dir}: the append added no generation")
+    base_shards = [s.file for info in base_manifest.splits.values() for s in info.shards]
     new_shards = manifest.generations[-1].shards
     pushed, entries, printed = push(grow.root, remote, "data/shards")
     sent = classify_push(pushed, entries, new_shards, base_shards)
-
-    figures: dict[str, Any] = {
-        **append_figures(from_scratch, update),
-        "append.shard_s": update["shard_s"],
-        "append.rebuild_shard_s": from_scratch["shard_s"],
-        "append.ingest_s": update["ingest_s"],
-        "append.full_ingest_s": from_scratch["ingest_s"],
-        "append.validate_s": update["validate_s"],
-        "append.full_validate_s": from_scratch["validate_s"],
-        "append.set_bytes": update["set_bytes"],
-        "append.push_files": sent["objects"],
-        "append.push_new_shards": sent["new_shards"],
-        "append.push_old_shards": sent["old_shards"],
-        "append.push_other_files": len(sent["other_files"]),
-        "append.push_shard_mismatch": sent["shard_mismatch"],
-        "append.push_only_new_shards": sent["shard_mismatch"] == 0,
-    }
     details = {
         "images": images,
         "new_images": len(new_names),
@@ -390,7 +361,49 @@ def measure_append(
         "bytes = files new or replaced in the shard folder; push objects include the "
         "folder listing (.dir)",
     }
-    return {"figures": figures, "details": details}
+    return {"figures": report_figures(from_scratch, update, sent), "details": details}
+
+
+def stage_workspaces(
+    source: Path, root: Path, base_names: list[str], new_names: list[str]
+) -> tuple[Layout, Layout]:
+    """The ``full`` workspace (every image) and the ``grow`` one (the base images), linked.
+
+    Both folders are staged first: a hard link moves its file's ctime, so linking the full
+    set after the base run would make every base file look rewritten to the update's
+    ingest. The pause lets the last links age past ingest's race margin, as a user's files
+    have long before their next ingest.
+    """
+    from tasks.ingest import RACE_MARGIN_NS
+
+    shutil.rmtree(root, ignore_errors=True)
+    full, grow = Layout(root / "full"), Layout(root / "grow")
+    link_images(source, full.root / "images", [*base_names, *new_names])
+    link_images(source, grow.root / "images", base_names)
+    time.sleep(RACE_MARGIN_NS / 1e9)
+    return full, grow
+
+
+def report_figures(
+    from_scratch: dict[str, Any], update: dict[str, Any], sent: dict[str, Any]
+) -> dict[str, Any]:
+    """The section's ``append.*`` figures: the update against the full run, and the push."""
+    return {
+        **append_figures(from_scratch, update),
+        "append.shard_s": update["shard_s"],
+        "append.rebuild_shard_s": from_scratch["shard_s"],
+        "append.ingest_s": update["ingest_s"],
+        "append.full_ingest_s": from_scratch["ingest_s"],
+        "append.validate_s": update["validate_s"],
+        "append.full_validate_s": from_scratch["validate_s"],
+        "append.set_bytes": update["set_bytes"],
+        "append.push_files": sent["objects"],
+        "append.push_new_shards": sent["new_shards"],
+        "append.push_old_shards": sent["old_shards"],
+        "append.push_other_files": len(sent["other_files"]),
+        "append.push_shard_mismatch": sent["shard_mismatch"],
+        "append.push_only_new_shards": sent["shard_mismatch"] == 0,
+    }
 
 
 def _rounded(result: dict[str, Any]) -> dict[str, Any]:

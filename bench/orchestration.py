@@ -35,9 +35,9 @@ def _ingest(params: Params, layout: Layout) -> None:
 
 
 def _shard(params: Params, layout: Layout) -> None:
-    from tasks.shard import run_shard
+    from tasks.shard import shard_stage
 
-    run_shard(params.shard, layout.index, layout.shards_dir)
+    shard_stage(params.shard, layout.index, layout.shards_dir)
 
 
 def _validate(params: Params, layout: Layout) -> None:
@@ -334,7 +334,7 @@ def _direct(root: str, *stages: str) -> None:
 
     keras_without_extras()  # Keras imported as the stages import it: not orchestration
     os.chdir(root)
-    layout = Layout(Path("."))
+    layout = Layout(".")
     params = load_params(layout.params)
     seconds = {}
     for stage in stages:

@@ -153,14 +153,14 @@ def _stage_child(index_path: str, root: str, mode: str = "rebuild") -> None:
             yield describe_shard(spec.file, len(spec.records), Path(shards_dir))
 
     params = default_params(shard={"encoding": "raw", "workers": 1, "mode": mode}).shard
-    layout = Layout(Path(root))
+    layout = Layout(root)
     start = time.perf_counter()
     run = shard_stage(
         params,
         Path(index_path),
         layout.shards_dir,
         write_many=placeholders,
-        diff_path=layout.data_diff,
+        diff_path=layout.shard_changes,
     )
     assert run.diff is not None
     print(

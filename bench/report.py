@@ -116,6 +116,8 @@ def format_table(figures: dict[str, Any], targets: list[dict[str, Any]]) -> str:
         "plan_rss.stage_1m_mb",
     ):
         lines.append(f"{key:<24}{_fmt(figures.get(key)):>14}  MB peak RSS")
+    for key in ("workers.start_s", "workers.break_even_s"):
+        lines.append(f"{key:<24}{_fmt(figures.get(key), 2):>14}  s")
     for point in figures.get("scaling") or []:
         lines.append(
             f"{'scaling ' + str(point['images']):<24}{point['s_per_image'] * 1000:>14.3f}  ms/img"

@@ -22,7 +22,7 @@ ENVIRONMENT = {
     "DO_NOT_TRACK": "true",
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "DVC_NO_ANALYTICS": "1",
-    "TF_CPP_MIN_LOG_LEVEL": "2",
+    "TF_CPP_MIN_LOG_LEVEL": "3",  # C++ errors too: "failed call to cuInit" on a CPU-only machine
 }
 DEMO_DIR = "data/demo"
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
@@ -44,6 +44,10 @@ def run_steps(extra: Sequence[str]) -> Steps:
         # One writer: the whole repro holds the workspace lock (its stages pass under it).
         module("tasks.workspace_lock", "--", sys.executable, "-m", "dvc", "repro", *extra),
     ]
+
+
+def accept_data_steps(extra: Sequence[str]) -> Steps:
+    return [module("flows.accept_data", *extra)]
 
 
 def serve_steps(extra: Sequence[str]) -> Steps:
@@ -75,6 +79,10 @@ def stop_steps(extra: Sequence[str]) -> Steps:
 # name -> (help line, steps); the order is the order of `shardflow --help`.
 COMMANDS: dict[str, tuple[str, Callable[[Sequence[str]], Steps]]] = {
     "run": ("demo data if missing, Prefect server, then the whole pipeline (dvc repro)", run_steps),
+    "accept-data": (
+        "accept the shards validation refused as the data baseline: --fingerprint F --reason R",
+        accept_data_steps,
+    ),
     "serve": ("Prefect server plus a process serving the deployments", serve_steps),
     "predict": ("batch prediction: python -m flows.predict SOURCE [options]", predict_steps),
     "bench": ("benchmarks -> reports/bench.json and bench.png (--quick: a smoke run)", bench_steps),
@@ -108,18 +116,42 @@ def environment() -> dict[str, str]:
     return env
 
 
+def teed(step: list[str], env: dict[str, str]) -> tuple[int, list[str]]:
+    """Run ``step`` with its standard output shown as it comes and kept (unbuffered, so its
+    lines keep their place among the standard error's)."""
+    kept: list[str] = []
+    with subprocess.Popen(
+        step, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, text=True
+    ) as process:
+        assert process.stdout is not None
+        for line in process.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            kept.append(line)
+    return process.returncode, kept
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run a subcommand's steps in order; the exit code is the first failing step's."""
+    """Run a subcommand's steps in order; the exit code is the first failing step's. ``run``
+    ends with a summary read from the outputs (:mod:`flows.run_summary`)."""
     args, extra = build_parser().parse_known_args(argv)
     env = environment()
-    for step in COMMANDS[args.command][1](extra):
-        code = subprocess.run(step, env=env).returncode
+    steps = COMMANDS[args.command][1](extra)
+    output: list[str] = []
+    for i, step in enumerate(steps):
+        if args.command == "run" and i == len(steps) - 1:  # dvc repro: its lines name stages
+            code, output = teed(step, env)
+        else:
+            code = subprocess.run(step, env=env).returncode
         if code != 0:
             print(f"shardflow {args.command}: `{' '.join(step)}` exited {code}", file=sys.stderr)
             return code
     if args.command == "run":
-        print("Done. Metrics: metrics/eval.json; model: models/model.keras; reports/; plots/.")
-        print("Compare runs: shardflow ui (MLflow, 127.0.0.1:5000); Prefect UI: 127.0.0.1:4200.")
+        from flows.run_summary import summary_lines
+
+        print("\nShardflow run done:")
+        for line in summary_lines(Path.cwd(), output):
+            print(f"  {line}")
     return 0
 
 

@@ -28,12 +28,16 @@ OFFLINE_ENV = {
     "DO_NOT_TRACK": "true",
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "DVC_NO_ANALYTICS": "1",
-    "TF_CPP_MIN_LOG_LEVEL": "2",
+    "TF_CPP_MIN_LOG_LEVEL": "3",  # C++ errors too: "failed call to cuInit" on a CPU-only machine
+    # MLflow prints "View run at <tracking URI>/..." as a run ends on a server, credentials
+    # in the URI included; the flows log their own link, redacted (tasks.tracking.redact).
+    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
 }
 
 
 def configure_environment() -> None:
-    """Analytics off and quiet TensorFlow; called by entry points, never at import."""
+    """Analytics off, quiet TensorFlow, no unredacted MLflow links; called by entry points,
+    never at import."""
     for key, value in OFFLINE_ENV.items():
         os.environ.setdefault(key, value)
 
@@ -231,6 +235,52 @@ def stage_settings() -> Iterator[None]:
 
     with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield
+
+
+def in_deployment_run() -> bool:
+    """Whether this code runs in a run a Prefect deployment started: then its parameters
+    come from whoever started the run, and are confined to the repository."""
+    from prefect.runtime import deployment
+
+    return deployment.id is not None
+
+
+def run_params_path(root: str, params_path: str) -> Path:
+    """The params file a flow reads: for a deployment run, only one inside the repository.
+
+    Deployments are served from the repository root (the working directory); direct calls
+    (DVC stages, tests) name their own project root.
+    """
+    from tasks.params import resolve_inside  # here: entry points import this module first
+
+    if not in_deployment_run():
+        return Path(root) / params_path
+    return resolve_inside(root, params_path, Path.cwd())
+
+
+def flow_run_tags() -> dict[str, str]:
+    """The Prefect flow run this code runs in, as MLflow tags ("none" outside a flow)."""
+    from prefect.runtime import flow_run
+
+    run_id = str(flow_run.id) if flow_run.id else None
+    url = str(flow_run.ui_url) if run_id and flow_run.ui_url else None
+    return {"prefect.flow_run_id": run_id or "none", "prefect.flow_run_url": url or "none"}
+
+
+@contextmanager
+def run_log(logger_name: str = "tasks") -> Iterator[None]:
+    """Inside, what the plain-Python ``tasks`` loggers say also goes to this Prefect run's
+    log (the UI), as :func:`prefect.get_run_logger` records would; they still propagate."""
+    import logging
+
+    from prefect.logging.handlers import APILogHandler
+
+    logger, handler = logging.getLogger(logger_name), APILogHandler()
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
 
 
 def run_name(stage: str, *details: object) -> str:

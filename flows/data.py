@@ -8,8 +8,7 @@ code, and this flow composes the same tasks for deployment runs.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from prefect import flow
 
@@ -17,14 +16,17 @@ from flows import ingest, shard, validate
 from flows.common import (
     naming,
     run_parameter,
+    run_params_path,
     run_stage,
     run_then_exit,
     stage_main,
 )
+from flows.parameters import RepoPath
 from tasks.layout import Layout
-from tasks.params import load_params, run_params_path
+from tasks.params import load_params
 
-DATA_STAGES = ("ingest", "shard", "validate")
+DataStage = Literal["ingest", "shard", "validate"]  # a run's `stages` are checked names
+DATA_STAGES: tuple[DataStage, ...] = get_args(DataStage)
 
 
 def stage_details() -> list[object]:
@@ -34,9 +36,9 @@ def stage_details() -> list[object]:
 
 @flow(name="data", log_prints=True, flow_run_name=naming("data", stage_details))
 def data_flow(
-    params_path: str = "params.yaml",
-    root: str = ".",
-    stages: list[str] | None = None,
+    params_path: RepoPath = "params.yaml",
+    root: RepoPath = ".",
+    stages: list[DataStage] | None = None,
     dvc_bookkeeping: bool = False,
 ) -> dict[str, Any]:
     """Ingest, shard and validate; ``stages`` picks a subset (what one DVC stage runs).
@@ -45,7 +47,7 @@ def data_flow(
     skipped and a stage that ran is recorded in ``dvc.lock``.
     """
     params = load_params(run_params_path(root, params_path))  # inside the repo if deployed
-    layout = Layout(Path(root))
+    layout = Layout(root)
     stages = stages or list(DATA_STAGES)
     steps = {
         "ingest": lambda: ingest.ingest_task(params.ingest, layout),
@@ -60,9 +62,10 @@ def data_flow(
 
 
 def main() -> None:
-    stage_main(
-        "data", DATA_STAGES, lambda stages, params: data_flow(params_path=params, stages=stages)
-    )
+    def run(names: list[str], params: str) -> object:  # names: checked against DATA_STAGES
+        return data_flow(params_path=params, stages=[s for s in DATA_STAGES if s in names])
+
+    stage_main("data", DATA_STAGES, run)
 
 
 if __name__ == "__main__":

@@ -18,10 +18,11 @@ from flows.server import require_server
 from flows.training import training_flow
 
 
-def main() -> None:
-    configure_environment()
-    require_server()
-    deployments: list[Any] = [
+def deployments() -> list[Any]:
+    """The deployments ``make serve`` serves. Each flow types its parameters with
+    :mod:`flows.parameters` (paths inside the repository, model names and references), and
+    ``tests/unit/test_deployment_parameters.py`` checks every parameter of every one."""
+    return [
         pipeline.to_deployment(
             name="local",
             description="Data flow then training flow; skips stages DVC finds up to date.",
@@ -42,7 +43,12 @@ def main() -> None:
             description="Batch prediction with the champion (or `model`): --param source=DIR.",
         ),
     ]
-    serve(*deployments, limit=1)  # one run at a time: runs share the working tree and dvc.lock
+
+
+def main() -> None:
+    configure_environment()
+    require_server()
+    serve(*deployments(), limit=1)  # one run at a time: runs share the working tree and dvc.lock
 
 
 if __name__ == "__main__":

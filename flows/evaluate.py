@@ -16,7 +16,6 @@ if __name__ == "__main__":
     prestart_stage_child(_evaluate.warm_up)
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -27,6 +26,7 @@ from flows.common import (
     code_version,
     naming,
     run_parameter,
+    run_params_path,
     run_then_exit,
     stage_main,
     untagged_task_runs,
@@ -35,13 +35,13 @@ from flows.model_runs import link_mlflow_run, recorded_run_name, retry_unless_re
 from tasks import evaluate, gate, manifest, reader, schema, tracking
 from tasks.evaluate import run_evaluate
 from tasks.layout import Layout
-from tasks.params import Params, load_params, run_params_path
+from tasks.params import Params, load_params
 from tasks.processes import standby_child
 
 
 def evaluated_run_details() -> Sequence[object]:
     """What names an evaluation: the training run it evaluates (``models/run.json``)."""
-    return [recorded_run_name(Layout(Path(run_parameter("root", "."))))]
+    return [recorded_run_name(Layout(run_parameter("root", ".")))]
 
 
 # Registry and artifact writes go over the tracking store, which can blip.
@@ -94,7 +94,7 @@ def evaluate_flow(params_path: str = "params.yaml", root: str = ".") -> dict[str
     """Evaluate, register and maybe promote the model the train stage left."""
     params = load_params(run_params_path(root, params_path))
     with untagged_task_runs():
-        return evaluate_task(params, Layout(Path(root)))
+        return evaluate_task(params, Layout(root))
 
 
 def main() -> None:

@@ -5,7 +5,6 @@ Imports only what ingest runs, so the stage's ``dvc.yaml`` deps are exactly its 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -19,13 +18,14 @@ from flows.common import (
     rename_flow_run,
     run_name,
     run_parameter,
+    run_params_path,
     run_then_exit,
     stage_main,
     untagged_task_runs,
 )
 from tasks import images, ingest
 from tasks.layout import Layout
-from tasks.params import IngestParams, load_params, run_params_path
+from tasks.params import IngestParams, load_params
 
 
 @task(name="ingest", version=code_version(ingest, images), cache_policy=NO_CACHE)
@@ -87,7 +87,7 @@ def ingest_flow(params_path: str = "params.yaml", root: str = ".") -> dict[str, 
     """Find every input image, check it, assign splits; quarantine the rest."""
     params = load_params(run_params_path(root, params_path))
     with untagged_task_runs():
-        result = ingest_task(params.ingest, Layout(Path(root)))
+        result = ingest_task(params.ingest, Layout(root))
     accepted = f"{result['accepted']} of {result['files_found']} files accepted"
     rename_flow_run(run_name("ingest", params.ingest.source_dir, accepted))
     return result

@@ -14,18 +14,19 @@ from typing import Any
 
 from prefect import flow, get_run_logger, tags
 
-from flows.common import configure_environment, hold_workspace, pipeline_id
+from flows.common import configure_environment, hold_workspace, pipeline_id, run_params_path
 from flows.data import data_flow
+from flows.parameters import RepoPath
 from flows.server import require_server
 from flows.training import training_flow
-from tasks.params import ParamOverrides, apply_overrides, run_params_path
+from tasks.params import ParamOverrides, apply_overrides
 
 
 @flow(name="pipeline", log_prints=True)
 def pipeline(
     overrides: ParamOverrides | None = None,
-    params_path: str = "params.yaml",
-    root: str = ".",
+    params_path: RepoPath = "params.yaml",
+    root: RepoPath = ".",
 ) -> dict[str, Any]:
     """ingest -> shard -> validate | train -> evaluate; stages DVC finds current are skipped."""
     logger = get_run_logger()

@@ -22,21 +22,29 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 
-from flows.common import code_version, configure_environment, run_then_exit
+from flows.common import (
+    code_version,
+    configure_environment,
+    flow_run_tags,
+    in_deployment_run,
+    run_params_path,
+    run_then_exit,
+)
+from flows.parameters import ModelName, ModelReference, RepoPath
 from tasks import images, predict, schema, tracking
-from tasks.params import load_params
+from tasks.params import inside, load_params
 
 ARTIFACT_ROWS = 500  # the Prefect table shows the first rows; the CSV holds them all
 
 
 @task(name="predict", version=code_version(predict, images, schema), cache_policy=NO_CACHE)
-def predict_task(model_uri: str, source: str, tracking_uri: str) -> list[dict[str, Any]]:
+def predict_task(model_uri: str, paths: list[Path], root: str) -> list[dict[str, Any]]:
     import mlflow
 
-    with tracking.using_store(tracking_uri):
+    # The store from `root`, not a parameter: a URI's credentials stay out of Prefect.
+    with tracking.using_store(tracking.tracking_uri(root)):
         loaded = mlflow.pyfunc.load_model(model_uri)
     spec = predict.ServingSpec.from_dict(loaded.metadata.metadata["preprocessing"])
-    paths = predict.list_sources(source)
     return predict.predict_files(loaded, paths, spec.max_file_bytes)
 
 
@@ -61,8 +69,9 @@ def record_task(
         "model.uri": ref.uri,
         "predict.source": source,
         "predict.output": output,
-        "prefect.flow_run_id": tracking.prefect_flow_run_id() or "none",
+        "prefect.flow_run_id": flow_run_tags()["prefect.flow_run_id"],
     }
+    tags = {key: tracking.redact(value) for key, value in tags.items()}
     run = client.create_run(
         tracking.experiment_id(client, predict.PREDICT_EXPERIMENT),
         run_name=f"predict-{ref.name or 'run'}-v{ref.version or ref.run_id[:8]}",
@@ -82,26 +91,34 @@ def record_task(
 
 @flow(name="predict", log_prints=True)
 def predict_flow(
-    source: str,
-    output: str = "reports/predictions.csv",
-    model: str = predict.DEFAULT_MODEL,
-    model_name: str | None = None,
-    root: str = ".",
-    params_path: str = "params.yaml",
+    source: RepoPath,
+    output: RepoPath = "reports/predictions.csv",
+    model: ModelReference = predict.DEFAULT_MODEL,
+    model_name: ModelName | None = None,
+    root: RepoPath = ".",
+    params_path: RepoPath = "params.yaml",
 ) -> dict[str, Any]:
     """Predict every image under ``source`` with ``model`` (alias, version, run id or URI).
 
     ``model_name`` defaults to ``evaluate.model_name`` in params.yaml; relative ``source``
-    and ``output`` paths are taken from ``root``.
+    and ``output`` paths are taken from ``root``. A deployment run reads and writes inside
+    the repository only (each parameter was checked alone; here joined to ``root``, and
+    every file ``source`` lists), and writes a CSV outside hidden folders (.git, .dvc).
     """
     base = Path(root)
     source_path, output_path = base / source, base / output
-    model_name = model_name or load_params(base / params_path).evaluate.model_name
+    params_file = run_params_path(root, params_path)  # refused outside the repository
+    repository = Path.cwd() if in_deployment_run() else None
+    if repository is not None:
+        source_path = inside("source", source, base, repository)
+        output_path = deployed_output(output, inside("output", output, base, repository))
+    paths = predict.list_sources(source_path, within=repository)
+    model_name = model_name or load_params(params_file).evaluate.model_name
     client = tracking.client(root)
     ref = predict.resolve_model(client, model, model_name)
     print(f"Predicting {source_path} with {ref.uri} (version {ref.version or '-'})")
     start = time.perf_counter()
-    rows = predict_task(ref.uri, str(source_path), client.tracking_uri)
+    rows = predict_task(ref.uri, paths, root)
     seconds = time.perf_counter() - start
     predict.write_predictions_csv(output_path, rows)
     errors = sum(1 for row in rows if row["error"])
@@ -133,6 +150,20 @@ def predict_flow(
         "model_uri": ref.uri,
         "model_version": ref.version,
     }
+
+
+def deployed_output(output: str, resolved: Path) -> Path:
+    """A deployment run's CSV (``resolved`` lies in the repository, the working directory):
+    a ``.csv`` file outside hidden folders, so a run cannot overwrite the repository's own
+    files (params.yaml, dvc.lock, .git, .dvc)."""
+    if resolved.suffix != ".csv" or any(
+        part.startswith(".") for part in resolved.relative_to(Path.cwd().resolve()).parts
+    ):
+        raise ValueError(
+            f"output={output!r}: a deployment run writes a .csv file outside hidden folders "
+            "(e.g. reports/predictions.csv)"
+        )
+    return resolved
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -28,7 +28,6 @@ if __name__ == "__main__":
 import math
 from collections.abc import Iterable, Iterator, Sized
 from concurrent.futures import Executor
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +44,7 @@ from flows.common import (
     rename_flow_run,
     run_name,
     run_parameter,
+    run_params_path,
     run_then_exit,
     stage_main,
     untagged_task_runs,
@@ -52,8 +52,8 @@ from flows.common import (
 from tasks import images, schema, shard
 from tasks.layout import Layout
 from tasks.manifest import ShardFile
-from tasks.params import ShardParams, load_params, run_params_path
-from tasks.processes import dismiss_prestarted, spawn_pool
+from tasks.params import ShardParams, load_params
+from tasks.processes import dismiss_prestarted
 
 # Shards per Prefect task: each task run costs a run record and state events that the
 # Prefect server processes (about 40 ms of its CPU, taken from the workers on a small
@@ -101,7 +101,7 @@ def result_details(result: dict[str, Any]) -> list[object]:
     return [str(result["fingerprint"])[:8], f"{sum(result['records'].values())} images"]
 
 
-def runner_writer(workers: int, local: LocalWorkers | None = None) -> shard.WriteMany:
+def runner_writer(workers: int, local: shard.LocalWorkers | None = None) -> shard.WriteMany:
     """A writer that sends batches of shards to the flow's task runner, a few at a time
     (each task computing in ``local``'s worker processes when it has them for these
     shards, see :func:`write_shards_task`).
@@ -118,7 +118,7 @@ def runner_writer(workers: int, local: LocalWorkers | None = None) -> shard.Writ
         total = len(specs) if isinstance(specs, Sized) else 0
         progress = Progress("shard-progress", f"shards written of {total or '?'} to write")
         pool = local.for_shards(specs) if local is not None else None
-        # Shards not worth the workers (under a second of one core's work) go as one task:
+        # Shards not worth the workers (below tasks.worker_cost's break-even) go as one task:
         # the flow's threads would only share the GIL and add task runs.
         small = local is not None and local.enabled and pool is None
         size = max(1, total) if small else batch_size(total, workers)
@@ -160,17 +160,17 @@ def _first_done(pending: list[PrefectFuture[list[ShardFile]]]) -> list[ShardFile
 @flow(name="write-shards", flow_run_name="write-shards")
 def write_shards_flow(params: ShardParams, layout: Layout) -> dict[str, Any]:
     """The shard stage (:func:`tasks.shard.shard_stage`: plan a rebuild or a new generation,
-    write the missing shards, the manifest, the data diff) writing through this flow's task
-    runner; the data diff also becomes a Prefect artifact."""
+    write the missing shards, the manifest, what the run changed) writing through this
+    flow's task runner; what it changed also becomes a Prefect artifact."""
     logger = get_run_logger()
     # A rebuild's workers start now (if its entry point has not started them), while it plans.
-    with untagged_task_runs(), LocalWorkers(params) as local:
+    with untagged_task_runs(), shard.LocalWorkers(params) as local:
         stage = shard.shard_stage(
             params,
             layout.index,
             layout.shards_dir,
             write_many=runner_writer(params.workers, local),
-            diff_path=layout.data_diff,
+            diff_path=layout.shard_changes,
         )
     plan, manifest, diff = stage.plan, stage.manifest, stage.diff
     assert diff is not None
@@ -184,8 +184,8 @@ def write_shards_flow(params: ShardParams, layout: Layout) -> dict[str, Any]:
         manifest.preprocessing_version,
     )
     create_markdown_artifact(
-        key="data-diff",
-        markdown=layout.data_diff.with_suffix(".md").read_text(),
+        key="shard-changes",
+        markdown=layout.shard_changes.with_suffix(".md").read_text(),
         description=f"+{diff['added_total']} -{diff['removed_total']} images, "
         f"{len(manifest.generations)} generation(s)",
     )
@@ -216,7 +216,7 @@ def key_figures(summary: dict[str, Any], removed: int) -> str:
 
 def shard_task_runner(params: ShardParams) -> TaskRunner[Any]:
     """Threads of the flow by default (one per worker; each task computes in the stage's
-    worker processes, :class:`LocalWorkers`); a Dask cluster on request."""
+    worker processes, :class:`tasks.shard.workers.LocalWorkers`); a Dask cluster on request."""
     if params.runner == "dask":
         if not params.dask_address:
             raise ValueError("shard.runner is 'dask' but shard.dask_address is not set in params")
@@ -224,69 +224,6 @@ def shard_task_runner(params: ShardParams) -> TaskRunner[Any]:
 
         return DaskTaskRunner(address=params.dask_address)
     return ThreadPoolTaskRunner(max_workers=max(1, params.workers))
-
-
-# When an append's new shards are worth the local workers, in estimated seconds of one
-# core's work: two spawned workers take 0.3-0.5 s to start and warm up, so below about a
-# second the flow writes them itself, in one task (500 JPEGs of 64-128 px appended to 50k:
-# the stage took 1.0-1.1 s that way, 1.8-1.95 s with workers). The estimate, from the
-# bench: about 1 ms an image plus 2.5 ms a megapixel of source (a 12 MP photo: 27 ms).
-POOL_MIN_WORK_S = 1.0
-SECONDS_PER_RECORD = 1e-3
-SECONDS_PER_PIXEL = 2.5e-9
-
-
-def worth_workers(specs: Iterable[shard.ShardSpec]) -> bool:
-    """Whether writing ``specs`` is estimated at :data:`POOL_MIN_WORK_S` or more. Sizes come
-    from the index, read only until the estimate gets there; specs that are not a plan
-    (sizes unknown) always are."""
-    if not isinstance(specs, shard.ShardPlan):
-        return True
-    work = 0.0
-    for slot in specs.slots:
-        for record in specs.index_records(slot):
-            pixels = int(record["width"]) * int(record["height"])
-            work += SECONDS_PER_RECORD + SECONDS_PER_PIXEL * pixels
-            if work >= POOL_MIN_WORK_S:
-                return True
-    return False
-
-
-class LocalWorkers:
-    """The local runner's worker processes (``shard.workers`` of them, spawned and warmed
-    together), started when they pay off: a rebuild starts them with the flow, so they warm
-    up while the stage plans; an append starts them on its first shards, and only when
-    those are worth it (:func:`worth_workers`). With one worker or Dask it has no pool.
-
-    Plain processes rather than Prefect's process runner: a worker imports only the shard
-    code (NumPy, Pillow, no Prefect, no TensorFlow), so it starts in a fraction of the time
-    and memory, while every batch keeps its Prefect task run in the flow.
-    """
-
-    def __init__(self, params: ShardParams) -> None:
-        self.params = params
-        self.enabled = shard.pool_workers(params) > 0
-        self.pool: Executor | None = None
-        self._stack = ExitStack()
-
-    def __enter__(self) -> LocalWorkers:
-        if shard.workers_from_the_start(self.params):
-            self._start()
-        return self
-
-    def __exit__(self, *exc: object) -> bool | None:
-        return self._stack.__exit__(*exc)  # type: ignore[arg-type]
-
-    def for_shards(self, specs: Iterable[shard.ShardSpec]) -> Executor | None:
-        """The pool to write ``specs`` in, started now if they are worth it; or None."""
-        if self.pool is None and self.enabled and worth_workers(specs):
-            self._start()
-        return self.pool
-
-    def _start(self) -> None:
-        self.pool = self._stack.enter_context(
-            spawn_pool(self.params.workers, warm=shard.warm_worker)
-        )
 
 
 def run(params: ShardParams, layout: Layout) -> dict[str, Any]:
@@ -316,7 +253,7 @@ def shard_flow(
     (what `make compact` runs).
     """
     params = load_params(run_params_path(root, params_path))
-    result = run(shard.run_params(params.shard, compact=compact), Layout(Path(root)))
+    result = run(shard.run_params(params.shard, compact=compact), Layout(root))
     rename_flow_run(run_name("shard", *result_details(result)))
     return result
 

@@ -19,7 +19,6 @@ if __name__ == "__main__":
 
 import logging
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -28,8 +27,11 @@ from prefect.cache_policies import NO_CACHE
 from flows.common import (
     Progress,
     code_version,
+    flow_run_tags,
     naming,
+    run_log,
     run_parameter,
+    run_params_path,
     run_then_exit,
     stage_main,
     untagged_task_runs,
@@ -37,7 +39,7 @@ from flows.common import (
 from flows.model_runs import link_mlflow_run, retry_unless_refused
 from tasks import manifest, schema, tracking, train_child
 from tasks.layout import Layout
-from tasks.params import Params, TrainParams, load_params, run_params_path
+from tasks.params import Params, TrainParams, load_params
 from tasks.processes import standby_child
 
 EPOCH_FIGURES = ("loss", "accuracy", "val_loss", "val_accuracy")
@@ -80,7 +82,7 @@ def model_run_details() -> Sequence[object]:
     """What names a training run: its MLflow run name (model, epochs, batch, lr, shards)."""
     root = run_parameter("root", ".")
     params = load_params(run_params_path(root, run_parameter("params_path", "params.yaml")))
-    fingerprint = manifest.load_manifest(Layout(Path(root)).shards_dir).fingerprint
+    fingerprint = manifest.load_manifest(Layout(root).shards_dir).fingerprint
     return [tracking.run_name(params, fingerprint)]
 
 
@@ -97,7 +99,8 @@ def train_task(params: Params, layout: Layout) -> dict[str, Any]:
     logger = get_run_logger()
     planned = planned_epochs(params.train)
     progress = Progress("train-progress", f"epochs done of {planned} ({params.train.model})")
-    summary = train_where_warm(params, layout, epoch_reporter(planned, progress, logger))
+    with run_log():  # training's own warnings (a discarded backup) in this run's log
+        summary = train_where_warm(params, layout, epoch_reporter(planned, progress, logger))
     progress(planned, planned)  # early stopping ends a run before its planned epochs
     url = link_mlflow_run(summary["run_url"], summary["run_name"], "training run")
     final = summary.get("final", {})
@@ -122,12 +125,12 @@ def train_where_warm(params: Params, layout: Layout, report: train_child.Report)
     child = standby_child(train_child.warm_up)
     if child is not None:
         try:
-            job = child.run(train_child.train, params, layout)
+            job = child.run(train_child.train, params, layout, None, flow_run_tags())
         except OSError:  # the prestarted child is gone
             child.close()
         else:
             return job.result(on_report=lambda message: report(*message))
-    return train_child.train(params, layout, report)
+    return train_child.train(params, layout, report, flow_run_tags())
 
 
 @flow(name="train", log_prints=True, flow_run_name=naming("train", model_run_details))
@@ -135,7 +138,7 @@ def train_flow(params_path: str = "params.yaml", root: str = ".") -> dict[str, A
     """Train a model on validated shards, tracked as one MLflow run."""
     params = load_params(run_params_path(root, params_path))
     with untagged_task_runs():
-        return train_task(params, Layout(Path(root)))
+        return train_task(params, Layout(root))
 
 
 def main() -> None:

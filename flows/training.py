@@ -15,31 +15,34 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 from flows.common import (
     naming,
+    run_params_path,
     run_stage,
     run_then_exit,
     stage_main,
 )
 from flows.evaluate import evaluate_task
+from flows.parameters import RepoPath
 from flows.train import model_run_details, train_task
 from tasks import tracking
 from tasks.layout import Layout
-from tasks.params import load_params, run_params_path
+from tasks.params import load_params
 
-STAGES = ("train", "evaluate")
+TrainingStage = Literal["train", "evaluate"]  # a run's `stages` are checked names
+STAGES: tuple[TrainingStage, ...] = get_args(TrainingStage)
 
 
 @flow(name="training", log_prints=True, flow_run_name=naming("training", model_run_details))
 def training_flow(
-    params_path: str = "params.yaml",
-    root: str = ".",
-    stages: Sequence[str] | None = None,
+    params_path: RepoPath = "params.yaml",
+    root: RepoPath = ".",
+    stages: Sequence[TrainingStage] | None = None,
     dvc_bookkeeping: bool = False,
 ) -> dict[str, Any]:
     """Train, then evaluate and promote; ``stages`` picks a subset (what one DVC stage runs).
@@ -47,11 +50,8 @@ def training_flow(
     With ``dvc_bookkeeping`` (deployment runs) a stage DVC reports up to date is skipped
     and a stage that ran is recorded in ``dvc.lock``.
     """
-    stages = list(stages or STAGES)
-    unknown = set(stages) - set(STAGES)
-    if unknown:
-        raise ValueError(f"unknown stages {sorted(unknown)}; choose from {STAGES}")
-    layout = Layout().with_root(root)
+    stages = list(stages or STAGES)  # Prefect refused any other name (TrainingStage)
+    layout = Layout(root)
     params = load_params(run_params_path(root, params_path))  # inside the repo if deployed
 
     steps = {
@@ -109,7 +109,8 @@ def summary_markdown(
         ]
     run_id = (trained or evaluated or {}).get("run_id")
     if run_id:
-        lines += [f"- MLflow run: {tracking.run_url(tracking.client(layout.root), run_id)}"]
+        url = tracking.run_url(tracking.client(layout.root), run_id, layout.root)
+        lines += [f"- MLflow run: {url}"]
     if trained:
         final = trained.get("final", {})
         lines += [
@@ -141,9 +142,10 @@ def summary_markdown(
 
 
 def main() -> None:
-    stage_main(
-        "training", STAGES, lambda stages, params: training_flow(params_path=params, stages=stages)
-    )
+    def run(names: list[str], params: str) -> object:  # names: checked against STAGES
+        return training_flow(params_path=params, stages=[s for s in STAGES if s in names])
+
+    stage_main("training", STAGES, run)
 
 
 if __name__ == "__main__":

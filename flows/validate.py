@@ -28,14 +28,14 @@ from flows.common import (
     stage_main,
     untagged_task_runs,
 )
-from tasks import data_diff, manifest, schema, validate
+from tasks import data_gate, manifest, schema, validate
 from tasks.layout import Layout
 from tasks.params import ValidateParams, load_params
 
 
 @task(
     name="validate",
-    version=code_version(validate, schema, manifest, data_diff),
+    version=code_version(validate, schema, manifest, data_gate),
     cache_policy=NO_CACHE,
 )
 def validate_task(layout: Layout, limits: ValidateParams) -> dict[str, Any]:
@@ -44,9 +44,17 @@ def validate_task(layout: Layout, limits: ValidateParams) -> dict[str, Any]:
         layout.validation_report,
         layout.validation_summary,
         index_path=layout.index,
+        accepted_path=layout.accepted_data,
         diff_path=layout.data_diff,
         limits=limits,
     )
+    gated = [c for c in report["checks"] if c["name"] == "data_diff"]
+    if gated and "accepted_fingerprint" in gated[0]["details"]:  # written by this run
+        create_markdown_artifact(
+            key="data-diff",
+            markdown=layout.data_diff.with_suffix(".md").read_text(),
+            description="these shards against the last accepted data version",
+        )
     create_markdown_artifact(
         key="validation-report",
         markdown=layout.validation_summary.read_text(),
@@ -80,7 +88,7 @@ def validate_flow(params_path: str = "params.yaml", root: str = ".") -> dict[str
     """Re-read every shard and check it against the manifest and the ingest index."""
     params = load_params(Path(root) / params_path)
     with untagged_task_runs():
-        return validate_task(Layout(Path(root)), params.validate_)
+        return validate_task(Layout(root), params.validate_)
 
 
 def main() -> None:

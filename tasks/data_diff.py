@@ -1,11 +1,12 @@
-"""The dataset diff: what a data change did to the shard set, and the limits it must respect.
+"""What a shard run changed: the diff from the manifest it found to the one it wrote.
 
-The shard stage writes it (``reports/data_diff.json`` plus a Markdown summary) for every run,
-against the manifest that was there before: images added and removed per class and split,
+The shard stage writes it (``reports/shard_changes.json`` plus a Markdown summary) for every
+run, against the manifest that was there before: images added and removed per class and split,
 each class's share before and after, new classes, the image size and aspect distributions
-recorded at ingest, and images that came back under another name. Validation then applies
-``validate.max_class_share_shift`` and ``validate.allow_new_classes`` (:func:`violations`), so
-a suspicious change fails validation, and training refuses it, until the params accept it.
+recorded at ingest, and images that came back under another name. It says what one run did to
+the shard folder; it gates nothing. The gate compares against the last accepted data version
+instead (:mod:`tasks.data_gate`, ``reports/data_diff.json``): a killed run or a rebuild leaves
+no manifest, or an unaccepted one, to compare against.
 
 Pure functions of the two manifests and their record lists (``tasks.manifest.stream_records``),
 held as compact columns (:class:`Table`): no shard is read.
@@ -248,28 +249,6 @@ def compute(
         "duplicates": returned,
         "duplicate_count": len(returned),
     }
-
-
-def violations(
-    diff: dict[str, Any], max_class_share_shift: float, allow_new_classes: bool
-) -> list[str]:
-    """Why a diff is too suspicious to train on, each reason naming the param that allows it.
-
-    A first build (nothing before) has nothing to compare against and never violates.
-    """
-    if not diff["previous_known"]:
-        return []
-    problems = []
-    for name, share in diff["class_share"].items():
-        if abs(share["shift"]) > max_class_share_shift:
-            problems.append(
-                f"class {name!r} share moved {share['before']:.3f} -> {share['after']:.3f} "
-                f"({share['shift']:+.3f}, limit validate.max_class_share_shift="
-                f"{max_class_share_shift:g})"
-            )
-    if diff["new_classes"] and not allow_new_classes:
-        problems.append(f"new classes {diff['new_classes']} (validate.allow_new_classes is false)")
-    return problems
 
 
 def write(diff: dict[str, Any], path: Path) -> None:

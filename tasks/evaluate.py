@@ -319,32 +319,6 @@ def apply_decision(client: MlflowClient, model_name: str, decision: dict[str, An
         client.set_registered_model_alias(model_name, CHAMPION, decision["candidate_version"])
 
 
-def promote(
-    client: MlflowClient,
-    model_name: str,
-    version: str,
-    *,
-    metric: str,
-    value: float,
-    test_fingerprint: str,
-    margin: float = 0.0,
-    allow_incomparable: bool = False,
-) -> dict[str, Any]:
-    """:func:`decide`, then :func:`apply_decision`; returns the decision."""
-    decision = decide(
-        client,
-        model_name,
-        version,
-        metric=metric,
-        value=value,
-        test_fingerprint=test_fingerprint,
-        margin=margin,
-        allow_incomparable=allow_incomparable,
-    )
-    apply_decision(client, model_name, decision)
-    return decision
-
-
 def pending_decision(
     eval_summary: Path, *, run_id: str, version: str, metric: str, champion: str | None
 ) -> dict[str, Any] | None:
@@ -563,4 +537,4 @@ def run_evaluate(params: Params, layout: Layout) -> dict[str, Any]:
     for path in (layout.eval_metrics, layout.eval_summary, layout.test_predictions):
         client.log_artifact(run_id, str(path), "eval")
     client.set_terminated(run_id, status="FINISHED")
-    return {**result, "run_url": tracking.run_url(client, run_id)}
+    return {**result, "run_url": tracking.run_url(client, run_id, layout.root)}

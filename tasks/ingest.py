@@ -14,20 +14,21 @@ import os
 import stat
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from tasks.atomic import write_json, write_text
+from tasks.content import SPLITS, file_sha256
 from tasks.gc_pause import paused_gc
 from tasks.images import ImageRejected, finish_decode, open_checked, oriented_size
 from tasks.index import INDEX_VERSION, iter_records, iter_verdicts, read_header, write_index
-from tasks.manifest import SPLITS, file_sha256
 from tasks.near_duplicates import HASH_SIDE, Item, hash_version, perceptual_hash, place
 from tasks.params import IngestParams, SplitFractions
 from tasks.processes import spawn_pool
+from tasks.worker_cost import check_seconds, worth_workers
 
 
 @dataclass(frozen=True)
@@ -464,25 +465,16 @@ def assign_split(content_hash: str, fractions: SplitFractions, seed: int) -> str
 
 
 CHUNK = 64  # files per job sent to a worker
-# New files worth starting decode workers for. Two spawned workers take 0.3-0.5 s to start
-# here, and checking a JPEG costs about 11 ms per MB (1/8-scale decode): below this the
-# stage process checks new files itself. An append of 500 small JPEGs (2.5 MB) to 50k
-# ingested 0.25 s faster that way; 500 camera photos (1 GB) still go to the workers.
-POOL_MIN_BYTES = 32 * 2**20
 
 
-def worth_workers(source_dir: Path, paths: Iterable[str]) -> bool:
-    """Whether the files at ``paths`` hold at least :data:`POOL_MIN_BYTES` (summing stops
-    there, so a first ingest of a million files stats only the first few thousand)."""
-    total = 0
+def check_estimates(source_dir: Path, paths: Iterable[str]) -> Iterator[float]:
+    """Estimated seconds to check each file at ``paths`` (from its size, before any decode:
+    :func:`tasks.worker_cost.check_seconds`); files gone meanwhile count nothing."""
     for path in paths:
         try:
-            total += os.lstat(os.path.join(source_dir, path)).st_size
+            yield check_seconds(os.lstat(os.path.join(source_dir, path)).st_size)
         except (OSError, ValueError):  # quarantined by the inspection itself
             continue
-        if total >= POOL_MIN_BYTES:
-            return True
-    return False
 
 
 def inspect_all(
@@ -515,10 +507,9 @@ def inspect_all(
     max_pixels, min_side, max_bytes, draft = limits
     fresh = [i for i, c in enumerate(candidates) if c.path not in known]
     chunks = [fresh[i : i + CHUNK] for i in range(0, len(fresh), CHUNK)]
-    parallel = (
-        params.workers > 1
-        and len(chunks) >= 2
-        and worth_workers(source_dir, (candidates[i].path for i in fresh))
+    parallel = len(chunks) >= 2 and worth_workers(
+        check_estimates(source_dir, (candidates[i].path for i in fresh)),
+        min(params.workers, len(chunks)),
     )
     results: list[Inspected | None] = [None] * len(candidates)
     done = 0

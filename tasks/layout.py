@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 DVC_ROOT_ENV = "DVC_ROOT"  # set by DVC for every stage command: the repository's root
@@ -20,9 +20,14 @@ def shared_root(root: str | Path = ".") -> Path:
     return Path(dvc_root).resolve() if dvc_root else Path(root).resolve()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Layout:
-    root: Path = Path(".")
+    """Every path a stage reads or writes, under ``root`` (a path or a string)."""
+
+    root: Path
+
+    def __init__(self, root: str | Path = ".") -> None:
+        object.__setattr__(self, "root", Path(root))
 
     @property
     def params(self) -> Path:
@@ -42,8 +47,20 @@ class Layout:
         return self.root / "data" / "shards"
 
     @property
+    def shard_changes(self) -> Path:
+        """What the last shard run changed in the shard folder, record by record (JSON; the
+        Markdown summary is its ``.md`` sibling)."""
+        return self.root / "reports" / "shard_changes.json"
+
+    @property
+    def accepted_data(self) -> Path:
+        """The last accepted data version, the data gate's baseline: validate's persisted,
+        git-tracked output (``tasks.data_gate``)."""
+        return self.root / "data" / "accepted.json"
+
+    @property
     def data_diff(self) -> Path:
-        """The shard stage's data diff (JSON; the Markdown summary is its ``.md`` sibling)."""
+        """Validate's diff from the accepted data version (JSON; Markdown beside it)."""
         return self.root / "reports" / "data_diff.json"
 
     @property
@@ -109,6 +126,3 @@ class Layout:
     def test_predictions(self) -> Path:
         """Evaluation's prediction per test record: the reference served models must match."""
         return self.root / "reports" / "test_predictions.csv"
-
-    def with_root(self, root: str | Path) -> Layout:
-        return replace(self, root=Path(root))

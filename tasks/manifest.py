@@ -16,13 +16,14 @@ from typing import Any, BinaryIO
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tasks.content import SPLITS as SPLITS  # re-exported: the manifest's splits
+from tasks.content import file_sha256 as file_sha256  # re-exported: shards' hash
 from tasks.schema import RecordSchema
 
 MANIFEST_NAME = "manifest.json"
 # The shard stage's resume record (the plan it is writing), in the top folder and in each
 # generation's.
 PLAN_NAME = ".plan.json"
-SPLITS = ("train", "val", "test")
 _WHITESPACE = re.compile(r"[ \t\n\r]*")  # JSON's whitespace
 
 
@@ -329,11 +330,3 @@ class _JsonStream:
 
     def _error(self, what: str) -> ValueError:
         return ValueError(f"{self.path}: not a record list ({what}); rebuild the shard set")
-
-
-def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()

@@ -22,6 +22,8 @@ REPO_PARAMS_PATH = Path(__file__).resolve().parents[1] / "params.yaml"
 PromotionMetric = Literal[
     "accuracy", "top_k_accuracy", "macro_precision", "macro_recall", "macro_f1"
 ]
+# A registered model's name: what a run may name in the registry (no URI, path or spaces).
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$"
 Side = Annotated[int, Field(ge=8)]  # smaller images carry too little signal to train on
 Fraction = Annotated[float, Field(ge=0, lt=1)]
 
@@ -120,7 +122,7 @@ class EvaluateParams(_Strict):
     top_k: int = Field(ge=1)
     promotion_metric: PromotionMetric
     promotion_margin: float = Field(ge=0)
-    model_name: str = Field(min_length=1)
+    model_name: str = Field(pattern=MODEL_NAME_PATTERN)
     # Promote even when the champion was measured on different test data (not comparable).
     allow_incomparable_promotion: bool
 
@@ -252,35 +254,30 @@ def _stays_inside(path: str) -> bool:
     return not parts.is_absolute() and ".." not in parts.parts
 
 
+def inside(name: str, value: str | Path, base: str | Path, repository: str | Path) -> Path:
+    """``base/value``, symlinks followed, refused unless it lies inside ``repository``.
+
+    Catches what a look at the string cannot: an absolute path, ``..``, and a link inside the
+    repository that leads out of it. ``name`` (the parameter) goes into the error.
+    """
+    repo = Path(repository).resolve()
+    resolved = (Path(base) / value).resolve()
+    if not resolved.is_relative_to(repo):
+        raise ValueError(
+            f"{name}={str(value)!r} resolves to {resolved}, outside the repository {repo}; "
+            "deployment runs read and write inside the repository only"
+        )
+    return resolved
+
+
 def resolve_inside(root: str | Path, params_path: str | Path, repository: str | Path) -> Path:
     """``root/params_path``, refused unless both lie inside ``repository``.
 
     A deployment run names its project root and params file as parameters; without this a
     run could read params from, and write outputs and params.yaml into, any directory.
     """
-    repo = Path(repository).resolve()
-    root_dir = (repo / root).resolve()
-    path = (root_dir / params_path).resolve()
-    for name, value, resolved in (("root", root, root_dir), ("params_path", params_path, path)):
-        if not resolved.is_relative_to(repo):
-            raise ValueError(
-                f"{name}={str(value)!r} resolves to {resolved}, outside the repository {repo}; "
-                "deployment runs read and write inside the repository only"
-            )
-    return path
-
-
-def run_params_path(root: str, params_path: str) -> Path:
-    """The params file a flow reads: for a deployment run, only one inside the repository.
-
-    Deployments are served from the repository root (the working directory); direct calls
-    (DVC stages, tests) name their own project root.
-    """
-    from prefect.runtime import deployment
-
-    if deployment.id is None:
-        return Path(root) / params_path
-    return resolve_inside(root, params_path, Path.cwd())
+    root_dir = inside("root", root, repository, repository)
+    return inside("params_path", params_path, root_dir, repository)
 
 
 def _partial(model: type[BaseModel]) -> type[BaseModel]:

@@ -27,6 +27,7 @@ import binascii
 import csv
 import json
 import logging
+import re
 import tempfile
 import warnings
 from collections.abc import Sequence
@@ -35,15 +36,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pandas as pd  # at run time: MLflow resolves predict's type hints (mlflow imports it)
 from mlflow.pyfunc import PythonModel
 
 from tasks.images import ImageRejected, preprocess_bytes, preprocessing_version
 from tasks.manifest import ShardManifest
+from tasks.params import MODEL_NAME_PATTERN
 from tasks.schema import RecordSchema
 
 if TYPE_CHECKING:
     import keras
-    import pandas as pd
     from mlflow import MlflowClient
     from mlflow.models import ModelSignature
 
@@ -236,8 +238,11 @@ class ShardflowModel(PythonModel):
             log.warning(message)
             warnings.warn(message, PreprocessingMismatch, stacklevel=2)
 
-    # Untyped on purpose: MLflow reads type hints here as a schema and warns on these.
-    def predict(self, context, model_input, params=None):  # type: ignore[no-untyped-def]
+    # Typed with the DataFrame MLflow passes: its hints are then read as "no conversion"
+    # (the signature below validates the input), and MLflow has nothing to warn about.
+    def predict(
+        self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None
+    ) -> pd.DataFrame:
         if IMAGE_COLUMN not in model_input:
             raise ValueError(
                 f"input has columns {list(model_input.columns)}; send a column "
@@ -365,6 +370,30 @@ class ModelRef:
     run_id: str
 
 
+_NAME = MODEL_NAME_PATTERN.strip("^$")
+_ALIAS = r"(?!v\d+$)(?!latest$)[A-Za-z_][A-Za-z0-9_-]{0,254}"  # MLflow's alias rule
+_VERSION = r"[1-9][0-9]{0,9}"
+_RUN_ID = r"[0-9a-f]{32}"
+# A relative artifact path: segments that never start with "." (no "..", no leading "/").
+_ARTIFACT = r"[A-Za-z0-9_-][A-Za-z0-9._-]*(?:/[A-Za-z0-9_-][A-Za-z0-9._-]*)*"
+# What ``--model`` may name: an alias, a version, a run id, or a registry or run URI of those.
+MODEL_REFERENCE = re.compile(
+    rf"{_ALIAS}|{_VERSION}|{_RUN_ID}|models:/{_NAME}(?:@{_ALIAS}|/{_VERSION})"
+    rf"|runs:/{_RUN_ID}/{_ARTIFACT}"
+)
+
+
+def check_model_reference(model: str) -> str:
+    """``model`` unchanged if it is a reference :func:`resolve_model` takes, else a
+    ValueError naming the forms it takes (no other URI scheme, path or stage name)."""
+    if not MODEL_REFERENCE.fullmatch(model):
+        raise ValueError(
+            f"model={model!r} is not a model reference: give an alias (champion), a version "
+            "number, a run id, models:/NAME@ALIAS, models:/NAME/VERSION or runs:/RUN_ID/PATH"
+        )
+    return model
+
+
 def resolve_model(client: MlflowClient, model: str, model_name: str) -> ModelRef:
     """``champion`` (or any alias), a version number, a run id, or a models:/ / runs:/ URI."""
     from mlflow.exceptions import MlflowException
@@ -391,10 +420,12 @@ def resolve_model(client: MlflowClient, model: str, model_name: str) -> ModelRef
             found = client.get_model_version_by_alias(model_name, model)
             uri = f"models:/{model_name}@{model}"
     except MlflowException as exc:
+        from tasks.tracking import redact
+
         raise LookupError(
             f"model {model!r} (registered model {model_name!r}) not found in "
-            f"{client.tracking_uri}: {exc.message}; run the training flow first, or pass a "
-            "version, a run id or a models:/ URI"
+            f"{redact(client.tracking_uri)}: {redact(exc.message)}; run the training flow "
+            "first, or pass a version, a run id or a models:/ URI"
         ) from None
     return ModelRef(uri, str(found.name), str(found.version), str(found.run_id))
 
@@ -403,10 +434,26 @@ def _is_run_id(text: str) -> bool:
     return len(text) == 32 and all(c in "0123456789abcdef" for c in text)
 
 
-def list_sources(source: str | Path) -> list[Path]:
+def list_sources(source: str | Path, *, within: str | Path | None = None) -> list[Path]:
     """The files to predict: a folder (recursive, hidden entries skipped), a CSV with a
-    ``path`` column (paths relative to the CSV's folder), or one file."""
-    source = Path(source)
+    ``path`` column (paths relative to the CSV's folder), or one file.
+
+    With ``within`` (a deployment run's repository) every file must lie inside it, links
+    followed: a folder's link or a CSV row that leads out refuses the whole batch, by name.
+    """
+    paths = _list_sources(Path(source))
+    if within is not None:
+        repository = Path(within).resolve()
+        for path in paths:
+            if not path.resolve().is_relative_to(repository):
+                raise ValueError(
+                    f"{source} lists {path}, which resolves to {path.resolve()}, outside the "
+                    f"repository {repository}; deployment runs read inside the repository only"
+                )
+    return paths
+
+
+def _list_sources(source: Path) -> list[Path]:
     if not source.exists():
         raise FileNotFoundError(f"{source}: no such file or folder to predict")
     if source.is_dir():

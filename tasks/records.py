@@ -70,7 +70,7 @@ def write_record_index(
     """Write ``offsets.json`` for the manifest's shards (atomic; same shards, same bytes).
 
     With ``base`` (an append), the base's shards keep the offsets its own index holds when
-    that index checks out against the base manifest (:func:`load_offsets`); otherwise, or
+    that index checks out against the base manifest (:func:`_checked_offsets`); otherwise, or
     without a base, every shard's headers are read (at 50k images, 0.25 s of an append).
     """
     known: dict[str, tuple[list[int], int]] = {}
@@ -83,11 +83,6 @@ def write_record_index(
         offsets_json(manifest, shards_dir, known), sort_keys=True, separators=(",", ":")
     )
     write_text(Path(shards_dir) / OFFSETS_NAME, text + "\n")
-
-
-def load_offsets(shards_dir: str | Path, manifest: ShardManifest) -> dict[str, list[int]]:
-    """Record offsets per shard file from ``offsets.json``, checked against the manifest."""
-    return {name: offsets for name, (offsets, _) in _checked_offsets(shards_dir, manifest).items()}
 
 
 def _checked_offsets(

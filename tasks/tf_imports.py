@@ -5,14 +5,30 @@ imported after Prefect, on the critical path. Each helper blocks one optional im
 the moment of the first import (the library ignores an ImportError there) and unblocks it
 right after, so anything asking for that module later gets it as usual. Where the library
 is loaded already, each is a plain import.
+
+The first import is also where TensorFlow's two native libraries print their start-up
+notices (oneDNN is on, no CUDA driver here, absl's "before InitializeLog" line), once each:
+from static initialisers, before any setting is read, so neither ``TF_CPP_MIN_LOG_LEVEL``
+nor absl's flags reach them. :func:`_native_notices_dropped` drops exactly those lines;
+anything else the import writes to standard error (a real warning) still shows.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
+
+# TensorFlow's start-up notices, printed on every import on a CPU-only machine.
+NATIVE_NOTICES = re.compile(
+    rb"All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    rb"|port\.cc:\d+\] oneDNN custom operations are on"
+    rb"|cudart_stub\.cc:\d+\] Could not find cuda drivers on your machine"
+)
 
 # TensorFlow's ``__init__`` imports this eagerly (to register optimizers for SavedModel);
 # importing it imports all of Keras, and Keras imports scikit-learn and matplotlib.
@@ -37,6 +53,26 @@ def _blocked(*modules: str) -> Iterator[None]:
                 del sys.modules[module]
 
 
+@contextmanager
+def _native_notices_dropped() -> Iterator[None]:
+    """Standard error (the file descriptor: native code writes there) goes to a temporary
+    file inside; on the way out its lines come back, minus :data:`NATIVE_NOTICES`."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            for line in sink.read().splitlines(keepends=True):
+                if not NATIVE_NOTICES.search(line):
+                    os.write(2, line)
+
+
 def tensorflow_without_keras() -> ModuleType:
     """``import tensorflow``, minus the Keras import that its ``__init__`` makes eagerly.
 
@@ -47,7 +83,7 @@ def tensorflow_without_keras() -> ModuleType:
         import tensorflow as tf
 
         return tf
-    with _blocked(KERAS_EAGER_IMPORT):
+    with _blocked(KERAS_EAGER_IMPORT), _native_notices_dropped():
         import tensorflow as tf
     return tf
 
@@ -65,6 +101,6 @@ def keras_without_extras() -> ModuleType:
         import keras
 
         return keras
-    with _blocked(*KERAS_OPTIONAL_IMPORTS):
+    with _blocked(*KERAS_OPTIONAL_IMPORTS), _native_notices_dropped():
         import keras
     return keras

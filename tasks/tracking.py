@@ -11,12 +11,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import yaml
 
@@ -29,6 +31,9 @@ if TYPE_CHECKING:
 
 EXPERIMENT_NAME = "shardflow"
 DB_NAME = "mlflow.db"
+# The store when $MLFLOW_TRACKING_URI is unset; relative, so it means the repository's.
+DEFAULT_URI = f"sqlite:///{DB_NAME}"
+SQLITE = "sqlite:///"  # then a path: relative (three slashes) or absolute (four)
 ARTIFACTS_NAME = "mlartifacts"
 UNTRACKED = "untracked"
 MLFLOW_UI_URL = "http://127.0.0.1:5000"  # where `make ui` serves the local store
@@ -42,12 +47,77 @@ SYSTEM_METRICS_INTERVAL_S = 5.0
 
 
 def tracking_uri(root: str | Path = ".") -> str:
-    """``$MLFLOW_TRACKING_URI`` if set, else a SQLite store ``mlflow.db`` in the repository.
+    """``$MLFLOW_TRACKING_URI`` if set, else :data:`DEFAULT_URI`, as an absolute URI.
 
-    The repository is :func:`tasks.layout.shared_root`: ``root``, except in a queued DVC
-    experiment, whose stages run in a temporary copy but must log to the real store.
+    A relative SQLite path (``sqlite:///mlflow.db``, the form MLflow's docs use) names a
+    file in the repository, :func:`tasks.layout.shared_root`: ``root``, except in a queued
+    DVC experiment, whose stages run in a temporary copy but must log to the real store.
+    Left relative, MLflow would take it from whatever directory the process runs in, and
+    could not place the artifacts beside it. A server's ``user:password@`` moves to the
+    environment (:func:`credentials_to_environment`).
     """
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{shared_root(root) / DB_NAME}"
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
+    if uri.startswith(SQLITE) and not Path(uri.removeprefix(SQLITE)).is_absolute():
+        return f"{SQLITE}{shared_root(root) / uri.removeprefix(SQLITE)}"
+    return credentials_to_environment(uri)
+
+
+def credentials_to_environment(uri: str) -> str:
+    """``uri`` without its ``user:password@``, which go to ``MLFLOW_TRACKING_USERNAME`` and
+    ``MLFLOW_TRACKING_PASSWORD`` (unless those are set), where MLflow reads them.
+
+    MLflow puts the URI it is given into its own messages (``API request to <uri>/... failed``,
+    "View run at <uri>"), which end up in logs; a URI without credentials cannot leak them.
+    This process's children inherit the variables. Only for HTTP(S) servers with both parts:
+    a database URI needs its password in the URI, and a lone token has no MLflow variable
+    of the same meaning; both stay, and :func:`redact` keeps them out of what is recorded.
+    """
+    parts = urlsplit(uri)
+    userinfo, at, host = parts.netloc.rpartition("@")
+    user, colon, password = userinfo.partition(":")
+    if parts.scheme not in ("http", "https") or not (at and colon and user and password):
+        return uri
+    os.environ.setdefault("MLFLOW_TRACKING_USERNAME", unquote(user))
+    os.environ.setdefault("MLFLOW_TRACKING_PASSWORD", unquote(password))
+    return urlunsplit(parts._replace(netloc=host))
+
+
+# The userinfo of a URI (``scheme://user:secret@host``): up to the last ``@`` before the path.
+_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s]*@")
+# Query values that are secrets by name (``?token=``, ``&sig=`` of a signed URL, ...).
+_SECRET_QUERY = re.compile(
+    r"(?P<key>[?&][^=&#\s]*(?:token|password|passwd|secret|key|sig|signature|credential)"
+    r"[^=&#\s]*=)[^&#\s]*",
+    re.IGNORECASE,
+)
+
+
+def redact(text: str) -> str:
+    """``text`` with every URI's userinfo removed and secret query values masked.
+
+    Everything the project records or prints that can hold a URI (``models/run.json``, run
+    links in logs and Prefect artifacts, MLflow tags and params) goes through here. Users
+    pass credentials as ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD``
+    (or ``MLFLOW_TRACKING_TOKEN``); one in the URI is used, and never written down.
+    """
+    return _SECRET_QUERY.sub(r"\g<key>***", _USERINFO.sub(r"\g<scheme>", text))
+
+
+def recorded_uri(uri: str, root: str | Path = ".") -> str:
+    """``uri`` as a git-tracked file may hold it: redacted, and a SQLite store in the
+    repository as a path relative to it (``sqlite:///mlflow.db``), never the host's path.
+
+    A store outside the repository is named by its file name only: where it lives is this
+    machine's business, not the commit's.
+    """
+    if not uri.startswith(SQLITE):
+        return redact(uri)
+    path = Path(uri.removeprefix(SQLITE))
+    repo = shared_root(root)
+    resolved = path if path.is_absolute() else repo / path
+    if resolved.resolve().is_relative_to(repo):
+        return f"{SQLITE}{resolved.resolve().relative_to(repo).as_posix()}"
+    return f"{SQLITE}<outside the repository>/{path.name}"
 
 
 def client(root: str | Path = ".") -> MlflowClient:
@@ -100,9 +170,11 @@ def experiment_id(mlflow_client: MlflowClient, name: str = EXPERIMENT_NAME) -> s
         return str(experiment.experiment_id)
     uri = mlflow_client.tracking_uri
     location = None
-    if uri.startswith("sqlite:///"):
-        # Keep artifacts next to the database, not in whatever directory the process runs in.
-        location = (Path(uri.removeprefix("sqlite:///")).parent / ARTIFACTS_NAME).as_uri()
+    if uri.startswith(SQLITE):
+        # Keep artifacts next to the database, not in whatever directory the process runs in
+        # (a relative path would be that directory's: make it absolute, as tracking_uri does).
+        database = Path(uri.removeprefix(SQLITE)).resolve()
+        location = (database.parent / ARTIFACTS_NAME).as_uri()
     return str(mlflow_client.create_experiment(name, artifact_location=location))
 
 
@@ -123,8 +195,11 @@ def start_train_run(
     shards_dir: str | Path,
     root: str | Path = ".",
     device_tags: dict[str, str] | None = None,
+    run_tags: dict[str, str] | None = None,
 ) -> str:
-    """Create a training run with params, data lineage and device tags; return its id."""
+    """Create a training run with params, data lineage and device tags; return its id.
+
+    ``run_tags`` name the orchestrator's run (the flow passes its Prefect flow run's)."""
     from mlflow.entities import Metric, Param, RunTag
 
     logged = {
@@ -137,8 +212,9 @@ def start_train_run(
         **lineage_tags(manifest, root=root),
         **(device_tags or {}),
         **dvc_experiment_tags(),
-        "prefect.flow_run_id": prefect_flow_run_id() or "none",
-        "prefect.flow_run_url": prefect_flow_run_url() or "none",
+        "prefect.flow_run_id": "none",
+        "prefect.flow_run_url": "none",
+        **(run_tags or {}),
     }
     tags[NOTE_TAG] = run_description(
         {key: str(value) for key, value in logged.items()},
@@ -146,6 +222,7 @@ def start_train_run(
         champion_run(mlflow_client, params.evaluate.model_name),
         experiment=tags.get(DVC_EXP_ENV["DVC_EXP_NAME"]),
     )
+    tags = {key: redact(value) for key, value in tags.items()}
     run = mlflow_client.create_run(
         experiment_id(mlflow_client),
         run_name=run_name(params, manifest.fingerprint),
@@ -159,7 +236,7 @@ def start_train_run(
     mlflow_client.log_batch(
         run_id,
         metrics=counts,
-        params=[Param(key, str(value)) for key, value in logged.items()],
+        params=[Param(key, redact(str(value))) for key, value in logged.items()],
         tags=[RunTag(key, value) for key, value in tags.items()],
     )
     log_dataset(mlflow_client, run_id, manifest, shards_dir=shards_dir)
@@ -356,37 +433,21 @@ def git_commit(root: str | Path = ".") -> str:
     return result.stdout.strip() or "unknown"
 
 
-def prefect_flow_run_id() -> str | None:
-    """The id of the Prefect flow run this code runs in, or None outside a flow."""
-    try:
-        from prefect.runtime import flow_run
-    except ImportError:
-        return None
-    run_id = flow_run.id
-    return str(run_id) if run_id else None
-
-
-def prefect_flow_run_url() -> str | None:
-    """The Prefect UI page of the flow run this code runs in, or None outside a flow."""
-    try:
-        from prefect.runtime import flow_run
-    except ImportError:
-        return None
-    return str(flow_run.ui_url) if flow_run.id and flow_run.ui_url else None
-
-
 def timestamp_ms() -> int:
     import time
 
     return int(time.time() * 1000)
 
 
-def run_url(mlflow_client: MlflowClient, run_id: str) -> str:
-    """A link to the run: the MLflow UI for an HTTP server, else the store URI and run id."""
+def run_url(mlflow_client: MlflowClient, run_id: str, root: str | Path = ".") -> str:
+    """A link to the run: the MLflow UI for an HTTP server, else the store URI and run id.
+
+    Redacted: it goes to Prefect logs and artifacts, which keep it.
+    """
     uri = mlflow_client.tracking_uri
     run = mlflow_client.get_run(run_id)
     page = f"#/experiments/{run.info.experiment_id}/runs/{run_id}"
     if uri.startswith(("http://", "https://")):
-        return f"{uri.rstrip('/')}/{page}"
+        return redact(f"{uri.rstrip('/')}/{page}")
     # A local store: link the page `make ui` serves, and name the store it reads.
-    return f"{MLFLOW_UI_URL}/{page} (`make ui` over {uri})"
+    return f"{MLFLOW_UI_URL}/{page} (`make ui` over {recorded_uri(uri, root)})"

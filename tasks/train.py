@@ -43,6 +43,8 @@ from tasks.models import build_model, unfreeze_top
 from tasks.params import Params, TrainParams, flatten
 from tasks.reader import read_split
 
+log = logging.getLogger(__name__)  # a flow shows it in its run's log (flows.common.run_log)
+
 FINE_TUNE_LR_FACTOR = 0.1  # fine-tuning a pretrained backbone wants a much smaller step
 HISTORY_KEYS = ("loss", "accuracy", "val_loss", "val_accuracy")
 IDENTITY_NAME = "identity.json"
@@ -163,24 +165,12 @@ def claim_backup(
 
 def discard_backup(backup_dir: Path, reasons: Sequence[str]) -> None:
     """Delete the backup and say why, so a rerun that starts over is never a surprise."""
-    run_logger().warning("backup discarded: %s (%s)", "; ".join(reasons), backup_dir)
+    log.warning("backup discarded: %s (%s)", "; ".join(reasons), backup_dir)
     shutil.rmtree(backup_dir, ignore_errors=True)
 
 
 def write_identity(backup_dir: Path, identity: dict[str, Any], run_id: str | None = None) -> None:
     write_json(backup_dir / IDENTITY_NAME, {**identity, "mlflow_run_id": run_id})
-
-
-def run_logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
-    """The Prefect run logger inside a flow or task run (shown in the UI), else this module's."""
-    if "prefect" in sys.modules:  # never import it here: importing it configures logging
-        from prefect import get_run_logger
-
-        try:
-            return get_run_logger()
-        except Exception:  # outside a Prefect run (MissingContextError)
-            pass
-    return logging.getLogger(__name__)
 
 
 class BackupUnusable(RuntimeError):
@@ -276,7 +266,7 @@ class ResumableEarlyStopping(keras.callbacks.EarlyStopping):
             return
         state = json.loads(self.state_file.read_text())
         if state["epoch"] != resumed_at - 1:  # killed between the backup and this state
-            run_logger().warning(
+            log.warning(
                 "early stopping state is from epoch %s, not %s: starting it afresh",
                 state["epoch"] + 1,
                 resumed_at,
@@ -648,8 +638,11 @@ def run_train(
     *,
     strategy: tf.distribute.Strategy | None = None,
     callbacks: Sequence[keras.callbacks.Callback] = (),
+    run_tags: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Gate on validation, open (or resume) an MLflow run, train, record the run for evaluate."""
+    """Gate on validation, open (or resume) an MLflow run, train, record the run for evaluate.
+
+    ``run_tags``: the orchestrator's tags for a new MLflow run (the flow run that trains)."""
     from tasks import tracking
 
     manifest = check_validated(layout.shards_dir, layout.validation_report)
@@ -667,6 +660,7 @@ def run_train(
             shards_dir=layout.shards_dir,
             root=layout.root,
             device_tags=device_tags(params.train, strategy),
+            run_tags=run_tags,
         )
         if discarded:  # the run says why it did not resume the backup it found
             client.set_tag(run_id, "resume.backup_discarded", "; ".join(discarded)[:5000])
@@ -707,7 +701,7 @@ def run_train(
     record = {
         "run_id": run_id,
         "experiment_id": run.info.experiment_id,
-        "tracking_uri": client.tracking_uri,
+        "tracking_uri": tracking.recorded_uri(client.tracking_uri, layout.root),
         "fingerprint": manifest.fingerprint,
         "run_name": run.info.run_name,
     }

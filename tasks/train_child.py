@@ -29,9 +29,14 @@ def warm_up() -> None:
     import tasks.train  # noqa: F401  (TensorFlow, the models, the reader)
 
 
-def train(params: Params, layout: Layout, report: Report | None = None) -> dict[str, Any]:
+def train(
+    params: Params,
+    layout: Layout,
+    report: Report | None = None,
+    run_tags: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """:func:`tasks.train.run_train`, each epoch handed to ``report``, plus ``run_url`` (the
-    MLflow run's page) in the summary.
+    MLflow run's page) in the summary; ``run_tags`` name the flow run on the MLflow run.
 
     Without ``report`` (in a child) each epoch goes to the parent with
     :func:`tasks.processes.report`, as ``(epoch, figures)``.
@@ -44,6 +49,8 @@ def train(params: Params, layout: Layout, report: Report | None = None) -> dict[
     def send(epoch: int, figures: dict[str, float]) -> None:
         to_parent((epoch, figures))
 
-    summary = run_train(params, layout, callbacks=[EpochReport(report or send)])
-    summary["run_url"] = tracking.run_url(tracking.client(layout.root), summary["run_id"])
+    summary = run_train(params, layout, callbacks=[EpochReport(report or send)], run_tags=run_tags)
+    summary["run_url"] = tracking.run_url(
+        tracking.client(layout.root), summary["run_id"], layout.root
+    )
     return summary

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks import tf_cross_check
+from tasks import data_gate, tf_cross_check
 from tasks.atomic import write_json, write_text
 from tasks.gc_pause import paused_gc
 from tasks.manifest import MANIFEST_NAME, SPLITS, ShardManifest, file_sha256, own_files
@@ -590,35 +590,46 @@ def read_generations(
     )
 
 
-def check_data_diff(
-    diff_path: Path, manifest: ShardManifest, max_class_share_shift: float, allow_new_classes: bool
-) -> dict[str, Any]:
-    """The shard stage's data diff describes these shards and stays within the params' limits."""
-    import json
-
-    from tasks import data_diff
-
-    try:
-        diff = json.loads(Path(diff_path).read_text())
-    except (OSError, ValueError) as exc:
-        return check("data_diff", [str(exc)], "", f"{diff_path}: unreadable ({exc}); rerun shard")
-    if diff.get("fingerprint") != manifest.fingerprint:
-        problem = f"{diff_path} describes shards {str(diff.get('fingerprint'))[:12]}, not these"
-        return check("data_diff", [problem], "", f"{problem}; rerun the shard stage")
-    problems = data_diff.violations(diff, max_class_share_shift, allow_new_classes)
-    ok = (
-        f"+{diff['added_total']} -{diff['removed_total']} images within the limits"
-        if diff["previous_known"]
-        else "first build: nothing to compare against"
+def check_data_diff(diff: dict[str, Any], limits: ValidateParams) -> dict[str, Any]:
+    """The change from the last accepted data version (:func:`tasks.data_gate.compare`)
+    stays within the params' limits; a refused change names the one step that accepts it."""
+    problems = data_gate.violations(diff, limits.max_class_share_shift, limits.allow_new_classes)
+    before = diff["records"]["before"]
+    if diff["accepted_fingerprint"] is None:
+        ok = "first build: nothing accepted yet to compare against"
+    elif diff["unchanged"]:
+        ok = f"the accepted data version {diff['fingerprint'][:12]}"
+    else:
+        ok = (
+            f"{before} -> {diff['records']['after']} records since the accepted version "
+            f"{diff['accepted_fingerprint'][:12]}, within the limits"
+        )
+    bad = (
+        f"{'; '.join(problems)}: against the accepted data version "
+        f"{str(diff['accepted_fingerprint'])[:12]} (see reports/data_diff.md); "
+        + data_gate.accept_hint(diff["fingerprint"])
     )
     return check(
         "data_diff",
         problems,
         ok,
-        "; ".join(problems),
-        added=diff["added_total"],
-        removed=diff["removed_total"],
+        bad,
+        accepted_fingerprint=diff["accepted_fingerprint"],
+        records_before=before,
+        records_after=diff["records"]["after"],
     )
+
+
+def gate_diff(
+    manifest: ShardManifest, accepted_path: Path, diff_path: Path
+) -> tuple[dict[str, Any], data_gate.DataVersion, data_gate.AcceptedVersion | None]:
+    """These shards against the accepted version at ``accepted_path``, written to
+    ``diff_path`` (JSON and Markdown); also returns the version and the accepted one."""
+    accepted = data_gate.load_accepted(accepted_path)
+    version = data_gate.describe(manifest)
+    diff = data_gate.compare(accepted, version)
+    data_gate.write(diff, diff_path)
+    return diff, version, accepted
 
 
 # -- the stage -------------------------------------------------------------------------------
@@ -631,18 +642,22 @@ def run_validate(
     summary_path: Path,
     *,
     index_path: Path | None = None,
+    accepted_path: Path | None = None,
     diff_path: Path | None = None,
     limits: ValidateParams | None = None,
 ) -> dict[str, Any]:
     """Check a shard set; write the JSON report and Markdown summary; return the report.
 
-    With ``diff_path`` and ``limits``, the data diff must describe these shards and stay
-    within ``validate.max_class_share_shift`` and ``validate.allow_new_classes``.
+    With ``accepted_path``, ``diff_path`` and ``limits`` (the data gate): the change from the
+    last accepted data version, written to ``diff_path``, must stay within
+    ``validate.max_class_share_shift`` and ``validate.allow_new_classes``; a set that passes
+    every check becomes the accepted version (:func:`tasks.data_gate.record_passed`).
     """
     shards_dir = Path(shards_dir)
     manifest, manifest_check = load_manifest_lenient(shards_dir)
     checks = [manifest_check]
     contents: list[ShardContents] = []
+    gate = None
     if manifest is not None:
         full_read = [
             name
@@ -667,15 +682,13 @@ def run_validate(
         if index_path is not None:
             tail.append(check_index(Path(index_path), manifest, contents))
             tail.append(check_near_duplicates(Path(index_path), contents))
-        if diff_path is not None and limits is not None:
-            tail.append(
-                check_data_diff(
-                    Path(diff_path),
-                    manifest,
-                    limits.max_class_share_shift,
-                    limits.allow_new_classes,
-                )
-            )
+        if accepted_path is not None and diff_path is not None and limits is not None:
+            try:
+                gate = gate_diff(manifest, Path(accepted_path), Path(diff_path))
+            except data_gate.AcceptedRecordError as exc:
+                tail.append(check("data_diff", [str(exc)], "", str(exc)))
+            else:
+                tail.append(check_data_diff(gate[0], limits))
         head = [
             check_files(manifest, shards_dir),
             check_extra_files(manifest, shards_dir),
@@ -693,6 +706,9 @@ def run_validate(
     }
     write_json(Path(report_path), report)
     write_text(Path(summary_path), summary_markdown(report))
+    if report["passed"] and gate is not None and accepted_path is not None:
+        diff, version, accepted = gate
+        data_gate.record_passed(Path(accepted_path), version, diff, accepted)
     return report
 
 
@@ -701,9 +717,15 @@ def raise_if_failed(report: dict[str, Any]) -> None:
     failed = [c for c in report["checks"] if not c["passed"]]
     if failed:
         reasons = "; ".join(f"{c['name']}: {c['message']}" for c in failed)
+        # the data gate's own message says how to accept a deliberate change
+        advice = (
+            ""
+            if [c["name"] for c in failed] == ["data_diff"]
+            else ("; then fix the data or rerun the shard stage")
+        )
         raise ValidationFailed(
             f"shard validation failed for {report.get('shards_dir')} ({reasons}); "
-            "see reports/validation.json, then fix the data or rerun the shard stage"
+            f"see reports/validation.json{advice}"
         )
 
 

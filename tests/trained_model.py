@@ -29,7 +29,7 @@ class TrainedProject:
     def test_predictions(self) -> Path:
         from tasks.layout import Layout
 
-        return Layout().with_root(self.root).test_predictions
+        return Layout(self.root).test_predictions
 
 
 def build_trained_project(root: Path) -> TrainedProject:
@@ -37,7 +37,7 @@ def build_trained_project(root: Path) -> TrainedProject:
     from tasks.ingest import run_ingest
     from tasks.layout import Layout
     from tasks.params import default_params
-    from tasks.shard import run_shard
+    from tasks.shard import shard_stage
     from tasks.train import run_train
     from tests.conftest import write_image_folder
     from tests.tiny_shards import write_validation_report
@@ -58,12 +58,12 @@ def build_trained_project(root: Path) -> TrainedProject:
         },
         "evaluate": {"model_name": MODEL_NAME},
     }
-    layout = Layout().with_root(root)
+    layout = Layout(root)
     # The repository's params.yaml (every key) with this project's changes.
     params = default_params(**settings)
     layout.params.write_text(yaml.safe_dump(params.model_dump(mode="json", by_alias=True)))
     run_ingest(params.ingest, layout.index, layout.ingest_report)
-    manifest = run_shard(params.shard, layout.index, layout.shards_dir)
+    manifest = shard_stage(params.shard, layout.index, layout.shards_dir).manifest
     write_validation_report(root, manifest.fingerprint, passed=True)
     uri = f"sqlite:///{root / 'mlflow.db'}"
     with mock.patch.dict(os.environ, {"MLFLOW_TRACKING_URI": uri}):

@@ -12,8 +12,9 @@ of workers. What the flow and the other stages' callers use is named here.
 from tasks.shard.append import RebuildNeeded
 from tasks.shard.planning import ShardPlan, plan_shards, shard_name
 from tasks.shard.spec import ShardRecord, ShardSpec
-from tasks.shard.stage import StageRun, run_shard, shard_stage
+from tasks.shard.stage import StageRun, shard_stage
 from tasks.shard.workers import (
+    LocalWorkers,
     pool_workers,
     prestart_workers,
     run_params,
@@ -23,6 +24,7 @@ from tasks.shard.workers import (
 from tasks.shard.writing import WriteMany, describe_shard, write_batch, write_shard
 
 __all__ = [
+    "LocalWorkers",
     "RebuildNeeded",
     "ShardPlan",
     "ShardRecord",
@@ -34,7 +36,6 @@ __all__ = [
     "pool_workers",
     "prestart_workers",
     "run_params",
-    "run_shard",
     "shard_name",
     "shard_stage",
     "warm_worker",

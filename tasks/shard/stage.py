@@ -88,20 +88,6 @@ def shard_stage(
     return StageRun(plan, len(missing), manifest, diff)
 
 
-def run_shard(
-    params: ShardParams,
-    index_path: Path,
-    shards_dir: Path,
-    *,
-    write_many: WriteMany = write_inline,
-    diff_path: Path | None = None,
-) -> ShardManifest:
-    """:func:`shard_stage`, returning only the manifest it wrote."""
-    return shard_stage(
-        params, index_path, shards_dir, write_many=write_many, diff_path=diff_path
-    ).manifest
-
-
 @paused_gc()
 def plan_stage(params: ShardParams, index_path: Path, shards_dir: Path) -> StagePlan:
     """Plan a rebuild (generation 0 from the index) or an append (a new generation).

@@ -1,10 +1,19 @@
-"""The shard stage's local worker processes: how many, when they start, their warm-up."""
+"""The shard stage's local worker processes: how many, when they start, their warm-up, and
+whether an append's new shards are worth them (the cost model of :mod:`tasks.worker_cost`)."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Executor
+from contextlib import ExitStack
+
 from tasks.images import preprocessing_version
 from tasks.params import ShardParams
-from tasks.processes import prestart_pool
+from tasks.processes import prestart_pool, spawn_pool
+from tasks.shard.planning import ShardPlan
+from tasks.shard.spec import ShardSpec
+from tasks.worker_cost import shard_seconds, worth_workers
 
 
 def warm_worker() -> None:
@@ -36,3 +45,54 @@ def prestart_workers(params: ShardParams) -> None:
     :func:`tasks.processes.prestart_pool`); the stage's pool takes them."""
     if workers_from_the_start(params):
         prestart_pool(params.workers, warm=warm_worker)
+
+
+def shard_estimates(specs: Iterable[ShardSpec]) -> Iterator[float]:
+    """Estimated seconds of each record of ``specs`` (:func:`tasks.worker_cost.shard_seconds`),
+    its size read from the index as the estimate goes; specs that are not a plan (sizes
+    unknown) count as worth any workers."""
+    if not isinstance(specs, ShardPlan):
+        yield math.inf
+        return
+    for slot in specs.slots:
+        for record in specs.index_records(slot):
+            yield shard_seconds(int(record["width"]), int(record["height"]))
+
+
+class LocalWorkers:
+    """The local runner's worker processes (``shard.workers`` of them, spawned and warmed
+    together), started when they pay off: a rebuild starts them with the stage, so they warm
+    up while it plans; an append starts them on its first shards, and only when those are
+    worth it (:func:`tasks.worker_cost.worth_workers`). With one worker or Dask it has no pool.
+
+    Plain processes rather than Prefect's process runner: a worker imports only the shard
+    code (NumPy, Pillow, no Prefect, no TensorFlow), so it starts in a fraction of the time
+    and memory, while every batch keeps its Prefect task run in the flow.
+    """
+
+    def __init__(self, params: ShardParams) -> None:
+        self.params = params
+        self.enabled = pool_workers(params) > 0
+        self.pool: Executor | None = None
+        self._stack = ExitStack()
+
+    def __enter__(self) -> LocalWorkers:
+        if workers_from_the_start(self.params):
+            self._start()
+        return self
+
+    def __exit__(self, *exc: object) -> bool | None:
+        return self._stack.__exit__(*exc)  # type: ignore[arg-type]
+
+    def for_shards(self, specs: Iterable[ShardSpec]) -> Executor | None:
+        """The pool to write ``specs`` in, started now if they are worth it; or None."""
+        if (
+            self.pool is None
+            and self.enabled
+            and worth_workers(shard_estimates(specs), self.params.workers)
+        ):
+            self._start()
+        return self.pool
+
+    def _start(self) -> None:
+        self.pool = self._stack.enter_context(spawn_pool(self.params.workers, warm=warm_worker))

@@ -19,7 +19,7 @@ from tasks.manifest import SPLITS, load_manifest
 from tasks.params import default_params
 from tasks.reader import read_split
 from tasks.records import OFFSETS_NAME, SplitReader, iter_split, read_record, worker_range
-from tasks.shard import run_shard
+from tasks.shard import shard_stage
 from tasks.tfrecord import CorruptRecord
 
 # About two 16x16 raw records per shard: every split has several shards.
@@ -27,7 +27,7 @@ PARAMS = {"image_size": (16, 16), "target_shard_mb": 0.002, "workers": 1}
 
 
 def shard_set(tiny_index: Path, folder: Path, **overrides: Any) -> Path:
-    run_shard(default_params(shard={**PARAMS, **overrides}).shard, tiny_index, folder)
+    shard_stage(default_params(shard={**PARAMS, **overrides}).shard, tiny_index, folder)
     return folder
 
 

@@ -14,7 +14,7 @@ from tasks.atomic import write_json, write_text
 from tasks.manifest import SPLITS, load_manifest
 from tasks.params import default_params
 from tasks.reader import read_split
-from tasks.shard import run_shard, shard_name
+from tasks.shard import shard_stage, shard_name
 from tasks.tfds_metadata import (
     DATASET_INFO_NAME,
     FEATURES_NAME,
@@ -29,7 +29,7 @@ PARAMS = {"image_size": (16, 16), "target_shard_mb": 0.002, "workers": 1}
 
 
 def shard_set(tiny_index: Path, folder: Path, **overrides: Any) -> Path:
-    run_shard(default_params(shard={**PARAMS, **overrides}).shard, tiny_index, folder)
+    shard_stage(default_params(shard={**PARAMS, **overrides}).shard, tiny_index, folder)
     return folder
 
 

@@ -13,7 +13,7 @@ from tasks.index import load_index, write_index
 from tasks.manifest import MANIFEST_NAME, ShardFile, ShardManifest, build_manifest, file_sha256
 from tasks.params import default_params
 from tasks.records import iter_split
-from tasks.shard import run_shard
+from tasks.shard import shard_stage
 from tasks.tfrecord import CorruptRecord
 from tasks.validate import ValidationFailed, raise_if_failed, run_validate
 
@@ -38,7 +38,7 @@ def clean_shards(tiny_index: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     params = default_params(
         shard={"image_size": [16, 16], "target_shard_mb": 0.002, "workers": 1}
     ).shard
-    run_shard(params, tiny_index, shards_dir)
+    shard_stage(params, tiny_index, shards_dir)
     return shards_dir
 
 
@@ -101,7 +101,7 @@ def test_a_split_left_empty_fails_validation_and_names_the_param(tmp_path: Path)
         shard={"image_size": [16, 16], "workers": 1},
     )
     run_ingest(params.ingest, tmp_path / "index.json", tmp_path / "ingest.json")
-    manifest = run_shard(params.shard, tmp_path / "index.json", tmp_path / "shards")
+    manifest = shard_stage(params.shard, tmp_path / "index.json", tmp_path / "shards").manifest
     assert {s: i.num_records for s, i in manifest.splits.items()} == {
         "train": 36,
         "val": 0,
@@ -139,7 +139,7 @@ def test_a_class_with_no_train_records_fails_validation(tmp_path: Path) -> None:
     for path in removed:
         (source / path).unlink()
     run_ingest(params.ingest, index, tmp_path / "ingest.json")
-    run_shard(params.shard, index, tmp_path / "shards")
+    shard_stage(params.shard, index, tmp_path / "shards")
     report = validate(tmp_path / "shards")
     assert list(failed(report)) == ["coverage"]
     assert failed(report)["coverage"]["details"]["examples"] == [
@@ -160,7 +160,7 @@ def test_a_single_class_fails_validation(tiny_dataset: Path, tmp_path: Path) -> 
         shard={"image_size": [16, 16], "workers": 1},
     )
     run_ingest(params.ingest, tmp_path / "index.json", tmp_path / "ingest.json")
-    run_shard(params.shard, tmp_path / "index.json", tmp_path / "shards")
+    shard_stage(params.shard, tmp_path / "index.json", tmp_path / "shards")
     report = validate(tmp_path / "shards")
     assert list(failed(report)) == ["coverage"]
     assert failed(report)["coverage"]["details"]["examples"] == [{"classes": ["blue"]}]
@@ -172,7 +172,7 @@ def test_encoded_clean_sets_pass(encoding: str, tiny_index: Path, tmp_path: Path
     params = default_params(
         shard={"image_size": [16, 16], "target_shard_mb": 0.001, "encoding": encoding, "workers": 1}
     ).shard
-    manifest = run_shard(params, tiny_index, tmp_path / "shards")
+    manifest = shard_stage(params, tiny_index, tmp_path / "shards").manifest
     report = validate(tmp_path / "shards", tiny_index)
     assert report["passed"] is True, failed(report)
     records = next(c for c in report["checks"] if c["name"] == "records")
@@ -213,7 +213,7 @@ def test_flipped_byte_in_gzip_shard_is_located(tiny_index: Path, tmp_path: Path,
             "compression": "gzip",
         }
     ).shard
-    manifest = run_shard(params, tiny_index, tmp_path / "shards")
+    manifest = shard_stage(params, tiny_index, tmp_path / "shards").manifest
     target = manifest.split("val").shards[0].file
     data = bytearray((tmp_path / "shards" / target).read_bytes())
     if where == "middle":
@@ -406,11 +406,11 @@ def test_an_appended_set_passes_with_every_generations_own_files(
     ).shard
     index, shards = tmp_path / "index.jsonl", tmp_path / "shards"
     run_ingest(ingest, index, tmp_path / "ingest.json")
-    run_shard(params, index, shards)
+    shard_stage(params, index, shards)
     tfds_file = (shards / "features.json").read_bytes()
     add_images(source, sorted(p.name for p in source.iterdir())[0], 4, seed=5)
     run_ingest(ingest, index, tmp_path / "ingest.json")
-    run_shard(params.model_copy(update={"mode": "append"}), index, shards)
+    shard_stage(params.model_copy(update={"mode": "append"}), index, shards)
     assert (shards / "gen-00001" / ".plan.json").exists()
     report = validate(shards, index)
     assert report["passed"] is True, failed(report)
@@ -601,7 +601,7 @@ def test_a_near_duplicate_pair_across_splits_fails_and_a_rebuild_fixes_it(tmp_pa
         shard={"image_size": [16, 16], "target_shard_mb": 0.002, "workers": 1}
     ).shard
     shards_dir = tmp_path / "shards"
-    run_shard(shard_params, index_path, shards_dir)
+    shard_stage(shard_params, index_path, shards_dir)
     assert "near_duplicates" in failed(validate(shards_dir, index_path))  # no hashes to check
 
     run_ingest(params.ingest, index_path, tmp_path / "ingest.json")  # places afresh
@@ -610,6 +610,6 @@ def test_a_near_duplicate_pair_across_splits_fails_and_a_rebuild_fixes_it(tmp_pa
     assert sorted(pair["paths"]) == ["red/photo.png", "red/photo_copy.jpg"]
     assert "rebuild" in bad["message"]
 
-    run_shard(shard_params, index_path, shards_dir)  # shard.mode: rebuild
+    shard_stage(shard_params, index_path, shards_dir)  # shard.mode: rebuild
     report = validate(shards_dir, index_path)
     assert report["passed"] is True, failed(report)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -134,3 +135,35 @@ def test_pipeline_deployment_end_to_end(served: Project) -> None:
         r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])
     ]
     assert len(runs_final) == 1
+
+
+def test_predict_deployment_refuses_paths_outside_the_repository(
+    served: Project, tmp_path: Path
+) -> None:
+    """`prefect deployment run 'predict/local'` wrote its CSV wherever `output` said and
+    listed any folder on the machine through `source`. The served run now fails on its
+    parameters before anything runs; nothing is written outside."""
+    project = served
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    photo = project.root / "data" / "demo" / "circle" / "circle_00000.jpg"
+    (outside / "photo.jpg").write_bytes(photo.read_bytes())
+    (project.root / "data" / "elsewhere").symlink_to(outside, target_is_directory=True)
+    before = sorted(outside.iterdir())
+    for params, refused in (
+        ({"output": str(outside / "leak.csv")}, "output="),
+        ({"source": "data/elsewhere"}, "source='data/elsewhere' resolves to"),
+        ({"output": "params.yaml"}, "a deployment run writes a .csv file"),
+    ):
+        result = project.run(
+            *("prefect", "deployment", "run", "predict/local", "--watch"),
+            *("--watch-timeout", "300", "--params"),
+            json.dumps({"source": "data/demo/circle", **params}),
+            check=False,
+            timeout=360,
+        )
+        assert result.returncode != 0 or "Failed" in result.stdout, result.stdout
+        assert refused in (project.root / "serve.log").read_text()
+    assert sorted(outside.iterdir()) == before
+    assert not (project.root / "reports" / "predictions.csv").exists()
+    assert "\npath" not in (project.root / "params.yaml").read_text()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -73,10 +74,18 @@ def wait_until(condition: Callable[[], object], what: str, timeout: float = 300.
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def kill_during(project: Project, stage: str, rng: random.Random) -> str | None:
-    """Run `dvc repro` and SIGKILL its process group a random moment into ``stage``'s work;
-    return the MLflow run id the killed training had opened, if any."""
-    needle, started = STAGES[stage]
+def kill_during(
+    project: Project,
+    stage: str,
+    rng: random.Random,
+    started: Callable[[Path], bool] | None = None,
+    at_once: bool = False,
+) -> str | None:
+    """Run `dvc repro` and SIGKILL its process group a random moment into ``stage``'s work
+    (``started``: once that holds; ``at_once``: no delay); return the MLflow run id the
+    killed training had opened, if any."""
+    needle, begun = STAGES[stage]
+    started = started or begun
     log = (project.root / f"kill-{stage}.log").open("w")
     repro = subprocess.Popen(
         [sys.executable, "-m", "dvc", "repro"],
@@ -94,7 +103,7 @@ def kill_during(project: Project, stage: str, rng: random.Random) -> str | None:
         )
         assert repro.poll() is None, (project.root / f"kill-{stage}.log").read_text()
         wait_until(lambda: repro.poll() is not None or started(project.root), f"{stage} work")
-        time.sleep(rng.uniform(0.0, MAX_DELAY_S[stage]))
+        time.sleep(0.0 if at_once else rng.uniform(0.0, MAX_DELAY_S[stage]))
         freeze_inside_a_stage(repro, parent)
         identity = project.root / ".shardflow/train_backup" / IDENTITY_NAME
         run_id = (
@@ -201,3 +210,61 @@ def test_killed_stages_rerun_to_the_uninterrupted_result(project: Project) -> No
     project.dvc("repro", "shard")
     assert json.loads((root / "data/shards/manifest.json").read_text()) == manifest
     assert {p.name: p.read_bytes() for p in (root / "data/shards").iterdir()} == shards
+
+
+def validation_failures(root: Path) -> dict[str, str]:
+    report = json.loads((root / "reports/validation.json").read_text())
+    return {c["name"]: c["message"] for c in report["checks"] if not c["passed"]}
+
+
+def test_a_refused_data_change_stays_refused_until_accepted(project: Project) -> None:
+    """The data gate's baseline survives a kill during shard, `dvc repro -f shard` and a
+    fresh clone; `shardflow accept-data` is what lets the change through, limits unchanged."""
+    from tests.unit.test_append import add_images
+
+    root = project.root
+    project.dvc("repro", "validate")
+    params = (root / "params.yaml").read_text()
+    project.run("git", "add", "-A")  # the accepted version is committed with dvc.lock
+    project.run("git", "commit", "-qm", "accepted data")
+    add_images(root / "data/demo", "blob", 14, seed=5)
+
+    # killed once the rebuild has removed the accepted set's manifest (it writes a new one last)
+    kill_during(
+        project,
+        "shard",
+        random.Random(SEED),
+        started=lambda root: not (root / "data/shards" / MANIFEST_NAME).exists(),
+        at_once=True,
+    )
+    assert not (root / "data/shards" / MANIFEST_NAME).exists()
+    rerun = project.dvc("repro", check=False)
+    assert rerun.returncode != 0 and "Running stage 'train'" not in rerun.stdout
+    refused = validation_failures(root)
+    assert list(refused) == ["data_diff"] and "new classes ['blob']" in refused["data_diff"]
+
+    project.dvc("repro", "-f", "shard")  # what the old advice said: "rerun the shard stage"
+    assert project.dvc("repro", "validate", check=False).returncode != 0
+    assert validation_failures(root) == refused
+
+    clone = root.parent / "clone"
+    project.run("git", "clone", "-q", str(root), str(clone))
+    shutil.copytree(root / "data/demo", clone / "data/demo")
+    cloned = Project(clone, {**project.env, "PYTHONPATH": str(clone)})
+    assert cloned.dvc("repro", "validate", check=False).returncode != 0
+    assert validation_failures(clone) == refused
+
+    fingerprint = json.loads((root / "data/shards/manifest.json").read_text())["fingerprint"]
+    assert f"--fingerprint {fingerprint[:12]}" in refused["data_diff"]
+    project.run(
+        sys.executable, "-m", "flows.cli", "accept-data",
+        "--fingerprint", fingerprint[:12], "--reason", "blob is a class now",
+    )  # fmt: skip
+    accepted = project.dvc("repro", "validate")
+    assert "Running stage 'validate'" in accepted.stdout  # the edited record reruns it
+    assert validation_failures(root) == {}
+    record = json.loads((root / "data/accepted.json").read_text())
+    assert record["fingerprint"] == fingerprint
+    assert record["acceptance"]["reason"] == "blob is a class now"
+    assert record["acceptance"]["by"] == "ci"  # the git user
+    assert (root / "params.yaml").read_text() == params  # the limits stay as they were

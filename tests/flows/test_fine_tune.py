@@ -82,7 +82,7 @@ def test_fine_tuning_resumes_in_either_phase_and_unfreezes_the_top(
     tmp_path: Path, mlflow_uri: str
 ) -> None:
     write_tiny_shards(tmp_path, size=32, per_class={"train": 8, "val": 2, "test": 2})
-    layout = Layout().with_root(tmp_path)
+    layout = Layout(tmp_path)
     epochs_logged = lambda: [  # noqa: E731
         int(row["epoch"]) for row in read_epoch_log(layout.backup_dir / "epochs.jsonl")
     ]

@@ -146,3 +146,32 @@ def test_batch_flow_takes_a_csv_and_a_version_and_refuses_unknown_models(
         predict_flow(
             source=str(listing), model="staging", model_name=MODEL_NAME, root=str(tmp_path)
         )
+
+
+def test_batch_flow_takes_the_relative_sqlite_uri_from_any_directory(
+    trained_project: TrainedProject, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``MLFLOW_TRACKING_URI=sqlite:///mlflow.db`` (MLflow's docs' form) names the project's
+    store, wherever the process runs: it predicted every image, then failed to record the
+    run ("relative path can't be expressed as a file URI")."""
+    from flows.predict import predict_flow
+
+    assert trained_project.tracking_uri.endswith("/mlflow.db")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    monkeypatch.chdir(tmp_path)
+    reference = reference_rows(trained_project)[:2]
+    listing = tmp_path / "list.csv"
+    listing.write_text(
+        "path\n" + "".join(f"{trained_project.source_dir / row['source']}\n" for row in reference)
+    )
+    result = predict_flow(
+        source=str(listing),
+        output=str(tmp_path / "p.csv"),
+        model_name=MODEL_NAME,
+        root=str(trained_project.root),
+    )
+    assert result["rows"] == 2 and result["errors"] == 0
+    client = MlflowClient(trained_project.tracking_uri)
+    assert client.get_run(result["run_id"]).data.tags["model.name"] == MODEL_NAME
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["list.csv", "p.csv"]  # no stray store

@@ -64,14 +64,14 @@ def test_flow_at_two_workers_writes_what_the_inline_stage_writes(
     prefect_harness: None, tiny_index: Path, tmp_path: Path
 ) -> None:
     """The flow's process-pool runner and the inline writer: same shards, same manifest."""
-    from tasks.shard import run_shard
+    from tasks.shard import shard_stage
 
     params = default_params(
         shard={"image_size": [16, 16], "target_shard_mb": 0.002, "workers": 2}
     ).shard
     layout = Layout(tmp_path / "flow")
     result = run_flow(layout, tiny_index, params)
-    inline = run_shard(params, tiny_index, tmp_path / "inline")
+    inline = shard_stage(params, tiny_index, tmp_path / "inline").manifest
     assert int(str(result["written"])) == int(str(result["shards"])) > 3
     assert result["fingerprint"] == inline.fingerprint
     assert shard_bytes(layout.shards_dir) == shard_bytes(tmp_path / "inline")
@@ -94,7 +94,7 @@ def test_an_append_starts_workers_only_when_its_new_shards_are_worth_them(
 
     import flows.shard as shard_flow
     from tasks.ingest import run_ingest
-    from tasks.shard import run_shard
+    from tasks.shard import shard_stage
     from tests.conftest import write_image_folder
     from tests.unit.test_append import add_images
 
@@ -106,18 +106,21 @@ def test_an_append_starts_workers_only_when_its_new_shards_are_worth_them(
         shard={"image_size": [16, 16], "target_shard_mb": 0.002, "workers": 2}
     ).shard
     run_ingest(ingest.ingest, index, tmp_path / "ingest.json")
-    run_shard(params, index, tmp_path / "base")  # generation 0, inline
+    shard_stage(params, index, tmp_path / "base")  # generation 0, inline
     add_images(source, "red", 6, seed=3)
     run_ingest(ingest.ingest, index, tmp_path / "ingest.json")
 
     started: list[int] = []
-    real = shard_flow.spawn_pool
+    from tasks import worker_cost
+    from tasks.shard import workers as shard_workers
+
+    real = shard_workers.spawn_pool
 
     def spy(workers: int, **kwargs: object) -> object:
         started.append(workers)
         return real(workers, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(shard_flow, "spawn_pool", spy)
+    monkeypatch.setattr(shard_workers, "spawn_pool", spy)
     batches: list[int] = []
     task = shard_flow.write_shards_task
 
@@ -129,8 +132,8 @@ def test_an_append_starts_workers_only_when_its_new_shards_are_worth_them(
     monkeypatch.setattr(shard_flow, "write_shards_task", Spied())
     append = params.model_copy(update={"mode": "append"})
     results, written, submitted = {}, {}, {}
-    for name, threshold in (("threads", shard_flow.POOL_MIN_WORK_S), ("workers", 0.0)):
-        monkeypatch.setattr(shard_flow, "POOL_MIN_WORK_S", threshold)
+    for name, start_s in (("threads", worker_cost.WORKER_START_S), ("workers", 0.0)):
+        monkeypatch.setattr(worker_cost, "WORKER_START_S", start_s)
         layout = Layout(tmp_path / name)
         shutil.copytree(tmp_path / "base", layout.shards_dir)
         started.clear()

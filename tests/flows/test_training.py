@@ -54,7 +54,7 @@ def test_flow_trains_evaluates_tracks_and_promotes(
 ) -> None:
     monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")
     result = training_flow(root=str(project))
-    layout = Layout().with_root(project)
+    layout = Layout(project)
 
     run_id = json.loads(layout.train_run.read_text())["run_id"]
     client = MlflowClient(mlflow_uri, mlflow_uri)
@@ -127,7 +127,7 @@ def test_stage_entry_points_run_one_stage_each_and_tell_their_story(
     reaches 100 and a link artifact leads to the MLflow run's page."""
     from flows import evaluate, train
 
-    layout = Layout().with_root(project)
+    layout = Layout(project)
     monkeypatch.chdir(project)
     monkeypatch.setenv("SHARDFLOW_PIPELINE_ID", "train-story")
     monkeypatch.setattr("sys.argv", ["flows.train"])
@@ -186,7 +186,7 @@ def test_summary_of_skipped_stages_reads_the_recorded_run(tmp_path: Path) -> Non
     """A deployment run that skips train/evaluate still tells the story of the current model."""
     from flows.training import _recorded, summary_markdown
 
-    layout = Layout().with_root(tmp_path)
+    layout = Layout(tmp_path)
     recorded_files = (layout.train_metrics, layout.train_summary, layout.train_run)
     assert _recorded(*recorded_files) is None
     for folder in (layout.train_metrics.parent, layout.train_summary.parent, layout.model_dir):

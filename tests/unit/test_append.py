@@ -18,7 +18,7 @@ from tasks.manifest import load_manifest
 from tasks.params import SplitFractions, default_params
 from tasks.reader import read_split
 from tasks.schema import HASH_KEY, LABEL_KEY
-from tasks.shard import RebuildNeeded, run_shard
+from tasks.shard import RebuildNeeded, shard_stage
 from tasks.validate import run_validate
 from tests.conftest import write_image_folder
 
@@ -63,7 +63,9 @@ class Project:
         params = default_params(
             shard={"image_size": [16, 16], "target_shard_mb": 0.002, "workers": 1, "mode": mode}
         ).shard
-        return run_shard(params, self.index, self.shards, diff_path=self.root / "diff.json")
+        return shard_stage(
+            params, self.index, self.shards, diff_path=self.root / "diff.json"
+        ).manifest
 
     def update(self, mode: str = "append") -> Any:
         self.ingest()
@@ -429,7 +431,9 @@ def test_an_append_that_would_decode_otherwise_needs_a_rebuild(tmp_path: Path) -
         shard={"image_size": [16, 16], "target_shard_mb": 0.002, "workers": 1, "mode": "append"}
     ).shard
     with pytest.raises(RebuildNeeded, match=r"\(draft_decode\)"):
-        run_shard(params.model_copy(update={"draft_decode": False}), project.index, project.shards)
+        shard_stage(
+            params.model_copy(update={"draft_decode": False}), project.index, project.shards
+        )
     assert digests(project.shards) == before
 
 

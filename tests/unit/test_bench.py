@@ -285,7 +285,7 @@ def test_the_stage_memory_run_builds_a_real_set_then_diffs_against_it(
     from bench.plan_rss import _stage_child, synthetic_index
     from tasks.layout import Layout
     from tasks.manifest import load_manifest
-    from tasks.records import load_offsets
+    from tasks.records import SplitReader
 
     index = synthetic_index(tmp_path / "index.jsonl", 300)
     grown = synthetic_index(tmp_path / "grown.jsonl", 303)
@@ -300,6 +300,6 @@ def test_the_stage_memory_run_builds_a_real_set_then_diffs_against_it(
         assert (result["records"], result["previous_records"], result["added"]) == want
     shards_dir = Layout(root).shards_dir
     manifest = load_manifest(shards_dir)
-    offsets = load_offsets(shards_dir, manifest)
-    assert sum(len(found) for found in offsets.values()) == 303
+    readers = [SplitReader(shards_dir, split, manifest=manifest) for split in manifest.splits]
+    assert sum(len(found) for reader in readers for found in reader.offsets) == 303
     assert len(manifest.generations) == 2

@@ -194,3 +194,12 @@ def test_measure_append_at_tiny_size(harness: None, tmp_path: Path) -> None:
     assert figures["append.push_only_new_shards"] is True
     assert "manifest.json" in details["push"]["other_files"]
     assert details["push"]["dvc_printed"] == figures["append.push_files"]
+
+
+def test_the_bench_runs_its_table_of_sections_in_order_minus_skips_and_others() -> None:
+    from bench.__main__ import SECTIONS, wanted
+
+    assert wanted(parse_args([])) == list(SECTIONS)
+    skipped = wanted(parse_args(["--skip-orchestration", "--skip-scaling"]))
+    assert skipped == [name for name in SECTIONS if name not in ("orchestration", "scaling")]
+    assert wanted(parse_args(["--only", "plan_rss,read"])) == ["read", "plan_rss"]

@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from flows.common import run_params_path
 from tasks.params import (
     REPO_PARAMS_PATH,
     ParamOverrides,
     apply_overrides,
     check_overrides,
     resolve_inside,
-    run_params_path,
 )
 
 REPO = REPO_PARAMS_PATH.parent
@@ -138,6 +138,8 @@ def test_deployed_flows_refuse_a_root_outside_the_repository(
     monkeypatch: pytest.MonkeyPatch,
     flow_name: str,
 ) -> None:
+    from prefect.exceptions import ParameterTypeError
+
     from flows.data import data_flow
     from flows.pipeline import pipeline
     from flows.training import training_flow
@@ -147,7 +149,8 @@ def test_deployed_flows_refuse_a_root_outside_the_repository(
     outside.mkdir()
     shutil.copy2(REPO_PARAMS_PATH, outside / "params.yaml")
     monkeypatch.setenv("PREFECT__RUNTIME__DEPLOYMENT__ID", "a-deployment")
-    with pytest.raises(ValueError, match=re.escape(f"root='{outside}' resolves to")):
+    # Refused with the run's parameters (flows.parameters.RepoPath), before the flow body.
+    with pytest.raises(ParameterTypeError, match=re.escape(f"root='{outside}' resolves to")):
         flows[flow_name](root=str(outside))
     assert sorted(os.listdir(outside)) == ["params.yaml"]  # nothing written there
 

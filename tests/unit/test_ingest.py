@@ -185,25 +185,24 @@ def test_missing_source_dir_names_it(tmp_path: Path) -> None:
         ingest(tmp_path / "nowhere", tmp_path)
 
 
-def test_new_files_go_to_workers_only_when_they_hold_enough_bytes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_new_files_are_estimated_from_their_size_and_gone_files_count_nothing(
+    tmp_path: Path,
 ) -> None:
     from tasks import ingest as ingest_module
+    from tasks.worker_cost import check_seconds
 
     src = tmp_path / "src"
     generate(src, per_class=3, classes=("circle", "square"), min_size=16, max_size=24)
     paths = [p.relative_to(src).as_posix() for p in sorted(src.rglob("*.png"))]
-    total = sum((src / p).stat().st_size for p in paths)
-    monkeypatch.setattr(ingest_module, "POOL_MIN_BYTES", total)
-    assert ingest_module.worth_workers(src, ["circle/missing.png", *paths])
-    monkeypatch.setattr(ingest_module, "POOL_MIN_BYTES", total + 1)
-    assert not ingest_module.worth_workers(src, paths)
+    estimates = list(ingest_module.check_estimates(src, ["circle/missing.png", *paths]))
+    assert estimates == [check_seconds((src / p).stat().st_size) for p in paths]
 
 
 def test_parallel_ingest_matches_serial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tasks import ingest as ingest_module
+    from tasks import worker_cost
 
-    monkeypatch.setattr(ingest_module, "POOL_MIN_BYTES", 0)  # tiny files: workers all the same
+    monkeypatch.setattr(worker_cost, "WORKER_START_S", 0.0)  # tiny files: workers all the same
     started = []
     real_pool = ingest_module.spawn_pool
     monkeypatch.setattr(ingest_module, "spawn_pool", lambda n: started.append(n) or real_pool(n))

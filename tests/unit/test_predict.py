@@ -74,14 +74,14 @@ def test_model_input_from_source_bytes_equals_the_shard_pixels(
 ) -> None:
     """Every record of real shards decodes to exactly what prediction makes from its file."""
     from tasks.reader import read_split
-    from tasks.shard import run_shard
+    from tasks.shard import shard_stage
 
     source_dir = tiny_index.parent / "images"
     params = default_params(
         shard={"image_size": [16, 16], "encoding": encoding, "workers": 1, "draft_decode": draft}
     ).shard
     shards = tmp_path / "shards"
-    run_shard(params, tiny_index, shards)
+    shard_stage(params, tiny_index, shards)
     manifest = load_manifest(shards)
     spec = ServingSpec.from_manifest(manifest, default_params().ingest)
     assert spec.preprocessing_version == manifest.preprocessing_version == preprocessing_version()

@@ -12,7 +12,14 @@ import pytest
 from mlflow import MlflowClient
 
 from tasks.atomic import write_json
-from tasks.evaluate import CHAMPION, champion_version, pending_decision, promote, run_evaluate
+from tasks.evaluate import (
+    CHAMPION,
+    apply_decision,
+    champion_version,
+    decide,
+    pending_decision,
+    run_evaluate,
+)
 from tasks.gate import ModelNotFromTheseShards, ShardsNotValidated
 from tasks.layout import Layout
 from tasks.params import default_params
@@ -35,7 +42,7 @@ class Registry:
     ) -> Any:
         source = str(Path(self.client.tracking_uri.removeprefix("sqlite:///")).parent)
         version = str(self.client.create_model_version(self.name, source=source).version)
-        return promote(
+        decision = decide(
             self.client,
             self.name,
             version,
@@ -45,6 +52,8 @@ class Registry:
             margin=margin,
             allow_incomparable=allow_incomparable,
         )
+        apply_decision(self.client, self.name, decision)  # as run_evaluate does, after writing
+        return decision
 
     @property
     def champion(self) -> str:
@@ -210,7 +219,7 @@ def model_root(tiny_shards: Path, mlflow_uri: str) -> Layout:
     from tasks.manifest import load_manifest
     from tasks.models import build_model
 
-    layout = Layout().with_root(tiny_shards)
+    layout = Layout(tiny_shards)
     manifest = load_manifest(layout.shards_dir)
     layout.model_dir.mkdir(parents=True, exist_ok=True)
     build_model(default_params().train, len(manifest.classes), (16, 16, 3)).save(layout.model_file)

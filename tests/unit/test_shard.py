@@ -19,7 +19,7 @@ from tasks.manifest import MANIFEST_NAME, file_sha256, load_manifest
 from tasks.params import ShardParams, default_params
 from tasks.reader import read_split
 from tasks.schema import HASH_KEY, LABEL_KEY
-from tasks.shard import plan_shards, run_shard, write_shard
+from tasks.shard import plan_shards, shard_stage, write_shard
 
 SIZE = (16, 16)
 TINY = 0.002  # MiB: about two 16x16 raw records per shard, so every split has several shards
@@ -120,7 +120,7 @@ def test_encoded_plans_are_deterministic(tiny_index: Path) -> None:
 
 def test_manifest_matches_index_and_files(tiny_index: Path, tmp_path: Path) -> None:
     index = load_index(tiny_index)
-    manifest = run_shard(params(), tiny_index, tmp_path)
+    manifest = shard_stage(params(), tiny_index, tmp_path).manifest
     assert load_manifest(tmp_path) == manifest
     assert manifest.classes == index["classes"]
     for split, info in manifest.splits.items():
@@ -136,16 +136,16 @@ def test_manifest_matches_index_and_files(tiny_index: Path, tmp_path: Path) -> N
 
 def test_shards_are_byte_identical_across_runs(tiny_index: Path, tmp_path: Path) -> None:
     """Across workers too: tests/flows/test_shard_runners.py runs the flow at 2 workers."""
-    run_shard(params(), tiny_index, tmp_path / "a")
-    run_shard(params(), tiny_index, tmp_path / "b")
+    shard_stage(params(), tiny_index, tmp_path / "a")
+    shard_stage(params(), tiny_index, tmp_path / "b")
     a = digests(tmp_path / "a")
     assert MANIFEST_NAME in a and len(a) > 5
     assert digests(tmp_path / "b") == a
 
 
 def test_gzip_shards_are_deterministic_and_readable(tiny_index: Path, tmp_path: Path) -> None:
-    manifest = run_shard(params(compression="gzip"), tiny_index, tmp_path / "a")
-    run_shard(params(compression="gzip"), tiny_index, tmp_path / "b")
+    manifest = shard_stage(params(compression="gzip"), tiny_index, tmp_path / "a").manifest
+    shard_stage(params(compression="gzip"), tiny_index, tmp_path / "b")
     assert digests(tmp_path / "a") == digests(tmp_path / "b")
     shard = tmp_path / "a" / manifest.split("train").shards[0].file
     header = shard.read_bytes()[:10]
@@ -166,8 +166,8 @@ def test_write_shard_is_idempotent(tiny_index: Path, tmp_path: Path) -> None:
 
 
 def test_resume_after_a_kill_completes_identically(tiny_index: Path, tmp_path: Path) -> None:
-    clean = run_shard(params(), tiny_index, tmp_path / "clean")
-    manifest = run_shard(params(), tiny_index, tmp_path / "run")
+    clean = shard_stage(params(), tiny_index, tmp_path / "clean").manifest
+    manifest = shard_stage(params(), tiny_index, tmp_path / "run").manifest
     run = tmp_path / "run"
     lost, kept = manifest.split("train").shards[0].file, manifest.split("val").shards[0].file
     # Simulate a kill mid-run: one shard never renamed, manifest not yet written.
@@ -176,16 +176,16 @@ def test_resume_after_a_kill_completes_identically(tiny_index: Path, tmp_path: P
     (run / f".{lost}.tmp-99999").write_bytes(b"half a shard")
     kept_mtime = (run / kept).stat().st_mtime_ns
 
-    assert run_shard(params(), tiny_index, run) == clean
+    assert shard_stage(params(), tiny_index, run).manifest == clean
     assert digests(run) == digests(tmp_path / "clean")
     assert (run / kept).stat().st_mtime_ns == kept_mtime  # finished shards were reused
     assert not list(run.glob(".*.tmp-*"))
 
 
 def test_changed_plan_removes_stale_shards(tiny_index: Path, tmp_path: Path) -> None:
-    run_shard(params(), tiny_index, tmp_path)
+    shard_stage(params(), tiny_index, tmp_path)
     (tmp_path / f".{'x'}.tmp-1").write_bytes(b"junk")
-    manifest = run_shard(params(target_shard_mb=16.0), tiny_index, tmp_path)
+    manifest = shard_stage(params(target_shard_mb=16.0), tiny_index, tmp_path).manifest
     names = {s.file for info in manifest.splits.values() for s in info.shards}
     assert {p.name for p in tmp_path.glob("*.tfrecord-*")} == names
     assert len(names) == 3 and not list(tmp_path.glob(".*.tmp-*"))
@@ -198,7 +198,7 @@ def test_changed_source_fails_naming_the_file(tiny_index: Path, tmp_path: Path) 
     index_path = tmp_path / "index.json"
     write_index(index_path, index)
     with pytest.raises(ValueError, match=record["path"]):
-        run_shard(params(target_shard_mb=16.0), index_path, tmp_path / "shards")
+        shard_stage(params(target_shard_mb=16.0), index_path, tmp_path / "shards")
 
 
 # -- reading back ----------------------------------------------------------------------------
@@ -207,7 +207,7 @@ def test_changed_source_fails_naming_the_file(tiny_index: Path, tmp_path: Path) 
 @pytest.fixture(scope="module")
 def written_shards(tiny_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     shards_dir = tmp_path_factory.mktemp("written_shards")
-    run_shard(params(), tiny_index, shards_dir)
+    shard_stage(params(), tiny_index, shards_dir)
     return shards_dir
 
 
@@ -242,12 +242,12 @@ def test_damaged_shard_is_rewritten_not_reused(tiny_index: Path, tmp_path: Path)
         shard={"image_size": [16, 16], "target_shard_mb": 0.002, "workers": 1}
     ).shard
     shards_dir = tmp_path / "shards"
-    first = run_shard(params, tiny_index, shards_dir)
+    first = shard_stage(params, tiny_index, shards_dir).manifest
     victim = shards_dir / first.splits["train"].shards[0].file
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0xFF
     victim.write_bytes(bytes(data))
-    second = run_shard(params, tiny_index, shards_dir)
+    second = shard_stage(params, tiny_index, shards_dir).manifest
     assert second.fingerprint == first.fingerprint
     assert file_sha256(victim) == first.splits["train"].shards[0].sha256
 
@@ -262,11 +262,11 @@ def test_changed_resize_filter_reshards_everything(
     from tasks import images
 
     shards_dir = tmp_path / "shards"
-    first = run_shard(params(), tiny_index, shards_dir)
+    first = shard_stage(params(), tiny_index, shards_dir).manifest
     old_version = first.preprocessing_version
     mtimes = {p.name: p.stat().st_mtime_ns for p in shards_dir.glob("*.tfrecord-*")}
     monkeypatch.setattr(images, "RESAMPLE", Image.Resampling.NEAREST)
-    second = run_shard(params(), tiny_index, shards_dir)
+    second = shard_stage(params(), tiny_index, shards_dir).manifest
     assert second.preprocessing_version != old_version
     assert second.fingerprint != first.fingerprint
     rewritten = {p.name: p.stat().st_mtime_ns for p in shards_dir.glob("*.tfrecord-*")}

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -53,3 +56,29 @@ def test_tensorflow_loads_without_keras_which_stays_importable() -> None:
         "False",
         "True",
     ]
+
+
+def test_the_start_up_notices_are_dropped_and_other_lines_kept(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    from tasks.tf_imports import _native_notices_dropped
+
+    with _native_notices_dropped():
+        os.write(2, b"WARNING: All log messages before absl::InitializeLog() is called are ")
+        os.write(2, b"written to STDERR\nI0000 00:00:1.5  7378 port.cc:153] oneDNN custom ")
+        os.write(2, b"operations are on. You may see...\nI0000 00:00:1.6  7378 ")
+        os.write(2, b"cudart_stub.cc:31] Could not find cuda drivers on your machine, GPU\n")
+        os.write(2, b"W0000 something real went wrong\n")
+        print("a Python warning", file=sys.stderr)
+    lines = sorted(capfd.readouterr().err.splitlines())
+    assert lines == ["W0000 something real went wrong", "a Python warning"]
+
+
+def test_a_first_keras_import_prints_none_of_tensorflows_notices() -> None:
+    """TensorFlow's own lines, as this version prints them, are the ones dropped."""
+    code = "from tasks.tf_imports import keras_without_extras; keras_without_extras()"
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0 and done.stderr == "", done.stderr[-2000:]

@@ -143,8 +143,138 @@ def test_run_url_links_the_ui_page_of_the_run(tiny_shards: Path, mlflow_uri: str
         root=tiny_shards,
     )
     experiment = client.get_run(run_id).info.experiment_id
-    url = tracking.run_url(client, run_id)
+    url = tracking.run_url(client, run_id, tiny_shards)
     assert url.startswith(f"{tracking.MLFLOW_UI_URL}/#/experiments/{experiment}/runs/{run_id}")
-    assert mlflow_uri in url  # says which store `make ui` must serve
+    # Says which store `make ui` must serve, as the repository names it (not the host path).
+    assert url.endswith("(`make ui` over sqlite:///mlflow.db)")
     # Outside a Prefect flow there is no flow run to link back to.
     assert client.get_run(run_id).data.tags["prefect.flow_run_url"] == "none"
+
+
+# -- every tracking URI form users write, and no credential written down --------------------
+
+TOKEN = "PLANTED_TOKEN"
+
+
+@pytest.mark.parametrize(
+    ("uri", "expected"),
+    [
+        ("sqlite:///mlflow.db", "sqlite:////repo/mlflow.db"),  # MLflow's docs' form
+        ("sqlite:///stores/x.db", "sqlite:////repo/stores/x.db"),
+        ("sqlite:////abs/x.db", "sqlite:////abs/x.db"),
+        ("http://127.0.0.1:5000", "http://127.0.0.1:5000"),
+        (None, "sqlite:////repo/mlflow.db"),  # unset: the default, the same relative form
+    ],
+)
+def test_every_tracking_uri_form_names_one_store(
+    monkeypatch: pytest.MonkeyPatch, uri: str | None, expected: str
+) -> None:
+    """A relative SQLite path is the repository's file, not the working directory's, also in
+    a queued `dvc exp run` (stages in a copy; DVC names the repository in DVC_ROOT)."""
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    if uri is None:
+        monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    else:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    assert tracking.tracking_uri("/repo") == expected
+    monkeypatch.setenv("DVC_ROOT", "/repo")
+    assert tracking.tracking_uri("/repo/.dvc/tmp/exps/tmpabc") == expected
+
+
+def test_a_relative_sqlite_uri_creates_its_experiment_in_the_repository(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`MLFLOW_TRACKING_URI=sqlite:///mlflow.db python -m flows.predict ...` failed here:
+    "relative path can't be expressed as a file URI"."""
+    repo, elsewhere = tmp_path / "repo", tmp_path / "elsewhere"
+    repo.mkdir()
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")
+    client = tracking.client(repo)
+    experiment = client.get_experiment(tracking.experiment_id(client, "shardflow-predict"))
+    assert experiment.artifact_location == (repo / tracking.ARTIFACTS_NAME).as_uri()
+    assert (repo / "mlflow.db").is_file() and not list(elsewhere.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (f"http://alice:{TOKEN}@127.0.0.1:5000", "http://127.0.0.1:5000"),
+        (f"https://{TOKEN}@mlflow.example.com/#/runs/1", "https://mlflow.example.com/#/runs/1"),
+        (f"postgresql://u:{TOKEN}@db:5432/mlflow", "postgresql://db:5432/mlflow"),
+        (f"http://alice:p@ss{TOKEN}@host/x", "http://host/x"),  # '@' in the password
+        (
+            f"run at http://a:{TOKEN}@h:1/#/r (see http://b:{TOKEN}@g/)",
+            "run at http://h:1/#/r (see http://g/)",
+        ),
+        (f"https://h/x?sv=1&sig={TOKEN}&se=2", "https://h/x?sv=1&sig=***&se=2"),
+        (f"https://h/?access_token={TOKEN}", "https://h/?access_token=***"),
+        ("sqlite:////repo/mlflow.db", "sqlite:////repo/mlflow.db"),
+        ("mail alice@example.com", "mail alice@example.com"),
+    ],
+)
+def test_redact_removes_credentials_from_any_uri_in_a_text(text: str, expected: str) -> None:
+    assert tracking.redact(text) == expected
+
+
+def test_recorded_store_is_repository_relative_and_redacted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    repo = tmp_path / "repo"
+    (repo / "stores").mkdir(parents=True)
+    assert tracking.recorded_uri(f"sqlite:///{repo}/mlflow.db", repo) == "sqlite:///mlflow.db"
+    assert tracking.recorded_uri(f"sqlite:///{repo}/stores/a.db", repo) == "sqlite:///stores/a.db"
+    outside = tracking.recorded_uri(f"sqlite:///{tmp_path}/other/m.db", repo)
+    assert outside == "sqlite:///<outside the repository>/m.db"
+    assert str(tmp_path) not in outside
+    assert tracking.recorded_uri(f"http://alice:{TOKEN}@h:5000", repo) == "http://h:5000"
+
+
+def test_train_run_params_and_tags_are_redacted(tiny_shards: Path, mlflow_uri: str) -> None:
+    manifest = load_manifest(tiny_shards / "data" / "shards")
+    params = default_params(shard={"dask_address": f"tcp://alice:{TOKEN}@scheduler:8786"})
+    client = tracking.client(tiny_shards)
+    run_id = tracking.start_train_run(
+        client, params, manifest, shards_dir=tiny_shards / "data" / "shards"
+    )
+    run = client.get_run(run_id)
+    assert run.data.params["shard.dask_address"] == "tcp://scheduler:8786"
+    assert TOKEN not in repr(run.data.params) + repr(run.data.tags)
+
+
+def test_run_link_to_a_tracking_server_carries_no_credentials() -> None:
+    from types import SimpleNamespace
+
+    run = SimpleNamespace(info=SimpleNamespace(experiment_id="7"))
+    client = SimpleNamespace(
+        tracking_uri=f"http://alice:{TOKEN}@127.0.0.1:5000/", get_run=lambda run_id: run
+    )
+    url = tracking.run_url(client, "abc")  # type: ignore[arg-type]
+    assert url == "http://127.0.0.1:5000/#/experiments/7/runs/abc"
+
+
+def test_server_credentials_in_the_uri_move_to_mlflows_variables() -> None:
+    """MLflow never holds a URI with credentials, so none of its messages can carry them."""
+    import os
+    from unittest import mock
+
+    uri = f"https://alice:{TOKEN}%2F@mlflow.example.com:8443/base"
+    with mock.patch.dict(os.environ, {"MLFLOW_TRACKING_URI": uri}):
+        os.environ.pop("MLFLOW_TRACKING_USERNAME", None)
+        os.environ.pop("MLFLOW_TRACKING_PASSWORD", None)
+        client = tracking.client("/repo")
+        creds = client._tracking_client.store.get_host_creds()
+        assert client.tracking_uri == creds.host == "https://mlflow.example.com:8443/base"
+        assert (creds.username, creds.password) == ("alice", f"{TOKEN}/")
+    # Variables already set win; a lone token, or a database's password, stays (redacted
+    # wherever it is recorded).
+    explicit = {"MLFLOW_TRACKING_USERNAME": "bob", "MLFLOW_TRACKING_PASSWORD": "pw"}
+    with mock.patch.dict(os.environ, {"MLFLOW_TRACKING_URI": uri, **explicit}):
+        assert tracking.tracking_uri() == "https://mlflow.example.com:8443/base"
+        assert os.environ["MLFLOW_TRACKING_USERNAME"] == "bob"
+    for kept in (f"https://{TOKEN}@h", f"postgresql://u:{TOKEN}@db/mlflow"):
+        with mock.patch.dict(os.environ, {"MLFLOW_TRACKING_URI": kept}):
+            assert tracking.tracking_uri() == kept

@@ -25,7 +25,7 @@ def train_params(**changes: object) -> TrainParams:
 
 
 def run(root: Path, params: TrainParams, **kwargs: Any) -> dict[str, Any]:
-    layout = Layout().with_root(root)
+    layout = Layout(root)
     return train(
         params,
         layout.shards_dir,
@@ -52,7 +52,7 @@ def all_numbers(record: dict[str, Any]) -> bool:
 def test_learnable_data_beats_chance_clearly(tiny_shards: Path) -> None:
     params = train_params(epochs=5, batch_size=16, learning_rate=3e-3, early_stopping_patience=0)
     summary = run(tiny_shards, params)
-    layout = Layout().with_root(tiny_shards)
+    layout = Layout(tiny_shards)
     metrics = evaluate_model(
         layout.model_file, layout.shards_dir, tmp := tiny_shards / "eval", top_k=5
     )
@@ -100,7 +100,7 @@ class KillAfterEpoch(keras.callbacks.Callback):
 
 
 def test_killed_run_resumes_where_it_stopped(tiny_shards: Path) -> None:
-    layout = Layout().with_root(tiny_shards)
+    layout = Layout(tiny_shards)
     params = train_params(epochs=3, batch_size=16, early_stopping_patience=0, augment=NO_AUGMENT)
     with pytest.raises(KeyboardInterrupt):
         run(tiny_shards, params, callbacks=[KillAfterEpoch(0)])
@@ -119,7 +119,7 @@ def test_killed_run_resumes_where_it_stopped(tiny_shards: Path) -> None:
 def test_saved_model_predicts_class_probabilities(tiny_shards: Path) -> None:
     params = train_params(epochs=1, batch_size=16, early_stopping_patience=0)
     run(tiny_shards, params)
-    model = keras.saving.load_model(Layout().with_root(tiny_shards).model_file)
+    model = keras.saving.load_model(Layout(tiny_shards).model_file)
     images = np.random.default_rng(0).integers(0, 256, (5, 16, 16, 3), dtype=np.uint8)
     probs = model.predict(images, verbose=0)
     assert probs.shape == (5, 3)

@@ -16,7 +16,7 @@ from tests.tiny_shards import write_tiny_shards, write_validation_report
 
 
 def gate(root: Path) -> object:
-    layout = Layout().with_root(root)
+    layout = Layout(root)
     return check_validated(layout.shards_dir, layout.validation_report)
 
 
@@ -86,7 +86,7 @@ def test_hand_edited_manifest_is_refused(tiny_shards: Path) -> None:
 
 def test_run_train_refuses_before_tracking_or_training(tiny_shards: Path, mlflow_uri: str) -> None:
     (tiny_shards / "reports" / "validation.json").unlink()
-    layout = Layout().with_root(tiny_shards)
+    layout = Layout(tiny_shards)
     with pytest.raises(ShardsNotValidated):
         run_train(default_params(train={"epochs": 1, "batch_size": 16}), layout)
     assert not layout.model_file.exists()

@@ -23,7 +23,7 @@ tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfigur
 from tasks.layout import Layout
 from tasks.params import default_params
 from tasks.train import train
-layout = Layout().with_root(sys.argv[1])
+layout = Layout(sys.argv[1])
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 summary = train(default_params(train={"epochs": 1, "batch_size": 16}).train, layout.shards_dir,
                 model_file=layout.model_file, backup_dir=layout.backup_dir, strategy=strategy)

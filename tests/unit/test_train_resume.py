@@ -128,7 +128,7 @@ def kill_run(layout: Layout, lr: float) -> str:
 def test_rerun_with_another_learning_rate_starts_over_in_a_new_run(
     tiny_shards: Path, mlflow_uri: str, warnings_logged: Lines
 ) -> None:
-    layout = Layout().with_root(tiny_shards)
+    layout = Layout(tiny_shards)
     killed = kill_run(layout, LR_A)
     summary = run_train(with_train(params(LR_B)), layout)
     assert f"backup discarded: train.learning_rate changed {LR_A} -> {LR_B}" in warnings_logged.text
@@ -148,7 +148,7 @@ def test_rerun_with_another_learning_rate_starts_over_in_a_new_run(
 def test_rerun_with_the_same_params_resumes_in_the_same_run(
     tiny_shards: Path, mlflow_uri: str
 ) -> None:
-    layout = Layout().with_root(tiny_shards)
+    layout = Layout(tiny_shards)
     killed = kill_run(layout, LR_A)
     summary = run_train(with_train(params(LR_A)), layout)
     assert summary["resumed_from_epoch"] == 1  # the second epoch, not from scratch
@@ -175,7 +175,7 @@ def test_backup_that_cannot_be_restored_never_fails_the_rerun(
     tiny_shards: Path, monkeypatch: pytest.MonkeyPatch, warnings_logged: Lines
 ) -> None:
     """An architecture change the identity cannot see (same params, same hashed code)."""
-    layout = Layout().with_root(tiny_shards)
+    layout = Layout(tiny_shards)
     with pytest.raises(KeyboardInterrupt):
         run(tiny_shards, params(), callbacks=[KillAfterEpoch(0)])
     original = train_module.build_model
@@ -212,7 +212,7 @@ class RecordWeights(keras.callbacks.Callback):
 def test_early_stopping_wait_best_and_best_weights_survive_a_kill(
     tiny_shards: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    layout = Layout().with_root(tiny_shards)
+    layout = Layout(tiny_shards)
     es_params = params(epochs=4, early_stopping_patience=10)  # never stops: state only
     recorder = RecordWeights()
     with pytest.raises(KeyboardInterrupt):
@@ -255,14 +255,14 @@ class Die(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         os.kill(os.getpid(), signal.SIGKILL)  # no exception, no finally, no cleanup
 
-layout = Layout().with_root(sys.argv[1])
+layout = Layout(sys.argv[1])
 train(TrainParams.model_validate_json(sys.argv[2]), layout.shards_dir,
       model_file=layout.model_file, backup_dir=layout.backup_dir, callbacks=[Die()])
 """
 
 
 def test_sigkilled_process_resumes_only_with_the_same_params(tiny_shards: Path) -> None:
-    layout = Layout().with_root(tiny_shards)
+    layout = Layout(tiny_shards)
     env = {**os.environ, "PYTHONPATH": str(Path.cwd())}
     killed = subprocess.run(
         [sys.executable, "-c", SIGKILL_SCRIPT, str(tiny_shards), params().model_dump_json()],

@@ -1,0 +1,82 @@
+"""What `make run` (``shardflow run``) says when it ends: a short summary read from the outputs.
+
+Stages run and skipped (from `dvc repro`'s own lines), records per split, test accuracy and
+the champion decision (from ``reports/`` and ``metrics/``), and where to look next. A file
+that is missing (a stage that never ran) shows as ``-``, never as an error.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+STAGES = ("ingest", "shard", "validate", "train", "evaluate")
+RAN = re.compile(r"Running stage '([\w-]+)'")
+SKIPPED = re.compile(r"Stage '([\w-]+)' didn't change, skipping")
+# Where to look next; each command here must exist (tests/unit/test_commands.py runs them).
+NEXT_STEPS = (
+    "compare runs: `shardflow ui` (MLflow, http://127.0.0.1:5000); flow runs: Prefect UI "
+    "http://127.0.0.1:4200",
+    "stop the Prefect server: `shardflow stop`",
+)
+
+
+def stage_outcomes(dvc_lines: Iterable[str]) -> tuple[list[str], list[str]]:
+    """The stages `dvc repro` ran and those it skipped as unchanged, in pipeline order."""
+    ran: set[str] = set()
+    skipped: set[str] = set()
+    for line in dvc_lines:
+        ran.update(RAN.findall(line))
+        skipped.update(SKIPPED.findall(line))
+    ordered = [s for s in STAGES if s in ran | skipped] + sorted((ran | skipped) - set(STAGES))
+    return [s for s in ordered if s in ran], [s for s in ordered if s in skipped - ran]
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def summary_lines(root: Path, dvc_lines: Iterable[str]) -> list[str]:
+    """The summary, one line a fact, read from the outputs under ``root``."""
+    ran, skipped = stage_outcomes(dvc_lines)
+    ingest = _read(root / "reports" / "ingest.json")
+    validation = _read(root / "reports" / "validation.json")
+    evaluation = _read(root / "metrics" / "eval.json")
+    promotion = _read(root / "reports" / "eval_summary.json").get("promotion") or {}
+    splits = validation.get("num_records") or ingest.get("split_counts") or {}
+    records = ", ".join(f"{name} {count}" for name, count in splits.items()) or "-"
+    passed = validation.get("passed")
+    verdict = "-" if passed is None else "passed" if passed else "FAILED"
+    accuracy = evaluation.get("accuracy")
+    tested = evaluation.get("num_test_records", "-")
+    return [
+        f"stages run: {', '.join(ran) or 'none'}; "
+        f"skipped as unchanged: {', '.join(skipped) or 'none'}",
+        f"images: {ingest.get('files_found', '-')} found, "
+        f"{ingest.get('quarantined_count', '-')} quarantined (reports/ingest.json)",
+        f"records per split: {records}; validation {verdict} (reports/validation.md)",
+        f"test accuracy: {_figure(accuracy)} on {tested} records (metrics/eval.json)",
+        f"champion: {_decision(promotion)} (reports/eval_summary.json)",
+        "outputs: data/shards/, models/model.keras, reports/, metrics/, plots/",
+        *NEXT_STEPS,
+    ]
+
+
+def _figure(value: object) -> str:
+    return f"{value:.4f}" if isinstance(value, float) else "-"
+
+
+def _decision(promotion: dict[str, Any]) -> str:
+    if not promotion:
+        return "-"
+    version = promotion.get("candidate_version", "?")
+    if promotion.get("promoted"):
+        return f"v{version} promoted: {promotion.get('reason', '')}".rstrip(": ")
+    return f"v{version} not promoted: {promotion.get('reason', '')}".rstrip(": ")

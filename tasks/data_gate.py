@@ -1,0 +1,311 @@
+"""The data gate: these shards against the last accepted data version.
+
+The accepted version (``data/accepted.json``: fingerprint, records per split and class, and
+who accepted it, when and why) is recorded by the validate stage when a shard set passes
+validation, or by one explicit step, :func:`accept` (``shardflow accept-data``), when a change
+the limits refuse is deliberate. It is small and committed with ``dvc.lock``, so a killed run,
+a rebuild (`make compact`, `dvc repro -f shard`) and a fresh clone all compare against the
+same baseline: never against whatever manifest the shard folder happens to hold. The limits
+(``validate.max_class_share_shift``, ``validate.allow_new_classes``) apply to
+:func:`compare`'s diff and stay as they are when a change is accepted.
+
+Everything comes from the manifest, so the gate adds no pass over the data to validation:
+record-level changes and image sizes are in the shard stage's ``reports/shard_changes.json``
+(:mod:`tasks.data_diff`), which reads every record list.
+"""
+
+from __future__ import annotations
+
+import getpass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from tasks.atomic import write_json, write_text
+from tasks.manifest import SPLITS, ShardManifest, load_manifest
+
+RECORD_FORMAT = 1
+ACCEPT_COMMAND = "shardflow accept-data"
+MIN_FINGERPRINT_PREFIX = 8
+
+
+class Acceptance(BaseModel):
+    """Why a version became the baseline: validation passed it, or a person accepted it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    how: Literal["first build", "validation passed", "accepted"]
+    # who and when (UTC, ISO 8601 to the second) for an explicit acceptance; None when
+    # validation passed it, so the validate stage's output is a function of its inputs (a
+    # clone that rebuilds it gets the same bytes, and `dvc status` stays clean); the commit
+    # that holds the record says when
+    by: str | None
+    at: str | None
+    reason: str
+    previous_fingerprint: str | None
+
+
+class DataVersion(BaseModel):
+    """What the gate compares: a shard set's records per split and class."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fingerprint: str
+    class_counts: dict[str, dict[str, int]]  # split -> class -> records (classes with any)
+
+    def counts(self) -> dict[str, int]:
+        """Records per class over every split."""
+        total: dict[str, int] = {}
+        for per_class in self.class_counts.values():
+            for name, n in per_class.items():
+                total[name] = total.get(name, 0) + n
+        return {name: n for name, n in total.items() if n}
+
+
+class AcceptedVersion(DataVersion):
+    """The record in ``data/accepted.json``."""
+
+    format: int
+    acceptance: Acceptance
+
+
+class AcceptedRecordError(ValueError):
+    """``data/accepted.json`` cannot be read: the gate has no baseline it can trust."""
+
+
+def describe(manifest: ShardManifest) -> DataVersion:
+    """The data version of a shard set, from its manifest (validation checks the manifest's
+    class counts against the records themselves)."""
+    counts = {
+        split: {name: n for name, n in manifest.splits[split].class_counts.items() if n}
+        for split in SPLITS
+        if split in manifest.splits
+    }
+    return DataVersion(fingerprint=manifest.fingerprint, class_counts=counts)
+
+
+def load_accepted(path: Path) -> AcceptedVersion | None:
+    """The accepted version recorded at ``path``; None when none was ever recorded."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        accepted = AcceptedVersion.model_validate_json(path.read_text())
+        if accepted.format != RECORD_FORMAT:
+            raise ValueError(f"format {accepted.format}, this code reads {RECORD_FORMAT}")
+        return accepted
+    except (OSError, ValidationError, ValueError) as exc:
+        raise AcceptedRecordError(
+            f"{path}: the accepted data version is unreadable ({exc}); restore it from git "
+            f"(`git checkout -- {path}`), or accept the current shards: "
+            f"`{ACCEPT_COMMAND} --fingerprint FINGERPRINT --reason '...'`"
+        ) from exc
+
+
+def compare(accepted: AcceptedVersion | None, current: DataVersion) -> dict[str, Any]:
+    """The diff from the accepted version to ``current``: records per split and class before
+    and after (net counts: the baseline keeps no record lists), each class's share, new and
+    removed classes. With nothing accepted yet there is nothing to compare."""
+    before = accepted.counts() if accepted else {}
+    after = current.counts()
+    classes = list(after) + sorted(c for c in before if c not in after)
+    share_before, share_after = _shares(before), _shares(after)
+    shares = {
+        c: {
+            "before": round(share_before.get(c, 0.0), 6),
+            "after": round(share_after.get(c, 0.0), 6),
+            "shift": round(share_after.get(c, 0.0) - share_before.get(c, 0.0), 6),
+        }
+        for c in classes
+    }
+    largest = max(shares.items(), key=lambda kv: (abs(kv[1]["shift"]), kv[0]), default=None)
+    old = accepted.class_counts if accepted else {}
+    return {
+        "fingerprint": current.fingerprint,
+        "accepted_fingerprint": accepted.fingerprint if accepted else None,
+        "accepted": accepted.acceptance.model_dump() if accepted else None,
+        "unchanged": accepted is not None and accepted.fingerprint == current.fingerprint,
+        "records": {"before": sum(before.values()), "after": sum(after.values())},
+        "counts": {
+            split: {
+                c: {
+                    "before": old.get(split, {}).get(c, 0),
+                    "after": current.class_counts.get(split, {}).get(c, 0),
+                }
+                for c in classes
+            }
+            for split in SPLITS
+        },
+        "new_classes": [c for c in after if c not in before] if accepted else [],
+        "removed_classes": [c for c in before if c not in after],
+        "class_share": shares,
+        "largest_share_shift": (
+            {"class": largest[0], "shift": largest[1]["shift"]} if largest else None
+        ),
+    }
+
+
+def violations(
+    diff: dict[str, Any], max_class_share_shift: float, allow_new_classes: bool
+) -> list[str]:
+    """Why a change from the accepted version is too suspicious to train on, each reason
+    naming the param it exceeds. Nothing accepted yet (a first build) never violates."""
+    if diff["accepted_fingerprint"] is None or diff["unchanged"]:
+        return []
+    problems = []
+    for name, share in diff["class_share"].items():
+        if abs(share["shift"]) > max_class_share_shift:
+            problems.append(
+                f"class {name!r} share moved {share['before']:.3f} -> {share['after']:.3f} "
+                f"({share['shift']:+.3f}, limit validate.max_class_share_shift="
+                f"{max_class_share_shift:g})"
+            )
+    if diff["new_classes"] and not allow_new_classes:
+        problems.append(f"new classes {diff['new_classes']} (validate.allow_new_classes is false)")
+    return problems
+
+
+def accept_hint(fingerprint: str) -> str:
+    """What a user runs when a refused change is deliberate (or another dataset is meant)."""
+    return (
+        f"if the change is deliberate, or you switched datasets, accept these shards as the "
+        f"baseline: `{ACCEPT_COMMAND} --fingerprint {fingerprint[:12]} --reason '...'` "
+        "(recorded in data/accepted.json; the limits in params.yaml stay as they are), "
+        "then rerun"
+    )
+
+
+def record(
+    path: Path,
+    version: DataVersion,
+    *,
+    how: Literal["first build", "validation passed", "accepted"],
+    reason: str,
+    by: str | None = None,
+    previous: AcceptedVersion | None = None,
+) -> AcceptedVersion:
+    """Write ``version`` as the accepted one, with why; an explicit acceptance also with who
+    (``by``, default the login name) and when."""
+    explicit = how == "accepted"
+    acceptance = Acceptance(
+        how=how,
+        by=(by or current_user()) if explicit else None,
+        at=datetime.now(UTC).isoformat(timespec="seconds") if explicit else None,
+        reason=reason,
+        previous_fingerprint=previous.fingerprint if previous else None,
+    )
+    accepted = AcceptedVersion(**version.model_dump(), format=RECORD_FORMAT, acceptance=acceptance)
+    write_json(Path(path), accepted.model_dump())
+    return accepted
+
+
+def record_passed(
+    path: Path, version: DataVersion, diff: dict[str, Any], previous: AcceptedVersion | None
+) -> AcceptedVersion | None:
+    """After validation passed: ``version`` becomes the baseline unless it already is (an
+    unchanged set leaves the record, and its bytes, as they are)."""
+    if previous is not None and previous.fingerprint == version.fingerprint:
+        return None
+    if previous is None:
+        return record(path, version, how="first build", reason="no data version accepted before")
+    largest = diff["largest_share_shift"] or {"class": None, "shift": 0.0}
+    reason = (
+        f"within validate's limits: {diff['records']['after'] - diff['records']['before']:+d} "
+        f"records net, largest share shift {largest['shift']:+.3f} ({largest['class']})"
+    )
+    return record(path, version, how="validation passed", reason=reason, previous=previous)
+
+
+def accept(
+    shards_dir: Path, path: Path, *, fingerprint: str, reason: str, by: str | None = None
+) -> AcceptedVersion:
+    """The one explicit step that accepts a change the limits refuse, or another dataset:
+    the shard set in ``shards_dir`` becomes the baseline, recorded with who, when and why.
+
+    ``fingerprint`` names the set being accepted (a prefix of 8 characters or more, as the
+    validation error prints it): a set that changed since is refused, not accepted unseen.
+    """
+    shards_dir, path = Path(shards_dir), Path(path)
+    if not reason.strip():
+        raise ValueError("accepting a data change needs a reason (--reason '...')")
+    if len(fingerprint) < MIN_FINGERPRINT_PREFIX:
+        raise ValueError(
+            f"--fingerprint {fingerprint!r}: give at least {MIN_FINGERPRINT_PREFIX} characters "
+            "of the fingerprint the validation error names"
+        )
+    try:
+        manifest = load_manifest(shards_dir)
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(
+            f"{shards_dir}: no shard set to accept ({exc}); run the pipeline (`shardflow run`) "
+            "first: validation names the change and its fingerprint"
+        ) from exc
+    if not manifest.fingerprint.startswith(fingerprint):
+        raise ValueError(
+            f"{shards_dir} holds shards {manifest.fingerprint[:12]}, not {fingerprint}: the "
+            "shards changed since; run the pipeline again and accept what validation names"
+        )
+    try:
+        previous = load_accepted(path)
+    except AcceptedRecordError:  # accepting is also how an unreadable record is replaced
+        previous = None
+    return record(
+        path,
+        describe(manifest),
+        how="accepted",
+        reason=reason.strip(),
+        by=by,
+        previous=previous,
+    )
+
+
+def current_user() -> str:
+    """Who runs this: the login name (what a run's log and the record name)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry and no LOGNAME/USER (a bare container)
+        return "unknown"
+
+
+def write(diff: dict[str, Any], path: Path) -> None:
+    """``path`` (JSON) and its ``.md`` sibling (the summary a Prefect artifact shows)."""
+    write_json(Path(path), diff)
+    write_text(Path(path).with_suffix(".md"), summary_markdown(diff))
+
+
+def summary_markdown(diff: dict[str, Any]) -> str:
+    """The baseline and how it was accepted, records per split and class, shares."""
+    accepted = diff["accepted"]
+    base = (diff["accepted_fingerprint"] or "none")[:12]
+    lines = [f"# Data diff: accepted `{base}` -> `{diff['fingerprint'][:12]}`", ""]
+    if accepted:
+        who = f" by {accepted['by']} at {accepted['at']}" if accepted["by"] else ""
+        lines.append(f"- baseline: {accepted['how']}{who}: {accepted['reason']}")
+    else:
+        lines.append("- baseline: none accepted yet (a first build: nothing to compare against)")
+    lines += [
+        f"- records: {diff['records']['before']} -> {diff['records']['after']}",
+        f"- new classes: {', '.join(diff['new_classes']) or 'none'}; "
+        f"removed classes: {', '.join(diff['removed_classes']) or 'none'}",
+        "",
+        "| class | " + " | ".join(SPLITS) + " | share before | after | shift |",
+        "|---|" + "---|" * (len(SPLITS) + 3),
+    ]
+    for name, share in diff["class_share"].items():
+        cells = [
+            f"{diff['counts'][s][name]['before']} -> {diff['counts'][s][name]['after']}"
+            for s in SPLITS
+        ]
+        lines.append(
+            f"| {name} | {' | '.join(cells)} | {share['before']:.3f} | {share['after']:.3f} "
+            f"| {share['shift']:+.3f} |"
+        )
+    lines += ["", "Changes image by image, and image sizes: `reports/shard_changes.md`."]
+    return "\n".join(lines) + "\n"
+
+
+def _shares(counts: dict[str, int]) -> dict[str, float]:
+    total = sum(counts.values())
+    return {c: n / total for c, n in counts.items()} if total else {}

@@ -1,0 +1,278 @@
+"""The data gate keeps its baseline: a change validation refused stays refused after a kill,
+a rebuild (`dvc repro -f shard`), `make compact` or in a fresh clone, until one explicit,
+recorded step accepts it; switching datasets is that same step, the limits untouched."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flows import accept_data
+from tasks import data_gate
+from tasks.demo_data import generate
+from tasks.layout import Layout
+from tasks.manifest import MANIFEST_NAME, ShardFile, load_manifest
+from tasks.params import ValidateParams, default_params
+from tasks.shard import ShardSpec, run_params, shard_stage
+from tasks.shard.writing import write_inline
+from tasks.train import ShardsNotValidated, check_validated
+from tasks.validate import ValidationFailed, raise_if_failed, run_validate
+from tests.unit.test_append import Project, add_images
+
+STRICT = ValidateParams(max_class_share_shift=0.1, allow_new_classes=False)
+
+
+class GatedProject(Project):
+    """:class:`Project` laid out as the repository is (``data/shards``, ``data/accepted.json``,
+    ``reports/``), so the accept-data command finds it by its root."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.layout = Layout(root)
+        self.shards = self.layout.shards_dir
+        shutil.copy(Path(__file__).parents[2] / "params.yaml", root)  # the lock's timeout
+
+    def validate(self, limits: ValidateParams = STRICT) -> dict[str, Any]:
+        return run_validate(
+            self.shards,
+            self.layout.validation_report,
+            self.layout.validation_summary,
+            index_path=self.index,
+            accepted_path=self.layout.accepted_data,
+            diff_path=self.layout.data_diff,
+            limits=limits,
+        )
+
+    def accepted(self) -> dict[str, Any]:
+        return dict(json.loads(self.layout.accepted_data.read_text()))
+
+    def fingerprint(self) -> str:
+        return load_manifest(self.shards).fingerprint
+
+
+def failed(report: dict[str, Any]) -> dict[str, str]:
+    return {c["name"]: c["message"] for c in report["checks"] if not c["passed"]}
+
+
+@pytest.fixture
+def refused(tmp_path: Path) -> GatedProject:
+    """An accepted 3-class set, then a class folder ``blob`` added and rebuilt: refused."""
+    project = GatedProject(tmp_path)
+    project.update("rebuild")
+    assert project.validate()["passed"]  # the first build becomes the accepted version
+    add_images(project.source, "blob", 6, seed=7)
+    project.update("rebuild")
+    assert_refused(project)
+    return project
+
+
+def assert_refused(project: GatedProject) -> None:
+    report = project.validate()
+    assert list(failed(report)) == ["data_diff"], failed(report)
+    assert "new classes ['blob']" in failed(report)["data_diff"]
+    with pytest.raises(ShardsNotValidated, match="data_diff"):
+        check_validated(project.shards, project.layout.validation_report)
+
+
+def test_the_first_build_is_recorded_as_the_accepted_version(tmp_path: Path) -> None:
+    project = GatedProject(tmp_path)
+    project.update("rebuild")
+    report = project.validate()
+    assert report["passed"]
+    accepted = project.accepted()
+    manifest = load_manifest(project.shards)
+    assert accepted["fingerprint"] == manifest.fingerprint
+    assert accepted["class_counts"] == {
+        split: {c: n for c, n in info.class_counts.items() if n}
+        for split, info in manifest.splits.items()
+    }
+    # passed by validation: no who or when, so a clone that rebuilds it gets the same bytes
+    assert accepted["acceptance"] == {
+        "how": "first build",
+        "by": None,
+        "at": None,
+        "reason": "no data version accepted before",
+        "previous_fingerprint": None,
+    }
+    before = project.layout.accepted_data.read_bytes()
+    assert project.validate()["passed"]  # the same set again: the record keeps its bytes
+    assert project.layout.accepted_data.read_bytes() == before
+
+
+class Killed(Exception):
+    """Stands for SIGKILL: the stage stops between two shards."""
+
+
+def killed_after_one(specs: Iterable[ShardSpec], shards_dir: Path) -> Iterator[ShardFile]:
+    for result in write_inline(specs, shards_dir):
+        yield result
+        raise Killed
+
+
+def rerun_after_a_kill(project: GatedProject) -> None:
+    """A rebuild killed while it writes shards (its manifest already removed), then run again
+    (it resumes the same plan)."""
+    add_images(project.source, "red", 1, seed=11)  # another plan: its shards are written anew
+    project.ingest()
+    params = default_params(
+        shard={"image_size": [16, 16], "target_shard_mb": 0.002, "workers": 1, "mode": "rebuild"}
+    ).shard
+    with pytest.raises(Killed):
+        shard_stage(params, project.index, project.shards, write_many=killed_after_one)
+    assert not (project.shards / MANIFEST_NAME).exists()
+    project.shard("rebuild")
+
+
+def rerun_shard(project: GatedProject) -> None:
+    """`dvc repro -f shard`: the shard stage again over the refused set."""
+    project.shard("rebuild")
+
+
+def compact(project: GatedProject) -> None:
+    """`make compact` over a refused append: every generation folded into one."""
+    add_images(project.source, "blob", 2, seed=8)
+    project.update("append")
+    assert len(load_manifest(project.shards).generations) == 2
+    assert_refused(project)
+    params = default_params(
+        shard={"image_size": [16, 16], "target_shard_mb": 0.002, "workers": 1, "mode": "append"}
+    ).shard
+    shard_stage(run_params(params, compact=True), project.index, project.shards)
+    assert len(load_manifest(project.shards).generations) == 1
+
+
+def fresh_clone(project: GatedProject) -> None:
+    """A clone: the git-tracked files (the accepted record) and the sources, no shards, no
+    index, no reports."""
+    for path in (project.shards, project.index, project.root / "reports"):
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    project.update("rebuild")
+
+
+@pytest.mark.parametrize("action", [rerun_after_a_kill, rerun_shard, compact, fresh_clone])
+def test_a_refused_change_stays_refused(refused: GatedProject, action: Any) -> None:
+    baseline = refused.accepted()
+    action(refused)
+    assert_refused(refused)
+    assert refused.accepted() == baseline
+    diff = json.loads(refused.layout.data_diff.read_text())
+    assert diff["accepted_fingerprint"] == baseline["fingerprint"]
+    assert diff["new_classes"] == ["blob"]
+    assert diff["counts"]["train"]["blob"]["before"] == 0
+
+
+def test_accept_data_lets_the_change_pass_and_records_it(
+    refused: GatedProject, capsys: pytest.CaptureFixture[str]
+) -> None:
+    previous = refused.accepted()["fingerprint"]
+    fingerprint = refused.fingerprint()
+    with pytest.raises(ValidationFailed) as refusal:
+        raise_if_failed(refused.validate())
+    message = str(refusal.value)
+    command = f"shardflow accept-data --fingerprint {fingerprint[:12]}"
+    assert command in message and "rerun the shard stage" not in message
+
+    argv = ["--root", str(refused.root), "--fingerprint", fingerprint[:12]]
+    assert accept_data.main([*argv, "--reason", "blob is a real class", "--by", "ana"]) == 0
+    assert fingerprint[:12] in capsys.readouterr().out
+    accepted = refused.accepted()
+    assert accepted["fingerprint"] == fingerprint
+    assert accepted["acceptance"] | {"at": None} == {
+        "how": "accepted",
+        "by": "ana",
+        "at": None,
+        "reason": "blob is a real class",
+        "previous_fingerprint": previous,
+    }
+    assert datetime.fromisoformat(accepted["acceptance"]["at"]).tzinfo is not None
+    report = refused.validate()  # the same strict limits
+    assert report["passed"], failed(report)
+    check_validated(refused.shards, refused.layout.validation_report)
+    assert refused.accepted() == accepted  # passing validation keeps who accepted it and why
+
+    # from now on the gate compares against the accepted set: the class is no longer new
+    add_images(refused.source, "blob", 1, seed=9)
+    refused.update("rebuild")
+    assert refused.validate()["passed"]
+    assert refused.accepted()["acceptance"]["how"] == "validation passed"
+    assert refused.accepted()["acceptance"]["previous_fingerprint"] == fingerprint
+
+
+def test_accept_data_refuses_what_it_cannot_name(
+    refused: GatedProject, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = refused.layout.accepted_data.read_bytes()
+    root = ["--root", str(refused.root)]
+    other = "0123456789ab"
+    assert accept_data.main([*root, "--fingerprint", other, "--reason", "x"]) == 2
+    assert "not 0123456789ab" in capsys.readouterr().err
+    short = refused.fingerprint()[:4]
+    assert accept_data.main([*root, "--fingerprint", short, "--reason", "x"]) == 2
+    assert accept_data.main([*root, "--fingerprint", refused.fingerprint(), "--reason", " "]) == 2
+    assert refused.layout.accepted_data.read_bytes() == before
+    assert_refused(refused)
+
+
+def test_switching_datasets_is_the_accept_step(tmp_path: Path) -> None:
+    project = GatedProject(tmp_path)
+    project.update("rebuild")
+    assert project.validate()["passed"]
+    other = tmp_path / "other"
+    generate(other, per_class=8, min_size=24, max_size=40, broken=False)
+    shutil.rmtree(project.source)
+    shutil.copytree(other, project.source)
+    project.update("rebuild")
+    report = project.validate()
+    message = failed(report)["data_diff"]
+    assert "share moved" in message and "new classes" in message
+    assert f"--fingerprint {project.fingerprint()[:12]}" in message
+
+    data_gate.accept(
+        project.shards,
+        project.layout.accepted_data,
+        fingerprint=project.fingerprint(),
+        reason="switched to the demo drawings",
+    )
+    assert project.validate()["passed"]  # STRICT, as before
+    assert project.accepted()["acceptance"]["reason"] == "switched to the demo drawings"
+
+
+def test_a_change_within_the_limits_moves_the_baseline(tmp_path: Path) -> None:
+    project = GatedProject(tmp_path)
+    project.update("rebuild")
+    assert project.validate()["passed"]
+    first = project.fingerprint()
+    add_images(project.source, "red", 1, seed=3)
+    project.update("rebuild")
+    assert project.validate()["passed"]
+    accepted = project.accepted()
+    assert accepted["fingerprint"] == project.fingerprint() != first
+    assert accepted["acceptance"]["how"] == "validation passed"
+    assert accepted["acceptance"]["previous_fingerprint"] == first
+    diff = json.loads(project.layout.data_diff.read_text())
+    assert diff["records"]["after"] == diff["records"]["before"] + 1
+    assert "accepted `" in project.layout.data_diff.with_suffix(".md").read_text()
+
+
+def test_an_unreadable_accepted_record_fails_validation_by_name(tmp_path: Path) -> None:
+    project = GatedProject(tmp_path)
+    project.update("rebuild")
+    project.layout.accepted_data.parent.mkdir(parents=True, exist_ok=True)
+    project.layout.accepted_data.write_text('{"fingerprint": ')
+    report = project.validate()
+    assert list(failed(report)) == ["data_diff"]
+    assert str(project.layout.accepted_data) in failed(report)["data_diff"]
+    assert project.layout.accepted_data.read_text() == '{"fingerprint": '  # never overwritten
+    data_gate.accept(
+        project.shards,
+        project.layout.accepted_data,
+        fingerprint=project.fingerprint(),
+        reason="the record was damaged",
+    )
+    assert project.validate()["passed"]

@@ -1,0 +1,88 @@
+"""`make install` puts this clone's `shardflow` into its own .venv, editable, and nothing else:
+another clone with its own .venv runs its own code, and only `tasks` and `flows` are mapped.
+
+The venvs here borrow this environment's packages (a .pth line) instead of installing the
+lock again, and run the Makefile's own editable-install line."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sysconfig
+import venv
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def copy_clone(target: Path) -> Path:
+    """The working tree's files git knows of (committed or not, never ignored ones)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    for name in filter(None, listed.split("\0")):
+        source = REPO / name
+        if source.is_file() and not source.is_symlink():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target / name)
+    return target
+
+
+def install_line() -> str:
+    """The Makefile's command that installs the project itself."""
+    lines = [line.strip() for line in (REPO / "Makefile").read_text().splitlines()]
+    (line,) = [line for line in lines if "--editable ." in line]
+    return line
+
+
+def make_install(clone: Path) -> Path:
+    """A venv for ``clone`` seeing this environment's packages, then the Makefile's line."""
+    env_dir = clone / ".venv"
+    venv.create(env_dir, with_pip=False)
+    purelib = sysconfig.get_path("purelib", vars={"base": str(env_dir), "platbase": str(env_dir)})
+    Path(purelib, "borrowed.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    command = install_line().replace("$(BIN)", str(env_dir / "bin"))
+    subprocess.run(["bash", "-c", command], cwd=clone, check=True, timeout=600)
+    return env_dir / "bin"
+
+
+def run_in(bin_dir: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    return subprocess.run(
+        [str(bin_dir / args[0]), *args[1:]], cwd=cwd, env=env, capture_output=True, text=True
+    )
+
+
+@pytest.mark.slow
+def test_each_clone_runs_its_own_installed_shardflow(tmp_path: Path) -> None:
+    clones = [copy_clone(tmp_path / name) for name in ("one", "two")]
+    marker = "# clone two's own cli\n"
+    (clones[1] / "flows" / "cli.py").write_text(
+        (clones[1] / "flows" / "cli.py").read_text() + marker
+    )
+    bins = [make_install(clone) for clone in clones]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for clone, bin_dir in zip(clones, bins, strict=True):
+        done = run_in(bin_dir, elsewhere, "shardflow", "ui", "--help")
+        assert done.returncode == 0, done.stderr
+        assert "MLflow UI" in done.stdout
+        where = run_in(
+            bin_dir, elsewhere, "python", "-c", "import flows.cli, tasks; print(flows.cli.__file__)"
+        )
+        assert Path(where.stdout.strip()) == clone / "flows" / "cli.py", where.stderr
+        # Only the project's packages are mapped: the repo root never joins sys.path.
+        stray = run_in(bin_dir, elsewhere, "python", "-c", "import bench")
+        assert stray.returncode != 0 and "No module named 'bench'" in stray.stderr
+    # The editable hook names its own clone only.
+    hooks = [p for p in bins[0].parent.rglob("__editable__*") if p.suffix in (".pth", ".py")]
+    assert hooks and all(str(clones[1]) not in p.read_text() for p in hooks)
+    assert any(re.search(re.escape(str(clones[0])), p.read_text()) for p in hooks)
+    assert marker not in (clones[0] / "flows" / "cli.py").read_text()

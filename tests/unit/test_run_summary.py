@@ -1,0 +1,76 @@
+"""`make run` ends with a summary read from the run's outputs (fixture files here)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from flows.cli import teed
+from flows.run_summary import stage_outcomes, summary_lines
+
+DVC_OUTPUT = [
+    "Stage 'ingest' didn't change, skipping\n",
+    "Running stage 'shard':\n",
+    "> python -m flows.shard\n",
+    "Running stage 'validate':\n",
+    "Stage 'train' didn't change, skipping\n",
+    "Running stage 'evaluate':\n",
+    "Use `dvc push` to send your updates to remote storage.\n",
+]
+
+
+def write(root: Path, name: str, value: object) -> None:
+    path = root / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(value))
+
+
+def outputs(root: Path, promoted: bool) -> None:
+    write(root, "reports/ingest.json", {"files_found": 3007, "quarantined_count": 7})
+    write(
+        root,
+        "reports/validation.json",
+        {"passed": True, "num_records": {"train": 2339, "val": 326, "test": 334}},
+    )
+    write(root, "metrics/eval.json", {"accuracy": 0.9550898, "num_test_records": 334})
+    reason = "accuracy 0.9551 beats champion v1 (0.9400)" if promoted else "no gain over v1"
+    promotion = {"candidate_version": "2", "promoted": promoted, "reason": reason}
+    write(root, "reports/eval_summary.json", {"promotion": promotion})
+
+
+def test_stages_run_and_skipped_come_from_dvc_in_pipeline_order() -> None:
+    assert stage_outcomes(DVC_OUTPUT) == (["shard", "validate", "evaluate"], ["ingest", "train"])
+    assert stage_outcomes([]) == ([], [])
+
+
+def test_the_summary_says_what_the_outputs_hold(tmp_path: Path) -> None:
+    outputs(tmp_path, promoted=False)
+    text = "\n".join(summary_lines(tmp_path, DVC_OUTPUT))
+    assert "stages run: shard, validate, evaluate; skipped as unchanged: ingest, train" in text
+    assert "3007 found, 7 quarantined" in text
+    assert "records per split: train 2339, val 326, test 334; validation passed" in text
+    assert "test accuracy: 0.9551 on 334 records" in text
+    assert "champion: v2 not promoted: no gain over v1" in text
+    assert "`shardflow ui`" in text and "http://127.0.0.1:4200" in text
+
+
+def test_a_promotion_and_missing_outputs_are_said_plainly(tmp_path: Path) -> None:
+    outputs(tmp_path, promoted=True)
+    assert any(
+        line.startswith("champion: v2 promoted: accuracy 0.9551 beats")
+        for line in summary_lines(tmp_path, DVC_OUTPUT)
+    )
+    empty = "\n".join(summary_lines(tmp_path / "nothing", []))
+    assert "stages run: none" in empty and "test accuracy: - on - records" in empty
+    assert "champion: -" in empty and "records per split: -; validation -" in empty
+
+
+def test_teed_shows_and_keeps_the_output_and_the_exit_code(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, lines = teed([sys.executable, "-c", "print('a'); print('b'); raise SystemExit(4)"], {})
+    assert code == 4 and lines == ["a\n", "b\n"]
+    assert capsys.readouterr().out == "a\nb\n"
