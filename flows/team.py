@@ -137,6 +137,8 @@ def run_part(
     """One team part in this flow run's clone (the working directory the pull steps set)."""
     logger = get_run_logger()
     root = Path.cwd()
+    if str(root) not in sys.path:  # this clone's code, never an installed project's
+        sys.path.insert(0, str(root))
     sha = resolve_commit(root, commit)
     git(root, "checkout", "--quiet", "--detach", sha)
     ref = ref or run_ref(flow_run.get_name() or "run")

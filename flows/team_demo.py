@@ -234,16 +234,14 @@ def started_team(base: Path, prefect_url: str | None = None) -> Iterator[Team]:
         team.stop()
 
 
-def where_it_ran(team: Team, api_url: str) -> list[dict[str, Any]]:
-    """Every flow run on the server: name, flow, deployment's pool, state and parent."""
-    import uuid
+def where_it_ran(api_url: str) -> list[Any]:
+    """Every flow run on the server (name, state, work pool), oldest first."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    client_id = str(uuid.uuid4())
-    token = httpx.get(f"{api_url}/csrf-token", params={"client": client_id}, timeout=30)
-    headers = {"Prefect-Csrf-Token": token.json()["token"], "Prefect-Csrf-Client": client_id}
-    response = httpx.post(f"{api_url}/flow_runs/filter", json={"limit": 100}, headers=headers)
-    response.raise_for_status()
-    return list(response.json())
+    with temporary_settings({PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(limit=100)
+    return sorted(runs, key=lambda r: str(r.start_time or r.expected_start_time))
 
 
 def main() -> int:
@@ -262,16 +260,17 @@ def main() -> int:
         run([sys.executable, "-m", "tasks.demo_data", "data/demo", "--per-class", "30"], clone, env)
         publish(team, clone, env)
         start_workers(team)
-        print(f"Prefect server {team.prefect_url}, S3 {team.s3_url}, MLflow {team.tracking_url}")
-        print(f"git remote {team.bare}; workers in {', '.join(map(str, team.workers.values()))}")
+        where = ", ".join(map(str, team.workers.values()))
+        print(f"Prefect {team.prefect_url}, S3 {team.s3_url}, MLflow {team.tracking_url}")
+        print(f"git remote {team.bare}; workers in {where}", flush=True)
         overrides = {"train": {"epochs": 1}, "shard": {"image_size": [32, 32]}}
         cmd = [sys.executable, "-m", "prefect", "deployment", "run", "pipeline/team", "--watch"]
         params = json.dumps({"overrides": overrides})
         result = subprocess.run([*cmd, "--params", params], cwd=clone, env=env, check=False)
-        for flow_run in where_it_ran(team, team.prefect_url):
-            pool = flow_run.get("work_pool_name") or "-"
+        for flow_run in where_it_ran(team.prefect_url):
+            pool = flow_run.work_pool_name or "-"
             worker = team.workers.get(pool, "-")
-            print(f"{flow_run['name']:<24} {flow_run['state_name']:<10} pool {pool:<4} {worker}")
+            print(f"{flow_run.name:<40} {flow_run.state_name:<10} pool {pool:<4} {worker}")
         print(run([sys.executable, "-m", "flows.team", "refs", "--remote", "team"], clone, env))
         if result.returncode != 0:
             for pool in POOLS:
