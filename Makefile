@@ -53,26 +53,24 @@ lint: install  ## ruff, mypy and the import-linter contract (training never impo
 test: install lint  ## every check and test
 	$(BIN)/pytest
 
-serve: install  ## Prefect server + a process serving the deployments, on 127.0.0.1
+serve: install  ## this clone's Prefect server + a process serving the deployments, on 127.0.0.1
 	$(BIN)/python -m flows.cli serve
 
 team-demo: install  ## the team setup on one machine: servers, S3, git remote, cpu+gpu workers; one pipeline/team run
 	$(BIN)/python -m flows.cli team-demo
 
-stop:  ## stop the Prefect server that `make run`/`make serve` started
+stop:  ## stop the Prefect server that this clone's `make run`/`make serve` started
 	$(BIN)/python -m flows.cli stop
 
-ui: install  ## MLflow UI on 127.0.0.1:5000 over the project's tracking store
+ui: install  ## MLflow UI on a free 127.0.0.1 port (printed) over the project's tracking store
 	$(BIN)/python -m flows.cli ui
 
-SERVE_MODEL_PORT ?= 5001
-SERVE_MAX_REQUEST_MB ?= 16
-SERVE_MAX_REQUEST_ROWS ?= 1024
-serve-model: install  ## the registered champion (MLflow's scoring app; requests up to $(SERVE_MAX_REQUEST_MB) MB, $(SERVE_MAX_REQUEST_ROWS) rows) on 127.0.0.1:$(SERVE_MODEL_PORT)
-	MLFLOW_TRACKING_URI=$${MLFLOW_TRACKING_URI:-sqlite:///$(CURDIR)/mlflow.db} $(BIN)/python -m tasks.serve \
-	  "models:/$$($(BIN)/python -c 'from tasks.params import load_params; print(load_params().evaluate.model_name)')@champion" \
-	  --host 127.0.0.1 --port $(SERVE_MODEL_PORT) --max-request-mb $(SERVE_MAX_REQUEST_MB) \
-	  --max-request-rows $(SERVE_MAX_REQUEST_ROWS)
+# Each variable, when set, overrides its `shardflow serve-model` default (flows/cli.py: a free
+# port; requests up to 16 MB and 1024 rows, larger ones get HTTP 413 before parsing).
+serve-model: install  ## the registered champion (MLflow's scoring app behind a request size limit) on a free 127.0.0.1 port
+	$(BIN)/python -m flows.cli serve-model $(if $(SERVE_MODEL_PORT),--port $(SERVE_MODEL_PORT)) \
+	  $(if $(SERVE_MAX_REQUEST_MB),--max-request-mb $(SERVE_MAX_REQUEST_MB)) \
+	  $(if $(SERVE_MAX_REQUEST_ROWS),--max-request-rows $(SERVE_MAX_REQUEST_ROWS))
 
 bench: install  ## benchmarks -> reports/bench.json, reports/bench.png (BENCH_ARGS=--quick for a smoke run)
 	$(BIN)/python -m flows.cli bench $(BENCH_ARGS)

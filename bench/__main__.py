@@ -151,6 +151,8 @@ class Run:
             "read.png": None,
             "read.ceiling": None,
             "read.bytes_ceiling": None,
+            "read.s3": None,
+            "read.s3_bytes_ceiling": None,
             "write.seed": None,
             "write.workers_1": None,
             "write.workers_2": None,
@@ -267,8 +269,11 @@ def worker_start(b: Bench) -> None:
 def read(b: Bench) -> None:
     from bench import read as r
     from bench.datasets import fresh_shards
+    from flows.s3_server import start_s3_server, stop_s3_server
+    from tasks.shard_store import publish
 
     args, size, work, tag = b.args, b.size, b.work, b.tag
+    raw_shards = Path()
     # Every pipeline first, then all of them timed in turns (bench.read.measure_reads).
     datasets = {"read.folder": r.folder_dataset(b.images, size=size, batch=args.batch)}
     seed_file = work / f"seed-{tag}.tfrecord"
@@ -281,6 +286,7 @@ def read(b: Bench) -> None:
         if encoding == "raw":
             # The physical limit: the same files as bare records, never parsed.
             datasets["read.bytes_ceiling"] = r.bytes_dataset(shards, batch=args.batch)
+            raw_shards = shards
         if encoding == "jpeg":
             # Stricter ceiling for read.jpeg: the shards' own JPEG bytes, decoded from memory.
             encoded, labels = r.shard_image_bytes(shards)
@@ -289,7 +295,21 @@ def read(b: Bench) -> None:
             )
     encoded, labels = r.source_jpegs(b.images)
     datasets["read.ceiling"] = r.ceiling_dataset(encoded, labels, size=size, batch=args.batch)
-    results = r.measure_reads(datasets, passes=args.passes, seconds=args.read_seconds)
+    # The raw shards from a local S3 server (moto): a cold-cache read as training reads them,
+    # and the server's bare whole-object reads as its limit.
+    s3 = start_s3_server(work / "moto_server.log")
+    try:
+        os.environ.update(s3.env)
+        url = s3.url("bench", "raw")
+        publish(raw_shards, url)
+        s3_root = work / f"s3-{tag}"
+        s3_root.mkdir(exist_ok=True)
+        prefetch = b.base.storage.prefetch_shards  # what training would use
+        datasets["read.s3"] = r.ColdS3Read(url, s3_root, batch=args.batch, prefetch=prefetch)
+        datasets["read.s3_bytes_ceiling"] = r.S3BytesCeiling(url, raw_shards, prefetch=prefetch)
+        results = r.measure_reads(datasets, passes=args.passes, seconds=args.read_seconds)
+    finally:
+        stop_s3_server(s3)
     for key, result in results.items():
         b.run.record(key, result)
 

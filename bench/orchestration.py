@@ -311,21 +311,21 @@ def measure_orchestration(
 
 
 def _require_prefect_server(repo_root: Path) -> None:
-    """The flows refuse to run without their Prefect server; say so before copying anything."""
-    check = (
-        "from flows.server import api_url, is_healthy; import sys; "
-        "url = api_url(); print(url); sys.exit(0 if is_healthy(url) else 1)"
-    )
+    """The flows refuse to run without their Prefect server; say so before copying anything.
+    The copies are other directories, with no record of this clone's server: name it to
+    them (PREFECT_API_URL), or each would start a server of its own."""
+    check = "from flows.server import running_url; print(running_url() or '')"
     done = subprocess.run(
         [sys.executable, "-c", check], cwd=repo_root, env=_env(), capture_output=True, text=True
     )
-    if done.returncode != 0:
-        url = done.stdout.strip() or "(PREFECT_API_URL)"
+    url = done.stdout.strip()
+    if done.returncode != 0 or not url:
         raise RuntimeError(
-            f"Prefect server at {url} is not reachable, and the flows that `dvc repro` runs need "
+            "this clone's Prefect server is not up, and the flows that `dvc repro` runs need "
             "it: start one with `make serve` (or `python -m flows.server ensure`), or pass "
             f"--skip-orchestration. {done.stderr.strip()[-300:]}"
         )
+    os.environ["PREFECT_API_URL"] = url
 
 
 def _direct(root: str, *stages: str) -> None:

@@ -155,3 +155,56 @@ def bytes_dataset(shards_dir: Path, *, batch: int, split: str = "train") -> tf.d
     )
     ds = ds.batch(batch, drop_remainder=True)
     return ds.map(lambda records: (records, records)).prefetch(tf.data.AUTOTUNE)
+
+
+class ColdS3Read:
+    """``read.s3``: each epoch reads the raw train split from an S3 server through an emptied
+    shard cache (:class:`tasks.shard_store.ShardStore`), exactly as training reads it: one
+    store and one pipeline for the run, as in training, cold for every epoch. Iterating it
+    yields one cold epoch's batches, so :func:`measure_reads` times it beside the others."""
+
+    def __init__(self, url: str, root: Path, *, batch: int, prefetch: int) -> None:
+        from tasks.shard_store import ShardStore
+
+        self.store = ShardStore(url, root, max_bytes=2**40, prefetch=prefetch)
+        self.ds = read_split(
+            root, "train", batch_size=batch, training=True, seed=0, store=self.store
+        )
+
+    def __iter__(self) -> Any:
+        self.store.clear()  # cold: every shard is downloaded and checked again
+        return iter(self.ds)
+
+
+class S3BytesCeiling:
+    """``read.s3_bytes_ceiling``: the S3 server's bare whole-object read of the same shards,
+    ``prefetch`` objects at a time (as the store downloads them), bytes dropped on arrival.
+    Yields one array per shard whose length is the shard's record count, so the figure is in
+    images/s like the rest."""
+
+    def __init__(self, url: str, shards_dir: Path, *, prefetch: int) -> None:
+        self.url, self.prefetch = url, prefetch
+        self.shards = load_manifest(shards_dir).split("train").shards
+
+    def __iter__(self) -> Any:
+        from concurrent.futures import ThreadPoolExecutor
+
+        import numpy as np
+
+        from tasks.shard_store import s3_client, split_url
+
+        bucket, prefix = split_url(self.url)
+        client = s3_client()
+
+        def get(name: str) -> int:
+            body = client.get_object(Bucket=bucket, Key=prefix + name)["Body"]
+            size = 0
+            while block := body.read(1 << 20):
+                size += len(block)
+            return size
+
+        with ThreadPoolExecutor(self.prefetch) as pool:
+            for shard, _ in zip(
+                self.shards, pool.map(get, [s.file for s in self.shards]), strict=True
+            ):
+                yield np.empty(shard.num_records, dtype=np.uint8), None

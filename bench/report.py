@@ -13,6 +13,8 @@ READ_KEYS = (
     "read.seed",
     "read.raw",
     "read.bytes_ceiling",  # read.raw's limit: the same files as bare records, never parsed
+    "read.s3",  # read.raw's shards from a local S3 server, cold shard cache
+    "read.s3_bytes_ceiling",  # read.s3's limit: the server's bare whole-object reads
     "read.jpeg",
     "read.png",
     "read.ceiling",

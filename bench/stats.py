@@ -147,6 +147,7 @@ def targets_for(default_encoding: str) -> list[Target]:
         Target("read default encoding vs folder", default, "read.folder", ">=", 4.0),
         Target("read default encoding vs seed recipe", default, "read.seed", ">=", 10.0),
         Target("read raw vs bare records", "read.raw", "read.bytes_ceiling", ">=", 0.8),
+        Target("read from S3 vs bare object reads", "read.s3", "read.s3_bytes_ceiling", ">=", 0.8),
         Target("read jpeg vs folder", "read.jpeg", "read.folder", ">=", 1.5),
         Target("read jpeg vs in-memory ceiling", "read.jpeg", "read.ceiling", ">=", 0.85),
         Target("write 1 worker vs seed recipe", "write.workers_1", "write.seed", ">=", 5.0),

@@ -92,7 +92,7 @@ def main() -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    started_prefect = not server.is_healthy(server.api_url())
+    started_prefect = server.running_url() is None
     try:
         wait_for(f"http://127.0.0.1:{port}/health")
         screenshot(
@@ -102,8 +102,7 @@ def main() -> None:
         if flow_run is None:
             print("the MLflow run records no Prefect flow run: no Prefect screenshot")
             return
-        server.ensure()
-        ui_root = server.api_url().removesuffix("/api")
+        ui_root = server.ensure().removesuffix("/api")
         screenshot(
             f"{ui_root}/runs/flow-run/{flow_run}?tab=Artifacts", DOCS / "prefect-artifacts.png"
         )

@@ -16,6 +16,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from flows.server import api_url, free_port
+
 # What the Makefile exports for every target: no telemetry, quiet TensorFlow.
 ENVIRONMENT = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -26,6 +28,10 @@ ENVIRONMENT = {
 }
 DEMO_DIR = "data/demo"
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+HOST = "127.0.0.1"
+# `shardflow serve-model`'s request limits (about 12 MB of image files in base64, and rows
+# a batch at a time): larger requests get HTTP 413 before their body is parsed.
+SERVE_LIMITS = {"--max-request-mb": "16", "--max-request-rows": "1024"}
 
 Steps = list[list[str]]
 
@@ -62,10 +68,37 @@ def bench_steps(extra: Sequence[str]) -> Steps:
     return [module("flows.server", "ensure"), module("bench", *extra)]
 
 
+def listen_address(extra: Sequence[str]) -> tuple[list[str], str]:
+    """``--host 127.0.0.1 [--port N]`` and the URL: the ``--port`` given in ``extra``, else a
+    free one (no fixed port: clones share machines, and a second UI must not collide)."""
+    if "--port" in extra:
+        return ["--host", HOST], f"http://{HOST}:{extra[extra.index('--port') + 1]}"
+    port = free_port()
+    return ["--host", HOST, "--port", str(port)], f"http://{HOST}:{port}"
+
+
+def tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+
+
 def ui_steps(extra: Sequence[str]) -> Steps:
-    uri = os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
-    address = ["--host", "127.0.0.1", "--port", "5000"]
-    return [module("mlflow", "ui", "--backend-store-uri", uri, *address, *extra)]
+    address, url = listen_address(extra)
+    print(f"MLflow UI: {url}", flush=True)
+    return [module("mlflow", "ui", "--backend-store-uri", tracking_uri(), *address, *extra)]
+
+
+def serve_model_steps(extra: Sequence[str]) -> Steps:
+    """``python -m tasks.serve`` (MLflow's scoring app behind a request size limit) for the
+    champion of ``evaluate.model_name``; a limit given in ``extra`` replaces its default."""
+    from tasks.params import load_params
+
+    # tasks.serve reads the store from MLFLOW_TRACKING_URI (main() passes this process's
+    # environment on), absolute so its workers find the same file.
+    os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{Path.cwd() / 'mlflow.db'}")
+    model = f"models:/{load_params().evaluate.model_name}@champion"
+    address, _ = listen_address(extra)  # tasks.serve prints the address it serves
+    limits = [item for limit in SERVE_LIMITS.items() if limit[0] not in extra for item in limit]
+    return [module("tasks.serve", model, *address, *limits, *extra)]
 
 
 def team_demo_steps(extra: Sequence[str]) -> Steps:
@@ -86,14 +119,22 @@ COMMANDS: dict[str, tuple[str, Callable[[Sequence[str]], Steps]]] = {
     "serve": ("Prefect server plus a process serving the deployments", serve_steps),
     "predict": ("batch prediction: python -m flows.predict SOURCE [options]", predict_steps),
     "bench": ("benchmarks -> reports/bench.json and bench.png (--quick: a smoke run)", bench_steps),
-    "ui": ("MLflow UI on 127.0.0.1:5000 over the project's tracking store", ui_steps),
-    "stop": ("stop the Prefect server that run/serve/bench started", stop_steps),
+    "ui": ("MLflow UI on a free 127.0.0.1 port over the project's tracking store", ui_steps),
+    "serve-model": ("the champion over HTTP, size-limited, on a free port", serve_model_steps),
+    "stop": ("stop the Prefect server that this clone's run/serve/bench started", stop_steps),
     "team-demo": (
         "a whole team on this machine (servers, S3, git remote, cpu+gpu workers): run the "
         "pipeline through it, show what ran where, stop it all",
         team_demo_steps,
     ),
 }
+
+
+def prefect_ui() -> str:
+    try:
+        return api_url().removesuffix("/api")
+    except RuntimeError as error:
+        return str(error)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -135,8 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run a subcommand's steps in order; the exit code is the first failing step's. ``run``
     ends with a summary read from the outputs (:mod:`flows.run_summary`)."""
     args, extra = build_parser().parse_known_args(argv)
-    env = environment()
     steps = COMMANDS[args.command][1](extra)
+    env = environment()
     output: list[str] = []
     for i, step in enumerate(steps):
         if args.command == "run" and i == len(steps) - 1:  # dvc repro: its lines name stages
@@ -152,6 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\nShardflow run done:")
         for line in summary_lines(Path.cwd(), output):
             print(f"  {line}")
+        print(f"  Prefect UI: {prefect_ui()}")
     return 0
 
 

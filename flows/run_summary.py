@@ -17,10 +17,12 @@ STAGES = ("ingest", "shard", "validate", "train", "evaluate")
 RAN = re.compile(r"Running stage '([\w-]+)'")
 SKIPPED = re.compile(r"Stage '([\w-]+)' didn't change, skipping")
 # Where to look next; each command here must exist (tests/unit/test_commands.py runs them).
+# No addresses: `shardflow ui` picks a free port and prints it, and each clone's Prefect
+# server has its own port (the CLI adds the line naming it).
 NEXT_STEPS = (
-    "compare runs: `shardflow ui` (MLflow, http://127.0.0.1:5000); flow runs: Prefect UI "
-    "http://127.0.0.1:4200",
-    "stop the Prefect server: `shardflow stop`",
+    "compare runs: `shardflow ui` (the MLflow UI, at the address it prints); flow runs: the "
+    "Prefect UI (`python -m flows.server status` names it)",
+    "stop this clone's Prefect server: `shardflow stop`",
 )
 
 

@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tasks.atomic import write_json
-from tasks.gate import check_model_matches, check_validated
+from tasks.gate import check_model_matches, check_validated, check_validated_store
 from tasks.layout import Layout
 from tasks.manifest import load_manifest
 from tasks.metrics_files import is_number
 from tasks.params import EvaluateParams, Params, flatten
 from tasks.reader import read_split
 from tasks.schema import IMAGE_KEY, LABEL_KEY, SOURCE_KEY
+from tasks.shard_store import open_store
 from tasks.tracking import CHAMPION as CHAMPION  # re-exported: the alias promotion moves
 from tasks.tracking import champion_version as champion_version
 
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 
     from tasks.manifest import ShardManifest
     from tasks.predict import ServingSpec
+    from tasks.shard_store import ShardStore
 
 MAX_MISCLASSIFIED_SHOWN = 16
 BATCH_SIZE = 256
@@ -101,14 +103,19 @@ def classification_metrics(
 
 
 def predict_split(
-    model: keras.Model, shards_dir: Path, split: str = "test", sources: list[str] | None = None
+    model: keras.Model,
+    shards_dir: Path,
+    split: str = "test",
+    sources: list[str] | None = None,
+    store: ShardStore | None = None,
 ) -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]]]:
     """Labels, class probabilities, and the misclassified records (image and source).
 
     ``sources``, when given, receives every record's source path, in prediction order.
+    With a ``store`` the shards are read from object storage (tasks.shard_store).
     """
     dataset = read_split(
-        shards_dir, split, batch_size=BATCH_SIZE, training=False, with_metadata=True
+        shards_dir, split, batch_size=BATCH_SIZE, training=False, with_metadata=True, store=store
     )
     labels: list[np.ndarray] = []
     probs: list[np.ndarray] = []
@@ -145,19 +152,21 @@ def evaluate_model(
     *,
     top_k: int,
     predictions_file: str | Path | None = None,
+    store: ShardStore | None = None,
 ) -> dict[str, Any]:
     """Test-split metrics plus the per-class table (JSON, Markdown) and two PNGs in out_dir.
 
     ``predictions_file`` also gets every test record's prediction (the reference the
-    served model must reproduce from the source files).
+    served model must reproduce from the source files). With a ``store`` the shards are
+    read from object storage instead of ``shards_dir``.
     """
     import keras
 
     shards_dir, out_dir = Path(shards_dir), Path(out_dir)
-    manifest = load_manifest(shards_dir)
+    manifest = store.manifest() if store else load_manifest(shards_dir)
     model = keras.saving.load_model(model_file)
     sources: list[str] = []
-    labels, probs, wrong = predict_split(model, shards_dir, sources=sources)
+    labels, probs, wrong = predict_split(model, shards_dir, sources=sources, store=store)
     if predictions_file is not None:
         from tasks.predict import write_test_predictions
 
@@ -407,7 +416,7 @@ def log_test_results(
     version: str,
     metrics: dict[str, Any],
     manifest: ShardManifest,
-    shards_dir: Path,
+    shards_dir: str | Path,
 ) -> None:
     """Evaluate params and test metrics onto the run, linked to the model and the test split.
 
@@ -470,7 +479,11 @@ def run_evaluate(params: Params, layout: Layout) -> dict[str, Any]:
 
     settings = params.evaluate
     check_margin(settings.promotion_margin)
-    manifest = check_validated(layout.shards_dir, layout.validation_report)
+    store = open_store(layout.root, params.storage)  # SHARDFLOW_SHARDS_URL, else data/shards
+    if store:
+        manifest = check_validated_store(store, layout.validation_report)
+    else:
+        manifest = check_validated(layout.shards_dir, layout.validation_report)
     record = json.loads(layout.train_run.read_text())
     check_model_matches(record, manifest, layout.train_run)
     run_id = record["run_id"]
@@ -480,6 +493,7 @@ def run_evaluate(params: Params, layout: Layout) -> dict[str, Any]:
         layout.eval_dir,
         top_k=settings.top_k,
         predictions_file=layout.test_predictions,
+        store=store,
     )
     if settings.promotion_metric not in metrics:
         raise KeyError(
@@ -494,7 +508,8 @@ def run_evaluate(params: Params, layout: Layout) -> dict[str, Any]:
 
     spec = ServingSpec.from_manifest(manifest, params.ingest)
     version = register_model(client, run_id, layout.model_file, settings.model_name, spec)
-    log_test_results(client, run_id, settings, version, metrics, manifest, layout.shards_dir)
+    source = store.url if store else layout.shards_dir
+    log_test_results(client, run_id, settings, version, metrics, manifest, source)
     decision = pending_decision(
         layout.eval_summary,
         run_id=run_id,

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tasks.manifest import ShardManifest, file_sha256, load_manifest
+
+if TYPE_CHECKING:
+    from tasks.shard_store import ShardStore
 
 FIX = "run the validate stage (`dvc repro validate` or `python -m flows.data validate`)"
 
@@ -32,22 +35,7 @@ def check_validated(shards_dir: str | Path, validation_report: str | Path) -> Sh
     or when a shard file is missing or its size or sha256 differs from the manifest's.
     """
     shards_dir, report_path = Path(shards_dir), Path(validation_report)
-    if not report_path.exists():
-        raise ShardsNotValidated(f"{report_path}: no validation report; {FIX} first")
-    try:
-        report = json.loads(report_path.read_text())
-        report.get("passed")
-    except (ValueError, AttributeError) as error:  # torn, emptied or edited by hand
-        raise ShardsNotValidated(
-            f"{report_path}: not a validation report ({error}); {FIX} first"
-        ) from error
-    if report.get("passed") is not True:
-        failed = [c for c in report.get("checks", []) if not c.get("passed", False)]
-        listing = "; ".join(f"{c.get('name')}: {c.get('message', '')}" for c in failed)
-        raise ShardsNotValidated(
-            f"{report_path}: validation failed ({listing or 'no check details'}); fix the "
-            f"data and rerun the data flow first"
-        )
+    report = passing_report(report_path)
     try:
         manifest = load_manifest(shards_dir)
     except (FileNotFoundError, ValueError) as error:
@@ -67,6 +55,51 @@ def check_validated(shards_dir: str | Path, validation_report: str | Path) -> Sh
                     f"{problem}; rerun the shard and validate stages"
                 )
     return manifest
+
+
+def check_validated_store(store: ShardStore, validation_report: str | Path) -> ShardManifest:
+    """The gate for shards read from object storage (tasks.shard_store).
+
+    The report and the store's manifest are checked here as :func:`check_validated` checks
+    them; each shard's size and sha256 are checked by the store as it arrives, before any
+    of its records are read, instead of the whole set up front.
+    """
+    from tasks.shard_store import ShardStoreError
+
+    report_path = Path(validation_report)
+    report = passing_report(report_path)
+    try:
+        manifest = store.manifest()
+    except (ShardStoreError, ValueError) as error:
+        raise ShardsNotValidated(f"{error}; {FIX}") from error
+    if report.get("fingerprint") != manifest.fingerprint:
+        raise ShardsNotValidated(
+            f"shards at {store.url} are not the validated ones: manifest fingerprint "
+            f"{manifest.fingerprint[:12]} but {report_path} validated "
+            f"{str(report.get('fingerprint'))[:12]}; publish the validated shard set there"
+        )
+    return manifest
+
+
+def passing_report(report_path: Path) -> dict[str, Any]:
+    """The validation report at ``report_path`` if it exists, parses and passed."""
+    if not report_path.exists():
+        raise ShardsNotValidated(f"{report_path}: no validation report; {FIX} first")
+    try:
+        report = json.loads(report_path.read_text())
+        report.get("passed")
+    except (ValueError, AttributeError) as error:  # torn, emptied or edited by hand
+        raise ShardsNotValidated(
+            f"{report_path}: not a validation report ({error}); {FIX} first"
+        ) from error
+    if report.get("passed") is not True:
+        failed = [c for c in report.get("checks", []) if not c.get("passed", False)]
+        listing = "; ".join(f"{c.get('name')}: {c.get('message', '')}" for c in failed)
+        raise ShardsNotValidated(
+            f"{report_path}: validation failed ({listing or 'no check details'}); fix the "
+            f"data and rerun the data flow first"
+        )
+    return dict(report)
 
 
 def shard_problem(path: Path, size: int, sha256: str) -> str | None:

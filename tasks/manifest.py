@@ -139,14 +139,19 @@ def load_manifest(shards_dir: str | Path) -> ShardManifest:
     path = Path(shards_dir) / MANIFEST_NAME
     if not path.exists():
         raise FileNotFoundError(f"{path}: no shard manifest; run the shard stage first")
+    return parse_manifest(path.read_text(), where=str(path))
+
+
+def parse_manifest(text: str, *, where: str) -> ShardManifest:
+    """A manifest from its JSON text (``where`` names its file or object in errors)."""
     try:
-        manifest = ShardManifest.model_validate_json(path.read_text())
+        manifest = ShardManifest.model_validate_json(text)
     except ValueError as error:
         raise ValueError(
-            f"{path}: not a manifest this code reads ({error}); rerun the shard stage"
+            f"{where}: not a manifest this code reads ({error}); rerun the shard stage"
         ) from error
     if manifest.fingerprint != manifest.compute_fingerprint():
-        raise ValueError(f"{path}: fingerprint does not match its contents (edited by hand?)")
+        raise ValueError(f"{where}: fingerprint does not match its contents (edited by hand?)")
     return manifest
 
 

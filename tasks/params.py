@@ -131,6 +131,16 @@ class WorkspaceParams(_Strict):
     lock_timeout_s: float = Field(gt=0)  # how long a second writer waits for the lock
 
 
+class StorageParams(_Strict):
+    """How training and evaluation read shards from object storage (``SHARDFLOW_SHARDS_URL``).
+
+    Where shards are read from never changes what is computed, so no stage depends on these.
+    """
+
+    cache_mb: float = Field(gt=0)  # the local shard cache's bound (.shardflow/shard_cache)
+    prefetch_shards: int = Field(ge=1)  # shards downloaded in parallel ahead of the reader
+
+
 class ValidateParams(_Strict):
     """Limits on how much a data change may move the dataset before validation fails."""
 
@@ -150,6 +160,7 @@ class Params(_Strict):
     train: TrainParams
     evaluate: EvaluateParams
     workspace: WorkspaceParams
+    storage: StorageParams
 
 
 def load_params(

@@ -14,6 +14,8 @@ from tasks.schema import IMAGE_KEY, LABEL_KEY
 if TYPE_CHECKING:
     import tensorflow as tf
 
+    from tasks.shard_store import ShardStore
+
 
 # Records held by the training shuffle buffer are capped by bytes, not count: 2048 raw
 # 224x224 records would hold ~300 MB and stall every epoch while the buffer fills.
@@ -35,6 +37,7 @@ def read_split(
     shuffle_buffer: int | None = None,
     manifest: ShardManifest | None = None,
     with_metadata: bool = False,
+    store: ShardStore | None = None,
 ) -> tf.data.Dataset:
     """Batched ``(images, labels)`` of one split: uint8 [B, H, W, 3] and int32 [B].
 
@@ -42,15 +45,18 @@ def read_split(
     drops the last partial batch so every batch has a static shape. ``training=False``
     reads in manifest order and keeps every record. The dataset's length is known from
     the manifest without a scan. ``with_metadata=True`` yields the parsed feature dict
-    instead (adds ``content_hash`` and ``source``), for evaluation reports.
+    instead (adds ``content_hash`` and ``source``), for evaluation reports. With a
+    ``store`` (tasks.shard_store), shards come from object storage instead of ``shards_dir``:
+    each is downloaded whole and sha256-checked as the read reaches it, then read locally.
     """
     import tensorflow as tf
 
     shards_dir = Path(shards_dir)
-    manifest = manifest or load_manifest(shards_dir)
+    manifest = manifest or (store.manifest() if store else load_manifest(shards_dir))
     info = manifest.split(split)
     schema = manifest.record_schema
-    files = [str(shards_dir / shard.file) for shard in info.shards]
+    # With a store the list holds shard names, each turned into a checked local file below.
+    files = [shard.file if store else str(shards_dir / shard.file) for shard in info.shards]
     if not info.num_records:
         raise ValueError(
             f"{shards_dir}: split {split!r} holds no records; validation fails such a set "
@@ -66,6 +72,9 @@ def read_split(
     ds = tf.data.Dataset.from_tensor_slices(files)
     # Shuffle the file order first, then interleave records from several files at once.
     ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True) if training else ds
+    # Object storage: download shards in file order, `prefetch` at a time ahead of the reader,
+    # each sha256-checked before its path (so any of its records) goes on. Order is kept.
+    ds = ds.map(fetch_op(store, manifest), num_parallel_calls=store.prefetch) if store else ds
     ds = ds.interleave(
         plain(lambda path: shard_records(path, manifest)),
         cycle_length=min(len(files), 8) if training else 1,
@@ -102,6 +111,21 @@ def shard_records(path: tf.Tensor | str, manifest: ShardManifest) -> tf.data.Dat
     return tf.data.TFRecordDataset(
         path, compression_type=manifest.compression_type, buffer_size=READ_BUFFER_BYTES
     )
+
+
+def fetch_op(store: ShardStore, manifest: ShardManifest) -> Any:
+    """A tf.data map from a shard's name to its verified local path in ``store``'s cache."""
+    import tensorflow as tf
+
+    from tasks.shard_store import local_path_fetcher
+
+    fetch = local_path_fetcher(store, manifest)
+
+    def op(name: tf.Tensor) -> tf.Tensor:
+        path = tf.numpy_function(fetch, [name], tf.string, stateful=False)
+        return tf.ensure_shape(path, [])
+
+    return op
 
 
 def default_shuffle_buffer(manifest: ShardManifest, split: str) -> int:

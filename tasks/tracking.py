@@ -366,7 +366,9 @@ def log_dataset(
     with warnings.catch_warnings():
         # MLflow registers the local source class twice and warns that a path is ambiguous.
         warnings.filterwarnings("ignore", message=".*interpreted in multiple ways.*")
-        source = resolve_dataset_source(str(Path(shards_dir).resolve()))
+        # an s3:// URL when the run read its shards from object storage, else the folder
+        where = str(shards_dir)
+        source = resolve_dataset_source(where if "://" in where else str(Path(where).resolve()))
     name, digest = dataset_ref(manifest, split)
     dataset = MetaDataset(  # type: ignore[abstract]  # profile is optional at runtime
         source=source, name=name, digest=digest

@@ -34,7 +34,7 @@ from tasks import models, reader, schema
 from tasks.atomic import write_json
 from tasks.code_version import code_version
 from tasks.gate import ShardsNotValidated as ShardsNotValidated  # re-exported for the flows
-from tasks.gate import check_validated
+from tasks.gate import check_validated, check_validated_store
 from tasks.layout import Layout
 from tasks.manifest import ShardManifest, load_manifest
 from tasks.metrics_files import split_numeric
@@ -42,6 +42,7 @@ from tasks.model_file import save_model
 from tasks.models import build_model, unfreeze_top
 from tasks.params import Params, TrainParams, flatten
 from tasks.reader import read_split
+from tasks.shard_store import ShardStore, open_store
 
 log = logging.getLogger(__name__)  # a flow shows it in its run's log (flows.common.run_log)
 
@@ -362,6 +363,7 @@ def train(
     plot_file: str | Path | None = None,
     strategy: tf.distribute.Strategy | None = None,
     callbacks: Sequence[keras.callbacks.Callback] = (),
+    store: ShardStore | None = None,
 ) -> dict[str, Any]:
     """Train ``params.model`` on the shards' train split (val for early stopping).
 
@@ -371,10 +373,11 @@ def train(
     ``backup_dir`` until the run completes, and is resumed only by a run with the same
     params, shards and training code (else discarded, with the reason logged).
     ``batch_size`` is the global batch, split across the strategy's
-    replicas. Returns a small summary dict.
+    replicas. With a ``store`` (tasks.shard_store) the shards are read from object storage
+    instead of ``shards_dir``: the same records in the same order. Returns a small summary.
     """
     shards_dir, model_file, backup_dir = Path(shards_dir), Path(model_file), Path(backup_dir)
-    manifest = load_manifest(shards_dir)
+    manifest = store.manifest() if store else load_manifest(shards_dir)
     strategy = strategy or choose_strategy()
     steps_per_epoch = manifest.split("train").num_records // params.batch_size
     if steps_per_epoch == 0:
@@ -392,14 +395,14 @@ def train(
     try:
         try:
             model, epoch_log, train_ds = fit_phases(
-                params, manifest, shards_dir, backup_dir, strategy, callbacks
+                params, manifest, shards_dir, backup_dir, strategy, callbacks, store
             )
         except BackupUnusable as error:
             # The identity matched but the state does not fit this model: start over once.
             discard_backup(backup_dir, [str(error)])
             write_identity(backup_dir, identity, (stored or {}).get("mlflow_run_id"))
             model, epoch_log, train_ds = fit_phases(
-                params, manifest, shards_dir, backup_dir, strategy, callbacks
+                params, manifest, shards_dir, backup_dir, strategy, callbacks, store
             )
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)
@@ -437,6 +440,7 @@ def fit_phases(
     backup_dir: Path,
     strategy: tf.distribute.Strategy,
     callbacks: Sequence[keras.callbacks.Callback],
+    store: ShardStore | None = None,
 ) -> tuple[keras.Model, EpochLog, tf.data.Dataset]:
     """Build the model and fit it: the frozen (or only) phase, then fine-tuning if asked.
 
@@ -453,9 +457,15 @@ def fit_phases(
         training=True,
         seed=params.seed,
         manifest=manifest,
+        store=store,
     )
     val_ds = read_split(
-        shards_dir, "val", batch_size=params.batch_size, training=False, manifest=manifest
+        shards_dir,
+        "val",
+        batch_size=params.batch_size,
+        training=False,
+        manifest=manifest,
+        store=store,
     )
     epoch_log = EpochLog(backup_dir / "epochs.jsonl")
     checkpoint = backup_dir.parent / "checkpoints" / "last.keras"
@@ -645,7 +655,11 @@ def run_train(
     ``run_tags``: the orchestrator's tags for a new MLflow run (the flow run that trains)."""
     from tasks import tracking
 
-    manifest = check_validated(layout.shards_dir, layout.validation_report)
+    store = open_store(layout.root, params.storage)  # SHARDFLOW_SHARDS_URL, else data/shards
+    if store:
+        manifest = check_validated_store(store, layout.validation_report)
+    else:
+        manifest = check_validated(layout.shards_dir, layout.validation_report)
     strategy = strategy or choose_strategy()
     client = tracking.client(layout.root)
     identity = backup_identity(params.train, manifest.fingerprint)
@@ -657,7 +671,7 @@ def run_train(
             client,
             params,
             manifest,
-            shards_dir=layout.shards_dir,
+            shards_dir=store.url if store else layout.shards_dir,
             root=layout.root,
             device_tags=device_tags(params.train, strategy),
             run_tags=run_tags,
@@ -678,6 +692,7 @@ def run_train(
                 plot_file=layout.train_plot,
                 strategy=strategy,
                 callbacks=[MlflowEpochMetrics(client, run_id), *callbacks],
+                store=store,
             )
     except BaseException:
         client.set_terminated(run_id, status="FAILED")  # the id stays in the backup to resume

@@ -95,3 +95,7 @@ def trained_project(tmp_path_factory: pytest.TempPathFactory) -> object:
     from tests.trained_model import build_trained_project
 
     return build_trained_project(tmp_path_factory.mktemp("trained_project"))
+
+
+# -- object storage: a real moto S3 server on a free loopback port (tests/s3_server.py) -----
+from tests.s3_server import s3_server, s3_server_session  # noqa: E402, F401

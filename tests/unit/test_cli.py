@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
+import socket
 import subprocess
 import sys
 import tomllib
@@ -14,7 +17,7 @@ import pytest
 from flows import cli
 
 ROOT = Path(__file__).resolve().parents[2]
-COMMANDS = ["run", "serve", "predict", "bench", "ui", "stop"]
+COMMANDS = ["run", "accept-data", "serve", "predict", "bench", "ui", "serve-model", "stop"]
 
 
 def test_help_lists_every_subcommand() -> None:
@@ -25,7 +28,7 @@ def test_help_lists_every_subcommand() -> None:
         text=True,
         check=True,
     ).stdout
-    listed = re.findall(r"^    (\w+) ", out, flags=re.MULTILINE)
+    listed = re.findall(r"^    ([\w-]+)(?: |$)", out, flags=re.MULTILINE)
     assert listed == COMMANDS
 
 
@@ -34,7 +37,7 @@ def test_console_script_points_at_main() -> None:
     assert project["scripts"]["shardflow"] == "flows.cli:main"
 
 
-@pytest.mark.parametrize("target", ["run", "serve", "bench", "ui", "stop"])
+@pytest.mark.parametrize("target", ["run", "serve", "bench", "ui", "serve-model", "stop"])
 def test_makefile_targets_go_through_the_cli(target: str) -> None:
     makefile = (ROOT / "Makefile").read_text()
     recipe = re.search(rf"^{target}:.*\n((?:\t.*\n)+)", makefile, flags=re.MULTILINE)
@@ -94,6 +97,86 @@ def test_ui_uses_the_tracking_uri_from_the_environment(monkeypatch: pytest.Monke
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     cli.main(["ui"])
     assert "sqlite:///mlflow.db" in recorder.steps[1]
+
+
+def no_tracking_uri(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLFLOW_TRACKING_URI unset, and unset again afterwards even if serve-model sets it."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "unset afterwards")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+
+
+def port_of(step: list[str]) -> int:
+    return int(step[step.index("--port") + 1])
+
+
+def is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def serve_model_prints(step: list[str], monkeypatch: pytest.MonkeyPatch) -> str:
+    """What `python -m tasks.serve` (the step) prints before it becomes the uvicorn server."""
+    import tasks.serve
+
+    def become(*_: Any) -> None:
+        raise SystemExit(0)
+
+    monkeypatch.setattr(tasks.serve.os, "execve", become)
+    output = io.StringIO()
+    with pytest.raises(SystemExit), contextlib.redirect_stdout(output):
+        tasks.serve.main(step[3:])
+    return output.getvalue()
+
+
+@pytest.mark.parametrize("command", ["ui", "serve-model"])
+def test_ui_and_serve_model_listen_on_a_free_port_they_print(
+    command: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No fixed port: a second clone's `make ui` / `make serve-model` must not collide with
+    the first's. The port is free when chosen, differs from one already taken, and is the
+    one printed; `--port` still chooses it."""
+    recorder = Recorder()
+    monkeypatch.setattr(cli.subprocess, "run", recorder)
+    monkeypatch.chdir(ROOT)
+    no_tracking_uri(monkeypatch)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        assert cli.main([command]) == 0
+        port = port_of(recorder.steps[0])
+        assert port != taken.getsockname()[1] and is_free(port)
+    assert cli.main([command, "--port", "6123"]) == 0
+    assert recorder.steps[1].count("--port") == 1 and port_of(recorder.steps[1]) == 6123
+    if command == "ui":
+        printed = capsys.readouterr().out
+    else:
+        printed = "".join(serve_model_prints(step, monkeypatch) for step in recorder.steps)
+    assert f"http://127.0.0.1:{port}" in printed and "http://127.0.0.1:6123" in printed
+
+
+def test_serve_model_serves_the_champion_of_params_with_its_limits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tasks.params import load_params
+
+    recorder = Recorder()
+    monkeypatch.setattr(cli.subprocess, "run", recorder)
+    monkeypatch.chdir(ROOT)
+    no_tracking_uri(monkeypatch)
+    cli.main(["serve-model"])
+    cli.main(["serve-model", "--max-request-rows", "8"])
+    name = load_params(ROOT / "params.yaml").evaluate.model_name
+    first, second = recorder.steps
+    assert first[2:4] == ["tasks.serve", f"models:/{name}@champion"]
+    assert recorder.envs[0]["MLFLOW_TRACKING_URI"] == f"sqlite:///{ROOT / 'mlflow.db'}"
+    flag = "--max-request-rows"
+    assert first[first.index(flag) + 1] == cli.SERVE_LIMITS[flag]
+    assert second.count(flag) == 1 and second[second.index(flag) + 1] == "8"
+    assert "--max-request-mb" in second
 
 
 def test_unknown_subcommand_is_refused(capsys: pytest.CaptureFixture[str]) -> None:

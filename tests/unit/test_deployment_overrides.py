@@ -172,17 +172,25 @@ def test_pipeline_run_refuses_runner_override_before_writing(
 # -- the local Prefect server ------------------------------------------------------------------
 
 
-def test_local_server_keeps_csrf_on_and_no_wildcard_cors_origin() -> None:
-    """The settings Prefect loads from the repository's prefect.toml (no PREFECT_* env)."""
+def test_local_server_keeps_csrf_on_and_no_wildcard_cors_origin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The settings Prefect loads in a clone that recorded its server (the repository's
+    prefect.toml, the clone's profile, no PREFECT_* env), and the environment the servers
+    `flows.server` starts get: CSRF on, the server's own UI as the only CORS origin."""
+    import flows.server
+
+    shutil.copy2(REPO / "prefect.toml", tmp_path / "prefect.toml")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     script = (
-        "import json; from prefect.settings import get_current_settings as s; a = s().server.api; "
+        "import json, sys; from flows.server import record; record(sys.argv[1]); "
+        "from prefect.settings import get_current_settings as s; a = s().server.api; "
         "print(json.dumps([a.csrf_protection_enabled, a.cors_allowed_origins]))"
     )
     result = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=REPO,
-        env=env,
+        [sys.executable, "-c", script, "http://127.0.0.1:4321/api"],
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": str(REPO)},
         capture_output=True,
         text=True,
         check=True,
@@ -190,4 +198,9 @@ def test_local_server_keeps_csrf_on_and_no_wildcard_cors_origin() -> None:
     )
     csrf, origins = json.loads(result.stdout.strip().splitlines()[-1])
     assert csrf is True
-    assert [o.strip() for o in origins.split(",")] == ["http://127.0.0.1:4200"]
+    assert [o.strip() for o in origins.split(",")] == ["http://127.0.0.1:4321"]
+
+    started: dict[str, Any] = {}
+    monkeypatch.setattr(flows.server.subprocess, "Popen", lambda *a, **kw: started.update(kw))
+    flows.server.start_server("127.0.0.1", 4567, tmp_path / "server.log")
+    assert started["env"]["PREFECT_SERVER_CORS_ALLOWED_ORIGINS"] == "http://127.0.0.1:4567"

@@ -54,7 +54,7 @@ def test_the_summary_says_what_the_outputs_hold(tmp_path: Path) -> None:
     assert "records per split: train 2339, val 326, test 334; validation passed" in text
     assert "test accuracy: 0.9551 on 334 records" in text
     assert "champion: v2 not promoted: no gain over v1" in text
-    assert "`shardflow ui`" in text and "http://127.0.0.1:4200" in text
+    assert "`shardflow ui`" in text and "Prefect UI" in text
 
 
 def test_a_promotion_and_missing_outputs_are_said_plainly(tmp_path: Path) -> None:

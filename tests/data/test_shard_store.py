@@ -1,0 +1,194 @@
+"""Shards read straight from a real S3 server (moto) through the bounded, checked cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tasks.manifest import load_manifest
+from tasks.reader import read_split, shard_records
+from tasks.shard_store import CACHE_DIR, ShardStore, ShardStoreError, publish
+from tests.s3_server import S3Server
+
+
+def published(tiny_shards: Path, s3_server: S3Server, **options: Any) -> ShardStore:
+    url = s3_server.url("sets", "tiny")
+    publish(tiny_shards / "data" / "shards", url)
+    return ShardStore(url, tiny_shards, **{"max_bytes": 1 << 30, "prefetch": 2, **options})
+
+
+def hashes(ds: Any) -> list[bytes]:
+    return [h for batch in ds for h in batch["content_hash"].numpy().tolist()]
+
+
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_store_read_gives_the_local_records_in_the_local_order(
+    tiny_shards: Path, s3_server: S3Server, split: str
+) -> None:
+    store = published(tiny_shards, s3_server)
+    shards_dir = tiny_shards / "data" / "shards"
+    for training in (False, True):
+        options = {"batch_size": 4, "training": training, "seed": 7}
+        local = read_split(shards_dir, split, **options)
+        remote = read_split(tiny_shards / "elsewhere", split, store=store, **options)
+        for (li, ll), (ri, rl) in zip(local, remote, strict=True):
+            np.testing.assert_array_equal(li.numpy(), ri.numpy())
+            np.testing.assert_array_equal(ll.numpy(), rl.numpy())
+    local_meta = read_split(shards_dir, split, batch_size=4, training=False, with_metadata=True)
+    remote_meta = read_split(
+        shards_dir, split, batch_size=4, training=False, with_metadata=True, store=store
+    )
+    assert hashes(remote_meta) == hashes(local_meta)
+    # read from the cache inside the repository, never from the local shard folder
+    assert {p.name for p in (tiny_shards / CACHE_DIR).iterdir()} >= {
+        s.sha256 for s in load_manifest(shards_dir).split(split).shards
+    }
+
+
+def test_a_corrupted_object_is_refused_naming_it_before_any_of_its_records(
+    tiny_shards: Path, s3_server: S3Server
+) -> None:
+    store = published(tiny_shards, s3_server, prefetch=1)
+    shards_dir = tiny_shards / "data" / "shards"
+    bad = load_manifest(shards_dir).split("test").shards[1]
+    data = bytearray((shards_dir / bad.file).read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, other bytes
+    client: Any = s3_server.client()
+    client.put_object(Bucket=s3_server.bucket, Key=f"sets/tiny/{bad.file}", Body=bytes(data))
+    import tensorflow as tf
+
+    manifest = load_manifest(shards_dir)
+    schema = manifest.record_schema
+    bad_hashes = {
+        schema.parse_batch(tf.reshape(r, [1]), metadata=True)["content_hash"].numpy()[0]
+        for r in shard_records(str(shards_dir / bad.file), manifest)
+    }
+    seen: list[bytes] = []
+    ds = read_split(
+        shards_dir, "test", batch_size=1, training=False, with_metadata=True, store=store
+    )
+    with pytest.raises(tf.errors.OpError, match=bad.file):
+        for batch in ds:
+            seen.extend(batch["content_hash"].numpy().tolist())
+    assert len(seen) == manifest.split("test").shards[0].num_records  # the good shard, whole
+    assert not bad_hashes & set(seen)
+    assert not (tiny_shards / CACHE_DIR / bad.sha256).exists()
+
+
+def test_the_cache_never_holds_more_than_its_bound(tiny_shards: Path, s3_server: S3Server) -> None:
+    manifest = load_manifest(tiny_shards / "data" / "shards")
+    shards = [s for info in manifest.splits.values() for s in info.shards]
+    bound = 3 * max(s.bytes for s in shards)  # (2 x prefetch + 1) shards, the least it takes
+    store = published(tiny_shards, s3_server, max_bytes=bound, prefetch=1)
+    seen: list[int] = []
+    real_get = store._client.get_object
+
+    def watched_get(**kwargs: Any) -> Any:
+        seen.append(store.cached_bytes())
+        return real_get(**kwargs)
+
+    store._client.get_object = watched_get
+    for split in ("train", "val", "test"):
+        for _ in read_split(tiny_shards, split, batch_size=4, training=True, seed=1, store=store):
+            seen.append(store.cached_bytes())
+    assert len(seen) > len(shards)  # every shard downloaded, more than the cache holds at once
+    assert max(seen) <= bound
+    assert len(list((tiny_shards / CACHE_DIR).iterdir())) < len(shards)  # some were evicted
+
+
+def test_a_missing_object_names_its_key(tiny_shards: Path, s3_server: S3Server) -> None:
+    store = published(tiny_shards, s3_server)
+    shard = store.manifest().split("val").shards[0]
+    client: Any = s3_server.client()
+    client.delete_object(Bucket=s3_server.bucket, Key=f"sets/tiny/{shard.file}")
+    with pytest.raises(ShardStoreError, match=f"s3://{s3_server.bucket}/sets/tiny/{shard.file}"):
+        store.fetch(shard)
+
+
+def test_a_cache_too_small_for_the_prefetch_is_refused(
+    tiny_shards: Path, s3_server: S3Server
+) -> None:
+    store = published(tiny_shards, s3_server, max_bytes=1000, prefetch=4)
+    with pytest.raises(ValueError, match="lower prefetch"):
+        store.manifest()
+
+
+def test_the_gate_refuses_a_store_holding_other_shards(
+    tiny_shards: Path, s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    from tasks.gate import ShardsNotValidated, check_validated_store
+    from tests.tiny_shards import write_tiny_shards
+
+    other = write_tiny_shards(tmp_path_factory.mktemp("other"), seed=1, validated=False)
+    url = s3_server.url("other")
+    publish(other, url)
+    store = ShardStore(url, tiny_shards, max_bytes=1 << 30, prefetch=2)
+    report = tiny_shards / "reports" / "validation.json"
+    with pytest.raises(ShardsNotValidated, match=f"shards at {url} are not the validated ones"):
+        check_validated_store(store, report)
+    ours = published(tiny_shards, s3_server)
+    assert check_validated_store(ours, report).fingerprint == load_manifest(
+        tiny_shards / "data" / "shards"
+    ).fingerprint
+
+
+@pytest.mark.slow
+def test_training_and_evaluation_from_object_storage_compute_what_a_local_run_computes(
+    tiny_shards: Path,
+    s3_server: S3Server,
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SHARDFLOW_SHARDS_URL moves where the stages read, never what they compute: with the
+    local shard folder gone, run_train and run_evaluate read the store and write the same
+    model bytes and test metrics as a run on the local folder."""
+    import json
+    import shutil
+
+    from tasks.evaluate import run_evaluate
+    from tasks.layout import Layout
+    from tasks.params import default_params
+    from tasks.shard_store import SHARDS_URL_ENV
+    from tasks.train import run_train
+
+    params = default_params(
+        train={"epochs": 1, "batch_size": 16, "early_stopping_patience": 0},
+        storage={"cache_mb": 1, "prefetch_shards": 1},
+    )
+    local_root = tmp_path_factory.mktemp("local")
+    shutil.copytree(tiny_shards, local_root, dirs_exist_ok=True)
+    remote = Layout().with_root(tiny_shards)
+    local = Layout().with_root(local_root)
+    url = s3_server.url("validated")
+    publish(remote.shards_dir, url)
+    shutil.rmtree(remote.shards_dir)  # the store is the only place the shards are
+
+    import keras
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{local_root / 'mlflow.db'}")
+    keras.backend.clear_session()  # Keras numbers unnamed layers per process: both start at 0
+    run_train(params, local)
+    run_evaluate(params, local)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tiny_shards / 'mlflow.db'}")
+    monkeypatch.setenv(SHARDS_URL_ENV, url)
+    keras.backend.clear_session()
+    run_train(params, remote)
+    run_evaluate(params, remote)
+
+    assert remote.model_file.read_bytes() == local.model_file.read_bytes()
+    assert json.loads(remote.eval_metrics.read_text()) == json.loads(
+        local.eval_metrics.read_text()
+    )
+    assert remote.test_predictions.read_text() == local.test_predictions.read_text()
+    assert not remote.shards_dir.exists()
+    assert any((tiny_shards / CACHE_DIR).iterdir())
+    # lineage names where the data was read: the train and test inputs point at the store
+    from mlflow import MlflowClient
+
+    run_id = json.loads(remote.train_run.read_text())["run_id"]
+    inputs = MlflowClient().get_run(run_id).inputs.dataset_inputs
+    sources = {json.loads(i.dataset.source)["uri"] for i in inputs}
+    assert sources == {url}, sources
