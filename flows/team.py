@@ -47,8 +47,24 @@ PULLS = {
     "data": ["--with-deps", "validate"],
     "training": ["shard", "validate", "train", "evaluate"],
 }
-# The small git-tracked files a run commits on its ref, beside dvc.lock and params.yaml.
-GIT_OUTPUTS = ("dvc.lock", "params.yaml", "metrics", "plots", "reports", "models")
+
+
+def git_outputs(root: Path) -> list[str]:
+    """What a run commits: dvc.lock, params.yaml and every ``cache: false`` output dvc.yaml
+    declares (metrics, plots, reports, models/run.json, data/accepted.json, ...): the files
+    DVC leaves to git."""
+    import yaml
+
+    paths = ["dvc.lock", "params.yaml"]
+    stages = (yaml.safe_load((root / "dvc.yaml").read_text()) or {}).get("stages", {})
+    for stage in stages.values():
+        for kind in ("outs", "metrics", "plots"):
+            for entry in stage.get(kind, []) or []:
+                if isinstance(entry, dict):
+                    for path, options in entry.items():
+                        if (options or {}).get("cache") is False and "${" not in path:
+                            paths.append(path)
+    return [p for p in dict.fromkeys(paths) if (root / p).exists()]
 
 
 def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
@@ -110,8 +126,7 @@ def resolve_commit(root: Path, commit: str | None) -> str:
 def commit_results(root: Path, ref: str, message: str) -> str:
     """Commit dvc.lock, params.yaml and the small outputs, and push them to ``ref`` without
     force (refused if the ref moved elsewhere). Returns the pushed commit."""
-    present = [name for name in GIT_OUTPUTS if (root / name).exists()]
-    git(root, "add", "--", *present)
+    git(root, "add", "--", *git_outputs(root))
     identity = ["-c", "user.name=shardflow worker", "-c", "user.email=worker@shardflow.invalid"]
     has_identity = os.environ.get("GIT_AUTHOR_NAME") and os.environ.get("GIT_AUTHOR_EMAIL")
     git(

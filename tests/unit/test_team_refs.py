@@ -26,6 +26,11 @@ def remote_and_clone(tmp_path: Path) -> tuple[Path, Path]:
     git(user, "config", "user.email", "u@x.invalid")
     git(user, "config", "user.name", "u")
     (user / "dvc.lock").write_text("schema: '2.0'\n")
+    (user / "dvc.yaml").write_text(
+        "stages:\n  evaluate:\n    cmd: x\n    outs:\n      - models/model.keras\n"
+        "      - data/accepted.json:\n          cache: false\n"
+        "    metrics:\n      - metrics/eval.json:\n          cache: false\n"
+    )
     git(user, "add", "-A")
     git(user, "commit", "-qm", "base")
     bare = tmp_path / "remote.git"
@@ -68,12 +73,17 @@ def test_results_go_to_the_run_ref_only_and_never_by_force(
     (clone / "metrics").mkdir()
     (clone / "metrics" / "eval.json").write_text("{}\n")
     (clone / "stray.txt").write_text("not a result\n")
+    (clone / "data").mkdir()
+    (clone / "data" / "accepted.json").write_text("{}\n")
+    (clone / "models").mkdir()
+    (clone / "models" / "model.keras").write_text("cached by DVC, not git\n")
     ref = team.run_ref("one")
     pushed = team.commit_results(clone, ref, "data run one")
     assert git(bare, "rev-parse", ref) == pushed
     assert git(bare, "rev-parse", "main") == main_before  # the user's branch is untouched
     files = git(bare, "ls-tree", "-r", "--name-only", ref).split()
-    assert files == ["dvc.lock", "metrics/eval.json"]  # the results, not a stray file
+    # the results DVC leaves to git, not a stray file nor a DVC-cached output
+    assert files == ["data/accepted.json", "dvc.lock", "dvc.yaml", "metrics/eval.json"]
     # Another clone that did not start from the ref's head cannot move it (no force).
     other = tmp_path / "other"
     git(tmp_path, "clone", "-q", str(bare), str(other))
