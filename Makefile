@@ -14,7 +14,7 @@ export DVC_NO_ANALYTICS := 1
 # TensorFlow raises its real errors in Python, and Python warnings still show.
 export TF_CPP_MIN_LOG_LEVEL := 3
 
-.PHONY: install run test lint demo-data serve stop ui bench screenshots lock clean serve-model compact
+.PHONY: install run test lint demo-data serve stop team-demo ui bench screenshots lock clean serve-model compact
 
 install: $(STAMP)  ## create .venv from the hash-pinned lock, plus this clone's `shardflow` (idempotent)
 
@@ -55,6 +55,9 @@ test: install lint  ## every check and test
 
 serve: install  ## this clone's Prefect server + a process serving the deployments, on 127.0.0.1
 	$(BIN)/python -m flows.cli serve
+
+team-demo: install  ## the team setup on one machine: servers, S3, git remote, cpu+gpu workers; one pipeline/team run
+	$(BIN)/python -m flows.cli team-demo
 
 stop:  ## stop the Prefect server that this clone's `make run`/`make serve` started
 	$(BIN)/python -m flows.cli stop

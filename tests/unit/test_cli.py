@@ -17,7 +17,10 @@ import pytest
 from flows import cli
 
 ROOT = Path(__file__).resolve().parents[2]
-COMMANDS = ["run", "accept-data", "serve", "predict", "bench", "ui", "serve-model", "stop"]
+COMMANDS = [
+    *["run", "accept-data", "serve", "predict", "bench", "ui", "serve-model", "stop"],
+    "team-demo",
+]
 
 
 def test_help_lists_every_subcommand() -> None:

@@ -1,0 +1,280 @@
+"""Team deployments (``prefect.yaml``): the same stages, run by Prefect workers that share
+nothing with the user's clone but the servers and the git remote.
+
+Each flow run of ``data/team`` or ``training/team`` starts in a fresh clone made by the
+deployment's pull steps (``git clone`` of ``$SHARDFLOW_GIT_REMOTE``). It then
+
+1. checks out the run's commit (``commit``; the branch head when the run starts if empty);
+2. writes the run's ``overrides`` into ``params.yaml`` (data runs; training runs find them in
+   the commit the data run pushed);
+3. ``dvc pull``\\s only what its stages need from the DVC remote;
+4. runs the stages with ``dvc repro`` under the workspace lock (the same ``python -m
+   flows.<stage>`` commands as ``make run``, from the checked-out commit's code);
+5. ``dvc push``\\es the outputs and commits ``dvc.lock``, ``params.yaml`` and the small
+   git-tracked outputs (metrics, plots, reports) on ``refs/heads/runs/<run>``, pushed without
+   force: a run ref only ever moves forward, and no user branch is written.
+
+``pipeline/team`` runs ``data/team`` (work pool ``cpu``) then ``training/team`` (work pool
+``gpu``) on one run ref; its deployment's concurrency limit of 1 queues a second pipeline run
+until the first has finished, so runs never share a ``dvc.lock`` and promotions happen one at
+a time. Credentials (git, S3, tracking server) come from the worker's environment only.
+
+``python -m flows.team refs [--prune]`` lists (or deletes) the run refs on the git remote.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
+
+from tasks.params import ParamOverrides
+
+REMOTE_ENV = "SHARDFLOW_GIT_REMOTE"  # the git remote workers clone and push to
+BRANCH_ENV = "SHARDFLOW_GIT_BRANCH"  # the branch an empty ``commit`` resolves to
+DVC_REMOTE_ENV = "SHARDFLOW_DVC_REMOTE"  # the DVC remote name; DVC's default when unset
+RUN_REF_PREFIX = "refs/heads/runs/"
+DATA_STAGES = ("ingest", "shard", "validate")
+TRAINING_STAGES = ("train", "evaluate")
+# What each part pulls before it runs: the data part its sources and the persisted outputs
+# its stages resume from (``--with-deps``); the training part the shards and the models only.
+PULLS = {
+    "data": ["--with-deps", "validate"],
+    "training": ["shard", "validate", "train", "evaluate"],
+}
+
+
+def git_outputs(root: Path) -> list[str]:
+    """What a run commits: dvc.lock, params.yaml and every ``cache: false`` output dvc.yaml
+    declares (metrics, plots, reports, models/run.json, data/accepted.json, ...): the files
+    DVC leaves to git."""
+    import yaml
+
+    paths = ["dvc.lock", "params.yaml"]
+    stages = (yaml.safe_load((root / "dvc.yaml").read_text()) or {}).get("stages", {})
+    for stage in stages.values():
+        for kind in ("outs", "metrics", "plots"):
+            for entry in stage.get(kind, []) or []:
+                if isinstance(entry, dict):
+                    for path, options in entry.items():
+                        if (options or {}).get("cache") is False and "${" not in path:
+                            paths.append(path)
+    return [p for p in dict.fromkeys(paths) if (root / p).exists()]
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
+    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"`{' '.join(cmd)}` failed in {cwd} (exit {result.returncode}):\n"
+            f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        )
+    return result.stdout
+
+
+def git(root: Path, *args: str) -> str:
+    return _run(["git", *args], root).strip()
+
+
+def stage_env(root: Path) -> dict[str, str]:
+    """The stages import the checked-out commit's code: the clone first on ``sys.path``."""
+    return {**os.environ, "PYTHONPATH": str(root)}
+
+
+def dvc(root: Path, *args: str) -> str:
+    return _run([sys.executable, "-m", "dvc", *args], root, stage_env(root))
+
+
+def dvc_remote_args() -> list[str]:
+    name = os.environ.get(DVC_REMOTE_ENV)
+    return ["--remote", name] if name else []
+
+
+def run_ref(name: str) -> str:
+    """The git ref a run's results go to: ``refs/heads/runs/<name>`` (a safe ref name)."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in name).strip("-.")
+    if not safe:
+        raise ValueError(f"run name {name!r} gives an empty ref name")
+    return RUN_REF_PREFIX + safe
+
+
+def resolve_commit(root: Path, commit: str | None) -> str:
+    """The full commit id a run builds: ``commit`` as given, else the head of
+    ``$SHARDFLOW_GIT_BRANCH`` (or the remote's default branch) on the remote now."""
+    if commit:
+        try:
+            git(root, "fetch", "--quiet", "origin", commit)
+        except RuntimeError as error:
+            raise ValueError(
+                f"commit {commit!r} not found on the git remote (give a full commit id or a "
+                "branch name)"
+            ) from error
+        return git(root, "rev-parse", "--verify", "FETCH_HEAD^{commit}")
+    branch = os.environ.get(BRANCH_ENV) or "HEAD"
+    listing = git(root, "ls-remote", "origin", branch).split()
+    if not listing:
+        raise ValueError(f"branch {branch!r} not found on the git remote")
+    git(root, "fetch", "--quiet", "origin", listing[0])
+    return listing[0]
+
+
+def commit_results(root: Path, ref: str, message: str) -> str:
+    """Commit dvc.lock, params.yaml and the small outputs, and push them to ``ref`` without
+    force (refused if the ref moved elsewhere). Returns the pushed commit."""
+    git(root, "add", "--", *git_outputs(root))
+    identity = ["-c", "user.name=shardflow worker", "-c", "user.email=worker@shardflow.invalid"]
+    has_identity = os.environ.get("GIT_AUTHOR_NAME") and os.environ.get("GIT_AUTHOR_EMAIL")
+    git(
+        root,
+        *([] if has_identity else identity),
+        "commit",
+        "--quiet",
+        "--allow-empty",
+        "-m",
+        message,
+    )
+    git(root, "push", "--quiet", "origin", f"HEAD:{ref}")
+    return git(root, "rev-parse", "HEAD")
+
+
+def run_part(
+    part: str,
+    stages: tuple[str, ...],
+    commit: str | None,
+    ref: str | None,
+    overrides: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """One team part in this flow run's clone (the working directory the pull steps set)."""
+    logger = get_run_logger()
+    root = Path.cwd()
+    if str(root) not in sys.path:  # this clone's code, never an installed project's
+        sys.path.insert(0, str(root))
+    sha = resolve_commit(root, commit)
+    git(root, "checkout", "--quiet", "--detach", sha)
+    ref = ref or run_ref(flow_run.get_name() or "run")
+    if overrides:
+        _apply_overrides(root, overrides)
+    import tasks.params
+
+    # Where the code this run executes comes from (the e2e test checks it is this clone).
+    logger.info(
+        "code from %s and %s", Path(__file__).resolve(), Path(tasks.params.__file__).resolve()
+    )
+    dvc(root, "pull", "--allow-missing", *dvc_remote_args(), *PULLS[part])
+    repro = ["repro", *(["--single-item"] if part == "training" else []), *stages]
+    _run(
+        [sys.executable, "-m", "tasks.workspace_lock", "--", sys.executable, "-m", "dvc", *repro],
+        root,
+        stage_env(root),
+    )
+    dvc(root, "push", *dvc_remote_args(), *stages)
+    pushed = commit_results(root, ref, f"{part} run {flow_run.get_name()} at {sha[:12]}")
+    logger.info(
+        "%s ran %s from commit %s in %s; results on %s at %s",
+        part,
+        ", ".join(stages),
+        sha[:12],
+        root,
+        ref,
+        pushed[:12],
+    )
+    return {"part": part, "commit": sha, "ref": ref, "pushed": pushed, "clone": str(root)}
+
+
+def _apply_overrides(root: Path, overrides: dict[str, Any]) -> None:
+    """Write the overrides into the clone's params.yaml (refusing unknown keys): with the
+    checked-out commit's own params code, imported after the checkout."""
+    from tasks.params import apply_overrides
+
+    apply_overrides(root / "params.yaml", overrides)
+
+
+def _as_dict(overrides: ParamOverrides | None) -> dict[str, Any] | None:
+    return overrides.as_dict() if overrides else None
+
+
+@flow(name="data", log_prints=True)
+def team_data(
+    commit: str | None = None, ref: str | None = None, overrides: ParamOverrides | None = None
+) -> dict[str, Any]:
+    """ingest -> shard -> validate in this run's clone; results pushed to the run ref."""
+    return run_part("data", DATA_STAGES, commit, ref, _as_dict(overrides))
+
+
+@flow(name="training", log_prints=True)
+def team_training(commit: str | None = None, ref: str | None = None) -> dict[str, Any]:
+    """train -> evaluate (promotion included) on the shards of ``commit``'s dvc.lock."""
+    return run_part("training", TRAINING_STAGES, commit, ref, None)
+
+
+@flow(name="pipeline", log_prints=True)
+def team_pipeline(
+    commit: str | None = None, overrides: ParamOverrides | None = None
+) -> dict[str, Any]:
+    """``data/team`` on the cpu pool, then ``training/team`` on the gpu pool, one run ref."""
+    from prefect.client.schemas.objects import FlowRun
+    from prefect.deployments import run_deployment
+
+    logger = get_run_logger()
+    root = Path.cwd()
+    sha = resolve_commit(root, commit)
+    ref = run_ref(flow_run.get_name() or "run")
+    logger.info("pipeline run of commit %s; results go to %s", sha, ref)
+    parts: dict[str, Any] = {}
+    parameters: dict[str, Any] = {"commit": sha, "ref": ref, "overrides": _as_dict(overrides)}
+    for part in ("data", "training"):
+        child = run_deployment(f"{part}/team", parameters=parameters, timeout=None)
+        assert isinstance(child, FlowRun)  # called from a sync flow: already awaited
+        state = child.state
+        if state is None or not state.is_completed():
+            raise RuntimeError(f"{part}/team run {child.name} ended {state and state.name}")
+        head = git(root, "ls-remote", "origin", ref).split()
+        parts[part] = {"flow_run": child.name, "pushed": head[0] if head else None}
+        logger.info("%s/team run %s pushed %s", part, child.name, parts[part]["pushed"])
+        parameters = {"commit": parts[part]["pushed"], "ref": ref}
+    return {"commit": sha, "ref": ref, **parts}
+
+
+def list_run_refs(remote: str = "origin", cwd: Path | None = None) -> list[str]:
+    """The run refs on the git remote (``refs/heads/runs/*``)."""
+    listing = git(cwd or Path.cwd(), "ls-remote", remote, RUN_REF_PREFIX + "*")
+    return [line.split()[1] for line in listing.splitlines() if line.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m flows.team refs [--remote R] [--prune REF ...|--prune-all]``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m flows.team")
+    sub = parser.add_subparsers(dest="command", required=True)
+    refs = sub.add_parser("refs", help="list (or prune) the run refs on the git remote")
+    refs.add_argument("--remote", default="origin")
+    refs.add_argument("--prune", nargs="+", default=[], metavar="REF")
+    refs.add_argument("--prune-all", action="store_true")
+    args = parser.parse_args(argv)
+    existing = list_run_refs(args.remote)
+    wanted = (
+        existing
+        if args.prune_all
+        else [ref if ref.startswith(RUN_REF_PREFIX) else run_ref(ref) for ref in args.prune]
+    )
+    unknown = sorted(set(wanted) - set(existing))
+    if unknown:
+        print(f"not a run ref on {args.remote}: {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    for ref in wanted:
+        git(Path.cwd(), "push", "--quiet", args.remote, "--delete", ref)
+        print(f"pruned {ref}")
+    for ref in existing:
+        if ref not in wanted:
+            print(ref)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

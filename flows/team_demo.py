@@ -1,0 +1,282 @@
+"""``shardflow team-demo``: the team setup of ``prefect.yaml`` on one machine, for a newcomer.
+
+Starts, on 127.0.0.1 and free ports, everything a team has: a Prefect server, an S3 server
+(moto's standalone server: it speaks the S3 REST protocol and installs from the package
+registry, which MinIO's server does not), ``mlflow server`` with its artifacts on S3, a bare
+git remote, and two process workers (pools ``cpu`` and ``gpu``), each in an empty directory of
+its own with credentials in its environment only. It clones this repository's HEAD, adds tiny
+demo images under DVC, pushes them, deploys ``prefect.yaml``, runs ``pipeline/team`` through
+the workers, prints which flow run ran where and which run ref holds the results, then stops
+everything it started. Everything lives under ``.shardflow/team-demo/`` (removed first).
+
+The end-to-end test (tests/e2e/test_team.py) starts the same team with the same functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+# Throwaway credentials of the demo's own S3 server, handed to processes by environment only.
+DEMO_S3_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "shardflow-demo",
+    "AWS_SECRET_ACCESS_KEY": "shardflow-demo-secret",
+}
+BUCKET = "team"
+QUIET = {
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "DO_NOT_TRACK": "true",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DVC_NO_ANALYTICS": "1",
+    "TF_CPP_MIN_LOG_LEVEL": "2",
+}
+POOLS = ("cpu", "gpu")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def machine_env() -> dict[str, str]:
+    """What a fresh machine's environment holds: no PYTHONPATH, nothing of the user's clone;
+    the installed environment's executables on PATH."""
+    keep = ("PATH", "HOME", "LANG", "LC_ALL", "USER")
+    env = {k: os.environ[k] for k in keep if k in os.environ}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return {**env, **QUIET}
+
+
+def run(cmd: list[str], cwd: Path, env: dict[str, str]) -> str:
+    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"`{' '.join(cmd)}` failed in {cwd} (exit {result.returncode}):\n"
+            f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        )
+    return result.stdout
+
+
+@dataclass
+class Team:
+    """The started team: its addresses, directories and processes (stopped by ``stop``)."""
+
+    base: Path
+    s3_url: str = ""
+    tracking_url: str = ""
+    prefect_url: str = ""
+    bare: Path = Path()
+    workers: dict[str, Path] = field(default_factory=dict)
+    processes: list[tuple[str, subprocess.Popen[bytes], Path]] = field(default_factory=list)
+
+    def start(self, name: str, cmd: list[str], cwd: Path, env: dict[str, str]) -> None:
+        log = self.base / f"{name}.log"
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.processes.append((name, process, log))
+
+    def wait_http(self, url: str, timeout: float = 180) -> None:
+        name, process, log = self.processes[-1]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"{name} exited; see {log}:\n{log.read_text()[-3000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url, timeout=2).status_code < 500:
+                    return
+            time.sleep(0.5)
+        raise RuntimeError(f"{name} did not answer at {url} in {timeout:.0f} s; see {log}")
+
+    def stop(self) -> None:
+        """Stop every process this team started, newest first (each by its own group id)."""
+        for _, process, _ in reversed(self.processes):
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait(timeout=30)
+        self.processes.clear()
+
+    def log_tail(self, name: str, chars: int = 4000) -> str:
+        return "\n".join(
+            log.read_text(errors="replace")[-chars:] for n, _, log in self.processes if n == name
+        )
+
+
+def start_prefect(team: Team) -> None:
+    port = free_port()
+    team.prefect_url = f"http://127.0.0.1:{port}/api"
+    env = {**machine_env(), "PREFECT_HOME": str(team.base / "prefect-server")}
+    prefect = str(Path(sys.executable).with_name("prefect"))
+    cmd = [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+    team.start("prefect-server", cmd, team.base, env)
+    team.wait_http(f"{team.prefect_url}/health")
+
+
+def start_storage_and_tracking(team: Team) -> None:
+    """moto's S3 server with the bucket, then ``mlflow server`` with artifacts on S3."""
+    port = free_port()
+    team.s3_url = f"http://127.0.0.1:{port}"
+    moto = str(Path(sys.executable).with_name("moto_server"))
+    team.start("s3", [moto, "-H", "127.0.0.1", "-p", str(port)], team.base, machine_env())
+    team.wait_http(team.s3_url)
+    import boto3
+
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=team.s3_url,
+        region_name="us-east-1",
+        aws_access_key_id=DEMO_S3_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=DEMO_S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+    )
+    s3.create_bucket(Bucket=BUCKET)
+    port = free_port()
+    team.tracking_url = f"http://127.0.0.1:{port}"
+    env = {**machine_env(), **DEMO_S3_CREDENTIALS, "MLFLOW_S3_ENDPOINT_URL": team.s3_url}
+    cmd = [
+        *[sys.executable, "-m", "mlflow", "server"],
+        *["--backend-store-uri", f"sqlite:///{team.base / 'tracking.db'}"],
+        *["--artifacts-destination", f"s3://{BUCKET}/mlartifacts"],
+        *["--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+    ]
+    team.start("mlflow", cmd, team.base, env)
+    team.wait_http(f"{team.tracking_url}/health")
+
+
+def user_env(team: Team, root: Path) -> dict[str, str]:
+    """The user's shell in their clone: the servers, and the S3 credentials for DVC."""
+    return {
+        **machine_env(),
+        **DEMO_S3_CREDENTIALS,
+        "PYTHONPATH": str(root),
+        "PREFECT_API_URL": team.prefect_url,
+        "PREFECT_HOME": str(team.base / "prefect-user"),
+        "MLFLOW_TRACKING_URI": team.tracking_url,
+    }
+
+
+def publish(team: Team, root: Path, env: dict[str, str]) -> None:
+    """In the user's clone: raw images under DVC with an S3 remote, pushed; the repository
+    pushed to a new bare git remote; work pools created and ``prefect.yaml`` deployed."""
+    python = [sys.executable, "-m"]
+    ignore = root / ".gitignore"
+    ignore.write_text(ignore.read_text().replace("/data/demo/\n", ""))  # DVC tracks it now
+    run([*python, "dvc", "remote", "add", "-f", "-d", "team", f"s3://{BUCKET}/dvc"], root, env)
+    run([*python, "dvc", "remote", "modify", "team", "endpointurl", team.s3_url], root, env)
+    run([*python, "dvc", "add", "data/demo"], root, env)
+    run(["git", "add", "-A"], root, env)
+    run(["git", "commit", "-qm", "team: raw images under DVC, DVC remote on S3"], root, env)
+    run([*python, "dvc", "push"], root, env)
+    team.bare = team.base / "remote.git"
+    run(["git", "init", "-q", "--bare", "-b", "main", str(team.bare)], team.base, env)
+    run(["git", "remote", "add", "team", str(team.bare)], root, env)
+    run(["git", "push", "-q", "team", "HEAD:refs/heads/main"], root, env)
+    for pool in POOLS:
+        run([*python, "prefect", "work-pool", "create", pool, "--type", "process"], root, env)
+    run([*python, "prefect", "--no-prompt", "deploy", "--all"], root, env)
+
+
+def start_workers(team: Team) -> None:
+    """One process worker per pool, each in its own empty directory; its runs' clones go
+    under it (TMPDIR); the git remote, S3 and tracking credentials are in its environment."""
+    for pool in POOLS:
+        home = team.base / f"worker-{pool}"
+        (home / "tmp").mkdir(parents=True)
+        env = {
+            **machine_env(),
+            **DEMO_S3_CREDENTIALS,
+            "HOME": str(home),
+            "TMPDIR": str(home / "tmp"),
+            "PREFECT_HOME": str(home / ".prefect"),
+            "PREFECT_API_URL": team.prefect_url,
+            "MLFLOW_TRACKING_URI": team.tracking_url,
+            "SHARDFLOW_GIT_REMOTE": str(team.bare),
+            "SHARDFLOW_GIT_BRANCH": "main",
+        }
+        prefect = [sys.executable, "-m", "prefect"]
+        cmd = [*prefect, "worker", "start", "--pool", pool, "--type", "process"]
+        team.start(f"worker-{pool}", cmd, home, env)
+        team.workers[pool] = home
+
+
+@contextlib.contextmanager
+def started_team(base: Path, prefect_url: str | None = None) -> Iterator[Team]:
+    """Storage, tracking and (unless ``prefect_url`` names one) a Prefect server; stopped
+    on exit. Call ``publish`` and ``start_workers`` next."""
+    base.mkdir(parents=True, exist_ok=True)
+    team = Team(base=base)
+    try:
+        if prefect_url:
+            team.prefect_url = prefect_url
+        else:
+            start_prefect(team)
+        start_storage_and_tracking(team)
+        yield team
+    finally:
+        team.stop()
+
+
+def where_it_ran(api_url: str) -> list[Any]:
+    """Every flow run on the server (name, state, work pool), oldest first."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(limit=100)
+    return sorted(runs, key=lambda r: str(r.start_time or r.expected_start_time))
+
+
+def main() -> int:
+    repo = Path.cwd()
+    base = repo / ".shardflow" / "team-demo"
+    shutil.rmtree(base, ignore_errors=True)
+    with started_team(base) as team:
+        clone = base / "user"
+        env = user_env(team, clone)
+        head = run(["git", "rev-parse", "HEAD"], repo, env).strip()
+        run(["git", "clone", "-q", str(repo), str(clone)], base, env)
+        run(
+            ["git", "checkout", "-q", "-B", "main", head], clone, env
+        )  # the commit, not uncommitted edits
+        shutil.copy2(repo / "prefect.yaml", clone / "prefect.yaml")  # also when not committed
+        run([sys.executable, "-m", "tasks.demo_data", "data/demo", "--per-class", "30"], clone, env)
+        publish(team, clone, env)
+        start_workers(team)
+        where = ", ".join(map(str, team.workers.values()))
+        print(f"Prefect {team.prefect_url}, S3 {team.s3_url}, MLflow {team.tracking_url}")
+        print(f"git remote {team.bare}; workers in {where}", flush=True)
+        overrides = {"train": {"epochs": 1}, "shard": {"image_size": [32, 32]}}
+        cmd = [sys.executable, "-m", "prefect", "deployment", "run", "pipeline/team", "--watch"]
+        params = json.dumps({"overrides": overrides})
+        result = subprocess.run([*cmd, "--params", params], cwd=clone, env=env, check=False)
+        for flow_run in where_it_ran(team.prefect_url):
+            pool = flow_run.work_pool_name or "-"
+            worker = team.workers.get(pool, "-")
+            print(f"{flow_run.name:<40} {flow_run.state_name:<10} pool {pool:<4} {worker}")
+        print(run([sys.executable, "-m", "flows.team", "refs", "--remote", "team"], clone, env))
+        if result.returncode != 0:
+            for pool in POOLS:
+                print(team.log_tail(f"worker-{pool}"), file=sys.stderr)
+        return result.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""The team setup for real, on 127.0.0.1: the Prefect server, two process workers (pools
+``cpu`` and ``gpu``) each in an empty directory of its own, a bare git remote, an S3 server
+(moto) and ``mlflow server`` with its artifacts on S3 -- the team ``shardflow team-demo``
+starts (flows/team_demo.py). Two ``pipeline/team`` runs are started at once."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flows.team_demo import DEMO_S3_CREDENTIALS, Team, publish, start_workers, started_team
+from tests.e2e.conftest import REPO, Project, api_post, make_project, run
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def team(tmp_path: Path, prefect_server: str) -> Iterator[tuple[Team, Project]]:
+    """The team of ``shardflow team-demo`` on the session's Prefect server, and the user's
+    clone of the tiny project: images under DVC, pushed to S3 and to the git remote."""
+    with started_team(tmp_path / "team", prefect_url=prefect_server) as team:
+        user = tmp_path / "user"
+        user.mkdir()
+        proj = make_project(user, prefect_server)
+        shutil.copy2(REPO / "prefect.yaml", proj.root / "prefect.yaml")
+        proj.env = {**proj.env, **DEMO_S3_CREDENTIALS, "MLFLOW_TRACKING_URI": team.tracking_url}
+        publish(team, proj.root, proj.env)
+        start_workers(team)
+        yield team, proj
+
+
+def watch(proj: Project, params: dict[str, Any]) -> subprocess.Popen[str]:
+    cmd = [sys.executable, "-m", "prefect", "deployment", "run", "pipeline/team", "--watch"]
+    return subprocess.Popen(
+        [*cmd, "--params", json.dumps(params)],
+        cwd=proj.root,
+        env=proj.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def test_two_team_pipeline_runs_come_back_through_git_dvc_and_mlflow(
+    team: tuple[Team, Project], prefect_server: str, tmp_path: Path
+) -> None:
+    servers, proj = team
+    head = proj.run("git", "rev-parse", "HEAD").stdout.strip()
+    # Two runs started together: the first builds the branch head, the second names the
+    # commit and trains for 1 epoch instead of 2.
+    first = watch(proj, {})
+    second = watch(proj, {"commit": head, "overrides": {"train": {"epochs": 1}}})
+    outputs = [first.communicate(timeout=1800)[0], second.communicate(timeout=1800)[0]]
+    tails = servers.log_tail("worker-cpu") + servers.log_tail("worker-gpu")
+    assert first.returncode == 0 and second.returncode == 0, f"{outputs}\n{tails}"
+
+    # Each run left its own ref; the user's branch did not move.
+    listed = proj.run(sys.executable, "-m", "flows.team", "refs", "--remote", "team").stdout
+    refs = listed.split()
+    assert len(refs) == 2 and all(r.startswith("refs/heads/runs/") for r in refs), refs
+    assert proj.run("git", "ls-remote", "team", "refs/heads/main").stdout.split()[0] == head
+
+    # The runs queued (pipeline/team's concurrency limit of 1): one ended before the other began.
+    runs = api_post(prefect_server, "/flow_runs/filter", {"limit": 100})
+    pipelines = [r for r in runs if r["parent_task_run_id"] is None and r["name"] in listed]
+    assert len(pipelines) == 2 and all(r["state_type"] == "COMPLETED" for r in pipelines)
+    a, b = sorted(pipelines, key=lambda r: datetime.fromisoformat(r["start_time"]))
+    assert datetime.fromisoformat(a["end_time"]) <= datetime.fromisoformat(b["start_time"])
+    # Data runs on the cpu pool, training runs on the gpu pool, each importing its code from
+    # a clone under its own worker's directory, never from the user's clone.
+    seen: dict[str, list[Path]] = {"cpu": [], "gpu": []}
+    for child in runs:
+        pool = child.get("work_pool_name")
+        if child["parent_task_run_id"] is None or pool not in seen:
+            continue
+        body = {"logs": {"flow_run_id": {"any_": [child["id"]]}}, "limit": 200}
+        for line in api_post(prefect_server, "/logs/filter", body):
+            if line["message"].startswith("code from "):
+                seen[pool] += [Path(p) for p in line["message"].split()[2::2]]
+    for pool, paths in seen.items():
+        assert len(paths) == 4, (pool, paths)  # two runs x (flow module, project code)
+        assert all(p.is_relative_to(servers.workers[pool]) for p in paths), (pool, paths)
+
+    # A local run of the same commit, in a clone of its own: the fingerprint to compare with.
+    local_root = tmp_path / "local"
+    run(["git", "clone", "-q", str(servers.bare), str(local_root)], tmp_path, proj.env)
+    local = Project(local_root, {**proj.env, "PYTHONPATH": str(local_root)})
+    local.dvc("pull", "data/demo.dvc")
+    lock = [sys.executable, "-m", "tasks.workspace_lock", "--"]
+    local.run(*lock, sys.executable, "-m", "dvc", "repro", "validate")
+    local_fp = json.loads((local_root / "data/shards/manifest.json").read_text())["fingerprint"]
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=servers.tracking_url)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    for ref in refs:
+        # In the user's clone: fetch the run's ref, dvc pull, and the shards are the local
+        # run's, and DVC finds everything current.
+        proj.run("git", "fetch", "-q", "team", ref)
+        proj.run("git", "checkout", "-q", "--detach", "FETCH_HEAD")
+        shutil.rmtree(proj.root / "data" / "shards", ignore_errors=True)
+        proj.dvc("pull")
+        manifest = json.loads((proj.root / "data/shards/manifest.json").read_text())
+        assert manifest["fingerprint"] == local_fp
+        status = proj.dvc("status", "--json").stdout
+        assert json.loads(status or "{}") == {}, status
+        # The ref sits on the built commit; the training run's lineage names the data run's
+        # commit (the ref's parent) and the same shards.
+        assert proj.run("git", "merge-base", "--is-ancestor", head, "HEAD").returncode == 0
+        data_commit = proj.run("git", "rev-parse", "HEAD^").stdout.strip()
+        found = client.search_runs(experiments, f"tags.`git.commit` = '{data_commit}'")
+        assert found, f"no MLflow run of commit {data_commit} on the tracking server"
+        assert {r.data.tags["data.fingerprint"] for r in found} == {local_fp}
+    versions = client.search_model_versions("name = 'shardflow'")
+    assert len(versions) == 2  # one registered version per run
+    champion = client.get_model_version_by_alias("shardflow", "champion")
+    assert champion.version in {v.version for v in versions}
+    # Model artifacts went through the tracking server to S3.
+    import boto3
+
+    keys = DEMO_S3_CREDENTIALS
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=servers.s3_url,
+        region_name="us-east-1",
+        aws_access_key_id=keys["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=keys["AWS_SECRET_ACCESS_KEY"],
+    )
+    listing = s3.list_objects_v2(Bucket="team", Prefix="mlartifacts/")
+    assert listing.get("KeyCount", 0) > 0

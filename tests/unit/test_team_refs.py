@@ -1,0 +1,114 @@
+"""Run refs of the team deployments (flows/team.py) against real git repositories: results go
+to ``refs/heads/runs/<run>`` without force, never to the user's branch; refs list and prune."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from flows import team
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=cwd, check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+@pytest.fixture
+def remote_and_clone(tmp_path: Path) -> tuple[Path, Path]:
+    """A bare remote with one commit on main, and a worker's clone of it."""
+    user = tmp_path / "user"
+    user.mkdir()
+    git(user, "init", "-q", "-b", "main")
+    git(user, "config", "user.email", "u@x.invalid")
+    git(user, "config", "user.name", "u")
+    (user / "dvc.lock").write_text("schema: '2.0'\n")
+    (user / "dvc.yaml").write_text(
+        "stages:\n  evaluate:\n    cmd: x\n    outs:\n      - models/model.keras\n"
+        "      - data/accepted.json:\n          cache: false\n"
+        "    metrics:\n      - metrics/eval.json:\n          cache: false\n"
+    )
+    git(user, "add", "-A")
+    git(user, "commit", "-qm", "base")
+    bare = tmp_path / "remote.git"
+    git(tmp_path, "init", "-q", "--bare", "-b", "main", str(bare))
+    git(user, "push", "-q", str(bare), "main")
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", "--depth", "1", str(bare), str(clone))
+    return bare, clone
+
+
+def test_run_ref_names_the_run_and_refuses_an_empty_name() -> None:
+    assert team.run_ref("beryl-lemming") == "refs/heads/runs/beryl-lemming"
+    assert team.run_ref("a b/../c") == "refs/heads/runs/a-b-..-c"
+    with pytest.raises(ValueError, match="empty ref name"):
+        team.run_ref("///")
+
+
+def test_empty_commit_resolves_to_the_branch_head_on_the_remote(
+    remote_and_clone: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bare, clone = remote_and_clone
+    monkeypatch.setenv(team.BRANCH_ENV, "main")
+    head = git(bare, "rev-parse", "main")
+    assert team.resolve_commit(clone, None) == head
+    assert team.resolve_commit(clone, head) == head
+    assert team.resolve_commit(clone, "main") == head  # a branch name is fetched too
+    with pytest.raises(ValueError, match="full commit id"):
+        team.resolve_commit(clone, head[:10])
+    monkeypatch.setenv(team.BRANCH_ENV, "no-such-branch")
+    with pytest.raises(ValueError, match="no-such-branch"):
+        team.resolve_commit(clone, None)
+
+
+def test_results_go_to_the_run_ref_only_and_never_by_force(
+    remote_and_clone: tuple[Path, Path], tmp_path: Path
+) -> None:
+    bare, clone = remote_and_clone
+    main_before = git(bare, "rev-parse", "main")
+    (clone / "dvc.lock").write_text("schema: '2.0'\nstages: {}\n")
+    (clone / "metrics").mkdir()
+    (clone / "metrics" / "eval.json").write_text("{}\n")
+    (clone / "stray.txt").write_text("not a result\n")
+    (clone / "data").mkdir()
+    (clone / "data" / "accepted.json").write_text("{}\n")
+    (clone / "models").mkdir()
+    (clone / "models" / "model.keras").write_text("cached by DVC, not git\n")
+    ref = team.run_ref("one")
+    pushed = team.commit_results(clone, ref, "data run one")
+    assert git(bare, "rev-parse", ref) == pushed
+    assert git(bare, "rev-parse", "main") == main_before  # the user's branch is untouched
+    files = git(bare, "ls-tree", "-r", "--name-only", ref).split()
+    # the results DVC leaves to git, not a stray file nor a DVC-cached output
+    assert files == ["data/accepted.json", "dvc.lock", "dvc.yaml", "metrics/eval.json"]
+    # Another clone that did not start from the ref's head cannot move it (no force).
+    other = tmp_path / "other"
+    git(tmp_path, "clone", "-q", str(bare), str(other))
+    (other / "dvc.lock").write_text("schema: '2.0'\nstages: {x: {}}\n")
+    with pytest.raises(RuntimeError, match="push"):
+        team.commit_results(other, ref, "a diverged run")
+    assert git(bare, "rev-parse", ref) == pushed
+
+
+def test_refs_command_lists_and_prunes_run_refs_only(
+    remote_and_clone: tuple[Path, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    bare, clone = remote_and_clone
+    for name in ("one", "two"):
+        team.commit_results(clone, team.run_ref(name), f"run {name}")
+    monkeypatch.chdir(clone)
+    assert team.main(["refs"]) == 0
+    assert capsys.readouterr().out.split() == ["refs/heads/runs/one", "refs/heads/runs/two"]
+    assert team.main(["refs", "--prune", "one", "main"]) == 2  # main is no run ref
+    assert "refs/heads/runs/main" in capsys.readouterr().err
+    assert team.list_run_refs() == ["refs/heads/runs/one", "refs/heads/runs/two"]
+    assert team.main(["refs", "--prune", "one"]) == 0
+    assert team.list_run_refs() == ["refs/heads/runs/two"]
+    assert team.main(["refs", "--prune-all"]) == 0
+    assert team.list_run_refs() == []
+    assert git(bare, "rev-parse", "main")  # the user's branch stays
