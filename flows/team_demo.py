@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -31,9 +32,11 @@ from typing import Any
 import httpx
 
 # Throwaway credentials of the demo's own S3 server, handed to processes by environment only.
+# Made for each demo (the local S3 server takes any keys): no key is written in the repository,
+# and each process of the demo gets them through its environment.
 DEMO_S3_CREDENTIALS = {
-    "AWS_ACCESS_KEY_ID": "shardflow-demo",
-    "AWS_SECRET_ACCESS_KEY": "shardflow-demo-secret",
+    "AWS_ACCESS_KEY_ID": f"demo-{secrets.token_hex(4)}",
+    "AWS_SECRET_ACCESS_KEY": secrets.token_hex(16),
 }
 BUCKET = "team"
 QUIET = {
