@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -99,3 +100,26 @@ def trained_project(tmp_path_factory: pytest.TempPathFactory) -> object:
 
 # -- object storage: a real moto S3 server on a free loopback port (tests/s3_server.py) -----
 from tests.s3_server import s3_server, s3_server_session  # noqa: E402, F401
+
+
+@pytest.fixture(autouse=True)
+def project_code_stays_this_checkouts() -> Iterator[None]:
+    """Loading a logged model puts its copy of ``tasks/`` first on ``sys.path`` and imports
+    from it (MLflow's ``code_paths``), in a test or a session fixture: after every test, only
+    this checkout's code stays, or later tests (and the processes they spawn, which inherit
+    ``sys.path``) run a model's copy."""
+    yield
+    sys.path[:] = [entry for entry in sys.path if not foreign_code(entry)]
+    for name, module in list(sys.modules.items()):
+        where = getattr(module, "__file__", None) or ""
+        if name.split(".")[0] in ("tasks", "flows") and not where.startswith(str(CHECKOUT)):
+            del sys.modules[name]
+
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+def foreign_code(entry: str) -> bool:
+    """A ``sys.path`` entry holding another copy of the project's ``tasks`` package."""
+    folder = Path(entry or ".").resolve()
+    return folder != CHECKOUT and (folder / "tasks" / "__init__.py").is_file()

@@ -13,7 +13,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -26,25 +25,6 @@ from tasks.serve import RequestSizeLimit
 from tests.e2e.conftest import free_port
 from tests.unit.test_images import EPS
 from tests.unit.test_predict import png_bytes, spec_for, tiny_keras_model
-
-
-@pytest.fixture(autouse=True)
-def project_code_stays_this_checkouts() -> Iterator[None]:
-    """Loading a logged model puts its copy of ``tasks/`` first on ``sys.path`` and imports
-    from it (MLflow's ``code_paths``); put the checkout's back, or later tests (and the
-    processes they spawn, which inherit ``sys.path``) run the model's copy."""
-    path = list(sys.path)
-    modules = {name: module for name, module in sys.modules.items() if is_project(name)}
-    yield
-    sys.path[:] = path
-    for name in [name for name in sys.modules if is_project(name)]:
-        del sys.modules[name]
-    sys.modules.update(modules)
-
-
-def is_project(name: str) -> bool:
-    return name.split(".")[0] in ("tasks", "flows")
-
 
 ROOT = Path(__file__).parents[2]
 
