@@ -18,7 +18,7 @@ import shutil
 import tempfile
 from array import array
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from hashlib import blake2b
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -396,16 +396,7 @@ def compute(
         sizes_after.add(new)
     classes_before = sorted(count_before)
     classes = list(manifest.classes) + [c for c in classes_before if c not in manifest.classes]
-    share_before, share_after = _shares(count_before), _shares(count_after)
-    shares = {
-        c: {
-            "before": round(share_before.get(c, 0.0), 6),
-            "after": round(share_after.get(c, 0.0), 6),
-            "shift": round(share_after.get(c, 0.0) - share_before.get(c, 0.0), 6),
-        }
-        for c in classes
-    }
-    largest = max(shares.items(), key=lambda kv: (abs(kv[1]["shift"]), kv[0]), default=None)
+    shares, largest = class_shares(count_before, count_after, classes)
     returned = list(duplicates or [])
     return {
         "mode": mode,
@@ -421,9 +412,7 @@ def compute(
         "moved_total": moved_total,
         "new_classes": [c for c in manifest.classes if c not in classes_before] if known else [],
         "class_share": shares,
-        "largest_share_shift": (
-            {"class": largest[0], "shift": largest[1]["shift"]} if largest else None
-        ),
+        "largest_share_shift": largest,
         "image_size": {"before": sizes_before.quantiles(), "after": sizes_after.quantiles()},
         "duplicates": returned,
         "duplicate_count": len(returned),
@@ -469,7 +458,26 @@ def summary_markdown(diff: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _shares(counts: Counter[str]) -> dict[str, float]:
+def class_shares(
+    before: Mapping[str, int], after: Mapping[str, int], classes: Iterable[str]
+) -> tuple[dict[str, dict[str, float]], dict[str, Any] | None]:
+    """Each class's share of the records before and after, and its shift (rounded to 6
+    places), with the largest shift (``{"class", "shift"}``, ties to the later class name;
+    None without classes). The data gate and the shard diff both report these."""
+    share_before, share_after = _shares(before), _shares(after)
+    shares = {
+        c: {
+            "before": round(share_before.get(c, 0.0), 6),
+            "after": round(share_after.get(c, 0.0), 6),
+            "shift": round(share_after.get(c, 0.0) - share_before.get(c, 0.0), 6),
+        }
+        for c in classes
+    }
+    largest = max(shares.items(), key=lambda kv: (abs(kv[1]["shift"]), kv[0]), default=None)
+    return shares, ({"class": largest[0], "shift": largest[1]["shift"]} if largest else None)
+
+
+def _shares(counts: Mapping[str, int]) -> dict[str, float]:
     total = sum(counts.values())
     return {c: n / total for c, n in counts.items()} if total else {}
 

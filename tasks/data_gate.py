@@ -24,6 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tasks.atomic import write_json, write_text
+from tasks.data_diff import class_shares
 from tasks.manifest import SPLITS, ShardManifest, load_manifest
 
 RECORD_FORMAT = 1
@@ -111,16 +112,7 @@ def compare(accepted: AcceptedVersion | None, current: DataVersion) -> dict[str,
     before = accepted.counts() if accepted else {}
     after = current.counts()
     classes = list(after) + sorted(c for c in before if c not in after)
-    share_before, share_after = _shares(before), _shares(after)
-    shares = {
-        c: {
-            "before": round(share_before.get(c, 0.0), 6),
-            "after": round(share_after.get(c, 0.0), 6),
-            "shift": round(share_after.get(c, 0.0) - share_before.get(c, 0.0), 6),
-        }
-        for c in classes
-    }
-    largest = max(shares.items(), key=lambda kv: (abs(kv[1]["shift"]), kv[0]), default=None)
+    shares, largest = class_shares(before, after, classes)
     old = accepted.class_counts if accepted else {}
     return {
         "fingerprint": current.fingerprint,
@@ -141,9 +133,7 @@ def compare(accepted: AcceptedVersion | None, current: DataVersion) -> dict[str,
         "new_classes": [c for c in after if c not in before] if accepted else [],
         "removed_classes": [c for c in before if c not in after],
         "class_share": shares,
-        "largest_share_shift": (
-            {"class": largest[0], "shift": largest[1]["shift"]} if largest else None
-        ),
+        "largest_share_shift": largest,
     }
 
 
@@ -304,8 +294,3 @@ def summary_markdown(diff: dict[str, Any]) -> str:
         )
     lines += ["", "Changes image by image, and image sizes: `reports/shard_changes.md`."]
     return "\n".join(lines) + "\n"
-
-
-def _shares(counts: dict[str, int]) -> dict[str, float]:
-    total = sum(counts.values())
-    return {c: n / total for c, n in counts.items()} if total else {}
