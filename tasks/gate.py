@@ -40,12 +40,9 @@ def check_validated(shards_dir: str | Path, validation_report: str | Path) -> Sh
         manifest = load_manifest(shards_dir)
     except (FileNotFoundError, ValueError) as error:
         raise ShardsNotValidated(f"{error}; {FIX}") from error
-    if report.get("fingerprint") != manifest.fingerprint:
-        raise ShardsNotValidated(
-            f"shards in {shards_dir} changed since validation: manifest fingerprint "
-            f"{manifest.fingerprint[:12]} but {report_path} validated "
-            f"{str(report.get('fingerprint'))[:12]}; {FIX}"
-        )
+    same_fingerprint(
+        report, manifest, report_path, f"shards in {shards_dir} changed since validation", FIX
+    )
     for info in manifest.splits.values():
         for shard in info.shards:
             problem = shard_problem(shards_dir / shard.file, shard.bytes, shard.sha256)
@@ -72,13 +69,26 @@ def check_validated_store(store: ShardStore, validation_report: str | Path) -> S
         manifest = store.manifest()
     except (ShardStoreError, ValueError) as error:
         raise ShardsNotValidated(f"{error}; {FIX}") from error
+    same_fingerprint(
+        report,
+        manifest,
+        report_path,
+        f"shards at {store.url} are not the validated ones",
+        "publish the validated shard set there",
+    )
+    return manifest
+
+
+def same_fingerprint(
+    report: dict[str, Any], manifest: ShardManifest, report_path: Path, what: str, fix: str
+) -> None:
+    """Refuse (``ShardsNotValidated``: ``what``, both fingerprints, ``fix``) unless the
+    report validated this manifest's fingerprint."""
     if report.get("fingerprint") != manifest.fingerprint:
         raise ShardsNotValidated(
-            f"shards at {store.url} are not the validated ones: manifest fingerprint "
-            f"{manifest.fingerprint[:12]} but {report_path} validated "
-            f"{str(report.get('fingerprint'))[:12]}; publish the validated shard set there"
+            f"{what}: manifest fingerprint {manifest.fingerprint[:12]} but {report_path} "
+            f"validated {str(report.get('fingerprint'))[:12]}; {fix}"
         )
-    return manifest
 
 
 def passing_report(report_path: Path) -> dict[str, Any]:
