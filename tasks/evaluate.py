@@ -46,6 +46,7 @@ from tasks.promotion import (
 from tasks.reader import read_split
 from tasks.schema import IMAGE_KEY, LABEL_KEY, SOURCE_KEY
 from tasks.shard_store import open_store
+from tasks.sheets import plot_image_sheet
 from tasks.tracking import champion_version
 
 if TYPE_CHECKING:
@@ -292,24 +293,15 @@ def plot_confusion(matrix: np.ndarray, classes: list[str], path: Path) -> None:
 
 def plot_misclassified(wrong: list[dict[str, Any]], classes: list[str], path: Path) -> None:
     """A grid of misclassified test images, titled true -> predicted (or a 'none' note)."""
-    from matplotlib.figure import Figure
-
-    columns = 4
-    rows = max(1, -(-len(wrong) // columns))
-    figure = Figure(figsize=(3 * columns, 3 * rows))
-    axes = np.atleast_1d(figure.subplots(rows, columns)).ravel()
-    for axis in axes:
-        axis.axis("off")
-    if not wrong:
-        axes[0].text(0.5, 0.5, "no misclassified test images", ha="center", va="center")
-    for axis, item in zip(axes, wrong, strict=False):
-        axis.imshow(item["image"])
-        axis.set_title(
+    tiles = [
+        (
+            item["image"],
             f"{classes[item['label']]} -> {classes[item['predicted']]}\n"
             f"{Path(item['source']).name}",
-            fontsize=8,
         )
-    figure.savefig(path, dpi=80, bbox_inches="tight")
+        for item in wrong
+    ]
+    plot_image_sheet(tiles, "no misclassified test images", path)
 
 
 # -- registry ------------------------------------------------------------------------------

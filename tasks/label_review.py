@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from tasks.sheets import plot_image_sheet
+
 LABEL_ISSUE_COLUMNS = ("split", "path", "given_label", "suggested_label", "score")
 SHEET_ROWS_SHOWN = 16
 REVIEWED_SPLITS = ("val", "test")
@@ -101,22 +103,13 @@ def plot_label_sheet(
     rows: Sequence[dict[str, Any]], images: dict[tuple[str, str], np.ndarray], path: Path
 ) -> None:
     """A grid of the most suspect records' shard pixels, titled given -> suggested."""
-    from matplotlib.figure import Figure
-
-    shown = [row for row in rows[:SHEET_ROWS_SHOWN] if (row["split"], row["path"]) in images]
-    columns = 4
-    grid_rows = max(1, -(-len(shown) // columns))
-    figure = Figure(figsize=(3 * columns, 3 * grid_rows))
-    axes = np.atleast_1d(figure.subplots(grid_rows, columns)).ravel()
-    for axis in axes:
-        axis.axis("off")
-    if not shown:
-        axes[0].text(0.5, 0.5, "no likely label errors found", ha="center", va="center")
-    for axis, row in zip(axes, shown, strict=False):
-        axis.imshow(images[(row["split"], row["path"])])
-        axis.set_title(
+    tiles = [
+        (
+            images[(row["split"], row["path"])],
             f"{row['given_label']} -> {row['suggested_label']} ({row['score']:.2f})\n"
             f"{row['split']}: {Path(row['path']).name}",
-            fontsize=8,
         )
-    figure.savefig(path, dpi=80, bbox_inches="tight")
+        for row in rows[:SHEET_ROWS_SHOWN]
+        if (row["split"], row["path"]) in images
+    ]
+    plot_image_sheet(tiles, "no likely label errors found", path)
