@@ -61,6 +61,7 @@ from tasks.train_cluster import (
     is_chief,
     num_workers,
     strategy_name,
+    worker_name,
 )
 
 FINE_TUNE_LR_FACTOR = 0.1  # fine-tuning a pretrained backbone wants a much smaller step
@@ -515,7 +516,7 @@ def train(
     steps_per_epoch(params, manifest, shards_dir)  # refuses a batch larger than the split
     check_distributable(params, manifest, strategy)
     identity = backup_identity(params, manifest.fingerprint)
-    dirs = BackupDirs.for_worker(backup_dir, chief=chief)
+    dirs = BackupDirs.for_worker(backup_dir, chief=chief, worker=worker_name(strategy))
     stored = None
     if chief:
         stored, _ = claim_backup(backup_dir, identity)  # run_train may have claimed it already

@@ -20,7 +20,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -124,10 +123,16 @@ class BackupDirs:
     write: Path
 
     @classmethod
-    def for_worker(cls, backup_dir: Path, *, chief: bool) -> BackupDirs:
+    def for_worker(cls, backup_dir: Path, *, chief: bool, worker: str = "worker") -> BackupDirs:
+        """The chief writes the backup; every other worker (named ``worker``, e.g.
+        ``worker-1``) writes a scratch copy nobody reads, beside the backup and inside the
+        repository (never the system's temporary folder), emptied as the worker starts: what
+        a killed worker left is gone with its next start, and it never outlives the clone."""
         if chief:
             return cls(backup_dir, backup_dir)
-        return cls(backup_dir, Path(tempfile.mkdtemp(prefix="shardflow-worker-backup-")))
+        scratch = backup_dir.with_name(f"{backup_dir.name}-scratch") / worker
+        shutil.rmtree(scratch, ignore_errors=True)
+        return cls(backup_dir, scratch)
 
     def phase(self, name: str) -> BackupDirs:
         return BackupDirs(self.read / name, self.write / name)

@@ -80,6 +80,14 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
     return resolver.task_type == "worker" and resolver.task_id == 0 and not has_chief
 
 
+def worker_name(strategy: tf.distribute.Strategy) -> str:
+    """This worker's cluster name (``worker-1``), ``worker`` outside a cluster."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not resolver.task_type:
+        return "worker"
+    return f"{resolver.task_type}-{resolver.task_id}"
+
+
 def strategy_name(strategy: tf.distribute.Strategy) -> str:
     """The strategy's public name (TensorFlow's multi-worker class is named otherwise)."""
     import tensorflow as tf

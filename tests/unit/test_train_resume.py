@@ -30,6 +30,7 @@ from tasks.train import (
     run_train,
     write_identity,
 )
+from tasks.train_backup import BackupDirs
 from tests.unit.test_train_core import NO_AUGMENT, KillAfterEpoch, run
 
 LR_A, LR_B = 0.003, 0.001
@@ -111,6 +112,21 @@ def test_matching_backup_is_kept_with_its_run_id(tmp_path: Path) -> None:
     stored, reasons = claim_backup(backup, identity)
     assert reasons == [] and stored is not None and stored["mlflow_run_id"] == "run-123"
     assert (backup / IDENTITY_NAME).exists()
+
+
+def test_a_workers_scratch_backup_stays_in_the_repository_and_a_killed_ones_is_emptied(
+    tmp_path: Path,
+) -> None:
+    backup = tmp_path / ".shardflow" / "train_backup"
+    chief = BackupDirs.for_worker(backup, chief=True, worker="worker-0")
+    assert chief.read == chief.write == backup
+    first = BackupDirs.for_worker(backup, chief=False, worker="worker-1")
+    assert first.read == backup and first.write.is_relative_to(tmp_path / ".shardflow")
+    (first.write / "main").mkdir(parents=True)
+    (first.write / "main" / "weights.h5").write_bytes(b"left by a killed worker")
+    again = BackupDirs.for_worker(backup, chief=False, worker="worker-1")
+    assert again.write == first.write and not again.write.exists()
+    assert BackupDirs.for_worker(backup, chief=False, worker="worker-2").write != first.write
 
 
 # -- the stage: MLflow run follows the backup ---------------------------------------------
