@@ -26,7 +26,7 @@ import os
 import tempfile
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,23 +95,46 @@ def upload_sources(
     """Upload each source image ``specs`` need that the staging prefix does not hold yet,
     read from the stage's source folder and checked against its ingest sha256.
 
-    Returns (uploaded, needed): distinct images uploaded now and needed in all."""
+    Streams: records are read from the specs as they go, at most a few uploads wait at a
+    time, and only digests (32 bytes each) are kept. Returns (uploaded, needed): distinct
+    images uploaded now and needed in all."""
     client = client or s3_client()
-    present = set(_keys(client, staging.bucket, staging.source_key("")))
-    needed: dict[str, tuple[str, ShardRecord]] = {}
-    for spec in specs:
-        for record in spec.records:
-            needed.setdefault(record.sha256, (spec.source_dir, record))
-    missing = [needed[sha] for sha in needed if staging.source_key(sha) not in present]
+    prefix = staging.source_key("")
+    present = {_digest(key.removeprefix(prefix)) for key in _keys(client, staging.bucket, prefix)}
+    seen: set[bytes] = set()
+    uploaded = 0
 
-    def upload(item: tuple[str, ShardRecord]) -> None:
-        source_dir, record = item
+    def upload(source_dir: str, record: ShardRecord) -> None:
         body = read_source(source_dir, record)  # checked: a changed file is refused by path
         client.put_object(Bucket=staging.bucket, Key=staging.source_key(record.sha256), Body=body)
 
-    with ThreadPoolExecutor(UPLOAD_THREADS) as uploads:
-        list(uploads.map(upload, missing))
-    return len(missing), len(needed)
+    with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
+        waiting: set[Future[None]] = set()
+        for spec in specs:
+            for record in spec.records:
+                digest = _digest(record.sha256)
+                if digest in seen:
+                    continue
+                seen.add(digest)
+                if digest in present:
+                    continue
+                waiting.add(pool.submit(upload, spec.source_dir, record))
+                uploaded += 1
+                if len(waiting) >= 4 * UPLOAD_THREADS:
+                    done, waiting = wait(waiting, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        future.result()  # the first failure stops the upload
+        for future in waiting:
+            future.result()
+    return uploaded, len(seen)
+
+
+def _digest(sha256: str) -> bytes:
+    """A sha256 as its 32 bytes (a hex string costs three times the memory); b"" if not one."""
+    try:
+        return bytes.fromhex(sha256)
+    except ValueError:
+        return b""
 
 
 def staged_source_reader(staging: Staging, client: Any) -> Callable[[ShardRecord], bytes]:

@@ -193,3 +193,39 @@ def test_staged_runs_remove_their_shard_objects_and_keep_the_sources(
     ]
     with staged_run(params.model_copy(update={"runner": "local"})) as staging:
         assert staging is None  # local workers read the source folder themselves
+
+
+def test_sources_go_up_once_each_and_a_file_changed_since_ingest_is_refused(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    """Each needed source is uploaded once (a second run finds them all there) and read back
+    by sha256; a source file whose bytes changed since ingest is refused naming its path,
+    and a source the prefix lacks is an error naming the file."""
+    from tasks.ingest import run_ingest
+    from tasks.shard import Staging, StagingError, plan_shards, upload_sources
+    from tasks.shard.staging import staged_source_reader
+    from tests.conftest import write_image_folder
+
+    source = write_image_folder(tmp_path / "images", per_class=3)
+    splits = {"train": 0.5, "val": 0.25, "test": 0.25}
+    ingest = default_params(ingest={"source_dir": str(source), "splits": splits, "workers": 1})
+    run_ingest(ingest.ingest, tmp_path / "index.json", tmp_path / "ingest.json")
+    params = default_params(shard={"image_size": [16, 16], "target_shard_mb": 0.002}).shard
+    plan = plan_shards(params, tmp_path / "index.json")
+    records = [record for spec in plan for record in spec.records]
+    staging = Staging(s3_server.url("st"), "run-1")
+
+    assert upload_sources(staging, plan) == (len(records), len(records)) == (9, 9)
+    assert upload_sources(staging, plan) == (0, 9)
+    read = staged_source_reader(staging, s3_server.client())
+    assert read(records[0]) == (source / records[0].path).read_bytes()
+
+    changed = records[1]
+    s3_server.client().delete_object(  # type: ignore[attr-defined]
+        Bucket=s3_server.bucket, Key=staging.source_key(changed.sha256)
+    )
+    with pytest.raises(StagingError, match=re.escape(f"source {changed.path}: no staged object")):
+        read(changed)
+    (source / changed.path).write_bytes(b"edited after ingest")
+    with pytest.raises(ValueError, match=re.escape(f"{source / changed.path}: content changed")):
+        upload_sources(staging, plan)
