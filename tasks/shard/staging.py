@@ -25,8 +25,9 @@ import hashlib
 import os
 import tempfile
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ from tasks.shard.writing import write_shard
 from tasks.shard_store import s3_client, split_url
 
 UPLOAD_THREADS = 8  # source uploads in flight: small files are bound by round trips, not bytes
+READ_AHEAD = 8  # a worker's source GETs in flight (and sources held), per Dask thread
 _CHUNK = 1 << 20  # shards come down in 1 MiB pieces, hashed as they arrive
 
 
@@ -165,14 +167,37 @@ def write_staged_batch(specs: list[ShardSpec], staging: Staging) -> list[ShardFi
     client = s3_client()
     read = staged_source_reader(staging, client)
     results = []
-    with tempfile.TemporaryDirectory(prefix="shardflow-staged-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="shardflow-staged-") as tmp,
+        ThreadPoolExecutor(READ_AHEAD) as pool,
+    ):
         for spec in specs:
-            result = write_shard(spec, Path(tmp), read)
+            result = write_shard(spec, Path(tmp), read_ahead(read, spec.records, pool))
             path = Path(tmp) / spec.file
             client.upload_file(str(path), staging.bucket, staging.shard_key(spec.file))
             path.unlink()
             results.append(result)
     return results
+
+
+def read_ahead(
+    read: Callable[[ShardRecord], bytes], records: Iterable[ShardRecord], pool: Executor
+) -> Callable[[ShardRecord], bytes]:
+    """``read`` for records asked for in the order of ``records``, each fetched in ``pool``
+    up to :data:`READ_AHEAD` records before it is asked for: a GET's round trip (tens of
+    milliseconds on S3, hundreds of records a shard) overlaps the decoding of the ones
+    before it instead of adding to it."""
+    upcoming = iter(records)
+    fetching: deque[tuple[ShardRecord, Future[bytes]]] = deque()
+
+    def next_record(record: ShardRecord) -> bytes:
+        while len(fetching) < READ_AHEAD and (ahead := next(upcoming, None)) is not None:
+            fetching.append((ahead, pool.submit(read, ahead)))
+        if not fetching or fetching[0][0] is not record:
+            raise RuntimeError(f"source {record.path}: asked for out of the shard's order")
+        return fetching.popleft()[1].result()
+
+    return next_record
 
 
 def fetch_shard(

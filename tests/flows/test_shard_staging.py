@@ -229,3 +229,34 @@ def test_sources_go_up_once_each_and_a_file_changed_since_ingest_is_refused(
     (source / changed.path).write_bytes(b"edited after ingest")
     with pytest.raises(ValueError, match=re.escape(f"{source / changed.path}: content changed")):
         upload_sources(staging, plan)
+
+
+def test_a_worker_fetches_the_next_sources_while_it_decodes_one() -> None:
+    """Sources come back in the shard's order, each fetch sent up to READ_AHEAD records
+    before it is asked for (never more), so S3 round trips overlap decoding; a record asked
+    for out of order is refused."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    from tasks.shard import ShardRecord
+    from tasks.shard.staging import READ_AHEAD, read_ahead
+
+    records = [ShardRecord(f"c/{i}.png", 0, f"{i:064x}") for i in range(3 * READ_AHEAD)]
+    sent: list[str] = []
+
+    class Counting(ThreadPoolExecutor):
+        def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
+            sent.append(args[0].path)
+            return super().submit(fn, *args, **kwargs)
+
+    with Counting(READ_AHEAD) as pool:
+        next_source = read_ahead(lambda record: record.path.encode(), records, pool)
+        got = []
+        for n, record in enumerate(records):
+            got.append(next_source(record))
+            assert len(sent) == min(len(records), n + READ_AHEAD)
+        assert got == [r.path.encode() for r in records]
+        assert sent == [r.path for r in records]
+
+        other = read_ahead(lambda record: b"", records, pool)
+        with pytest.raises(RuntimeError, match=re.escape("source c/1.png: asked for out of")):
+            other(records[1])
