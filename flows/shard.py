@@ -54,6 +54,7 @@ from tasks.layout import Layout
 from tasks.manifest import ShardFile
 from tasks.params import ShardParams, load_params
 from tasks.processes import dismiss_prestarted
+from tasks.shard_store import s3_client
 
 # Shards per Prefect task: each task run costs a run record and state events that the
 # Prefect server processes (about 40 ms of its CPU, taken from the workers on a small
@@ -130,8 +131,9 @@ def runner_writer(
         total = len(specs) if isinstance(specs, Sized) else 0
         progress = Progress("shard-progress", f"shards written of {total or '?'} to write")
         pool = local.for_shards(specs) if local is not None else None
+        client = s3_client() if staging is not None else None  # one for every transfer
         if staging is not None:
-            uploaded, needed = shard.upload_sources(staging, specs)
+            uploaded, needed = shard.upload_sources(staging, specs, client=client)
             logger.info(
                 "%d of %d source images uploaded to %s (the rest were there)",
                 uploaded,
@@ -150,7 +152,7 @@ def runner_writer(
             results = _first_done(pending)
             if staging is not None:  # into shards_dir, each checked against its entry
                 for result in results:
-                    shard.fetch_shard(staging, result, shards_dir)
+                    shard.fetch_shard(staging, result, shards_dir, client=client)
             done += len(results)
             progress(done, total)
             logger.info("shard %d/%s written: %s", done, total or "?", results[-1].file)
