@@ -54,6 +54,7 @@ from tasks.layout import Layout
 from tasks.manifest import ShardFile
 from tasks.params import ShardParams, load_params
 from tasks.processes import dismiss_prestarted
+from tasks.shard_store import s3_client
 
 # Shards per Prefect task: each task run costs a run record and state events that the
 # Prefect server processes (about 40 ms of its CPU, taken from the workers on a small
@@ -68,7 +69,10 @@ MAX_SHARDS_PER_TASK = 16
 
 @task(name="write-shards", version=code_version(shard, schema, images), cache_policy=NO_CACHE)
 def write_shards_task(
-    specs: list[shard.ShardSpec], shards_dir: Path, pool: Executor | None = None
+    specs: list[shard.ShardSpec],
+    shards_dir: Path,
+    pool: Executor | None = None,
+    staging: shard.Staging | None = None,
 ) -> list[ShardFile]:
     """A batch of shards: each an independent unit of work, byte-identical on whichever
     worker runs it.
@@ -76,8 +80,11 @@ def write_shards_task(
     With ``pool`` (the local runner) each shard is computed in one of the stage's warm
     worker processes, whichever is free first, while this task, in a thread of the flow,
     keeps its Prefect run record; without (a Dask worker, or a single worker), right here,
-    one after the other.
+    one after the other. With ``staging`` (a Dask worker without the stage's file system)
+    the sources come from, and the shards go to, object storage, never ``shards_dir``.
     """
+    if staging is not None:
+        return shard.write_staged_batch(specs, staging)
     if pool is None:
         return shard.write_batch(specs, shards_dir)
     # One pool job a shard: the pool's queue holds the shards of every running task, so a
@@ -101,10 +108,16 @@ def result_details(result: dict[str, Any]) -> list[object]:
     return [str(result["fingerprint"])[:8], f"{sum(result['records'].values())} images"]
 
 
-def runner_writer(workers: int, local: shard.LocalWorkers | None = None) -> shard.WriteMany:
+def runner_writer(
+    workers: int,
+    local: shard.LocalWorkers | None = None,
+    staging: shard.Staging | None = None,
+) -> shard.WriteMany:
     """A writer that sends batches of shards to the flow's task runner, a few at a time
     (each task computing in ``local``'s worker processes when it has them for these
-    shards, see :func:`write_shards_task`).
+    shards, see :func:`write_shards_task`). With ``staging``, the sources the shards need
+    are uploaded first and each finished shard is downloaded into ``shards_dir``
+    (:mod:`tasks.shard.staging`).
 
     Specs are materialised (their records read from the index) only as they are submitted,
     and at most two batches per worker are in flight, so the parent's memory stays flat
@@ -118,6 +131,15 @@ def runner_writer(workers: int, local: shard.LocalWorkers | None = None) -> shar
         total = len(specs) if isinstance(specs, Sized) else 0
         progress = Progress("shard-progress", f"shards written of {total or '?'} to write")
         pool = local.for_shards(specs) if local is not None else None
+        client = s3_client() if staging is not None else None  # one for every transfer
+        if staging is not None:
+            uploaded, needed = shard.upload_sources(staging, specs, client=client)
+            logger.info(
+                "%d of %d source images uploaded to %s (the rest were there)",
+                uploaded,
+                needed,
+                staging.url,
+            )
         # Shards not worth the workers (below tasks.worker_cost's break-even) go as one task:
         # the flow's threads would only share the GIL and add task runs.
         small = local is not None and local.enabled and pool is None
@@ -128,23 +150,32 @@ def runner_writer(workers: int, local: shard.LocalWorkers | None = None) -> shar
         def finished() -> list[ShardFile]:
             nonlocal done
             results = _first_done(pending)
+            if staging is not None:  # into shards_dir, each checked against its entry
+                for result in results:
+                    shard.fetch_shard(staging, result, shards_dir, client=client)
             done += len(results)
             progress(done, total)
             logger.info("shard %d/%s written: %s", done, total or "?", results[-1].file)
             return results
 
         batch: list[shard.ShardSpec] = []
-        for spec in specs:
-            batch.append(spec)
-            if len(batch) == size:
-                pending.append(write_shards_task.submit(batch, shards_dir, pool))
-                batch = []
-            while len(pending) >= window:
+        try:
+            for spec in specs:
+                batch.append(spec)
+                if len(batch) == size:
+                    pending.append(write_shards_task.submit(batch, shards_dir, pool, staging))
+                    batch = []
+                while len(pending) >= window:
+                    yield from finished()
+            if batch:
+                pending.append(write_shards_task.submit(batch, shards_dir, pool, staging))
+            while pending:
                 yield from finished()
-        if batch:
-            pending.append(write_shards_task.submit(batch, shards_dir, pool))
-        while pending:
-            yield from finished()
+        except BaseException:
+            if staging is not None:  # their uploads land before the run's staging is removed
+                for future in pending:
+                    future.wait()
+            raise
         progress(1, 1)  # nothing missing (a resumed or empty plan) is done too
 
     return write_many
@@ -164,12 +195,16 @@ def write_shards_flow(params: ShardParams, layout: Layout) -> dict[str, Any]:
     flow's task runner; what it changed also becomes a Prefect artifact."""
     logger = get_run_logger()
     # A rebuild's workers start now (if its entry point has not started them), while it plans.
-    with untagged_task_runs(), shard.LocalWorkers(params) as local:
+    with (
+        untagged_task_runs(),
+        shard.LocalWorkers(params) as local,
+        shard.staged_run(params) as staging,
+    ):
         stage = shard.shard_stage(
             params,
             layout.index,
             layout.shards_dir,
-            write_many=runner_writer(params.workers, local),
+            write_many=runner_writer(params.workers, local, staging),
             diff_path=layout.shard_changes,
         )
     plan, manifest, diff = stage.plan, stage.manifest, stage.diff
@@ -216,7 +251,9 @@ def key_figures(summary: dict[str, Any], removed: int) -> str:
 
 def shard_task_runner(params: ShardParams) -> TaskRunner[Any]:
     """Threads of the flow by default (one per worker; each task computes in the stage's
-    worker processes, :class:`tasks.shard.workers.LocalWorkers`); a Dask cluster on request."""
+    worker processes, :class:`tasks.shard.workers.LocalWorkers`); a Dask cluster on request
+    (its workers reach the data through ``shard.staging_url`` when set, else a shared file
+    system)."""
     if params.runner == "dask":
         if not params.dask_address:
             raise ValueError("shard.runner is 'dask' but shard.dask_address is not set in params")

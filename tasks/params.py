@@ -28,7 +28,7 @@ Side = Annotated[int, Field(ge=8)]  # smaller images carry too little signal to 
 Fraction = Annotated[float, Field(ge=0, lt=1)]
 
 # Where code runs comes from the repository's params.yaml only, never from a run's overrides.
-FILE_ONLY_KEYS = ("shard.runner", "shard.dask_address")
+FILE_ONLY_KEYS = ("shard.runner", "shard.dask_address", "shard.staging_url")
 # Paths a run's overrides may set, but only to somewhere inside the project.
 PATH_KEYS = ("ingest.source_dir", "ingest.labels_csv", "train.weights")
 
@@ -84,6 +84,9 @@ class ShardParams(_Strict):
     workers: int = Field(ge=1)
     runner: Literal["local", "dask"]
     dask_address: str | None
+    # with runner dask: an s3://bucket/prefix through which workers that share no file system
+    # with the stage get source images and hand back shards (tasks/shard/staging.py)
+    staging_url: str | None = Field(pattern=r"^s3://[^/]+(/.*)?$")
     # rebuild: one generation from the index; append: keep the current shards, add a generation
     mode: Literal["rebuild", "append"]
 

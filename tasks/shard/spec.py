@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,14 +56,33 @@ def schema_from_params(params: ShardParams) -> RecordSchema:
     return RecordSchema(height, width, params.encoding, jpeg_quality=params.jpeg_quality)
 
 
-def preprocess(
-    source_dir: str, record: ShardRecord, schema: RecordSchema, policy: str, draft: bool
-) -> bytes:
-    """Read, check, decode, resize and encode one source image; returns the image feature."""
+# Where a record's source bytes come from when not from ``source_dir`` (a Dask worker without
+# the stage's file system reads them from the staging prefix, :mod:`tasks.shard.staging`);
+# it returns them only once their sha256 is the record's.
+SourceReader = Callable[[ShardRecord], bytes]
+
+
+def read_source(source_dir: str, record: ShardRecord) -> bytes:
+    """A record's source file under ``source_dir``, checked against its ingest sha256."""
     path = Path(source_dir) / record.path
     data = path.read_bytes()
     if hashlib.sha256(data).hexdigest() != record.sha256:
         raise ValueError(f"{path}: content changed since ingest (sha256 differs); rerun ingest")
+    return data
+
+
+def preprocess(
+    source_dir: str,
+    record: ShardRecord,
+    schema: RecordSchema,
+    policy: str,
+    draft: bool,
+    read: SourceReader | None = None,
+) -> bytes:
+    """Read, check, decode, resize and encode one source image; returns the image feature.
+
+    The bytes come from ``source_dir`` unless ``read`` fetches them (checked either way)."""
+    data = read(record) if read is not None else read_source(source_dir, record)
     # Ingest already enforced the size limits; the same preprocessing, limits off.
     size = (schema.height, schema.width)
     pixels = preprocess_bytes(data, size, policy, max_pixels=sys.maxsize, draft=draft)

@@ -25,14 +25,15 @@ from tasks.manifest import (
     load_manifest,
 )
 from tasks.shard.planning import ShardPlan, StagePlan, plan_hash
-from tasks.shard.spec import ShardSpec, preprocess
+from tasks.shard.spec import ShardSpec, SourceReader, preprocess
 from tasks.tfrecord import TFRecordWriter
 
 
-def write_shard(spec: ShardSpec, shards_dir: Path) -> ShardFile:
+def write_shard(spec: ShardSpec, shards_dir: Path, read: SourceReader | None = None) -> ShardFile:
     """Write one shard atomically (temp file, fsync, rename) and describe it.
 
-    A pure function of the spec: rerunning it rewrites the same bytes.
+    A pure function of the spec: rerunning it rewrites the same bytes, whether the sources
+    are read from ``spec.source_dir`` or by ``read`` (the same checked bytes).
     """
     shards_dir = Path(shards_dir)
     here = preprocessing_version()
@@ -50,7 +51,7 @@ def write_shard(spec: ShardSpec, shards_dir: Path) -> ShardFile:
         # No TensorFlow in shard workers: tasks.tfrecord writes the same framing.
         with TFRecordWriter(tmp, gzip_compress=spec.compression == "gzip") as writer:
             for record in spec.records:
-                image = preprocess(spec.source_dir, record, schema, spec.resize, spec.draft)
+                image = preprocess(spec.source_dir, record, schema, spec.resize, spec.draft, read)
                 writer.write(
                     schema.serialize(image, record.label_index, record.sha256, record.path)
                 )

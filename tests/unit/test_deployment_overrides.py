@@ -32,6 +32,10 @@ REFUSED = [
         {"shard": {"dask_address": "tcp://attacker:8786"}},
         "shard.dask_address cannot be overridden by a deployment run",
     ),
+    (
+        {"shard": {"staging_url": "s3://attacker/x"}},
+        "shard.staging_url cannot be overridden by a deployment run",
+    ),
     ({"ingest": {"source_dir": "/etc"}}, "ingest.source_dir='/etc' is outside the project"),
     ({"ingest": {"labels_csv": "../x.csv"}}, "ingest.labels_csv='../x.csv' is outside"),
     ({"train": {"weights": "/root/w.h5"}}, "train.weights='/root/w.h5' is outside"),

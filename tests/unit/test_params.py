@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -252,3 +253,11 @@ def test_failed_write_leaves_params_file_intact(
         apply_overrides(params_file, {"train": {"epochs": 3}})
     assert params_file.read_bytes() == before
     assert sorted(os.listdir(params_file.parent)) == ["params.yaml"]
+
+
+@pytest.mark.parametrize("url", ["/mnt/staging", "s3:/bucket", "gs://bucket/prefix", ""])
+def test_staging_url_must_name_an_s3_prefix(tmp_path: Path, url: str) -> None:
+    path = write(tmp_path, with_value("shard.staging_url", url))
+    with pytest.raises(ParamsError, match=re.escape(f"shard.staging_url = {url!r}: ")):
+        load_params(path)
+    assert load_params(write(tmp_path, with_value("shard.staging_url", "s3://b/p"))).shard
