@@ -4,9 +4,9 @@ A shard set published under an ``s3://bucket/prefix/`` (the shard directory's fi
 same relative names, ``manifest.json`` beside them) is read without copying the whole set
 first: each shard is downloaded whole, its sha256 checked against the manifest while it
 streams in, and only then handed to the reader as a local file. The reader's tf.data
-pipeline is the local one, reading local files; it asks for the next shards ahead of need
-(``prefetch`` downloads in parallel), so the gate checks each shard as it arrives, not the
-whole set up front.
+pipeline is the local one, reading local files; it names the next shards ahead of need and
+the store downloads them on threads of its own (``prefetch`` at a time), so the gate checks
+each shard as it arrives, not the whole set up front.
 
 The cache lives in the repository (``.shardflow/shard_cache/``), holds files named by their
 sha256, and never holds more than ``max_bytes``: room for a shard is made (least recently
