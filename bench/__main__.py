@@ -68,6 +68,12 @@ OPTIONS: list[tuple[str, Callable[[str], Any], Any, str]] = [
         "least seconds of a timed read pass (whole epochs)",
     ),
     (
+        "--s3-mbps",
+        float,
+        0.0,
+        "read.s3 and its ceiling through a link of this many MB/s per connection (0: direct)",
+    ),
+    (
         "--scaling",
         _int_list,
         [1000, 10000, 50000],
@@ -282,6 +288,7 @@ def worker_start(b: Bench) -> None:
 def read(b: Bench) -> None:
     from bench import read as r
     from bench.datasets import fresh_shards
+    from bench.s3_link import LimitedLink
     from flows.s3_server import start_s3_server, stop_s3_server
     from tasks.shard_store import publish
 
@@ -311,10 +318,15 @@ def read(b: Bench) -> None:
     # The raw shards from a local S3 server (moto): a cold-cache read as training reads them,
     # and the server's bare whole-object reads as its limit.
     s3 = start_s3_server(work / "moto_server.log")
+    link = None
     try:
         os.environ.update(s3.env)
         url = s3.url("bench", "raw")
         publish(raw_shards, url)
+        if args.s3_mbps:  # as from a remote store: bound by each connection's bandwidth
+            host, port = s3.endpoint_url.removeprefix("http://").split(":")
+            link = LimitedLink((host, int(port)), mbps=args.s3_mbps)
+            os.environ["AWS_ENDPOINT_URL"] = link.endpoint_url
         s3_root = work / f"s3-{tag}"
         s3_root.mkdir(exist_ok=True)
         prefetch = b.base.storage.prefetch_shards  # what training would use
@@ -322,6 +334,8 @@ def read(b: Bench) -> None:
         datasets["read.s3_bytes_ceiling"] = r.S3BytesCeiling(url, raw_shards, prefetch=prefetch)
         results = r.measure_reads(datasets, passes=args.passes, seconds=args.read_seconds)
     finally:
+        if link is not None:
+            link.close()
         stop_s3_server(s3)
     for key, result in results.items():
         b.run.record(key, result)

@@ -17,6 +17,7 @@ from bench.stats import alternating_passes, for_at_least
 from tasks.manifest import load_manifest
 from tasks.reader import read_split, shard_records
 from tasks.schema import IMAGE_KEY
+from tasks.shard_store import SHARD_READ_CHUNK
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -179,32 +180,31 @@ class ColdS3Read:
 class S3BytesCeiling:
     """``read.s3_bytes_ceiling``: the S3 server's bare whole-object read of the same shards,
     ``prefetch`` objects at a time (as the store downloads them), bytes dropped on arrival.
-    Yields one array per shard whose length is the shard's record count, so the figure is in
-    images/s like the rest."""
+    Like the store, it keeps one client (its connections) and one pool of ``prefetch``
+    threads for the run. Yields one array per shard whose length is the shard's record
+    count, so the figure is in images/s like the rest."""
 
     def __init__(self, url: str, shards_dir: Path, *, prefetch: int) -> None:
-        self.url, self.prefetch = url, prefetch
-        self.shards = load_manifest(shards_dir).split("train").shards
-
-    def __iter__(self) -> Any:
         from concurrent.futures import ThreadPoolExecutor
-
-        import numpy as np
 
         from tasks.shard_store import s3_client, split_url
 
-        bucket, prefix = split_url(self.url)
-        client = s3_client()
+        self.bucket, self.prefix = split_url(url)
+        self.shards = load_manifest(shards_dir).split("train").shards
+        self.client = s3_client()
+        self.pool = ThreadPoolExecutor(prefetch)
 
-        def get(name: str) -> int:
-            body = client.get_object(Bucket=bucket, Key=prefix + name)["Body"]
-            size = 0
-            while block := body.read(1 << 20):
+    def get(self, name: str) -> int:
+        body = self.client.get_object(Bucket=self.bucket, Key=self.prefix + name)["Body"]
+        size = 0
+        with body:
+            while block := body.read(SHARD_READ_CHUNK):
                 size += len(block)
-            return size
+        return size
 
-        with ThreadPoolExecutor(self.prefetch) as pool:
-            for shard, _ in zip(
-                self.shards, pool.map(get, [s.file for s in self.shards]), strict=True
-            ):
-                yield np.empty(shard.num_records, dtype=np.uint8), None
+    def __iter__(self) -> Any:
+        import numpy as np
+
+        sizes = self.pool.map(self.get, [s.file for s in self.shards])
+        for shard, _ in zip(self.shards, sizes, strict=True):
+            yield np.empty(shard.num_records, dtype=np.uint8), None

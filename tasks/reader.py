@@ -76,9 +76,13 @@ def read_split(
     ds = tf.data.Dataset.from_tensor_slices(files)
     # Shuffle the file order first, then interleave records from several files at once.
     ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True) if training else ds
-    # Object storage: download shards in file order, `prefetch` at a time ahead of the reader,
-    # each sha256-checked before its path (so any of its records) goes on. Order is kept.
-    ds = ds.map(fetch_op(store, manifest), num_parallel_calls=store.prefetch) if store else ds
+    # Object storage: each name starts its shard's download (the store's own `prefetch`
+    # threads) as it enters the buffer, `prefetch` names ahead of the reader; the next map
+    # waits for the shard in file order and passes its path on only once its sha256 matched.
+    # No tf.data thread waits on the network: on 2 cores that left 2 downloads in flight and
+    # no thread to parse the shards already there.
+    ds = ds.map(start_fetch_op(store, manifest)).prefetch(store.prefetch) if store else ds
+    ds = ds.map(fetch_op(store, manifest)) if store else ds
     ds = ds.interleave(
         plain(lambda path: shard_records(path, manifest)),
         cycle_length=min(len(files), 8) if training else 1,
@@ -119,14 +123,24 @@ def shard_records(path: tf.Tensor | str, manifest: ShardManifest) -> tf.data.Dat
 
 def fetch_op(store: ShardStore, manifest: ShardManifest) -> Any:
     """A tf.data map from a shard's name to its verified local path in ``store``'s cache."""
-    import tensorflow as tf
-
     from tasks.shard_store import local_path_fetcher
 
-    fetch = local_path_fetcher(store, manifest)
+    return _string_op(local_path_fetcher(store, manifest))
+
+
+def start_fetch_op(store: ShardStore, manifest: ShardManifest) -> Any:
+    """A tf.data map passing a shard's name on, its download started in ``store``."""
+    from tasks.shard_store import download_starter
+
+    return _string_op(download_starter(store, manifest))
+
+
+def _string_op(function: Any) -> Any:
+    import tensorflow as tf
 
     def op(name: tf.Tensor) -> tf.Tensor:
-        path = tf.numpy_function(fetch, [name], tf.string, stateful=False)
+        # stateful: tf.data must neither run it in parallel nor reorder it (a download)
+        path = tf.numpy_function(function, [name], tf.string, stateful=True)
         return tf.ensure_shape(path, [])
 
     return op

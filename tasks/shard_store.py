@@ -4,9 +4,9 @@ A shard set published under an ``s3://bucket/prefix/`` (the shard directory's fi
 same relative names, ``manifest.json`` beside them) is read without copying the whole set
 first: each shard is downloaded whole, its sha256 checked against the manifest while it
 streams in, and only then handed to the reader as a local file. The reader's tf.data
-pipeline is the local one, reading local files; it asks for the next shards ahead of need
-(``prefetch`` downloads in parallel), so the gate checks each shard as it arrives, not the
-whole set up front.
+pipeline is the local one, reading local files; it names the next shards ahead of need and
+the store downloads them on threads of its own (``prefetch`` at a time), so the gate checks
+each shard as it arrives, not the whole set up front.
 
 The cache lives in the repository (``.shardflow/shard_cache/``), holds files named by their
 sha256, and never holds more than ``max_bytes``: room for a shard is made (least recently
@@ -24,6 +24,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
@@ -38,7 +39,8 @@ if TYPE_CHECKING:
 # and credentials, not a train.* param that would retrain.
 SHARDS_URL_ENV = "SHARDFLOW_SHARDS_URL"
 CACHE_DIR = Path(".shardflow") / "shard_cache"
-_CHUNK = 1 << 20  # download, hash and write in 1 MiB pieces: memory stays bounded per shard
+# Downloads are read, hashed and written in 1 MiB pieces: memory stays bounded per shard.
+SHARD_READ_CHUNK = 1 << 20
 
 
 class ShardStoreError(RuntimeError):
@@ -67,8 +69,9 @@ class ShardStore:
     """A shard set under an ``s3://`` prefix, read through a bounded LRU cache in the repo.
 
     ``manifest()`` fetches and checks the manifest; ``fetch(shard)`` returns a local path to
-    the shard's verified bytes (downloading it when it is not cached). ``prefetch`` is how
-    many shards a reader downloads ahead of the one it reads (in parallel).
+    the shard's verified bytes (downloading it when it is not cached). ``fetch_ahead(shard)``
+    starts that download on the store's own ``prefetch`` threads and returns at once, so a
+    reader names the shards it will read next and ``fetch`` then waits only for the rest.
     """
 
     def __init__(
@@ -92,6 +95,11 @@ class ShardStore:
         self._entries: OrderedDict[str, int] = OrderedDict()  # sha256 -> bytes, oldest first
         self._reserved = 0  # bytes of downloads in flight
         self._manifest: ShardManifest | None = None
+        # Downloads started ahead, by sha256. They run on threads of their own: a download
+        # waiting on the network in a tf.data map held one of tf.data's threads (as many as
+        # cores), so 2 cores downloaded 2 shards at a time and parsed nothing meanwhile.
+        self._ahead: dict[str, Future[Path]] = {}
+        self._pool: ThreadPoolExecutor | None = None
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         self._adopt_existing()
 
@@ -118,7 +126,16 @@ class ShardStore:
 
     def fetch(self, shard: ShardFile) -> Path:
         """A local path holding exactly ``shard``'s bytes (sha256 checked), else an error
-        naming the shard. A cached copy is re-hashed too: nothing unchecked reaches a model."""
+        naming the shard. A cached copy is re-hashed too: nothing unchecked reaches a model;
+        a download started by ``fetch_ahead`` was checked as it streamed in."""
+        with self._lock:
+            ahead = self._ahead.pop(shard.sha256, None)
+        if ahead is not None:
+            path = ahead.result()  # its error (a refused or missing shard) is raised here
+            with self._lock:
+                if shard.sha256 in self._entries:  # not evicted since it arrived
+                    self._entries.move_to_end(shard.sha256)
+                    return path
         path = self.cache_dir / shard.sha256
         with self._lock:
             cached = shard.sha256 in self._entries
@@ -127,6 +144,20 @@ class ShardStore:
         if cached and _sha256_of(path) == shard.sha256:
             return path
         return self._download(shard, path)
+
+    def fetch_ahead(self, shard: ShardFile) -> None:
+        """Start downloading ``shard`` (at most ``prefetch`` downloads at a time) unless it is
+        cached or on its way; ``fetch(shard)`` takes the result."""
+        with self._lock:
+            if shard.sha256 in self._entries:
+                return
+            started = self._ahead.get(shard.sha256)
+            if started is not None and not started.done():
+                return  # a finished one that is not cached failed or was evicted: again
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.prefetch, thread_name_prefix="shard-fetch")
+            path = self.cache_dir / shard.sha256
+            self._ahead[shard.sha256] = self._pool.submit(self._download, shard, path)
 
     def clear(self) -> None:
         """Empty the cache (a cold start): the next read downloads every shard again."""
@@ -150,7 +181,7 @@ class ShardStore:
             digest, size = hashlib.sha256(), 0
             body = self._get(key)
             with part.open("wb") as out, body:
-                while block := body.read(_CHUNK):
+                while block := body.read(SHARD_READ_CHUNK):
                     size += len(block)
                     if size > shard.bytes:  # a bigger object never fills the cache past its bound
                         break
@@ -266,12 +297,27 @@ def open_store(root: str | Path, storage: StorageParams) -> ShardStore | None:
 
 def local_path_fetcher(store: ShardStore, manifest: ShardManifest) -> Callable[[bytes], bytes]:
     """Map a shard's name (bytes, as tf.data passes it) to its verified local path."""
-    by_name = {s.file: s for info in manifest.splits.values() for s in info.shards}
+    by_name = _shards_by_name(manifest)
 
     def fetch(name: bytes) -> bytes:
         return str(store.fetch(by_name[name.decode()])).encode()
 
     return fetch
+
+
+def _shards_by_name(manifest: ShardManifest) -> dict[str, ShardFile]:
+    return {s.file: s for info in manifest.splits.values() for s in info.shards}
+
+
+def download_starter(store: ShardStore, manifest: ShardManifest) -> Callable[[bytes], bytes]:
+    """Map a shard's name to itself, its download started (``ShardStore.fetch_ahead``)."""
+    by_name = _shards_by_name(manifest)
+
+    def start(name: bytes) -> bytes:
+        store.fetch_ahead(by_name[name.decode()])
+        return name
+
+    return start
 
 
 if __name__ == "__main__":  # python -m tasks.shard_store publish data/shards s3://bucket/prefix

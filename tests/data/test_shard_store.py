@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +99,66 @@ def test_the_cache_never_holds_more_than_its_bound(tiny_shards: Path, s3_server:
     assert len(seen) > len(shards)  # every shard downloaded, more than the cache holds at once
     assert max(seen) <= bound
     assert len(list((tiny_shards / CACHE_DIR).iterdir())) < len(shards)  # some were evicted
+
+
+def test_downloads_run_prefetch_at_a_time_beyond_the_readers_threads(
+    tmp_path: Path, s3_server: S3Server
+) -> None:
+    """A read keeps ``prefetch`` downloads in flight even where that is more than tf.data's
+    threads (one per core): no tf.data thread waits on the network."""
+    from tests.tiny_shards import write_tiny_shards
+
+    prefetch = len(os.sched_getaffinity(0)) + 2
+    write_tiny_shards(tmp_path, shards_per_split=prefetch + 2)
+    store = published(tmp_path, s3_server, prefetch=prefetch)
+    store.manifest()
+    real_get = store._client.get_object
+    in_flight, most = 0, 0
+    changed = threading.Condition()
+
+    def held_get(**kwargs: Any) -> Any:
+        """Each download waits (3 s at most) until ``prefetch`` of them are in flight."""
+        nonlocal in_flight, most
+        with changed:
+            in_flight += 1
+            most = max(most, in_flight)
+            changed.notify_all()
+            changed.wait_for(lambda: most >= prefetch, timeout=3)
+        try:
+            return real_get(**kwargs)
+        finally:
+            with changed:
+                in_flight -= 1
+
+    store._client.get_object = held_get
+    ds = read_split(tmp_path, "train", batch_size=4, training=False, store=store)
+    records = sum(int(labels.shape[0]) for _, labels in ds)
+    assert records == store.manifest().split("train").num_records
+    assert most == prefetch
+
+
+def test_a_shard_fetched_ahead_and_evicted_before_it_is_read_is_downloaded_again(
+    tiny_shards: Path, s3_server: S3Server
+) -> None:
+    store = published(tiny_shards, s3_server)
+    shard = store.manifest().split("train").shards[0]
+    real_get = store._client.get_object
+    keys: list[str] = []
+
+    def counted_get(**kwargs: Any) -> Any:
+        keys.append(kwargs["Key"])
+        return real_get(**kwargs)
+
+    store._client.get_object = counted_get
+    store.fetch_ahead(shard)
+    store.fetch_ahead(shard)  # on its way already: still one download
+    store._ahead[shard.sha256].result()
+    assert len(keys) == 1
+    store.clear()  # evicted (a cold start) before the reader asked for it
+    path = store.fetch(shard)
+    assert len(keys) == 2
+    shards_dir = tiny_shards / "data" / "shards"
+    assert path.read_bytes() == (shards_dir / shard.file).read_bytes()
 
 
 def test_a_missing_object_names_its_key(tiny_shards: Path, s3_server: S3Server) -> None:

@@ -21,6 +21,7 @@ from bench.stats import (
     timed_passes,
 )
 from tasks.index import load_index, write_index
+from tests.s3_server import S3Server
 
 
 def test_median_odd_even_and_empty() -> None:
@@ -389,3 +390,34 @@ def test_only_a_section_that_needs_the_images_still_prepares_them(tmp_path: Path
     run.section("read", lambda: ran.append("read"))
     run.section("orchestration", lambda: ran.append("orchestration"))
     assert ran == ["prepare", "orchestration"]
+
+
+def test_the_s3_link_paces_each_response_and_gives_no_credit_for_idle_time() -> None:
+    from bench.s3_link import Pacer
+
+    now = [0.0]
+    pacer = Pacer(rate=1000, clock=lambda: now[0])
+    assert pacer.pause_after(500) == pytest.approx(0.5)
+    assert pacer.pause_after(500) == pytest.approx(1.0)  # 1000 bytes leave at 1 s, not sooner
+    now[0] = 1.0
+    assert pacer.pause_after(1000) == pytest.approx(1.0)
+    now[0] = 10.0  # idle for 8 s: the next response still goes at the rate, not in a burst
+    assert pacer.pause_after(1000) == pytest.approx(1.0)
+
+
+def test_the_s3_link_passes_requests_and_objects_unchanged(s3_server: S3Server) -> None:
+    import boto3
+
+    from bench.s3_link import LimitedLink
+
+    host, port = s3_server.endpoint_url.removeprefix("http://").split(":")
+    link = LimitedLink((host, int(port)), mbps=64)
+    try:
+        client = boto3.client("s3", endpoint_url=link.endpoint_url)
+        data = np.random.default_rng(0).bytes(3 * 2**20 + 17)
+        client.put_object(Bucket=s3_server.bucket, Key="object", Body=data)
+        for _ in range(2):  # one kept-alive connection, two responses
+            body = client.get_object(Bucket=s3_server.bucket, Key="object")["Body"]
+            assert body.read() == data
+    finally:
+        link.close()
