@@ -2,9 +2,10 @@
 and the preprocessing of one record.
 
 Preprocessing: :func:`tasks.images.preprocess_bytes` (decode, EXIF, RGB, resize policy: the
-code prediction reuses), then the record schema's encoder. Its version
-(:func:`tasks.images.preprocessing_version`) is part of every spec, so the plan hash, and with
-it every shard, follows the code and the pixel libraries.
+code prediction reuses), then the record schema's encoder; or, for an image ingest decoded at
+the scale this record needs, ingest's kept decode resized the same way (:mod:`tasks.handoff`).
+Its version (:func:`tasks.images.preprocessing_version`) is part of every spec, so the plan
+hash, and with it every shard, follows the code and the pixel libraries.
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tasks.images import preprocess_bytes
+import numpy as np
+
+from tasks import handoff as handoff_store
+from tasks.images import draft_for, open_checked, preprocess_bytes, resize_image
 from tasks.params import ShardParams
 from tasks.schema import RecordSchema
 
@@ -44,6 +48,9 @@ class ShardSpec:
     compression: str  # "none" | "gzip"
     preprocessing_version: str  # tasks.images.preprocessing_version() when planned
     draft: bool  # reduced-size JPEG decoding (shard.draft_decode)
+    # the folder of ingest's kept decodes (tasks.handoff), or None; like source_dir, not in
+    # the plan hash: the shard's bytes are the same with or without it
+    handoff: str | None = None
 
     @property
     def record_schema(self) -> RecordSchema:
@@ -56,14 +63,50 @@ def schema_from_params(params: ShardParams) -> RecordSchema:
 
 
 def preprocess(
-    source_dir: str, record: ShardRecord, schema: RecordSchema, policy: str, draft: bool
+    source_dir: str,
+    record: ShardRecord,
+    schema: RecordSchema,
+    policy: str,
+    draft: bool,
+    handoff: str | None = None,
 ) -> bytes:
-    """Read, check, decode, resize and encode one source image; returns the image feature."""
+    """Read, check, decode, resize and encode one source image; returns the image feature.
+
+    With ``handoff`` (the hand-off folder of the plan's preprocessing version), ingest's
+    decode of the image is taken from there when it has one at the scale this record
+    decodes at (:func:`handed_off_pixels`); otherwise the image is decoded.
+    """
     path = Path(source_dir) / record.path
     data = path.read_bytes()
     if hashlib.sha256(data).hexdigest() != record.sha256:
         raise ValueError(f"{path}: content changed since ingest (sha256 differs); rerun ingest")
     # Ingest already enforced the size limits; the same preprocessing, limits off.
     size = (schema.height, schema.width)
-    pixels = preprocess_bytes(data, size, policy, max_pixels=sys.maxsize, draft=draft)
+    pixels = handed_off_pixels(handoff, record.sha256, data, size, policy, draft)
+    if pixels is None:
+        pixels = preprocess_bytes(data, size, policy, max_pixels=sys.maxsize, draft=draft)
     return schema.encode_image(pixels)
+
+
+def handed_off_pixels(
+    handoff: str | None,
+    sha256: str,
+    data: bytes,
+    size: tuple[int, int],
+    policy: str,
+    draft: bool,
+) -> np.ndarray | None:
+    """:func:`tasks.images.preprocess_bytes`'s pixels from ingest's kept decode, or None.
+
+    The same steps with the decode taken from the hand-off: the header opened, the decoder
+    configured (:func:`tasks.images.draft_for`, which decodes nothing), and when ingest
+    decoded at that very scale, its :func:`~tasks.images.finish_decode` result resized as
+    ``preprocess_bytes`` resizes its own. The entry is used at most once.
+    """
+    if handoff is None or not handoff_store.entry_path(Path(handoff), sha256).exists():
+        return None
+    image = open_checked(data, max_pixels=sys.maxsize, min_side=1)
+    if draft:
+        draft_for(image, size, policy)
+    decoded = handoff_store.take(Path(handoff), sha256, handoff_store.decode_key(image))
+    return None if decoded is None else resize_image(decoded, size, policy)

@@ -50,7 +50,9 @@ def write_shard(spec: ShardSpec, shards_dir: Path) -> ShardFile:
         # No TensorFlow in shard workers: tasks.tfrecord writes the same framing.
         with TFRecordWriter(tmp, gzip_compress=spec.compression == "gzip") as writer:
             for record in spec.records:
-                image = preprocess(spec.source_dir, record, schema, spec.resize, spec.draft)
+                image = preprocess(
+                    spec.source_dir, record, schema, spec.resize, spec.draft, spec.handoff
+                )
                 writer.write(
                     schema.serialize(image, record.label_index, record.sha256, record.path)
                 )
