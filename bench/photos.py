@@ -254,16 +254,23 @@ def data_side_points(
     they do its wall time (the wall-clock slope is kept beside it). The Prefect server's own
     CPU is not in it: it is a fixed cost a run, not a photo's."""
     from bench.append import link_images
+    from tasks.ingest import RACE_MARGIN_NS
     from tasks.params import default_params
 
     counts = sorted({max(1, len(files) * k // 3) for k in (1, 2, 3)})
     settings = {"handoff": handoff_mb, "no_handoff": 0.0}
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in settings}
-    for i, n in enumerate(counts):
+    for n in counts:
         source = work / f"source-{n}"
         if not source.exists():
             names = [f"{p.parent.name}/{p.name}" for p in files[:n]]
             link_images(files[0].parent.parent, source, names)
+    # A link changes its file's ctime: ingest trusts a file's stat only once it is older than
+    # a margin (tasks.ingest.RACE_MARGIN_NS), as a user's photos copied a while ago are.
+    newest = max(p.stat().st_ctime_ns for p in files)
+    time.sleep(max(0.0, (newest + RACE_MARGIN_NS - time.time_ns()) / 1e9 + 0.1))
+    for i, n in enumerate(counts):
+        source = work / f"source-{n}"
         order = list(settings) if i % 2 == 0 else list(reversed(settings))
         for name in order:
             root = work / f"{name}-{n}"

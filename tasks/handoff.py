@@ -24,15 +24,22 @@ import os
 import shutil
 import struct
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 from PIL import Image
 
-MAGIC = b"SFHANDO1"
-# scale, width and height of the decode (before orientation: the size the decoder was set to),
-# channels, width and height of the kept pixels (after orientation), crc32 of the pixels
-HEADER = struct.Struct("<32sBIIBIII")
+MAGIC = b"SFHANDO2"
+# The content's sha256; the decoder's scale, width and height before decoding (the size the
+# decoder was set to, before orientation); channels, width and height of the kept pixels
+# (after orientation); the file's stat signature when ingest read it (size, mtime_ns,
+# ctime_ns, inode, device) and whether it may be trusted; the length of the file's header
+# kept; crc32 of the header and the pixels.
+HEADER = struct.Struct("<32sBIIBIIIQqqQQBI")
 MODES = {1: "L", 3: "RGB"}
+
+Signature = tuple[int, int, int, int, int]  # (size, mtime_ns, ctime_ns, inode, device)
+NO_SIGNATURE = (0, 0, 0, 0, 0)
 
 
 def decode_key(image: Image.Image) -> tuple[int, int, int]:
@@ -48,6 +55,19 @@ def decode_key(image: Image.Image) -> tuple[int, int, int]:
     return scale, width, height
 
 
+def header_bytes(data: bytes, image: Image.Image) -> bytes:
+    """A JPEG's bytes up to its first scan (markers, EXIF, tables), just opened from ``data``:
+    enough to open it again and configure its decoder, not to decode it. Empty for other
+    formats (the shard stage then reads the file)."""
+    fp = getattr(image, "fp", None)  # an ImageFile's, left at the first scan by its opening
+    return data[: fp.tell()] if image.format == "JPEG" and fp is not None else b""
+
+
+def signature_of(path: Path) -> Signature:
+    info = os.stat(path)
+    return (info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino, info.st_dev)
+
+
 def folder_for(root: Path, version: str) -> Path:
     """The hand-off folder of one preprocessing version under ``root``."""
     return Path(root) / version
@@ -58,36 +78,63 @@ def entry_path(folder: Path, sha256: str) -> Path:
 
 
 class HandoffWriter:
-    """Keeps decoded images in ``folder`` up to ``budget`` bytes (one process's share)."""
+    """Keeps decoded images in ``folder`` up to ``budget`` bytes (one process's share).
 
-    def __init__(self, folder: Path, budget: int) -> None:
+    ``trusted_before_ns``: a file whose stat signature last changed before then may be
+    trusted to be unchanged while its signature is (what ``ingest.trust_file_stat`` trusts,
+    with the same margin against writes in the tick of the stat); None trusts none.
+    """
+
+    def __init__(self, folder: Path, budget: int, trusted_before_ns: int | None = None) -> None:
         self.folder = Path(folder)
         self.budget = budget
+        self.trusted_before_ns = trusted_before_ns
         self.spent = 0
 
-    def put(self, sha256: str, key: tuple[int, int, int], decoded: Image.Image) -> bool:
+    def put(
+        self,
+        sha256: str,
+        signature: Signature | None,
+        decoded: Image.Image,
+        key: tuple[int, int, int],
+        head: bytes,
+    ) -> bool:
         """Keep ``decoded`` (what finish_decode returned for the image ``key`` names) for the
-        content ``sha256``; False when past the budget, not an ``L``/``RGB`` image, or the
-        write failed (the shard stage then decodes, as it always could)."""
+        content ``sha256`` with its file's ``signature`` and ``head`` (:func:`header_bytes`);
+        False when past the budget, not an ``L``/``RGB`` image, or the write failed (the
+        shard stage then decodes, as it always could)."""
         channels = {"L": 1, "RGB": 3}.get(decoded.mode)
         if channels is None:
             return False
         width, height = decoded.size
-        size = HEADER.size + len(MAGIC) + width * height * channels
+        size = len(MAGIC) + HEADER.size + len(head) + width * height * channels
         if self.spent + size > self.budget:
             return False
         path = entry_path(self.folder, sha256)
         if path.exists():  # the same content under another name: kept once
             return True
+        trusted = (
+            signature is not None
+            and self.trusted_before_ns is not None
+            and max(signature[1:3]) < self.trusted_before_ns
+        )
         pixels = decoded.tobytes()
         header = HEADER.pack(
-            bytes.fromhex(sha256), *key, channels, width, height, zlib.crc32(pixels)
+            bytes.fromhex(sha256),
+            *key,
+            channels,
+            width,
+            height,
+            zlib.crc32(pixels, zlib.crc32(head)),
+            *(signature if trusted and signature else NO_SIGNATURE),
+            trusted,
+            len(head),
         )
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             with open(tmp, "wb") as handle:
-                handle.write(MAGIC + header)
+                handle.write(MAGIC + header + head)
                 handle.write(pixels)
             os.replace(tmp, path)
         except OSError:
@@ -97,10 +144,27 @@ class HandoffWriter:
         return True
 
 
-def take(folder: Path, sha256: str, key: tuple[int, int, int]) -> Image.Image | None:
-    """The kept decode of content ``sha256`` when it was made with decoder ``key``; the entry
-    is removed either way (each content is sharded once a run). None when there is none, it
-    was decoded otherwise or it does not read back whole (wrong length, magic or crc32)."""
+@dataclass(frozen=True)
+class Entry:
+    """One kept decode, read back whole."""
+
+    key: tuple[int, int, int]
+    image: Image.Image
+    head: bytes  # the file's header (JPEG), empty when not kept
+    signature: Signature | None  # the file's stat when ingest read it, if it may be trusted
+
+    def file_unchanged(self, path: Path) -> bool:
+        """Whether ``path``'s stat still says the bytes are those ingest hashed."""
+        try:
+            return self.signature is not None and signature_of(path) == self.signature
+        except OSError:
+            return False
+
+
+def take(folder: Path, sha256: str) -> Entry | None:
+    """The kept decode of content ``sha256``, removed from the folder (each content is
+    sharded once a run); None when there is none or it does not read back whole (wrong
+    length, magic, content hash or crc32)."""
     path = entry_path(folder, sha256)
     try:
         data = path.read_bytes()
@@ -110,22 +174,26 @@ def take(folder: Path, sha256: str, key: tuple[int, int, int]) -> Image.Image | 
     start = len(MAGIC) + HEADER.size
     if len(data) < start or data[: len(MAGIC)] != MAGIC:
         return None
-    digest, scale, draft_w, draft_h, channels, width, height, crc = HEADER.unpack(
+    (digest, scale, draft_w, draft_h, channels, width, height, crc, *stat) = HEADER.unpack(
         data[len(MAGIC) : start]
     )
-    pixels = memoryview(data)[start:]
+    *signature, trusted, head_len = stat
+    body = memoryview(data)[start:]
+    head, pixels = body[:head_len], body[head_len:]
     if (
         digest.hex() != sha256
-        or (scale, draft_w, draft_h) != key
         or channels not in MODES
+        or len(head) != head_len
         or len(pixels) != width * height * channels
-        or zlib.crc32(pixels) != crc
+        or zlib.crc32(pixels, zlib.crc32(head)) != crc
     ):
         return None
     try:
-        return Image.frombytes(MODES[channels], (width, height), bytes(pixels))
+        image = Image.frombytes(MODES[channels], (width, height), bytes(pixels))
     except (ValueError, MemoryError):  # an entry this code did not write: decode instead
         return None
+    kept = tuple(signature) if trusted else None
+    return Entry((scale, draft_w, draft_h), image, bytes(head), kept)  # type: ignore[arg-type]
 
 
 def clear(root: Path, *, keep: str | None = None) -> None:

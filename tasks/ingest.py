@@ -17,20 +17,24 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from tasks import handoff as handoff_store
 from tasks.atomic import write_json, write_text
 from tasks.content import SPLITS, file_sha256
 from tasks.gc_pause import paused_gc
-from tasks.handoff import HandoffWriter, decode_key
+from tasks.handoff import HandoffWriter, decode_key, header_bytes
 from tasks.images import ImageRejected, finish_decode, open_checked, oriented_size
 from tasks.index import INDEX_VERSION, iter_records, iter_verdicts, read_header, write_index
 from tasks.near_duplicates import HASH_SIDE, Item, hash_version, perceptual_hash, place
 from tasks.params import IngestParams, SplitFractions
 from tasks.processes import spawn_pool
 from tasks.worker_cost import check_seconds, worth_workers
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 
 @dataclass(frozen=True)
@@ -206,13 +210,9 @@ def inspect_file(
     if known is not None and known[0] == digest:
         return _reuse(candidate, known, digest, now, trusted=False)
     try:
+        keep = partial(handoff.put, digest, now) if handoff is not None else None
         fmt, width, height, phash = check_image(
-            data,
-            max_pixels=max_pixels,
-            min_side=min_side,
-            draft=draft,
-            handoff=handoff,
-            sha256=digest,
+            data, max_pixels=max_pixels, min_side=min_side, draft=draft, keep=keep
         )
     except ImageRejected as exc:
         return rejected(str(exc), digest)._replace(signature=now)
@@ -227,19 +227,20 @@ def check_image(
     max_pixels: int,
     min_side: int,
     draft: bool,
-    handoff: HandoffWriter | None = None,
-    sha256: str = "",
+    keep: Callable[[Image.Image, tuple[int, int, int], bytes], object] | None = None,
 ) -> tuple[str, int, int, str]:
     """Ingest's check, :func:`tasks.images.verify`'s steps: (format, width and height after
     EXIF orientation, perceptual hash) of usable image bytes.
 
     Every byte of the image data is decoded (with ``draft`` a JPEG at 1/8 scale: libjpeg
     still parses the whole stream), so truncated or corrupt files are caught; the
-    near-duplicate hash is taken from that same decode, so it costs no second one. With
-    ``handoff`` the decode is kept (under ``sha256``, the bytes' hash) for the shard stage,
-    which then resizes it instead of decoding again when it would decode at the same scale.
+    near-duplicate hash is taken from that same decode, so it costs no second one. ``keep``
+    is handed the decode, the decoder's :func:`~tasks.handoff.decode_key` and the file's
+    header (:meth:`tasks.handoff.HandoffWriter.put`): the shard stage then resizes that
+    decode instead of decoding again when it would decode at the same scale.
     """
     image = open_checked(data, max_pixels=max_pixels, min_side=min_side)
+    head = header_bytes(data, image) if keep is not None else b""
     fmt, (width, height) = str(image.format), oriented_size(image)
     if draft and image.format == "JPEG":
         # never below the hash's own input (HASH_SIDE): a 1/8 draft of a 160 px JPEG is
@@ -247,8 +248,8 @@ def check_image(
         image.draft(None, (max(HASH_SIDE, image.width // 8), max(HASH_SIDE, image.height // 8)))
     key = decode_key(image)
     decoded = finish_decode(image)
-    if handoff is not None:
-        handoff.put(sha256, key, decoded)
+    if keep is not None:
+        keep(decoded, key, head)
     return fmt, width, height, perceptual_hash(decoded)
 
 
@@ -270,13 +271,14 @@ def _inspect_chunk(
     source_dir: str,
     chunk: list[Candidate],
     limits: tuple[int, int, int, bool],
-    handoff: tuple[str, int] | None = None,
+    handoff: tuple[str, int, int | None] | None = None,
 ) -> list[Inspected]:
     """A worker's job: vet, read and decode new files (none has a verdict to reuse);
-    ``handoff``: (folder, this chunk's share of the bound) where decodes are kept."""
+    ``handoff``: (folder, this chunk's share of the bound, stat trust cutoff) where decodes
+    are kept (:class:`tasks.handoff.HandoffWriter`)."""
     max_pixels, min_side, max_bytes, draft = limits
     locator = Locator(Path(source_dir), max_bytes)  # one per chunk: folders resolved once
-    writer = HandoffWriter(Path(handoff[0]), handoff[1]) if handoff else None
+    writer = HandoffWriter(Path(handoff[0]), *handoff[1:]) if handoff else None
     return [inspect_file(locator, c, max_pixels, min_side, draft, handoff=writer) for c in chunk]
 
 
@@ -543,6 +545,8 @@ def inspect_all(
         check_estimates(source_dir, (candidates[i].path for i in fresh)),
         min(params.workers, len(chunks)),
     )
+    # files whose stat may vouch for their bytes in the shard stage (write_signatures' rule)
+    trusted_before = time.time_ns() - RACE_MARGIN_NS if params.trust_file_stat else None
     shares = handoff_shares(
         int(params.handoff_mb * 2**20), [len(c) for c in chunks], parallel, params.workers
     )
@@ -565,7 +569,7 @@ def inspect_all(
                         str(source_dir),
                         [candidates[i] for i in chunk],
                         limits,
-                        (str(handoff), share) if handoff is not None else None,
+                        (str(handoff), share, trusted_before) if handoff is not None else None,
                     )
                     for chunk, share in zip(chunks, shares, strict=False)
                 ]
@@ -574,7 +578,9 @@ def inspect_all(
             )
             here = [i for i, c in enumerate(candidates) if pool is None or c.path in known]
             locator = Locator(source_dir, max_bytes)
-            writer = HandoffWriter(handoff, shares[-1]) if handoff is not None else None
+            writer = (
+                HandoffWriter(handoff, shares[-1], trusted_before) if handoff is not None else None
+            )
             for start in range(0, len(here), CHUNK):
                 block = here[start : start + CHUNK]
                 for i in block:

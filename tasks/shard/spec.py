@@ -73,40 +73,55 @@ def preprocess(
     """Read, check, decode, resize and encode one source image; returns the image feature.
 
     With ``handoff`` (the hand-off folder of the plan's preprocessing version), ingest's
-    decode of the image is taken from there when it has one at the scale this record
-    decodes at (:func:`handed_off_pixels`); otherwise the image is decoded.
+    decode of the image is used when it was made at the scale this record decodes at
+    (:func:`handed_off_pixels`); otherwise the image is decoded. The file is read and its
+    sha256 checked unless the entry holds its header and its stat signature, taken when
+    ingest hashed it, still matches (what ``ingest.trust_file_stat`` trusts).
     """
     path = Path(source_dir) / record.path
-    data = path.read_bytes()
-    if hashlib.sha256(data).hexdigest() != record.sha256:
-        raise ValueError(f"{path}: content changed since ingest (sha256 differs); rerun ingest")
+    entry = handoff_store.take(Path(handoff), record.sha256) if handoff else None
+    data = None
+    if entry is None or not entry.head or not entry.file_unchanged(path):
+        data = read_checked(path, record.sha256)
     # Ingest already enforced the size limits; the same preprocessing, limits off.
     size = (schema.height, schema.width)
-    pixels = handed_off_pixels(handoff, record.sha256, data, size, policy, draft)
+    pixels = handed_off_pixels(entry, data, size, policy, draft) if entry else None
     if pixels is None:
+        data = read_checked(path, record.sha256) if data is None else data
         pixels = preprocess_bytes(data, size, policy, max_pixels=sys.maxsize, draft=draft)
     return schema.encode_image(pixels)
 
 
+def read_checked(path: Path, sha256: str) -> bytes:
+    """The file's bytes, refused when they are not those ingest indexed."""
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise ValueError(f"{path}: content changed since ingest (sha256 differs); rerun ingest")
+    return data
+
+
 def handed_off_pixels(
-    handoff: str | None,
-    sha256: str,
-    data: bytes,
+    entry: handoff_store.Entry,
+    data: bytes | None,
     size: tuple[int, int],
     policy: str,
     draft: bool,
 ) -> np.ndarray | None:
     """:func:`tasks.images.preprocess_bytes`'s pixels from ingest's kept decode, or None.
 
-    The same steps with the decode taken from the hand-off: the header opened, the decoder
-    configured (:func:`tasks.images.draft_for`, which decodes nothing), and when ingest
-    decoded at that very scale, its :func:`~tasks.images.finish_decode` result resized as
-    ``preprocess_bytes`` resizes its own. The entry is used at most once.
+    The same steps with the decode taken from the hand-off: the header opened (from
+    ``data``, the file's bytes, or the header the entry kept), the decoder configured
+    (:func:`tasks.images.draft_for`, which decodes nothing), and when ingest decoded at
+    that very scale, its :func:`~tasks.images.finish_decode` result resized as
+    ``preprocess_bytes`` resizes its own.
     """
-    if handoff is None or not handoff_store.entry_path(Path(handoff), sha256).exists():
+    try:
+        header = entry.head if data is None else data
+        image = open_checked(header, max_pixels=sys.maxsize, min_side=1)
+        if draft:
+            draft_for(image, size, policy)
+    except Exception:  # a header that does not open again: decode the file as always
         return None
-    image = open_checked(data, max_pixels=sys.maxsize, min_side=1)
-    if draft:
-        draft_for(image, size, policy)
-    decoded = handoff_store.take(Path(handoff), sha256, handoff_store.decode_key(image))
-    return None if decoded is None else resize_image(decoded, size, policy)
+    if handoff_store.decode_key(image) != entry.key:
+        return None
+    return resize_image(entry.image, size, policy)

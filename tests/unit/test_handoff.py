@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tasks import handoff, images
+from tasks import handoff, images, ingest
 from tasks.ingest import handoff_shares, run_ingest
 from tasks.params import IngestParams, ShardParams, default_params
-from tasks.shard import shard_stage
+from tasks.shard import shard_stage, spec
 
 CLASSES = ("sea", "wood")
 
@@ -89,12 +89,45 @@ def counted_decodes(monkeypatch: pytest.MonkeyPatch) -> Callable[[], int]:
     return lambda: calls[0]
 
 
-@pytest.mark.parametrize(("size", "hits"), [(64, 14), (224, 4)])
+@pytest.fixture
+def counted_reads(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The source files the shard stage reads and hashes (tasks.shard.spec.read_checked)."""
+    read: list[Path] = []
+    real = spec.read_checked
+
+    def counting(path: Path, sha256: str) -> bytes:
+        read.append(path)
+        return real(path, sha256)
+
+    monkeypatch.setattr(spec, "read_checked", counting)
+    return read
+
+
+def trust_files_written_now(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Files written a moment before ingest count as unchanged while their stat is: no
+    margin against writes in the tick of the stat (the test writes none)."""
+    monkeypatch.setattr(ingest, "RACE_MARGIN_NS", 0)
+
+
+@pytest.mark.parametrize(
+    ("size", "hits", "trusted", "reads"),
+    [(64, 14, False, 16), (64, 14, True, 6), (224, 4, True, 16)],
+)
 def test_shards_are_byte_identical_with_a_warm_handoff_or_none(
-    tmp_path: Path, counted_decodes: Callable[[], int], size: int, hits: int
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    counted_decodes: Callable[[], int],
+    counted_reads: list[Path],
+    size: int,
+    hits: int,
+    trusted: bool,
+    reads: int,
 ) -> None:
     """At 64 px the big, turned and grey JPEGs (1/8 both sides) and the PNGs hit, the small
-    JPEG misses; at 224 px only the PNGs hit. Same shard bytes either way."""
+    JPEG misses; at 224 px only the PNGs hit. Same shard bytes either way. Where the stat
+    vouches for a JPEG hit, the stage opens the header ingest kept and reads no file."""
+    if trusted:
+        trust_files_written_now(monkeypatch)
     source = write_sources(tmp_path / "images")
     kept = tmp_path / ".shardflow" / "handoff"
     index = tmp_path / "index.json"
@@ -104,14 +137,30 @@ def test_shards_are_byte_identical_with_a_warm_handoff_or_none(
 
     before = counted_decodes()
     shard_stage(params, index, tmp_path / "warm", handoff=kept)
-    warm_decodes = counted_decodes() - before
+    warm_decodes, warm_reads = counted_decodes() - before, len(counted_reads)
     shard_stage(params, index, tmp_path / "cold")
     cold_decodes = counted_decodes() - before - warm_decodes
 
     assert digests(tmp_path / "warm") == digests(tmp_path / "cold")
-    assert cold_decodes == 16
+    assert cold_decodes == 16 and len(counted_reads) - warm_reads == 16
     assert warm_decodes == 16 - hits  # each hit is a decode the stage did not do
+    assert warm_reads == reads
     assert entries(kept) == [] and not kept.exists()  # used, and the rest removed
+
+
+def test_a_file_changed_after_ingest_is_refused_with_a_handoff(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kept decode whose file was rewritten since ingest is not used: the stat no longer
+    vouches for the bytes, the file is read and the stage fails naming it, as without."""
+    trust_files_written_now(monkeypatch)
+    source = write_sources(tmp_path / "images")
+    kept = tmp_path / "handoff"
+    index = tmp_path / "index.json"
+    run_ingest(ingest_params(source), index, tmp_path / "ingest.json", handoff=kept)
+    photo(800, 600, 77).save(source / "sea" / "big0.jpg", quality=90)
+    with pytest.raises(ValueError, match=r"big0\.jpg: content changed since ingest"):
+        shard_stage(shard_params(64), index, tmp_path / "shards", handoff=kept)
 
 
 def test_a_corrupt_entry_falls_back_to_decoding(tmp_path: Path) -> None:
