@@ -4,12 +4,19 @@ Ingest decodes every new image to check it and take its perceptual hash; the sha
 then decoded it again. Ingest now keeps what :func:`tasks.images.finish_decode` returned
 (8-bit ``L`` or ``RGB`` pixels) in a bounded folder inside the repository
 (``.shardflow/handoff/<preprocessing version>/``, gitignored, never a DVC dependency), one
-entry per content hash. The shard stage opens the image's header, configures its decoder
-as it always does (:func:`tasks.images.draft_for`) and, when the entry was decoded at that
-same scale, resizes the kept pixels instead of decoding: the same libjpeg scaling and the
-same :func:`~tasks.images.finish_decode` made them, so the record's bytes are those of a
-decode. Anything else (no entry, another scale, an entry that does not read back whole) is
-a decode as before, never another record.
+entry per content hash, with the JPEG's header (its bytes up to the first scan). The shard
+stage opens the image's header, configures its decoder as it always does
+(:func:`tasks.images.draft_for`) and, when the entry was decoded at that same scale, resizes
+the kept pixels instead of decoding: the same libjpeg scaling and the same
+:func:`~tasks.images.finish_decode` made them, so the record's bytes are those of a decode.
+Anything else (no entry, another scale, an entry that does not read back whole) is a decode
+as before, never another record.
+
+The shard stage reads and hashes each source file to check that it is the one ingest
+indexed. An entry also keeps the file's stat signature when ``ingest.trust_file_stat``
+trusts it (with ingest's margin against a write in the tick of the stat): while the file's
+stat is unchanged, its bytes are ingest's, and a hit opens the kept header instead of
+reading the file again. A file whose stat changed is read and hashed, and refused as before.
 
 Keyed by content (sha256) and by decoder (the folder is the preprocessing version, which
 names this code's pixel libraries), so no entry is used for other bytes or by another
