@@ -11,10 +11,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tasks import handoff, images, ingest
+from tasks import handoff, images, ingest, worker_cost
+from tasks.index import load_index
 from tasks.ingest import handoff_shares, run_ingest
 from tasks.params import IngestParams, ShardParams, default_params
 from tasks.shard import shard_stage, spec
+from tasks.shard.stage import plan_stage
+from tasks.shard.workers import shard_estimates
 
 CLASSES = ("sea", "wood")
 
@@ -238,6 +241,23 @@ def test_the_stage_leaves_no_entry_behind(tmp_path: Path) -> None:
 
     shard_stage(shard_params(64), index, tmp_path / "shards", handoff=kept)
     assert not kept.exists()
+
+
+def test_the_stage_estimates_handed_off_records_as_the_resize_they_are(tmp_path: Path) -> None:
+    """Whether an append's new shards are worth spawning workers for counts a record whose
+    decode ingest kept as a resize, not as the decode it no longer is."""
+    source = write_sources(tmp_path / "images")
+    kept = tmp_path / "handoff"
+    index = tmp_path / "index.json"
+    run_ingest(ingest_params(source), index, tmp_path / "ingest.json", handoff=kept)
+    folder = str(handoff.folder_for(kept, images.preprocessing_version()))
+    plan = plan_stage(shard_params(64), index, tmp_path / "shards", handoff=folder)
+    warm = sum(shard_estimates(plan.specs))
+    handoff.clear(kept)
+    cold = sum(shard_estimates(plan.specs))
+    pixels = sum(r["width"] * r["height"] for r in load_index(index)["records"])
+    decoded = worker_cost.SHARD_SECONDS_PER_PIXEL * pixels  # every record has an entry
+    assert cold - warm == pytest.approx(decoded * (1 - worker_cost.HANDED_OFF_PIXEL_FRACTION))
 
 
 def test_bad_files_are_quarantined_with_reasons_and_never_handed_off(tmp_path: Path) -> None:
