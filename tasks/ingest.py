@@ -248,9 +248,10 @@ def check_image(
         image.draft(None, (max(HASH_SIDE, image.width // 8), max(HASH_SIDE, image.height // 8)))
     key = decode_key(image)
     decoded = finish_decode(image)
-    if keep is not None:
+    phash = perceptual_hash(decoded)
+    if keep is not None:  # a file kept only once it passed every check
         keep(decoded, key, head)
-    return fmt, width, height, perceptual_hash(decoded)
+    return fmt, width, height, phash
 
 
 def _reuse(
