@@ -10,8 +10,7 @@ import pytest
 
 from tasks.images import preprocessing_version
 from tasks.layout import Layout
-from tasks.params import default_params
-from tests.conftest import write_image_folder
+from tests.conftest import tiny_params, write_image_folder
 
 pytestmark = pytest.mark.slow
 
@@ -36,14 +35,7 @@ def test_the_ingest_flow_hands_decodes_to_the_shard_flow_which_leaves_none(
 
     root = tmp_path / "project"
     source = write_image_folder(root / "images")
-    params = default_params(
-        ingest={
-            "source_dir": str(source),
-            "splits": {"train": 0.5, "val": 0.25, "test": 0.25},
-            "workers": 1,
-        },
-        shard={"image_size": [16, 16], "target_shard_mb": 0.002, "workers": 2},
-    )
+    params = tiny_params(source, workers=2)
     (root / "params.yaml").write_text(json.dumps(params.model_dump(mode="json")))
     layout = Layout(root)
 
