@@ -170,6 +170,9 @@ class Run:
             "write_photos.ceiling": None,
             "ingest_photos.decode_ratio": None,
             "write_photos.progressive_ratio": None,
+            "write_photos.data_side_per_photo_ms": None,
+            "write_photos.data_side_fixed_s": None,
+            "write_photos.decode_floor_ms": None,
             "input_bound_ratio": None,
             "predict.images_per_s": None,
             "serve.p50_ms": None,
@@ -367,7 +370,9 @@ def write(b: Bench) -> None:
 def photos(b: Bench) -> None:
     from bench.datasets import ingest_folder
     from bench.photos import measure_photos
+    from flows.server import require_server
 
+    require_server()  # the data side runs the ingest and shard flows
     args = b.args
     results = measure_photos(
         b.base.shard,
@@ -376,12 +381,17 @@ def photos(b: Bench) -> None:
         count=args.photos,
         size=args.size,
         ingest=ingest_folder,
+        handoff_mb=b.base.ingest.handoff_mb,
         log=log,
     )
     headline = results[f"{args.photo_sizes[0][0]}x{args.photo_sizes[0][1]}"]
     for key in ("seed", "workers_1", "workers_all", "ceiling"):
         b.run.figures[f"write_photos.{key}"] = round(headline[key], 2)
     b.run.figures["ingest_photos.decode_ratio"] = round(headline["decode"]["ratio"], 4)
+    side = headline["data_side"]
+    b.run.figures["write_photos.data_side_per_photo_ms"] = round(side["handoff"]["per_photo_ms"], 2)
+    b.run.figures["write_photos.data_side_fixed_s"] = round(side["handoff"]["fixed_s"], 3)
+    b.run.figures["write_photos.decode_floor_ms"] = round(side["decode_floor_ms"], 2)
     if "progressive" in headline:
         b.run.figures["write_photos.progressive_ratio"] = round(headline["progressive"]["ratio"], 4)
     b.run.figures["details"]["photos"] = results

@@ -191,7 +191,7 @@ def run_ingest(params: Params, layout: Layout, source: Path) -> dict[str, Any]:
     from tasks.ingest import run_ingest as ingest
 
     settings = params.ingest.model_copy(update={"source_dir": str(source)})
-    return ingest(settings, layout.index, layout.ingest_report)
+    return ingest(settings, layout.index, layout.ingest_report, handoff=layout.handoff)
 
 
 def run_shard(params: Params, layout: Layout, mode: str) -> dict[str, Any]:

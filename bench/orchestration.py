@@ -32,13 +32,13 @@ from tasks.params import Params, deep_merge, load_params
 def _ingest(params: Params, layout: Layout) -> None:
     from tasks.ingest import run_ingest
 
-    run_ingest(params.ingest, layout.index, layout.ingest_report)
+    run_ingest(params.ingest, layout.index, layout.ingest_report, handoff=layout.handoff)
 
 
 def _shard(params: Params, layout: Layout) -> None:
     from tasks.shard import shard_stage
 
-    shard_stage(params.shard, layout.index, layout.shards_dir)
+    shard_stage(params.shard, layout.index, layout.shards_dir, handoff=layout.handoff)
 
 
 def _validate(params: Params, layout: Layout) -> None:

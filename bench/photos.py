@@ -14,7 +14,12 @@
   shard stage's decode) over one full decode of it, measured on the same photos;
 - ``progressive_ratio`` (the first size only): the data side per photo (ingest's check plus
   the shard stage's decode) on progressive JPEGs, common in web-sourced data, over the same
-  on baseline JPEGs of the same pictures and size, taken photo by photo in turns.
+  on baseline JPEGs of the same pictures and size, taken photo by photo in turns;
+- ``data_side``: the ingest and shard flows as `dvc repro` runs them (one worker each, the
+  ingest-to-shard decode hand-off on, and off for comparison) on a third, two thirds and all
+  of the photos: the per-photo slope (``data_side_per_photo_ms``) and the fixed per-run cost
+  (``data_side_fixed_s``), beside ``decode_floor_ms``, one 1/8-scale decode of the same
+  photos timed in the same processes.
 
 Every timed run is a fresh interpreter that reports its own clock around the work (imports
 and worker start-up excluded, as for a long-running stage).
@@ -37,6 +42,7 @@ import numpy as np
 from PIL import Image
 
 from bench.measured import run_measured
+from bench.stats import linear_fit
 
 PHOTO_CLASSES = ("beach", "forest", "street")
 MARKER = ".bench-photos.json"
@@ -219,6 +225,133 @@ def progressive_data_side(
     }
 
 
+# -- the data side as `dvc repro` runs it: slope per photo and fixed cost --------------------
+
+
+def decode_floor_seconds(files: list[Path]) -> tuple[float, float]:
+    """(CPU, wall) seconds to decode every file once at 1/8 scale (libjpeg's DCT scaling,
+    what ingest's check of a photo decodes), bytes already in memory: the least any check
+    can cost."""
+    blobs = [path.read_bytes() for path in files]
+    cpu, wall = time.process_time(), time.perf_counter()
+    for data in blobs:
+        image = Image.open(io.BytesIO(data))
+        image.draft(None, (max(1, image.width // 8), max(1, image.height // 8)))
+        image.load()
+    return time.process_time() - cpu, time.perf_counter() - wall
+
+
+def data_side_points(
+    files: list[Path], work: Path, size: int, *, handoff_mb: float, log: Any = print
+) -> dict[str, Any]:
+    """The ingest and shard flows on a third, two thirds and all of ``files``, each run in a
+    fresh interpreter and a fresh project root, the hand-off on (``handoff_mb``) and off
+    (0) in turns; per setting the least-squares slope (ms a photo) and intercept (fixed s
+    a run) of the two stages' time, and the 1/8-decode floor timed in the same runs.
+
+    Time is the run's CPU time: with one worker every decode, hash and write of both stages
+    happens in the stage process, and other jobs on a shared machine do not lengthen it as
+    they do its wall time (the wall-clock slope is kept beside it). The Prefect server's own
+    CPU is not in it: it is a fixed cost a run, not a photo's."""
+    from bench.append import link_images
+    from tasks.ingest import RACE_MARGIN_NS
+    from tasks.params import default_params
+
+    counts = sorted({max(1, len(files) * k // 3) for k in (1, 2, 3)})
+    settings = {"handoff": handoff_mb, "no_handoff": 0.0}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in settings}
+    for n in counts:
+        source = work / f"source-{n}"
+        if not source.exists():
+            names = [f"{p.parent.name}/{p.name}" for p in files[:n]]
+            link_images(files[0].parent.parent, source, names)
+    # A link changes its file's ctime: ingest trusts a file's stat only once it is older than
+    # a margin (tasks.ingest.RACE_MARGIN_NS), as a user's photos copied a while ago are.
+    newest = max(p.stat().st_ctime_ns for p in files)
+    time.sleep(max(0.0, (newest + RACE_MARGIN_NS - time.time_ns()) / 1e9 + 0.1))
+    for i, n in enumerate(counts):
+        source = work / f"source-{n}"
+        order = list(settings) if i % 2 == 0 else list(reversed(settings))
+        for name in order:
+            root = work / f"{name}-{n}"
+            shutil.rmtree(root, ignore_errors=True)
+            root.mkdir(parents=True)
+            params = default_params(
+                ingest={"source_dir": str(source), "workers": 1, "handoff_mb": settings[name]},
+                shard={
+                    "image_size": [size, size],
+                    "encoding": "raw",
+                    "draft_decode": True,
+                    "workers": 1,
+                },
+            )
+            (root / "params.yaml").write_text(json.dumps(params.model_dump(mode="json")))
+            result = run_measured(
+                "bench.photos", ["data-side", str(root)], work / f"{name}-{n}.log"
+            )
+            runs[name].append({"photos": n, **result})
+            log(
+                f"     {n} photos, {name}: CPU ingest {result['ingest_cpu_s']:.2f} s + shard "
+                f"{result['shard_cpu_s']:.2f} s (wall {result['ingest_s']:.2f} + "
+                f"{result['shard_s']:.2f} s); 1/8 decode {result['floor_ms']:.1f} ms/photo"
+            )
+    figures: dict[str, Any] = {"runs": runs, "workers": 1, "time": "CPU"}
+    for name, points in runs.items():
+        photos = [float(p["photos"]) for p in points]
+        cpu = [p["ingest_cpu_s"] + p["shard_cpu_s"] for p in points]
+        slope, intercept = linear_fit(photos, cpu)
+        wall_slope, wall_intercept = linear_fit(
+            photos, [p["ingest_s"] + p["shard_s"] for p in points]
+        )
+        figures[name] = {
+            "per_photo_ms": 1000 * slope,
+            "fixed_s": intercept,
+            "wall_per_photo_ms": 1000 * wall_slope,
+            "wall_fixed_s": wall_intercept,
+        }
+    floors = sorted(p["floor_ms"] for points in runs.values() for p in points)
+    figures["decode_floor_ms"] = floors[len(floors) // 2]
+    walls = sorted(p["floor_wall_ms"] for points in runs.values() for p in points)
+    figures["decode_floor_wall_ms"] = walls[len(walls) // 2]
+    figures["ratio"] = figures["handoff"]["per_photo_ms"] / figures["decode_floor_ms"]
+    figures["no_handoff_ratio"] = figures["no_handoff"]["per_photo_ms"] / figures["decode_floor_ms"]
+    return figures
+
+
+def _data_side_child(root: str) -> None:
+    """One data-side run: the ingest flow, then the shard flow, as their stages run them
+    (``root``'s params.yaml); then the 1/8-decode floor of the same photos."""
+    from flows.common import configure_environment, stage_settings
+    from flows.ingest import ingest_flow
+    from flows.shard import shard_flow
+    from tasks.params import load_params
+
+    configure_environment()
+    params = load_params(Path(root) / "params.yaml")
+    with stage_settings():
+        start, start_cpu = time.perf_counter(), time.process_time()
+        ingest_flow(params_path="params.yaml", root=root)
+        ingested, ingested_cpu = time.perf_counter(), time.process_time()
+        shard_flow(params_path="params.yaml", root=root)
+        done, done_cpu = time.perf_counter(), time.process_time()
+    files = photo_files(Path(params.ingest.source_dir))
+    floor_cpu, floor_wall = decode_floor_seconds(files)
+    handed_off = Path(root, ".shardflow", "handoff")
+    print(
+        json.dumps(
+            {
+                "ingest_s": ingested - start,
+                "shard_s": done - ingested,
+                "ingest_cpu_s": ingested_cpu - start_cpu,
+                "shard_cpu_s": done_cpu - ingested_cpu,
+                "floor_ms": 1000 * floor_cpu / len(files),
+                "floor_wall_ms": 1000 * floor_wall / len(files),
+                "handoff_left": handed_off.exists(),
+            }
+        )
+    )
+
+
 # -- the shard stage as production runs it ---------------------------------------------------
 
 
@@ -268,6 +401,7 @@ def measure_photos(
     count: int,
     size: int,
     ingest: Any,
+    handoff_mb: float = 0.0,
     log: Any = print,
 ) -> dict[str, Any]:
     """Every figure for each photo size; keys ``{W}x{H}`` plus the headline ``write_photos``."""
@@ -315,6 +449,18 @@ def measure_photos(
                 f"ms/photo vs {figures['progressive']['baseline_ms']:.1f} baseline "
                 f"({figures['progressive']['ratio']:.2f}x)"
             )
+        side = data_side_points(
+            files, work / f"data-side-{tag}-{count}", size, handoff_mb=handoff_mb, log=log
+        )
+        figures["data_side"] = side
+        log(
+            f"   {tag} data side: {side['handoff']['per_photo_ms']:.1f} ms/photo + "
+            f"{side['handoff']['fixed_s']:.2f} s a run with the hand-off "
+            f"({side['no_handoff']['per_photo_ms']:.1f} ms/photo + "
+            f"{side['no_handoff']['fixed_s']:.2f} s without); 1/8 decode "
+            f"{side['decode_floor_ms']:.1f} ms/photo: {side['ratio']:.2f}x "
+            f"({side['no_handoff_ratio']:.2f}x without)"
+        )
         figures["per_worker_vs_seed"] = figures["workers_1"] / figures["seed"]
         # The most one worker could reach: the decode + resize alone, nothing else paid.
         figures["preprocess_only_vs_seed"] = (
@@ -333,5 +479,7 @@ def measure_photos(
 if __name__ == "__main__":
     if sys.argv[1] == "shard":
         _shard_child(*sys.argv[2:6])
+    elif sys.argv[1] == "data-side":
+        _data_side_child(sys.argv[2])
     else:
         _timed_child(*sys.argv[1:5])

@@ -26,6 +26,18 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
     return numerator / denominator
 
 
+def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """(slope, intercept) of the least-squares line through the points (two or more, at
+    least two different ``xs``): a cost per item and the fixed cost beside it."""
+    if len(set(xs)) < 2 or len(xs) != len(ys):
+        raise ValueError(f"a line needs two different x values, got {list(xs)}")
+    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sum(
+        (x - mean_x) ** 2 for x in xs
+    )
+    return slope, mean_y - slope * mean_x
+
+
 def timed_passes(
     run: Callable[[], int | tuple[int, float]], *, passes: int, warmup: int = 1
 ) -> dict[str, Any]:
@@ -191,6 +203,13 @@ def targets_for(default_encoding: str) -> list[Target]:
             "write_photos.ceiling",
             ">=",
             0.8,
+        ),
+        Target(  # issue 28: one decode per new photo
+            "12 MP photos: data side per photo (flows, 1 worker) vs one 1/8 decode",
+            "write_photos.data_side_per_photo_ms",
+            "write_photos.decode_floor_ms",
+            "<=",
+            1.25,
         ),
         Target(
             "12 MP photos: ingest check + shard decode vs one full decode",

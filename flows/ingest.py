@@ -31,7 +31,9 @@ from tasks.params import IngestParams, load_params
 @task(name="ingest", version=code_version(ingest, images), cache_policy=NO_CACHE)
 def ingest_task(params: IngestParams, layout: Layout) -> dict[str, Any]:
     progress = Progress("ingest-progress", f"files inspected in {params.source_dir}")
-    report = ingest.run_ingest(params, layout.index, layout.ingest_report, progress=progress)
+    report = ingest.run_ingest(
+        params, layout.index, layout.ingest_report, progress=progress, handoff=layout.handoff
+    )
     progress(1, 1)  # an empty folder inspects nothing and is done too
     logger = get_run_logger()
     logger.info(key_figures(report))

@@ -206,6 +206,7 @@ def write_shards_flow(params: ShardParams, layout: Layout) -> dict[str, Any]:
             layout.shards_dir,
             write_many=runner_writer(params.workers, local, staging),
             diff_path=layout.shard_changes,
+            handoff=layout.handoff,
         )
     plan, manifest, diff = stage.plan, stage.manifest, stage.diff
     assert diff is not None

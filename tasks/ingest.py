@@ -17,18 +17,24 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+from tasks import handoff as handoff_store
 from tasks.atomic import write_json, write_text
 from tasks.content import SPLITS, file_sha256
 from tasks.gc_pause import paused_gc
+from tasks.handoff import HandoffWriter, decode_key, header_bytes
 from tasks.images import ImageRejected, finish_decode, open_checked, oriented_size
 from tasks.index import INDEX_VERSION, iter_records, iter_verdicts, read_header, write_index
 from tasks.near_duplicates import HASH_SIDE, Item, hash_version, perceptual_hash, place
 from tasks.params import IngestParams, SplitFractions
 from tasks.processes import spawn_pool
 from tasks.worker_cost import check_seconds, worth_workers
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 
 @dataclass(frozen=True)
@@ -173,6 +179,7 @@ def inspect_file(
     draft: bool = True,
     known: list[Any] | None = None,
     trusted: Signature | None = None,
+    handoff: HandoffWriter | None = None,
 ) -> Inspected:
     """Vet, read, hash and fully decode one file; never raises for a bad file.
 
@@ -181,6 +188,7 @@ def inspect_file(
     file is not decoded again. ``trusted`` is the stat signature under which that hash was
     taken, where it is safe to trust (see :func:`previous_signatures`): when the file's
     stat still equals it, the hash and verdict are reused without reading the file.
+    ``handoff`` keeps the decode of a file decoded now for the shard stage (:mod:`tasks.handoff`).
     """
     name = display_name(candidate.path)
 
@@ -202,8 +210,9 @@ def inspect_file(
     if known is not None and known[0] == digest:
         return _reuse(candidate, known, digest, now, trusted=False)
     try:
+        keep = partial(handoff.put, digest, now) if handoff is not None else None
         fmt, width, height, phash = check_image(
-            data, max_pixels=max_pixels, min_side=min_side, draft=draft
+            data, max_pixels=max_pixels, min_side=min_side, draft=draft, keep=keep
         )
     except ImageRejected as exc:
         return rejected(str(exc), digest)._replace(signature=now)
@@ -213,22 +222,36 @@ def inspect_file(
 
 
 def check_image(
-    data: bytes, *, max_pixels: int, min_side: int, draft: bool
+    data: bytes,
+    *,
+    max_pixels: int,
+    min_side: int,
+    draft: bool,
+    keep: Callable[[Image.Image, tuple[int, int, int], bytes], object] | None = None,
 ) -> tuple[str, int, int, str]:
     """Ingest's check, :func:`tasks.images.verify`'s steps: (format, width and height after
     EXIF orientation, perceptual hash) of usable image bytes.
 
     Every byte of the image data is decoded (with ``draft`` a JPEG at 1/8 scale: libjpeg
     still parses the whole stream), so truncated or corrupt files are caught; the
-    near-duplicate hash is taken from that same decode, so it costs no second one.
+    near-duplicate hash is taken from that same decode, so it costs no second one. ``keep``
+    is handed the decode, the decoder's :func:`~tasks.handoff.decode_key` and the file's
+    header (:meth:`tasks.handoff.HandoffWriter.put`): the shard stage then resizes that
+    decode instead of decoding again when it would decode at the same scale.
     """
     image = open_checked(data, max_pixels=max_pixels, min_side=min_side)
+    head = header_bytes(data, image) if keep is not None else b""
     fmt, (width, height) = str(image.format), oriented_size(image)
     if draft and image.format == "JPEG":
         # never below the hash's own input (HASH_SIDE): a 1/8 draft of a 160 px JPEG is
         # 20 px, too coarse to tell drawings apart; photos (256 px and up) still get 1/8
         image.draft(None, (max(HASH_SIDE, image.width // 8), max(HASH_SIDE, image.height // 8)))
-    return fmt, width, height, perceptual_hash(finish_decode(image))
+    key = decode_key(image)
+    decoded = finish_decode(image)
+    phash = perceptual_hash(decoded)
+    if keep is not None:  # a file kept only once it passed every check
+        keep(decoded, key, head)
+    return fmt, width, height, phash
 
 
 def _reuse(
@@ -246,12 +269,18 @@ def _reuse(
 
 
 def _inspect_chunk(
-    source_dir: str, chunk: list[Candidate], limits: tuple[int, int, int, bool]
+    source_dir: str,
+    chunk: list[Candidate],
+    limits: tuple[int, int, int, bool],
+    handoff: tuple[str, int, int | None] | None = None,
 ) -> list[Inspected]:
-    """A worker's job: vet, read and decode new files (none has a verdict to reuse)."""
+    """A worker's job: vet, read and decode new files (none has a verdict to reuse);
+    ``handoff``: (folder, this chunk's share of the bound, stat trust cutoff) where decodes
+    are kept (:class:`tasks.handoff.HandoffWriter`)."""
     max_pixels, min_side, max_bytes, draft = limits
     locator = Locator(Path(source_dir), max_bytes)  # one per chunk: folders resolved once
-    return [inspect_file(locator, c, max_pixels, min_side, draft) for c in chunk]
+    writer = HandoffWriter(Path(handoff[0]), *handoff[1:]) if handoff else None
+    return [inspect_file(locator, c, max_pixels, min_side, draft, handoff=writer) for c in chunk]
 
 
 def verdict_key(params: IngestParams) -> str:
@@ -484,6 +513,7 @@ def inspect_all(
     known: dict[str, list[Any]] | None = None,
     progress: Callable[[int, int], None] | None = None,
     trusted: dict[str, Signature] | None = None,
+    handoff: Path | None = None,
 ) -> list[Inspected]:
     """Inspect every candidate; results in ``candidates`` order.
 
@@ -494,6 +524,11 @@ def inspect_all(
     incremental ingest of 20k files took 1.2-1.5 s in one process, 1.8-2.2 s through two
     workers). ``progress(done, total)`` is called as files finish (the flow moves its
     Prefect progress artifact with it).
+
+    ``handoff``: the folder where decodes are kept for the shard stage (:mod:`tasks.handoff`),
+    ``ingest.handoff_mb`` in all. With workers, this process keeps a share of one worker's
+    size and the chunks split the rest by their number of files, so the processes together
+    never pass the bound.
     """
     from tqdm import tqdm
 
@@ -511,6 +546,11 @@ def inspect_all(
         check_estimates(source_dir, (candidates[i].path for i in fresh)),
         min(params.workers, len(chunks)),
     )
+    # files whose stat may vouch for their bytes in the shard stage (write_signatures' rule)
+    trusted_before = time.time_ns() - RACE_MARGIN_NS if params.trust_file_stat else None
+    shares = handoff_shares(
+        int(params.handoff_mb * 2**20), [len(c) for c in chunks], parallel, params.workers
+    )
     results: list[Inspected | None] = [None] * len(candidates)
     done = 0
     with tqdm(total=len(candidates), desc="ingest", unit="img", mininterval=1.0) as bar:
@@ -526,15 +566,22 @@ def inspect_all(
             futures = (
                 [
                     pool.submit(
-                        _inspect_chunk, str(source_dir), [candidates[i] for i in chunk], limits
+                        _inspect_chunk,
+                        str(source_dir),
+                        [candidates[i] for i in chunk],
+                        limits,
+                        (str(handoff), share, trusted_before) if handoff is not None else None,
                     )
-                    for chunk in chunks
+                    for chunk, share in zip(chunks, shares, strict=False)
                 ]
                 if pool is not None
                 else []
             )
             here = [i for i, c in enumerate(candidates) if pool is None or c.path in known]
             locator = Locator(source_dir, max_bytes)
+            writer = (
+                HandoffWriter(handoff, shares[-1], trusted_before) if handoff is not None else None
+            )
             for start in range(0, len(here), CHUNK):
                 block = here[start : start + CHUNK]
                 for i in block:
@@ -547,6 +594,7 @@ def inspect_all(
                         draft,
                         known.get(candidate.path),
                         trusted.get(candidate.path),
+                        writer,
                     )
                 finished(len(block))
             for chunk, future in zip(chunks, futures, strict=False):
@@ -557,6 +605,16 @@ def inspect_all(
     if missing:  # a bug, never a data problem
         raise AssertionError(f"ingest lost files: {missing[:5]} not inspected")
     return [r for r in results if r is not None]
+
+
+def handoff_shares(budget: int, chunk_sizes: list[int], parallel: bool, workers: int) -> list[int]:
+    """Bytes each unit of work may keep for the shard stage: one per chunk, then this
+    process's (last); they sum to at most ``budget``. In one process it has it all."""
+    if not parallel:
+        return [0] * len(chunk_sizes) + [budget]
+    here = budget // (min(workers, len(chunk_sizes)) + 1)
+    files = max(1, sum(chunk_sizes))
+    return [(budget - here) * n // files for n in chunk_sizes] + [here]
 
 
 def placement_key(params: IngestParams) -> dict[str, Any]:
@@ -673,10 +731,13 @@ def run_ingest(
     index_path: Path,
     report_path: Path,
     progress: Callable[[int, int], None] | None = None,
+    handoff: Path | None = None,
 ) -> dict[str, Any]:
     """Ingest ``params.source_dir``; write the index and the ingest report; return the report.
 
-    ``progress(done, total)``: files inspected so far, see :func:`inspect_all`."""
+    ``progress(done, total)``: files inspected so far, see :func:`inspect_all`. ``handoff``:
+    the hand-off root (``Layout.handoff``): emptied, then filled with this run's decodes for
+    the shard stage, up to ``ingest.handoff_mb`` (:mod:`tasks.handoff`)."""
     source_dir = Path(params.source_dir)
     labels_csv = Path(params.labels_csv) if params.labels_csv else None
     discovered = discover(source_dir, labels_csv)
@@ -687,7 +748,13 @@ def run_ingest(
     placed = previous_placements(index_path, placement_key(params))
     trusted = previous_signatures(index_path, params) if known else {}
     started_ns = time.time_ns()
-    inspected = inspect_all(source_dir, candidates, params, known, progress, trusted)
+    kept = None
+    if handoff is not None:
+        from tasks.images import preprocessing_version
+
+        handoff_store.clear(handoff)  # an earlier run's leftovers: never more than the bound
+        kept = handoff_store.folder_for(handoff, preprocessing_version())
+    inspected = inspect_all(source_dir, candidates, params, known, progress, trusted, kept)
     sorted_out = build_index(inspected, classes, params, placed)
     records = sorted_out["records"]
     present = sorted({r["label"] for r in records})

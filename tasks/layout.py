@@ -43,6 +43,12 @@ class Layout:
         return self.root / "reports" / "ingest.json"
 
     @property
+    def handoff(self) -> Path:
+        """Ingest's decodes of new images, kept for the shard stage (``tasks.handoff``):
+        per-clone state outside every DVC out; the shard stage empties it."""
+        return self.root / ".shardflow" / "handoff"
+
+    @property
     def shards_dir(self) -> Path:
         return self.root / "data" / "shards"
 

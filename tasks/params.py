@@ -69,6 +69,8 @@ class IngestParams(_Strict):
     # reuse a file's content hash while its size, times and inode are unchanged (git, DVC)
     trust_file_stat: bool
     workers: int = Field(ge=1)
+    # MiB of decoded images ingest keeps for the shard stage (tasks/handoff.py); 0: none
+    handoff_mb: float = Field(ge=0)
 
 
 class ShardParams(_Strict):

@@ -6,10 +6,14 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
 from PIL import Image
+
+if TYPE_CHECKING:
+    from tasks.params import Params
 
 TINY_CLASSES = {"blue": (40, 40, 200), "green": (40, 200, 40), "red": (200, 40, 40)}
 
@@ -35,19 +39,30 @@ def tiny_dataset(tmp_path: Path) -> Path:
     return write_image_folder(tmp_path / "images")
 
 
+def tiny_params(source: Path, **shard: object) -> Params:
+    """The repository's params for a tiny folder at ``source``: splits 0.5/0.25/0.25 (none
+    left empty), one ingest worker, 16 px shards of about two records, one shard worker;
+    ``shard`` changes shard keys."""
+    from tasks.params import default_params
+
+    return default_params(
+        ingest={
+            "source_dir": str(source),
+            "splits": {"train": 0.5, "val": 0.25, "test": 0.25},
+            "workers": 1,
+        },
+        shard={"image_size": [16, 16], "target_shard_mb": 0.002, "workers": 1, **shard},
+    )
+
+
 @pytest.fixture(scope="session")
 def tiny_index(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Ingest index of a tiny dataset (splits 0.5/0.25/0.25, none empty); shared, read-only."""
     from tasks.ingest import run_ingest
-    from tasks.params import default_params
 
     root = tmp_path_factory.mktemp("tiny_index")
     source = write_image_folder(root / "images")
-    splits = {"train": 0.5, "val": 0.25, "test": 0.25}
-    params = default_params(
-        ingest={"source_dir": str(source), "splits": splits, "workers": 1}
-    ).ingest
-    run_ingest(params, root / "index.json", root / "ingest.json")
+    run_ingest(tiny_params(source).ingest, root / "index.json", root / "ingest.json")
     return root / "index.json"
 
 

@@ -282,8 +282,10 @@ def cut_shards(
     *,
     folder: str,
     classes: list[str] | None,
+    handoff: str | None = None,
 ) -> ShardPlan:
-    """Cut ordered records into shard slots whose files live under ``folder`` (a generation)."""
+    """Cut ordered records into shard slots whose files live under ``folder`` (a generation);
+    ``handoff``: where the writers find ingest's kept decodes (:mod:`tasks.handoff`)."""
     source_dir = str(header["source_dir"])
     common = {
         "source_dir": source_dir,
@@ -292,6 +294,7 @@ def cut_shards(
         "compression": params.compression,
         "preprocessing_version": preprocessing_version(),
         "draft": params.draft_decode,
+        "handoff": handoff,
     }
     per_shard = params.target_shard_mb * (1 << 20)
     record_bytes = estimate_record_bytes(params, scan, source_dir) if scan.records else 1.0
@@ -314,13 +317,17 @@ def cut_shards(
     return ShardPlan(index_path, slots, scan.offset_bits, common, classes)
 
 
+WHERE_FROM = ("source_dir", "handoff")  # ShardSpec fields that never decide a shard's bytes
+
+
 def plan_hash(specs: Iterable[ShardSpec]) -> str:
-    """sha256 of everything that decides shard bytes (not source_dir: bytes don't depend on it)."""
+    """sha256 of everything that decides shard bytes (not source_dir or the hand-off folder:
+    bytes don't depend on where the images or ingest's kept decodes are read from)."""
     # Streamed spec by spec: a large plan never exists as one JSON string, nor as all its specs.
     digest = hashlib.sha256(f"shard-plan-v{PLAN_VERSION}".encode())
     for spec in specs:
-        # asdict(spec) without source_dir, minus asdict's deep copies (same JSON, faster)
-        body = {f.name: getattr(spec, f.name) for f in fields(spec) if f.name != "source_dir"}
+        # asdict(spec) without those two, minus asdict's deep copies (same JSON, faster)
+        body = {f.name: getattr(spec, f.name) for f in fields(spec) if f.name not in WHERE_FROM}
         body["records"] = [vars(r) for r in spec.records]
         digest.update(json.dumps(body, sort_keys=True).encode())
     return digest.hexdigest()

@@ -2,9 +2,10 @@
 and the preprocessing of one record.
 
 Preprocessing: :func:`tasks.images.preprocess_bytes` (decode, EXIF, RGB, resize policy: the
-code prediction reuses), then the record schema's encoder. Its version
-(:func:`tasks.images.preprocessing_version`) is part of every spec, so the plan hash, and with
-it every shard, follows the code and the pixel libraries.
+code prediction reuses), then the record schema's encoder; or, for an image ingest decoded at
+the scale this record needs, ingest's kept decode resized the same way (:mod:`tasks.handoff`).
+Its version (:func:`tasks.images.preprocessing_version`) is part of every spec, so the plan
+hash, and with it every shard, follows the code and the pixel libraries.
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tasks.images import preprocess_bytes
+import numpy as np
+
+from tasks import handoff as handoff_store
+from tasks.images import draft_for, open_checked, preprocess_bytes, resize_image
 from tasks.params import ShardParams
 from tasks.schema import RecordSchema
 
@@ -45,6 +49,9 @@ class ShardSpec:
     compression: str  # "none" | "gzip"
     preprocessing_version: str  # tasks.images.preprocessing_version() when planned
     draft: bool  # reduced-size JPEG decoding (shard.draft_decode)
+    # the folder of ingest's kept decodes (tasks.handoff), or None; like source_dir, not in
+    # the plan hash: the shard's bytes are the same with or without it
+    handoff: str | None = None
 
     @property
     def record_schema(self) -> RecordSchema:
@@ -64,11 +71,7 @@ SourceReader = Callable[[ShardRecord], bytes]
 
 def read_source(source_dir: str, record: ShardRecord) -> bytes:
     """A record's source file under ``source_dir``, checked against its ingest sha256."""
-    path = Path(source_dir) / record.path
-    data = path.read_bytes()
-    if hashlib.sha256(data).hexdigest() != record.sha256:
-        raise ValueError(f"{path}: content changed since ingest (sha256 differs); rerun ingest")
-    return data
+    return read_checked(Path(source_dir) / record.path, record.sha256)
 
 
 def preprocess(
@@ -77,13 +80,66 @@ def preprocess(
     schema: RecordSchema,
     policy: str,
     draft: bool,
+    handoff: str | None = None,
     read: SourceReader | None = None,
 ) -> bytes:
     """Read, check, decode, resize and encode one source image; returns the image feature.
 
-    The bytes come from ``source_dir`` unless ``read`` fetches them (checked either way)."""
-    data = read(record) if read is not None else read_source(source_dir, record)
+    The bytes come from ``source_dir`` unless ``read`` fetches them (checked either way).
+    With ``handoff`` (the hand-off folder of the plan's preprocessing version), ingest's
+    decode of the image is used when it was made at the scale this record decodes at
+    (:func:`handed_off_pixels`); otherwise the image is decoded. The file is read and its
+    sha256 checked unless the entry holds its header and its stat signature, taken when
+    ingest hashed it, still matches (what ``ingest.trust_file_stat`` trusts).
+    """
+    path = Path(source_dir) / record.path
+
+    def fetch() -> bytes:
+        return read(record) if read is not None else read_checked(path, record.sha256)
+
+    entry = handoff_store.take(Path(handoff), record.sha256) if handoff else None
+    data = None
+    if entry is None or not entry.head or read is not None or not entry.file_unchanged(path):
+        data = fetch()
     # Ingest already enforced the size limits; the same preprocessing, limits off.
     size = (schema.height, schema.width)
-    pixels = preprocess_bytes(data, size, policy, max_pixels=sys.maxsize, draft=draft)
+    pixels = handed_off_pixels(entry, data, size, policy, draft) if entry else None
+    if pixels is None:
+        data = fetch() if data is None else data
+        pixels = preprocess_bytes(data, size, policy, max_pixels=sys.maxsize, draft=draft)
     return schema.encode_image(pixels)
+
+
+def read_checked(path: Path, sha256: str) -> bytes:
+    """The file's bytes, refused when they are not those ingest indexed."""
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise ValueError(f"{path}: content changed since ingest (sha256 differs); rerun ingest")
+    return data
+
+
+def handed_off_pixels(
+    entry: handoff_store.Entry,
+    data: bytes | None,
+    size: tuple[int, int],
+    policy: str,
+    draft: bool,
+) -> np.ndarray | None:
+    """:func:`tasks.images.preprocess_bytes`'s pixels from ingest's kept decode, or None.
+
+    The same steps with the decode taken from the hand-off: the header opened (from
+    ``data``, the file's bytes, or the header the entry kept), the decoder configured
+    (:func:`tasks.images.draft_for`, which decodes nothing), and when ingest decoded at
+    that very scale, its :func:`~tasks.images.finish_decode` result resized as
+    ``preprocess_bytes`` resizes its own.
+    """
+    try:
+        header = entry.head if data is None else data
+        image = open_checked(header, max_pixels=sys.maxsize, min_side=1)
+        if draft:
+            draft_for(image, size, policy)
+    except Exception:  # a header that does not open again: decode the file as always
+        return None
+    if handoff_store.decode_key(image) != entry.key:
+        return None
+    return resize_image(entry.image, size, policy)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks import data_diff
+from tasks import handoff as handoff_store
 from tasks.atomic import write_text
 from tasks.gc_pause import paused_gc
 from tasks.images import preprocessing_version
@@ -66,6 +67,7 @@ def shard_stage(
     *,
     write_many: WriteMany = write_inline,
     diff_path: Path | None = None,
+    handoff: Path | None = None,
 ) -> StageRun:
     """The shard stage: plan, prepare, write the missing shards, finalize (and diff).
 
@@ -73,11 +75,18 @@ def shard_stage(
     calls it with ``write_many`` sending each shard to its Prefect task runner; tests of
     the pure pieces pass the inline writer. Resumes a killed run of the same plan. With
     ``diff_path``, also writes the data diff against the manifest found before (JSON
-    there, Markdown next to it).
+    there, Markdown next to it). ``handoff``: the hand-off root (``Layout.handoff``) where
+    ingest kept its decodes: the writers resize those decoded at the scale they need
+    instead of decoding again (same bytes), and a finished run leaves it empty.
     """
     shards_dir = Path(shards_dir)
     data_diff.remove_spills(shards_dir)  # a killed run's
-    plan = plan_stage(params, index_path, shards_dir)
+    kept = None
+    if handoff is not None:
+        version = preprocessing_version()
+        handoff_store.clear(handoff, keep=version)  # another decoder's: never used
+        kept = str(handoff_store.folder_for(handoff, version))
+    plan = plan_stage(params, index_path, shards_dir, handoff=kept)
     try:
         missing = prepare(plan, shards_dir)
         written = {r.file: r for r in write_many(missing, shards_dir)}
@@ -87,6 +96,8 @@ def shard_stage(
         ]
         manifest = finalize_manifest(params, plan, results, shards_dir)
         diff = write_stage_diff(plan, manifest, shards_dir, diff_path) if diff_path else None
+        if handoff is not None:  # what no record used (a resumed shard's, a duplicate's)
+            handoff_store.clear(handoff)
     finally:
         if plan.previous_records is not None:
             plan.previous_records.close()
@@ -94,13 +105,16 @@ def shard_stage(
 
 
 @paused_gc()
-def plan_stage(params: ShardParams, index_path: Path, shards_dir: Path) -> StagePlan:
+def plan_stage(
+    params: ShardParams, index_path: Path, shards_dir: Path, *, handoff: str | None = None
+) -> StagePlan:
     """Plan a rebuild (generation 0 from the index) or an append (a new generation).
 
     An append reads the index once: the same pass that orders the new records notes every
     record's class, split and path, for the check that nothing in the base was removed and
     for the data diff's duplicates (at 50k images each extra pass cost about 0.3 s). The
-    diff's "before" is kept as a compact table, not as the record lists.
+    diff's "before" is kept as a compact table, not as the record lists. ``handoff``: the
+    folder of ingest's kept decodes the specs name (:func:`tasks.shard.planning.cut_shards`).
     """
     shards_dir, index_path = Path(shards_dir), Path(index_path)
     header = read_header(index_path)
@@ -108,7 +122,9 @@ def plan_stage(params: ShardParams, index_path: Path, shards_dir: Path) -> Stage
     if params.mode == "rebuild":
         previous, previous_records = _previous(shards_dir)
         scan = scan_index(params, index_path, sample=sample)
-        specs = cut_shards(params, index_path, header, scan, folder="", classes=None)
+        specs = cut_shards(
+            params, index_path, header, scan, folder="", classes=None, handoff=handoff
+        )
         classes = list(header["classes"])
         return StagePlan(
             params.mode, 0, specs, classes, index_path, None, previous, previous_records
@@ -142,7 +158,13 @@ def plan_stage(params: ShardParams, index_path: Path, shards_dir: Path) -> Stage
         current.close()  # the whole index's table is not needed past this point
     number = len(base.generations)
     specs = cut_shards(
-        params, index_path, header, scan, folder=generation_folder(number), classes=classes
+        params,
+        index_path,
+        header,
+        scan,
+        folder=generation_folder(number),
+        classes=classes,
+        handoff=handoff,
     )
     return StagePlan(
         params.mode, number, specs, classes, index_path, base, base, before, duplicates

@@ -7,7 +7,9 @@ import math
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Executor
 from contextlib import ExitStack
+from pathlib import Path
 
+from tasks.handoff import entry_path
 from tasks.images import preprocessing_version
 from tasks.params import ShardParams
 from tasks.processes import prestart_pool, spawn_pool
@@ -49,14 +51,18 @@ def prestart_workers(params: ShardParams) -> None:
 
 def shard_estimates(specs: Iterable[ShardSpec]) -> Iterator[float]:
     """Estimated seconds of each record of ``specs`` (:func:`tasks.worker_cost.shard_seconds`),
-    its size read from the index as the estimate goes; specs that are not a plan (sizes
-    unknown) count as worth any workers."""
+    its size read from the index as the estimate goes, and whether ingest handed its decode
+    off (an entry in the plan's hand-off folder); specs that are not a plan (sizes unknown)
+    count as worth any workers."""
     if not isinstance(specs, ShardPlan):
         yield math.inf
         return
+    handoff = specs.common.get("handoff")
+    folder = Path(handoff) if handoff else None
     for slot in specs.slots:
         for record in specs.index_records(slot):
-            yield shard_seconds(int(record["width"]), int(record["height"]))
+            kept = folder is not None and entry_path(folder, record["sha256"]).exists()
+            yield shard_seconds(int(record["width"]), int(record["height"]), handed_off=kept)
 
 
 class LocalWorkers:

@@ -51,7 +51,9 @@ def write_shard(spec: ShardSpec, shards_dir: Path, read: SourceReader | None = N
         # No TensorFlow in shard workers: tasks.tfrecord writes the same framing.
         with TFRecordWriter(tmp, gzip_compress=spec.compression == "gzip") as writer:
             for record in spec.records:
-                image = preprocess(spec.source_dir, record, schema, spec.resize, spec.draft, read)
+                image = preprocess(
+                    spec.source_dir, record, schema, spec.resize, spec.draft, spec.handoff, read
+                )
                 writer.write(
                     schema.serialize(image, record.label_index, record.sha256, record.path)
                 )

@@ -15,6 +15,7 @@ from bench.stats import (
     alternating_passes,
     evaluate_targets,
     for_at_least,
+    linear_fit,
     median,
     ratio,
     scaling_ratios,
@@ -134,6 +135,19 @@ def test_evaluate_targets_uses_default_encoding_and_scaling_extremes() -> None:
     assert by_name["scaling s/image largest vs smallest"]["measured"] == pytest.approx(1.1)
     assert by_name["scaling peak RSS largest vs smallest"]["pass"] is True
     assert by_name["orchestration tax"]["pass"] is None
+
+
+def test_the_data_side_is_a_slope_per_photo_and_a_fixed_cost_beside_it() -> None:
+    """Runs of 10, 20 and 30 photos costing 2 s plus 25 ms a photo give back both figures,
+    and the issue-28 target compares the slope with one 1/8 decode."""
+    slope, fixed = linear_fit([10.0, 20.0, 30.0], [2.25, 2.5, 2.75])
+    assert slope == pytest.approx(0.025) and fixed == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="two different x"):
+        linear_fit([10.0, 10.0], [1.0, 2.0])
+    figures = {"write_photos.data_side_per_photo_ms": 25.0, "write_photos.decode_floor_ms": 20.0}
+    by_name = {t["name"]: t for t in evaluate_targets(figures, "raw")}
+    target = by_name["12 MP photos: data side per photo (flows, 1 worker) vs one 1/8 decode"]
+    assert target["measured"] == 1.25 and target["pass"] is True
 
 
 def test_scaling_ratios_need_two_points() -> None:

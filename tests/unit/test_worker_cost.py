@@ -43,3 +43,5 @@ def test_summing_stops_at_the_break_even() -> None:
 def test_estimates_grow_with_the_work() -> None:
     assert check_seconds(2 * 2**20) == pytest.approx(2 * check_seconds(2**20))
     assert shard_seconds(4000, 3000) > shard_seconds(128, 96) > shard_seconds(1, 1) > 0
+    # a record resized from ingest's kept 1/8 decode decodes nothing
+    assert shard_seconds(4000, 3000, handed_off=True) < shard_seconds(4000, 3000) / 10

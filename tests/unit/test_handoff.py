@@ -1,0 +1,292 @@
+"""The decode hand-off: ingest's decodes reused by the shard stage, never another record."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tasks import handoff, images, ingest, worker_cost
+from tasks.index import load_index
+from tasks.ingest import handoff_shares, run_ingest
+from tasks.params import IngestParams, ShardParams, default_params
+from tasks.shard import shard_stage, spec
+from tasks.shard.stage import plan_stage
+from tasks.shard.workers import shard_estimates
+
+CLASSES = ("sea", "wood")
+
+
+def photo(width: int, height: int, seed: int, *, mode: str = "RGB") -> Image.Image:
+    """Smooth colour with noise: JPEG-like content whose DCT scaling is not trivial."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([x * 200 // width, y * 200 // height, (x + y) % 256], axis=-1)
+    noisy = base + rng.integers(-30, 31, (height, width, 3))
+    image = Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8), mode="RGB")
+    return image.convert(mode)
+
+
+def write_sources(root: Path) -> Path:
+    """Per class: photos whose 1/8 draft is the scale a 64 px shard decodes at (hits), one
+    rotated by EXIF, a grey one, a small JPEG whose scales differ (a miss), PNGs."""
+    for c, label in enumerate(CLASSES):
+        folder = root / label
+        folder.mkdir(parents=True)
+        for i in range(3):
+            photo(800 + 8 * i, 600, 10 * c + i).save(folder / f"big{i}.jpg", quality=90)
+        exif = Image.Exif()
+        exif[images.ORIENTATION_TAG] = 6
+        photo(640, 480, 10 * c + 5).save(folder / "turned.jpg", quality=90, exif=exif)
+        photo(640, 480, 10 * c + 6, mode="L").save(folder / "grey.jpg", quality=90)
+        photo(120, 90, 10 * c + 7).save(folder / "small.jpg", quality=90)
+        photo(90, 70, 10 * c + 8, mode="RGBA").save(folder / "alpha.png")
+        photo(100, 80, 10 * c + 9).save(folder / "plain.png")
+    return root
+
+
+def ingest_params(source: Path, **changes: object) -> IngestParams:
+    values = {
+        "source_dir": str(source),
+        "splits": {"train": 0.5, "val": 0.25, "test": 0.25},
+        "workers": 1,
+        **changes,
+    }
+    return default_params(ingest=values).ingest
+
+
+def shard_params(size: int) -> ShardParams:
+    values = {"image_size": [size, size], "target_shard_mb": 0.05, "workers": 1}
+    return default_params(shard=values).shard
+
+
+def digests(folder: Path) -> dict[str, str]:
+    return {
+        p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def entries(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*.px")) if root.exists() else []
+
+
+@pytest.fixture
+def counted_decodes(monkeypatch: pytest.MonkeyPatch) -> Callable[[], int]:
+    """How many full decodes (tasks.images.finish_decode) ran since the fixture started."""
+    images.preprocessing_version()  # its probe decodes: done before counting
+    calls = [0]
+    real = images.finish_decode
+
+    def counting(image: Image.Image) -> Image.Image:
+        calls[0] += 1
+        return real(image)
+
+    monkeypatch.setattr(images, "finish_decode", counting)
+    return lambda: calls[0]
+
+
+@pytest.fixture
+def counted_reads(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The source files the shard stage reads and hashes (tasks.shard.spec.read_checked)."""
+    read: list[Path] = []
+    real = spec.read_checked
+
+    def counting(path: Path, sha256: str) -> bytes:
+        read.append(path)
+        return real(path, sha256)
+
+    monkeypatch.setattr(spec, "read_checked", counting)
+    return read
+
+
+def trust_files_written_now(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Files written a moment before ingest count as unchanged while their stat is: no
+    margin against writes in the tick of the stat (the test writes none)."""
+    monkeypatch.setattr(ingest, "RACE_MARGIN_NS", 0)
+
+
+@pytest.mark.parametrize(
+    ("size", "hits", "trusted", "reads"),
+    [(64, 14, False, 16), (64, 14, True, 6), (224, 4, True, 16)],
+)
+def test_shards_are_byte_identical_with_a_warm_handoff_or_none(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    counted_decodes: Callable[[], int],
+    counted_reads: list[Path],
+    size: int,
+    hits: int,
+    trusted: bool,
+    reads: int,
+) -> None:
+    """At 64 px the big, turned and grey JPEGs (1/8 both sides) and the PNGs hit, the small
+    JPEG misses; at 224 px only the PNGs hit. Same shard bytes either way. Where the stat
+    vouches for a JPEG hit, the stage opens the header ingest kept and reads no file."""
+    if trusted:
+        trust_files_written_now(monkeypatch)
+    source = write_sources(tmp_path / "images")
+    kept = tmp_path / ".shardflow" / "handoff"
+    index = tmp_path / "index.json"
+    report = run_ingest(ingest_params(source), index, tmp_path / "ingest.json", handoff=kept)
+    assert report["accepted"] == 16 and len(entries(kept)) == 16
+    params = shard_params(size)
+
+    before = counted_decodes()
+    shard_stage(params, index, tmp_path / "warm", handoff=kept)
+    warm_decodes, warm_reads = counted_decodes() - before, len(counted_reads)
+    shard_stage(params, index, tmp_path / "cold")
+    cold_decodes = counted_decodes() - before - warm_decodes
+
+    assert digests(tmp_path / "warm") == digests(tmp_path / "cold")
+    assert cold_decodes == 16 and len(counted_reads) - warm_reads == 16
+    assert warm_decodes == 16 - hits  # each hit is a decode the stage did not do
+    assert warm_reads == reads
+    assert entries(kept) == [] and not kept.exists()  # used, and the rest removed
+
+
+def test_a_file_changed_after_ingest_is_refused_with_a_handoff(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kept decode whose file was rewritten since ingest is not used: the stat no longer
+    vouches for the bytes, the file is read and the stage fails naming it, as without."""
+    trust_files_written_now(monkeypatch)
+    source = write_sources(tmp_path / "images")
+    kept = tmp_path / "handoff"
+    index = tmp_path / "index.json"
+    run_ingest(ingest_params(source), index, tmp_path / "ingest.json", handoff=kept)
+    photo(800, 600, 77).save(source / "sea" / "big0.jpg", quality=90)
+    with pytest.raises(ValueError, match=r"big0\.jpg: content changed since ingest"):
+        shard_stage(shard_params(64), index, tmp_path / "shards", handoff=kept)
+
+
+def test_a_corrupt_entry_falls_back_to_decoding(tmp_path: Path) -> None:
+    """Inverted pixel bytes, a truncated entry, a foreign header, another image's entry under
+    this name: each record is decoded instead, and the shards are those of no hand-off."""
+    source = write_sources(tmp_path / "images")
+    kept = tmp_path / "handoff"
+    index = tmp_path / "index.json"
+    run_ingest(ingest_params(source), index, tmp_path / "ingest.json", handoff=kept)
+    assert len(entries(kept)) == 16
+
+    def entry_of(name: str) -> Path:
+        digest = hashlib.sha256((source / name).read_bytes()).hexdigest()
+        return handoff.entry_path(entries(kept)[0].parent, digest)
+
+    # wood/alpha.png has sea/alpha.png's size and scale: only the content hash tells them apart
+    names = ("sea/big0.jpg", "sea/big1.jpg", "sea/plain.png", "sea/alpha.png", "wood/alpha.png")
+    flipped, truncated, foreign, swapped, other = (entry_of(name) for name in names)
+    data = bytearray(flipped.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 600] = bytes(255 - v for v in data[middle : middle + 600])
+    flipped.write_bytes(bytes(data))  # same length, header intact: only the crc32 tells
+    truncated.write_bytes(truncated.read_bytes()[:-3])
+    foreign.write_bytes(b"not an entry at all" + foreign.read_bytes()[19:])
+    swapped.write_bytes(other.read_bytes())  # a whole entry, of other content
+    params = shard_params(64)
+
+    shard_stage(params, index, tmp_path / "warm", handoff=kept)
+    shard_stage(params, index, tmp_path / "cold")
+    assert digests(tmp_path / "warm") == digests(tmp_path / "cold")
+
+
+def test_the_bound_is_respected(tmp_path: Path) -> None:
+    """Ingest keeps no more than ``ingest.handoff_mb``; the shares of spawned workers and of
+    ingest itself add up to at most the bound."""
+    source = write_sources(tmp_path / "images")
+    kept = tmp_path / "handoff"
+    entry = (100 * 75 * 3 + 64) / 2**20  # a big photo's 1/8 decode, about 22 KB
+    params = ingest_params(source, handoff_mb=round(3.5 * entry, 6))
+    run_ingest(params, tmp_path / "index.json", tmp_path / "ingest.json", handoff=kept)
+    held = sum(p.stat().st_size for p in entries(kept))
+    assert 0 < held <= params.handoff_mb * 2**20
+    assert len(entries(kept)) < 16
+
+    run_ingest(
+        ingest_params(source, handoff_mb=0),
+        tmp_path / "index0.json",
+        tmp_path / "ingest0.json",
+        handoff=kept,
+    )
+    assert entries(kept) == []  # the earlier run's entries went, and none were added
+
+    for budget, chunks, workers in [(1000, [64, 64, 7], 2), (10, [1, 1], 4), (999, [64], 1)]:
+        shares = handoff_shares(budget, chunks, True, workers)
+        assert len(shares) == len(chunks) + 1 and sum(shares) <= budget
+        assert min(shares) >= 0
+    assert handoff_shares(1000, [64, 64], False, 2) == [0, 0, 1000]
+
+
+def test_the_stage_leaves_no_entry_behind(tmp_path: Path) -> None:
+    """After the stage the hand-off is empty: entries it used, entries it had no use for
+    (another decoder's folder, content not in the plan), and ingest clears the last run's."""
+    source = write_sources(tmp_path / "images")
+    kept = tmp_path / "handoff"
+    stale = handoff.folder_for(kept, "another-version")
+    stale.mkdir(parents=True)
+    (stale / f"{'0' * 64}.px").write_bytes(b"x" * 100)
+    index = tmp_path / "index.json"
+    run_ingest(ingest_params(source), index, tmp_path / "ingest.json", handoff=kept)
+    assert not stale.exists()  # ingest starts from an empty hand-off
+    stale.mkdir(parents=True)
+    (stale / f"{'0' * 64}.px").write_bytes(b"x" * 100)
+    unknown = handoff.entry_path(handoff.folder_for(kept, images.preprocessing_version()), "f" * 64)
+    unknown.write_bytes(b"y" * 100)
+
+    shard_stage(shard_params(64), index, tmp_path / "shards", handoff=kept)
+    assert not kept.exists()
+
+
+def test_the_stage_estimates_handed_off_records_as_the_resize_they_are(tmp_path: Path) -> None:
+    """Whether an append's new shards are worth spawning workers for counts a record whose
+    decode ingest kept as a resize, not as the decode it no longer is."""
+    source = write_sources(tmp_path / "images")
+    kept = tmp_path / "handoff"
+    index = tmp_path / "index.json"
+    run_ingest(ingest_params(source), index, tmp_path / "ingest.json", handoff=kept)
+    folder = str(handoff.folder_for(kept, images.preprocessing_version()))
+    plan = plan_stage(shard_params(64), index, tmp_path / "shards", handoff=folder)
+    warm = sum(shard_estimates(plan.specs))
+    handoff.clear(kept)
+    cold = sum(shard_estimates(plan.specs))
+    pixels = sum(r["width"] * r["height"] for r in load_index(index)["records"])
+    decoded = worker_cost.SHARD_SECONDS_PER_PIXEL * pixels  # every record has an entry
+    assert cold - warm == pytest.approx(decoded * (1 - worker_cost.HANDED_OFF_PIXEL_FRACTION))
+
+
+def test_bad_files_are_quarantined_with_reasons_and_never_handed_off(tmp_path: Path) -> None:
+    """A truncated JPEG, a non-image and an empty file are quarantined with their reasons;
+    found = accepted + quarantined + duplicates + skipped; only accepted content is kept."""
+    source = write_sources(tmp_path / "images")
+    whole = io.BytesIO()
+    photo(800, 600, 99).save(whole, format="JPEG", quality=90)
+    (source / "sea" / "cut.jpg").write_bytes(whole.getvalue()[: len(whole.getvalue()) // 2])
+    (source / "sea" / "notes.jpg").write_bytes(b"these are not pixels")
+    (source / "wood" / "empty.png").write_bytes(b"")
+    (source / "wood" / "again.png").write_bytes((source / "wood" / "plain.png").read_bytes())
+    kept = tmp_path / "handoff"
+    report = run_ingest(
+        ingest_params(source), tmp_path / "index.json", tmp_path / "ingest.json", handoff=kept
+    )
+    reasons = {q["path"]: q["reason"] for q in report["quarantined"]}
+    assert set(reasons) == {"sea/cut.jpg", "sea/notes.jpg", "wood/empty.png"}
+    assert "truncated or corrupt" in reasons["sea/cut.jpg"]
+    assert "not an image" in reasons["sea/notes.jpg"]
+    assert "empty file" in reasons["wood/empty.png"]
+    assert report["duplicate_count"] == 1
+    accounted = sum(
+        report[k] for k in ("accepted", "quarantined_count", "duplicate_count", "skipped_count")
+    )
+    assert accounted == report["files_found"] == 20
+    bad = hashlib.sha256((source / "sea" / "cut.jpg").read_bytes()).hexdigest()
+    assert {p.stem for p in entries(kept)} == {
+        hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in source.rglob("*")
+        if p.is_file() and p.stat().st_size and p.name != "notes.jpg"
+    } - {bad}
