@@ -16,8 +16,9 @@ deployment's pull steps (``git clone`` of ``$SHARDFLOW_GIT_REMOTE``). It then
 
 ``pipeline/team`` runs ``data/team`` (work pool ``cpu``) then ``training/team`` (work pool
 ``gpu``) on one run ref; its deployment's concurrency limit of 1 queues a second pipeline run
-until the first has finished, so runs never share a ``dvc.lock`` and promotions happen one at
-a time. Credentials (git, S3, tracking server) come from the worker's environment only.
+until the first has finished, so runs never share a ``dvc.lock``. (Promotions are one at a
+time however runs start: evaluation holds the registry's lock, :mod:`tasks.promotion`.)
+Credentials (git, S3, tracking server) come from the worker's environment only.
 
 ``python -m flows.team refs [--prune]`` lists (or deletes) the run refs on the git remote.
 """
