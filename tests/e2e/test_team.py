@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from flows.team_demo import DEMO_S3_CREDENTIALS, Team, publish, start_workers, started_team
+from flows.team_demo import Team, publish, start_workers, started_team
 from tests.e2e.conftest import REPO, Project, api_post, make_project, run
 
 pytestmark = pytest.mark.slow
@@ -31,7 +31,7 @@ def team(tmp_path: Path, prefect_server: str) -> Iterator[tuple[Team, Project]]:
         user.mkdir()
         proj = make_project(user, prefect_server)
         shutil.copy2(REPO / "prefect.yaml", proj.root / "prefect.yaml")
-        proj.env = {**proj.env, **DEMO_S3_CREDENTIALS, "MLFLOW_TRACKING_URI": team.tracking_url}
+        proj.env = {**proj.env, **team.s3_env, "MLFLOW_TRACKING_URI": team.tracking_url}
         publish(team, proj.root, proj.env)
         start_workers(team)
         yield team, proj
@@ -125,15 +125,35 @@ def test_two_team_pipeline_runs_come_back_through_git_dvc_and_mlflow(
     champion = client.get_model_version_by_alias("shardflow", "champion")
     assert champion.version in {v.version for v in versions}
     # Model artifacts went through the tracking server to S3.
-    import boto3
-
-    keys = DEMO_S3_CREDENTIALS
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=servers.s3_url,
-        region_name="us-east-1",
-        aws_access_key_id=keys["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=keys["AWS_SECRET_ACCESS_KEY"],
-    )
-    listing = s3.list_objects_v2(Bucket="team", Prefix="mlartifacts/")
+    assert servers.s3 is not None
+    s3: Any = servers.s3.client()
+    listing = s3.list_objects_v2(Bucket=servers.s3.bucket, Prefix="mlartifacts/")
     assert listing.get("KeyCount", 0) > 0
+
+
+def test_the_demo_team_stores_artifacts_on_the_shared_s3_server_and_stops_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The team's S3 is :func:`flows.s3_server.start_s3_server`'s (one way to start moto):
+    the tracking server puts artifacts in its bucket, and the team stops it on exit."""
+    from mlflow import MlflowClient
+
+    import flows.team_demo
+    from flows.s3_server import S3Server, start_s3_server
+
+    started: list[S3Server] = []
+
+    def start(log_file: Path) -> S3Server:
+        started.append(start_s3_server(log_file))
+        return started[-1]
+
+    monkeypatch.setattr(flows.team_demo, "start_s3_server", start)
+    with started_team(tmp_path, prefect_url="http://127.0.0.1:9/api") as team:
+        assert len(started) == 1 and team.s3 is started[0]
+        client = MlflowClient(team.tracking_url)
+        run_id = client.create_run(client.create_experiment("s3")).info.run_id
+        client.log_text(run_id, "hello", "note.txt")
+        s3: Any = team.s3.client()
+        keys = [o["Key"] for o in s3.list_objects_v2(Bucket=team.s3.bucket)["Contents"]]
+        assert any(k.startswith("mlartifacts/") and k.endswith("/note.txt") for k in keys), keys
+    assert started[0].process is not None and started[0].process.poll() is not None
