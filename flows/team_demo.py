@@ -172,7 +172,8 @@ def user_env(team: Team, root: Path) -> dict[str, str]:
 
 def publish(team: Team, root: Path, env: dict[str, str]) -> None:
     """In the user's clone: raw images under DVC with an S3 remote, pushed; the repository
-    pushed to a new bare git remote; work pools created and ``prefect.yaml`` deployed."""
+    pushed to a new bare git remote; work pools created and ``prefect.yaml`` deployed on them
+    (``python -m flows.team deploy``)."""
     python = [sys.executable, "-m"]
     ignore = root / ".gitignore"
     ignore.write_text(ignore.read_text().replace("/data/demo/\n", ""))  # DVC tracks it now
@@ -188,8 +189,10 @@ def publish(team: Team, root: Path, env: dict[str, str]) -> None:
     run(["git", "remote", "add", "team", str(team.bare)], root, env)
     run(["git", "push", "-q", "team", "HEAD:refs/heads/main"], root, env)
     for pool in POOLS:
-        run([*python, "prefect", "work-pool", "create", pool, "--type", "process"], root, env)
-    run([*python, "prefect", "--no-prompt", "deploy", "--all"], root, env)
+        create = ["work-pool", "create", pool, "--type", "process", "--overwrite"]
+        run([*python, "prefect", *create], root, env)
+    cpu, gpu = POOLS
+    run([*python, "flows.team", "deploy", "--cpu-pool", cpu, "--gpu-pool", gpu], root, env)
 
 
 def start_workers(team: Team) -> None:
