@@ -31,7 +31,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -285,15 +284,12 @@ def list_run_refs(remote: str = "origin", cwd: Path | None = None) -> list[str]:
     return [line.split()[1] for line in listing.splitlines() if line.strip()]
 
 
-def pool_env(
-    cpu: str | None = None, gpu: str | None = None, environ: Mapping[str, str] | None = None
-) -> dict[str, str]:
+def pool_env(cpu: str | None, gpu: str | None) -> dict[str, str]:
     """The work pool names prefect.yaml renders (``{{ $SHARDFLOW_CPU_POOL }}``): each the one
-    given, else the variable's value, else ``cpu`` / ``gpu``. Prefect leaves an unset
-    variable's placeholder unrendered (no default syntax), so deploying sets both."""
-    environ = os.environ if environ is None else environ
+    given, else the variable's value, else ``cpu`` / ``gpu``. Prefect keeps an unset
+    variable's placeholder as it is (it has no default syntax), so deploying sets both."""
     given = {"cpu": cpu, "gpu": gpu}
-    return {var: given[kind] or environ.get(var) or kind for kind, var in POOL_ENV.items()}
+    return {var: given[kind] or os.environ.get(var) or kind for kind, var in POOL_ENV.items()}
 
 
 def deploy(cpu: str | None, gpu: str | None, prefect_args: list[str]) -> int:
