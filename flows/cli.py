@@ -119,6 +119,10 @@ def team_demo_steps(extra: Sequence[str]) -> Steps:
     return [module("flows.team_demo", *extra)]
 
 
+def team_deploy_steps(extra: Sequence[str]) -> Steps:
+    return [module("flows.team", "deploy", *extra)]
+
+
 def stop_steps(extra: Sequence[str]) -> Steps:
     return [module("flows.server", "stop", *extra)]
 
@@ -136,6 +140,11 @@ COMMANDS: dict[str, tuple[str, Callable[[Sequence[str]], Steps]]] = {
     "ui": ("MLflow UI on a free 127.0.0.1 port over the project's tracking store", ui_steps),
     "serve-model": ("the champion over HTTP, size-limited, on a free port", serve_model_steps),
     "stop": ("stop the Prefect server that this clone's run/serve/bench started", stop_steps),
+    "team-deploy": (
+        "prefect deploy --all of prefect.yaml's team deployments: --cpu-pool P --gpu-pool P "
+        "(default $SHARDFLOW_CPU_POOL / $SHARDFLOW_GPU_POOL, else cpu / gpu)",
+        team_deploy_steps,
+    ),
     "team-demo": (
         "a whole team on this machine (servers, S3, git remote, cpu+gpu workers): run the "
         "pipeline through it, show what ran where, stop it all",

@@ -10,13 +10,18 @@ parameters, before anything is read or written:
   ``python -m flows.predict``, tests) name their own paths.
 - :data:`ModelName`, :data:`ModelReference`: a registered-model name, and a model by
   alias, version, run id or one of their URIs; checked in every run.
+- :data:`GitCommit`, :data:`RunRef` (the team deployments of ``prefect.yaml``): a full
+  commit id or a branch name, never an option (``--upload-pack=...``) or a refspec; a run
+  ref ``refs/heads/runs/<name>``, never a user's branch; checked in every run.
 
-``tests/unit/test_deployment_parameters.py`` builds the served deployments and fails on a
-parameter none of these types covers, so a new deployment cannot skip the check.
+``tests/unit/test_deployment_parameters.py`` builds the served deployments and those of
+``prefect.yaml``, and fails on a parameter none of these types covers, so a new deployment
+cannot skip the check.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -32,6 +37,27 @@ def _inside_when_deployed(value: str, info: ValidationInfo) -> str:
     if in_deployment_run():
         inside(info.field_name or "path", value, Path.cwd(), Path.cwd())
     return value
+
+
+# A full commit id (SHA-1 or SHA-256), or a branch name: no option, refspec, revision syntax
+# or `..`; slashes only between parts (git's check-ref-format, narrowed).
+FULL_COMMIT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+BRANCH_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*")
+RUN_REF = re.compile(r"refs/heads/runs/[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+
+def _git_commit(value: str) -> str:
+    if FULL_COMMIT.fullmatch(value) or (
+        BRANCH_NAME.fullmatch(value) and ".." not in value and not value.endswith((".", ".lock"))
+    ):
+        return value
+    raise ValueError(f"commit={value!r} is not a full commit id or a branch name")
+
+
+def _run_ref(value: str) -> str:
+    if RUN_REF.fullmatch(value) and ".." not in value and not value.endswith((".", ".lock")):
+        return value
+    raise ValueError(f"ref={value!r} is not a run ref (refs/heads/runs/<name>)")
 
 
 def _model_reference(value: str) -> str:
@@ -53,3 +79,7 @@ ModelReference = Annotated[
     AfterValidator(_model_reference),
     Field(json_schema_extra={CONFINED: "model reference"}),
 ]
+GitCommit = Annotated[
+    str, AfterValidator(_git_commit), Field(json_schema_extra={CONFINED: "git commit"})
+]
+RunRef = Annotated[str, AfterValidator(_run_ref), Field(json_schema_extra={CONFINED: "run ref"})]

@@ -16,9 +16,13 @@ deployment's pull steps (``git clone`` of ``$SHARDFLOW_GIT_REMOTE``). It then
 
 ``pipeline/team`` runs ``data/team`` (work pool ``cpu``) then ``training/team`` (work pool
 ``gpu``) on one run ref; its deployment's concurrency limit of 1 queues a second pipeline run
-until the first has finished, so runs never share a ``dvc.lock`` and promotions happen one at
-a time. Credentials (git, S3, tracking server) come from the worker's environment only.
+until the first has finished, so runs never share a ``dvc.lock``. (Promotions are one at a
+time however runs start: evaluation holds the registry's lock, :mod:`tasks.promotion`.)
+Credentials (git, S3, tracking server) come from the worker's environment only.
 
+``python -m flows.team deploy [--cpu-pool P] [--gpu-pool P]`` (``shardflow team-deploy``)
+registers the deployments of ``prefect.yaml`` on the pools named (else by
+``$SHARDFLOW_CPU_POOL`` / ``$SHARDFLOW_GPU_POOL``, else ``cpu`` / ``gpu``);
 ``python -m flows.team refs [--prune]`` lists (or deletes) the run refs on the git remote.
 """
 
@@ -33,12 +37,16 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
+from flows.parameters import GitCommit, ModelName, ModelReference, RepoPath, RunRef
 from tasks.params import ParamOverrides
+from tasks.tracking import CHAMPION
 
 REMOTE_ENV = "SHARDFLOW_GIT_REMOTE"  # the git remote workers clone and push to
 BRANCH_ENV = "SHARDFLOW_GIT_BRANCH"  # the branch an empty ``commit`` resolves to
 DVC_REMOTE_ENV = "SHARDFLOW_DVC_REMOTE"  # the DVC remote name; DVC's default when unset
 RUN_REF_PREFIX = "refs/heads/runs/"
+# The variables prefect.yaml's `work_pool.name`s are rendered from, and their defaults.
+POOL_ENV = {"cpu": "SHARDFLOW_CPU_POOL", "gpu": "SHARDFLOW_GPU_POOL"}
 DATA_STAGES = ("ingest", "shard", "validate")
 TRAINING_STAGES = ("train", "evaluate")
 # What each part pulls before it runs: the data part its sources and the persisted outputs
@@ -151,11 +159,7 @@ def run_part(
 ) -> dict[str, Any]:
     """One team part in this flow run's clone (the working directory the pull steps set)."""
     logger = get_run_logger()
-    root = Path.cwd()
-    if str(root) not in sys.path:  # this clone's code, never an installed project's
-        sys.path.insert(0, str(root))
-    sha = resolve_commit(root, commit)
-    git(root, "checkout", "--quiet", "--detach", sha)
+    root, sha = check_out(commit)
     ref = ref or run_ref(flow_run.get_name() or "run")
     if overrides:
         _apply_overrides(root, overrides)
@@ -186,6 +190,17 @@ def run_part(
     return {"part": part, "commit": sha, "ref": ref, "pushed": pushed, "clone": str(root)}
 
 
+def check_out(commit: str | None) -> tuple[Path, str]:
+    """This flow run's clone (the working directory the pull steps set) at ``commit``, its
+    code first on ``sys.path`` (never an installed project's); the clone and the commit."""
+    root = Path.cwd()
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    sha = resolve_commit(root, commit)
+    git(root, "checkout", "--quiet", "--detach", sha)
+    return root, sha
+
+
 def _apply_overrides(root: Path, overrides: dict[str, Any]) -> None:
     """Write the overrides into the clone's params.yaml (refusing unknown keys): with the
     checked-out commit's own params code, imported after the checkout."""
@@ -200,21 +215,23 @@ def _as_dict(overrides: ParamOverrides | None) -> dict[str, Any] | None:
 
 @flow(name="data", log_prints=True)
 def team_data(
-    commit: str | None = None, ref: str | None = None, overrides: ParamOverrides | None = None
+    commit: GitCommit | None = None,
+    ref: RunRef | None = None,
+    overrides: ParamOverrides | None = None,
 ) -> dict[str, Any]:
     """ingest -> shard -> validate in this run's clone; results pushed to the run ref."""
     return run_part("data", DATA_STAGES, commit, ref, _as_dict(overrides))
 
 
 @flow(name="training", log_prints=True)
-def team_training(commit: str | None = None, ref: str | None = None) -> dict[str, Any]:
+def team_training(commit: GitCommit | None = None, ref: RunRef | None = None) -> dict[str, Any]:
     """train -> evaluate (promotion included) on the shards of ``commit``'s dvc.lock."""
     return run_part("training", TRAINING_STAGES, commit, ref, None)
 
 
 @flow(name="pipeline", log_prints=True)
 def team_pipeline(
-    commit: str | None = None, overrides: ParamOverrides | None = None
+    commit: GitCommit | None = None, overrides: ParamOverrides | None = None
 ) -> dict[str, Any]:
     """``data/team`` on the cpu pool, then ``training/team`` on the gpu pool, one run ref."""
     from prefect.client.schemas.objects import FlowRun
@@ -240,23 +257,72 @@ def team_pipeline(
     return {"commit": sha, "ref": ref, **parts}
 
 
+@flow(name="predict", log_prints=True)
+def team_predict(
+    source: RepoPath,
+    output: RepoPath = "reports/predictions.csv",
+    model: ModelReference = CHAMPION,
+    model_name: ModelName | None = None,
+    commit: GitCommit | None = None,
+) -> dict[str, Any]:
+    """Batch prediction (:func:`flows.predict.predict_flow`) in this run's clone at
+    ``commit``: ``source`` as the clone holds it or, when DVC tracks it, pulled from the DVC
+    remote; ``model`` (the champion) loaded from the tracking server, which also keeps the
+    CSV as the prediction run's artifact. Paths are confined to the clone."""
+    root, sha = check_out(commit)
+    if not (root / source).exists():
+        dvc(root, "pull", *dvc_remote_args(), source)
+    get_run_logger().info("predicting %s at commit %s in %s", source, sha[:12], root)
+    from flows.predict import predict_flow
+
+    return predict_flow(source=source, output=output, model=model, model_name=model_name)
+
+
 def list_run_refs(remote: str = "origin", cwd: Path | None = None) -> list[str]:
     """The run refs on the git remote (``refs/heads/runs/*``)."""
     listing = git(cwd or Path.cwd(), "ls-remote", remote, RUN_REF_PREFIX + "*")
     return [line.split()[1] for line in listing.splitlines() if line.strip()]
 
 
+def pool_env(cpu: str | None, gpu: str | None) -> dict[str, str]:
+    """The work pool names prefect.yaml renders (``{{ $SHARDFLOW_CPU_POOL }}``): each the one
+    given, else the variable's value, else ``cpu`` / ``gpu``. Prefect keeps an unset
+    variable's placeholder as it is (it has no default syntax), so deploying sets both."""
+    given = {"cpu": cpu, "gpu": gpu}
+    return {var: given[kind] or os.environ.get(var) or kind for kind, var in POOL_ENV.items()}
+
+
+def deploy(cpu: str | None, gpu: str | None, prefect_args: list[str]) -> int:
+    """``prefect deploy --all`` from the working directory with the pool names set."""
+    pools = pool_env(cpu, gpu)
+    print(
+        f"deploying prefect.yaml: cpu pool {pools[POOL_ENV['cpu']]!r}, gpu pool "
+        f"{pools[POOL_ENV['gpu']]!r}",
+        flush=True,
+    )
+    cmd = [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all", *prefect_args]
+    return subprocess.run(cmd, env={**os.environ, **pools}, check=False).returncode
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m flows.team refs [--remote R] [--prune REF ...|--prune-all]``."""
+    """``python -m flows.team deploy [--cpu-pool P] [--gpu-pool P] [prefect deploy args]``,
+    ``python -m flows.team refs [--remote R] [--prune REF ...|--prune-all]``."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m flows.team")
     sub = parser.add_subparsers(dest="command", required=True)
+    deploying = sub.add_parser("deploy", help="prefect deploy --all, on the pools named")
+    deploying.add_argument("--cpu-pool", help=f"default ${POOL_ENV['cpu']}, else cpu")
+    deploying.add_argument("--gpu-pool", help=f"default ${POOL_ENV['gpu']}, else gpu")
     refs = sub.add_parser("refs", help="list (or prune) the run refs on the git remote")
     refs.add_argument("--remote", default="origin")
     refs.add_argument("--prune", nargs="+", default=[], metavar="REF")
     refs.add_argument("--prune-all", action="store_true")
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "deploy":
+        return deploy(args.cpu_pool, args.gpu_pool, rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     existing = list_run_refs(args.remote)
     wanted = (
         existing

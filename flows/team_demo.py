@@ -1,8 +1,8 @@
 """``shardflow team-demo``: the team setup of ``prefect.yaml`` on one machine, for a newcomer.
 
 Starts, on 127.0.0.1 and free ports, everything a team has: a Prefect server, an S3 server
-(moto's standalone server: it speaks the S3 REST protocol and installs from the package
-registry, which MinIO's server does not), ``mlflow server`` with its artifacts on S3, a bare
+(:mod:`flows.s3_server`: moto's standalone server, the one the tests and the bench use),
+``mlflow server`` with its artifacts on S3, a bare
 git remote, and two process workers (pools ``cpu`` and ``gpu``), each in an empty directory of
 its own with credentials in its environment only. It clones this repository's HEAD, adds tiny
 demo images under DVC, pushes them, deploys ``prefect.yaml``, runs ``pipeline/team`` through
@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import secrets
 import shutil
 import signal
 import socket
@@ -31,14 +30,8 @@ from typing import Any
 
 import httpx
 
-# Throwaway credentials of the demo's own S3 server, handed to processes by environment only.
-# Made for each demo (the local S3 server takes any keys): no key is written in the repository,
-# and each process of the demo gets them through its environment.
-DEMO_S3_CREDENTIALS = {
-    "AWS_ACCESS_KEY_ID": f"demo-{secrets.token_hex(4)}",
-    "AWS_SECRET_ACCESS_KEY": secrets.token_hex(16),
-}
-BUCKET = "team"
+from flows.s3_server import S3Server, start_s3_server, stop_s3_server
+
 QUIET = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "DO_NOT_TRACK": "true",
@@ -79,7 +72,9 @@ class Team:
     """The started team: its addresses, directories and processes (stopped by ``stop``)."""
 
     base: Path
-    s3_url: str = ""
+    # The demo's own S3 server: a bucket, and throwaway keys made for it that processes get
+    # through their environment only (none is written in the repository).
+    s3: S3Server | None = None
     tracking_url: str = ""
     prefect_url: str = ""
     bare: Path = Path()
@@ -106,8 +101,18 @@ class Team:
             time.sleep(0.5)
         raise RuntimeError(f"{name} did not answer at {url} in {timeout:.0f} s; see {log}")
 
+    @property
+    def s3_url(self) -> str:
+        return self.s3.endpoint_url if self.s3 else ""
+
+    @property
+    def s3_env(self) -> dict[str, str]:
+        """The S3 server's keys, endpoint and region, for a process's environment."""
+        return self.s3.env if self.s3 else {}
+
     def stop(self) -> None:
-        """Stop every process this team started, newest first (each by its own group id)."""
+        """Stop every process this team started, newest first (each by its own group id),
+        then its S3 server."""
         for _, process, _ in reversed(self.processes):
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGTERM)
@@ -117,6 +122,8 @@ class Team:
                     os.killpg(process.pid, signal.SIGKILL)
                     process.wait(timeout=30)
         self.processes.clear()
+        if self.s3 is not None:
+            stop_s3_server(self.s3)
 
     def log_tail(self, name: str, chars: int = 4000) -> str:
         return "\n".join(
@@ -135,29 +142,16 @@ def start_prefect(team: Team) -> None:
 
 
 def start_storage_and_tracking(team: Team) -> None:
-    """moto's S3 server with the bucket, then ``mlflow server`` with artifacts on S3."""
-    port = free_port()
-    team.s3_url = f"http://127.0.0.1:{port}"
-    moto = str(Path(sys.executable).with_name("moto_server"))
-    team.start("s3", [moto, "-H", "127.0.0.1", "-p", str(port)], team.base, machine_env())
-    team.wait_http(team.s3_url)
-    import boto3
-
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=team.s3_url,
-        region_name="us-east-1",
-        aws_access_key_id=DEMO_S3_CREDENTIALS["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=DEMO_S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-    )
-    s3.create_bucket(Bucket=BUCKET)
+    """The S3 server (:func:`flows.s3_server.start_s3_server`: a bucket, fresh keys), then
+    ``mlflow server`` with artifacts on S3."""
+    team.s3 = start_s3_server(team.base / "s3.log")
     port = free_port()
     team.tracking_url = f"http://127.0.0.1:{port}"
-    env = {**machine_env(), **DEMO_S3_CREDENTIALS, "MLFLOW_S3_ENDPOINT_URL": team.s3_url}
+    env = {**machine_env(), **team.s3_env, "MLFLOW_S3_ENDPOINT_URL": team.s3_url}
     cmd = [
         *[sys.executable, "-m", "mlflow", "server"],
         *["--backend-store-uri", f"sqlite:///{team.base / 'tracking.db'}"],
-        *["--artifacts-destination", f"s3://{BUCKET}/mlartifacts"],
+        *["--artifacts-destination", team.s3.url("mlartifacts")],
         *["--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
     ]
     team.start("mlflow", cmd, team.base, env)
@@ -168,7 +162,7 @@ def user_env(team: Team, root: Path) -> dict[str, str]:
     """The user's shell in their clone: the servers, and the S3 credentials for DVC."""
     return {
         **machine_env(),
-        **DEMO_S3_CREDENTIALS,
+        **team.s3_env,
         "PYTHONPATH": str(root),
         "PREFECT_API_URL": team.prefect_url,
         "PREFECT_HOME": str(team.base / "prefect-user"),
@@ -178,11 +172,13 @@ def user_env(team: Team, root: Path) -> dict[str, str]:
 
 def publish(team: Team, root: Path, env: dict[str, str]) -> None:
     """In the user's clone: raw images under DVC with an S3 remote, pushed; the repository
-    pushed to a new bare git remote; work pools created and ``prefect.yaml`` deployed."""
+    pushed to a new bare git remote; work pools created and ``prefect.yaml`` deployed on them
+    (``python -m flows.team deploy``)."""
     python = [sys.executable, "-m"]
     ignore = root / ".gitignore"
     ignore.write_text(ignore.read_text().replace("/data/demo/\n", ""))  # DVC tracks it now
-    run([*python, "dvc", "remote", "add", "-f", "-d", "team", f"s3://{BUCKET}/dvc"], root, env)
+    assert team.s3 is not None, "start_storage_and_tracking first"
+    run([*python, "dvc", "remote", "add", "-f", "-d", "team", team.s3.url("dvc")], root, env)
     run([*python, "dvc", "remote", "modify", "team", "endpointurl", team.s3_url], root, env)
     run([*python, "dvc", "add", "data/demo"], root, env)
     run(["git", "add", "-A"], root, env)
@@ -193,8 +189,10 @@ def publish(team: Team, root: Path, env: dict[str, str]) -> None:
     run(["git", "remote", "add", "team", str(team.bare)], root, env)
     run(["git", "push", "-q", "team", "HEAD:refs/heads/main"], root, env)
     for pool in POOLS:
-        run([*python, "prefect", "work-pool", "create", pool, "--type", "process"], root, env)
-    run([*python, "prefect", "--no-prompt", "deploy", "--all"], root, env)
+        create = ["work-pool", "create", pool, "--type", "process", "--overwrite"]
+        run([*python, "prefect", *create], root, env)
+    cpu, gpu = POOLS
+    run([*python, "flows.team", "deploy", "--cpu-pool", cpu, "--gpu-pool", gpu], root, env)
 
 
 def start_workers(team: Team) -> None:
@@ -205,7 +203,7 @@ def start_workers(team: Team) -> None:
         (home / "tmp").mkdir(parents=True)
         env = {
             **machine_env(),
-            **DEMO_S3_CREDENTIALS,
+            **team.s3_env,
             "HOME": str(home),
             "TMPDIR": str(home / "tmp"),
             "PREFECT_HOME": str(home / ".prefect"),

@@ -35,12 +35,13 @@ from tasks.manifest import load_manifest
 from tasks.metrics_files import is_number
 from tasks.params import EvaluateParams, Params, flatten
 from tasks.promotion import (
+    Figure,
     NotComparable,
-    apply_decision,
     check_margin,
     decide,
     metric_definition,
     pending_decision,
+    promote,
     spec_differences,
 )
 from tasks.reader import read_split
@@ -607,8 +608,9 @@ def track_evaluation(
     store: ShardStore | None = None,
 ) -> dict[str, Any]:
     """Register, log, decide (re-scoring the champion where needed), record, then move the
-    alias. The decision reaches ``reports/eval_summary.json`` and the evaluation run before
-    the alias moves, so a crash in between leaves a record the rerun completes."""
+    alias, the last three under the registry's promotion lock. The decision reaches
+    ``reports/eval_summary.json`` and the evaluation run before the alias moves, so a crash
+    in between leaves a record the rerun completes."""
     from tasks.predict import ServingSpec
 
     settings = params.evaluate
@@ -618,19 +620,28 @@ def track_evaluation(
     client.log_artifacts(runs["evaluation"], str(layout.eval_dir), "eval")
     source = store.url if store else layout.shards_dir
     log_test_results(client, runs, model_id, metrics, manifest, source)
-    decision = promotion_decision(
-        client, runs["training"], version, settings, layout, spec, metrics, store
-    )
     result = {key: value for key, value in metrics.items() if key != "confusion_matrix"}
-    result.update(promotion=decision, run_id=runs["training"], eval_run_id=runs["evaluation"])
-    result["model_version"] = version
-    result["label_issues"] = sum(metrics["label_review"]["flagged"].values())  # a DVC metric
-    # The record first: a crash after it is resumable. DVC metrics take the numbers only.
-    write_json(layout.eval_metrics, {k: v for k, v in result.items() if is_number(v)})
-    write_json(layout.eval_summary, summary_record(result))
-    log_decision(client, runs["evaluation"], version, decision)
-    write_card(client, runs, layout, manifest, result)
-    apply_decision(client, settings.model_name, decision)
+
+    def record(decision: dict[str, Any]) -> None:
+        """The record before the alias moves: a crash after it is resumable."""
+        result.update(promotion=decision, run_id=runs["training"], eval_run_id=runs["evaluation"])
+        result["model_version"] = version
+        result["label_issues"] = sum(metrics["label_review"]["flagged"].values())  # a DVC metric
+        # DVC metrics take the numbers only.
+        write_json(layout.eval_metrics, {k: v for k, v in result.items() if is_number(v)})
+        write_json(layout.eval_summary, summary_record(result))
+        log_decision(client, runs["evaluation"], version, decision)
+        write_card(client, runs, layout, manifest, result)
+
+    # Read the champion, compare, record and move the alias under the registry's lock.
+    promote(
+        client,
+        settings.model_name,
+        lambda: promotion_decision(
+            client, runs["training"], version, settings, layout, spec, metrics, store
+        ),
+        record,
+    )
     client.set_tag(runs["training"], "eval.latest_run_id", runs["evaluation"])
     for path in (layout.eval_metrics, layout.eval_summary, layout.test_predictions):
         client.log_artifact(runs["evaluation"], str(path), "eval")
@@ -662,10 +673,7 @@ def promotion_decision(
         client,
         settings.model_name,
         version,
-        metric=metric,
-        definition=definition,
-        value=float(metrics[metric]),
-        test_fingerprint=metrics["test_fingerprint"],
+        Figure(metric, definition, float(metrics[metric]), metrics["test_fingerprint"]),
         margin=settings.promotion_margin,
         allow_incomparable=settings.allow_incomparable_promotion,
         rescore=champion_scorer(

@@ -9,13 +9,23 @@ callable the evaluate stage supplies, which loads the champion's model and refus
 serving spec does not match the current shards); only when that is impossible is the
 comparison "not comparable". :func:`decide` moves no alias (:func:`apply_decision` does),
 so the decision is recorded first.
+
+Moving the alias is guarded on the registry itself, whichever way the evaluation was started
+(a DVC stage, a deployment, another clone on the same tracking server): :func:`promote`
+reads the champion, compares, records and moves the alias under :func:`promotion_lock`, and
+:func:`apply_decision` moves it only while it still points where the comparison found it.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -88,31 +98,34 @@ def _short(value: Any) -> str:
     return str(value)
 
 
-def tag_figure(
-    client: MlflowClient,
-    model_name: str,
-    version: str,
-    *,
-    metric: str,
-    definition: str,
-    value: float,
-    test_fingerprint: str,
-) -> None:
+@dataclass(frozen=True)
+class Figure:
+    """A version's figure: the value of ``metric``, measured as ``definition`` (the metric
+    and the params it depends on) on the test set ``test_fingerprint``."""
+
+    metric: str
+    definition: str
+    value: float
+    test_fingerprint: str
+
+
+def tag_figure(client: MlflowClient, model_name: str, version: str, figure: Figure) -> None:
     """Record on the version what its figure is and how and where it was measured."""
-    client.set_model_version_tag(model_name, version, f"eval.{metric}", str(value))
-    client.set_model_version_tag(model_name, version, f"eval.definition.{metric}", definition)
-    client.set_model_version_tag(model_name, version, "eval.test_fingerprint", test_fingerprint)
+    tags = {
+        f"eval.{figure.metric}": str(figure.value),
+        f"eval.definition.{figure.metric}": figure.definition,
+        "eval.test_fingerprint": figure.test_fingerprint,
+    }
+    for key, value in tags.items():
+        client.set_model_version_tag(model_name, version, key, value)
 
 
 def decide(
     client: MlflowClient,
     model_name: str,
     version: str,
+    figure: Figure,
     *,
-    metric: str,
-    definition: str,
-    value: float,
-    test_fingerprint: str,
     margin: float,
     allow_incomparable: bool,
     rescore: Callable[[str], float] | None = None,
@@ -127,20 +140,13 @@ def decide(
     and how it was obtained.
     """
     check_margin(margin)
-    tag_figure(
-        client,
-        model_name,
-        version,
-        metric=metric,
-        definition=definition,
-        value=value,
-        test_fingerprint=test_fingerprint,
-    )
+    tag_figure(client, model_name, version, figure)
+    metric, definition, value = figure.metric, figure.definition, figure.value
     current = champion_version(client, model_name)
     decision: dict[str, Any] = {
         "metric": metric,
         "definition": definition,
-        "test_fingerprint": test_fingerprint,
+        "test_fingerprint": figure.test_fingerprint,
         "candidate_version": version,
         "candidate_value": value,
         "margin": margin,
@@ -242,10 +248,124 @@ def outcome(decision: Mapping[str, Any], allow_incomparable: bool) -> dict[str, 
     return {"promoted": beats, "decision": "promoted" if beats else "kept", "reason": reason}
 
 
+class ChampionMoved(RuntimeError):
+    """The alias moved after the comparison was made: the decision no longer holds."""
+
+
 def apply_decision(client: MlflowClient, model_name: str, decision: Mapping[str, Any]) -> None:
-    """Move ``champion`` to the candidate if the decision says so (idempotent)."""
-    if decision["promoted"]:
-        client.set_registered_model_alias(model_name, CHAMPION, decision["candidate_version"])
+    """Move ``champion`` to the candidate if the decision says so (idempotent), and only
+    while it still points at the version the decision compared with (a compare-and-set:
+    raises :class:`ChampionMoved` otherwise, leaving the alias where it is)."""
+    if not decision["promoted"]:
+        return
+    candidate = decision["candidate_version"]
+    now = champion_version(client, model_name)
+    if now not in (decision["champion_version"], candidate):
+        raise ChampionMoved(
+            f"{CHAMPION} of {model_name!r} moved to v{now} after version {candidate} was "
+            f"compared with v{decision['champion_version']}: not promoted; evaluate again "
+            "to compare with the new champion"
+        )
+    client.set_registered_model_alias(model_name, CHAMPION, candidate)
+
+
+LOCK_SUFFIX = ".promotion-lock"  # the lock is a registered model of this name, while held
+LOCK_WAIT_S = 1800.0  # a promotion re-scores at most one champion; waiting longer means trouble
+
+
+def lock_holder() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _holder_is_gone(holder: str) -> bool:
+    """Whether ``host:pid`` names a process on this host that no longer runs (a crash left
+    the lock); a holder on another host is never judged from here."""
+    host, _, pid = holder.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+@contextmanager
+def promotion_lock(
+    client: MlflowClient, model_name: str, *, wait_s: float = LOCK_WAIT_S, poll_s: float = 0.2
+) -> Iterator[None]:
+    """Hold the registry's promotion lock of ``model_name`` for the block.
+
+    The lock is the registered model ``<model_name>.promotion-lock``: creating a registered
+    model whose name exists fails in every MLflow store (a unique key in SQL, the tracking
+    server's error over REST), so whoever creates it holds the lock, whatever process, clone
+    or Prefect server it runs under. It is deleted on exit; one left by a crashed process on
+    this host is taken over, one held elsewhere is waited for up to ``wait_s`` seconds.
+    """
+    from mlflow.exceptions import MlflowException
+
+    name, holder = f"{model_name}{LOCK_SUFFIX}", lock_holder()
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            description = f"held by {holder} while it promotes {model_name}"
+            client.create_registered_model(name, tags={"holder": holder}, description=description)
+            break
+        except MlflowException as error:
+            if error.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+        held_by = _lock_holder_tag(client, name)
+        if held_by is not None and _holder_is_gone(held_by):
+            _delete_lock(client, name)
+            continue
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"the promotion lock {name!r} (a registered model) was held by {held_by} for "
+                f"over {wait_s:.0f} s; if that process is gone, delete the registered model "
+                f"{name!r} and evaluate again"
+            )
+        time.sleep(poll_s)
+    try:
+        yield
+    finally:
+        _delete_lock(client, name)
+
+
+def _lock_holder_tag(client: MlflowClient, name: str) -> str | None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_registered_model(name).tags.get("holder")
+    except MlflowException:
+        return None  # released meanwhile
+
+
+def _delete_lock(client: MlflowClient, name: str) -> None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.delete_registered_model(name)
+    except MlflowException as error:
+        if error.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+
+
+def promote(
+    client: MlflowClient,
+    model_name: str,
+    choose: Callable[[], dict[str, Any]],
+    record: Callable[[dict[str, Any]], None],
+) -> dict[str, Any]:
+    """Under the promotion lock: ``choose`` a decision (read the champion, compare),
+    ``record`` it, then move the alias if it says so. No run moves the alias on a
+    comparison another run invalidated."""
+    with promotion_lock(client, model_name):
+        decision = choose()
+        record(decision)
+        apply_decision(client, model_name, decision)
+    return decision
 
 
 def pending_decision(

@@ -6,6 +6,7 @@ starts (flows/team_demo.py). Two ``pipeline/team`` runs are started at once."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from flows.team_demo import DEMO_S3_CREDENTIALS, Team, publish, start_workers, started_team
+from flows.team_demo import Team, publish, start_workers, started_team
 from tests.e2e.conftest import REPO, Project, api_post, make_project, run
 
 pytestmark = pytest.mark.slow
@@ -31,14 +32,16 @@ def team(tmp_path: Path, prefect_server: str) -> Iterator[tuple[Team, Project]]:
         user.mkdir()
         proj = make_project(user, prefect_server)
         shutil.copy2(REPO / "prefect.yaml", proj.root / "prefect.yaml")
-        proj.env = {**proj.env, **DEMO_S3_CREDENTIALS, "MLFLOW_TRACKING_URI": team.tracking_url}
+        proj.env = {**proj.env, **team.s3_env, "MLFLOW_TRACKING_URI": team.tracking_url}
         publish(team, proj.root, proj.env)
         start_workers(team)
         yield team, proj
 
 
-def watch(proj: Project, params: dict[str, Any]) -> subprocess.Popen[str]:
-    cmd = [sys.executable, "-m", "prefect", "deployment", "run", "pipeline/team", "--watch"]
+def watch(
+    proj: Project, params: dict[str, Any], deployment: str = "pipeline/team"
+) -> subprocess.Popen[str]:
+    cmd = [sys.executable, "-m", "prefect", "deployment", "run", deployment, "--watch"]
     return subprocess.Popen(
         [*cmd, "--params", json.dumps(params)],
         cwd=proj.root,
@@ -124,16 +127,113 @@ def test_two_team_pipeline_runs_come_back_through_git_dvc_and_mlflow(
     assert len(versions) == 2  # one registered version per run
     champion = client.get_model_version_by_alias("shardflow", "champion")
     assert champion.version in {v.version for v in versions}
-    # Model artifacts went through the tracking server to S3.
-    import boto3
 
-    keys = DEMO_S3_CREDENTIALS
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=servers.s3_url,
-        region_name="us-east-1",
-        aws_access_key_id=keys["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=keys["AWS_SECRET_ACCESS_KEY"],
+    # predict/team: on the gpu pool, in a fresh clone, the source pulled from the DVC remote,
+    # the champion loaded from the tracking server, the CSV kept there.
+    predicting = watch(proj, {"source": "data/demo/circle"}, "predict/team")
+    output = predicting.communicate(timeout=900)[0]
+    assert predicting.returncode == 0, f"{output}\n{servers.log_tail('worker-gpu')}"
+    from tasks.predict import PREDICT_EXPERIMENT, list_sources
+
+    predict_runs = client.search_runs(
+        [client.get_experiment_by_name(PREDICT_EXPERIMENT).experiment_id]
     )
-    listing = s3.list_objects_v2(Bucket="team", Prefix="mlartifacts/")
+    assert len(predict_runs) == 1
+    tags, metrics = predict_runs[0].data.tags, predict_runs[0].data.metrics
+    assert tags["model.version"] == champion.version, tags
+    assert tags["predict.source"] == "data/demo/circle", tags
+    assert metrics["num_images"] == len(list_sources(proj.root / "data/demo/circle")) > 0
+    listed = client.list_artifacts(predict_runs[0].info.run_id, "predictions")
+    assert [Path(a.path).name for a in listed] == ["predictions.csv"]
+    flow_runs = api_post(prefect_server, "/flow_runs/filter", {"limit": 200})
+    predict_run = next(
+        r for r in flow_runs if r["parent_task_run_id"] is None and f"'{r['name']}'" in output
+    )
+    assert predict_run["work_pool_name"] == "gpu"
+    body = {"logs": {"flow_run_id": {"any_": [predict_run["id"]]}}, "limit": 200}
+    lines = [line["message"] for line in api_post(prefect_server, "/logs/filter", body)]
+    clone = Path(next(m for m in lines if m.startswith("predicting ")).split(" in ")[-1])
+    assert clone.is_relative_to(servers.workers["gpu"]), lines
+
+    # Model artifacts went through the tracking server to S3.
+    assert servers.s3 is not None
+    s3: Any = servers.s3.client()
+    listing = s3.list_objects_v2(Bucket=servers.s3.bucket, Prefix="mlartifacts/")
     assert listing.get("KeyCount", 0) > 0
+
+
+def test_the_demo_team_stores_artifacts_on_the_shared_s3_server_and_stops_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The team's S3 is :func:`flows.s3_server.start_s3_server`'s (one way to start moto):
+    the tracking server puts artifacts in its bucket, and the team stops it on exit."""
+    from mlflow import MlflowClient
+
+    import flows.team_demo
+    from flows.s3_server import S3Server, start_s3_server
+
+    started: list[S3Server] = []
+
+    def start(log_file: Path) -> S3Server:
+        started.append(start_s3_server(log_file))
+        return started[-1]
+
+    monkeypatch.setattr(flows.team_demo, "start_s3_server", start)
+    with started_team(tmp_path, prefect_url="http://127.0.0.1:9/api") as team:
+        assert len(started) == 1 and team.s3 is started[0]
+        client = MlflowClient(team.tracking_url)
+        run_id = client.create_run(client.create_experiment("s3")).info.run_id
+        client.log_text(run_id, "hello", "note.txt")
+        s3: Any = team.s3.client()
+        keys = [o["Key"] for o in s3.list_objects_v2(Bucket=team.s3.bucket)["Contents"]]
+        assert any(k.startswith("mlartifacts/") and k.endswith("/note.txt") for k in keys), keys
+    assert started[0].process is not None and started[0].process.poll() is not None
+
+
+def test_team_deploy_takes_the_pool_names_from_options_variables_or_defaults(
+    prefect_server: str, tmp_path: Path
+) -> None:
+    """prefect.yaml's pool names are rendered from SHARDFLOW_CPU_POOL / SHARDFLOW_GPU_POOL:
+    ``python -m flows.team deploy`` sets them from its options, else from the variables,
+    else ``cpu`` / ``gpu``; no tracked file is edited."""
+    root = tmp_path / "clone"
+    for name in ("flows", "tasks"):
+        shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("prefect.yaml", "params.yaml"):
+        shutil.copy2(REPO / name, root / name)
+    before = (root / "prefect.yaml").read_bytes()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("SHARDFLOW_")},
+        "PYTHONPATH": str(root),
+        "PREFECT_API_URL": prefect_server,
+        "PREFECT_HOME": str(tmp_path / "prefect_client"),
+    }
+    existing = {pool["name"] for pool in api_post(prefect_server, "/work_pools/filter", {})}
+    for pool in {"cpu", "gpu", "team-cpu-a", "team-gpu-b"} - existing:
+        api_post(prefect_server, "/work_pools/", {"name": pool, "type": "process"})
+
+    def deployed(*options: str, **variables: str) -> dict[str, str]:
+        cmd = [sys.executable, "-m", "flows.team", "deploy", *options]
+        run(cmd, root, {**env, **variables})
+        found = api_post(prefect_server, "/deployments/filter", {"limit": 100})
+        flows = {f["id"]: f["name"] for f in api_post(prefect_server, "/flows/filter", {})}
+        return {
+            f"{flows[d['flow_id']]}/{d['name']}": d["work_pool_name"]
+            for d in found
+            if d["name"] == "team"
+        }
+
+    chosen = deployed("--cpu-pool", "team-cpu-a", SHARDFLOW_GPU_POOL="team-gpu-b")
+    assert chosen == {
+        "pipeline/team": "team-cpu-a",
+        "data/team": "team-cpu-a",
+        "training/team": "team-gpu-b",
+        "predict/team": "team-gpu-b",
+    }
+    assert deployed() == {
+        "pipeline/team": "cpu",
+        "data/team": "cpu",
+        "training/team": "gpu",
+        "predict/team": "gpu",
+    }
+    assert (root / "prefect.yaml").read_bytes() == before

@@ -19,7 +19,7 @@ from flows import cli
 ROOT = Path(__file__).resolve().parents[2]
 COMMANDS = [
     *["run", "accept-data", "serve", "predict", "bench", "ui", "serve-model", "stop"],
-    "team-demo",
+    *["team-deploy", "team-demo"],
 ]
 
 

@@ -1,9 +1,11 @@
-"""Every parameter of every deployment ``flows/deployments.py`` serves is checked before the
-run starts: paths resolve inside the repository, models are named by registry rules.
+"""Every parameter of every deployment ``flows/deployments.py`` serves, and of every team
+deployment ``prefect.yaml`` declares, is checked before the run starts: paths resolve inside
+the repository, models are named by registry rules, commits and run refs by git's.
 
-The deployments are built as ``make serve`` builds them and each one's flow is loaded from
-its entrypoint, as the serving process loads it: a new deployment, or a new string
-parameter, without a check fails here.
+The served deployments are built as ``make serve`` builds them and each one's flow is loaded
+from its entrypoint, as the serving process loads it; prefect.yaml's flows are loaded from
+its entrypoints, as a worker loads them: a new deployment, or a new string parameter,
+without a check fails here.
 """
 
 from __future__ import annotations
@@ -24,7 +26,14 @@ from tasks.predict import check_model_reference, list_sources
 TYPED_ELSEWHERE = {"overrides": "tests/unit/test_deployment_overrides.py"}
 # A parameter with one of these in its name names a file or folder: it must be confined.
 PATH_WORDS = re.compile(r"path|root|source|output|dir|file|folder|csv|weights|location|dest")
-VALID = {"repository": "data/photos", "name": "shardflow", "model reference": "champion"}
+VALID = {
+    "repository": "data/photos",
+    "name": "shardflow",
+    "model reference": "champion",
+    "git commit": "main",
+    "run ref": "refs/heads/runs/beryl-lemming",
+}
+REPO = Path(__file__).resolve().parents[2]
 RUN_ID = "0123456789abcdef0123456789abcdef"
 
 
@@ -54,6 +63,21 @@ def served_parameters() -> Iterator[tuple[str, Any, str, dict[str, Any], list[st
         schema = deployment._parameter_openapi_schema.model_dump()
         for name, entry in schema["properties"].items():
             yield f"{deployment.flow_name}/{deployment.name}", flow, name, entry, schema["required"]
+    yield from team_parameters()
+
+
+def team_parameters() -> Iterator[tuple[str, Any, str, dict[str, Any], list[str]]]:
+    """The same for every deployment of prefect.yaml (``prefect deploy --all``)."""
+    import yaml
+    from prefect.flows import load_flow_from_entrypoint
+    from prefect.utilities.callables import parameter_schema
+
+    for deployment in yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"]:
+        path, _, function = deployment["entrypoint"].partition(":")
+        flow = load_flow_from_entrypoint(f"{REPO / path}:{function}")
+        schema = parameter_schema(flow).model_dump()
+        for name, entry in schema["properties"].items():
+            yield f"{flow.name}/{deployment['name']}", flow, name, entry, schema["required"]
 
 
 def kinds(entry: dict[str, Any]) -> list[dict[str, Any]]:
@@ -66,11 +90,17 @@ def is_text(kind: dict[str, Any]) -> bool:
     return kind.get("type") == "string" or kind.get("items", {}).get("type") == "string"
 
 
-def hostile_values(outside: Path, path: bool) -> list[str]:
+def hostile_values(outside: Path, mark: str | None) -> list[str]:
     """Values that reach outside: an absolute path, ``..``, a link out (as a path only:
-    ``escape`` is a fine model name)."""
-    hostile = [str(outside / "secret.txt"), "../outside/secret.txt", "escape/secret.txt"]
-    return [*hostile, "escape"] if path else hostile
+    ``escape`` is a fine model name); for git, an option, a refspec and a user's branch
+    (``escape/secret.txt`` is a fine branch name)."""
+    hostile = [str(outside / "secret.txt"), "../outside/secret.txt"]
+    if mark == "git commit":
+        return [*hostile, "--upload-pack=touch pwned", "HEAD:refs/heads/main", "main..x"]
+    if mark == "run ref":
+        return [*hostile, "escape/secret.txt", "refs/heads/main", "refs/heads/runs/../main"]
+    hostile.append("escape/secret.txt")
+    return [*hostile, "escape"] if mark == "repository" else hostile
 
 
 def test_every_text_parameter_of_every_deployment_is_checked(deployed_repo: Path) -> None:
@@ -94,9 +124,10 @@ def test_every_text_parameter_of_every_deployment_is_checked(deployed_repo: Path
         if not enumerated and (None in marks or len(marks) != 1):
             problems.append(f"{where}: text with no check (type it with flows.parameters)")
             continue
-        base = {key: VALID[entry_mark(flow, key)] for key in required if key != name}
+        # Another required parameter gets a valid value (one with no check is reported alone).
+        base = {key: VALID.get(entry_mark(flow, key), "x") for key in required if key != name}
         listed = texts[0].get("type") == "array"
-        for value in hostile_values(outside, path=marks == {"repository"}):
+        for value in hostile_values(outside, next(iter(marks))):
             try:
                 flow.validate_parameters({**base, name: [value] if listed else value})
             except ParameterTypeError:
@@ -105,16 +136,17 @@ def test_every_text_parameter_of_every_deployment_is_checked(deployed_repo: Path
         if marks == {"repository"}:
             accepted = flow.validate_parameters({**base, name: "data/photos"})
             assert accepted[name] == "data/photos"
-    assert seen == {"pipeline/local", "data/local", "training/local", "predict/local"}
+    served = {"pipeline/local", "data/local", "training/local", "predict/local"}
+    assert seen == served | {"pipeline/team", "data/team", "training/team", "predict/team"}
     assert not problems, "\n".join(problems)
 
 
-def entry_mark(flow: Any, name: str) -> str:
+def entry_mark(flow: Any, name: str) -> str | None:
     """The check a required parameter of ``flow`` carries, to give it a valid value."""
     from prefect.utilities.callables import parameter_schema
 
     entry = parameter_schema(flow.fn).model_dump()["properties"][name]
-    return str(next(kind[CONFINED] for kind in kinds(entry) if CONFINED in kind))
+    return next((str(kind[CONFINED]) for kind in kinds(entry) if CONFINED in kind), None)
 
 
 def test_direct_calls_name_their_own_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import socket
+import subprocess
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +21,17 @@ from tasks.evaluate import run_evaluate
 from tasks.gate import ModelNotFromTheseShards, ShardsNotValidated
 from tasks.layout import Layout
 from tasks.params import default_params
-from tasks.promotion import apply_decision, decide, pending_decision
+from tasks.promotion import (
+    LOCK_SUFFIX,
+    ChampionMoved,
+    Figure,
+    apply_decision,
+    decide,
+    lock_holder,
+    pending_decision,
+    promote,
+    promotion_lock,
+)
 from tasks.tracking import CHAMPION, champion_version
 
 TEST_SET = "a" * 64
@@ -44,10 +59,7 @@ class Registry:
             self.client,
             self.name,
             version,
-            metric=metric,
-            definition=definition,
-            value=value,
-            test_fingerprint=test_set,
+            Figure(metric, definition, value, test_set),
             margin=margin,
             allow_incomparable=allow_incomparable,
             rescore=rescore,
@@ -133,6 +145,101 @@ def test_negative_margin_is_refused(registry: Registry) -> None:
     with pytest.raises(ValueError, match=r"evaluate\.promotion_margin=-0\.1"):
         registry.decide(0.75, margin=-0.1)
     assert registry.champion == "1"
+
+
+def racing_promotion(
+    registry: Registry, value: float, rescore: Any
+) -> tuple[str, Callable[[], dict[str, Any]]]:
+    """A new version and the promotion an evaluation of it runs (on test set b)."""
+    client, name = registry.client, registry.name
+    source = str(Path(client.tracking_uri.removeprefix("sqlite:///")).parent)
+    version = str(client.create_model_version(name, source=source).version)
+    figure = Figure("accuracy", "accuracy", value, "b" * 64)
+
+    def choose() -> dict[str, Any]:
+        return decide(
+            client, name, version, figure, margin=0.0, allow_incomparable=False, rescore=rescore
+        )
+
+    return version, lambda: promote(client, name, choose, lambda decision: None)
+
+
+def test_a_promotion_whose_comparison_another_run_invalidated_never_moves_the_alias(
+    registry: Registry,
+) -> None:
+    """v2 (0.7) compares with champion v1 (re-scored: slowly) while v3 (0.9) compares with
+    v1 too and takes the alias: v2's comparison no longer holds and it must not move the
+    alias off the better v3 (unguarded, it did). Under the lock v3 waits and compares with
+    whichever version is champion by then; either way v3 ends champion."""
+    registry.decide(0.95)  # v1, on test set a: re-scored on b as 0.5
+    comparing, better_done = threading.Event(), threading.Event()
+
+    def slow_rescore(version: str) -> float:
+        comparing.set()
+        better_done.wait(timeout=3)  # under the lock the better one cannot finish meanwhile
+        return 0.5
+
+    weaker, run_weaker = racing_promotion(registry, 0.7, slow_rescore)
+    better, run_better = racing_promotion(registry, 0.9, lambda version: 0.5)
+    outcomes: dict[str, Any] = {}
+
+    def run(version: str, promotion: Callable[[], dict[str, Any]], done: threading.Event) -> None:
+        try:
+            outcomes[version] = promotion()
+        except Exception as error:  # the outcome the test inspects
+            outcomes[version] = error
+        done.set()
+
+    threads = [threading.Thread(target=run, args=(weaker, run_weaker, threading.Event()))]
+    threads[0].start()
+    assert comparing.wait(timeout=30)
+    threads.append(threading.Thread(target=run, args=(better, run_better, better_done)))
+    threads[1].start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert (weaker, better) == ("2", "3")
+    assert registry.champion == better, outcomes
+    assert outcomes[better]["promoted"] is True, outcomes
+    # The weaker one promoted only on a comparison still true when it moved the alias (the
+    # better one then compared with it), or was refused.
+    assert isinstance(outcomes[weaker], ChampionMoved) or (
+        outcomes[weaker]["champion_version"] == "1"
+        and outcomes[better]["champion_version"] == weaker
+    ), outcomes
+    assert not registry.client.search_registered_models(f"name = '{registry.name}{LOCK_SUFFIX}'")
+
+
+def test_the_alias_moves_only_while_it_is_where_the_comparison_found_it(
+    registry: Registry,
+) -> None:
+    """apply_decision is a compare-and-set: a decision made against v1 cannot move the alias
+    once another version took it."""
+    registry.decide(0.5)
+    stale = registry.decide(0.6)  # v2 beats v1 ...
+    registry.client.set_registered_model_alias(registry.name, CHAMPION, "1")
+    registry.decide(0.9)  # ... but v3 took the alias meanwhile
+    with pytest.raises(ChampionMoved, match=r"moved to v3 after version 2 was compared with v1"):
+        apply_decision(registry.client, registry.name, stale)
+    assert registry.champion == "3"
+
+
+def test_a_promotion_waits_for_the_lock_and_takes_over_one_a_dead_process_left(
+    registry: Registry,
+) -> None:
+    client, lock = registry.client, f"{registry.name}{LOCK_SUFFIX}"
+    client.create_registered_model(lock, tags={"holder": lock_holder()})  # held, alive
+    with (
+        pytest.raises(TimeoutError, match=re.escape(lock)),
+        promotion_lock(client, registry.name, wait_s=0.5),
+    ):
+        pass
+    client.delete_registered_model(lock)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    client.create_registered_model(lock, tags={"holder": f"{socket.gethostname()}:{gone.pid}"})
+    version, promotion = racing_promotion(registry, 0.8, None)
+    assert promotion()["promoted"] is True and registry.champion == version
+    assert not client.search_registered_models(f"name = '{lock}'")
 
 
 def model_to_register(tmp_path: Path) -> tuple[Path, Any]:
