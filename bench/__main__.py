@@ -70,8 +70,10 @@ OPTIONS: list[tuple[str, Callable[[str], Any], Any, str]] = [
     (
         "--s3-mbps",
         float,
-        0.0,
-        "read.s3 and its ceiling through a link of this many MB/s per connection (0: direct)",
+        90.0,
+        "read.s3 and its ceiling through a link of this many MB/s per connection, as from a "
+        "remote store (S3's guidance: one request per 85-90 MB/s); 0: moto directly, on this "
+        "machine's own cores",
     ),
     (
         "--scaling",
