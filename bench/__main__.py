@@ -95,6 +95,7 @@ OPTIONS: list[tuple[str, Callable[[str], Any], Any, str]] = [
         "WxH camera sizes, the first the headline",
     ),
     ("--serve-requests", int, 200, "single-image HTTP requests timed"),
+    ("--near-duplicate-hashes", int, 50000, "hashes of the near-duplicate search"),
     (
         "--append-images",
         int,
