@@ -31,7 +31,7 @@ def draw_shape(rng: np.random.Generator, shape: str, size: tuple[int, int]) -> I
     width, height = size
     background = tuple(int(v) for v in rng.integers(0, 256, 3))
     foreground = tuple(int((b + rng.integers(96, 160)) % 256) for b in background)
-    image = Image.fromarray(_shaded(rng, background, width, height), mode="RGB")
+    image = Image.fromarray(shaded_background(rng, background, width, height), mode="RGB")
     draw = ImageDraw.Draw(image)
     side = min(width, height)
     r = side * rng.uniform(0.22, 0.38)
@@ -60,7 +60,7 @@ def draw_shape(rng: np.random.Generator, shape: str, size: tuple[int, int]) -> I
     return Image.fromarray(np.clip(pixels + noise, 0, 255).astype(np.uint8), mode="RGB")
 
 
-def _shaded(
+def shaded_background(
     rng: np.random.Generator, colour: tuple[int, ...], width: int, height: int
 ) -> np.ndarray:
     """A background of ``colour`` under random soft light (a few low-frequency waves).
