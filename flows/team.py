@@ -75,7 +75,8 @@ def git_outputs(root: Path) -> list[str]:
     return [p for p in dict.fromkeys(paths) if (root / p).exists()]
 
 
-def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
+def run_checked(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
+    """``cmd``'s output; a failure raises with the command, folder and the output's tail."""
     result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise RuntimeError(
@@ -86,7 +87,7 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
 
 
 def git(root: Path, *args: str) -> str:
-    return _run(["git", *args], root).strip()
+    return run_checked(["git", *args], root).strip()
 
 
 def stage_env(root: Path) -> dict[str, str]:
@@ -95,7 +96,7 @@ def stage_env(root: Path) -> dict[str, str]:
 
 
 def dvc(root: Path, *args: str) -> str:
-    return _run([sys.executable, "-m", "dvc", *args], root, stage_env(root))
+    return run_checked([sys.executable, "-m", "dvc", *args], root, stage_env(root))
 
 
 def dvc_remote_args() -> list[str]:
@@ -171,7 +172,7 @@ def run_part(
     )
     dvc(root, "pull", "--allow-missing", *dvc_remote_args(), *PULLS[part])
     repro = ["repro", *(["--single-item"] if part == "training" else []), *stages]
-    _run(
+    run_checked(
         [sys.executable, "-m", "tasks.workspace_lock", "--", sys.executable, "-m", "dvc", *repro],
         root,
         stage_env(root),

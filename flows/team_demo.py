@@ -31,6 +31,7 @@ from typing import Any
 import httpx
 
 from flows.s3_server import S3Server, start_s3_server, stop_s3_server
+from flows.team import run_checked as run
 
 QUIET = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -55,16 +56,6 @@ def machine_env() -> dict[str, str]:
     env = {k: os.environ[k] for k in keep if k in os.environ}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     return {**env, **QUIET}
-
-
-def run(cmd: list[str], cwd: Path, env: dict[str, str]) -> str:
-    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise RuntimeError(
-            f"`{' '.join(cmd)}` failed in {cwd} (exit {result.returncode}):\n"
-            f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-        )
-    return result.stdout
 
 
 @dataclass
