@@ -164,10 +164,21 @@ def start_server(
         **(env or {}),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     }
-    prefect = Path(sys.executable).with_name("prefect")
+    # `-m prefect`, not the console script beside the interpreter: an interpreter that
+    # finds Prefect on PYTHONPATH (a site folder carried to a machine) has no such script.
     with log_path.open("ab") as log:
         return subprocess.Popen(
-            [str(prefect), "server", "start", "--host", host, "--port", str(port)],
+            [
+                sys.executable,
+                "-m",
+                "prefect",
+                "server",
+                "start",
+                "--host",
+                host,
+                "--port",
+                str(port),
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=full_env,
