@@ -87,7 +87,8 @@ def precision_policy(params: TrainParams, *, gpu: bool) -> str:
 
 
 def device_tags(params: TrainParams, strategy: tf.distribute.Strategy) -> dict[str, str]:
-    """What the run ran on, for tracking: device type, workers, replicas, precision, XLA."""
+    """What the run runs on, for tracking: device type, workers, replicas, precision (XLA is
+    tagged once trained: Keras decides it with the model)."""
     gpu = on_gpu(strategy)
     return {
         "device.type": "gpu" if gpu else "cpu",
@@ -95,7 +96,6 @@ def device_tags(params: TrainParams, strategy: tf.distribute.Strategy) -> dict[s
         "device.num_replicas": str(strategy.num_replicas_in_sync),
         "device.strategy": strategy_name(strategy),
         "device.precision_policy": precision_policy(params, gpu=gpu),
-        "device.xla": str(params.xla).lower(),
     }
 
 
@@ -323,7 +323,7 @@ def step_functions(model: keras.Model, strategy: tf.distribute.Strategy, data: D
     # every op has a deterministic XLA kernel (Keras warns then).
     xla = bool(model.jit_compile)
 
-    def train_step(images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+    def gradients(images: tf.Tensor, labels: tf.Tensor) -> tuple[list[tf.Tensor], tf.Tensor]:
         with tf.GradientTape() as tape:
             probs = model(images, training=True)
             per_image = keras.losses.sparse_categorical_crossentropy(labels, probs)
@@ -333,9 +333,17 @@ def step_functions(model: keras.Model, strategy: tf.distribute.Strategy, data: D
             # Scaled up under mixed_float16 so small gradients survive float16; the optimizer
             # (a LossScaleOptimizer then) unscales them and skips a step that overflowed.
             scaled = optimizer.scale_loss(loss)
-        gradients = tape.gradient(scaled, model.trainable_variables)
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
-        return figures(per_image, probs, labels)
+        return tape.gradient(scaled, model.trainable_variables), figures(per_image, probs, labels)
+
+    # Under XLA only the forward and backward pass are compiled. The update stays outside, in
+    # the replica context: the loss-scale optimizer's cross-replica step (a merge_call under
+    # a tf.cond) is refused inside an XLA function by MirroredStrategy on GPUs.
+    compute_gradients = tf.function(gradients, jit_compile=True) if xla else gradients
+
+    def train_step(images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+        grads, step_figures = compute_gradients(images, labels)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return step_figures
 
     def figures(per_image: tf.Tensor, probs: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
         predicted = tf.argmax(probs, axis=-1, output_type=labels.dtype)
@@ -347,7 +355,7 @@ def step_functions(model: keras.Model, strategy: tf.distribute.Strategy, data: D
             ]
         )
 
-    replica_step = tf.function(train_step, jit_compile=xla)
+    replica_step = train_step if xla else tf.function(train_step)
 
     @tf.function
     def distributed_step(batch: Any) -> tf.Tensor:
@@ -555,6 +563,9 @@ def train(
         fingerprint=manifest.fingerprint,
         resumed_from_epoch=epoch_log.first_epoch or 0,
         precision_policy=policy,
+        # Whether the step ran under XLA: train.xla as Keras resolved it for this model (off
+        # under op determinism and for layers XLA cannot compile, such as RandomCrop).
+        xla=bool(model.jit_compile),
         strategy=strategy_name(strategy),
         num_workers=num_workers(strategy),
         num_replicas=strategy.num_replicas_in_sync,
@@ -777,6 +788,7 @@ def run_train(
         client.set_terminated(run_id, status="FAILED")  # the id stays in the backup to resume
         raise
     log_input_bound(client, run_id, summary.get("input_bound", {}))
+    client.set_tag(run_id, "device.xla", str(summary["xla"]).lower())
     for path in (layout.train_metrics, layout.train_summary, layout.train_history):
         client.log_artifact(run_id, str(path), "train")
     client.log_artifact(run_id, str(layout.train_plot), "train")

@@ -42,6 +42,7 @@ def project(tiny_shards: Path, mlflow_uri: str) -> Path:
             "batch_size": 16,
             "learning_rate": 0.003,
             "early_stopping_patience": 0,
+            "xla": True,  # asked for, and refused by Keras under op determinism
         },
         "evaluate": {"top_k": 2, "model_name": "tiny"},
     }
@@ -69,6 +70,12 @@ def test_flow_trains_evaluates_tracks_and_promotes(
     assert probe["step_ms_reader"] > 0 and probe["step_ms_in_memory"] > 0
     assert run.data.metrics["input_bound_ratio"] == pytest.approx(probe["input_bound_ratio"])
     assert run.data.params["train.epochs"] == str(EPOCHS)
+    # The tag says how the step ran, not what params.yaml asked for.
+    assert (
+        run.data.params["train.xla"] == "True" and run.data.params["train.deterministic"] == "True"
+    )
+    assert run.data.tags["device.xla"] == "false"
+    assert json.loads(layout.train_summary.read_text())["xla"] is False
     # Evaluation has a run of its own, a child of the training run, with its params.
     recorded = json.loads(layout.eval_summary.read_text())  # beside the numeric metrics
     evaluation_run = client.get_run(recorded["eval_run_id"])
