@@ -23,8 +23,6 @@ QUICK = {
     "passes": 1,
     "read_seconds": 0.0,
     "scaling": [200, 1000],
-    "steps": 10,
-    "warmup_steps": 3,
     "photos": 12,
     "serve_requests": 30,
     "append_images": 500,
@@ -37,6 +35,10 @@ SELF_CONTAINED = {"append", "photos", "plan_rss", "worker_start", "near_duplicat
 
 def _int_list(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part.strip()]
+
+
+def _name_list(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
 
 
 def _size_list(text: str) -> list[tuple[int, int]]:
@@ -83,8 +85,20 @@ OPTIONS: list[tuple[str, Callable[[str], Any], Any, str]] = [
     ),
     ("--scaling-min-size", int, 64, "smallest side, scaling/append (px)"),
     ("--scaling-max-size", int, 128, "largest side, scaling/append (px)"),
-    ("--steps", int, 50, "timed train steps (input-bound)"),
-    ("--warmup-steps", int, 10, "untimed train steps first"),
+    (
+        "--input-models",
+        _name_list,
+        None,
+        "models of the input section (comma-separated); default: params.yaml's train.model",
+    ),
+    ("--input-size", int, None, "square shard size of the input section; default: params.yaml's"),
+    (
+        "--input-crop",
+        float,
+        None,
+        "train.augment.crop of the input section (0: no RandomCrop, which XLA cannot compile); "
+        "default: params.yaml's",
+    ),
     ("--orch-epochs", int, None, "train.epochs of orchestration runs"),
     ("--orch-passes", int, 5, "direct / dvc repro pass pairs of the orchestration tax (median)"),
     ("--photos", int, 200, "camera photos per size"),
@@ -123,6 +137,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     for flag, kind, default, help_line in OPTIONS:
         parser.add_argument(flag, type=kind, default=default, help=help_line)
+    for flag in ("--mixed-precision", "--xla"):
+        parser.add_argument(
+            flag,
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="for the input section; default: params.yaml's train value",
+        )
+    parser.add_argument(
+        "--skip-s3",
+        action="store_true",
+        help="read section without read.s3 and its ceiling (no S3 test server on this machine)",
+    )
     parser.add_argument("--skip-orchestration", action="store_true")
     parser.add_argument("--skip-scaling", action="store_true")
     parser.add_argument(
@@ -294,9 +320,6 @@ def worker_start(b: Bench) -> None:
 def read(b: Bench) -> None:
     from bench import read as r
     from bench.datasets import fresh_shards
-    from bench.s3_link import LimitedLink
-    from flows.s3_server import start_s3_server, stop_s3_server
-    from tasks.shard_store import publish
 
     args, size, work, tag = b.args, b.size, b.work, b.tag
     raw_shards = Path()
@@ -321,9 +344,25 @@ def read(b: Bench) -> None:
             )
     encoded, labels = r.source_jpegs(b.images)
     datasets["read.ceiling"] = r.ceiling_dataset(encoded, labels, size=size, batch=args.batch)
-    # The raw shards from a local S3 server (moto): a cold-cache read as training reads them,
-    # and the server's bare whole-object reads as its limit.
-    s3 = start_s3_server(work / "moto_server.log")
+    if args.skip_s3:
+        results = r.measure_reads(datasets, passes=args.passes, seconds=args.read_seconds)
+    else:
+        results = _with_s3_reads(b, datasets, raw_shards)
+    for key, result in results.items():
+        b.run.record(key, result)
+
+
+def _with_s3_reads(b: Bench, datasets: dict[str, Any], raw_shards: Path) -> dict[str, Any]:
+    """``datasets`` and the raw shards from a local S3 server (moto), timed in turns: a
+    cold-cache read as training reads them, and the server's bare whole-object reads as
+    its limit."""
+    from bench import read as r
+    from bench.s3_link import LimitedLink
+    from flows.s3_server import start_s3_server, stop_s3_server
+    from tasks.shard_store import publish
+
+    args = b.args
+    s3 = start_s3_server(b.work / "moto_server.log")
     link = None
     try:
         os.environ.update(s3.env)
@@ -333,18 +372,16 @@ def read(b: Bench) -> None:
             host, port = s3.endpoint_url.removeprefix("http://").split(":")
             link = LimitedLink((host, int(port)), mbps=args.s3_mbps)
             os.environ["AWS_ENDPOINT_URL"] = link.endpoint_url
-        s3_root = work / f"s3-{tag}"
+        s3_root = b.work / f"s3-{b.tag}"
         s3_root.mkdir(exist_ok=True)
         prefetch = b.base.storage.prefetch_shards  # what training would use
         datasets["read.s3"] = r.ColdS3Read(url, s3_root, batch=args.batch, prefetch=prefetch)
         datasets["read.s3_bytes_ceiling"] = r.S3BytesCeiling(url, raw_shards, prefetch=prefetch)
-        results = r.measure_reads(datasets, passes=args.passes, seconds=args.read_seconds)
+        return r.measure_reads(datasets, passes=args.passes, seconds=args.read_seconds)
     finally:
         if link is not None:
             link.close()
         stop_s3_server(s3)
-    for key, result in results.items():
-        b.run.record(key, result)
 
 
 def write(b: Bench) -> None:
@@ -401,26 +438,48 @@ def photos(b: Bench) -> None:
 
 
 def input_bound(b: Bench) -> None:
-    from bench.datasets import fresh_shards
-    from bench.train_step import input_bound_ratio
+    """Each model's production training probe (reader-fed over memory-fed step), median of
+    ``--passes`` runs; the headline ``input_bound_ratio`` is the most input-bound model's."""
+    from bench.datasets import fresh_shards, ingest_folder
+    from bench.train_step import input_params, measure_input_bound
 
-    shards = fresh_shards(b.base.shard, b.index, b.work / f"train-{b.tag}", workers=b.cores)
-    # One ratio per pass (each synthetic / real / synthetic), median across passes: on a
-    # 2-core VM a single pass swings by +-10% with the host's load.
-    passes = [
-        input_bound_ratio(shards, b.base.train, steps=b.args.steps, warmup=b.args.warmup_steps)
-        for _ in range(max(1, b.args.passes))
-    ]
-    result = sorted(passes, key=lambda r: r["ratio"])[len(passes) // 2]
-    result["pass_ratios"] = [round(r["ratio"], 4) for r in passes]
-    b.run.figures["input_bound_ratio"] = round(result["ratio"], 4)
-    b.run.figures["details"]["input_bound_ratio"] = result
-    if "stand-in" in result["model"]:
-        b.run.figures["notes"].append(f"input_bound_ratio: {result['model']}")
-    log(
-        f"   input_bound_ratio {result['ratio']:.3f} (real {result['real_step_ms']} ms, "
-        f"synthetic {result['synthetic_step_ms']} ms per step, {result['model']})"
+    args = b.args
+    size = args.input_size or b.base.shard.image_size[0]
+    shard = b.base.shard.model_copy(update={"image_size": (size, size)})
+    # Training needs its val split: the images placed by params.yaml's splits.
+    index = ingest_folder(
+        b.images, b.work / f"ingest-{b.tag}-splits", workers=b.cores, splits=b.base.ingest.splits
     )
+    shards = fresh_shards(shard, index, b.work / f"train-{b.tag}-{size}", workers=b.cores)
+    details: dict[str, Any] = {}
+    for model in args.input_models or [b.base.train.model]:
+        params = input_params(
+            b.base.train,
+            model,
+            mixed_precision=args.mixed_precision,
+            xla=args.xla,
+            crop=args.input_crop,
+        )
+        # One ratio per pass, median across passes: on a 2-core VM a single pass swings by
+        # +-10% with the host's load.
+        passes = [
+            measure_input_bound(shards, params, b.work / f"input-{model}-{index}")
+            for index in range(max(1, args.passes))
+        ]
+        result = sorted(passes, key=lambda r: r["ratio"])[len(passes) // 2]
+        result.update(pass_ratios=[round(r["ratio"], 4) for r in passes], image_size=size)
+        details[model] = result
+        b.run.figures[f"input_bound_ratio.{model}"] = round(result["ratio"], 4)
+        log(
+            f"   {model}: input_bound_ratio {result['ratio']:.3f} (reader-fed "
+            f"{result['step_ms_reader']} ms, memory-fed {result['step_ms_in_memory']} ms per "
+            f"step of {result['batch_size']} at {size}x{size}, {result['precision_policy']}, "
+            f"xla {result['xla']}, on {', '.join(result['devices'])})"
+        )
+    b.run.figures["input_bound_ratio"] = max(
+        b.run.figures[f"input_bound_ratio.{model}"] for model in details
+    )
+    b.run.figures["details"]["input_bound_ratio"] = details
 
 
 def serve(b: Bench) -> None:

@@ -19,14 +19,20 @@ ALL_TRAIN = SplitFractions.model_construct(train=1.0, val=0.0, test=0.0)
 
 
 def ingest_folder(
-    source_dir: Path, work_dir: Path, *, workers: int = 2, fresh: bool = False
+    source_dir: Path,
+    work_dir: Path,
+    *,
+    workers: int = 2,
+    fresh: bool = False,
+    splits: SplitFractions = ALL_TRAIN,
 ) -> Path:
-    """Index every image of ``source_dir`` into the train split; cached while inputs match.
+    """Index every image of ``source_dir`` into ``splits``; cached while inputs match.
 
-    All-train keeps every benchmark image in the split the reader times. ``fresh`` ingests
-    from nothing (no cached index, no verdict or signature to reuse): a timed ingest.
+    All-train (the default) keeps every benchmark image in the split the reader times; a
+    training run needs a val split too. ``fresh`` ingests from nothing (no cached index, no
+    verdict or signature to reuse): a timed ingest.
     """
-    changes = {"source_dir": str(source_dir), "splits": ALL_TRAIN, "workers": workers}
+    changes = {"source_dir": str(source_dir), "splits": splits, "workers": workers}
     params = default_params().ingest.model_copy(update=changes)
     index_path = work_dir / "index.jsonl"
     recipe_path = work_dir / "index.recipe.json"

@@ -113,6 +113,8 @@ def format_table(figures: dict[str, Any], targets: list[dict[str, Any]]) -> str:
     for key in (*READ_KEYS, *WRITE_KEYS):
         lines.append(f"{key:<24}{_fmt(figures.get(key)):>14}  img/s")
     lines.append(f"{'input_bound_ratio':<24}{_fmt(figures.get('input_bound_ratio'), 3):>14}  x")
+    for key in sorted(k for k in figures if k.startswith("input_bound_ratio.")):
+        lines.append(f"{key:<24}{_fmt(figures[key], 3):>14}  x")
     for key, what in ORCHESTRATION_ROWS:
         digits = 0 if key == "orchestration_passes" else 3
         lines.append(f"{key:<24}{_fmt(figures.get(key), digits):>14}  {what}")

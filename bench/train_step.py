@@ -1,110 +1,92 @@
-"""Is training input-bound? Step time fed by ``read_split`` over step time fed from memory.
+"""Is training input-bound? The production training run's own probe, one spawned run per model.
 
-The synthetic feed repeats one real batch already in memory (``Dataset.from_tensors``), so
-the two runs differ only in where batches come from.
+``tasks.train.train`` trains for one epoch on the shards, then times its compiled step fed by
+the shard reader against the same step fed one batch already in memory
+(``tasks.train.probe_input_bound``): the figure every MLflow run logs. The bench runs that
+code, not a copy of it, in a fresh spawned process per run, because op determinism, the
+precision policy and XLA are process-wide in TensorFlow.
 """
 
 from __future__ import annotations
 
-import itertools
-import time
+import multiprocessing
+import shutil
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.stats import median
 from tasks.params import TrainParams
-from tasks.reader import read_split
+
+# One epoch is enough: the probe times steps after training, on the traced step.
+EPOCHS = 1
 
 
-def build_default_model(
-    params: TrainParams, num_classes: int, image_shape: tuple[int, int, int]
-) -> tuple[Any, str]:
-    """The project's default model, or a small CNN stand-in while tasks.models is missing."""
-    import keras
+def input_params(
+    params: TrainParams,
+    model: str,
+    *,
+    mixed_precision: bool | None,
+    xla: bool | None,
+    crop: float | None = None,
+) -> TrainParams:
+    """``params`` for one measured run of ``model``: one epoch, from scratch, no fine-tuning;
+    ``None`` keeps params.yaml's value.
 
-    try:
-        from tasks.models import build_model
-    except ImportError:
-        model = keras.Sequential(
-            [
-                keras.Input(image_shape),
-                keras.layers.Rescaling(1.0 / 255),
-                keras.layers.Conv2D(32, 3, activation="relu"),
-                keras.layers.MaxPooling2D(),
-                keras.layers.Conv2D(64, 3, activation="relu"),
-                keras.layers.MaxPooling2D(),
-                keras.layers.Conv2D(128, 3, activation="relu"),
-                keras.layers.GlobalAveragePooling2D(),
-                keras.layers.Dense(num_classes),
-            ]
-        )
-        return model, "stand-in small CNN (tasks.models.build_model not found)"
-    return build_model(
-        params, num_classes, image_shape
-    ), f"tasks.models.build_model({params.model})"
-
-
-def step_times(model: Any, ds: Any, *, steps: int, warmup: int) -> list[float]:
-    """Seconds per train step (incl. waiting for data) for ``steps`` steps after ``warmup``."""
-    import keras
-
-    stamps: list[float] = []
-
-    class Stamp(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-            stamps.append(time.perf_counter())
-
-    model.fit(ds, epochs=1, steps_per_epoch=warmup + steps + 1, callbacks=[Stamp()], verbose=0)
-    deltas = [b - a for a, b in itertools.pairwise(stamps)]
-    return deltas[warmup:]
+    XLA needs op determinism off (Keras turns ``jit_compile`` off under it), so asking for
+    XLA turns determinism off; both are recorded with the figure. Keras also turns it off
+    for a model with a random crop (``RandomCrop`` does not support XLA): ``crop=0`` drops it.
+    """
+    xla = params.xla if xla is None else xla
+    augment = params.augment if crop is None else params.augment.model_copy(update={"crop": crop})
+    return params.model_copy(
+        update={
+            "augment": augment,
+            "model": model,
+            "weights": None,  # nothing is downloaded: random weights time the same
+            "epochs": EPOCHS,
+            "fine_tune_layers": 0,
+            "fine_tune_epochs": 0,
+            "early_stopping_patience": 0,
+            "mixed_precision": (
+                params.mixed_precision if mixed_precision is None else mixed_precision
+            ),
+            "xla": xla,
+            "deterministic": params.deterministic and not xla,
+        }
+    )
 
 
-def input_bound_ratio(
-    shards_dir: Path, params: TrainParams, *, steps: int, warmup: int
-) -> dict[str, Any]:
-    """Median step time fed by the shard reader over median step time fed from memory."""
-    import keras
+def measure_input_bound(shards_dir: Path, params: TrainParams, work: Path) -> dict[str, Any]:
+    """One production training run of ``params`` in a spawned process, from nothing in
+    ``work`` (no backup to resume); its probe's figures."""
+    shutil.rmtree(work, ignore_errors=True)
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_train_and_probe, shards_dir, params, work).result()
+
+
+def _train_and_probe(shards_dir: Path, params: TrainParams, work: Path) -> dict[str, Any]:
     import tensorflow as tf
 
-    from tasks.manifest import load_manifest
+    from tasks.train import train
 
-    manifest = load_manifest(shards_dir)
-    schema = manifest.record_schema
-    real = read_split(shards_dir, "train", batch_size=params.batch_size, training=True, seed=0)
-    batch = next(iter(real))
-    synthetic = tf.data.Dataset.from_tensors(batch).repeat()
-
-    times: dict[str, list[float]] = {}
-    model_note = ""
-    for name, ds in (
-        ("synthetic", synthetic),
-        ("real", real.repeat()),
-        ("synthetic_again", synthetic),
-    ):
-        keras.utils.set_random_seed(params.seed)
-        model, model_note = build_default_model(params, len(manifest.classes), schema.image_shape)
-        model.compile(
-            optimizer=keras.optimizers.Adam(params.learning_rate),
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=_logits(model)),
-            jit_compile=params.xla,
-        )
-        times[name] = step_times(model, ds, steps=steps, warmup=warmup)
-    # Synthetic runs before and after the real one, so drift in machine load cancels out.
-    synthetic_s = median(times["synthetic"] + times["synthetic_again"])
-    real_s = median(times["real"])
+    work.mkdir(parents=True, exist_ok=True)
+    summary = train(params, shards_dir, model_file=work / "model.keras", backup_dir=work / "backup")
+    probe = summary["input_bound"]
+    gpus = tf.config.list_physical_devices("GPU")
     return {
-        "ratio": real_s / synthetic_s,
-        "real_step_ms": round(real_s * 1000, 3),
-        "synthetic_step_ms": round(synthetic_s * 1000, 3),
-        "real_mean_step_ms": round(sum(times["real"]) / len(times["real"]) * 1000, 3),
-        "steps": steps,
+        "ratio": probe["input_bound_ratio"],
+        "step_ms_reader": round(probe["step_ms_reader"], 3),
+        "step_ms_in_memory": round(probe["step_ms_in_memory"], 3),
+        "model": params.model,
         "batch_size": params.batch_size,
-        "image_shape": list(schema.image_shape),
-        "model": model_note,
+        "precision_policy": summary["precision_policy"],
+        "xla_asked": params.xla,
+        "xla": summary["xla"],  # as Keras resolved it for this model
+        "deterministic": params.deterministic,
+        "augment": params.augment.model_dump(),
+        "devices": [
+            tf.config.experimental.get_device_details(gpu).get("device_name", gpu.name)
+            for gpu in gpus
+        ]
+        or ["cpu"],
     }
-
-
-def _logits(model: Any) -> bool:
-    """True unless the model ends in a softmax (then the loss takes probabilities)."""
-    activation = getattr(model.layers[-1], "activation", None)
-    return getattr(activation, "__name__", "") != "softmax"

@@ -479,3 +479,39 @@ def test_bench_drawings_are_rarely_near_duplicates_of_each_other() -> None:
         for i in range(len(hashes))
     )
     assert pairs <= 4  # flat grounds: hundreds
+
+
+def test_the_input_section_trains_params_yaml_with_only_what_it_was_asked_to_change() -> None:
+    """The input figure is the production run's probe: params.yaml's training params, one
+    epoch from scratch, with the asked model, precision and XLA; asking for XLA turns op
+    determinism off (Keras would silently compile without XLA under it)."""
+    from bench.__main__ import parse_args
+    from bench.train_step import input_params
+    from tasks.params import default_params
+
+    base = default_params().train.model_copy(update={"deterministic": True, "xla": False})
+    plain = input_params(base, "small_cnn", mixed_precision=None, xla=None)
+    assert (plain.mixed_precision, plain.xla, plain.deterministic) == (
+        base.mixed_precision,
+        False,
+        True,
+    )
+    assert (plain.epochs, plain.fine_tune_epochs, plain.weights) == (1, 0, None)
+    assert plain.batch_size == base.batch_size and plain.augment == base.augment
+
+    gpu = input_params(base, "efficientnet_b0", mixed_precision=True, xla=True)
+    assert (gpu.model, gpu.mixed_precision, gpu.xla, gpu.deterministic) == (
+        "efficientnet_b0",
+        True,
+        True,
+        False,
+    )
+    args = parse_args(
+        ["--input-models", "small_cnn,efficientnet_b0", "--xla", "--no-mixed-precision"]
+    )
+    assert (args.input_models, args.xla, args.mixed_precision) == (
+        ["small_cnn", "efficientnet_b0"],
+        True,
+        False,
+    )
+    assert (parse_args([]).xla, parse_args([]).input_models) == (None, None)
