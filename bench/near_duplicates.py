@@ -172,7 +172,7 @@ def measure_search(hashes_path: Path, distance: int) -> dict[str, Any]:
     import psutil
 
     from tasks.ingest import assign_split
-    from tasks.near_duplicates import Item, components, hash_values, near_pairs, place
+    from tasks.near_duplicates import Item, hash_values, near_components, near_pairs, place
     from tasks.params import SplitFractions
 
     hashes = json.loads(hashes_path.read_text())
@@ -182,7 +182,7 @@ def measure_search(hashes_path: Path, distance: int) -> dict[str, Any]:
     start, cpu = time.perf_counter(), time.process_time()
     pairs = near_pairs(hash_values(hashes), distance)
     search_s, search_cpu_s = time.perf_counter() - start, time.process_time() - cpu
-    groups = components(len(hashes), pairs)
+    groups = near_components(hash_values(hashes), distance)
     start, cpu = time.perf_counter(), time.process_time()
     placement = place(items, {}, distance, lambda sha: assign_split(sha, fractions, 1337))
     place_s, place_cpu_s = time.perf_counter() - start, time.process_time() - cpu

@@ -10,14 +10,17 @@ split (:func:`place`).
 Neighbours are found by multi-index hashing (Norouzi et al., "Fast Search in Hamming Space
 with Multi-Index Hashing"): two 64-bit hashes within ``d`` bits differ in at most ``d // 4``
 bits in one of their four 16-bit quarters, so only images sharing a quarter within that
-radius are compared, never all pairs (:func:`near_pairs`).
+radius are compared, never all pairs (:func:`near_pairs`). Grouping streams those pairs into
+component labels a bounded block at a time (:func:`near_components`): a set of look-alike
+images (product shots on white, scans) has a quadratic number of near pairs, and neither
+placement nor validation ever holds them.
 
 Plain Python and NumPy, no stage code: ingest places, validation re-checks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 from typing import Any
@@ -71,13 +74,24 @@ def near_pairs(hashes: np.ndarray, distance: int) -> np.ndarray:
     Multi-index hashing: per quarter, hashes are bucketed by that quarter's value (a
     counting sort), and each hash looks up only the buckets within ``distance // 4`` bits of
     its own quarter. Every candidate is then checked on all 64 bits. Returns an ``(n, 2)``
-    int64 array sorted by ``(i, j)``.
+    int64 array sorted by ``(i, j)``. The answer itself can be quadratic (a set of look-alike
+    images pairs with itself): grouping uses :func:`near_components`, which never holds it.
     """
     n = len(hashes)
-    if n < 2:
+    found = list(_pair_blocks(hashes, distance))
+    if not found:
         return np.empty((0, 2), dtype=np.int64)
+    codes = np.unique(np.concatenate(found))  # a pair is found once per matching quarter
+    return np.stack([codes // n, codes % n], axis=1)
+
+
+def _pair_blocks(hashes: np.ndarray, distance: int) -> Iterator[np.ndarray]:
+    """The near pairs of ``hashes`` as ``min * n + max`` codes, a bounded block at a time (a
+    pair comes once per quarter it matches in)."""
+    n = len(hashes)
+    if n < 2:
+        return
     masks = _masks(distance // QUARTERS)
-    found: list[np.ndarray] = []
     everyone = np.arange(n)
     for quarter in range(QUARTERS):
         values = ((hashes >> np.uint64(quarter * QUARTER_BITS)) & np.uint64(0xFFFF)).astype(
@@ -91,11 +105,48 @@ def near_pairs(hashes: np.ndarray, distance: int) -> np.ndarray:
             # Buckets v and v ^ mask see each other: only the lower one asks (half the work);
             # within one bucket (mask 0) everyone asks and i < j keeps each pair once.
             queries = np.flatnonzero(values < keys) if mask else everyone
-            found.extend(_expand(hashes, distance, queries, keys[queries], counts, starts, order))
-    if not found:
-        return np.empty((0, 2), dtype=np.int64)
-    codes = np.unique(np.concatenate(found))  # a pair is found once per matching quarter
-    return np.stack([codes // n, codes % n], axis=1)
+            yield from _expand(hashes, distance, queries, keys[queries], counts, starts, order)
+
+
+def near_components(hashes: np.ndarray, distance: int) -> np.ndarray:
+    """A component label per hash: hashes linked by a chain of pairs within ``distance`` bits
+    share one: the connected components of :func:`near_pairs`.
+
+    Memory stays bounded whatever the number of pairs: equal hashes are one node, and each
+    block of pairs is merged into the labels as it is found, then dropped. Labels are the
+    smallest position in each component.
+    """
+    values, inverse = np.unique(hashes, return_inverse=True)
+    label = np.arange(len(values))
+    n = len(values)
+    for codes in _pair_blocks(values, distance):
+        a, b = label[codes // n], label[codes % n]
+        joined = a != b
+        if joined.any():
+            label = _merge(label, a[joined], b[joined])
+    # Back to positions: each component named by its first position.
+    first = np.full(len(values), len(hashes), dtype=np.int64)
+    np.minimum.at(first, label[inverse], np.arange(len(hashes)))
+    return first[label[inverse]]
+
+
+def _merge(label: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``label`` after linking the label pairs ``(a, b)``: every label of a newly joined set
+    becomes the set's smallest."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    involved, edges = np.unique(np.concatenate([a, b]), return_inverse=True)
+    size = len(involved)
+    graph = coo_matrix(
+        (np.ones(len(a), dtype=np.int8), (edges[: len(a)], edges[len(a) :])), shape=(size, size)
+    )
+    _, part = connected_components(graph, directed=False)
+    smallest = np.full(part.max() + 1, label.max() + 1, dtype=np.int64)
+    np.minimum.at(smallest, part, involved)
+    rename = np.arange(label.max() + 1)
+    rename[involved] = smallest[part]
+    return rename[label]
 
 
 def _expand(
@@ -106,14 +157,20 @@ def _expand(
     counts: np.ndarray,
     starts: np.ndarray,
     order: np.ndarray,
-) -> list[np.ndarray]:
+) -> Iterator[np.ndarray]:
     """The pairs (as ``min * n + max`` codes) between each hash ``queries[k]`` and the bucket
     ``keys[k]`` that lie within ``distance``, a bounded block of candidates at a time. Most
     buckets hold 0 or 1 hash: those skip the expansion (``np.repeat`` was most of the time)."""
     n = len(hashes)
+
+    def within(i: np.ndarray, j: np.ndarray) -> np.ndarray:
+        low, high = np.minimum(i, j), np.maximum(i, j)
+        keep = (low < high) & (np.bitwise_count(hashes[low] ^ hashes[high]) <= distance)
+        return low[keep] * n + high[keep]
+
     per_query = counts[keys]
     single = per_query == 1
-    pairs = [(queries[single], order[starts[keys[single]]])]
+    yield within(queries[single], order[starts[keys[single]]])
     several = np.flatnonzero(per_query > 1)
     queries, keys, per_query = queries[several], keys[several], per_query[several]
     ends = np.cumsum(per_query)
@@ -126,28 +183,8 @@ def _expand(
         total = int(size.sum())
         offsets = np.arange(total) - np.repeat(np.cumsum(size) - size, size)
         j = order[np.repeat(starts[keys[first:last]], size) + offsets]
-        pairs.append((np.repeat(queries[first:last], size), j))
+        yield within(np.repeat(queries[first:last], size), j)
         first = last
-    out = []
-    for i, j in pairs:
-        low, high = np.minimum(i, j), np.maximum(i, j)
-        keep = (low < high) & (np.bitwise_count(hashes[low] ^ hashes[high]) <= distance)
-        out.append(low[keep] * n + high[keep])
-    return out
-
-
-def components(n: int, pairs: np.ndarray) -> np.ndarray:
-    """A component label per item: items linked by a chain of near pairs share one."""
-    if not len(pairs):  # no near-duplicates: nothing to link, and scipy's import is skipped
-        return np.arange(n)
-    from scipy.sparse import coo_matrix
-    from scipy.sparse.csgraph import connected_components
-
-    graph = coo_matrix(
-        (np.ones(len(pairs), dtype=np.int8), (pairs[:, 0], pairs[:, 1])), shape=(n, n)
-    )
-    _, labels = connected_components(graph, directed=False)
-    return np.asarray(labels)
 
 
 @dataclass(frozen=True)
@@ -191,12 +228,13 @@ def place(
     """
     ordered = sorted(items, key=lambda item: item.sha256)
     values = hash_values([item.phash for item in ordered])
-    pairs = near_pairs(values, distance)
-    group_of = components(len(ordered), pairs)
-    neighbours: dict[int, list[int]] = {}
-    for i, j in pairs.tolist():
-        neighbours.setdefault(i, []).append(j)
-        neighbours.setdefault(j, []).append(i)
+    group_of = near_components(values, distance)
+
+    def neighbours(p: int) -> list[int]:  # only a bridge asks: a scan of one hash
+        near = np.bitwise_count(values ^ values[p]) <= distance
+        near[p] = False
+        return np.flatnonzero(near).tolist()
+
     members: dict[int, list[int]] = {}
     for position, group in enumerate(group_of.tolist()):
         members.setdefault(group, []).append(position)
@@ -221,7 +259,7 @@ def place(
                 split = placed[ordered[nearest].sha256]
                 across = [
                     ordered[q]
-                    for q in neighbours.get(p, [])
+                    for q in neighbours(p)
                     if splits.get(ordered[q].sha256, split) != split
                 ]
                 if across:
@@ -255,6 +293,19 @@ def place(
 def straddling_pairs(
     hashes: Sequence[str], splits: Sequence[str], distance: int
 ) -> list[tuple[int, int]]:
-    """Positions ``(i, j)`` of near-duplicate pairs whose splits differ."""
-    pairs = near_pairs(hash_values(hashes), distance)
-    return [(i, j) for i, j in pairs.tolist() if splits[i] != splits[j]]
+    """Positions ``(i, j)``, in order, of near-duplicate pairs whose splits differ.
+
+    Such a pair lies inside one group: only groups holding two splits are searched pair by
+    pair, so a set of look-alike images placed in one split costs no all-pairs answer.
+    """
+    values = hash_values(hashes)
+    group_of = near_components(values, distance)
+    split_codes = np.unique(np.asarray(splits, dtype=object), return_inverse=True)[1]
+    lowest = np.full(len(values), len(splits), dtype=np.int64)
+    highest = np.full(len(values), -1, dtype=np.int64)
+    np.minimum.at(lowest, group_of, split_codes)
+    np.maximum.at(highest, group_of, split_codes)
+    mixed = np.flatnonzero(lowest[group_of] != highest[group_of])
+    pairs = near_pairs(values[mixed], distance)
+    found = [(int(mixed[i]), int(mixed[j])) for i, j in pairs.tolist()]
+    return sorted((i, j) for i, j in found if splits[i] != splits[j])

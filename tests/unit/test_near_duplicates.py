@@ -16,7 +16,14 @@ from bench.near_duplicates import measure_threshold, sample_photo
 from tasks.demo_data import generate
 from tasks.index import load_index
 from tasks.ingest import assign_split, run_ingest
-from tasks.near_duplicates import Item, hamming, near_pairs, place
+from tasks.near_duplicates import (
+    Item,
+    hamming,
+    near_components,
+    near_pairs,
+    place,
+    straddling_pairs,
+)
 from tasks.params import SplitFractions, default_params
 
 # Three even splits: a copy's own hash split differs from the original's two times in three.
@@ -197,6 +204,71 @@ def test_indexed_search_finds_exactly_the_pairs_an_all_pairs_scan_finds(distance
     within = np.bitwise_count(hashes[:, None] ^ hashes[None, :]) <= distance
     expected = np.argwhere(np.triu(within, 1))
     assert np.array_equal(found, expected)
+
+
+def planted(seed: int, n: int = 600) -> np.ndarray:
+    """Random hashes with planted neighbours at 0-20 bits and a crowded bucket."""
+    rng = np.random.default_rng(seed)
+    hashes = rng.integers(0, 2**64, n, dtype=np.uint64)
+    for _ in range(n // 4):
+        i, j = rng.integers(0, len(hashes), 2)
+        bits = rng.choice(64, int(rng.integers(0, 21)), replace=False)
+        hashes[j] = hashes[i] ^ np.uint64(sum(1 << int(b) for b in bits))
+    hashes[:40] = hashes[0]
+    return hashes
+
+
+@pytest.mark.parametrize("distance", [0, 3, 10, 17])
+def test_groups_are_the_connected_components_of_every_near_pair(distance: int) -> None:
+    """The streamed grouping is exactly the graph's components, named by first position."""
+    from scipy.sparse.csgraph import connected_components
+
+    hashes = planted(100 + distance)
+    within = np.bitwise_count(hashes[:, None] ^ hashes[None, :]) <= distance
+    _, expected = connected_components(within, directed=False)
+
+    groups = near_components(hashes, distance)
+
+    first = {label: int(np.flatnonzero(expected == label)[0]) for label in set(expected.tolist())}
+    assert groups.tolist() == [first[label] for label in expected.tolist()]
+
+
+def test_straddling_pairs_are_every_near_pair_across_splits() -> None:
+    hashes = planted(7)
+    rng = np.random.default_rng(7)
+    splits = rng.choice(["train", "val", "test"], len(hashes)).tolist()
+    hexes = [f"{int(h):016x}" for h in hashes]
+    within = np.bitwise_count(hashes[:, None] ^ hashes[None, :]) <= DISTANCE
+    expected = [
+        (int(i), int(j)) for i, j in np.argwhere(np.triu(within, 1)) if splits[i] != splits[j]
+    ]
+    assert expected  # the check has something to find
+    assert straddling_pairs(hexes, splits, DISTANCE) == expected
+
+
+def test_look_alike_images_group_in_bounded_memory() -> None:
+    """6,000 hashes all within a few bits of each other (product shots on white, scans) make
+    18 million near pairs: grouping them, placing them and re-checking their splits never
+    holds those pairs (the all-pairs answer peaked at 1.9 GB)."""
+    import tracemalloc
+
+    rng = np.random.default_rng(0)
+    base = np.uint64(rng.integers(0, 2**63))
+    bits = np.array([rng.choice(64, 3, replace=False) for _ in range(6000)], dtype=np.uint64)
+    hashes = base ^ (np.uint64(1) << bits).sum(axis=1).astype(np.uint64)
+    hexes = [f"{int(h):016x}" for h in hashes]
+    items = [Item(f"{k:064x}", f"c/{k}.jpg", "c", hexes[k]) for k in range(len(hexes))]
+
+    tracemalloc.start()
+    try:
+        placement = place(items, {}, DISTANCE, lambda sha: "train")
+        leaks = straddling_pairs(hexes, ["train"] * len(hexes), DISTANCE)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(placement.groups) == 1 and len(placement.groups[0]["paths"]) == 6000
+    assert leaks == []
+    assert peak < 600e6
 
 
 @pytest.mark.slow
