@@ -463,8 +463,8 @@ def input_bound(b: Bench) -> None:
         # One ratio per pass, median across passes: on a 2-core VM a single pass swings by
         # +-10% with the host's load.
         passes = [
-            measure_input_bound(shards, params, b.work / f"input-{model}-{index}")
-            for index in range(max(1, args.passes))
+            measure_input_bound(shards, params, b.work / f"input-{model}-{run}")
+            for run in range(max(1, args.passes))
         ]
         result = sorted(passes, key=lambda r: r["ratio"])[len(passes) // 2]
         result.update(pass_ratios=[round(r["ratio"], 4) for r in passes], image_size=size)
