@@ -270,6 +270,7 @@ def apply_decision(client: MlflowClient, model_name: str, decision: Mapping[str,
 
 
 LOCK_SUFFIX = ".promotion-lock"  # the lock is a registered model of this name, while held
+TAKEOVER_SUFFIX = ".takeover"  # held while one process deletes a lock a dead process left
 LOCK_WAIT_S = 1800.0  # a promotion re-scores at most one champion; waiting longer means trouble
 
 
@@ -302,7 +303,8 @@ def promotion_lock(
     model whose name exists fails in every MLflow store (a unique key in SQL, the tracking
     server's error over REST), so whoever creates it holds the lock, whatever process, clone
     or Prefect server it runs under. It is deleted on exit; one left by a crashed process on
-    this host is taken over, one held elsewhere is waited for up to ``wait_s`` seconds.
+    this host is taken over (by one process at a time: :func:`_take_over`), one held
+    elsewhere is waited for up to ``wait_s`` seconds.
     """
     from mlflow.exceptions import MlflowException
 
@@ -318,7 +320,7 @@ def promotion_lock(
                 raise
         held_by = _lock_holder_tag(client, name)
         if held_by is not None and _holder_is_gone(held_by):
-            _delete_lock(client, name)
+            _take_over(client, name, held_by)
             continue
         if time.monotonic() > deadline:
             raise TimeoutError(
@@ -331,6 +333,30 @@ def promotion_lock(
         yield
     finally:
         _delete_lock(client, name)
+
+
+def _take_over(client: MlflowClient, name: str, dead_holder: str) -> None:
+    """Delete the lock ``name`` that ``dead_holder`` left, unless another process has taken it
+    over since. Takeovers go one at a time, under a second registered model
+    (``<name>.takeover``): two processes that both found the dead holder would otherwise both
+    delete, and the second would delete the lock the first had just taken."""
+    from mlflow.exceptions import MlflowException
+
+    guard = f"{name}{TAKEOVER_SUFFIX}"
+    try:
+        client.create_registered_model(guard, tags={"holder": lock_holder()})
+    except MlflowException as error:
+        if error.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+        guard_holder = _lock_holder_tag(client, guard)
+        if guard_holder is not None and _holder_is_gone(guard_holder):
+            _delete_lock(client, guard)  # a takeover that died halfway (a moment's window)
+        return  # another process is taking over: the caller looks again
+    try:
+        if _lock_holder_tag(client, name) == dead_holder:  # still the dead one's
+            _delete_lock(client, name)
+    finally:
+        _delete_lock(client, guard)
 
 
 def _lock_holder_tag(client: MlflowClient, name: str) -> str | None:

@@ -242,6 +242,60 @@ def test_a_promotion_waits_for_the_lock_and_takes_over_one_a_dead_process_left(
     assert not client.search_registered_models(f"name = '{lock}'")
 
 
+def test_two_processes_finding_the_same_dead_lock_never_both_hold_it(
+    registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both read the dead holder before either deletes its lock, and the second acts only
+    once the first holds the lock anew (the interleaving is forced): it waits for the lock
+    instead of deleting it from under the first. Two live holders (this process and its
+    parent) stand for two processes."""
+    import tasks.promotion as promotion
+
+    client, lock = registry.client, f"{registry.name}{LOCK_SUFFIX}"
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead = f"{socket.gethostname()}:{gone.pid}"
+    client.create_registered_model(lock, tags={"holder": dead})
+    me = threading.local()
+    monkeypatch.setattr(promotion, "lock_holder", lambda: me.holder)
+    both_saw_it = threading.Barrier(2, timeout=20)
+    read_holder = promotion._lock_holder_tag
+
+    def slow_reader(client: MlflowClient, name: str) -> str | None:
+        held_by = read_holder(client, name)
+        if held_by == dead and not getattr(me, "waited", False):
+            me.waited = True
+            both_saw_it.wait()  # neither has deleted the dead lock yet
+            if me.second:  # ...and the second acts once the first holds the lock anew
+                threading.Event().wait(0.7)
+        return held_by
+
+    monkeypatch.setattr(promotion, "_lock_holder_tag", slow_reader)
+    inside, most_inside, errors = [0], [0], []
+    count = threading.Lock()
+
+    def promoter(pid: int) -> None:
+        me.holder, me.second = f"{socket.gethostname()}:{pid}", pid == os.getppid()
+        try:
+            with promotion_lock(client, registry.name, wait_s=20, poll_s=0.05):
+                with count:
+                    inside[0] += 1
+                    most_inside[0] = max(most_inside[0], inside[0])
+                threading.Event().wait(2.0)
+                with count:
+                    inside[0] -= 1
+        except BaseException as error:  # reported by the assertion below
+            errors.append(error)
+
+    threads = [threading.Thread(target=promoter, args=(p,)) for p in (os.getpid(), os.getppid())]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == [] and most_inside[0] == 1
+    assert not client.search_registered_models(f"name LIKE '{lock}%'")
+
+
 def model_to_register(tmp_path: Path) -> tuple[Path, Any]:
     """A saved two-class Keras model and a serving spec for it."""
     import keras
