@@ -189,23 +189,6 @@ def test_an_image_bridging_two_placed_splits_is_not_placed_and_says_why(bridge_s
     assert "x/left.jpg (train)" in reason and "x/right.jpg (test)" in reason
 
 
-@pytest.mark.parametrize("distance", [0, 3, 10, 17])
-def test_indexed_search_finds_exactly_the_pairs_an_all_pairs_scan_finds(distance: int) -> None:
-    rng = np.random.default_rng(distance)
-    hashes = rng.integers(0, 2**64, 600, dtype=np.uint64)
-    for _ in range(150):  # planted neighbours at 0-20 bits
-        i, j = rng.integers(0, len(hashes), 2)
-        bits = rng.choice(64, int(rng.integers(0, 21)), replace=False)
-        hashes[j] = hashes[i] ^ np.uint64(sum(1 << int(b) for b in bits))
-    hashes[:40] = hashes[0]  # a crowded bucket
-
-    found = near_pairs(hashes, distance)
-
-    within = np.bitwise_count(hashes[:, None] ^ hashes[None, :]) <= distance
-    expected = np.argwhere(np.triu(within, 1))
-    assert np.array_equal(found, expected)
-
-
 def planted(seed: int, n: int = 600) -> np.ndarray:
     """Random hashes with planted neighbours at 0-20 bits and a crowded bucket."""
     rng = np.random.default_rng(seed)
@@ -218,14 +201,28 @@ def planted(seed: int, n: int = 600) -> np.ndarray:
     return hashes
 
 
+def all_pairs_within(hashes: np.ndarray, distance: int) -> np.ndarray:
+    """The all-pairs scan the indexed search must agree with: a boolean matrix."""
+    return np.bitwise_count(hashes[:, None] ^ hashes[None, :]) <= distance
+
+
+@pytest.mark.parametrize("distance", [0, 3, 10, 17])
+def test_indexed_search_finds_exactly_the_pairs_an_all_pairs_scan_finds(distance: int) -> None:
+    hashes = planted(distance)
+
+    found = near_pairs(hashes, distance)
+
+    expected = np.argwhere(np.triu(all_pairs_within(hashes, distance), 1))
+    assert np.array_equal(found, expected)
+
+
 @pytest.mark.parametrize("distance", [0, 3, 10, 17])
 def test_groups_are_the_connected_components_of_every_near_pair(distance: int) -> None:
     """The streamed grouping is exactly the graph's components, named by first position."""
     from scipy.sparse.csgraph import connected_components
 
     hashes = planted(100 + distance)
-    within = np.bitwise_count(hashes[:, None] ^ hashes[None, :]) <= distance
-    _, expected = connected_components(within, directed=False)
+    _, expected = connected_components(all_pairs_within(hashes, distance), directed=False)
 
     groups = near_components(hashes, distance)
 
@@ -238,9 +235,10 @@ def test_straddling_pairs_are_every_near_pair_across_splits() -> None:
     rng = np.random.default_rng(7)
     splits = rng.choice(["train", "val", "test"], len(hashes)).tolist()
     hexes = [f"{int(h):016x}" for h in hashes]
-    within = np.bitwise_count(hashes[:, None] ^ hashes[None, :]) <= DISTANCE
     expected = [
-        (int(i), int(j)) for i, j in np.argwhere(np.triu(within, 1)) if splits[i] != splits[j]
+        (int(i), int(j))
+        for i, j in np.argwhere(np.triu(all_pairs_within(hashes, DISTANCE), 1))
+        if splits[i] != splits[j]
     ]
     assert expected  # the check has something to find
     assert straddling_pairs(hexes, splits, DISTANCE) == expected
