@@ -444,13 +444,14 @@ def input_bound(b: Bench) -> None:
     from bench.train_step import input_params, measure_input_bound
 
     args = b.args
-    size = args.input_size or b.base.shard.image_size[0]
-    shard = b.base.shard.model_copy(update={"image_size": (size, size)})
+    # --input-size is square; by default params.yaml's [height, width], whatever its shape.
+    height, width = (args.input_size,) * 2 if args.input_size else b.base.shard.image_size
+    shard = b.base.shard.model_copy(update={"image_size": (height, width)})
     # Training needs its val split: the images placed by params.yaml's splits.
     index = ingest_folder(
         b.images, b.work / f"ingest-{b.tag}-splits", workers=b.cores, splits=b.base.ingest.splits
     )
-    shards = fresh_shards(shard, index, b.work / f"train-{b.tag}-{size}", workers=b.cores)
+    shards = fresh_shards(shard, index, b.work / f"train-{b.tag}-{height}x{width}", workers=b.cores)
     details: dict[str, Any] = {}
     for model in args.input_models or [b.base.train.model]:
         params = input_params(
@@ -467,13 +468,15 @@ def input_bound(b: Bench) -> None:
             for run in range(max(1, args.passes))
         ]
         result = sorted(passes, key=lambda r: r["ratio"])[len(passes) // 2]
-        result.update(pass_ratios=[round(r["ratio"], 4) for r in passes], image_size=size)
+        result.update(
+            pass_ratios=[round(r["ratio"], 4) for r in passes], image_size=[height, width]
+        )
         details[model] = result
         b.run.figures[f"input_bound_ratio.{model}"] = round(result["ratio"], 4)
         log(
             f"   {model}: input_bound_ratio {result['ratio']:.3f} (reader-fed "
             f"{result['step_ms_reader']} ms, memory-fed {result['step_ms_in_memory']} ms per "
-            f"step of {result['batch_size']} at {size}x{size}, {result['precision_policy']}, "
+            f"step of {result['batch_size']} at {height}x{width}, {result['precision_policy']}, "
             f"xla {result['xla']}, on {', '.join(result['devices'])})"
         )
     b.run.figures["input_bound_ratio"] = max(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -515,3 +516,37 @@ def test_the_input_section_trains_params_yaml_with_only_what_it_was_asked_to_cha
         False,
     )
     assert (parse_args([]).xla, parse_args([]).input_models) == (None, None)
+
+
+@pytest.mark.parametrize(
+    ("option", "expected"), [([], (48, 80)), (["--input-size", "96"], (96, 96))]
+)
+def test_the_input_section_shards_at_params_yamls_shape_unless_asked_for_a_square(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, option: list[str], expected: tuple[int, int]
+) -> None:
+    """params.yaml's [height, width] as it is (the section once took the height for both)."""
+    import bench.datasets
+    import bench.train_step
+    from bench.__main__ import Bench, Run, input_bound, parse_args
+    from tasks.params import default_params
+
+    sharded: list[tuple[int, int]] = []
+    monkeypatch.setattr(bench.datasets, "ingest_folder", lambda *a, **k: tmp_path / "index")
+
+    def fresh_shards(params: Any, *args: Any, **kwargs: Any) -> Path:
+        sharded.append(tuple(params.image_size))
+        return tmp_path / "shards"
+
+    monkeypatch.setattr(bench.datasets, "fresh_shards", fresh_shards)
+    probe = {"ratio": 1.0, "step_ms_reader": 1.0, "step_ms_in_memory": 1.0, "batch_size": 64}
+    probe |= {"precision_policy": "float32", "xla": False, "devices": ["cpu"]}
+    monkeypatch.setattr(bench.train_step, "measure_input_bound", lambda *a: dict(probe))
+    args = parse_args([*option, "--passes", "1", "--out", str(tmp_path / "bench.json")])
+    base = default_params(shard={"image_size": [48, 80]})
+    bench_run = Bench(args, Run(args), base, tmp_path, 2)
+
+    input_bound(bench_run)
+
+    assert sharded == [expected]
+    details = bench_run.run.figures["details"]["input_bound_ratio"][base.train.model]
+    assert details["image_size"] == list(expected)
