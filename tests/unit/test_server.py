@@ -171,3 +171,38 @@ def test_serving_is_refused_only_where_another_clone_serves_now(
         "c/local",
         "e/local",
     ]
+
+
+def test_the_server_starts_from_an_interpreter_with_no_prefect_script_beside_it(
+    tmp_path: Path,
+) -> None:
+    """A bare interpreter that finds Prefect on PYTHONPATH (site packages carried to a
+    machine, as for the GPU bench) has no `prefect` script in its folder: the server is
+    started as `python -m prefect`, not through that script."""
+    import sysconfig
+
+    bare = tmp_path / "bin" / "python"
+    bare.parent.mkdir()
+    bare.symlink_to(sys._base_executable)  # type: ignore[attr-defined]
+    assert not (bare.parent / "prefect").exists()
+    port = server.free_port()
+    script = (
+        "import sys; from pathlib import Path; from flows import server\n"
+        f"p = server.start_server('127.0.0.1', {port}, Path(sys.argv[1]))\n"
+        f"try: server.wait_healthy('http://127.0.0.1:{port}/api', timeout=120, process=p)\n"
+        "finally: server.end(p.pid, 'http://127.0.0.1:%d/api' % " + str(port) + ")\n"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path.cwd()), sysconfig.get_paths()["purelib"]]),
+        "PREFECT_HOME": str(tmp_path / "home"),
+    }
+    result = subprocess.run(
+        [str(bare), "-c", script, str(tmp_path / "server.log")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
