@@ -208,13 +208,13 @@ def write_shards_flow(params: ShardParams, layout: Layout) -> dict[str, Any]:
             diff_path=layout.shard_changes,
             handoff=layout.handoff,
         )
-    plan, manifest, diff = stage.plan, stage.manifest, stage.diff
+    manifest, diff = stage.manifest, stage.diff
     assert diff is not None
     logger.info(
         "%s: generation %d, %d shards planned, %d written (%s runner, preprocessing %s)",
-        plan.mode,
-        plan.number,
-        len(plan.specs),
+        stage.mode,
+        stage.number,
+        stage.shards,
         stage.written,
         params.runner,
         manifest.preprocessing_version,
@@ -228,9 +228,9 @@ def write_shards_flow(params: ShardParams, layout: Layout) -> dict[str, Any]:
     summary = {
         "fingerprint": manifest.fingerprint,
         "records": {name: split.num_records for name, split in manifest.splits.items()},
-        "generation": plan.number,
+        "generation": stage.number,
         "generations": len(manifest.generations),
-        "shards": len(plan.specs),
+        "shards": stage.shards,
         "written": stage.written,
         "added": diff["added_total"],
     }
