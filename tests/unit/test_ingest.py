@@ -421,3 +421,41 @@ def test_a_dropped_class_with_a_non_utf8_name_stays_valid_json(tmp_path: Path) -
         "reason": "none of its 1 files accepted (quarantined or duplicates)",
     } in report["classes_dropped"]
     (tmp_path / "ingest.json").read_bytes().decode("utf-8", "strict")
+
+
+def test_the_check_feeds_the_decoder_the_whole_file_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A JPEG of several 64 KiB blocks is decoded from one piece (a decoder suspended at
+    each of Pillow's reads starts its MCU again); the check's verdict and hash are those of
+    the chunked decode, and a cut file is still refused."""
+    from tasks.ingest import check_image
+    from tasks.near_duplicates import perceptual_hash
+
+    noise = np.random.default_rng(4).integers(0, 256, (600, 800, 3), dtype=np.uint8)
+    data = encode(Image.fromarray(noise), "JPEG", quality=95)
+    assert len(data) > 4 * 65536
+    feeds: list[int] = []
+    getdecoder = Image._getdecoder
+
+    class Counting:
+        def __init__(self, decoder: object) -> None:
+            self.decoder = decoder
+
+        def decode(self, buffer: bytes) -> tuple[int, int]:
+            feeds.append(len(buffer))
+            return self.decoder.decode(buffer)  # type: ignore[attr-defined]
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.decoder, name)
+
+    monkeypatch.setattr(Image, "_getdecoder", lambda *a, **k: Counting(getdecoder(*a, **k)))
+    fmt, width, height, phash = check_image(data, max_pixels=10**7, min_side=8, draft=True)
+    assert (fmt, width, height) == ("JPEG", 800, 600)
+    assert len(feeds) == 1 and feeds[0] > 4 * 65536
+    monkeypatch.setattr(Image, "_getdecoder", getdecoder)
+    chunked = Image.open(io.BytesIO(data))
+    chunked.draft(None, (100, 75))
+    assert phash == perceptual_hash(chunked.convert("RGB"))
+    with pytest.raises(ImageRejected, match="truncated or corrupt"):
+        check_image(data[: len(data) * 3 // 4], max_pixels=10**7, min_side=8, draft=True)
