@@ -21,6 +21,8 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from PIL import ImageFile
+
 from tasks import handoff as handoff_store
 from tasks.atomic import write_json, write_text
 from tasks.content import SPLITS, file_sha256
@@ -243,7 +245,8 @@ def check_image(
     # The bytes are in memory: the decoder gets them in one piece, not in Pillow's 64 KiB
     # reads (libjpeg, suspended at each refill, starts that MCU again): 0.5 ms less of a
     # 20 ms check of a 12 MP photo, the same pixels.
-    image.decodermaxblock = max(image.decodermaxblock, len(data))
+    if isinstance(image, ImageFile.ImageFile):
+        image.decodermaxblock = max(image.decodermaxblock, len(data))
     head = header_bytes(data, image) if keep is not None else b""
     fmt, (width, height) = str(image.format), oriented_size(image)
     if draft and image.format == "JPEG":
