@@ -422,6 +422,7 @@ def photos(b: Bench) -> None:
         size=args.size,
         ingest=ingest_folder,
         handoff_mb=b.base.ingest.handoff_mb,
+        passes=args.passes,
         log=log,
     )
     headline = results[f"{args.photo_sizes[0][0]}x{args.photo_sizes[0][1]}"]

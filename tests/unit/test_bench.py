@@ -550,3 +550,44 @@ def test_the_input_section_shards_at_params_yamls_shape_unless_asked_for_a_squar
     assert sharded == [expected]
     details = bench_run.run.figures["details"]["input_bound_ratio"][base.train.model]
     assert details["image_size"] == list(expected)
+
+
+def test_the_data_side_fits_one_line_through_every_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two passes over the three photo counts, each setting in turns: the figure is the line
+    through all six runs of a setting, each pass's slope is kept beside it."""
+    import bench.photos as photos
+
+    folder = tmp_path / "photos" / "cat"
+    folder.mkdir(parents=True)
+    files = []
+    for i in range(6):
+        (folder / f"{i}.jpg").write_bytes(b"x")
+        files.append(folder / f"{i}.jpg")
+    calls: list[tuple[str, int]] = []
+
+    def measured(module: str, args: list[str], log: Path) -> dict[str, float]:
+        name, n = Path(args[1]).name.rsplit("-", 1)
+        calls.append((name, int(n)))
+        per_photo = 0.020 if len(calls) <= 6 else 0.030  # the second pass runs slower
+        cpu = 1.0 + per_photo * int(n) * (1.0 if name == "handoff" else 2.0)
+        return {
+            "ingest_cpu_s": cpu / 2,
+            "shard_cpu_s": cpu / 2,
+            "ingest_s": cpu / 2,
+            "shard_s": cpu / 2,
+            "floor_ms": 20.0,
+            "floor_wall_ms": 20.0,
+        }
+
+    monkeypatch.setattr(photos, "run_measured", measured)
+    monkeypatch.setattr(photos.time, "sleep", lambda seconds: None)
+    side = photos.data_side_points(files, tmp_path / "side", 32, handoff_mb=8, passes=2, log=str)
+    assert sorted(calls) == sorted(
+        [(name, n) for name in ("handoff", "no_handoff") for n in (2, 4, 6)] * 2
+    )
+    assert side["handoff"]["per_pass_ms"] == pytest.approx([20.0, 30.0])
+    assert side["handoff"]["per_photo_ms"] == pytest.approx(25.0)
+    assert side["no_handoff"]["per_photo_ms"] == pytest.approx(50.0)
+    assert side["ratio"] == pytest.approx(25.0 / 20.0)
