@@ -427,8 +427,8 @@ def test_the_check_feeds_the_decoder_the_whole_file_at_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A JPEG of several 64 KiB blocks is decoded from one piece (a decoder suspended at
-    each of Pillow's reads starts its MCU again); the check's verdict and hash are those of
-    the chunked decode, and a cut file is still refused."""
+    each of Pillow's reads starts its MCU again), a larger file in bounded pieces; the
+    check's verdict and hash are those of the chunked decode, and a cut file is refused."""
     from tasks.ingest import check_image
     from tasks.near_duplicates import perceptual_hash
 
@@ -453,6 +453,10 @@ def test_the_check_feeds_the_decoder_the_whole_file_at_once(
     fmt, width, height, phash = check_image(data, max_pixels=10**7, min_side=8, draft=True)
     assert (fmt, width, height) == ("JPEG", 800, 600)
     assert len(feeds) == 1 and feeds[0] > 4 * 65536
+    feeds.clear()  # a file past the block (8 MiB) goes in blocks: one copy of at most that
+    monkeypatch.setattr("tasks.ingest.DECODER_BLOCK", 100_000)
+    check_image(data, max_pixels=10**7, min_side=8, draft=True)
+    assert len(feeds) > 1 and 100_000 <= max(feeds) < 2 * 100_000  # (+ what the last left)
     monkeypatch.setattr(Image, "_getdecoder", getdecoder)
     chunked = Image.open(io.BytesIO(data))
     chunked.draft(None, (100, 75))
