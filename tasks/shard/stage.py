@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -91,18 +91,17 @@ def shard_stage(
     plan = plan_stage(params, index_path, shards_dir, handoff=kept)
     try:
         manifest, written = _write_shards(params, plan, shards_dir, write_many)
-        run = StageRun(plan.mode, plan.number, len(plan.specs), written, manifest, None)
+        shards = len(plan.specs)
         # The specs' order (8 bytes a record) goes before the diff, which reads the record
         # lists instead: the stage's peak memory stays what it is at 10k records.
         plan.specs = plan.specs.subset(())
-        if diff_path:
-            run = replace(run, diff=write_stage_diff(plan, manifest, shards_dir, diff_path))
+        diff = write_stage_diff(plan, manifest, shards_dir, diff_path) if diff_path else None
         if handoff is not None:  # what no record used (a resumed shard's, a duplicate's)
             handoff_store.clear(handoff)
     finally:
         if plan.previous_records is not None:
             plan.previous_records.close()
-    return run
+    return StageRun(plan.mode, plan.number, shards, written, manifest, diff)
 
 
 def _write_shards(
