@@ -297,7 +297,7 @@ def data_side_points(
             )
             (root / "params.yaml").write_text(json.dumps(params.model_dump(mode="json")))
             result = run_measured(
-                "bench.photos", ["data-side", str(root)], work / f"{name}-{n}.log"
+                "bench.photos", ["data-side", str(root)], work / f"{name}-{n}-pass{number}.log"
             )
             runs[name].append({"photos": n, "pass": number, **result})
             log(
@@ -306,12 +306,17 @@ def data_side_points(
                 f"{result['shard_s']:.2f} s); 1/8 decode {result['floor_ms']:.1f} ms/photo"
             )
     figures: dict[str, Any] = {"runs": runs, "workers": 1, "time": "CPU"}
+
+    def cpu_line(points: list[dict[str, Any]]) -> tuple[float, float]:
+        return linear_fit(
+            [float(p["photos"]) for p in points],
+            [p["ingest_cpu_s"] + p["shard_cpu_s"] for p in points],
+        )
+
     for name, points in runs.items():
-        photos = [float(p["photos"]) for p in points]
-        cpu = [p["ingest_cpu_s"] + p["shard_cpu_s"] for p in points]
-        slope, intercept = linear_fit(photos, cpu)
+        slope, intercept = cpu_line(points)
         wall_slope, wall_intercept = linear_fit(
-            photos, [p["ingest_s"] + p["shard_s"] for p in points]
+            [float(p["photos"]) for p in points], [p["ingest_s"] + p["shard_s"] for p in points]
         )
         figures[name] = {
             "per_photo_ms": 1000 * slope,
@@ -319,11 +324,7 @@ def data_side_points(
             "wall_per_photo_ms": 1000 * wall_slope,
             "wall_fixed_s": wall_intercept,
             "per_pass_ms": [
-                1000
-                * linear_fit(
-                    [float(p["photos"]) for p in points if p["pass"] == number],
-                    [p["ingest_cpu_s"] + p["shard_cpu_s"] for p in points if p["pass"] == number],
-                )[0]
+                1000 * cpu_line([p for p in points if p["pass"] == number])[0]
                 for number in sorted({p["pass"] for p in points})
             ],
         }
