@@ -185,7 +185,7 @@ def test_a_corrupt_entry_falls_back_to_decoding(tmp_path: Path) -> None:
     data = bytearray(flipped.read_bytes())
     middle = len(data) // 2
     data[middle : middle + 600] = bytes(255 - v for v in data[middle : middle + 600])
-    flipped.write_bytes(bytes(data))  # same length, header intact: only the crc32 tells
+    flipped.write_bytes(bytes(data))  # same length, header intact: only the checksum tells
     truncated.write_bytes(truncated.read_bytes()[:-3])
     foreign.write_bytes(b"not an entry at all" + foreign.read_bytes()[19:])
     swapped.write_bytes(other.read_bytes())  # a whole entry, of other content

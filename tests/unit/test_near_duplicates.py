@@ -230,6 +230,27 @@ def test_groups_are_the_connected_components_of_every_near_pair(distance: int) -
     assert groups.tolist() == [first[label] for label in expected.tolist()]
 
 
+def test_the_first_near_duplicate_a_run_finds_loads_no_more_code() -> None:
+    """Grouping is plain NumPy: a run whose photos include a near pair imports nothing the
+    index module had not (SciPy's graph package took 0.4 s of CPU the first time, a fixed
+    cost that the data side's per-photo figure counted as photos)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, numpy as np\n"
+        "from tasks.near_duplicates import near_components\n"
+        "before = set(sys.modules)\n"
+        "groups = near_components(np.array([5, 7, 2**64 - 1], dtype=np.uint64), 3)\n"
+        "assert groups.tolist() == [0, 0, 2], groups\n"
+        "print(sorted(set(sys.modules) - before))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "[]"
+
+
 def test_straddling_pairs_are_every_near_pair_across_splits() -> None:
     hashes = planted(7)
     rng = np.random.default_rng(7)
