@@ -136,8 +136,8 @@ def _merge(label: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
     Union-find in NumPy: each round hooks every root that an edge joins to a smaller root
     and flattens the trees; the smallest label of a set is never hooked, so it ends as the
-    set's root. No graph library: SciPy's ``csgraph`` costs 0.4 s of imports, paid by the
-    first run that finds a near duplicate.
+    set's root. No graph library: SciPy's ``csgraph`` imports cost more than most runs'
+    whole grouping, and only the runs that find a near pair paid them (docs/performance.md).
     """
     involved, edges = np.unique(np.concatenate([a, b]), return_inverse=True)
     ends_a, ends_b = edges[: len(a)], edges[len(a) :]

@@ -17,9 +17,9 @@ from collections.abc import Iterable
 
 # Seconds for a pool of spawned workers to start, import their stage's modules and warm up
 # (the slower of the ingest and shard pools, 2 workers), as `python -m bench --only
-# worker_start` measures it: 0.41 and 0.43 s in the two full runs of 2026-11-27 on the idle
-# 2-core reference VM (0.29 s on an earlier VM; medians 0.6-1.2 s while other processes held
-# both cores, when the work itself slows alike). Break-even at 2 workers: 0.8 s of work.
+# worker_start` measures it on the idle 2-core reference VM (the latest figure and its
+# break-even are in docs/performance.md; it is longer while other processes hold the cores,
+# when the work itself slows alike).
 WORKER_START_S = 0.4
 # Unit costs of the work itself, one core, from the bench's stage figures:
 CHECK_SECONDS_PER_BYTE = 11e-3 / 2**20  # ingest checks a JPEG: ~11 ms a MB (1/8-scale decode)
