@@ -307,24 +307,23 @@ def data_side_points(
             )
     figures: dict[str, Any] = {"runs": runs, "workers": 1, "time": "CPU"}
 
-    def cpu_line(points: list[dict[str, Any]]) -> tuple[float, float]:
+    def line(points: list[dict[str, Any]], clock: str = "_cpu_s") -> tuple[float, float]:
+        """(slope, intercept) of both stages' time on ``clock`` against the photos."""
         return linear_fit(
             [float(p["photos"]) for p in points],
-            [p["ingest_cpu_s"] + p["shard_cpu_s"] for p in points],
+            [p["ingest" + clock] + p["shard" + clock] for p in points],
         )
 
     for name, points in runs.items():
-        slope, intercept = cpu_line(points)
-        wall_slope, wall_intercept = linear_fit(
-            [float(p["photos"]) for p in points], [p["ingest_s"] + p["shard_s"] for p in points]
-        )
+        slope, intercept = line(points)
+        wall_slope, wall_intercept = line(points, "_s")
         figures[name] = {
             "per_photo_ms": 1000 * slope,
             "fixed_s": intercept,
             "wall_per_photo_ms": 1000 * wall_slope,
             "wall_fixed_s": wall_intercept,
             "per_pass_ms": [
-                1000 * cpu_line([p for p in points if p["pass"] == number])[0]
+                1000 * line([p for p in points if p["pass"] == number])[0]
                 for number in sorted({p["pass"] for p in points})
             ],
         }
