@@ -36,6 +36,11 @@ QUARTER_BITS = 16
 # Candidate pairs expanded at once while searching: bounds the search's memory when many
 # hashes share a quarter (flat or near-identical images), whatever the data.
 CANDIDATE_BLOCK = 1 << 21
+# Buckets of SETTLED_BUCKET hashes or more are checked before each block, where the buckets
+# they ask hold SETTLED_MEAN hashes on average (look-alike sets, not random hashes): once all
+# of a bucket's hashes are in the asking hash's component, its pairs are not expanded.
+SETTLED_BUCKET = 4
+SETTLED_MEAN = 16
 
 
 def perceptual_hash(image: Image.Image) -> str:
@@ -85,9 +90,15 @@ def near_pairs(hashes: np.ndarray, distance: int) -> np.ndarray:
     return np.stack([codes // n, codes % n], axis=1)
 
 
-def _pair_blocks(hashes: np.ndarray, distance: int) -> Iterator[np.ndarray]:
+def _pair_blocks(
+    hashes: np.ndarray, distance: int, label: np.ndarray | None = None
+) -> Iterator[np.ndarray]:
     """The near pairs of ``hashes`` as ``min * n + max`` codes, a bounded block at a time (a
-    pair comes once per quarter it matches in)."""
+    pair comes once per quarter it matches in).
+
+    With ``label`` (component labels the consumer updates in place between blocks), a
+    large bucket whose hashes are all in the asking hash's component is not expanded: its
+    pairs could join nothing (:func:`near_components`)."""
     n = len(hashes)
     if n < 2:
         return
@@ -105,7 +116,9 @@ def _pair_blocks(hashes: np.ndarray, distance: int) -> Iterator[np.ndarray]:
             # Buckets v and v ^ mask see each other: only the lower one asks (half the work);
             # within one bucket (mask 0) everyone asks and i < j keeps each pair once.
             queries = np.flatnonzero(values < keys) if mask else everyone
-            yield from _expand(hashes, distance, queries, keys[queries], counts, starts, order)
+            yield from _expand(
+                hashes, distance, queries, keys[queries], counts, starts, order, label
+            )
 
 
 def near_components(hashes: np.ndarray, distance: int) -> np.ndarray:
@@ -113,52 +126,50 @@ def near_components(hashes: np.ndarray, distance: int) -> np.ndarray:
     share one: the connected components of :func:`near_pairs`.
 
     Memory stays bounded whatever the number of pairs: equal hashes are one node, and each
-    block of pairs is merged into the labels as it is found, then dropped. Labels are the
-    smallest position in each component.
+    block of pairs is merged into the labels as it is found, then dropped. Work stays close
+    to linear for a set of look-alikes too: once a large bucket is one component with the
+    hash asking, its pairs are not expanded (:func:`_pair_blocks`). Labels are the smallest
+    position in each component.
     """
     values, inverse = np.unique(hashes, return_inverse=True)
     label = np.arange(len(values))
     n = len(values)
-    for codes in _pair_blocks(values, distance):
-        a, b = label[codes // n], label[codes % n]
-        joined = a != b
-        if joined.any():
-            label = _merge(label, a[joined], b[joined])
+    for codes in _pair_blocks(values, distance, label):
+        a, b = codes // n, codes % n
+        apart = label[a] != label[b]
+        if apart.any():
+            _merge(label, a[apart], b[apart])
     # Back to positions: each component named by its first position.
     first = np.full(len(values), len(hashes), dtype=np.int64)
     np.minimum.at(first, label[inverse], np.arange(len(hashes)))
     return first[label[inverse]]
 
 
-def _merge(label: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``label`` after linking the label pairs ``(a, b)``: every label of a newly joined set
-    becomes the set's smallest.
+def _merge(label: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+    """Link the nodes ``a[k]`` and ``b[k]`` in ``label``, in place: every node of a newly
+    joined set then holds the set's smallest node.
 
-    Union-find in NumPy: each round hooks every root that an edge joins to a smaller root
-    and flattens the trees; the smallest label of a set is never hooked, so it ends as the
-    set's root. No graph library: SciPy's ``csgraph`` imports cost more than most runs'
-    whole grouping, and only the runs that find a near pair paid them (docs/performance.md).
+    ``label`` is a flat union-find forest (each node holds its root, the smallest node of
+    its set). Each round hooks every root that an edge still joins to a smaller root and
+    flattens the trees; the smallest node of a set is never hooked, so it ends as the set's
+    root. In place, on the node array itself: no renumbering of the edges' ends (a sort of
+    every end was most of the grouping of a look-alike set). No graph library: SciPy's
+    ``csgraph`` imports cost more than most runs' whole grouping, and only the runs that
+    find a near pair paid them (docs/performance.md).
     """
-    involved, edges = np.unique(np.concatenate([a, b]), return_inverse=True)
-    ends_a, ends_b = edges[: len(a)], edges[len(a) :]
-    root = np.arange(len(involved))
+    above = np.empty_like(label)
     while True:
-        root_a, root_b = root[ends_a], root[ends_b]
+        root_a, root_b = label[a], label[b]
         apart = root_a != root_b
         if not apart.any():
-            break
-        root_a, root_b = root_a[apart], root_b[apart]
-        low = np.minimum(root_a, root_b)
-        np.minimum.at(root, root_a, low)  # roots only: each points at a smaller root now
-        np.minimum.at(root, root_b, low)
+            return
+        a, b, root_a, root_b = a[apart], b[apart], root_a[apart], root_b[apart]
+        np.minimum.at(label, np.maximum(root_a, root_b), np.minimum(root_a, root_b))
         while True:  # flatten: every node points at its tree's root
-            above = root[root]
-            if np.array_equal(above, root):
+            np.take(label, label, out=above)
+            if np.array_equal(above, label):
                 break
-            root = above
-    rename = np.arange(label.max() + 1)
-    rename[involved] = involved[root]
-    return rename[label]
+            label[:] = above
 
 
 def _expand(
@@ -169,10 +180,14 @@ def _expand(
     counts: np.ndarray,
     starts: np.ndarray,
     order: np.ndarray,
+    label: np.ndarray | None = None,
 ) -> Iterator[np.ndarray]:
     """The pairs (as ``min * n + max`` codes) between each hash ``queries[k]`` and the bucket
     ``keys[k]`` that lie within ``distance``, a bounded block of candidates at a time. Most
-    buckets hold 0 or 1 hash: those skip the expansion (``np.repeat`` was most of the time)."""
+    buckets hold 0 or 1 hash: those skip the expansion (``np.repeat`` was most of the time).
+    With ``label``, a query whose bucket (of :data:`SETTLED_BUCKET` hashes or more) is
+    already one component with it is dropped before each block (:func:`_settled`), where
+    such buckets are large on average (:data:`SETTLED_MEAN`)."""
     n = len(hashes)
 
     def within(i: np.ndarray, j: np.ndarray) -> np.ndarray:
@@ -185,9 +200,28 @@ def _expand(
     yield within(queries[single], order[starts[keys[single]]])
     several = np.flatnonzero(per_query > 1)
     queries, keys, per_query = queries[several], keys[several], per_query[several]
+    if label is not None:
+        large = per_query >= SETTLED_BUCKET
+        if per_query[large].sum() < SETTLED_MEAN * large.sum():
+            label = None  # mostly small buckets (random hashes): checks would cost, not save
+    if label is not None:
+        small = ~large
+        queries = np.concatenate([queries[small], queries[large]])
+        keys = np.concatenate([keys[small], keys[large]])
+        per_query = np.concatenate([per_query[small], per_query[large]])
+        from_large = int(small.sum())  # queries from here on ask a large bucket
     ends = np.cumsum(per_query)
     first = 0
     while first < len(queries):
+        if label is not None and first >= from_large:
+            # Large buckets: what the blocks so far merged may have settled them.
+            rest = first + np.flatnonzero(
+                ~_settled(label, queries[first:], keys[first:], counts, starts, order)
+            )
+            queries, keys, per_query = queries[rest], keys[rest], per_query[rest]
+            ends, first, from_large = np.cumsum(per_query), 0, 0
+            if not len(queries):
+                break
         # the largest block of queries whose candidates fit CANDIDATE_BLOCK (at least one)
         base = ends[first - 1] if first else 0
         last = max(first + 1, int(np.searchsorted(ends, base + CANDIDATE_BLOCK, side="right")))
@@ -197,6 +231,26 @@ def _expand(
         j = order[np.repeat(starts[keys[first:last]], size) + offsets]
         yield within(np.repeat(queries[first:last], size), j)
         first = last
+
+
+def _settled(
+    label: np.ndarray,
+    queries: np.ndarray,
+    keys: np.ndarray,
+    counts: np.ndarray,
+    starts: np.ndarray,
+    order: np.ndarray,
+) -> np.ndarray:
+    """Whether each bucket ``keys[k]`` holds only hashes of the component of ``queries[k]``:
+    then none of their pairs can join anything. One pass over the buckets asked."""
+    buckets, which = np.unique(keys, return_inverse=True)
+    size = counts[buckets]
+    at = np.cumsum(size) - size
+    members = order[np.repeat(starts[buckets] - at, size) + np.arange(int(size.sum()))]
+    owners = label[members]
+    lowest = np.minimum.reduceat(owners, at)
+    one_component = lowest == np.maximum.reduceat(owners, at)
+    return one_component[which] & (lowest[which] == label[queries])
 
 
 @dataclass(frozen=True)

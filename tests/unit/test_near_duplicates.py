@@ -271,11 +271,7 @@ def test_look_alike_images_group_in_bounded_memory() -> None:
     holds those pairs (the all-pairs answer peaked at 1.9 GB)."""
     import tracemalloc
 
-    rng = np.random.default_rng(0)
-    base = np.uint64(rng.integers(0, 2**63))
-    bits = np.array([rng.choice(64, 3, replace=False) for _ in range(6000)], dtype=np.uint64)
-    hashes = base ^ (np.uint64(1) << bits).sum(axis=1).astype(np.uint64)
-    hexes = [f"{int(h):016x}" for h in hashes]
+    hexes = [f"{int(h):016x}" for h in look_alikes(6000)]
     items = [Item(f"{k:064x}", f"c/{k}.jpg", "c", hexes[k]) for k in range(len(hexes))]
 
     tracemalloc.start()
@@ -288,6 +284,58 @@ def test_look_alike_images_group_in_bounded_memory() -> None:
     assert len(placement.groups) == 1 and len(placement.groups[0]["paths"]) == 6000
     assert leaks == []
     assert peak < 600e6
+
+
+def look_alikes(count: int, seed: int = 0, base: int | None = None) -> np.ndarray:
+    """``count`` hashes, each three bits away from one base hash (all within six bits)."""
+    rng = np.random.default_rng(seed)
+    drawn = np.uint64(rng.integers(0, 2**63))
+    base = drawn if base is None else np.uint64(base)
+    bits = np.array([rng.choice(64, 3, replace=False) for _ in range(count)], dtype=np.uint64)
+    return base ^ (np.uint64(1) << bits).sum(axis=1).astype(np.uint64)
+
+
+def test_grouping_more_look_alikes_compares_no_more_pairs_per_photo(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A look-alike set pairs with itself (quadratic pairs), but grouping needs only enough
+    of them to join the set: four times the look-alikes must not cost four times the
+    comparisons per hash (every pair compared took minutes at 50,000)."""
+    compared = [0]
+    count_bits = np.bitwise_count
+
+    def counted(values: np.ndarray) -> np.ndarray:
+        compared[0] += values.size
+        return count_bits(values)
+
+    monkeypatch.setattr(np, "bitwise_count", counted)
+    work = {}
+    for count in (5_000, 20_000):
+        compared[0] = 0
+        assert set(near_components(look_alikes(count), DISTANCE).tolist()) == {0}
+        work[count] = compared[0]
+    assert work[20_000] <= 2 * work[5_000], work
+
+
+def test_look_alike_sets_sharing_buckets_group_exactly_as_every_pair_would() -> None:
+    """Sets of look-alikes that share three quarters but lie far apart stay apart, a chain
+    joins two of them, and strays stay alone: the same components as the all-pairs graph,
+    with the large buckets settling as they join."""
+    from scipy.sparse.csgraph import connected_components
+
+    base = 0x0123_4567_89AB_CDEF
+    one = look_alikes(900, seed=1, base=base)
+    other = one ^ np.uint64(0xFFFF_FFFF << 16)  # two quarters inverted: 32 bits off
+    chained = look_alikes(900, seed=2, base=base ^ 0xFF << 40)  # 8 bits off: some pairs near
+    strays = np.random.default_rng(3).integers(0, 2**63, 300).astype(np.uint64)
+    hashes = np.concatenate([one, other, chained, strays])
+    _, expected = connected_components(all_pairs_within(hashes, DISTANCE), directed=False)
+
+    groups = near_components(hashes, DISTANCE)
+
+    first = {label: int(np.flatnonzero(expected == label)[0]) for label in set(expected.tolist())}
+    assert groups.tolist() == [first[label] for label in expected.tolist()]
+    assert groups[0] != groups[900]  # the inverted quarter keeps the second set apart
 
 
 @pytest.mark.slow
