@@ -231,6 +231,7 @@ class Run:
             "near_duplicates.min_other_bits": None,
             "near_duplicates.search_s": None,
             "near_duplicates.place_s": None,
+            "near_duplicates.look_alike_place_s": None,
             "near_duplicates.peak_rss_mb": None,
             "machine": machine_info(),
             "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
@@ -632,6 +633,7 @@ def near_duplicates(b: Bench) -> None:
     )
     f["near_duplicates.search_s"] = search["search_s"]
     f["near_duplicates.place_s"] = search["place_s"]
+    f["near_duplicates.look_alike_place_s"] = result["look_alikes"]["place_s"]
     f["near_duplicates.peak_rss_mb"] = search["peak_rss_mb"]
     f["details"]["near_duplicates"] = result
 

@@ -167,6 +167,17 @@ def crop_hashes(count: int, *, seed: int = 0) -> list[str]:
     return hashes[:count]
 
 
+def look_alike_hashes(count: int, seed: int = 0, base: int | None = None) -> np.ndarray:
+    """``count`` hashes three bits each from one base hash, all within six bits of each
+    other: a set of look-alike images (product shots on white, scans, video frames), whose
+    near pairs grow with the square of its size."""
+    rng = np.random.default_rng(seed)
+    drawn = np.uint64(rng.integers(0, 2**63))
+    centre = drawn if base is None else np.uint64(base)
+    bits = np.array([rng.choice(64, 3, replace=False) for _ in range(count)], dtype=np.uint64)
+    return centre ^ (np.uint64(1) << bits).sum(axis=1).astype(np.uint64)
+
+
 def measure_search(hashes_path: Path, distance: int) -> dict[str, Any]:
     """In this process: neighbour search and placement of the hashes in ``hashes_path``."""
     import psutil
@@ -209,6 +220,31 @@ def measure_search(hashes_path: Path, distance: int) -> dict[str, Any]:
     }
 
 
+def measure_look_alikes(count: int, distance: int) -> dict[str, Any]:
+    """In this process: ``count`` look-alike hashes (:func:`look_alike_hashes`, one group)
+    placed as ingest places them, then checked as validation checks the shards' splits."""
+    from tasks.near_duplicates import Item, place, straddling_pairs
+
+    hashes = [f"{int(h):016x}" for h in look_alike_hashes(count)]
+    items = [Item(f"{i:064x}", f"c/{i}.jpg", "c", h) for i, h in enumerate(hashes)]
+    start, cpu = time.perf_counter(), time.process_time()
+    placement = place(items, {}, distance, lambda sha: "train")
+    place_s, place_cpu_s = time.perf_counter() - start, time.process_time() - cpu
+    splits = [placement.splits[item.sha256] for item in items]
+    start, cpu = time.perf_counter(), time.process_time()
+    leaks = straddling_pairs(hashes, splits, distance)
+    check_s, check_cpu_s = time.perf_counter() - start, time.process_time() - cpu
+    return {
+        "hashes": count,
+        "largest_group": max(len(group["paths"]) for group in placement.groups),
+        "place_s": round(place_s, 3),
+        "place_cpu_s": round(place_cpu_s, 3),
+        "check_s": round(check_s, 3),
+        "check_cpu_s": round(check_cpu_s, 3),
+        "pairs_across_splits": len(leaks),
+    }
+
+
 def measure_near_duplicates(work: Path, *, count: int, distance: int, log: Any) -> dict[str, Any]:
     """Both measurements; the search runs in a fresh interpreter for its peak RSS."""
     from bench.measured import run_measured
@@ -233,16 +269,29 @@ def measure_near_duplicates(work: Path, *, count: int, distance: int, log: Any) 
         f"placement {search['place_s']} s ({search['place_cpu_s']} s CPU), peak RSS "
         f"{search['peak_rss_mb']} MB ({search['rss_before_search_mb']} MB before)"
     )
-    return {"threshold": threshold, "search": search}
+    alike = run_measured(
+        "bench.near_duplicates",
+        ["look-alikes", str(count), str(distance)],
+        work / "near-duplicates-look-alikes.log",
+    )
+    log(
+        f"   {count:,} look-alike hashes (one group of {alike['largest_group']:,}): placement "
+        f"{alike['place_s']} s, validation's check {alike['check_s']} s, peak RSS "
+        f"{alike['peak_rss_mb']} MB"
+    )
+    return {"threshold": threshold, "search": search, "look_alikes": alike}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="the timed child of the near_duplicates bench")
-    parser.add_argument("job", choices=["search"])
-    parser.add_argument("hashes", type=Path)
+    parser.add_argument("job", choices=["search", "look-alikes"])
+    parser.add_argument("hashes", help="the hashes' JSON file (search) or their count")
     parser.add_argument("distance", type=int)
     args = parser.parse_args()
-    print(json.dumps(measure_search(args.hashes, args.distance)))
+    if args.job == "search":
+        print(json.dumps(measure_search(Path(args.hashes), args.distance)))
+    else:
+        print(json.dumps(measure_look_alikes(int(args.hashes), args.distance)))
 
 
 if __name__ == "__main__":

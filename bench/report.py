@@ -140,6 +140,7 @@ def format_table(figures: dict[str, Any], targets: list[dict[str, Any]]) -> str:
         ("near_duplicates.min_other_bits", "bits (other parts and photos, at least)"),
         ("near_duplicates.search_s", "s neighbour search"),
         ("near_duplicates.place_s", "s search + groups + splits"),
+        ("near_duplicates.look_alike_place_s", "s the same for as many look-alikes"),
         ("near_duplicates.peak_rss_mb", "MB peak RSS"),
     ):
         lines.append(f"{key:<24}{_fmt(figures.get(key), 3):>14}  {unit}")

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from bench.near_duplicates import look_alike_hashes as look_alikes
 from bench.near_duplicates import measure_threshold, sample_photo
 from tasks.demo_data import generate
 from tasks.index import load_index
@@ -284,15 +285,6 @@ def test_look_alike_images_group_in_bounded_memory() -> None:
     assert len(placement.groups) == 1 and len(placement.groups[0]["paths"]) == 6000
     assert leaks == []
     assert peak < 600e6
-
-
-def look_alikes(count: int, seed: int = 0, base: int | None = None) -> np.ndarray:
-    """``count`` hashes, each three bits away from one base hash (all within six bits)."""
-    rng = np.random.default_rng(seed)
-    drawn = np.uint64(rng.integers(0, 2**63))
-    base = drawn if base is None else np.uint64(base)
-    bits = np.array([rng.choice(64, 3, replace=False) for _ in range(count)], dtype=np.uint64)
-    return base ^ (np.uint64(1) << bits).sum(axis=1).astype(np.uint64)
 
 
 def test_grouping_more_look_alikes_compares_no_more_pairs_per_photo(
