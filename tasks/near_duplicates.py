@@ -200,16 +200,16 @@ def _expand(
     yield within(queries[single], order[starts[keys[single]]])
     several = np.flatnonzero(per_query > 1)
     queries, keys, per_query = queries[several], keys[several], per_query[several]
+    from_large = len(queries)  # queries from here on are checked before each block: none yet
     if label is not None:
         large = per_query >= SETTLED_BUCKET
-        if per_query[large].sum() < SETTLED_MEAN * large.sum():
-            label = None  # mostly small buckets (random hashes): checks would cost, not save
-    if label is not None:
-        small = ~large
-        queries = np.concatenate([queries[small], queries[large]])
-        keys = np.concatenate([keys[small], keys[large]])
-        per_query = np.concatenate([per_query[small], per_query[large]])
-        from_large = int(small.sum())  # queries from here on ask a large bucket
+        # Mostly small buckets (random hashes): checking them would cost more than it saves.
+        if per_query[large].sum() >= SETTLED_MEAN * large.sum():
+            small = ~large  # the small first, unchecked; then the large
+            queries, keys, per_query = (
+                np.concatenate([v[small], v[large]]) for v in (queries, keys, per_query)
+            )
+            from_large = int(small.sum())
     ends = np.cumsum(per_query)
     first = 0
     while first < len(queries):
