@@ -33,6 +33,13 @@ def write_image_folder(root: Path, *, per_class: int = 12, seed: int = 0) -> Pat
     return root
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow tests first, each group in collection order: ``make test`` hands the suite to
+    its workers (pytest-xdist) a test at a time, and a long end-to-end test started last would
+    leave the other workers idle until it ended."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture
 def tiny_dataset(tmp_path: Path) -> Path:
     """A 3-class x 12-image folder dataset; returns the source dir."""
