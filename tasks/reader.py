@@ -81,8 +81,14 @@ def read_split(
     # waits for the shard in file order and passes its path on only once its sha256 matched.
     # No tf.data thread waits on the network: on 2 cores that left 2 downloads in flight and
     # no thread to parse the shards already there.
-    ds = ds.map(start_fetch_op(store, manifest)).prefetch(store.prefetch) if store else ds
-    ds = ds.map(fetch_op(store, manifest)) if store else ds
+    if store:
+        ds = ds.map(start_fetch_op(store, manifest)).prefetch(store.prefetch)
+        ds = ds.map(fetch_op(store, manifest))
+        # The two maps run one name at a time, in order, as written: not parallelised by
+        # tf.data's optimiser, which would otherwise take their (stateless) ops for pure ones.
+        options = tf.data.Options()
+        options.experimental_optimization.map_parallelization = False
+        ds = ds.with_options(options)
     ds = ds.interleave(
         plain(lambda path: shard_records(path, manifest)),
         cycle_length=min(len(files), 8) if training else 1,
@@ -136,11 +142,18 @@ def start_fetch_op(store: ShardStore, manifest: ShardManifest) -> Any:
 
 
 def _string_op(function: Any) -> Any:
+    """``function`` (bytes -> str) as a tf.data map op over a shard's name.
+
+    Declared stateless, though it downloads: under op determinism (training's default,
+    ``train.deterministic``) one stateful op anywhere in a pipeline switches off its
+    ``prefetch`` and runs every parallel map one element at a time, so a read from object
+    storage downloaded one shard at a time and parsed serially. Order and one call per
+    name are kept by the pipeline itself (sequential maps, see :func:`read_split`).
+    """
     import tensorflow as tf
 
     def op(name: tf.Tensor) -> tf.Tensor:
-        # stateful: tf.data must neither run it in parallel nor reorder it (a download)
-        path = tf.numpy_function(function, [name], tf.string, stateful=True)
+        path = tf.numpy_function(function, [name], tf.string, stateful=False)
         return tf.ensure_shape(path, [])
 
     return op
