@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,6 +39,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     its workers (pytest-xdist) a test at a time, and a long end-to-end test started last would
     leave the other workers idle until it ended."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@contextmanager
+def tf_op_determinism(on: bool) -> Iterator[None]:
+    """TensorFlow's op determinism ``on`` or off for the block, then as it was: the setting is
+    process-wide, and a deterministic training run earlier in the same process (a test's, or
+    a fixture's) leaves it on for every test after."""
+    from tensorflow.python.framework import config
+
+    was = config.is_op_determinism_enabled()
+    (config.enable_op_determinism if on else config.disable_op_determinism)()
+    try:
+        yield
+    finally:
+        (config.enable_op_determinism if was else config.disable_op_determinism)()
 
 
 @pytest.fixture

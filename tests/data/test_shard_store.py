@@ -14,6 +14,7 @@ import pytest
 from tasks.manifest import load_manifest
 from tasks.reader import read_split, shard_records
 from tasks.shard_store import CACHE_DIR, ShardStore, ShardStoreError, publish
+from tests.conftest import tf_op_determinism
 from tests.s3_server import S3Server
 
 
@@ -30,13 +31,9 @@ def hashes(ds: Any) -> list[bytes]:
 @pytest.fixture(params=[False, True], ids=["op-nondeterministic", "op-deterministic"])
 def op_determinism(request: pytest.FixtureRequest) -> Iterator[bool]:
     """TensorFlow's op determinism off, then on (training's default, set process-wide by
-    ``tasks.train.seed_everything``), put back as it was afterwards."""
-    from tensorflow.python.framework import config
-
-    was = config.is_op_determinism_enabled()
-    (config.enable_op_determinism if request.param else config.disable_op_determinism)()
-    yield request.param
-    (config.enable_op_determinism if was else config.disable_op_determinism)()
+    ``tasks.train.seed_everything``)."""
+    with tf_op_determinism(request.param):
+        yield request.param
 
 
 @pytest.mark.parametrize("split", ["train", "test"])

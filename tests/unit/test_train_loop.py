@@ -13,6 +13,7 @@ import pytest
 import tasks.train as train_module
 from tasks.layout import Layout
 from tasks.models import backbone_of
+from tests.conftest import tf_op_determinism
 from tests.unit.test_train_core import NO_AUGMENT, run, train_params
 
 pytestmark = pytest.mark.slow
@@ -33,15 +34,9 @@ class SeeOptimizer(keras.callbacks.Callback):
 
 @pytest.fixture
 def no_op_determinism() -> Any:
-    """Op determinism off for one test: a deterministic run earlier in this process turned it
-    on for the whole process, and Keras compiles without XLA under it."""
-    from tensorflow.python.framework import config
-
-    was_on = config.is_op_determinism_enabled()
-    config.disable_op_determinism()
-    yield
-    if was_on:
-        config.enable_op_determinism()
+    """Op determinism off for one test: Keras compiles without XLA under it."""
+    with tf_op_determinism(False):
+        yield
 
 
 def test_float16_trains_with_loss_scaling(
