@@ -212,14 +212,15 @@ def _expand(
             from_large = int(small.sum())
     ends = np.cumsum(per_query)
     first = 0
+    stale = True  # labels may have changed since the last check: pairs were found since
     while first < len(queries):
-        if label is not None and first >= from_large:
+        if label is not None and first >= from_large and stale:
             # Large buckets: what the blocks so far merged may have settled them.
             rest = first + np.flatnonzero(
                 ~_settled(label, queries[first:], keys[first:], counts, starts, order)
             )
             queries, keys, per_query = queries[rest], keys[rest], per_query[rest]
-            ends, first, from_large = np.cumsum(per_query), 0, 0
+            ends, first, from_large, stale = np.cumsum(per_query), 0, 0, False
             if not len(queries):
                 break
         # the largest block of queries whose candidates fit CANDIDATE_BLOCK (at least one)
@@ -229,7 +230,9 @@ def _expand(
         total = int(size.sum())
         offsets = np.arange(total) - np.repeat(np.cumsum(size) - size, size)
         j = order[np.repeat(starts[keys[first:last]], size) + offsets]
-        yield within(np.repeat(queries[first:last], size), j)
+        found = within(np.repeat(queries[first:last], size), j)
+        yield found
+        stale = stale or len(found) > 0
         first = last
 
 

@@ -86,6 +86,7 @@ def read_split(
         ds = ds.map(fetch_op(store, manifest))
         # The two maps run one name at a time, in order, as written: not parallelised by
         # tf.data's optimiser, which would otherwise take their (stateless) ops for pure ones.
+        # The option holds for the whole pipeline; every other map here sets its own.
         options = tf.data.Options()
         options.experimental_optimization.map_parallelization = False
         ds = ds.with_options(options)
