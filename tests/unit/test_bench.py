@@ -25,6 +25,8 @@ from bench.stats import (
 from tasks.index import load_index, write_index
 from tests.s3_server import S3Server
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
 
 def test_median_odd_even_and_empty() -> None:
     assert median([3.0, 1.0, 2.0]) == 2.0
@@ -591,3 +593,20 @@ def test_the_data_side_fits_one_line_through_every_pass(
     assert side["handoff"]["per_photo_ms"] == pytest.approx(25.0)
     assert side["no_handoff"]["per_photo_ms"] == pytest.approx(50.0)
     assert side["ratio"] == pytest.approx(25.0 / 20.0)
+
+
+def test_both_orchestration_passes_run_their_own_copys_compiled_code(tmp_path: Path) -> None:
+    """The direct pass imports the code of its copy, as every stage of a `dvc repro` pass
+    imports its copy's, and each copy starts with its bytecode, as a checkout has after its
+    first run; neither side compiles what the other finds compiled."""
+    from importlib.util import cache_from_source
+
+    from bench.orchestration import _run_direct, copy_repo
+
+    images = tmp_path / "images"
+    (images / "circle").mkdir(parents=True)
+    root = copy_repo(REPO_ROOT, tmp_path / "direct", images=images, overrides={})
+    for module in ("tasks/ingest.py", "tasks/shard/stage.py", "flows/train.py", "bench/stats.py"):
+        assert Path(cache_from_source(str(root / module))).is_file(), module
+    seconds = _run_direct(root, [])  # raises when the pass ran other code than its copy's
+    assert seconds["total"] >= seconds["(imports and exit)"] > 0
