@@ -21,7 +21,7 @@ Plain Python and NumPy, no stage code: ingest places, validation re-checks.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any
 
@@ -109,16 +109,13 @@ def _pair_blocks(
             np.int64
         )
         order = np.argsort(values, kind="stable")
-        counts = np.bincount(values, minlength=1 << QUARTER_BITS)
-        starts = np.cumsum(counts) - counts
+        buckets = Buckets(order, np.bincount(values, minlength=1 << QUARTER_BITS), hashes[order])
         for mask in masks:
             keys = values ^ mask
             # Buckets v and v ^ mask see each other: only the lower one asks (half the work);
             # within one bucket (mask 0) everyone asks and i < j keeps each pair once.
             queries = np.flatnonzero(values < keys) if mask else everyone
-            yield from _expand(
-                hashes, distance, queries, keys[queries], counts, starts, order, label
-            )
+            yield from _expand(hashes, distance, queries, keys[queries], buckets, label)
 
 
 def near_components(hashes: np.ndarray, distance: int) -> np.ndarray:
@@ -172,32 +169,53 @@ def _merge(label: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
             label[:] = above
 
 
+@dataclass(frozen=True)
+class Buckets:
+    """One quarter's index: bucket ``v`` holds ``order[starts[v]:starts[v] + counts[v]]``,
+    whose hashes are ``hashes[starts[v]:...]`` (the hashes in bucket order, so a bucket's
+    candidates are read in a row)."""
+
+    order: np.ndarray
+    counts: np.ndarray
+    hashes: np.ndarray
+    starts: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "starts", np.cumsum(self.counts) - self.counts)
+
+
 def _expand(
     hashes: np.ndarray,
     distance: int,
     queries: np.ndarray,
     keys: np.ndarray,
-    counts: np.ndarray,
-    starts: np.ndarray,
-    order: np.ndarray,
+    buckets: Buckets,
     label: np.ndarray | None = None,
 ) -> Iterator[np.ndarray]:
     """The pairs (as ``min * n + max`` codes) between each hash ``queries[k]`` and the bucket
     ``keys[k]`` that lie within ``distance``, a bounded block of candidates at a time. Most
-    buckets hold 0 or 1 hash: those skip the expansion (``np.repeat`` was most of the time).
-    With ``label``, a query whose bucket (of :data:`SETTLED_BUCKET` hashes or more) is
-    already one component with it is dropped before each block (:func:`_settled`), where
-    such buckets are large on average (:data:`SETTLED_MEAN`)."""
+    buckets hold 0 or 1 hash: those skip the expansion. Each candidate costs a read of its
+    hash in bucket order, an XOR and a bit count; only the pairs found are turned into
+    positions. With ``label``, a query whose bucket (of :data:`SETTLED_BUCKET` hashes or
+    more) is already one component with it is dropped before each block (:func:`_settled`),
+    where such buckets are large on average (:data:`SETTLED_MEAN`)."""
     n = len(hashes)
+    counts, starts, order = buckets.counts, buckets.starts, buckets.order
 
-    def within(i: np.ndarray, j: np.ndarray) -> np.ndarray:
+    def codes(i: np.ndarray, at: np.ndarray) -> np.ndarray:
+        """Pair codes of the queries ``i`` found near the hashes at bucket positions ``at``."""
+        j = order[at]
         low, high = np.minimum(i, j), np.maximum(i, j)
-        keep = (low < high) & (np.bitwise_count(hashes[low] ^ hashes[high]) <= distance)
+        keep = low < high
         return low[keep] * n + high[keep]
 
     per_query = counts[keys]
-    single = per_query == 1
-    yield within(queries[single], order[starts[keys[single]]])
+    single = np.flatnonzero(per_query == 1)
+    at = starts[keys[single]]
+    near = np.flatnonzero(
+        np.bitwise_count(buckets.hashes[at] ^ hashes[queries[single]]) <= distance
+    )
+    yield codes(queries[single[near]], at[near])
     several = np.flatnonzero(per_query > 1)
     queries, keys, per_query = queries[several], keys[several], per_query[several]
     from_large = len(queries)  # queries from here on are checked before each block: none yet
@@ -216,9 +234,7 @@ def _expand(
     while first < len(queries):
         if label is not None and first >= from_large and stale:
             # Large buckets: what the blocks so far merged may have settled them.
-            rest = first + np.flatnonzero(
-                ~_settled(label, queries[first:], keys[first:], counts, starts, order)
-            )
+            rest = first + np.flatnonzero(~_settled(label, queries[first:], keys[first:], buckets))
             queries, keys, per_query = queries[rest], keys[rest], per_query[rest]
             ends, first, from_large, stale = np.cumsum(per_query), 0, 0, False
             if not len(queries):
@@ -227,29 +243,34 @@ def _expand(
         base = ends[first - 1] if first else 0
         last = max(first + 1, int(np.searchsorted(ends, base + CANDIDATE_BLOCK, side="right")))
         size = per_query[first:last]
-        total = int(size.sum())
-        offsets = np.arange(total) - np.repeat(np.cumsum(size) - size, size)
-        j = order[np.repeat(starts[keys[first:last]], size) + offsets]
-        found = within(np.repeat(queries[first:last], size), j)
-        yield found
-        stale = stale or len(found) > 0
+        before = ends[first:last] - size - base  # each query's first candidate in the block
+        # candidate t of query k sits at bucket position starts[keys[k]] + t - before[k]
+        at = np.repeat(starts[keys[first:last]] - before, size)
+        at += np.arange(len(at))
+        found = buckets.hashes[at]
+        found ^= np.repeat(hashes[queries[first:last]], size)
+        near = np.flatnonzero(np.bitwise_count(found) <= distance)
+        if len(near) * 16 < len(at):  # few found (random hashes): find who asked
+            asking = queries[first + np.searchsorted(before, near, side="right") - 1]
+        else:  # many (a look-alike set): spell the askers out
+            asking = np.repeat(queries[first:last], size)[near]
+        block = codes(asking, at[near])
+        yield block
+        stale = stale or len(block) > 0
         first = last
 
 
 def _settled(
-    label: np.ndarray,
-    queries: np.ndarray,
-    keys: np.ndarray,
-    counts: np.ndarray,
-    starts: np.ndarray,
-    order: np.ndarray,
+    label: np.ndarray, queries: np.ndarray, keys: np.ndarray, buckets: Buckets
 ) -> np.ndarray:
     """Whether each bucket ``keys[k]`` holds only hashes of the component of ``queries[k]``:
     then none of their pairs can join anything. One pass over the buckets asked."""
-    buckets, which = np.unique(keys, return_inverse=True)
-    size = counts[buckets]
+    asked, which = np.unique(keys, return_inverse=True)
+    size = buckets.counts[asked]
     at = np.cumsum(size) - size
-    members = order[np.repeat(starts[buckets] - at, size) + np.arange(int(size.sum()))]
+    members = buckets.order[
+        np.repeat(buckets.starts[asked] - at, size) + np.arange(int(size.sum()))
+    ]
     owners = label[members]
     lowest = np.minimum.reduceat(owners, at)
     one_component = lowest == np.maximum.reduceat(owners, at)
