@@ -47,6 +47,9 @@ DVC_REMOTE_ENV = "SHARDFLOW_DVC_REMOTE"  # the DVC remote name; DVC's default wh
 RUN_REF_PREFIX = "refs/heads/runs/"
 # The variables prefect.yaml's `work_pool.name`s are rendered from, and their defaults.
 POOL_ENV = {"cpu": "SHARDFLOW_CPU_POOL", "gpu": "SHARDFLOW_GPU_POOL"}
+# How often a pipeline run asks whether its part's run has ended: Prefect's default (5 s) let
+# each of the two parts end up to 5 s late; one small read a second is nothing to a server.
+PART_POLL_S = 1.0
 DATA_STAGES = ("ingest", "shard", "validate")
 TRAINING_STAGES = ("train", "evaluate")
 # What each part pulls before it runs: the data part its sources and the persisted outputs
@@ -246,7 +249,9 @@ def team_pipeline(
     parts: dict[str, Any] = {}
     parameters: dict[str, Any] = {"commit": sha, "ref": ref, "overrides": _as_dict(overrides)}
     for part in ("data", "training"):
-        child = run_deployment(f"{part}/team", parameters=parameters, timeout=None)
+        child = run_deployment(
+            f"{part}/team", parameters=parameters, timeout=None, poll_interval=PART_POLL_S
+        )
         assert isinstance(child, FlowRun)  # called from a sync flow: already awaited
         state = child.state
         if state is None or not state.is_completed():

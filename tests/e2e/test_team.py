@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from flows.team_demo import Team, publish, start_workers, started_team
+from flows.team_demo import WATCH_INTERVAL_S, Team, publish, start_workers, started_team
 from tests.e2e.conftest import REPO, Project, api_post, make_project, run
 
 pytestmark = pytest.mark.slow
@@ -42,6 +42,7 @@ def watch(
     proj: Project, params: dict[str, Any], deployment: str = "pipeline/team"
 ) -> subprocess.Popen[str]:
     cmd = [sys.executable, "-m", "prefect", "deployment", "run", deployment, "--watch"]
+    cmd += ["--watch-interval", WATCH_INTERVAL_S]
     return subprocess.Popen(
         [*cmd, "--params", json.dumps(params)],
         cwd=proj.root,

@@ -4,6 +4,7 @@ to ``refs/heads/runs/<run>`` without force, never to the user's branch; refs lis
 from __future__ import annotations
 
 import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,55 @@ def test_refs_command_lists_and_prunes_run_refs_only(
     assert team.main(["refs", "--prune-all"]) == 0
     assert team.list_run_refs() == []
     assert git(bare, "rev-parse", "main")  # the user's branch stays
+
+
+def test_a_pipeline_run_chains_its_parts_and_looks_for_each_end_every_second(
+    remote_and_clone: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``pipeline/team`` runs ``data/team`` then ``training/team`` on the commit the data part
+    pushed, and asks after each part's run every :data:`team.PART_POLL_S` seconds: Prefect's
+    default, 5 s, let each part end up to 5 s late."""
+    import logging
+
+    from prefect.client.schemas.objects import FlowRun
+    from prefect.states import Completed
+
+    bare, clone = remote_and_clone
+    monkeypatch.chdir(clone)
+    monkeypatch.setattr(team, "get_run_logger", lambda: logging.getLogger("test"))
+    monkeypatch.setattr(team.flow_run, "get_name", lambda: "quick-run")
+    calls: list[tuple[str, dict[str, object], float]] = []
+
+    def run_deployment(name: str, *, parameters: dict[str, object], **options: object) -> FlowRun:
+        calls.append((name, parameters, options.get("poll_interval", 5.0)))  # type: ignore[arg-type]
+        (clone / "dvc.lock").write_text(f"schema: '2.0'\nstages: {{{name.split('/')[0]}: {{}}}}\n")
+        team.commit_results(clone, str(parameters["ref"]), f"{name} results")
+        return FlowRun(flow_id=uuid.uuid4(), name=f"{name}-run", state=Completed())
+
+    monkeypatch.setattr("prefect.deployments.run_deployment", run_deployment)
+    head = git(bare, "rev-parse", "main")
+    result = team.team_pipeline.fn(commit=head)
+
+    ref = team.run_ref("quick-run")
+    assert [name for name, _, _ in calls] == ["data/team", "training/team"]
+    assert calls[0][1] == {"commit": head, "ref": ref, "overrides": None}
+    assert calls[1][1] == {"commit": result["data"]["pushed"], "ref": ref}
+    assert result["training"]["pushed"] == git(bare, "rev-parse", ref)
+    assert all(poll <= 1.0 for _, _, poll in calls), calls
+
+
+def test_the_demo_workers_look_for_runs_more_often_than_prefects_default(tmp_path: Path) -> None:
+    """``shardflow team-demo``'s workers ask for runs every few seconds: at Prefect's default
+    (10 s) a queued run waited 5 s on average, three times a pipeline run."""
+    from prefect.settings import PREFECT_WORKER_QUERY_SECONDS
+
+    from flows.team_demo import POOLS, Team, start_workers
+
+    started: dict[str, dict[str, str]] = {}
+    demo = Team(base=tmp_path, prefect_url="http://127.0.0.1:9/api")
+    demo.start = lambda name, cmd, cwd, env: started.update({name: env})  # type: ignore[method-assign]
+    start_workers(demo)
+    assert set(started) == {f"worker-{pool}" for pool in POOLS}
+    default = PREFECT_WORKER_QUERY_SECONDS.value()
+    for env in started.values():
+        assert float(env["PREFECT_WORKER_QUERY_SECONDS"]) < default / 2, env
