@@ -55,6 +55,8 @@ def deployment_run(
         "run",
         "pipeline/local",
         "--watch",
+        "--watch-interval",
+        "1",
         "--watch-timeout",
         "900",
         *args,
@@ -156,7 +158,7 @@ def test_predict_deployment_refuses_paths_outside_the_repository(
         ({"output": "params.yaml"}, "a deployment run writes a .csv file"),
     ):
         result = project.run(
-            *("prefect", "deployment", "run", "predict/local", "--watch"),
+            *("prefect", "deployment", "run", "predict/local", "--watch", "--watch-interval", "1"),
             *("--watch-timeout", "300", "--params"),
             json.dumps({"source": "data/demo/circle", **params}),
             check=False,
