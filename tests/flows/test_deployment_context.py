@@ -55,6 +55,7 @@ def test_a_deployed_top_level_run_is_a_deployment_run(
     from prefect.context import FlowRunContext
 
     run = FlowRun(flow_id=uuid.uuid4(), deployment_id=uuid.uuid4())
-    monkeypatch.setattr(FlowRunContext, "get", classmethod(lambda cls: SimpleNamespace(flow_run=run)))
+    context = SimpleNamespace(flow_run=run)
+    monkeypatch.setattr(FlowRunContext, "get", classmethod(lambda cls: context))
     assert in_deployment_run() is True
     assert server_asks == []
