@@ -260,6 +260,10 @@ def stage_settings() -> Iterator[None]:
         yield
 
 
+# Prefect's runtime override of ``prefect.runtime.deployment.id``.
+RUNTIME_DEPLOYMENT_ENV = "PREFECT__RUNTIME__DEPLOYMENT__ID"
+
+
 def in_deployment_run() -> bool:
     """Whether this code runs in a run a Prefect deployment started: then its parameters
     come from whoever started the run, and are confined to the repository.
@@ -267,13 +271,19 @@ def in_deployment_run() -> bool:
     A top-level flow run (every `dvc repro` stage's) knows its deployment: Prefect's
     ``runtime.deployment.id`` asked the server again whenever there was none (about 40 ms a
     call, several a stage). A nested flow run asks ``runtime.deployment``, which knows its
-    ancestors' deployment from the context."""
+    ancestors' deployment from the context, and so does any run where
+    ``PREFECT__RUNTIME__DEPLOYMENT__ID`` stands in for a deployment (Prefect's runtime
+    override, which the tests use)."""
     from prefect.context import FlowRunContext
     from prefect.runtime import deployment
 
     context = FlowRunContext.get()
     run = context.flow_run if context is not None else None
-    if run is not None and run.parent_task_run_id is None:
+    if (
+        run is not None
+        and run.parent_task_run_id is None
+        and RUNTIME_DEPLOYMENT_ENV not in os.environ
+    ):
         return run.deployment_id is not None
     return deployment.id is not None
 

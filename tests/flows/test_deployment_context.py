@@ -48,6 +48,22 @@ def test_a_stage_flow_run_knows_it_is_not_deployed_without_asking_the_server(
     assert pipeline() == [False, False, False]  # nested: the runtime looks further up
 
 
+def test_prefects_runtime_override_still_stands_in_for_a_deployment(
+    prefect_harness: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``PREFECT__RUNTIME__DEPLOYMENT__ID`` (how the deployment tests make a run deployed)."""
+    from prefect import flow
+
+    from flows.common import RUNTIME_DEPLOYMENT_ENV
+
+    @flow
+    def stage() -> bool:
+        return in_deployment_run()
+
+    monkeypatch.setenv(RUNTIME_DEPLOYMENT_ENV, "a-deployment")
+    assert stage() is True
+
+
 def test_a_deployed_top_level_run_is_a_deployment_run(
     monkeypatch: pytest.MonkeyPatch, server_asks: list[Any]
 ) -> None:

@@ -15,6 +15,7 @@ def served_with(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, An
     return the keyword arguments ``serve`` got."""
     got: dict[str, Any] = {}
     monkeypatch.setattr(flows.deployments, "require_server", lambda: None)
+    monkeypatch.setattr(flows.deployments, "api_url", lambda: "http://127.0.0.1:9/api")
     monkeypatch.setattr(flows.deployments, "other_owners", lambda names: {})
     monkeypatch.setattr(flows.deployments, "serving_file", lambda root: tmp_path / "serving")
     monkeypatch.setattr(flows.deployments, "serve", lambda *served, **options: got.update(options))
