@@ -36,7 +36,6 @@ CLONE_TAG = "clone:"
 # `prefect deployment run` waiting 5 s on average before anything ran; each ask is one small
 # read on this clone's server. PREFECT_RUNNER_POLL_FREQUENCY, where set, still decides.
 POLL_S = 2.0
-POLL_ENV = "PREFECT_RUNNER_POLL_FREQUENCY"
 
 
 def clone_tag() -> str:
@@ -122,9 +121,12 @@ def deployments() -> list[Any]:
 
 
 def poll_seconds() -> float | None:
-    """Seconds between the runner's asks for runs: :data:`POLL_S`, unless the environment
-    sets ``PREFECT_RUNNER_POLL_FREQUENCY`` (None: the runner reads the setting)."""
-    return None if POLL_ENV in os.environ else POLL_S
+    """Seconds between the runner's asks for runs: :data:`POLL_S`, unless the user set
+    ``PREFECT_RUNNER_POLL_FREQUENCY`` (environment, profile or ``prefect.toml``; None: the
+    runner reads it)."""
+    from prefect.settings import get_current_settings
+
+    return None if "poll_frequency" in get_current_settings().runner.model_fields_set else POLL_S
 
 
 def main() -> None:

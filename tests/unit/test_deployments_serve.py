@@ -28,11 +28,10 @@ def test_the_runner_asks_for_runs_every_2_s_unless_the_environment_says(
 ) -> None:
     """At Prefect's default (10 s) a `prefect deployment run` waited 5 s on average before
     anything ran; a poll frequency the user sets still decides."""
-    from prefect.settings import PREFECT_RUNNER_POLL_FREQUENCY
+    from prefect.settings import PREFECT_RUNNER_POLL_FREQUENCY, temporary_settings
 
-    monkeypatch.delenv(flows.deployments.POLL_ENV, raising=False)
     options = served_with(monkeypatch, tmp_path)
     assert options["limit"] == 1  # runs share the working tree
     assert options["query_seconds"] == 2.0 < PREFECT_RUNNER_POLL_FREQUENCY.value() / 2
-    monkeypatch.setenv(flows.deployments.POLL_ENV, "30")
-    assert served_with(monkeypatch, tmp_path)["query_seconds"] is None  # the setting's 30 s
+    with temporary_settings(updates={PREFECT_RUNNER_POLL_FREQUENCY: 30}):
+        assert served_with(monkeypatch, tmp_path)["query_seconds"] is None  # the setting's 30 s
