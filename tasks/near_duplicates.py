@@ -202,6 +202,13 @@ def _expand(
     n = len(hashes)
     counts, starts, order = buckets.counts, buckets.starts, buckets.order
 
+    def near(at: np.ndarray, asked: np.ndarray) -> np.ndarray:
+        """Where the hash at bucket position ``at[k]`` lies within ``distance`` of
+        ``asked[k]``: one read, an XOR and a bit count a candidate."""
+        found = buckets.hashes[at]
+        found ^= asked
+        return np.flatnonzero(np.bitwise_count(found) <= distance)
+
     def codes(i: np.ndarray, at: np.ndarray) -> np.ndarray:
         """Pair codes of the queries ``i`` found near the hashes at bucket positions ``at``."""
         j = order[at]
@@ -212,10 +219,8 @@ def _expand(
     per_query = counts[keys]
     single = np.flatnonzero(per_query == 1)
     at = starts[keys[single]]
-    near = np.flatnonzero(
-        np.bitwise_count(buckets.hashes[at] ^ hashes[queries[single]]) <= distance
-    )
-    yield codes(queries[single[near]], at[near])
+    hit = near(at, hashes[queries[single]])
+    yield codes(queries[single[hit]], at[hit])
     several = np.flatnonzero(per_query > 1)
     queries, keys, per_query = queries[several], keys[several], per_query[several]
     from_large = len(queries)  # queries from here on are checked before each block: none yet
@@ -247,14 +252,12 @@ def _expand(
         # candidate t of query k sits at bucket position starts[keys[k]] + t - before[k]
         at = np.repeat(starts[keys[first:last]] - before, size)
         at += np.arange(len(at))
-        found = buckets.hashes[at]
-        found ^= np.repeat(hashes[queries[first:last]], size)
-        near = np.flatnonzero(np.bitwise_count(found) <= distance)
-        if len(near) * 16 < len(at):  # few found (random hashes): find who asked
-            asking = queries[first + np.searchsorted(before, near, side="right") - 1]
+        hit = near(at, np.repeat(hashes[queries[first:last]], size))
+        if len(hit) * 16 < len(at):  # few found (random hashes): find who asked
+            asking = queries[first + np.searchsorted(before, hit, side="right") - 1]
         else:  # many (a look-alike set): spell the askers out
-            asking = np.repeat(queries[first:last], size)[near]
-        block = codes(asking, at[near])
+            asking = np.repeat(queries[first:last], size)[hit]
+        block = codes(asking, at[hit])
         yield block
         stale = stale or len(block) > 0
         first = last
