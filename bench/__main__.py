@@ -227,6 +227,8 @@ class Run:
             "plan_rss.stage_append_1m_mb": None,
             "workers.start_s": None,
             "workers.break_even_s": None,
+            "handoff.entry_ms": None,
+            "handoff.break_even_mp": None,
             "near_duplicates.max_light_edit_bits": None,
             "near_duplicates.min_other_bits": None,
             "near_duplicates.search_s": None,
@@ -306,7 +308,7 @@ def prepare(b: Bench) -> None:
 
 
 def worker_start(b: Bench) -> None:
-    from bench.worker_start import measure_worker_start
+    from bench.worker_start import measure_handoff_entry, measure_worker_start
 
     result = measure_worker_start(workers=2, passes=max(3, b.args.passes))
     b.run.figures["workers.start_s"] = result["start_s"]
@@ -315,6 +317,15 @@ def worker_start(b: Bench) -> None:
     log(
         f"   workers start in {result['start_s']} s: break-even {result['break_even_s']} s "
         f"of one core's work (tasks.worker_cost holds {result['details']['constant_start_s']})"
+    )
+    entry = measure_handoff_entry(b.work / "handoff-entries", passes=max(3, b.args.passes))
+    for key in ("entry_ms", "break_even_mp"):
+        b.run.figures[f"handoff.{key}"] = entry[key]
+    b.run.figures["details"]["handoff"] = entry["details"]
+    log(
+        f"   a small image's hand-off entry costs the data side {entry['entry_ms']} ms "
+        f"(tasks.worker_cost holds {entry['details']['constant_entry_ms']} ms): entries are "
+        f"kept from {entry['break_even_mp']} MP"
     )
 
 

@@ -129,6 +129,11 @@ def format_table(figures: dict[str, Any], targets: list[dict[str, Any]]) -> str:
         lines.append(f"{key:<24}{_fmt(figures.get(key)):>14}  MB peak RSS")
     for key in ("workers.start_s", "workers.break_even_s"):
         lines.append(f"{key:<24}{_fmt(figures.get(key), 2):>14}  s")
+    for key, unit in (
+        ("handoff.entry_ms", "ms a small image's hand-off entry costs ingest + shard"),
+        ("handoff.break_even_mp", "MP from which ingest keeps a decode for the shard stage"),
+    ):
+        lines.append(f"{key:<24}{_fmt(figures.get(key), 3):>14}  {unit}")
     for point in figures.get("scaling") or []:
         lines.append(
             f"{'scaling ' + str(point['images']):<24}{point['s_per_image'] * 1000:>14.3f}  ms/img"

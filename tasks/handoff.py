@@ -36,6 +36,8 @@ from pathlib import Path
 import google_crc32c
 from PIL import Image
 
+from tasks.worker_cost import worth_handing_off
+
 MAGIC = b"SFHANDO3"
 # The content's sha256; the decoder's scale, width and height before decoding (the size the
 # decoder was set to, before orientation); channels, width and height of the kept pixels
@@ -114,19 +116,40 @@ class HandoffWriter:
         head: bytes,
     ) -> bool:
         """Keep ``decoded`` (what finish_decode returned for the image ``key`` names) for the
-        content ``sha256`` with its file's ``signature`` and ``head`` (:func:`header_bytes`);
-        False when past the budget, not an ``L``/``RGB`` image, or the write failed (the
-        shard stage then decodes, as it always could)."""
+        content ``sha256`` with its file's ``signature`` and ``head`` (:func:`header_bytes`).
+        False when it is not an ``L``/``RGB`` image, its entry would cost more than the
+        decode it saves (:func:`tasks.worker_cost.worth_handing_off`: small images), it is
+        past the budget, or the write failed: the shard stage then decodes, as it always could."""
         channels = {"L": 1, "RGB": 3}.get(decoded.mode)
         if channels is None:
             return False
         width, height = decoded.size
         size = len(MAGIC) + HEADER.size + len(head) + width * height * channels
+        scale, draft_width, draft_height = key
+        if not worth_handing_off(draft_width * draft_height * scale * scale, size):
+            return False
         if self.spent + size > self.budget:
             return False
-        path = entry_path(self.folder, sha256)
-        if path.exists():  # the same content under another name: kept once
+        if entry_path(self.folder, sha256).exists():  # the same content under another name
             return True
+        if not self.write(sha256, signature, decoded, key, head):
+            return False
+        self.spent += size
+        return True
+
+    def write(
+        self,
+        sha256: str,
+        signature: Signature | None,
+        decoded: Image.Image,
+        key: tuple[int, int, int],
+        head: bytes,
+    ) -> bool:
+        """Write the entry :meth:`put` decided to keep (an ``L`` or ``RGB`` image), whatever
+        it costs or the budget holds; False when the write failed."""
+        channels = 1 if decoded.mode == "L" else 3
+        width, height = decoded.size
+        path = entry_path(self.folder, sha256)
         trusted = (
             signature is not None
             and self.trusted_before_ns is not None
@@ -156,7 +179,6 @@ class HandoffWriter:
         except OSError:
             tmp.unlink(missing_ok=True)
             return False
-        self.spent += size
         return True
 
 

@@ -6,7 +6,8 @@ the workers pay from ``W >= start * n / (n - 1)`` (:func:`break_even_s`). ``star
 :data:`WORKER_START_S`, measured by the bench (section ``worker_start``, which records it
 and the break-even as ``workers.start_s`` and ``workers.break_even_s``). Each stage estimates
 ``W`` from what it knows before decoding anything: ingest from file sizes
-(:func:`check_seconds`), shard from its records' pixels (:func:`shard_seconds`).
+(:func:`check_seconds`), shard from its records' pixels (:func:`shard_seconds`). The same
+figures decide whether ingest keeps a decode for the shard stage (:func:`worth_handing_off`).
 Dependency-free: ingest and shard both import it without importing each other.
 """
 
@@ -23,11 +24,22 @@ from collections.abc import Iterable
 WORKER_START_S = 0.4
 # Unit costs of the work itself, one core, from the bench's stage figures:
 CHECK_SECONDS_PER_BYTE = 11e-3 / 2**20  # ingest checks a JPEG: ~11 ms a MB (1/8-scale decode)
+# ... and ~0.35 ms a file whatever its size (stat, open, read, hash, header, perceptual hash):
+# 10,000 JPEGs of 64-128 px (38 MB) took one process 4.3 s, two workers 3.4 s.
+CHECK_SECONDS_PER_FILE = 0.35e-3
 SHARD_SECONDS_PER_RECORD = 1e-3  # shard: per record (read, hash, encode, frame)
 SHARD_SECONDS_PER_PIXEL = 2.5e-9  # shard: per source pixel decoded (a 12 MP photo: ~31 ms)
 # A record whose decode ingest handed off (tasks.handoff) is resized from ingest's 1/8-scale
 # decode, 1/64 of the pixels, and decodes none: a 12 MP photo ~1.5 ms (measured 1.3 ms).
 HANDED_OFF_PIXEL_FRACTION = 1 / 64
+# A hand-off entry is a file of its own: ingest encodes, checksums, writes and renames it;
+# the shard stage reads, checks and removes it. What that costs the data side (ingest +
+# shard) for an image whose entry saves next to no decode: 0.9-1.4 ms, as the bench's
+# worker_start section measures it (``handoff.entry_ms``: every decode of 1,000 images of
+# 200-400 px kept, against none); plus its pixels, ~3.5 ms a MB (a 12 MP photo's 1/8
+# decode, 0.56 MB: 1.8 ms written, 1.2 ms read back and removed).
+HANDOFF_ENTRY_S = 1.0e-3
+HANDOFF_SECONDS_PER_BYTE = 3.5e-3 / 2**20
 
 
 def break_even_s(workers: int) -> float:
@@ -54,7 +66,7 @@ def worth_workers(seconds: Iterable[float], workers: int) -> bool:
 
 def check_seconds(file_bytes: int) -> float:
     """Ingest's estimate for checking one file of ``file_bytes``."""
-    return CHECK_SECONDS_PER_BYTE * file_bytes
+    return CHECK_SECONDS_PER_FILE + CHECK_SECONDS_PER_BYTE * file_bytes
 
 
 def shard_seconds(width: int, height: int, *, handed_off: bool = False) -> float:
@@ -62,3 +74,17 @@ def shard_seconds(width: int, height: int, *, handed_off: bool = False) -> float
     (``handed_off``: from ingest's kept decode instead of a decode)."""
     pixels = width * height * (HANDED_OFF_PIXEL_FRACTION if handed_off else 1.0)
     return SHARD_SECONDS_PER_RECORD + SHARD_SECONDS_PER_PIXEL * pixels
+
+
+def worth_handing_off(pixels: int, entry_bytes: int) -> bool:
+    """Whether ingest keeping its decode of an image of ``pixels`` source pixels, in an entry
+    of ``entry_bytes``, costs less than the decode it saves the shard stage (:mod:`tasks.handoff`).
+
+    The shard stage's saving is :func:`shard_seconds`' decode less the resize it does
+    instead; the entry's cost is a file written, read back and removed. Photos (a few MP)
+    save 5-30 ms an entry and are kept; small images (under ~0.4 MP) save less than their
+    entry costs and are decoded again: on 3,000 images of 200-400 px, keeping them all took
+    ingest + shard from 4.1 s to 6.8 s.
+    """
+    saved = SHARD_SECONDS_PER_PIXEL * pixels * (1 - HANDED_OFF_PIXEL_FRACTION)
+    return saved > HANDOFF_ENTRY_S + HANDOFF_SECONDS_PER_BYTE * entry_bytes

@@ -112,6 +112,18 @@ def prefect_harness() -> Iterator[None]:
 
 
 @pytest.fixture
+def every_decode_handed_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ingest keeps every decode for the shard stage, small images too: tests of the hand-off
+    itself use images far smaller than the photos it pays for
+    (:func:`tasks.worker_cost.worth_handing_off`). In this process only: ingest must run
+    without spawned workers."""
+    from tasks import worker_cost
+
+    monkeypatch.setattr(worker_cost, "HANDOFF_ENTRY_S", 0.0)
+    monkeypatch.setattr(worker_cost, "HANDOFF_SECONDS_PER_BYTE", 0.0)
+
+
+@pytest.fixture
 def tiny_shards(tmp_path: Path) -> Path:
     """A project root with validated 3-class 16x16 shards (train 72, val 18, test 30)."""
     from tests.tiny_shards import write_tiny_shards

@@ -24,7 +24,7 @@ def shard_bytes(shards_dir: Path) -> dict[str, str]:
 
 
 def test_the_ingest_flow_hands_decodes_to_the_shard_flow_which_leaves_none(
-    prefect_harness: None, tmp_path: Path
+    prefect_harness: None, tmp_path: Path, every_decode_handed_off: None
 ) -> None:
     """The ingest flow keeps its decodes under the project's ``.shardflow/handoff``; the
     shard flow, on two spawned workers, uses them up and leaves nothing there, and writes

@@ -610,3 +610,15 @@ def test_both_orchestration_passes_run_their_own_copys_compiled_code(tmp_path: P
         assert Path(cache_from_source(str(root / module))).is_file(), module
     seconds = _run_direct(root, [])  # raises when the pass ran other code than its copy's
     assert seconds["total"] >= seconds["(imports and exit)"] > 0
+
+
+def test_the_hand_off_bench_keeps_every_decode_only_inside_its_alternative() -> None:
+    """The bench's alternative keeps a small image's decode, and the cost model decides
+    again as it ships once the bench leaves it."""
+    from bench.worker_start import every_decode_kept
+    from tasks.worker_cost import worth_handing_off
+
+    assert not worth_handing_off(300 * 200, 300 * 200 * 3)
+    with every_decode_kept():
+        assert worth_handing_off(300 * 200, 300 * 200 * 3)
+    assert not worth_handing_off(300 * 200, 300 * 200 * 3)

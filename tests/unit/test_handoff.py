@@ -21,6 +21,10 @@ from tasks.shard.workers import shard_estimates
 
 CLASSES = ("sea", "wood")
 
+# The tests of the hand-off itself use small images, whose decodes ingest would otherwise not
+# keep (their entries cost more than the decodes they save): they keep every decode.
+keeps_every_decode = pytest.mark.usefixtures("every_decode_handed_off")
+
 
 def photo(width: int, height: int, seed: int, *, mode: str = "RGB") -> Image.Image:
     """Smooth colour with noise: JPEG-like content whose DCT scaling is not trivial."""
@@ -112,6 +116,7 @@ def trust_files_written_now(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ingest, "RACE_MARGIN_NS", 0)
 
 
+@keeps_every_decode
 @pytest.mark.parametrize(
     ("size", "hits", "trusted", "reads"),
     [(64, 14, False, 16), (64, 14, True, 6), (224, 4, True, 16)],
@@ -151,6 +156,7 @@ def test_shards_are_byte_identical_with_a_warm_handoff_or_none(
     assert entries(kept) == [] and not kept.exists()  # used, and the rest removed
 
 
+@keeps_every_decode
 def test_a_file_changed_after_ingest_is_refused_with_a_handoff(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -166,6 +172,7 @@ def test_a_file_changed_after_ingest_is_refused_with_a_handoff(
         shard_stage(shard_params(64), index, tmp_path / "shards", handoff=kept)
 
 
+@keeps_every_decode
 def test_a_corrupt_entry_falls_back_to_decoding(tmp_path: Path) -> None:
     """Inverted pixel bytes, a truncated entry, a foreign header, another image's entry under
     this name: each record is decoded instead, and the shards are those of no hand-off."""
@@ -196,6 +203,7 @@ def test_a_corrupt_entry_falls_back_to_decoding(tmp_path: Path) -> None:
     assert digests(tmp_path / "warm") == digests(tmp_path / "cold")
 
 
+@keeps_every_decode
 def test_the_bound_is_respected(tmp_path: Path) -> None:
     """Ingest keeps no more than ``ingest.handoff_mb``; the shares of spawned workers and of
     ingest itself add up to at most the bound."""
@@ -223,6 +231,7 @@ def test_the_bound_is_respected(tmp_path: Path) -> None:
     assert handoff_shares(1000, [64, 64], False, 2) == [0, 0, 1000]
 
 
+@keeps_every_decode
 def test_the_stage_leaves_no_entry_behind(tmp_path: Path) -> None:
     """After the stage the hand-off is empty: entries it used, entries it had no use for
     (another decoder's folder, content not in the plan), and ingest clears the last run's."""
@@ -243,6 +252,7 @@ def test_the_stage_leaves_no_entry_behind(tmp_path: Path) -> None:
     assert not kept.exists()
 
 
+@keeps_every_decode
 def test_the_stage_estimates_handed_off_records_as_the_resize_they_are(tmp_path: Path) -> None:
     """Whether an append's new shards are worth spawning workers for counts a record whose
     decode ingest kept as a resize, not as the decode it no longer is."""
@@ -260,6 +270,7 @@ def test_the_stage_estimates_handed_off_records_as_the_resize_they_are(tmp_path:
     assert cold - warm == pytest.approx(decoded * (1 - worker_cost.HANDED_OFF_PIXEL_FRACTION))
 
 
+@keeps_every_decode
 def test_bad_files_are_quarantined_with_reasons_and_never_handed_off(tmp_path: Path) -> None:
     """A truncated JPEG, a non-image and an empty file are quarantined with their reasons;
     found = accepted + quarantined + duplicates + skipped; only accepted content is kept."""
@@ -290,3 +301,32 @@ def test_bad_files_are_quarantined_with_reasons_and_never_handed_off(tmp_path: P
         for p in source.rglob("*")
         if p.is_file() and p.stat().st_size and p.name != "notes.jpg"
     } - {bad}
+
+
+def test_only_decodes_worth_their_entry_are_kept(
+    tmp_path: Path, counted_decodes: Callable[[], int]
+) -> None:
+    """With the cost model as it ships, ingest keeps a camera-sized photo's decode and not a
+    thumbnail's or a small PNG's (writing, reading and removing their entries costs more
+    than decoding them again); the shards are those of no hand-off either way."""
+    source = tmp_path / "images"
+    for c, label in enumerate(CLASSES):
+        folder = source / label
+        folder.mkdir(parents=True)
+        photo(1600, 1200, 10 * c).save(folder / "photo.jpg", quality=90)
+        photo(120, 90, 10 * c + 1).save(folder / "thumb.jpg", quality=90)
+        photo(300, 200, 10 * c + 2).save(folder / "thumb.png")
+    kept = tmp_path / "handoff"
+    index = tmp_path / "index.json"
+    report = run_ingest(ingest_params(source), index, tmp_path / "ingest.json", handoff=kept)
+    assert report["accepted"] == 6
+    photos = {
+        hashlib.sha256((source / label / "photo.jpg").read_bytes()).hexdigest() for label in CLASSES
+    }
+    assert {p.stem for p in entries(kept)} == photos
+
+    before = counted_decodes()
+    shard_stage(shard_params(64), index, tmp_path / "warm", handoff=kept)
+    assert counted_decodes() - before == 4  # the thumbnails, decoded again
+    shard_stage(shard_params(64), index, tmp_path / "cold")
+    assert digests(tmp_path / "warm") == digests(tmp_path / "cold")
