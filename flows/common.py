@@ -53,6 +53,21 @@ def prestart_stage_child(warm: Callable[[], object]) -> None:
     prestart_child(warm)
 
 
+def _started_in_child(warm: Callable[[], object], fn: Callable[..., T], args: tuple) -> Any:
+    """``fn(*args)`` started in the child the stage's entry point prestarted with ``warm``:
+    its :class:`~tasks.processes.ChildResult`, or None when there is no such child (a
+    deployment run's process, a retry) or it is gone."""
+    from tasks.processes import standby_child
+
+    child = standby_child(warm)
+    if child is not None:
+        try:
+            return child.run(fn, *args)
+        except OSError:  # the prestarted child is gone
+            child.close()
+    return None
+
+
 def run_where_warm(
     warm: Callable[[], object],
     fn: Callable[..., T],
@@ -62,18 +77,22 @@ def run_where_warm(
     """``fn(*args)`` in the child the stage's entry point prestarted with ``warm`` (its
     imports done or under way), each message it reports (a tuple) handed to ``report(*message)``;
     else ``fn(*args, report)`` here: a deployment run's process, or a retry."""
-    from tasks.processes import standby_child
-
-    child = standby_child(warm)
-    if child is not None:
-        try:
-            job = child.run(fn, *args)
-        except OSError:  # the prestarted child is gone
-            child.close()
-        else:
-            unpack = None if report is None else (lambda message: report(*message))
-            return job.result(on_report=unpack)
+    job = _started_in_child(warm, fn, args)
+    if job is not None:
+        unpack = None if report is None else (lambda message: report(*message))
+        return job.result(on_report=unpack)  # type: ignore[no-any-return]
     return fn(*args, report) if report else fn(*args)
+
+
+def start_where_warm(warm: Callable[[], object], fn: Callable[..., T], *args: object) -> Any:
+    """``fn(*args)`` started now in the child the stage's entry point prestarted with
+    ``warm``, for this process to go on meanwhile; its value from ``.result()``. Without
+    such a child it runs here, when ``.result()`` asks for it
+    (:class:`tasks.processes.Later`)."""
+    from tasks.processes import Later
+
+    job = _started_in_child(warm, fn, args)
+    return job if job is not None else Later(fn, *args)
 
 
 def run_then_exit(main: Callable[[], object]) -> NoReturn:

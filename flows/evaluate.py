@@ -7,15 +7,17 @@ moves the champion alias only if it wins.
 from __future__ import annotations
 
 if __name__ == "__main__":
-    # `python -m flows.evaluate`: a child starts importing what evaluation runs (Keras with
-    # TensorFlow, MLflow: about 5 s) now, while this process imports Prefect below (about
-    # 1.3 s) and starts its flow; the evaluate task then runs in that child.
+    # `python -m flows.evaluate`: a child starts importing what measuring the model needs
+    # (Keras with TensorFlow, Matplotlib: about 3 s) now, while this process imports Prefect
+    # below (about 1.3 s) and starts its flow; the evaluate task then measures the model in
+    # that child while this process opens the tracking store (MLflow: about 1.5 s).
     from flows.common import prestart_stage_child
     from tasks import evaluate as _evaluate
 
     prestart_stage_child(_evaluate.warm_up)
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -28,8 +30,8 @@ from flows.common import (
     run_parameter,
     run_params_path,
     run_then_exit,
-    run_where_warm,
     stage_main,
+    start_where_warm,
     untagged_task_runs,
 )
 from flows.model_runs import link_mlflow_run, recorded_run_name, retry_unless_refused
@@ -54,7 +56,7 @@ def evaluated_run_details() -> Sequence[object]:
     retry_condition_fn=retry_unless_refused,  # a refused model stays refused
 )
 def evaluate_task(params: Params, layout: Layout) -> dict[str, Any]:
-    result = run_where_warm(evaluate.warm_up, run_evaluate, params, layout)
+    result = run_evaluate(params, layout, partial(start_where_warm, evaluate.warm_up))
     run_name = recorded_run_name(layout)
     url = link_mlflow_run(result["run_url"], run_name, "evaluated training run")
     promotion = result.get("promotion", {})

@@ -11,9 +11,10 @@ figure was measured on other data or another way.
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,7 @@ from tasks.layout import Layout
 from tasks.manifest import load_manifest
 from tasks.metrics_files import is_number
 from tasks.params import EvaluateParams, Params, flatten
+from tasks.processes import Later
 from tasks.promotion import (
     Figure,
     NotComparable,
@@ -197,8 +199,6 @@ def evaluate_model(
     sources: list[str] = []
     labels, probs, wrong = predict_split(model, shards_dir, sources=sources, store=store)
     if predictions_file is not None:
-        from tasks.predict import write_test_predictions
-
         write_test_predictions(predictions_file, sources, labels, probs, manifest.classes)
     metrics = classification_metrics(labels, probs, manifest.classes, top_k=top_k)
     metrics["test_fingerprint"] = manifest.fingerprint
@@ -215,6 +215,29 @@ def evaluate_model(
     )
     plot_misclassified(wrong, manifest.classes, out_dir / "misclassified.png")
     return metrics
+
+
+TEST_PREDICTION_COLUMNS = ("source", "label", "predicted", "score")
+
+
+def write_test_predictions(
+    path: str | Path,
+    sources: Sequence[str],
+    labels: np.ndarray,
+    probs: np.ndarray,
+    classes: Sequence[str],
+) -> Path:
+    """``source,label,predicted,score`` per test record, as evaluation computed it: the
+    reference the served model must reproduce from the source files."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    predicted = probs.argmax(axis=1) if len(probs) else np.zeros(0, np.int64)
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(TEST_PREDICTION_COLUMNS)
+        for source, label, index, row in zip(sources, labels, predicted, probs, strict=True):
+            writer.writerow([source, classes[label], classes[index], repr(float(row[index]))])
+    return path
 
 
 def label_review(
@@ -537,24 +560,42 @@ def log_decision(client: MlflowClient, run_id: str, version: str, decision: dict
 
 
 def warm_up() -> None:
-    """What :func:`run_evaluate` imports before its work: Keras (TensorFlow with it), MLflow
-    and Matplotlib, about 5 s. ``python -m flows.evaluate`` has a child process run this
-    while the stage imports Prefect, then sends it :func:`run_evaluate`."""
+    """What :func:`measure` imports before its work: Keras (TensorFlow with it) and
+    Matplotlib, about 3 s. ``python -m flows.evaluate`` has a child process run this while
+    the stage imports Prefect, then sends it :func:`measure`."""
     from tasks.tf_imports import keras_without_extras
 
     keras_without_extras()
-    import mlflow  # noqa: F401
     from matplotlib.figure import Figure  # noqa: F401
 
-    from tasks import predict  # noqa: F401  (registration logs the pyfunc)
+
+def measure(params: Params, layout: Layout) -> dict[str, Any]:
+    """The trained model on the test split: its metrics, the per-class reports and plots,
+    every test prediction and the label review, in the layout's files. TensorFlow, no
+    tracking: :func:`run_evaluate` may start it in another process
+    (:func:`flows.common.start_where_warm`) and open the tracking store meanwhile."""
+    return evaluate_model(
+        layout.model_file,
+        layout.shards_dir,
+        layout.eval_dir,
+        top_k=params.evaluate.top_k,
+        predictions_file=layout.test_predictions,
+        store=open_store(layout.root, params.storage),
+        label_issues_file=layout.label_issues,
+    )
 
 
-def run_evaluate(params: Params, layout: Layout) -> dict[str, Any]:
+def run_evaluate(
+    params: Params, layout: Layout, start: Callable[..., Any] = Later
+) -> dict[str, Any]:
     """Evaluate the trained model in an MLflow run of its own, register it and maybe promote.
 
     Refuses (before any tracking) shards no passing validation vouches for and a model
     trained on other shards. The evaluation run is a child of the training run; it ends
-    FAILED (and the error propagates) if anything after its start fails.
+    FAILED (and the error propagates) if anything after its start fails. ``start(measure,
+    params, layout)`` starts the measuring (:func:`measure`), its value from ``.result()``:
+    here by default, when asked; the stage starts it in its prestarted child, and this
+    process opens the tracking store (MLflow's imports, its database) meanwhile.
     """
     settings = params.evaluate
     check_margin(settings.promotion_margin)
@@ -565,24 +606,18 @@ def run_evaluate(params: Params, layout: Layout) -> dict[str, Any]:
         manifest = check_validated(layout.shards_dir, layout.validation_report)
     record = json.loads(layout.train_run.read_text())
     check_model_matches(record, manifest, layout.train_run)
-    metrics = evaluate_model(
-        layout.model_file,
-        layout.shards_dir,
-        layout.eval_dir,
-        top_k=settings.top_k,
-        predictions_file=layout.test_predictions,
-        store=store,
-        label_issues_file=layout.label_issues,
-    )
+    measuring = start(measure, params, layout)
+    from tasks import tracking
+
+    client = tracking.client(layout.root)
+    runs = {"training": record["run_id"]}
+    client.get_run(runs["training"])  # the store open (imports, engine, schema) meanwhile
+    metrics = measuring.result()
     if settings.promotion_metric not in metrics:
         raise KeyError(
             f"evaluate.promotion_metric={settings.promotion_metric!r} is not an eval metric; "
             f"choose one of accuracy, top_k_accuracy, macro_f1, macro_precision, macro_recall"
         )
-    from tasks import tracking
-
-    client = tracking.client(layout.root)
-    runs = {"training": record["run_id"]}
     runs["evaluation"] = start_evaluation_run(client, runs["training"], settings)
     try:
         result = track_evaluation(client, runs, params, layout, manifest, metrics, store)

@@ -60,7 +60,6 @@ MODEL_NAME_IN_RUN = "model"  # the run artifact the registered version points at
 KERAS_ARTIFACT = "keras_model"
 SPEC_ARTIFACT = "serving_spec"
 BATCH_SIZE = 64
-TEST_PREDICTION_COLUMNS = ("source", "label", "predicted", "score")
 
 
 class PreprocessingMismatch(UserWarning):
@@ -329,28 +328,6 @@ def log_pyfunc(client: MlflowClient, run_id: str, model_file: str | Path, spec: 
         finally:
             mlflow.end_run(status=status)  # no longer active here; its status as it was
     return str(info.model_uri)
-
-
-# -- the test split's predictions (the skew reference) ---------------------------------------
-
-
-def write_test_predictions(
-    path: str | Path,
-    sources: Sequence[str],
-    labels: np.ndarray,
-    probs: np.ndarray,
-    classes: Sequence[str],
-) -> Path:
-    """``source,label,predicted,score`` per test record, as evaluation computed it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    predicted = probs.argmax(axis=1) if len(probs) else np.zeros(0, np.int64)
-    with path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(TEST_PREDICTION_COLUMNS)
-        for source, label, index, row in zip(sources, labels, predicted, probs, strict=True):
-            writer.writerow([source, classes[label], classes[index], repr(float(row[index]))])
-    return path
 
 
 # -- batch prediction ------------------------------------------------------------------------

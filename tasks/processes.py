@@ -164,6 +164,18 @@ class ChildResult(Generic[T]):
         return value  # type: ignore[no-any-return]
 
 
+class Later(Generic[T]):
+    """``fn(*args)`` run here when its result is asked for: :class:`ChildResult`'s stand-in
+    where there is no child to run it."""
+
+    def __init__(self, fn: Callable[..., T], *args: object) -> None:
+        self._fn = fn
+        self._args = args
+
+    def result(self) -> T:
+        return self._fn(*self._args)
+
+
 def run_in_child(fn: Callable[..., T], *args: object) -> ChildResult[T]:
     """Start ``fn(*args)`` in a spawned process now; collect it with ``.result()``.
 
