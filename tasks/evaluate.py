@@ -339,9 +339,9 @@ def register_model(
     Idempotent per run: a retried or repeated evaluation of the same training run reuses
     the version already registered from it instead of adding a duplicate.
     """
-    existing = client.search_model_versions(f"name = '{model_name}' and run_id = '{run_id}'")
-    if existing:
-        return str(max(int(v.version) for v in existing))
+    existing = registered_version(client, model_name, run_id)
+    if existing is not None:
+        return existing
     import mlflow
 
     from tasks.predict import log_pyfunc
@@ -351,6 +351,12 @@ def register_model(
     with using_store(client.tracking_uri):
         version = mlflow.register_model(model_uri, model_name)
     return str(version.version)
+
+
+def registered_version(client: MlflowClient, model_name: str, run_id: str) -> str | None:
+    """The latest version of ``model_name`` registered from the training run ``run_id``."""
+    existing = client.search_model_versions(f"name = '{model_name}' and run_id = '{run_id}'")
+    return str(max(int(v.version) for v in existing)) if existing else None
 
 
 def champion_scorer(
@@ -595,7 +601,8 @@ def run_evaluate(
     FAILED (and the error propagates) if anything after its start fails. ``start(measure,
     params, layout)`` starts the measuring (:func:`measure`), its value from ``.result()``:
     here by default, when asked; the stage starts it in its prestarted child, and this
-    process opens the tracking store (MLflow's imports, its database) meanwhile.
+    process opens the tracking store (MLflow's imports, its database) meanwhile, and imports
+    Keras when it will register the model (MLflow loads the logged pyfunc to check it).
     """
     settings = params.evaluate
     check_margin(settings.promotion_margin)
@@ -612,6 +619,12 @@ def run_evaluate(
     client = tracking.client(layout.root)
     runs = {"training": record["run_id"]}
     client.get_run(runs["training"])  # the store open (imports, engine, schema) meanwhile
+    if registered_version(client, settings.model_name, runs["training"]) is None:
+        # Registering logs the pyfunc, and MLflow checks it by loading it (Keras): imported
+        # meanwhile too, not after the measuring.
+        from tasks.tf_imports import keras_without_extras
+
+        keras_without_extras()
     metrics = measuring.result()
     if settings.promotion_metric not in metrics:
         raise KeyError(

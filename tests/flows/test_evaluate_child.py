@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mlflow.entities import Param
 
 from flows.common import start_where_warm
-from tasks import evaluate, processes, tracking
+from tasks import evaluate, processes, tf_imports, tracking
 from tasks.layout import Layout
 from tasks.params import load_params
 from tasks.processes import prestart_child
@@ -19,11 +20,26 @@ from tests.trained_model import build_trained_project
 pytestmark = pytest.mark.slow
 
 
+def retrained(layout: Layout) -> str:
+    """A new training run of the same model (the record of ``models/run.json`` pointed at a
+    copy of its run): one no version is registered from yet."""
+    record = json.loads(layout.train_run.read_text())
+    client = tracking.client(layout.root)
+    trained = client.get_run(record["run_id"])
+    run = client.create_run(trained.info.experiment_id, tags=dict(trained.data.tags))
+    params = [Param(key, value) for key, value in trained.data.params.items()]
+    client.log_batch(run.info.run_id, params=params)
+    client.set_terminated(run.info.run_id, "FINISHED")
+    layout.train_run.write_text(json.dumps({**record, "run_id": run.info.run_id}))
+    return run.info.run_id
+
+
 def test_the_model_is_measured_in_the_child_while_the_store_opens(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """In the order the stage runs them: the measuring starts in the child, this process
-    opens the tracking store, then takes the child's figures; they are those of measuring
+    opens the tracking store (and imports Keras when it will register a new version: MLflow
+    loads the pyfunc it logs), then takes the child's figures; they are those of measuring
     in this process (the first evaluation), and the child is used up."""
     project = build_trained_project(tmp_path / "project")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", project.tracking_uri)
@@ -33,13 +49,18 @@ def test_the_model_is_measured_in_the_child_while_the_store_opens(
     predictions = layout.test_predictions.read_text()
 
     events: list[str] = []
-    real_client = tracking.client
+    real_client, real_keras = tracking.client, tf_imports.keras_without_extras
 
     def opening_store(root: str | Path = ".") -> Any:
         events.append("store opened")
         return real_client(root)
 
+    def importing_keras() -> Any:
+        events.append("keras imported")
+        return real_keras()
+
     monkeypatch.setattr(tracking, "client", opening_store)
+    monkeypatch.setattr(tf_imports, "keras_without_extras", importing_keras)
 
     class Watched:
         def __init__(self, job: Any) -> None:
@@ -59,9 +80,17 @@ def test_the_model_is_measured_in_the_child_while_the_store_opens(
     prestart_child(evaluate.warm_up)  # what `python -m flows.evaluate` does first
     result = evaluate.run_evaluate(params, layout, start)
 
-    assert events[:3] == ["measuring started", "store opened", "measured"]
+    assert events == ["measuring started", "store opened", "measured"]  # v1 registered before
     assert processes.standby_child(evaluate.warm_up) is None
     for key in ("accuracy", "top_k_accuracy", "macro_f1"):
         assert result[key] == first[key]
     assert layout.test_predictions.read_text() == predictions
     assert result["model_version"] == "1"  # the same training run: its version, reused
+
+    retrained(layout)
+    events.clear()
+    prestart_child(evaluate.warm_up)
+    result = evaluate.run_evaluate(params, layout, start)
+    # (then registering loads the pyfunc, Keras already imported)
+    assert events[:4] == ["measuring started", "store opened", "keras imported", "measured"]
+    assert result["model_version"] == "2"
