@@ -34,7 +34,7 @@ SHARD_SECONDS_PER_PIXEL = 2.5e-9  # shard: per source pixel decoded (a 12 MP pho
 HANDED_OFF_PIXEL_FRACTION = 1 / 64
 # A hand-off entry is a file of its own: ingest encodes, checksums, writes and renames it;
 # the shard stage reads, checks and removes it. What that costs the data side (ingest +
-# shard) for an image whose entry saves next to no decode: 0.9-1.4 ms, as the bench's
+# shard) for an image whose entry saves next to no decode: 0.7-1.4 ms, as the bench's
 # worker_start section measures it (``handoff.entry_ms``: every decode of 1,000 images of
 # 200-400 px kept, against none); plus its pixels, ~3.5 ms a MB (a 12 MP photo's 1/8
 # decode, 0.56 MB: 1.8 ms written, 1.2 ms read back and removed).
