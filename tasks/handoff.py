@@ -130,26 +130,9 @@ class HandoffWriter:
             return False
         if self.spent + size > self.budget:
             return False
-        if entry_path(self.folder, sha256).exists():  # the same content under another name
-            return True
-        if not self.write(sha256, signature, decoded, key, head):
-            return False
-        self.spent += size
-        return True
-
-    def write(
-        self,
-        sha256: str,
-        signature: Signature | None,
-        decoded: Image.Image,
-        key: tuple[int, int, int],
-        head: bytes,
-    ) -> bool:
-        """Write the entry :meth:`put` decided to keep (an ``L`` or ``RGB`` image), whatever
-        it costs or the budget holds; False when the write failed."""
-        channels = 1 if decoded.mode == "L" else 3
-        width, height = decoded.size
         path = entry_path(self.folder, sha256)
+        if path.exists():  # the same content under another name: kept once
+            return True
         trusted = (
             signature is not None
             and self.trusted_before_ns is not None
@@ -179,6 +162,7 @@ class HandoffWriter:
         except OSError:
             tmp.unlink(missing_ok=True)
             return False
+        self.spent += size
         return True
 
 
