@@ -616,16 +616,20 @@ def run_evaluate(
     measuring = start(measure, params, layout)
     from tasks import tracking
 
-    client = tracking.client(layout.root)
-    runs = {"training": record["run_id"]}
-    client.get_run(runs["training"])  # the store open (imports, engine, schema) meanwhile
-    if registered_version(client, settings.model_name, runs["training"]) is None:
-        # Registering logs the pyfunc, and MLflow checks it by loading it (Keras): imported
-        # meanwhile too, not after the measuring.
-        from tasks.tf_imports import keras_without_extras
+    try:
+        client = tracking.client(layout.root)
+        runs = {"training": record["run_id"]}
+        client.get_run(runs["training"])  # the store open (imports, engine, schema) meanwhile
+        if registered_version(client, settings.model_name, runs["training"]) is None:
+            # Registering logs the pyfunc, and MLflow checks it by loading it (Keras):
+            # imported meanwhile too, not after the measuring.
+            from tasks.tf_imports import keras_without_extras
 
-        keras_without_extras()
-    metrics = measuring.result()
+            keras_without_extras()
+        metrics = measuring.result()
+    except BaseException:
+        measuring.cancel()  # a child still measuring writes no more reports (a retry will)
+        raise
     if settings.promotion_metric not in metrics:
         raise KeyError(
             f"evaluate.promotion_metric={settings.promotion_metric!r} is not an eval metric; "

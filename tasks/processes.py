@@ -163,6 +163,14 @@ class ChildResult(Generic[T]):
             raise value
         return value  # type: ignore[no-any-return]
 
+    def cancel(self) -> None:
+        """Stop the job if it still runs: its result is no longer wanted, and it must not
+        go on writing files its caller may write again (a retry)."""
+        if self._process.is_alive():
+            self._process.kill()
+        self._process.join()
+        self._connection.close()
+
 
 class Later(Generic[T]):
     """``fn(*args)`` run here when its result is asked for: :class:`ChildResult`'s stand-in
@@ -174,6 +182,9 @@ class Later(Generic[T]):
 
     def result(self) -> T:
         return self._fn(*self._args)
+
+    def cancel(self) -> None:
+        """Nothing runs until :meth:`result` is asked for."""
 
 
 def run_in_child(fn: Callable[..., T], *args: object) -> ChildResult[T]:

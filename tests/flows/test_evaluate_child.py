@@ -40,7 +40,8 @@ def test_the_model_is_measured_in_the_child_while_the_store_opens(
     """In the order the stage runs them: the measuring starts in the child, this process
     opens the tracking store (and imports Keras when it will register a new version: MLflow
     loads the pyfunc it logs), then takes the child's figures; they are those of measuring
-    in this process (the first evaluation), and the child is used up."""
+    in this process (the first evaluation), and the child is used up. Where the store
+    cannot be opened, the child still measuring is stopped: it writes no more reports."""
     project = build_trained_project(tmp_path / "project")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", project.tracking_uri)
     layout = Layout(project.root)
@@ -94,3 +95,20 @@ def test_the_model_is_measured_in_the_child_while_the_store_opens(
     # (then registering loads the pyfunc, Keras already imported)
     assert events[:4] == ["measuring started", "store opened", "keras imported", "measured"]
     assert result["model_version"] == "2"
+
+    jobs: list[Any] = []
+
+    def kept(fn: Any, *args: Any) -> Any:
+        jobs.append(start_where_warm(evaluate.warm_up, fn, *args))
+        return jobs[-1]
+
+    def store_down(root: str | Path = ".") -> Any:
+        raise ConnectionError("the tracking store is down")
+
+    monkeypatch.setattr(tracking, "client", store_down)
+    prestart_child(evaluate.warm_up)
+    with pytest.raises(ConnectionError, match="store is down"):
+        evaluate.run_evaluate(params, layout, kept)
+    (job,) = jobs
+    assert isinstance(job, processes.ChildResult)
+    assert not job._process.is_alive()  # type: ignore[attr-defined]

@@ -111,6 +111,17 @@ def test_run_in_child_times_out_and_stops_the_child() -> None:
     assert not child._process.is_alive()  # type: ignore[attr-defined]
 
 
+def test_a_cancelled_child_job_stops_and_one_done_is_left_as_it_is() -> None:
+    running = run_in_child(_work, 30.0)
+    running.cancel()
+    assert not running._process.is_alive()  # type: ignore[attr-defined]
+    assert running._process.exitcode != 0  # type: ignore[attr-defined]
+    done = run_in_child(_work, 0.0)
+    assert done.result(timeout=60)[0] > 0
+    done.cancel()  # nothing left to stop
+    assert done._process.exitcode == 0  # type: ignore[attr-defined]
+
+
 MAIN_MODULE = """
 import sys
 import heavy_marker  # stands for Prefect: what a stage's flow module imports
