@@ -112,15 +112,16 @@ def prefect_harness() -> Iterator[None]:
 
 
 @pytest.fixture
-def every_decode_handed_off(monkeypatch: pytest.MonkeyPatch) -> None:
+def every_decode_handed_off() -> Iterator[None]:
     """Ingest keeps every decode for the shard stage, small images too: tests of the hand-off
     itself use images far smaller than the photos it pays for
-    (:func:`tasks.worker_cost.worth_handing_off`). In this process only: ingest must run
+    (:func:`tasks.worker_cost.worth_handing_off`). The bench's alternative
+    (:func:`bench.worker_start.every_decode_kept`), in this process only: ingest must run
     without spawned workers."""
-    from tasks import worker_cost
+    from bench.worker_start import every_decode_kept
 
-    monkeypatch.setattr(worker_cost, "HANDOFF_ENTRY_S", 0.0)
-    monkeypatch.setattr(worker_cost, "HANDOFF_SECONDS_PER_BYTE", 0.0)
+    with every_decode_kept():
+        yield
 
 
 @pytest.fixture
