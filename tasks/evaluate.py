@@ -601,8 +601,9 @@ def run_evaluate(
     FAILED (and the error propagates) if anything after its start fails. ``start(measure,
     params, layout)`` starts the measuring (:func:`measure`), its value from ``.result()``:
     here by default, when asked; the stage starts it in its prestarted child, and this
-    process opens the tracking store (MLflow's imports, its database) meanwhile, and imports
-    Keras when it will register the model (MLflow loads the logged pyfunc to check it).
+    process opens the tracking store (MLflow's imports, its database) meanwhile. It never
+    imports Keras to register the model (:func:`tasks.predict.log_pyfunc`), only to re-score
+    a champion measured on other data.
     """
     settings = params.evaluate
     check_margin(settings.promotion_margin)
@@ -620,12 +621,6 @@ def run_evaluate(
         client = tracking.client(layout.root)
         runs = {"training": record["run_id"]}
         client.get_run(runs["training"])  # the store open (imports, engine, schema) meanwhile
-        if registered_version(client, settings.model_name, runs["training"]) is None:
-            # Registering logs the pyfunc, and MLflow checks it by loading it (Keras):
-            # imported meanwhile too, not after the measuring.
-            from tasks.tf_imports import keras_without_extras
-
-            keras_without_extras()
         metrics = measuring.result()
     except BaseException:
         measuring.cancel()  # a child still measuring writes no more reports (a retry will)

@@ -274,26 +274,20 @@ def signature(classes: Sequence[str]) -> ModelSignature:
     )
 
 
-def example_input(spec: ServingSpec) -> pd.DataFrame:
-    """A one-row input example: a PNG of a mid-grey image at the shard size, as base64 (what
-    a JSON client sends)."""
-    import io
-
-    import pandas as pd
-    from PIL import Image
-
-    schema = spec.schema
-    buffer = io.BytesIO()
-    Image.new("RGB", (schema.width, schema.height), (128, 128, 128)).save(buffer, format="PNG")
-    return pd.DataFrame({IMAGE_COLUMN: [base64.b64encode(buffer.getvalue()).decode()]})
-
-
 def log_pyfunc(client: MlflowClient, run_id: str, model_file: str | Path, spec: ServingSpec) -> str:
     """Log the pyfunc (Keras model + spec + the ``tasks`` code) to a run; return its URI.
 
     The run keeps the status it had: MLflow logs a model only onto its active run, and its
     ``with start_run()`` would mark the run FINISHED on the way out, while evaluation is still
     logging to it (a crash after that left a finished-looking run with half its results).
+
+    No input example goes with it, only the signature: MLflow checks an example by loading
+    the logged model, TensorFlow and Keras with it, to predict it, and on failure only logs
+    a warning. The evaluate stage's process would pay that import (about 3 s of CPU, beside
+    its child measuring) for no gate; what it checked, a logged version loading and
+    predicting in a fresh process, is tested on the real thing: the registered version
+    reproducing every test prediction from the source files
+    (``tests/flows/test_predict_flow.py``, ``tests/e2e/test_serve_model.py``).
     """
     from importlib.metadata import version
 
@@ -315,7 +309,6 @@ def log_pyfunc(client: MlflowClient, run_id: str, model_file: str | Path, spec: 
                 artifacts={KERAS_ARTIFACT: str(model_file), SPEC_ARTIFACT: str(spec_file)},
                 code_paths=[str(Path(tasks.__file__).parent)],
                 signature=signature(spec.classes),
-                input_example=example_input(spec),
                 metadata={"preprocessing": spec.to_dict()},
                 # Pinned here (versions from the installed metadata) so logging never shells
                 # out to infer requirements.
