@@ -332,9 +332,15 @@ def plot_misclassified(wrong: list[dict[str, Any]], classes: list[str], path: Pa
 
 
 def register_model(
-    client: MlflowClient, run_id: str, model_file: Path, model_name: str, spec: ServingSpec
+    client: MlflowClient,
+    run_id: str,
+    model_file: Path,
+    model_name: str,
+    spec: ServingSpec,
+    logged_uri: str | None = None,
 ) -> str:
-    """Log the model to the run as an image-bytes pyfunc and register a version of it.
+    """Log the model to the run as an image-bytes pyfunc and register a version of it; with
+    ``logged_uri``, register that pyfunc, logged already (:func:`log_due_pyfunc`).
 
     Idempotent per run: a retried or repeated evaluation of the same training run reuses
     the version already registered from it instead of adding a duplicate.
@@ -347,10 +353,33 @@ def register_model(
     from tasks.predict import log_pyfunc
     from tasks.tracking import using_store
 
-    model_uri = log_pyfunc(client, run_id, model_file, spec)
+    model_uri = logged_uri or log_pyfunc(client, run_id, model_file, spec)
     with using_store(client.tracking_uri):
         version = mlflow.register_model(model_uri, model_name)
     return str(version.version)
+
+
+def log_due_pyfunc(
+    client: MlflowClient, run_id: str, model_file: Path, model_name: str, spec: ServingSpec
+) -> str | None:
+    """The pyfunc logged onto the training run ``run_id`` when no version of ``model_name`` is
+    registered from it yet (its URI; else None): what :func:`register_model` would log, logged
+    while the measuring runs. Never reused from an earlier attempt: the pyfunc carries the
+    ``tasks`` code of the evaluation that logs it."""
+    if registered_version(client, model_name, run_id) is not None:
+        return None
+    from tasks.predict import log_pyfunc
+
+    return log_pyfunc(client, run_id, model_file, spec)
+
+
+def discard_logged(client: MlflowClient, model_uri: str) -> None:
+    """Delete the logged model behind ``models:/<id>`` (an evaluation that failed before
+    registering it leaves none behind); quietly, the error that failed it being the one to
+    see."""
+    if model_uri.startswith("models:/"):
+        with contextlib.suppress(Exception):
+            client.delete_logged_model(model_uri.removeprefix("models:/"))
 
 
 def registered_version(client: MlflowClient, model_name: str, run_id: str) -> str | None:
@@ -601,9 +630,10 @@ def run_evaluate(
     FAILED (and the error propagates) if anything after its start fails. ``start(measure,
     params, layout)`` starts the measuring (:func:`measure`), its value from ``.result()``:
     here by default, when asked; the stage starts it in its prestarted child, and this
-    process opens the tracking store (MLflow's imports, its database) meanwhile. It never
-    imports Keras to register the model (:func:`tasks.predict.log_pyfunc`), only to re-score
-    a champion measured on other data.
+    process opens the tracking store (MLflow's imports, its database) and, when a version is
+    due, logs the pyfunc onto the training run meanwhile (:func:`log_due_pyfunc`; deleted
+    again if the measuring fails). It never imports Keras to register the model
+    (:func:`tasks.predict.log_pyfunc`), only to re-score a champion measured on other data.
     """
     settings = params.evaluate
     check_margin(settings.promotion_margin)
@@ -616,23 +646,34 @@ def run_evaluate(
     check_model_matches(record, manifest, layout.train_run)
     measuring = start(measure, params, layout)
     from tasks import tracking
+    from tasks.predict import ServingSpec
 
+    logged = None
     try:
         client = tracking.client(layout.root)
         runs = {"training": record["run_id"]}
         client.get_run(runs["training"])  # the store open (imports, engine, schema) meanwhile
+        spec = ServingSpec.from_manifest(manifest, params.ingest)
+        logged = log_due_pyfunc(
+            client, runs["training"], layout.model_file, settings.model_name, spec
+        )
         metrics = measuring.result()
+        if settings.promotion_metric not in metrics:
+            raise KeyError(
+                f"evaluate.promotion_metric={settings.promotion_metric!r} is not an eval "
+                "metric; choose one of accuracy, top_k_accuracy, macro_f1, macro_precision, "
+                "macro_recall"
+            )
     except BaseException:
         measuring.cancel()  # a child still measuring writes no more reports (a retry will)
+        if logged is not None:
+            discard_logged(client, logged)
         raise
-    if settings.promotion_metric not in metrics:
-        raise KeyError(
-            f"evaluate.promotion_metric={settings.promotion_metric!r} is not an eval metric; "
-            f"choose one of accuracy, top_k_accuracy, macro_f1, macro_precision, macro_recall"
-        )
     runs["evaluation"] = start_evaluation_run(client, runs["training"], settings)
     try:
-        result = track_evaluation(client, runs, params, layout, manifest, metrics, store)
+        result = track_evaluation(
+            client, runs, params, layout, manifest, metrics, store, spec, logged
+        )
     except BaseException as exc:
         status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
         with contextlib.suppress(Exception):  # the original error is the one to see
@@ -652,17 +693,18 @@ def track_evaluation(
     layout: Layout,
     manifest: ShardManifest,
     metrics: dict[str, Any],
-    store: ShardStore | None = None,
+    store: ShardStore | None,
+    spec: ServingSpec,
+    logged_uri: str | None = None,
 ) -> dict[str, Any]:
-    """Register, log, decide (re-scoring the champion where needed), record, then move the
-    alias, the last three under the registry's promotion lock. The decision reaches
-    ``reports/eval_summary.json`` and the evaluation run before the alias moves, so a crash
-    in between leaves a record the rerun completes."""
-    from tasks.predict import ServingSpec
-
+    """Register (``logged_uri``: the pyfunc logged already), log, decide (re-scoring the
+    champion where needed), record, then move the alias, the last three under the registry's
+    promotion lock. The decision reaches ``reports/eval_summary.json`` and the evaluation run
+    before the alias moves, so a crash in between leaves a record the rerun completes."""
     settings = params.evaluate
-    spec = ServingSpec.from_manifest(manifest, params.ingest)
-    version = register_model(client, runs["training"], layout.model_file, settings.model_name, spec)
+    version = register_model(
+        client, runs["training"], layout.model_file, settings.model_name, spec, logged_uri
+    )
     model_id = logged_model_id(client, runs["training"], settings.model_name, version)
     client.log_artifacts(runs["evaluation"], str(layout.eval_dir), "eval")
     source = store.url if store else layout.shards_dir

@@ -11,7 +11,7 @@ import pytest
 from mlflow.entities import Param
 
 from flows.common import start_where_warm
-from tasks import evaluate, processes, tf_imports, tracking
+from tasks import evaluate, predict, processes, tf_imports, tracking
 from tasks.layout import Layout
 from tasks.params import load_params
 from tasks.processes import prestart_child
@@ -38,11 +38,12 @@ def test_the_model_is_measured_in_the_child_while_the_store_opens(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """In the order the stage runs them: the measuring starts in the child, this process
-    opens the tracking store, then takes the child's figures; they are those of measuring
-    in this process (the first evaluation), and the child is used up. Registering a new
-    version imports no Keras here (MLflow's check of the logged pyfunc loads it: off). Where
-    the store cannot be opened, the child still measuring is stopped: it writes no more
-    reports."""
+    opens the tracking store (and logs the pyfunc when a version is due), then takes the
+    child's figures; they are those of measuring in this process (the first evaluation), and
+    the child is used up. Registering a new version imports no Keras here (MLflow's check of
+    the logged pyfunc loads it: off). A measuring that fails leaves no logged pyfunc behind.
+    Where the store cannot be opened, the child still measuring is stopped: it writes no
+    more reports."""
     project = build_trained_project(tmp_path / "project")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", project.tracking_uri)
     layout = Layout(project.root)
@@ -52,6 +53,7 @@ def test_the_model_is_measured_in_the_child_while_the_store_opens(
 
     events: list[str] = []
     real_client, real_keras = tracking.client, tf_imports.keras_without_extras
+    real_log = predict.log_pyfunc
 
     def opening_store(root: str | Path = ".") -> Any:
         events.append("store opened")
@@ -61,7 +63,12 @@ def test_the_model_is_measured_in_the_child_while_the_store_opens(
         events.append("keras imported")
         return real_keras()
 
+    def logging_pyfunc(*args: Any) -> str:
+        events.append("pyfunc logged")
+        return real_log(*args)
+
     monkeypatch.setattr(tracking, "client", opening_store)
+    monkeypatch.setattr(predict, "log_pyfunc", logging_pyfunc)
     monkeypatch.setattr(tf_imports, "keras_without_extras", importing_keras)
 
     class Watched:
@@ -72,6 +79,9 @@ def test_the_model_is_measured_in_the_child_while_the_store_opens(
             value = self.job.result()
             events.append("measured")
             return value
+
+        def cancel(self) -> None:
+            self.job.cancel()
 
     def start(fn: Any, *args: Any) -> Watched:
         events.append("measuring started")
@@ -93,9 +103,27 @@ def test_the_model_is_measured_in_the_child_while_the_store_opens(
     events.clear()
     prestart_child(evaluate.warm_up)
     result = evaluate.run_evaluate(params, layout, start)
-    # Nothing loads the logged pyfunc (Keras) to register it, before or after the measuring.
-    assert events == ["measuring started", "store opened", "measured"]
+    # The pyfunc is logged while the child measures, and nothing loads it (Keras) to
+    # register it, before or after the measuring.
+    assert events == ["measuring started", "store opened", "pyfunc logged", "measured"]
     assert result["model_version"] == "2"
+
+    class Failing(Watched):
+        def result(self) -> Any:
+            self.job.result()
+            raise RuntimeError("the measuring failed")
+
+    failed_run = retrained(layout)
+    events.clear()
+    prestart_child(evaluate.warm_up)
+    with pytest.raises(RuntimeError, match="measuring failed"):
+        evaluate.run_evaluate(params, layout, lambda fn, *args: Failing(start(fn, *args).job))
+    assert events == ["measuring started", "store opened", "pyfunc logged"]
+    client = real_client(layout.root)
+    experiment = client.get_run(failed_run).info.experiment_id
+    left = client.search_logged_models([experiment], f"source_run_id = '{failed_run}'")
+    assert list(left) == []  # logged, then deleted: nothing registered, nothing left
+    assert evaluate.registered_version(client, params.evaluate.model_name, failed_run) is None
 
     jobs: list[Any] = []
 
