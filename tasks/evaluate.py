@@ -343,10 +343,13 @@ def register_model(
     ``logged_uri``, register that pyfunc, logged already (:func:`log_due_pyfunc`).
 
     Idempotent per run: a retried or repeated evaluation of the same training run reuses
-    the version already registered from it instead of adding a duplicate.
+    the version already registered from it instead of adding a duplicate (and deletes the
+    pyfunc at ``logged_uri``, which a concurrent evaluation's version made redundant).
     """
     existing = registered_version(client, model_name, run_id)
     if existing is not None:
+        if logged_uri:
+            discard_logged(client, logged_uri)
         return existing
     import mlflow
 

@@ -340,6 +340,29 @@ def test_registering_the_same_run_twice_reuses_its_version(
     assert first == again == "1" and other == "2"
 
 
+def test_a_pyfunc_logged_early_is_deleted_when_another_evaluation_registered_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two evaluations of one training run, both logging their pyfunc while measuring: the
+    one that registers second reuses the first one's version and must not leave its own
+    pyfunc behind, unregistered, on the run."""
+    from tasks.evaluate import log_due_pyfunc, register_model
+
+    client, runs = store_with_runs(tmp_path, "mlflow.db", 1)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)
+    model_file, spec = model_to_register(tmp_path)
+    experiment = client.get_run(runs[0]).info.experiment_id
+    first = log_due_pyfunc(client, runs[0], model_file, "m", spec)
+    second = log_due_pyfunc(client, runs[0], model_file, "m", spec)  # before either registers
+    assert first and second and first != second
+
+    assert register_model(client, runs[0], model_file, "m", spec, first) == "1"
+    assert register_model(client, runs[0], model_file, "m", spec, second) == "1"
+
+    kept = [m.model_id for m in client.search_logged_models([experiment])]
+    assert kept == [first.removeprefix("models:/")]
+
+
 def test_registering_leaves_the_process_and_the_run_as_they_were(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
