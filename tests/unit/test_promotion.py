@@ -361,6 +361,9 @@ def test_a_pyfunc_logged_early_is_deleted_when_another_evaluation_registered_fir
 
     kept = [m.model_id for m in client.search_logged_models([experiment])]
     assert kept == [first.removeprefix("models:/")]
+    # Registering the version's own pyfunc again (a repeated call) deletes nothing.
+    assert register_model(client, runs[0], model_file, "m", spec, first) == "1"
+    assert [m.model_id for m in client.search_logged_models([experiment])] == kept
 
 
 def test_registering_leaves_the_process_and_the_run_as_they_were(
