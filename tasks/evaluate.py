@@ -348,8 +348,8 @@ def register_model(
     """
     existing = registered_version(client, model_name, run_id)
     if existing is not None:
-        source = client.get_model_version(model_name, existing).source if logged_uri else None
-        if logged_uri and logged_uri != source:  # never the model the version was made from
+        # never the model the version was made from
+        if logged_uri and logged_uri != client.get_model_version(model_name, existing).source:
             discard_logged(client, logged_uri)
         return existing
     import mlflow
