@@ -26,6 +26,7 @@ from tasks.label_review import (
     REVIEWED_SPLITS,
     SHEET_ROWS_SHOWN,
     HeldOut,
+    import_cleanlab_meanwhile,
     plot_label_sheet,
     review_labels,
     review_summary,
@@ -193,6 +194,8 @@ def evaluate_model(
     """
     import keras
 
+    if label_issues_file is not None:
+        import_cleanlab_meanwhile()
     shards_dir, out_dir = Path(shards_dir), Path(out_dir)
     manifest = store.manifest() if store else load_manifest(shards_dir)
     model = keras.saving.load_model(model_file)

@@ -11,6 +11,8 @@ pixels of the top rows, the pixels the model saw: no source image is read.
 from __future__ import annotations
 
 import csv
+import importlib
+import threading
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +26,7 @@ from tasks.sheets import plot_image_sheet
 LABEL_ISSUE_COLUMNS = ("split", "path", "given_label", "suggested_label", "score")
 SHEET_ROWS_SHOWN = 16
 REVIEWED_SPLITS = ("val", "test")
+CLEANLAB_MODULES = ("cleanlab.filter", "cleanlab.rank")
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,25 @@ class HeldOut:
     sources: list[str]
     labels: np.ndarray
     probs: np.ndarray
+
+
+def import_cleanlab_meanwhile() -> threading.Thread:
+    """Start importing cleanlab (scikit-learn with it: about 0.75 s once Keras is loaded) in
+    a thread, for a caller that predicts before it ranks: TensorFlow's kernels release the
+    GIL, so the import runs on another core instead of after the predictions. The import in
+    :func:`rank_label_issues` then finds the modules loaded, or waits for this one (Python's
+    per-module import locks); a failing import is left to raise there."""
+
+    def load() -> None:
+        for name in CLEANLAB_MODULES:
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                return
+
+    thread = threading.Thread(target=load, name="import-cleanlab", daemon=True)
+    thread.start()
+    return thread
 
 
 def rank_label_issues(labels: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

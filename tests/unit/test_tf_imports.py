@@ -82,3 +82,41 @@ def test_a_first_keras_import_prints_none_of_tensorflows_notices() -> None:
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, env=env
     )
     assert done.returncode == 0 and done.stderr == "", done.stderr[-2000:]
+
+
+FIRST_PREDICTION = """
+import sys, threading
+import keras
+import tasks.evaluate as evaluate
+
+class Stop(Exception):
+    pass
+
+def first_prediction(*args, **kwargs):
+    importing = any(t.name == "import-cleanlab" for t in threading.enumerate())
+    print("cleanlab" in sys.modules or importing)
+    raise Stop
+
+keras.saving.load_model = lambda path: None
+evaluate.load_manifest = lambda path: None
+evaluate.predict_split = first_prediction
+print("cleanlab" in sys.modules)
+try:
+    evaluate.evaluate_model("m.keras", "shards", "out", top_k=1, label_issues_file="issues.csv")
+except Stop:
+    pass
+"""
+
+
+def test_evaluation_starts_importing_cleanlab_before_its_first_prediction() -> None:
+    # cleanlab (scikit-learn with it, about 0.75 s) is needed only after the predictions:
+    # imported beside them, on another core, it is off the evaluate stage's critical path.
+    done = subprocess.run(
+        [sys.executable, "-c", FIRST_PREDICTION],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
+    assert done.stdout.split() == ["False", "True"], done.stderr[-2000:]
