@@ -14,14 +14,16 @@ million images costs about what planning ten thousand does.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
+import tempfile
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, overload
+from typing import IO, Any, overload
 
 import numpy as np
 
@@ -39,6 +41,10 @@ SIZE_SAMPLE = 32  # records encoded to estimate the size of a JPEG/PNG record
 
 
 RECORD_OVERHEAD = 16 + 120  # TFRecord framing (length + 2 CRCs) + Example keys, label, hash
+
+# An append's packed order keys wait on disk this many at a time (32 KiB), until the pass
+# ends and tells which records are new (see scan_index).
+PENDING_CHUNK = 1 << 12
 
 
 def order_digest(seed: int, content_hash: str) -> bytes:
@@ -89,6 +95,7 @@ def scan_index(
     sample: bool = False,
     offset_bits: int | None = None,
     visit: Callable[[dict[str, Any]], None] | None = None,
+    spill_dir: Path | None = None,
 ) -> IndexScan:
     """Stream the index once: each split's records in seeded-hash order (ties by path).
 
@@ -99,36 +106,58 @@ def scan_index(
     name every record's label. ``sample`` keeps the
     :data:`SIZE_SAMPLE` records with the smallest order keys (for the size estimate).
     ``visit`` sees every record (excluded ones too) as it streams past.
+
+    With ``exclude``, each record's packed order key waits in a temporary file in
+    ``spill_dir`` (the shard folder: nothing is written outside the repository; unlinked
+    from the start, so a killed run leaves nothing), not in memory, until the mask is known:
+    an append leaves out nearly every record, and those 8 bytes a record were its largest
+    growth with the data.
     """
     bits = pack_bits(index_path.stat().st_size) if offset_bits is None else offset_bits
     packed = {s: array("Q") for s in SPLITS}
     split_codes = bytearray() if exclude is not None else None
+    waiting = array("Q")
     code_of = {s: i for i, s in enumerate(SPLITS)}
     count = path_bytes = 0
     first: list[tuple[str, int, ShardRecord]] = []
-    for offset, rec in iter_records(index_path):
-        if rec["split"] not in packed:
-            raise ValueError(f"{index_path}: record {rec['path']}: unknown split {rec['split']!r}")
-        if classes is not None and rec["label"] not in classes:
-            raise ValueError(f"{index_path}: record {rec['path']}: unknown class {rec['label']!r}")
-        if visit is not None:
-            visit(rec)
-        count += 1
-        path_bytes += len(rec["path"].encode())
-        digest = order_digest(params.seed, rec["sha256"])
-        if sample:
-            first.append((digest.hex(), count, shard_record(rec, None)))
-            if len(first) >= 4 * SIZE_SAMPLE:
-                first = sorted(first)[:SIZE_SAMPLE]
-        if split_codes is not None:
-            split_codes.append(code_of[rec["split"]])
-        top = int.from_bytes(digest[:8], "big") >> bits
-        packed[rec["split"]].append((top << bits) | offset)
-    if split_codes is not None and exclude is not None:
-        leave_out, codes = exclude(), np.frombuffer(split_codes, dtype=np.uint8)
-        for split, values in packed.items():
-            keep = ~leave_out[codes == code_of[split]]
-            packed[split] = array("Q", np.frombuffer(values, dtype=np.uint64)[keep].tobytes())
+    with contextlib.ExitStack() as stack:
+        pending = (
+            stack.enter_context(tempfile.TemporaryFile(dir=spill_dir))
+            if exclude is not None
+            else None
+        )
+        for offset, rec in iter_records(index_path):
+            if rec["split"] not in packed:
+                raise ValueError(
+                    f"{index_path}: record {rec['path']}: unknown split {rec['split']!r}"
+                )
+            if classes is not None and rec["label"] not in classes:
+                raise ValueError(
+                    f"{index_path}: record {rec['path']}: unknown class {rec['label']!r}"
+                )
+            if visit is not None:
+                visit(rec)
+            count += 1
+            path_bytes += len(rec["path"].encode())
+            digest = order_digest(params.seed, rec["sha256"])
+            if sample:
+                first.append((digest.hex(), count, shard_record(rec, None)))
+                if len(first) >= 4 * SIZE_SAMPLE:
+                    first = sorted(first)[:SIZE_SAMPLE]
+            if split_codes is not None:
+                split_codes.append(code_of[rec["split"]])
+            top = int.from_bytes(digest[:8], "big") >> bits
+            value = (top << bits) | offset
+            if pending is None:
+                packed[rec["split"]].append(value)
+                continue
+            waiting.append(value)
+            if len(waiting) >= PENDING_CHUNK:
+                pending.write(waiting.tobytes())
+                del waiting[:]
+        if pending is not None and split_codes is not None and exclude is not None:
+            pending.write(waiting.tobytes())
+            _take_pending(pending, exclude(), np.frombuffer(split_codes, dtype=np.uint8), packed)
     order = {s: _sorted_split(index_path, params.seed, v, bits) for s, v in packed.items()}
     return IndexScan(
         order=order,
@@ -137,6 +166,25 @@ def scan_index(
         mean_path_bytes=path_bytes / count if count else 0.0,
         sample=tuple(r for *_, r in sorted(first)[:SIZE_SAMPLE]),
     )
+
+
+def _take_pending(
+    pending: IO[bytes], leave_out: np.ndarray, codes: np.ndarray, packed: dict[str, array[int]]
+) -> None:
+    """Read ``pending``'s packed order keys back (index order), a chunk at a time, and
+    append to each split's array those ``leave_out`` does not mark; ``codes`` holds each
+    record's split (its position in :data:`SPLITS`)."""
+    pending.seek(0)
+    start = 0
+    while chunk := pending.read(8 * PENDING_CHUNK):
+        values = np.frombuffer(chunk, dtype=np.uint64)
+        end = start + len(values)
+        keep, split_of = ~leave_out[start:end], codes[start:end]
+        for code, split in enumerate(SPLITS):
+            packed[split].frombytes(values[keep & (split_of == code)].tobytes())
+        start = end
+    if start != len(codes):
+        raise ValueError(f"the append's order keys: {start} read back, {len(codes)} scanned")
 
 
 def _sorted_split(index_path: Path, seed: int, values: array[int], bits: int) -> np.ndarray:

@@ -162,6 +162,7 @@ def plan_stage(
             exclude=lambda: data_diff.found_mask(current, before),
             sample=sample,
             visit=note,
+            spill_dir=shards_dir,
         )
         duplicates = check_nothing_removed(current, base, before, shards_dir, index_path)
     except BaseException:

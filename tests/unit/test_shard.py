@@ -14,7 +14,7 @@ import tensorflow as tf
 from PIL import Image
 
 from tasks.images import resize_image
-from tasks.index import load_index, write_index
+from tasks.index import iter_records, load_index, write_index
 from tasks.manifest import MANIFEST_NAME, file_sha256, load_manifest
 from tasks.params import ShardParams, default_params
 from tasks.reader import read_split
@@ -399,6 +399,42 @@ def test_plan_memory_does_not_hold_the_records(tmp_path: Path) -> None:
     tracemalloc.stop()
     assert sum(slot.num_records for slot in plan.slots) == 20_000
     assert peak < 100 * 20_000  # the old in-memory plan held over 1 KB a record
+
+
+def test_an_appends_scan_keeps_no_order_key_of_the_records_it_leaves_out(tmp_path: Path) -> None:
+    """An append leaves out nearly every record (the base's): their packed order keys wait
+    on disk until the mask is known, so the scan grows by the split code and the mask (2
+    bytes a record), not by 8 more; the kept records come out in the order a scan of every
+    record gives them."""
+    import tracemalloc
+
+    from bench.plan_rss import synthetic_index
+    from tasks.shard.planning import scan_index
+
+    peaks: dict[int, int] = {}
+    for n in (10_000, 40_000):
+        index_path = synthetic_index(tmp_path / f"index-{n}.jsonl", n)
+        new = n // 100
+
+        def leave_out(n: int = n, new: int = new) -> np.ndarray:
+            mask = np.ones(n, dtype=bool)  # allocated in the scan, as the data diff's is
+            mask[-new:] = False
+            return mask
+
+        tracemalloc.start()
+        scan = scan_index(params(), index_path, exclude=leave_out, spill_dir=tmp_path)
+        peaks[n] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        everything = scan_index(params(), index_path, offset_bits=scan.offset_bits)
+        kept = {offset for offset, _ in list(iter_records(index_path))[-new:]}
+        low = (1 << scan.offset_bits) - 1
+        for split, order in scan.order.items():
+            assert [int(v) & low for v in order] == [
+                int(v) & low for v in everything.order[split] if int(v) & low in kept
+            ]
+        assert sum(len(order) for order in scan.order.values()) == new
+    assert not list(tmp_path.glob("tmp*"))  # the waiting keys' file is gone
+    assert (peaks[40_000] - peaks[10_000]) / 30_000 < 4  # bytes a record; 11 before
 
 
 @pytest.mark.parametrize("mode", ["rebuild", "append"])
