@@ -108,8 +108,9 @@ def scan_index(
     ``visit`` sees every record (excluded ones too) as it streams past.
 
     With ``exclude``, each record's packed order key waits in a temporary file in
-    ``spill_dir`` (the shard folder: nothing is written outside the repository; unlinked
-    from the start, so a killed run leaves nothing), not in memory, until the mask is known:
+    ``spill_dir`` (the stage passes the shard folder; by default the index's: nothing is
+    written outside the repository; unlinked from the start, so a killed run leaves
+    nothing), not in memory, until the mask is known:
     an append leaves out nearly every record, and those 8 bytes a record were its largest
     growth with the data.
     """
@@ -122,7 +123,7 @@ def scan_index(
     first: list[tuple[str, int, ShardRecord]] = []
     with contextlib.ExitStack() as stack:
         pending = (
-            stack.enter_context(tempfile.TemporaryFile(dir=spill_dir))
+            stack.enter_context(tempfile.TemporaryFile(dir=spill_dir or index_path.parent))
             if exclude is not None
             else None
         )
