@@ -10,6 +10,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 SCRIPT = """
 import atexit, sys, threading, time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from flows.common import run_then_exit
 
@@ -20,8 +21,13 @@ def late_writer():  # a non-daemon thread still finishing its work
     time.sleep(0.3)
     out.with_suffix(".thread").write_text("done")
 
+# A pool kept for the process's life, as MLflow's artifact repositories keep theirs: its idle
+# non-daemon workers end only when the interpreter's exit tells them to.
+POOL = ThreadPoolExecutor(2)
+
 def main():
     threading.Thread(target=late_writer).start()
+    POOL.submit(out.with_suffix(".pool").write_text, "done").result()
     sys.stdout.write("buffered, no newline")
     if sys.argv[2] == "fail":
         raise RuntimeError("stage failed: names the reason")
@@ -45,10 +51,13 @@ def run(tmp_path: Path, mode: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_success_flushes_output_joins_threads_and_runs_exit_handlers(tmp_path: Path) -> None:
+    """Also with an idle thread pool alive (MLflow's, after a download): joining its workers
+    before telling them to stop hung the evaluate stage after its flow had finished."""
     done = run(tmp_path, "ok")
     assert done.returncode == 0, done.stderr
     assert done.stdout == "buffered, no newline"  # flushed, and nothing after main ran
     assert (tmp_path / "out.thread").read_text() == "done"
+    assert (tmp_path / "out.pool").read_text() == "done"
     assert (tmp_path / "out.atexit").read_text() == "ran"
 
 
