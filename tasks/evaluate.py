@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import hashlib
 import json
+import socket
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -66,6 +68,8 @@ MAX_MISCLASSIFIED_SHOWN = 16
 BATCH_SIZE = 256
 PER_CLASS_TABLE = "eval/per_class_table.json"  # an MLflow table (not eval/per_class.json)
 EVALUATES_TAG = "shardflow.evaluates"  # on an evaluation run: the training run it evaluates
+# On a pyfunc logged ahead of registering it: the workspace whose evaluation logged it.
+WORKSPACE_TAG = "shardflow.workspace"
 LABEL_SHEET = "label_issues.png"  # the label review's thumbnail sheet, in the eval plots
 
 
@@ -367,17 +371,58 @@ def register_model(
 
 
 def log_due_pyfunc(
-    client: MlflowClient, run_id: str, model_file: Path, model_name: str, spec: ServingSpec
+    client: MlflowClient,
+    run_id: str,
+    model_file: Path,
+    model_name: str,
+    spec: ServingSpec,
+    workspace: str | None = None,
 ) -> str | None:
     """The pyfunc logged onto the training run ``run_id`` when no version of ``model_name`` is
     registered from it yet (its URI; else None): what :func:`register_model` would log, logged
     while the measuring runs. Never reused from an earlier attempt: the pyfunc carries the
-    ``tasks`` code of the evaluation that logs it."""
+    ``tasks`` code of the evaluation that logs it.
+
+    ``workspace`` (:func:`workspace_id`, the evaluation holding its workspace lock) is tagged
+    on the pyfunc, and the pyfuncs an earlier evaluation of this workspace logged onto the run
+    and never registered (it was killed in between) are deleted first: no evaluation of this
+    workspace can still be using them, and another workspace's are left alone."""
     if registered_version(client, model_name, run_id) is not None:
         return None
     from tasks.predict import log_pyfunc
 
-    return log_pyfunc(client, run_id, model_file, spec)
+    if workspace is None:
+        return log_pyfunc(client, run_id, model_file, spec)
+    for model_id in unregistered_pyfuncs(client, run_id, workspace):
+        discard_logged(client, f"models:/{model_id}")
+    return log_pyfunc(client, run_id, model_file, spec, tags={WORKSPACE_TAG: workspace})
+
+
+def workspace_id(root: Path) -> str:
+    """The workspace lock's scope, this host's folder ``root``, as a digest (neither the host
+    nor the path is written down)."""
+    where = f"{socket.gethostname()}\0{Path(root).resolve()}"
+    return hashlib.sha256(where.encode()).hexdigest()[:32]
+
+
+def unregistered_pyfuncs(client: MlflowClient, run_id: str, workspace: str) -> list[str]:
+    """Ids of the models ``workspace`` logged onto the run ``run_id`` that no version, of any
+    registered model, was made from."""
+    experiment = client.get_run(run_id).info.experiment_id
+    logged = client.search_logged_models(
+        [experiment],
+        filter_string=f"source_run_id = '{run_id}' AND tags.`{WORKSPACE_TAG}` = '{workspace}'",
+    )
+    registered = registered_sources(client, run_id)
+    return [m.model_id for m in logged if f"models:/{m.model_id}" not in registered]
+
+
+def registered_sources(client: MlflowClient, run_id: str) -> set[str]:
+    """The ``models:/<id>`` URIs the versions registered from the run ``run_id`` were made from."""
+    versions = client.search_model_versions(f"run_id = '{run_id}'")
+    return {str(v.source) for v in versions} | {
+        f"models:/{v.model_id}" for v in versions if v.model_id
+    }
 
 
 def discard_logged(client: MlflowClient, model_uri: str) -> None:
@@ -662,7 +707,12 @@ def run_evaluate(
         client.get_run(runs["training"])  # the store open (imports, engine, schema) meanwhile
         spec = ServingSpec.from_manifest(manifest, params.ingest)
         logged = log_due_pyfunc(
-            client, runs["training"], layout.model_file, settings.model_name, spec
+            client,
+            runs["training"],
+            layout.model_file,
+            settings.model_name,
+            spec,
+            workspace_id(layout.root),
         )
         metrics = measuring.result()
         if settings.promotion_metric not in metrics:
@@ -676,15 +726,19 @@ def run_evaluate(
         if logged is not None:
             discard_logged(client, logged)
         raise
-    runs["evaluation"] = start_evaluation_run(client, runs["training"], settings)
     try:
+        runs["evaluation"] = start_evaluation_run(client, runs["training"], settings)
         result = track_evaluation(
             client, runs, params, layout, manifest, metrics, store, spec, logged
         )
     except BaseException as exc:
         status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
         with contextlib.suppress(Exception):  # the original error is the one to see
-            client.set_terminated(runs["evaluation"], status=status)
+            if "evaluation" in runs:
+                client.set_terminated(runs["evaluation"], status=status)
+        with contextlib.suppress(Exception):
+            if logged is not None and logged not in registered_sources(client, runs["training"]):
+                discard_logged(client, logged)  # failed before a version was made from it
         raise
     client.set_terminated(runs["evaluation"], status="FINISHED")
     urls = {

@@ -274,8 +274,15 @@ def signature(classes: Sequence[str]) -> ModelSignature:
     )
 
 
-def log_pyfunc(client: MlflowClient, run_id: str, model_file: str | Path, spec: ServingSpec) -> str:
-    """Log the pyfunc (Keras model + spec + the ``tasks`` code) to a run; return its URI.
+def log_pyfunc(
+    client: MlflowClient,
+    run_id: str,
+    model_file: str | Path,
+    spec: ServingSpec,
+    tags: dict[str, str] | None = None,
+) -> str:
+    """Log the pyfunc (Keras model + spec + the ``tasks`` code) to a run, with the logged
+    model's ``tags``; return its URI.
 
     The run keeps the status it had: MLflow logs a model only onto its active run, and its
     ``with start_run()`` would mark the run FINISHED on the way out, while evaluation is still
@@ -310,6 +317,7 @@ def log_pyfunc(client: MlflowClient, run_id: str, model_file: str | Path, spec: 
                 code_paths=[str(Path(tasks.__file__).parent)],
                 signature=signature(spec.classes),
                 metadata={"preprocessing": spec.to_dict()},
+                tags=tags,
                 # Pinned here (versions from the installed metadata) so logging never shells
                 # out to infer requirements.
                 pip_requirements=[

@@ -10,6 +10,7 @@ import subprocess
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -727,6 +728,59 @@ def test_a_failed_evaluation_marks_its_run_failed(
     )
     assert [run.info.status for run in evaluations] == ["FAILED"]
     assert client.get_run(train_run_id).info.status == "FINISHED"  # untouched
+    # The pyfunc logged while measuring, never registered, is not left on the run.
+    experiment = client.get_run(train_run_id).info.experiment_id
+    assert client.search_logged_models([experiment]) == []
+
+
+def test_a_failure_after_registering_keeps_the_versions_model(
+    trained: Layout, mlflow_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tasks.evaluate
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("store went away")
+
+    monkeypatch.setattr(tasks.evaluate, "log_test_results", broken)
+    with pytest.raises(RuntimeError, match="store went away"):
+        evaluate(trained)
+    client = MlflowClient(mlflow_uri, mlflow_uri)
+    [version] = client.search_model_versions("name = 'm'")
+    experiment = client.get_run(version.run_id).info.experiment_id
+    made_from = version.source.removeprefix("models:/")  # the logged model's id
+    assert [m.model_id for m in client.search_logged_models([experiment])] == [made_from]
+    # The rerun reuses that version, and its model.
+    monkeypatch.undo()
+    assert evaluate(trained)["model_version"] == str(version.version)
+    assert [m.model_id for m in client.search_logged_models([experiment])] == [made_from]
+
+
+def test_the_pyfunc_a_killed_evaluation_logged_is_deleted_by_the_next_one_of_its_workspace(
+    trained: Layout, mlflow_uri: str
+) -> None:
+    """SIGKILLed between logging its pyfunc and registering it, an evaluation leaves the
+    pyfunc on the training run. The next evaluation in the same workspace (the workspace
+    lock lets no other one run there) deletes it; another workspace's, which may be an
+    evaluation still running elsewhere, is left alone."""
+    from tasks.evaluate import log_due_pyfunc, workspace_id
+    from tasks.manifest import load_manifest
+    from tasks.predict import ServingSpec
+
+    client = MlflowClient(mlflow_uri, mlflow_uri)
+    train_run_id = json.loads(trained.train_run.read_text())["run_id"]
+    experiment = client.get_run(train_run_id).info.experiment_id
+    spec = ServingSpec.from_manifest(load_manifest(trained.shards_dir), default_params().ingest)
+    log = partial(log_due_pyfunc, client, train_run_id, trained.model_file, "m", spec)
+    killed = log(workspace_id(trained.root))
+    elsewhere = log(workspace_id(trained.root / "another_clone"))
+    assert killed and elsewhere
+
+    result = evaluate(trained)
+
+    made_from = client.get_model_version("m", result["model_version"]).source
+    left = {f"models:/{m.model_id}" for m in client.search_logged_models([experiment])}
+    assert left == {made_from, elsewhere}
+    assert made_from not in {killed, elsewhere}  # its own, logged anew
 
 
 def test_an_evaluation_killed_before_it_could_end_its_run_is_marked_killed(
