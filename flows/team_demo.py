@@ -107,16 +107,17 @@ class Team:
         return self.s3.env if self.s3 else {}
 
     def stop(self) -> None:
-        """Stop every process this team started, newest first (each by its own group id),
-        then its S3 server."""
-        for _, process, _ in reversed(self.processes):
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-                try:
-                    process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait(timeout=30)
+        """Stop every process this team started, each by its own group id: the workers
+        together, then the servers newest first, then its S3 server.
+
+        A Prefect worker that has run flows outlasted its 30 s grace period after SIGTERM in
+        every team test measured (an idle one stops in 0.3 s), so the workers share one
+        grace period instead of paying one each."""
+        workers = [p for name, p, _ in self.processes if name.startswith("worker-")]
+        stop_together(workers, grace_s=30)
+        for name, process, _ in reversed(self.processes):
+            if not name.startswith("worker-"):
+                stop_together([process], grace_s=30)
         self.processes.clear()
         if self.s3 is not None:
             stop_s3_server(self.s3)
@@ -125,6 +126,21 @@ class Team:
         return "\n".join(
             log.read_text(errors="replace")[-chars:] for n, _, log in self.processes if n == name
         )
+
+
+def stop_together(processes: list[subprocess.Popen[bytes]], grace_s: float) -> None:
+    """SIGTERM each process's group, wait for them all within one ``grace_s``, then SIGKILL
+    the groups of those still running."""
+    running = [p for p in processes if p.poll() is None]
+    for process in running:
+        os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for process in running:
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
 
 
 def start_prefect(team: Team) -> None:
