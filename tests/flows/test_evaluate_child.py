@@ -63,9 +63,9 @@ def test_the_model_is_measured_in_the_child_while_the_store_opens(
         events.append("keras imported")
         return real_keras()
 
-    def logging_pyfunc(*args: Any) -> str:
+    def logging_pyfunc(*args: Any, **kwargs: Any) -> str:
         events.append("pyfunc logged")
-        return real_log(*args)
+        return real_log(*args, **kwargs)
 
     monkeypatch.setattr(tracking, "client", opening_store)
     monkeypatch.setattr(predict, "log_pyfunc", logging_pyfunc)
