@@ -133,13 +133,15 @@ def stop_together(processes: list[subprocess.Popen[bytes]], grace_s: float) -> N
     the groups of those still running."""
     running = [p for p in processes if p.poll() is None]
     for process in running:
-        os.killpg(process.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+            os.killpg(process.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     for process in running:
         try:
             process.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=30)
 
 
