@@ -376,7 +376,7 @@ def log_due_pyfunc(
     model_file: Path,
     model_name: str,
     spec: ServingSpec,
-    workspace: str | None = None,
+    workspace: str,
 ) -> str | None:
     """The pyfunc logged onto the training run ``run_id`` when no version of ``model_name`` is
     registered from it yet (its URI; else None): what :func:`register_model` would log, logged
@@ -391,8 +391,6 @@ def log_due_pyfunc(
         return None
     from tasks.predict import log_pyfunc
 
-    if workspace is None:
-        return log_pyfunc(client, run_id, model_file, spec)
     for model_id in unregistered_pyfuncs(client, run_id, workspace):
         discard_logged(client, f"models:/{model_id}")
     return log_pyfunc(client, run_id, model_file, spec, tags={WORKSPACE_TAG: workspace})

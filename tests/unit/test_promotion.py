@@ -353,8 +353,9 @@ def test_a_pyfunc_logged_early_is_deleted_when_another_evaluation_registered_fir
     monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)
     model_file, spec = model_to_register(tmp_path)
     experiment = client.get_run(runs[0]).info.experiment_id
-    first = log_due_pyfunc(client, runs[0], model_file, "m", spec)
-    second = log_due_pyfunc(client, runs[0], model_file, "m", spec)  # before either registers
+    # from two workspaces (one evaluation at a time runs in each), before either registers
+    first = log_due_pyfunc(client, runs[0], model_file, "m", spec, "workspace-a")
+    second = log_due_pyfunc(client, runs[0], model_file, "m", spec, "workspace-b")
     assert first and second and first != second
 
     assert register_model(client, runs[0], model_file, "m", spec, first) == "1"
