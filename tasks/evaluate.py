@@ -37,6 +37,7 @@ from tasks.label_review import (
 from tasks.layout import Layout
 from tasks.manifest import load_manifest
 from tasks.metrics_files import is_number
+from tasks.models import predict_batch
 from tasks.params import EvaluateParams, Params, flatten
 from tasks.processes import Later
 from tasks.promotion import (
@@ -155,8 +156,7 @@ def predict_split(
     wrong: list[dict[str, Any]] = []
     for features in dataset:
         images = features[IMAGE_KEY]
-        # training=False: the model's augmentation layers would otherwise stay active.
-        batch_probs = np.asarray(model(images, training=False), dtype=np.float32)
+        batch_probs = predict_batch(model, images)  # inference: no augmentation
         batch_labels = features[LABEL_KEY].numpy()
         labels.append(batch_labels)
         probs.append(batch_probs)

@@ -41,6 +41,7 @@ from mlflow.pyfunc import PythonModel
 
 from tasks.images import ImageRejected, preprocess_bytes, preprocessing_version
 from tasks.manifest import ShardManifest
+from tasks.models import predict_batch
 from tasks.params import MODEL_NAME_PATTERN
 from tasks.schema import RecordSchema
 
@@ -201,8 +202,8 @@ def predict_images(
             except ImageRejected as exc:
                 errors[row] = str(exc)
         if pixels:
-            # training=False: the model's augmentation layers must not run at serving time.
-            probs.append(np.asarray(model(np.stack(pixels), training=False), np.float64))
+            # inference mode: the model's augmentation layers must not run at serving time
+            probs.append(predict_batch(model, np.stack(pixels)).astype(np.float64))
     stacked = np.concatenate(probs) if probs else np.zeros((0, len(spec.classes)))
     return prediction_frame(stacked, ok_rows, errors, spec.classes)
 

@@ -64,16 +64,20 @@ def test_rows_are_decoded_and_predicted_a_batch_at_a_time(
         most_waiting = max(most_waiting, waiting)
         return pixels
 
-    def model(batch: np.ndarray, training: bool) -> np.ndarray:
-        nonlocal waiting
-        waiting -= len(batch)
-        return np.tile([0.2, 0.5, 0.3], (len(batch), 1))
+    class Model:  # what tasks.models.predict_batch uses of a Keras model
+        predict_function = None
+        jit_compile = True
+
+        def predict_on_batch(self, batch: np.ndarray) -> np.ndarray:
+            nonlocal waiting
+            waiting -= len(batch)
+            return np.tile([0.2, 0.5, 0.3], (len(batch), 1))
 
     monkeypatch.setattr(predict, "model_input", counting_model_input)
     good = png_bytes(np.full((20, 20, 3), 90, np.uint8))
     images: list[object] = [good] * 25
     images[7] = b"not an image"
-    frame = predict_images(model, images, spec_for(), batch_size=4)  # type: ignore[arg-type]
+    frame = predict_images(Model(), images, spec_for(), batch_size=4)  # type: ignore[arg-type]
     assert most_waiting <= 4
     assert list(frame["error"] != "") == [row == 7 for row in range(25)]
     assert list(frame["label"]) == ["green" if row != 7 else "" for row in range(25)]
