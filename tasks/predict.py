@@ -24,13 +24,17 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import csv
 import json
 import logging
+import os
 import re
 import tempfile
+import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,7 +43,7 @@ import numpy as np
 import pandas as pd  # at run time: MLflow resolves predict's type hints (mlflow imports it)
 from mlflow.pyfunc import PythonModel
 
-from tasks.images import ImageRejected, preprocess_bytes, preprocessing_version
+from tasks.images import ImageRejected, open_checked, preprocess_bytes, preprocessing_version
 from tasks.manifest import ShardManifest
 from tasks.models import predict_batch
 from tasks.params import MODEL_NAME_PATTERN
@@ -61,6 +65,7 @@ MODEL_NAME_IN_RUN = "model"  # the run artifact the registered version points at
 KERAS_ARTIFACT = "keras_model"
 SPEC_ARTIFACT = "serving_spec"
 BATCH_SIZE = 64
+MAX_DECODE_THREADS = 16  # a request's rows decoded at once, at most
 
 
 class PreprocessingMismatch(UserWarning):
@@ -182,28 +187,98 @@ def prediction_frame(
     )
 
 
+def decode_threads() -> int:
+    """Threads that decode a request's rows at once: this process's cores (Pillow and
+    TensorFlow release the GIL while they decode), at most :data:`MAX_DECODE_THREADS`."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, MAX_DECODE_THREADS))
+
+
+class PixelBudget:
+    """Pixels being decoded at once, at most ``limit`` (the largest image allowed): threads
+    decode small images together and the largest alone, so a request's decoding never holds
+    more memory than decoding its rows one at a time did."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self._changed = threading.Condition()
+
+    @contextlib.contextmanager
+    def hold(self, pixels: int) -> Iterator[None]:
+        pixels = min(pixels, self.limit)
+        with self._changed:
+            self._changed.wait_for(lambda: self.held + pixels <= self.limit)
+            self.held += pixels
+        try:
+            yield
+        finally:
+            with self._changed:
+                self.held -= pixels
+                self._changed.notify_all()
+
+
+def declared_pixels(data: bytes, spec: ServingSpec) -> int:
+    """Width x height as the image's header declares them; 0 for bytes refused before any
+    decode (:func:`model_input` then refuses them, with the reason)."""
+    if len(data) > spec.max_file_bytes:
+        return 0
+    try:
+        with open_checked(data, max_pixels=spec.max_pixels, min_side=spec.min_side) as image:
+            return int(image.width * image.height)
+    except ImageRejected:
+        return 0
+
+
 def predict_images(
-    model: keras.Model, images: Sequence[object], spec: ServingSpec, *, batch_size: int = BATCH_SIZE
+    model: keras.Model,
+    images: Sequence[object],
+    spec: ServingSpec,
+    *,
+    batch_size: int = BATCH_SIZE,
+    threads: int | None = None,
 ) -> pd.DataFrame:
     """Predict image files (bytes, or base64 strings); a row that cannot be used gets its error.
 
     Rows are decoded and predicted ``batch_size`` at a time, so memory holds one batch of
-    decoded pixels however many rows a request has.
+    decoded pixels however many rows a request has; a batch's rows are decoded on
+    ``threads`` threads (default :func:`decode_threads`) within a :class:`PixelBudget`, each
+    row's pixels the same.
     """
     probs: list[np.ndarray] = []
     ok_rows: list[int] = []
     errors: dict[int, str] = {}
-    for start in range(0, len(images), batch_size):
-        pixels: list[np.ndarray] = []
-        for row in range(start, min(start + batch_size, len(images))):
-            try:
-                pixels.append(model_input(as_bytes(images[row]), spec))
-                ok_rows.append(row)
-            except ImageRejected as exc:
-                errors[row] = str(exc)
-        if pixels:
-            # inference mode: the model's augmentation layers must not run at serving time
-            probs.append(predict_batch(model, np.stack(pixels)).astype(np.float64))
+
+    threads = min(decode_threads() if threads is None else threads, len(images))
+    budget = PixelBudget(spec.max_pixels)
+
+    def decoded(row: int) -> np.ndarray | ImageRejected:
+        try:
+            data = as_bytes(images[row])
+            if threads == 1:
+                return model_input(data, spec)
+            with budget.hold(declared_pixels(data, spec)):
+                return model_input(data, spec)
+        except ImageRejected as exc:
+            return exc
+
+    with ThreadPoolExecutor(threads) if threads > 1 else contextlib.nullcontext() as pool:
+        each = pool.map if pool is not None else map
+        for start in range(0, len(images), batch_size):
+            rows = range(start, min(start + batch_size, len(images)))
+            pixels: list[np.ndarray] = []
+            for row, result in zip(rows, each(decoded, rows), strict=True):
+                if isinstance(result, ImageRejected):
+                    errors[row] = str(result)
+                else:
+                    pixels.append(result)
+                    ok_rows.append(row)
+            if pixels:
+                # inference mode: the model's augmentation layers must not run at serving time
+                probs.append(predict_batch(model, np.stack(pixels)).astype(np.float64))
     stacked = np.concatenate(probs) if probs else np.zeros((0, len(spec.classes)))
     return prediction_frame(stacked, ok_rows, errors, spec.classes)
 

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -81,6 +82,65 @@ def test_rows_are_decoded_and_predicted_a_batch_at_a_time(
     assert most_waiting <= 4
     assert list(frame["error"] != "") == [row == 7 for row in range(25)]
     assert list(frame["label"]) == ["green" if row != 7 else "" for row in range(25)]
+
+
+def test_a_batchs_rows_are_decoded_on_threads_and_answered_in_their_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tasks import predict
+
+    rng = np.random.default_rng(0)
+    images: list[object] = [
+        png_bytes(rng.integers(0, 256, (20 + row, 30, 3), dtype=np.uint8)) for row in range(8)
+    ]
+    images[3] = b"not an image"
+    model, spec = tiny_keras_model(), spec_for()
+    one_by_one = predict_images(model, images, spec, batch_size=4, threads=1)
+
+    together = threading.Barrier(2, timeout=20)
+    real_model_input = predict.model_input
+
+    def paired_model_input(data: bytes, spec: ServingSpec) -> np.ndarray:
+        together.wait()  # passes only while another row of the batch is being decoded too
+        return real_model_input(data, spec)
+
+    monkeypatch.setattr(predict, "model_input", paired_model_input)
+    frame = predict_images(model, images, spec, batch_size=4, threads=2)
+    assert list(frame["error"] != "") == [row == 3 for row in range(8)]
+    np.testing.assert_array_equal(frame.to_numpy(), one_by_one.to_numpy())
+
+
+def test_decode_threads_hold_no_more_pixels_at_once_than_the_largest_image_allowed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A request of large images decodes them one at a time, however many threads there are:
+    its memory stays what one row at a time needed."""
+    import dataclasses
+
+    from tasks import predict
+
+    spec = dataclasses.replace(spec_for(), max_pixels=1000)
+    sizes = [(20, 30), (20, 20), (25, 40), (10, 30), (20, 30), (20, 20), (25, 40), (20, 50)]
+    images = [png_bytes(np.full((h, w, 3), 60, np.uint8)) for h, w in sizes]
+    held, most = 0, 0
+    lock = threading.Lock()
+    real_model_input = predict.model_input
+
+    def watched_model_input(data: bytes, spec: ServingSpec) -> np.ndarray:
+        nonlocal held, most
+        pixels = int(np.prod(Image.open(io.BytesIO(data)).size))
+        with lock:
+            held += pixels
+            most = max(most, held)
+        time.sleep(0.05)  # long enough for the other threads' rows to start meanwhile
+        with lock:
+            held -= pixels
+        return real_model_input(data, spec)
+
+    monkeypatch.setattr(predict, "model_input", watched_model_input)
+    frame = predict_images(tiny_keras_model(), images, spec, batch_size=8, threads=4)
+    assert list(frame["error"]) == [""] * len(images)
+    assert most <= 1000  # four rows at once would hold up to 3,800
 
 
 # -- a logged model behind MLflow's scoring app ---------------------------------------------
