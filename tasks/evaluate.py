@@ -24,6 +24,7 @@ import numpy as np
 
 from tasks.atomic import write_json
 from tasks.gate import check_model_matches, check_validated, check_validated_store
+from tasks.inference import predict_batch
 from tasks.label_review import (
     REVIEWED_SPLITS,
     SHEET_ROWS_SHOWN,
@@ -37,7 +38,6 @@ from tasks.label_review import (
 from tasks.layout import Layout
 from tasks.manifest import load_manifest
 from tasks.metrics_files import is_number
-from tasks.models import predict_batch
 from tasks.params import EvaluateParams, Params, flatten
 from tasks.processes import Later
 from tasks.promotion import (

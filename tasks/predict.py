@@ -44,8 +44,8 @@ import pandas as pd  # at run time: MLflow resolves predict's type hints (mlflow
 from mlflow.pyfunc import PythonModel
 
 from tasks.images import ImageRejected, open_checked, preprocess_bytes, preprocessing_version
+from tasks.inference import predict_batch
 from tasks.manifest import ShardManifest
-from tasks.models import predict_batch
 from tasks.params import MODEL_NAME_PATTERN
 from tasks.schema import RecordSchema
 

@@ -1,7 +1,7 @@
 """Every prediction (evaluation's, the served model's) runs the model as one traced graph.
 
 A Keras model called eagerly runs its layers from Python on every batch; through
-``tasks.models.predict_batch`` the layers' Python runs only while the graph is traced, once
+``tasks.inference.predict_batch`` the layers' Python runs only while the graph is traced, once
 for any batch size, and the probabilities are those of the eager call.
 """
 

@@ -65,7 +65,7 @@ def test_rows_are_decoded_and_predicted_a_batch_at_a_time(
         most_waiting = max(most_waiting, waiting)
         return pixels
 
-    class Model:  # what tasks.models.predict_batch uses of a Keras model
+    class Model:  # what tasks.inference.predict_batch uses of a Keras model
         predict_function = None
         jit_compile = True
 
