@@ -23,6 +23,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 
 from flows.common import (
+    Progress,
     code_version,
     configure_environment,
     flow_run_tags,
@@ -45,7 +46,10 @@ def predict_task(model_uri: str, paths: list[Path], root: str) -> list[dict[str,
     with tracking.using_store(tracking.tracking_uri(root)):
         loaded = mlflow.pyfunc.load_model(model_uri)
     spec = predict.ServingSpec.from_dict(loaded.metadata.metadata["preprocessing"])
-    return predict.predict_files(loaded, paths, spec.max_file_bytes)
+    progress = Progress("predict-progress", f"files predicted of {len(paths)}")
+    rows = predict.predict_files(loaded, paths, spec.max_file_bytes, progress=progress)
+    progress(1, 1)  # no files to predict is done too
+    return rows
 
 
 # Run records go over the tracking store, which can blip.

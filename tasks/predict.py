@@ -33,7 +33,7 @@ import re
 import tempfile
 import threading
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -541,9 +541,16 @@ def read_limited(path: Path, limit: int) -> bytes:
 
 
 def predict_files(
-    model: Any, paths: Sequence[Path], max_file_bytes: int, *, chunk: int = READ_CHUNK
+    model: Any,
+    paths: Sequence[Path],
+    max_file_bytes: int,
+    *,
+    chunk: int = READ_CHUNK,
+    progress: Callable[[int, int], object] | None = None,
 ) -> list[dict[str, Any]]:
-    """Predict files with a loaded pyfunc; one row per path, an ``error`` for unusable ones."""
+    """Predict files with a loaded pyfunc; one row per path, an ``error`` for unusable ones.
+
+    ``progress(done, total)`` is told after each ``chunk`` of files."""
     import pandas as pd
 
     rows: list[dict[str, Any]] = []
@@ -562,6 +569,8 @@ def predict_files(
             row = {"path": str(path), **{key: result[key] for key in RESULT_COLUMNS}}
             row["error"] = unreadable.get(i, row["error"])
             rows.append(row)
+        if progress is not None:
+            progress(len(rows), len(paths))
     return rows
 
 

@@ -17,6 +17,7 @@ from mlflow import MlflowClient
 from tasks.images import preprocessing_version
 from tasks.manifest import load_manifest
 from tasks.tracking import using_store
+from tests.prefect_story import artifacts
 from tests.trained_model import MODEL_NAME, TrainedProject
 
 pytestmark = pytest.mark.slow
@@ -121,6 +122,7 @@ def test_batch_flow_writes_csv_artifact_and_a_linked_run(
     ]
     artifact: Any = Artifact.get("predictions")
     assert artifact is not None
+    assert artifacts(artifact.flow_run_id)["predict-progress"].data == 100
     table = json.loads(artifact.data) if isinstance(artifact.data, str) else artifact.data
     assert len(table) == len(rows)
 

@@ -22,6 +22,7 @@ from tasks.predict import (
     ShardflowModel,
     list_sources,
     model_input,
+    predict_files,
     predict_images,
     prediction_frame,
     resolve_model,
@@ -245,3 +246,25 @@ def test_predictions_csv_has_the_documented_columns(tmp_path: Path) -> None:
         ["a.jpg", "red", "2", "0.9", ""],
         ["b.txt", "", "-1", "0.0", "not an image"],
     ]
+
+
+def test_batch_prediction_tells_its_progress_after_each_chunk(tmp_path: Path) -> None:
+    paths = []
+    for index in range(7):
+        paths.append(tmp_path / f"{index}.png")
+        paths[-1].write_bytes(png_bytes(np.full((16, 16, 3), 30 * index, np.uint8)))
+
+    class Pyfunc:  # what predict_files uses of a loaded MLflow pyfunc
+        def predict(self, frame: object) -> object:
+            import pandas as pd
+
+            rows = len(frame)  # type: ignore[arg-type]
+            return pd.DataFrame(
+                {"label": ["red"] * rows, "label_index": [2] * rows, "score": [0.9] * rows}
+                | {"error": [""] * rows}
+            )
+
+    told: list[tuple[int, int]] = []
+    rows = predict_files(Pyfunc(), paths, 1 << 20, chunk=3, progress=lambda *at: told.append(at))
+    assert [row["path"] for row in rows] == [str(path) for path in paths]
+    assert told == [(3, 7), (6, 7), (7, 7)]
