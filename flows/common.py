@@ -84,15 +84,25 @@ def run_where_warm(
     return fn(*args, report) if report else fn(*args)
 
 
-def start_where_warm(warm: Callable[[], object], fn: Callable[..., T], *args: object) -> Any:
+def start_where_warm(
+    warm: Callable[[], object],
+    fn: Callable[..., T],
+    *args: object,
+    report: Callable[..., object] | None = None,
+) -> Any:
     """``fn(*args)`` started now in the child the stage's entry point prestarted with
-    ``warm``, for this process to go on meanwhile; its value from ``.result()``. Without
-    such a child it runs here, when ``.result()`` asks for it
+    ``warm``, for this process to go on meanwhile; its value from ``.result()``, which hands
+    each message it reports (a tuple) to ``report(*message)``. Without such a child,
+    ``fn(*args, report)`` runs here when ``.result()`` asks for it
     (:class:`tasks.processes.Later`)."""
     from tasks.processes import Later
 
     job = _started_in_child(warm, fn, args)
-    return job if job is not None else Later(fn, *args)
+    if job is None:
+        return Later(fn, *args, report) if report is not None else Later(fn, *args)
+    if report is not None:
+        job.on_report = lambda message: report(*message)
+    return job
 
 
 def run_then_exit(main: Callable[[], object]) -> NoReturn:

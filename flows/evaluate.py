@@ -25,6 +25,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 
 from flows.common import (
+    Progress,
     code_version,
     naming,
     run_parameter,
@@ -56,7 +57,10 @@ def evaluated_run_details() -> Sequence[object]:
     retry_condition_fn=retry_unless_refused,  # a refused model stays refused
 )
 def evaluate_task(params: Params, layout: Layout) -> dict[str, Any]:
-    result = run_evaluate(params, layout, partial(start_where_warm, evaluate.warm_up))
+    progress = Progress("evaluate-progress", "test and val records predicted")
+    start = partial(start_where_warm, evaluate.warm_up, report=progress)
+    result = run_evaluate(params, layout, start)
+    progress(1, 1)  # a split with no records predicts nothing and is done too
     run_name = recorded_run_name(layout)
     url = link_mlflow_run(result["run_url"], run_name, "evaluated training run")
     promotion = result.get("promotion", {})

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tasks import processes
 from tasks.atomic import write_json
 from tasks.gate import check_model_matches, check_validated, check_validated_store
 from tasks.inference import predict_batch
@@ -142,11 +143,13 @@ def predict_split(
     split: str = "test",
     sources: list[str] | None = None,
     store: ShardStore | None = None,
+    predicted: Callable[[int], object] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]]]:
     """Labels, class probabilities, and the misclassified records (image and source).
 
     ``sources``, when given, receives every record's source path, in prediction order.
     With a ``store`` the shards are read from object storage (tasks.shard_store).
+    ``predicted(n)`` is told each batch's record count once it is predicted.
     """
     dataset = read_split(
         shards_dir, split, batch_size=BATCH_SIZE, training=False, with_metadata=True, store=store
@@ -160,6 +163,8 @@ def predict_split(
         batch_labels = features[LABEL_KEY].numpy()
         labels.append(batch_labels)
         probs.append(batch_probs)
+        if predicted is not None:
+            predicted(len(batch_labels))
         if sources is not None:
             sources.extend(s.decode() for s in features[SOURCE_KEY].numpy())
         for i in np.flatnonzero(batch_probs.argmax(axis=1) != batch_labels):
@@ -178,6 +183,25 @@ def predict_split(
     return np.concatenate(labels), np.concatenate(probs), wrong
 
 
+def counter(
+    manifest: ShardManifest, reviewed: bool, progress: Callable[[int, int], object] | None
+) -> Callable[[int], object] | None:
+    """What :func:`predict_split` tells, as ``progress(done, total)``: the records of the
+    test split, and of the other reviewed splits when the labels are ``reviewed``."""
+    if progress is None:
+        return None
+    splits = REVIEWED_SPLITS if reviewed else ("test",)
+    total = sum(manifest.splits[s].num_records for s in splits if s in manifest.splits)
+    done = 0
+
+    def predicted(records: int) -> None:
+        nonlocal done
+        done += records
+        progress(done, total)
+
+    return predicted
+
+
 def evaluate_model(
     model_file: str | Path,
     shards_dir: str | Path,
@@ -187,6 +211,7 @@ def evaluate_model(
     predictions_file: str | Path | None = None,
     store: ShardStore | None = None,
     label_issues_file: str | Path | None = None,
+    progress: Callable[[int, int], object] | None = None,
 ) -> dict[str, Any]:
     """Test-split metrics plus the per-class table (JSON, Markdown) and PNGs in out_dir.
 
@@ -194,7 +219,8 @@ def evaluate_model(
     served model must reproduce from the source files); ``label_issues_file`` the label
     review of val and test (and out_dir its thumbnail sheet; ``label_review`` in the result
     sums it up). With a ``store`` the shards are read from object storage instead of
-    ``shards_dir``.
+    ``shards_dir``. ``progress(done, total)`` is told the records predicted so far, of the
+    test split and, for the label review, the val split.
     """
     import keras
 
@@ -203,8 +229,11 @@ def evaluate_model(
     shards_dir, out_dir = Path(shards_dir), Path(out_dir)
     manifest = store.manifest() if store else load_manifest(shards_dir)
     model = keras.saving.load_model(model_file)
+    predicted = counter(manifest, label_issues_file is not None, progress)
     sources: list[str] = []
-    labels, probs, wrong = predict_split(model, shards_dir, sources=sources, store=store)
+    labels, probs, wrong = predict_split(
+        model, shards_dir, sources=sources, store=store, predicted=predicted
+    )
     if predictions_file is not None:
         write_test_predictions(predictions_file, sources, labels, probs, manifest.classes)
     metrics = classification_metrics(labels, probs, manifest.classes, top_k=top_k)
@@ -213,7 +242,14 @@ def evaluate_model(
     if label_issues_file is not None:
         test = HeldOut("test", sources, labels, probs)
         metrics["label_review"] = label_review(
-            model, shards_dir, manifest.classes, test, Path(label_issues_file), out_dir, store
+            model,
+            shards_dir,
+            manifest.classes,
+            test,
+            Path(label_issues_file),
+            out_dir,
+            store,
+            predicted,
         )
     (out_dir / "per_class.json").write_text(json.dumps(metrics["per_class"], indent=2) + "\n")
     (out_dir / "per_class.md").write_text(per_class_markdown(metrics["per_class"]))
@@ -255,15 +291,19 @@ def label_review(
     csv_path: Path,
     out_dir: Path,
     store: ShardStore | None = None,
+    predicted: Callable[[int], object] | None = None,
 ) -> dict[str, Any]:
-    """Rank likely label errors in val and test; write the CSV and the thumbnail sheet."""
+    """Rank likely label errors in val and test; write the CSV and the thumbnail sheet.
+    ``predicted``: as :func:`predict_split`'s."""
     held_out = []
     for split in REVIEWED_SPLITS:
         if split == test.split:
             held_out.append(test)
             continue
         sources: list[str] = []
-        labels, probs, _ = predict_split(model, shards_dir, split, sources=sources, store=store)
+        labels, probs, _ = predict_split(
+            model, shards_dir, split, sources=sources, store=store, predicted=predicted
+        )
         held_out.append(HeldOut(split, sources, labels, probs))
     rows = review_labels(held_out, classes)
     write_label_issues(csv_path, rows)
@@ -654,11 +694,22 @@ def warm_up() -> None:
     from matplotlib.figure import Figure  # noqa: F401
 
 
-def measure(params: Params, layout: Layout) -> dict[str, Any]:
+def measure(
+    params: Params, layout: Layout, progress: Callable[[int, int], object] | None = None
+) -> dict[str, Any]:
     """The trained model on the test split: its metrics, the per-class reports and plots,
     every test prediction and the label review, in the layout's files. TensorFlow, no
     tracking: :func:`run_evaluate` may start it in another process
-    (:func:`flows.common.start_where_warm`) and open the tracking store meanwhile."""
+    (:func:`flows.common.start_where_warm`) and open the tracking store meanwhile.
+
+    ``progress(done, total)``: the records predicted (:func:`evaluate_model`); in a child
+    without it, each goes to the parent as ``(done, total)`` (:func:`tasks.processes.report`).
+    """
+    if progress is None and processes.reporting():
+
+        def progress(done: int, total: int) -> None:
+            processes.report((done, total))
+
     return evaluate_model(
         layout.model_file,
         layout.shards_dir,
@@ -667,6 +718,7 @@ def measure(params: Params, layout: Layout) -> dict[str, Any]:
         predictions_file=layout.test_predictions,
         store=open_store(layout.root, params.storage),
         label_issues_file=layout.label_issues,
+        progress=progress,
     )
 
 

@@ -123,15 +123,19 @@ class ChildResult(Generic[T]):
     def __init__(self, process: BaseProcess, connection: Connection) -> None:
         self._process = process
         self._connection = connection
+        self.on_report: Callable[[Any], object] | None = None  # result()'s default
 
     def result(
         self, timeout: float | None = None, on_report: Callable[[Any], object] | None = None
     ) -> T:
         """Wait for the child's value (or its exception); the child is gone afterwards.
 
-        ``on_report`` gets each message the job sends with :func:`report` while it runs (an
-        epoch's figures, say), in order; an error there is logged, and the job goes on.
+        ``on_report`` (default: the attribute) gets each message the job sends with
+        :func:`report` while it runs (an epoch's figures, say), in order, from when the
+        result is asked for (the pipe keeps those sent before); an error there is logged,
+        and the job goes on.
         """
+        on_report = on_report or self.on_report
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             while True:
@@ -248,6 +252,11 @@ def _leave() -> None:
 
 # In a child, while its job runs: where :func:`report` sends.
 _reports_to: Connection | None = None
+
+
+def reporting() -> bool:
+    """Whether this is a job running in a child, which :func:`report` reaches the parent from."""
+    return _reports_to is not None
 
 
 def report(message: object) -> None:

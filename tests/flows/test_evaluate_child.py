@@ -13,6 +13,7 @@ from mlflow.entities import Param
 from flows.common import start_where_warm
 from tasks import evaluate, predict, processes, tf_imports, tracking
 from tasks.layout import Layout
+from tasks.manifest import load_manifest
 from tasks.params import load_params
 from tasks.processes import prestart_child
 from tests.trained_model import build_trained_project
@@ -83,9 +84,11 @@ def test_the_model_is_measured_in_the_child_while_the_store_opens(
         def cancel(self) -> None:
             self.job.cancel()
 
+    told: list[tuple[int, int]] = []
+
     def start(fn: Any, *args: Any) -> Watched:
         events.append("measuring started")
-        job = start_where_warm(evaluate.warm_up, fn, *args)
+        job = start_where_warm(evaluate.warm_up, fn, *args, report=lambda *at: told.append(at))
         assert isinstance(job, processes.ChildResult)  # the prestarted child took it
         return Watched(job)
 
@@ -98,6 +101,11 @@ def test_the_model_is_measured_in_the_child_while_the_store_opens(
         assert result[key] == first[key]
     assert layout.test_predictions.read_text() == predictions
     assert result["model_version"] == "1"  # the same training run: its version, reused
+    # The child told its progress, each batch's records, test then val, as they were predicted.
+    splits = load_manifest(layout.shards_dir).splits
+    records = splits["test"].num_records + splits["val"].num_records
+    assert told and told[-1] == (records, records)
+    assert [done for done, _ in told] == sorted({done for done, _ in told})
 
     retrained(layout)
     events.clear()

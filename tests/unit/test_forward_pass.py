@@ -93,3 +93,30 @@ def test_evaluation_traces_the_model_once_and_predicts_as_the_eager_call(
     np.testing.assert_allclose(
         probs, np.asarray(model(images, training=False)), rtol=1e-5, atol=1e-7
     )
+
+
+def test_evaluation_tells_its_progress_over_the_test_and_val_records(
+    tiny_shards: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import keras
+
+    model = keras.Sequential(
+        [
+            keras.Input((16, 16, 3)),
+            keras.layers.Rescaling(1 / 255),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(3, activation="softmax"),
+        ]
+    )
+    model.save(tmp_path / "model.keras")
+    monkeypatch.setattr(evaluate, "BATCH_SIZE", 8)  # test 30 records, val 18
+    told: list[tuple[int, int]] = []
+    evaluate.evaluate_model(
+        tmp_path / "model.keras",
+        tiny_shards / "data" / "shards",
+        tmp_path / "eval",
+        top_k=1,
+        label_issues_file=tmp_path / "label_issues.csv",
+        progress=lambda *at: told.append(at),
+    )
+    assert told == [(8, 48), (16, 48), (24, 48), (30, 48), (38, 48), (46, 48), (48, 48)]
