@@ -43,7 +43,13 @@ import numpy as np
 import pandas as pd  # at run time: MLflow resolves predict's type hints (mlflow imports it)
 from mlflow.pyfunc import PythonModel
 
-from tasks.images import ImageRejected, open_checked, preprocess_bytes, preprocessing_version
+from tasks.images import (
+    ImageRejected,
+    draft_for,
+    open_checked,
+    preprocess_bytes,
+    preprocessing_version,
+)
 from tasks.inference import predict_batch
 from tasks.manifest import ShardManifest
 from tasks.params import MODEL_NAME_PATTERN
@@ -199,8 +205,8 @@ def decode_threads() -> int:
 
 class PixelBudget:
     """Pixels being decoded at once, at most ``limit`` (the largest image allowed): threads
-    decode small images together and the largest alone, so a request's decoding never holds
-    more memory than decoding its rows one at a time did."""
+    decode small images (and JPEGs drafted small) together and the largest alone, so a
+    request's decoding never holds more memory than decoding its rows one at a time did."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -222,12 +228,16 @@ class PixelBudget:
 
 
 def declared_pixels(data: bytes, spec: ServingSpec) -> int:
-    """Width x height as the image's header declares them; 0 for bytes refused before any
-    decode (:func:`model_input` then refuses them, with the reason)."""
+    """Width x height of the decode :func:`model_input` makes, from the image's header: a
+    JPEG at the DCT-scaled size it is drafted to (:func:`tasks.images.draft_for`, a 12 MP
+    photo at 224 px: 1/8 of each side). 0 for bytes refused before any decode
+    (:func:`model_input` then refuses them, with the reason)."""
     if len(data) > spec.max_file_bytes:
         return 0
     try:
         with open_checked(data, max_pixels=spec.max_pixels, min_side=spec.min_side) as image:
+            if spec.draft_decode:
+                draft_for(image, (spec.schema.height, spec.schema.width), spec.resize)
             return int(image.width * image.height)
     except ImageRejected:
         return 0

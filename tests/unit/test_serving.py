@@ -143,6 +143,22 @@ def test_decode_threads_hold_no_more_pixels_at_once_than_the_largest_image_allow
     assert most <= 1000  # four rows at once would hold up to 3,800
 
 
+def test_a_jpeg_counts_against_the_budget_at_the_size_it_decodes_to() -> None:
+    """A JPEG drafted to 1/8 of each side holds 1/64 of its pixels while it decodes: camera
+    photos decode side by side; a PNG, or a JPEG without the draft, at its full size."""
+    import dataclasses
+
+    from tasks.predict import declared_pixels
+
+    pixels = np.full((300, 400, 3), 120, np.uint8)
+    spec = spec_for()  # 16x16 pad, draft on
+    assert declared_pixels(jpeg_bytes(pixels), spec) == 50 * 38  # 400x300 at 1/8
+    assert declared_pixels(png_bytes(pixels), spec) == 400 * 300
+    undrafted = dataclasses.replace(spec, draft_decode=False)
+    assert declared_pixels(jpeg_bytes(pixels), undrafted) == 400 * 300
+    assert declared_pixels(b"not an image", spec) == 0
+
+
 # -- a logged model behind MLflow's scoring app ---------------------------------------------
 
 
