@@ -1,8 +1,9 @@
 """Every prediction (evaluation's, the served model's) runs the model as one traced graph.
 
 A Keras model called eagerly runs its layers from Python on every batch; through
-``tasks.inference.predict_batch`` the layers' Python runs only while the graph is traced, once
-for any batch size, and the probabilities are those of the eager call.
+``tasks.inference.predict_batch`` the layers' Python runs only while the graph is traced (for
+the first batch's size, then once more for any size), and the probabilities are those of
+the eager call.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def counted_model() -> tuple[Any, list[int]]:
     return model, runs
 
 
-def test_served_predictions_trace_the_model_once_for_any_request_size() -> None:
+def test_served_predictions_trace_the_model_at_most_twice_whatever_the_request_sizes() -> None:
     model, runs = counted_model()
     spec = spec_for()
     rng = np.random.default_rng(0)
@@ -65,7 +66,7 @@ def test_served_predictions_trace_the_model_once_for_any_request_size() -> None:
         )
 
 
-def test_evaluation_traces_the_model_once_and_predicts_as_the_eager_call(
+def test_evaluation_traces_the_model_at_most_twice_and_predicts_as_the_eager_call(
     tiny_shards: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model, runs = counted_model()
