@@ -140,7 +140,7 @@ def test_decode_threads_hold_no_more_pixels_at_once_than_the_largest_image_allow
     monkeypatch.setattr(predict, "model_input", watched_model_input)
     frame = predict_images(tiny_keras_model(), images, spec, batch_size=8, threads=4)
     assert list(frame["error"]) == [""] * len(images)
-    assert most <= 1000  # four rows at once would hold up to 3,800
+    assert most <= 1000  # four rows at once would hold up to 3,600
 
 
 def test_a_jpeg_counts_against_the_budget_at_the_size_it_decodes_to() -> None:
