@@ -322,6 +322,9 @@ def step_functions(model: keras.Model, strategy: tf.distribute.Strategy, data: D
     # XLA as Keras resolved ``train.xla`` at compile: off under op determinism, where not
     # every op has a deterministic XLA kernel (Keras warns then).
     xla = bool(model.jit_compile)
+    # Every step function is traced without AutoGraph (autograph=False): none has Python
+    # control flow on tensors, and AutoGraph writes each function it converts to a file in
+    # the temporary folder that nothing removes.
 
     def gradients(images: tf.Tensor, labels: tf.Tensor) -> tuple[list[tf.Tensor], tf.Tensor]:
         with tf.GradientTape() as tape:
@@ -338,7 +341,9 @@ def step_functions(model: keras.Model, strategy: tf.distribute.Strategy, data: D
     # Under XLA only the forward and backward pass are compiled. The update stays outside, in
     # the replica context: the loss-scale optimizer's cross-replica step (a merge_call under
     # a tf.cond) is refused inside an XLA function by MirroredStrategy on GPUs.
-    compute_gradients = tf.function(gradients, jit_compile=True) if xla else gradients
+    compute_gradients = (
+        tf.function(gradients, jit_compile=True, autograph=False) if xla else gradients
+    )
 
     def train_step(images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
         grads, step_figures = compute_gradients(images, labels)
@@ -355,14 +360,14 @@ def step_functions(model: keras.Model, strategy: tf.distribute.Strategy, data: D
             ]
         )
 
-    replica_step = train_step if xla else tf.function(train_step)
+    replica_step = train_step if xla else tf.function(train_step, autograph=False)
 
-    @tf.function
+    @tf.function(autograph=False)
     def distributed_step(batch: Any) -> tf.Tensor:
         per_replica = strategy.run(replica_step, args=batch)
         return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
-    @tf.function(jit_compile=xla)
+    @tf.function(jit_compile=xla, autograph=False)
     def evaluate_step(images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
         probs = model(images, training=False)
         per_image = keras.losses.sparse_categorical_crossentropy(labels, probs)
@@ -374,7 +379,7 @@ def step_functions(model: keras.Model, strategy: tf.distribute.Strategy, data: D
     # before anyone reads them, equals averaging at every step.
     statistics = [v for v in model.non_trainable_variables if v.path.endswith(MOVING_STATISTICS)]
 
-    @tf.function
+    @tf.function(autograph=False)
     def sync_statistics() -> None:
         def replica_means() -> list[tf.Tensor]:
             context = tf.distribute.get_replica_context()

@@ -124,3 +124,18 @@ def test_saved_model_predicts_class_probabilities(tiny_shards: Path) -> None:
     probs = model.predict(images, verbose=0)
     assert probs.shape == (5, 3)
     np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-5)
+
+
+def test_training_writes_nothing_outside_its_project(
+    tiny_shards: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No file lands in the temporary folder: AutoGraph writes each function it converts
+    there and never removes it (five files a training run piled up in /tmp)."""
+    import tempfile
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    run(tiny_shards, train_params(epochs=1, batch_size=16, early_stopping_patience=0))
+    assert Layout(tiny_shards).model_file.exists()
+    assert sorted(p.name for p in scratch.iterdir()) == []
