@@ -188,10 +188,14 @@ def link_images(source: Path, dest: Path, names: Iterable[str]) -> int:
 
 
 def run_ingest(params: Params, layout: Layout, source: Path) -> dict[str, Any]:
+    from tasks.handoff import Target
     from tasks.ingest import run_ingest as ingest
 
     settings = params.ingest.model_copy(update={"source_dir": str(source)})
-    return ingest(settings, layout.index, layout.ingest_report, handoff=layout.handoff)
+    target = Target.of(params.shard)
+    return ingest(
+        settings, layout.index, layout.ingest_report, handoff=layout.handoff, target=target
+    )
 
 
 def run_shard(params: Params, layout: Layout, mode: str) -> dict[str, Any]:

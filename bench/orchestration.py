@@ -31,9 +31,13 @@ from tasks.params import Params, deep_merge, load_params
 
 
 def _ingest(params: Params, layout: Layout) -> None:
+    from tasks.handoff import Target
     from tasks.ingest import run_ingest
 
-    run_ingest(params.ingest, layout.index, layout.ingest_report, handoff=layout.handoff)
+    target = Target.of(params.shard)
+    run_ingest(
+        params.ingest, layout.index, layout.ingest_report, handoff=layout.handoff, target=target
+    )
 
 
 def _shard(params: Params, layout: Layout) -> None:

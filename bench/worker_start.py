@@ -88,16 +88,23 @@ def data_side_s(source: Path, root: Path, *, handoff: bool) -> float:
     """Seconds of ingest then the shard stage over ``source`` in a fresh ``root`` (one process,
     no workers: the entries' cost is not hidden by a second core), with or without the
     hand-off."""
+    from tasks.handoff import Target
     from tasks.ingest import run_ingest
     from tasks.params import default_params
     from tasks.shard import shard_stage
 
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
-    params = default_params(ingest={"source_dir": str(source), "workers": 1}, shard={"workers": 1})
+    # 32 px records: the shard stage would decode these small JPEGs at ingest's 1/8 check
+    # scale, so ingest keeps them (at 64 px most decode at 1/4, and none would be kept)
+    shard = {"workers": 1, "image_size": [32, 32]}
+    params = default_params(ingest={"source_dir": str(source), "workers": 1}, shard=shard)
     kept = root / "handoff" if handoff else None
     start = time.perf_counter()
-    run_ingest(params.ingest, root / "index.json", root / "ingest.json", handoff=kept)
+    target = Target.of(params.shard)
+    run_ingest(
+        params.ingest, root / "index.json", root / "ingest.json", handoff=kept, target=target
+    )
     shard_stage(params.shard, root / "index.json", root / "shards", handoff=kept)
     return time.perf_counter() - start
 

@@ -23,16 +23,25 @@ from flows.common import (
     stage_main,
     untagged_task_runs,
 )
-from tasks import images, ingest
+from tasks import handoff, images, ingest
 from tasks.layout import Layout
 from tasks.params import IngestParams, load_params
 
 
 @task(name="ingest", version=code_version(ingest, images), cache_policy=NO_CACHE)
-def ingest_task(params: IngestParams, layout: Layout) -> dict[str, Any]:
+def ingest_task(
+    params: IngestParams, layout: Layout, target: handoff.Target | None = None
+) -> dict[str, Any]:
+    """Ingest; ``target``: what the shard stage makes of an image (its params), for which
+    ingest keeps the pixels of the photos it decodes (:mod:`tasks.handoff`)."""
     progress = Progress("ingest-progress", f"files inspected in {params.source_dir}")
     report = ingest.run_ingest(
-        params, layout.index, layout.ingest_report, progress=progress, handoff=layout.handoff
+        params,
+        layout.index,
+        layout.ingest_report,
+        progress=progress,
+        handoff=layout.handoff,
+        target=target,
     )
     progress(1, 1)  # an empty folder inspects nothing and is done too
     logger = get_run_logger()
@@ -89,7 +98,7 @@ def ingest_flow(params_path: str = "params.yaml", root: str = ".") -> dict[str, 
     """Find every input image, check it, assign splits; quarantine the rest."""
     params = load_params(run_params_path(root, params_path))
     with untagged_task_runs():
-        result = ingest_task(params.ingest, Layout(root))
+        result = ingest_task(params.ingest, Layout(root), handoff.Target.of(params.shard))
     accepted = f"{result['accepted']} of {result['files_found']} files accepted"
     rename_flow_run(run_name("ingest", params.ingest.source_dir, accepted))
     return result

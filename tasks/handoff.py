@@ -1,28 +1,31 @@
-"""The decode hand-off: ingest's decode of a new image, kept for the shard stage to reuse.
+"""The decode hand-off: ingest's decode of a new image, made into the shard stage's pixels.
 
 Ingest decodes every new image to check it and take its perceptual hash; the shard stage
-then decoded it again. Ingest now keeps what :func:`tasks.images.finish_decode` returned
-(8-bit ``L`` or ``RGB`` pixels) in a bounded folder inside the repository
-(``.shardflow/handoff/<preprocessing version>/``, gitignored, never a DVC dependency), one
-entry per content hash, with the JPEG's header (its bytes up to the first scan). The shard
-stage opens the image's header, configures its decoder as it always does
-(:func:`tasks.images.draft_for`) and, when the entry was decoded at that same scale, resizes
-the kept pixels instead of decoding: the same libjpeg scaling and the same
-:func:`~tasks.images.finish_decode` made them, so the record's bytes are those of a decode.
-Anything else (no entry, another scale, an entry that does not read back whole) is a decode
-as before, never another record.
+then decoded it again. Ingest now finishes the job when the shard stage would decode at that
+very scale: it opens the image's header again, configures a decoder as the shard stage does
+(:func:`tasks.images.draft_for`, for the shard params' :class:`Target`: record size, resize
+policy, reduced decoding) and, when that decoder's :func:`decode_key` is its own, resizes its
+decode (:func:`tasks.images.resize_image`, the shard stage's own call) and keeps the record's
+pixels in a bounded folder inside the repository (``.shardflow/handoff/<preprocessing
+version>/``, gitignored, never a DVC dependency), one entry per content hash. The shard
+stage encodes those pixels instead of decoding: the same libjpeg scaling, the same
+:func:`~tasks.images.finish_decode` and the same resize made them, so the record's bytes are
+those of a decode. An entry made for another target (the params changed between the stages),
+or one that does not read back whole, is a decode as before, never another record. Keeping
+the resized pixels (150 KB for 224 px) rather than the 1/8 decode (560 KB for a 12 MP photo)
+makes an entry a quarter of the bytes to write, read back and check.
 
 The shard stage reads and hashes each source file to check that it is the one ingest
 indexed. An entry also keeps the file's stat signature when ``ingest.trust_file_stat``
 trusts it (with ingest's margin against a write in the tick of the stat): while the file's
-stat is unchanged, its bytes are ingest's, and a hit opens the kept header instead of
-reading the file again. A file whose stat changed is read and hashed, and refused as before.
+stat is unchanged, its bytes are ingest's, and a hit reads no file. A file whose stat
+changed is read and hashed, and refused as before.
 
-Keyed by content (sha256) and by decoder (the folder is the preprocessing version, which
-names this code's pixel libraries), so no entry is used for other bytes or by another
-decoder. Ingest empties the folder when it starts and writes at most ``ingest.handoff_mb``;
-the shard stage removes each entry it reads and the folder when it ends, so nothing grows
-across runs.
+Keyed by content (sha256), by target (checked as it is read) and by pixel code (the folder is
+the preprocessing version, which names this code's pixel libraries), so no entry is used for
+other bytes, another record size or by other pixel code. Ingest empties the folder when it
+starts and writes at most ``ingest.handoff_mb``; the shard stage removes each entry it reads
+and the folder when it ends, so nothing grows across runs.
 """
 
 from __future__ import annotations
@@ -30,26 +33,50 @@ from __future__ import annotations
 import os
 import shutil
 import struct
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import google_crc32c
+import numpy as np
 from PIL import Image
 
+from tasks.images import RESIZE_POLICIES, draft_for, open_checked, resize_image
 from tasks.worker_cost import worth_handing_off
 
-MAGIC = b"SFHANDO3"
-# The content's sha256; the decoder's scale, width and height before decoding (the size the
-# decoder was set to, before orientation); channels, width and height of the kept pixels
-# (after orientation); the file's stat signature when ingest read it (size, mtime_ns,
-# ctime_ns, inode, device) and whether it may be trusted; the length of the file's header
-# kept; CRC-32C of the header and the pixels (google-crc32c runs on the CPU's crc32
-# instruction: a fraction of zlib's crc32, paid on both sides of the hand-off for every photo).
-HEADER = struct.Struct("<32sBIIBIIIQqqQQBI")
-MODES = {1: "L", 3: "RGB"}
+MAGIC = b"SFHANDO4"
+# The content's sha256; the target the pixels were made for (height, width, resize policy's
+# index in RESIZE_POLICIES, reduced decoding); the file's stat signature when ingest read it
+# (size, mtime_ns, ctime_ns, inode, device) and whether it may be trusted; CRC-32C of the
+# pixels (google-crc32c runs on the CPU's crc32 instruction, paid on both sides of the
+# hand-off for every photo). The pixels follow: height x width x 3 bytes.
+HEADER = struct.Struct("<32sIIBBIQqqQQB")
+CHANNELS = 3  # tasks.images.resize_image's output is always RGB
 
 Signature = tuple[int, int, int, int, int]  # (size, mtime_ns, ctime_ns, inode, device)
 NO_SIGNATURE = (0, 0, 0, 0, 0)
+
+
+class Target(NamedTuple):
+    """What the shard stage makes of an image: its record's size, resize policy and whether
+    it decodes JPEGs reduced (``shard.image_size``, ``shard.resize``, ``shard.draft_decode``)."""
+
+    height: int
+    width: int
+    policy: str
+    draft: bool
+
+    @classmethod
+    def of(cls, shard: Any) -> Target:
+        """The target of :class:`tasks.params.ShardParams` ``shard``."""
+        height, width = shard.image_size
+        return cls(int(height), int(width), str(shard.resize), bool(shard.draft_decode))
+
+    @property
+    def entry_bytes(self) -> int:
+        """An entry's size on disk for this target."""
+        return len(MAGIC) + HEADER.size + self.height * self.width * CHANNELS
 
 
 def decode_key(image: Image.Image) -> tuple[int, int, int]:
@@ -68,9 +95,22 @@ def decode_key(image: Image.Image) -> tuple[int, int, int]:
 def header_bytes(data: bytes, image: Image.Image) -> bytes:
     """A JPEG's bytes up to its first scan (markers, EXIF, tables), just opened from ``data``:
     enough to open it again and configure its decoder, not to decode it. Empty for other
-    formats (the shard stage then reads the file)."""
+    formats, which no decoder reduces."""
     fp = getattr(image, "fp", None)  # an ImageFile's, left at the first scan by its opening
     return data[: fp.tell()] if image.format == "JPEG" and fp is not None else b""
+
+
+def shard_decode_key(head: bytes, target: Target) -> tuple[int, int, int] | None:
+    """The :func:`decode_key` the shard stage's decoder gets for the JPEG whose header is
+    ``head`` (:func:`header_bytes`): opened and configured as
+    :func:`tasks.images.preprocess_bytes` does; None when the header does not open."""
+    try:
+        image = open_checked(head, max_pixels=sys.maxsize, min_side=1)
+        if target.draft:
+            draft_for(image, (target.height, target.width), target.policy)
+    except Exception:
+        return None
+    return decode_key(image)
 
 
 def signature_of(path: Path) -> Signature:
@@ -78,9 +118,9 @@ def signature_of(path: Path) -> Signature:
     return (info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino, info.st_dev)
 
 
-def checksum(head: bytes, pixels: bytes) -> int:
-    """CRC-32C of an entry's header then pixels."""
-    return int(google_crc32c.extend(google_crc32c.value(head), pixels))
+def checksum(pixels: bytes) -> int:
+    """CRC-32C of an entry's pixels."""
+    return int(google_crc32c.value(pixels))
 
 
 def folder_for(root: Path, version: str) -> Path:
@@ -93,16 +133,20 @@ def entry_path(folder: Path, sha256: str) -> Path:
 
 
 class HandoffWriter:
-    """Keeps decoded images in ``folder`` up to ``budget`` bytes (one process's share).
+    """Keeps the shard stage's pixels for ``target`` in ``folder`` up to ``budget`` bytes
+    (one process's share).
 
     ``trusted_before_ns``: a file whose stat signature last changed before then may be
     trusted to be unchanged while its signature is (what ``ingest.trust_file_stat`` trusts,
     with the same margin against writes in the tick of the stat); None trusts none.
     """
 
-    def __init__(self, folder: Path, budget: int, trusted_before_ns: int | None = None) -> None:
+    def __init__(
+        self, folder: Path, budget: int, target: Target, trusted_before_ns: int | None = None
+    ) -> None:
         self.folder = Path(folder)
         self.budget = budget
+        self.target = Target(*target)
         self.trusted_before_ns = trusted_before_ns
         self.spent = 0
         self.made = False  # the folder, made by the first entry written
@@ -115,16 +159,15 @@ class HandoffWriter:
         key: tuple[int, int, int],
         head: bytes,
     ) -> bool:
-        """Keep ``decoded`` (what finish_decode returned for the image ``key`` names) for the
-        content ``sha256`` with its file's ``signature`` and ``head`` (:func:`header_bytes`).
-        False when it is not an ``L``/``RGB`` image, its entry would cost more than the
+        """Keep the target's pixels of ``decoded`` (what finish_decode returned for the image
+        ``key`` names) for the content ``sha256``, with its file's ``signature``; ``head``:
+        the file's :func:`header_bytes`. False when it is not an ``L``/``RGB`` image, the
+        shard stage would decode it at another scale, its entry would cost more than the
         decode it saves (:func:`tasks.worker_cost.worth_handing_off`: small images), it is
         past the budget, or the write failed: the shard stage then decodes, as it always could."""
-        channels = {"L": 1, "RGB": 3}.get(decoded.mode)
-        if channels is None:
+        if decoded.mode not in ("L", "RGB"):
             return False
-        width, height = decoded.size
-        size = len(MAGIC) + HEADER.size + len(head) + width * height * channels
+        target, size = self.target, self.target.entry_bytes
         scale, draft_width, draft_height = key
         if not worth_handing_off(draft_width * draft_height * scale * scale, size):
             return False
@@ -133,22 +176,25 @@ class HandoffWriter:
         path = entry_path(self.folder, sha256)
         if path.exists():  # the same content under another name: kept once
             return True
+        # A JPEG is reduced by its decoder: kept only when the shard stage's decoder would
+        # be set as ingest's was. No other format is (its key's scale is 1 on both sides).
+        if (shard_decode_key(head, target) if head else (1, draft_width, draft_height)) != key:
+            return False
         trusted = (
             signature is not None
             and self.trusted_before_ns is not None
             and max(signature[1:3]) < self.trusted_before_ns
         )
-        pixels = decoded.tobytes()
+        pixels = resize_image(decoded, (target.height, target.width), target.policy).tobytes()
         header = HEADER.pack(
             bytes.fromhex(sha256),
-            *key,
-            channels,
-            width,
-            height,
-            checksum(head, pixels),
+            target.height,
+            target.width,
+            RESIZE_POLICIES.index(target.policy),
+            target.draft,
+            checksum(pixels),
             *(signature if trusted and signature else NO_SIGNATURE),
             trusted,
-            len(head),
         )
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         try:
@@ -156,7 +202,7 @@ class HandoffWriter:
                 self.folder.mkdir(parents=True, exist_ok=True)
                 self.made = True
             with open(tmp, "wb") as handle:
-                handle.write(MAGIC + header + head)
+                handle.write(MAGIC + header)
                 handle.write(pixels)
             os.replace(tmp, path)
         except OSError:
@@ -168,11 +214,9 @@ class HandoffWriter:
 
 @dataclass(frozen=True)
 class Entry:
-    """One kept decode, read back whole."""
+    """One kept record's pixels, read back whole."""
 
-    key: tuple[int, int, int]
-    image: Image.Image
-    head: bytes  # the file's header (JPEG), empty when not kept
+    pixels: np.ndarray  # uint8 height x width x 3, what preprocess_bytes returns
     signature: Signature | None  # the file's stat when ingest read it, if it may be trusted
 
     def file_unchanged(self, path: Path) -> bool:
@@ -183,10 +227,10 @@ class Entry:
             return False
 
 
-def take(folder: Path, sha256: str) -> Entry | None:
-    """The kept decode of content ``sha256``, removed from the folder (each content is
-    sharded once a run); None when there is none or it does not read back whole (wrong
-    length, magic, content hash or checksum)."""
+def take(folder: Path, sha256: str, target: Target) -> Entry | None:
+    """The pixels kept for content ``sha256`` at ``target``, removed from the folder (each
+    content is sharded once a run); None when there are none, they were made for another
+    target, or they do not read back whole (wrong length, magic, content hash or checksum)."""
     path = entry_path(folder, sha256)
     try:
         data = path.read_bytes()
@@ -196,26 +240,20 @@ def take(folder: Path, sha256: str) -> Entry | None:
     start = len(MAGIC) + HEADER.size
     if len(data) < start or data[: len(MAGIC)] != MAGIC:
         return None
-    (digest, scale, draft_w, draft_h, channels, width, height, crc, *stat) = HEADER.unpack(
-        data[len(MAGIC) : start]
-    )
-    *signature, trusted, head_len = stat
-    body = memoryview(data)[start:]
-    head, pixels = bytes(body[:head_len]), bytes(body[head_len:])
+    (digest, height, width, policy, draft, crc, *stat) = HEADER.unpack(data[len(MAGIC) : start])
+    *signature, trusted = stat
+    pixels = data[start:]
+    made_for = (height, width, RESIZE_POLICIES[policy] if policy < len(RESIZE_POLICIES) else "")
     if (
         digest.hex() != sha256
-        or channels not in MODES
-        or len(head) != head_len
-        or len(pixels) != width * height * channels
-        or checksum(head, pixels) != crc
+        or (*made_for, bool(draft)) != tuple(target)
+        or len(pixels) != height * width * CHANNELS
+        or checksum(pixels) != crc
     ):
         return None
-    try:
-        image = Image.frombytes(MODES[channels], (width, height), pixels)
-    except (ValueError, MemoryError):  # an entry this code did not write: decode instead
-        return None
+    array = np.frombuffer(pixels, dtype=np.uint8).reshape(height, width, CHANNELS)
     kept = tuple(signature) if trusted else None
-    return Entry((scale, draft_w, draft_h), image, head, kept)  # type: ignore[arg-type]
+    return Entry(array, kept)  # type: ignore[arg-type]
 
 
 def clear(root: Path, *, keep: str | None = None) -> None:

@@ -27,7 +27,7 @@ from tasks import handoff as handoff_store
 from tasks.atomic import write_json, write_text
 from tasks.content import SPLITS, file_sha256
 from tasks.gc_pause import paused_gc
-from tasks.handoff import HandoffWriter, decode_key, header_bytes
+from tasks.handoff import HandoffWriter, Target, decode_key, header_bytes
 from tasks.images import ImageRejected, finish_decode, open_checked, oriented_size
 from tasks.index import INDEX_VERSION, iter_records, iter_verdicts, read_header, write_index
 from tasks.near_duplicates import HASH_SIDE, Item, hash_version, perceptual_hash, place
@@ -241,8 +241,8 @@ def check_image(
     still parses the whole stream), so truncated or corrupt files are caught; the
     near-duplicate hash is taken from that same decode, so it costs no second one. ``keep``
     is handed the decode, the decoder's :func:`~tasks.handoff.decode_key` and the file's
-    header (:meth:`tasks.handoff.HandoffWriter.put`): the shard stage then resizes that
-    decode instead of decoding again when it would decode at the same scale.
+    header (:meth:`tasks.handoff.HandoffWriter.put`): when the shard stage would decode at
+    the same scale, the record's pixels are made from it and the shard stage decodes none.
     """
     image = open_checked(data, max_pixels=max_pixels, min_side=min_side)
     # The bytes are in memory: the decoder gets them in one piece of up to DECODER_BLOCK (a
@@ -259,7 +259,9 @@ def check_image(
     key = decode_key(image)
     decoded = finish_decode(image)
     phash = perceptual_hash(decoded)
-    if keep is not None:  # a file kept only once it passed every check
+    # a file kept only once it passed every check; a JPEG only with the header that tells
+    # how the shard stage's decoder would be set
+    if keep is not None and (head or image.format != "JPEG"):
         keep(decoded, key, head)
     return fmt, width, height, phash
 
@@ -282,11 +284,11 @@ def _inspect_chunk(
     source_dir: str,
     chunk: list[Candidate],
     limits: tuple[int, int, int, bool],
-    handoff: tuple[str, int, int | None] | None = None,
+    handoff: tuple[str, int, Target, int | None] | None = None,
 ) -> list[Inspected]:
     """A worker's job: vet, read and decode new files (none has a verdict to reuse);
-    ``handoff``: (folder, this chunk's share of the bound, stat trust cutoff) where decodes
-    are kept (:class:`tasks.handoff.HandoffWriter`)."""
+    ``handoff``: (folder, this chunk's share of the bound, the shard stage's target, stat
+    trust cutoff) where decodes are kept (:class:`tasks.handoff.HandoffWriter`)."""
     max_pixels, min_side, max_bytes, draft = limits
     locator = Locator(Path(source_dir), max_bytes)  # one per chunk: folders resolved once
     writer = HandoffWriter(Path(handoff[0]), *handoff[1:]) if handoff else None
@@ -523,7 +525,7 @@ def inspect_all(
     known: dict[str, list[Any]] | None = None,
     progress: Callable[[int, int], None] | None = None,
     trusted: dict[str, Signature] | None = None,
-    handoff: Path | None = None,
+    handoff: tuple[Path, Target] | None = None,
 ) -> list[Inspected]:
     """Inspect every candidate; results in ``candidates`` order.
 
@@ -535,10 +537,10 @@ def inspect_all(
     workers). ``progress(done, total)`` is called as files finish (the flow moves its
     Prefect progress artifact with it).
 
-    ``handoff``: the folder where decodes are kept for the shard stage (:mod:`tasks.handoff`),
-    ``ingest.handoff_mb`` in all. With workers, this process keeps a share of one worker's
-    size and the chunks split the rest by their number of files, so the processes together
-    never pass the bound.
+    ``handoff``: the folder where the shard stage's pixels are kept and the shard params'
+    target they are made for (:mod:`tasks.handoff`), ``ingest.handoff_mb`` in all. With
+    workers, this process keeps a share of one worker's size and the chunks split the rest
+    by their number of files, so the processes together never pass the bound.
     """
     from tqdm import tqdm
 
@@ -580,7 +582,9 @@ def inspect_all(
                         str(source_dir),
                         [candidates[i] for i in chunk],
                         limits,
-                        (str(handoff), share, trusted_before) if handoff is not None else None,
+                        (str(handoff[0]), share, handoff[1], trusted_before)
+                        if handoff is not None
+                        else None,
                     )
                     for chunk, share in zip(chunks, shares, strict=False)
                 ]
@@ -590,7 +594,9 @@ def inspect_all(
             here = [i for i, c in enumerate(candidates) if pool is None or c.path in known]
             locator = Locator(source_dir, max_bytes)
             writer = (
-                HandoffWriter(handoff, shares[-1], trusted_before) if handoff is not None else None
+                HandoffWriter(handoff[0], shares[-1], handoff[1], trusted_before)
+                if handoff is not None
+                else None
             )
             for start in range(0, len(here), CHUNK):
                 block = here[start : start + CHUNK]
@@ -742,12 +748,14 @@ def run_ingest(
     report_path: Path,
     progress: Callable[[int, int], None] | None = None,
     handoff: Path | None = None,
+    target: Target | None = None,
 ) -> dict[str, Any]:
     """Ingest ``params.source_dir``; write the index and the ingest report; return the report.
 
     ``progress(done, total)``: files inspected so far, see :func:`inspect_all`. ``handoff``:
-    the hand-off root (``Layout.handoff``): emptied, then filled with this run's decodes for
-    the shard stage, up to ``ingest.handoff_mb`` (:mod:`tasks.handoff`)."""
+    the hand-off root (``Layout.handoff``): emptied, then filled with the shard stage's pixels
+    of this run's decodes for ``target`` (:meth:`tasks.handoff.Target.of` the shard params;
+    none without one), up to ``ingest.handoff_mb`` (:mod:`tasks.handoff`)."""
     source_dir = Path(params.source_dir)
     labels_csv = Path(params.labels_csv) if params.labels_csv else None
     discovered = discover(source_dir, labels_csv)
@@ -763,7 +771,8 @@ def run_ingest(
         from tasks.images import preprocessing_version
 
         handoff_store.clear(handoff)  # an earlier run's leftovers: never more than the bound
-        kept = handoff_store.folder_for(handoff, preprocessing_version())
+        if target is not None:
+            kept = (handoff_store.folder_for(handoff, preprocessing_version()), target)
     inspected = inspect_all(source_dir, candidates, params, known, progress, trusted, kept)
     sorted_out = build_index(inspected, classes, params, placed)
     records = sorted_out["records"]

@@ -29,15 +29,15 @@ CHECK_SECONDS_PER_BYTE = 11e-3 / 2**20  # ingest checks a JPEG: ~11 ms a MB (1/8
 CHECK_SECONDS_PER_FILE = 0.35e-3
 SHARD_SECONDS_PER_RECORD = 1e-3  # shard: per record (read, hash, encode, frame)
 SHARD_SECONDS_PER_PIXEL = 2.5e-9  # shard: per source pixel decoded (a 12 MP photo: ~31 ms)
-# A record whose decode ingest handed off (tasks.handoff) is resized from ingest's 1/8-scale
-# decode, 1/64 of the pixels, and decodes none: a 12 MP photo ~1.5 ms (measured 1.3 ms).
+# A record whose decode ingest handed off (tasks.handoff) is made by ingest, which resizes
+# its 1/8-scale decode (1/64 of the pixels: a 12 MP photo ~1 ms); the shard stage decodes
+# and resizes none of it, and only encodes and frames the kept pixels.
 HANDED_OFF_PIXEL_FRACTION = 1 / 64
-# A hand-off entry is a file of its own: ingest encodes, checksums, writes and renames it;
-# the shard stage reads, checks and removes it. What that costs the data side (ingest +
-# shard) for an image whose entry saves next to no decode: 0.7-1.4 ms, as the bench's
-# worker_start section measures it (``handoff.entry_ms``: every decode of 1,000 images of
-# 200-400 px kept, against none); plus its pixels, ~3.5 ms a MB (a 12 MP photo's 1/8
-# decode, 0.56 MB: 1.8 ms written, 1.2 ms read back and removed).
+# A hand-off entry is a file of its own: ingest checksums, writes and renames it; the shard
+# stage reads, checks and removes it. What that costs the data side (ingest + shard) for an
+# image whose entry saves next to no decode: 0.3-1.4 ms, as the bench's worker_start section
+# measures it (``handoff.entry_ms``: every decode of 1,000 images of 200-400 px kept,
+# against none); plus its pixels, ~3.5 ms a MB (a 224 px record, 0.14 MB: 0.5 ms).
 HANDOFF_ENTRY_S = 1.0e-3
 HANDOFF_SECONDS_PER_BYTE = 3.5e-3 / 2**20
 
@@ -71,8 +71,8 @@ def check_seconds(file_bytes: int) -> float:
 
 def shard_seconds(width: int, height: int, *, handed_off: bool = False) -> float:
     """Shard's estimate for writing the record of one ``width`` x ``height`` source image
-    (``handed_off``: from ingest's kept decode instead of a decode)."""
-    pixels = width * height * (HANDED_OFF_PIXEL_FRACTION if handed_off else 1.0)
+    (``handed_off``: from the pixels ingest kept, with no decode or resize)."""
+    pixels = 0 if handed_off else width * height
     return SHARD_SECONDS_PER_RECORD + SHARD_SECONDS_PER_PIXEL * pixels
 
 
@@ -80,7 +80,7 @@ def worth_handing_off(pixels: int, entry_bytes: int) -> bool:
     """Whether ingest keeping its decode of an image of ``pixels`` source pixels, in an entry
     of ``entry_bytes``, costs less than the decode it saves the shard stage (:mod:`tasks.handoff`).
 
-    The shard stage's saving is :func:`shard_seconds`' decode less the resize it does
+    The data side's saving is :func:`shard_seconds`' decode less the resize ingest does
     instead; the entry's cost is a file written, read back and removed. Photos (a few MP)
     save 5-30 ms an entry and are kept; small images (under ~0.4 MP) save less than their
     entry costs and are decoded again: on 3,000 images of 200-400 px, keeping them all took

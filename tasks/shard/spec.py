@@ -3,7 +3,8 @@ and the preprocessing of one record.
 
 Preprocessing: :func:`tasks.images.preprocess_bytes` (decode, EXIF, RGB, resize policy: the
 code prediction reuses), then the record schema's encoder; or, for an image ingest decoded at
-the scale this record needs, ingest's kept decode resized the same way (:mod:`tasks.handoff`).
+the scale this record needs, the pixels ingest made of that decode the same way
+(:mod:`tasks.handoff`).
 Its version (:func:`tasks.images.preprocessing_version`) is part of every spec, so the plan
 hash, and with it every shard, follows the code and the pixel libraries.
 """
@@ -17,10 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from tasks import handoff as handoff_store
-from tasks.images import draft_for, open_checked, preprocess_bytes, resize_image
+from tasks.images import preprocess_bytes
 from tasks.params import ShardParams
 from tasks.schema import RecordSchema
 
@@ -86,28 +85,23 @@ def preprocess(
     """Read, check, decode, resize and encode one source image; returns the image feature.
 
     The bytes come from ``source_dir`` unless ``read`` fetches them (checked either way).
-    With ``handoff`` (the hand-off folder of the plan's preprocessing version), ingest's
-    decode of the image is used when it was made at the scale this record decodes at
-    (:func:`handed_off_pixels`); otherwise the image is decoded. The file is read and its
-    sha256 checked unless the entry holds its header and its stat signature, taken when
-    ingest hashed it, still matches (what ``ingest.trust_file_stat`` trusts).
+    With ``handoff`` (the hand-off folder of the plan's preprocessing version), the pixels
+    ingest made of the image for this very record size, policy and decoding are encoded
+    instead (:func:`tasks.handoff.take`). The file is read and its sha256 checked unless the
+    entry holds its stat signature, taken when ingest hashed it, and that still matches
+    (what ``ingest.trust_file_stat`` trusts).
     """
     path = Path(source_dir) / record.path
-
-    def fetch() -> bytes:
-        return read(record) if read is not None else read_checked(path, record.sha256)
-
-    entry = handoff_store.take(Path(handoff), record.sha256) if handoff else None
-    data = None
-    if entry is None or not entry.head or read is not None or not entry.file_unchanged(path):
-        data = fetch()
-    # Ingest already enforced the size limits; the same preprocessing, limits off.
     size = (schema.height, schema.width)
-    pixels = handed_off_pixels(entry, data, size, policy, draft) if entry else None
-    if pixels is None:
-        data = fetch() if data is None else data
-        pixels = preprocess_bytes(data, size, policy, max_pixels=sys.maxsize, draft=draft)
-    return schema.encode_image(pixels)
+    target = handoff_store.Target(*size, policy, draft)
+    entry = handoff_store.take(Path(handoff), record.sha256, target) if handoff else None
+    if entry is None or read is not None or not entry.file_unchanged(path):
+        data = read(record) if read is not None else read_checked(path, record.sha256)
+        if entry is None:
+            # Ingest already enforced the size limits; the same preprocessing, limits off.
+            pixels = preprocess_bytes(data, size, policy, max_pixels=sys.maxsize, draft=draft)
+            return schema.encode_image(pixels)
+    return schema.encode_image(entry.pixels)
 
 
 def read_checked(path: Path, sha256: str) -> bytes:
@@ -116,30 +110,3 @@ def read_checked(path: Path, sha256: str) -> bytes:
     if hashlib.sha256(data).hexdigest() != sha256:
         raise ValueError(f"{path}: content changed since ingest (sha256 differs); rerun ingest")
     return data
-
-
-def handed_off_pixels(
-    entry: handoff_store.Entry,
-    data: bytes | None,
-    size: tuple[int, int],
-    policy: str,
-    draft: bool,
-) -> np.ndarray | None:
-    """:func:`tasks.images.preprocess_bytes`'s pixels from ingest's kept decode, or None.
-
-    The same steps with the decode taken from the hand-off: the header opened (from
-    ``data``, the file's bytes, or the header the entry kept), the decoder configured
-    (:func:`tasks.images.draft_for`, which decodes nothing), and when ingest decoded at
-    that very scale, its :func:`~tasks.images.finish_decode` result resized as
-    ``preprocess_bytes`` resizes its own.
-    """
-    try:
-        header = entry.head if data is None else data
-        image = open_checked(header, max_pixels=sys.maxsize, min_side=1)
-        if draft:
-            draft_for(image, size, policy)
-    except Exception:  # a header that does not open again: decode the file as always
-        return None
-    if handoff_store.decode_key(image) != entry.key:
-        return None
-    return resize_image(entry.image, size, policy)

@@ -26,9 +26,9 @@ def shard_bytes(shards_dir: Path) -> dict[str, str]:
 def test_the_ingest_flow_hands_decodes_to_the_shard_flow_which_leaves_none(
     prefect_harness: None, tmp_path: Path, every_decode_handed_off: None
 ) -> None:
-    """The ingest flow keeps its decodes under the project's ``.shardflow/handoff``; the
-    shard flow, on two spawned workers, uses them up and leaves nothing there, and writes
-    the shards the inline stage writes with no hand-off."""
+    """The ingest flow keeps the shard params' pixels of its decodes under the project's
+    ``.shardflow/handoff``; the shard flow, on two spawned workers, uses them up and leaves
+    nothing there, and writes the shards the inline stage writes with no hand-off."""
     from flows.ingest import ingest_flow
     from flows.shard import shard_flow
     from tasks.shard import shard_stage
@@ -41,7 +41,8 @@ def test_the_ingest_flow_hands_decodes_to_the_shard_flow_which_leaves_none(
 
     ingest_flow(params_path="params.yaml", root=str(root))
     kept = list((layout.handoff / preprocessing_version()).glob("*.px"))
-    assert len(kept) == 36  # every image decoded now: 3 classes x 12
+    # of the 36 images decoded now, those the shard stage decodes at ingest's check scale
+    assert 0 < len(kept) < 36
     shard_flow(params_path="params.yaml", root=str(root))
     assert not layout.handoff.exists()
 

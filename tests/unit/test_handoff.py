@@ -69,6 +69,15 @@ def shard_params(size: int) -> ShardParams:
     return default_params(shard=values).shard
 
 
+def ingest_for(
+    size: int, source: Path, index: Path, kept: Path | None, **changes: object
+) -> dict[str, object]:
+    """Ingest ``source`` keeping the pixels of ``size`` px records (the shard params' target)."""
+    target = handoff.Target.of(shard_params(size))
+    report = index.with_name(index.stem + "-ingest.json")
+    return run_ingest(ingest_params(source, **changes), index, report, handoff=kept, target=target)
+
+
 def digests(folder: Path) -> dict[str, str]:
     return {
         p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
@@ -97,6 +106,22 @@ def counted_decodes(monkeypatch: pytest.MonkeyPatch) -> Callable[[], int]:
 
 
 @pytest.fixture
+def counted_resizes(monkeypatch: pytest.MonkeyPatch) -> Callable[[], int]:
+    """How many resizes (tasks.images.resize_image) the shard stage ran since the fixture
+    started (ingest's, made through tasks.handoff, are not counted)."""
+    calls = [0]
+    real = images.resize_image
+
+    def counting(image: Image.Image, size: tuple[int, int], policy: str) -> np.ndarray:
+        calls[0] += 1
+        return real(image, size, policy)
+
+    monkeypatch.setattr(images, "resize_image", counting)
+    monkeypatch.setattr(spec, "resize_image", counting, raising=False)
+    return lambda: calls[0]
+
+
+@pytest.fixture
 def counted_reads(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     """The source files the shard stage reads and hashes (tasks.shard.spec.read_checked)."""
     read: list[Path] = []
@@ -119,12 +144,13 @@ def trust_files_written_now(monkeypatch: pytest.MonkeyPatch) -> None:
 @keeps_every_decode
 @pytest.mark.parametrize(
     ("size", "hits", "trusted", "reads"),
-    [(64, 14, False, 16), (64, 14, True, 6), (224, 4, True, 16)],
+    [(64, 14, False, 16), (64, 14, True, 2), (224, 4, True, 12)],
 )
 def test_shards_are_byte_identical_with_a_warm_handoff_or_none(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     counted_decodes: Callable[[], int],
+    counted_resizes: Callable[[], int],
     counted_reads: list[Path],
     size: int,
     hits: int,
@@ -132,20 +158,22 @@ def test_shards_are_byte_identical_with_a_warm_handoff_or_none(
     reads: int,
 ) -> None:
     """At 64 px the big, turned and grey JPEGs (1/8 both sides) and the PNGs hit, the small
-    JPEG misses; at 224 px only the PNGs hit. Same shard bytes either way. Where the stat
-    vouches for a JPEG hit, the stage opens the header ingest kept and reads no file."""
+    JPEG (decoded at another scale) is not kept; at 224 px only the PNGs are. Same shard
+    bytes either way. A hit is neither decoded nor resized by the shard stage (ingest made
+    its pixels); where the stat vouches for it, the stage reads no file either."""
     if trusted:
         trust_files_written_now(monkeypatch)
     source = write_sources(tmp_path / "images")
     kept = tmp_path / ".shardflow" / "handoff"
     index = tmp_path / "index.json"
-    report = run_ingest(ingest_params(source), index, tmp_path / "ingest.json", handoff=kept)
-    assert report["accepted"] == 16 and len(entries(kept)) == 16
+    report = ingest_for(size, source, index, kept)
+    assert report["accepted"] == 16 and len(entries(kept)) == hits
     params = shard_params(size)
 
     before = counted_decodes()
     shard_stage(params, index, tmp_path / "warm", handoff=kept)
     warm_decodes, warm_reads = counted_decodes() - before, len(counted_reads)
+    assert counted_resizes() == 16 - hits
     shard_stage(params, index, tmp_path / "cold")
     cold_decodes = counted_decodes() - before - warm_decodes
 
@@ -166,10 +194,33 @@ def test_a_file_changed_after_ingest_is_refused_with_a_handoff(
     source = write_sources(tmp_path / "images")
     kept = tmp_path / "handoff"
     index = tmp_path / "index.json"
-    run_ingest(ingest_params(source), index, tmp_path / "ingest.json", handoff=kept)
+    ingest_for(64, source, index, kept)
     photo(800, 600, 77).save(source / "sea" / "big0.jpg", quality=90)
     with pytest.raises(ValueError, match=r"big0\.jpg: content changed since ingest"):
         shard_stage(shard_params(64), index, tmp_path / "shards", handoff=kept)
+
+
+@keeps_every_decode
+@pytest.mark.parametrize(("size", "policy"), [(48, "pad"), (64, "crop"), (64, "stretch")])
+def test_pixels_made_for_other_shard_params_are_never_used(
+    tmp_path: Path, counted_decodes: Callable[[], int], size: int, policy: str
+) -> None:
+    """Ingest made 64 px letterboxed pixels; the shard params changed before the shard stage
+    ran (another size, another resize policy): every record is decoded, none of the kept
+    pixels is used, and the entries are gone after the stage."""
+    source = write_sources(tmp_path / "images")
+    kept = tmp_path / "handoff"
+    index = tmp_path / "index.json"
+    ingest_for(64, source, index, kept)
+    assert len(entries(kept)) == 14
+    params = shard_params(size).model_copy(update={"resize": policy})
+
+    before = counted_decodes()
+    shard_stage(params, index, tmp_path / "warm", handoff=kept)
+    assert counted_decodes() - before == 16
+    assert not kept.exists()
+    shard_stage(params, index, tmp_path / "cold")
+    assert digests(tmp_path / "warm") == digests(tmp_path / "cold")
 
 
 @keeps_every_decode
@@ -179,14 +230,14 @@ def test_a_corrupt_entry_falls_back_to_decoding(tmp_path: Path) -> None:
     source = write_sources(tmp_path / "images")
     kept = tmp_path / "handoff"
     index = tmp_path / "index.json"
-    run_ingest(ingest_params(source), index, tmp_path / "ingest.json", handoff=kept)
-    assert len(entries(kept)) == 16
+    ingest_for(64, source, index, kept)
+    assert len(entries(kept)) == 14
 
     def entry_of(name: str) -> Path:
         digest = hashlib.sha256((source / name).read_bytes()).hexdigest()
         return handoff.entry_path(entries(kept)[0].parent, digest)
 
-    # wood/alpha.png has sea/alpha.png's size and scale: only the content hash tells them apart
+    # wood/alpha.png's pixels are sea/alpha.png's size: only the content hash tells them apart
     names = ("sea/big0.jpg", "sea/big1.jpg", "sea/plain.png", "sea/alpha.png", "wood/alpha.png")
     flipped, truncated, foreign, swapped, other = (entry_of(name) for name in names)
     data = bytearray(flipped.read_bytes())
@@ -209,19 +260,14 @@ def test_the_bound_is_respected(tmp_path: Path) -> None:
     ingest itself add up to at most the bound."""
     source = write_sources(tmp_path / "images")
     kept = tmp_path / "handoff"
-    entry = (100 * 75 * 3 + 64) / 2**20  # a big photo's 1/8 decode, about 22 KB
-    params = ingest_params(source, handoff_mb=round(3.5 * entry, 6))
-    run_ingest(params, tmp_path / "index.json", tmp_path / "ingest.json", handoff=kept)
+    entry = handoff.Target.of(shard_params(64)).entry_bytes / 2**20  # 64 px: about 12 KB
+    bound = round(3.5 * entry, 6)
+    ingest_for(64, source, tmp_path / "index.json", kept, handoff_mb=bound)
     held = sum(p.stat().st_size for p in entries(kept))
-    assert 0 < held <= params.handoff_mb * 2**20
-    assert len(entries(kept)) < 16
+    assert 0 < held <= bound * 2**20
+    assert len(entries(kept)) == 3
 
-    run_ingest(
-        ingest_params(source, handoff_mb=0),
-        tmp_path / "index0.json",
-        tmp_path / "ingest0.json",
-        handoff=kept,
-    )
+    ingest_for(64, source, tmp_path / "index0.json", kept, handoff_mb=0)
     assert entries(kept) == []  # the earlier run's entries went, and none were added
 
     for budget, chunks, workers in [(1000, [64, 64, 7], 2), (10, [1, 1], 4), (999, [64], 1)]:
@@ -241,7 +287,7 @@ def test_the_stage_leaves_no_entry_behind(tmp_path: Path) -> None:
     stale.mkdir(parents=True)
     (stale / f"{'0' * 64}.px").write_bytes(b"x" * 100)
     index = tmp_path / "index.json"
-    run_ingest(ingest_params(source), index, tmp_path / "ingest.json", handoff=kept)
+    ingest_for(64, source, index, kept)
     assert not stale.exists()  # ingest starts from an empty hand-off
     stale.mkdir(parents=True)
     (stale / f"{'0' * 64}.px").write_bytes(b"x" * 100)
@@ -253,21 +299,24 @@ def test_the_stage_leaves_no_entry_behind(tmp_path: Path) -> None:
 
 
 @keeps_every_decode
-def test_the_stage_estimates_handed_off_records_as_the_resize_they_are(tmp_path: Path) -> None:
+def test_the_stage_estimates_handed_off_records_as_no_decode(tmp_path: Path) -> None:
     """Whether an append's new shards are worth spawning workers for counts a record whose
-    decode ingest kept as a resize, not as the decode it no longer is."""
+    pixels ingest kept as no decode or resize, not as the decode it no longer is."""
     source = write_sources(tmp_path / "images")
     kept = tmp_path / "handoff"
     index = tmp_path / "index.json"
-    run_ingest(ingest_params(source), index, tmp_path / "ingest.json", handoff=kept)
+    ingest_for(64, source, index, kept)
     folder = str(handoff.folder_for(kept, images.preprocessing_version()))
     plan = plan_stage(shard_params(64), index, tmp_path / "shards", handoff=folder)
     warm = sum(shard_estimates(plan.specs))
     handoff.clear(kept)
     cold = sum(shard_estimates(plan.specs))
-    pixels = sum(r["width"] * r["height"] for r in load_index(index)["records"])
-    decoded = worker_cost.SHARD_SECONDS_PER_PIXEL * pixels  # every record has an entry
-    assert cold - warm == pytest.approx(decoded * (1 - worker_cost.HANDED_OFF_PIXEL_FRACTION))
+    records = load_index(index)["records"]
+    pixels = sum(
+        r["width"] * r["height"] for r in records if r["path"].split("/")[1] != "small.jpg"
+    )
+    assert 0 < pixels < sum(r["width"] * r["height"] for r in records)  # 14 of 16 kept
+    assert cold - warm == pytest.approx(worker_cost.SHARD_SECONDS_PER_PIXEL * pixels)
 
 
 @keeps_every_decode
@@ -282,9 +331,7 @@ def test_bad_files_are_quarantined_with_reasons_and_never_handed_off(tmp_path: P
     (source / "wood" / "empty.png").write_bytes(b"")
     (source / "wood" / "again.png").write_bytes((source / "wood" / "plain.png").read_bytes())
     kept = tmp_path / "handoff"
-    report = run_ingest(
-        ingest_params(source), tmp_path / "index.json", tmp_path / "ingest.json", handoff=kept
-    )
+    report = ingest_for(64, source, tmp_path / "index.json", kept)
     reasons = {q["path"]: q["reason"] for q in report["quarantined"]}
     assert set(reasons) == {"sea/cut.jpg", "sea/notes.jpg", "wood/empty.png"}
     assert "truncated or corrupt" in reasons["sea/cut.jpg"]
@@ -299,7 +346,7 @@ def test_bad_files_are_quarantined_with_reasons_and_never_handed_off(tmp_path: P
     assert {p.stem for p in entries(kept)} == {
         hashlib.sha256(p.read_bytes()).hexdigest()
         for p in source.rglob("*")
-        if p.is_file() and p.stat().st_size and p.name != "notes.jpg"
+        if p.is_file() and p.stat().st_size and p.name not in ("notes.jpg", "small.jpg")
     } - {bad}
 
 
@@ -318,7 +365,7 @@ def test_only_decodes_worth_their_entry_are_kept(
         photo(300, 200, 10 * c + 2).save(folder / "thumb.png")
     kept = tmp_path / "handoff"
     index = tmp_path / "index.json"
-    report = run_ingest(ingest_params(source), index, tmp_path / "ingest.json", handoff=kept)
+    report = ingest_for(64, source, index, kept)
     assert report["accepted"] == 6
     photos = {
         hashlib.sha256((source / label / "photo.jpg").read_bytes()).hexdigest() for label in CLASSES
