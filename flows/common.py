@@ -77,11 +77,7 @@ def run_where_warm(
     """``fn(*args)`` in the child the stage's entry point prestarted with ``warm`` (its
     imports done or under way), each message it reports (a tuple) handed to ``report(*message)``;
     else ``fn(*args, report)`` here: a deployment run's process, or a retry."""
-    job = _started_in_child(warm, fn, args)
-    if job is not None:
-        unpack = None if report is None else (lambda message: report(*message))
-        return job.result(on_report=unpack)  # type: ignore[no-any-return]
-    return fn(*args, report) if report else fn(*args)
+    return start_where_warm(warm, fn, *args, report=report).result()  # type: ignore[no-any-return]
 
 
 def start_where_warm(

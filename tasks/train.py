@@ -20,6 +20,8 @@ MLflow); the others train beside it and write only scratch copies.
 from __future__ import annotations
 
 import json
+import os
+import platform
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -86,12 +88,41 @@ def precision_policy(params: TrainParams, *, gpu: bool) -> str:
     return "mixed_float16" if gpu else "mixed_bfloat16"
 
 
+# The x86 instruction sets oneDNN (TensorFlow's CPU kernels) chooses kernels by: a model
+# trained on a CPU with other ones differs in its last bits (this VM with AVX-512 and the same
+# run capped at AVX2 by ONEDNN_MAX_CPU_ISA gave two model files; each repeats exactly).
+KERNEL_ISA_FLAGS = ("avx", "avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
+
+
+def cpu_isa(cpuinfo: str | None = None, cap: str | None = None) -> str:
+    """The CPU's architecture and the :data:`KERNEL_ISA_FLAGS` it has (``cpuinfo``: the text
+    of /proc/cpuinfo, read here when None; its flags are absent where it cannot be read), and
+    the cap ``ONEDNN_MAX_CPU_ISA`` sets (``cap``; the environment's when None)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() == "flags":
+            flags = set(value.split())
+            break
+    present = " ".join(f for f in KERNEL_ISA_FLAGS if f in flags)
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA") if cap is None else cap
+    capped = f" (ONEDNN_MAX_CPU_ISA={cap})" if cap else ""
+    return f"{platform.machine()}: {present or 'flags unknown'}{capped}"
+
+
 def device_tags(params: TrainParams, strategy: tf.distribute.Strategy) -> dict[str, str]:
-    """What the run runs on, for tracking: device type, workers, replicas, precision (XLA is
-    tagged once trained: Keras decides it with the model)."""
+    """What the run runs on, for tracking: device type, the CPU's kernel instruction sets
+    (:func:`cpu_isa`), workers, replicas, precision (XLA is tagged once trained: Keras
+    decides it with the model)."""
     gpu = on_gpu(strategy)
     return {
         "device.type": "gpu" if gpu else "cpu",
+        "device.cpu_isa": cpu_isa(),
         "device.num_workers": str(num_workers(strategy)),
         "device.num_replicas": str(strategy.num_replicas_in_sync),
         "device.strategy": strategy_name(strategy),

@@ -20,6 +20,7 @@ from tasks.layout import Layout
 from tasks.params import default_params
 from tasks.processes import prestart_child
 from tasks.tracking import CHAMPION
+from tasks.train import cpu_isa
 from tests.prefect_story import artifacts, flow_runs_tagged, log_lines
 
 pytestmark = pytest.mark.slow
@@ -75,6 +76,8 @@ def test_flow_trains_evaluates_tracks_and_promotes(
         run.data.params["train.xla"] == "True" and run.data.params["train.deterministic"] == "True"
     )
     assert run.data.tags["device.xla"] == "false"
+    # Which CPU kernels made the weights: another instruction-set tier gives other last bits.
+    assert run.data.tags["device.cpu_isa"] == cpu_isa()
     assert json.loads(layout.train_summary.read_text())["xla"] is False
     # Evaluation has a run of its own, a child of the training run, with its params.
     recorded = json.loads(layout.eval_summary.read_text())  # beside the numeric metrics

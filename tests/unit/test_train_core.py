@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import platform
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 from tasks.evaluate import evaluate_model
 from tasks.layout import Layout
 from tasks.params import TrainParams, default_params
-from tasks.train import read_epoch_log, train
+from tasks.train import cpu_isa, read_epoch_log, train
 
 pytestmark = pytest.mark.slow
 NO_AUGMENT = {"flip": False, "crop": 0.0, "brightness": 0.0, "contrast": 0.0}
@@ -139,3 +140,19 @@ def test_training_writes_nothing_outside_its_project(
     run(tiny_shards, train_params(epochs=1, batch_size=16, early_stopping_patience=0))
     assert Layout(tiny_shards).model_file.exists()
     assert sorted(p.name for p in scratch.iterdir()) == []
+
+
+def test_the_cpu_kernel_instruction_sets_are_named_with_their_cap() -> None:
+    """A CPU-trained model's last bits follow the instruction sets its kernels use: the run
+    names the ones the CPU has (from /proc/cpuinfo's first flags line) and the cap
+    ``ONEDNN_MAX_CPU_ISA`` puts on them."""
+    cpuinfo = (
+        "processor\t: 0\nflags\t\t: fpu sse4_1 avx avx2 avx512f avx512_bf16 sha_ni\n"
+        "processor\t: 1\nflags\t\t: fpu avx\n"
+    )
+    machine = platform.machine()
+    assert cpu_isa(cpuinfo, cap="") == f"{machine}: avx avx2 avx512f avx512_bf16"
+    assert cpu_isa(cpuinfo, cap="AVX2") == (
+        f"{machine}: avx avx2 avx512f avx512_bf16 (ONEDNN_MAX_CPU_ISA=AVX2)"
+    )
+    assert cpu_isa("", cap="") == f"{machine}: flags unknown"
