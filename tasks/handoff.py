@@ -48,10 +48,12 @@ from tasks.worker_cost import worth_handing_off
 MAGIC = b"SFHANDO4"
 # The content's sha256; the target the pixels were made for (height, width, resize policy's
 # index in RESIZE_POLICIES, reduced decoding); the file's stat signature when ingest read it
-# (size, mtime_ns, ctime_ns, inode, device) and whether it may be trusted; CRC-32C of the
-# pixels (google-crc32c runs on the CPU's crc32 instruction, paid on both sides of the
-# hand-off for every photo). The pixels follow: height x width x 3 bytes.
-HEADER = struct.Struct("<32sIIBBIQqqQQB")
+# (size, mtime_ns, ctime_ns, inode, device) and whether it may be trusted. Then CRC-32C of
+# those fields and the pixels (google-crc32c runs on the CPU's crc32 instruction, paid on
+# both sides of the hand-off for every photo), and the pixels: height x width x 3 bytes.
+FIELDS = struct.Struct("<32sIIBBQqqQQB")
+CRC = struct.Struct("<I")
+HEADER_SIZE = FIELDS.size + CRC.size
 CHANNELS = 3  # tasks.images.resize_image's output is always RGB
 
 Signature = tuple[int, int, int, int, int]  # (size, mtime_ns, ctime_ns, inode, device)
@@ -76,7 +78,7 @@ class Target(NamedTuple):
     @property
     def entry_bytes(self) -> int:
         """An entry's size on disk for this target."""
-        return len(MAGIC) + HEADER.size + self.height * self.width * CHANNELS
+        return len(MAGIC) + HEADER_SIZE + self.height * self.width * CHANNELS
 
 
 def decode_key(image: Image.Image) -> tuple[int, int, int]:
@@ -118,9 +120,9 @@ def signature_of(path: Path) -> Signature:
     return (info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino, info.st_dev)
 
 
-def checksum(pixels: bytes) -> int:
-    """CRC-32C of an entry's pixels."""
-    return int(google_crc32c.value(pixels))
+def checksum(fields: bytes, pixels: bytes) -> int:
+    """CRC-32C of an entry's fields then its pixels."""
+    return int(google_crc32c.extend(google_crc32c.value(fields), pixels))
 
 
 def folder_for(root: Path, version: str) -> Path:
@@ -186,16 +188,16 @@ class HandoffWriter:
             and max(signature[1:3]) < self.trusted_before_ns
         )
         pixels = resize_image(decoded, (target.height, target.width), target.policy).tobytes()
-        header = HEADER.pack(
+        fields = FIELDS.pack(
             bytes.fromhex(sha256),
             target.height,
             target.width,
             RESIZE_POLICIES.index(target.policy),
             target.draft,
-            checksum(pixels),
             *(signature if trusted and signature else NO_SIGNATURE),
             trusted,
         )
+        header = fields + CRC.pack(checksum(fields, pixels))
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         try:
             if not self.made:
@@ -230,25 +232,28 @@ class Entry:
 def take(folder: Path, sha256: str, target: Target) -> Entry | None:
     """The pixels kept for content ``sha256`` at ``target``, removed from the folder (each
     content is sharded once a run); None when there are none, they were made for another
-    target, or they do not read back whole (wrong length, magic, content hash or checksum)."""
+    target, or they do not read back whole (wrong length, magic, content hash, or a checksum
+    of the fields and pixels that does not match)."""
     path = entry_path(folder, sha256)
     try:
         data = path.read_bytes()
     except OSError:
         return None
     path.unlink(missing_ok=True)
-    start = len(MAGIC) + HEADER.size
+    start = len(MAGIC) + HEADER_SIZE
     if len(data) < start or data[: len(MAGIC)] != MAGIC:
         return None
-    (digest, height, width, policy, draft, crc, *stat) = HEADER.unpack(data[len(MAGIC) : start])
+    fields = data[len(MAGIC) : len(MAGIC) + FIELDS.size]
+    (digest, height, width, policy, draft, *stat) = FIELDS.unpack(fields)
     *signature, trusted = stat
+    (crc,) = CRC.unpack(data[len(MAGIC) + FIELDS.size : start])
     pixels = data[start:]
     made_for = (height, width, RESIZE_POLICIES[policy] if policy < len(RESIZE_POLICIES) else "")
     if (
         digest.hex() != sha256
         or (*made_for, bool(draft)) != tuple(target)
         or len(pixels) != height * width * CHANNELS
-        or checksum(pixels) != crc
+        or checksum(fields, pixels) != crc
     ):
         return None
     array = np.frombuffer(pixels, dtype=np.uint8).reshape(height, width, CHANNELS)

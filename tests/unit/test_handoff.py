@@ -224,6 +224,28 @@ def test_pixels_made_for_other_shard_params_are_never_used(
 
 
 @keeps_every_decode
+def test_an_entry_whose_target_was_altered_is_not_used(tmp_path: Path) -> None:
+    """The target an entry was made for is under its checksum: letterboxed pixels whose
+    policy byte was changed to the shard stage's ``crop`` are decoded instead, never
+    encoded as a cropped record."""
+    source = write_sources(tmp_path / "images")
+    kept = tmp_path / "handoff"
+    index = tmp_path / "index.json"
+    ingest_for(64, source, index, kept)
+    policy_at = len(handoff.MAGIC) + 32 + 4 + 4  # after the sha256, height and width
+    for entry in entries(kept):
+        data = bytearray(entry.read_bytes())
+        assert data[policy_at] == images.RESIZE_POLICIES.index("pad")
+        data[policy_at] = images.RESIZE_POLICIES.index("crop")
+        entry.write_bytes(bytes(data))
+    params = shard_params(64).model_copy(update={"resize": "crop"})
+
+    shard_stage(params, index, tmp_path / "warm", handoff=kept)
+    shard_stage(params, index, tmp_path / "cold")
+    assert digests(tmp_path / "warm") == digests(tmp_path / "cold")
+
+
+@keeps_every_decode
 def test_a_corrupt_entry_falls_back_to_decoding(tmp_path: Path) -> None:
     """Inverted pixel bytes, a truncated entry, a foreign header, another image's entry under
     this name: each record is decoded instead, and the shards are those of no hand-off."""
