@@ -34,10 +34,12 @@ SHARD_SECONDS_PER_PIXEL = 2.5e-9  # shard: per source pixel decoded (a 12 MP pho
 # and resizes none of it, and only encodes and frames the kept pixels.
 HANDED_OFF_PIXEL_FRACTION = 1 / 64
 # A hand-off entry is a file of its own: ingest checksums, writes and renames it; the shard
-# stage reads, checks and removes it. What that costs the data side (ingest + shard) for an
-# image whose entry saves next to no decode: 0.3-1.4 ms, as the bench's worker_start section
-# measures it (``handoff.entry_ms``: every decode of 1,000 images of 200-400 px kept,
-# against none); plus its pixels, ~3.5 ms a MB (a 224 px record, 0.14 MB: 0.5 ms).
+# stage reads, checks and removes it. What that cost the data side (ingest + shard) for an
+# image whose entry saved no decode: 0.3-1.4 ms (entries the shard stage did not use, before
+# they held the record's pixels). The bench's worker_start section now measures it net of
+# the small decodes the entries save (``handoff.entry_ms``: every decode of 1,000 images of
+# 200-400 px kept for 32 px records, against none): 0.03 ms, so the 1 ms held is on the safe
+# side. Plus its pixels, ~3.5 ms a MB (a 224 px record, 0.14 MB: 0.5 ms).
 HANDOFF_ENTRY_S = 1.0e-3
 HANDOFF_SECONDS_PER_BYTE = 3.5e-3 / 2**20
 
