@@ -26,6 +26,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -353,9 +354,10 @@ def step_functions(model: keras.Model, strategy: tf.distribute.Strategy, data: D
     # XLA as Keras resolved ``train.xla`` at compile: off under op determinism, where not
     # every op has a deterministic XLA kernel (Keras warns then).
     xla = bool(model.jit_compile)
-    # Every step function is traced without AutoGraph (autograph=False): none has Python
+    # Every step function is traced through ``graph``, without AutoGraph: none has Python
     # control flow on tensors, and AutoGraph writes each function it converts to a file in
     # the temporary folder that nothing removes.
+    graph = partial(tf.function, autograph=False)
 
     def gradients(images: tf.Tensor, labels: tf.Tensor) -> tuple[list[tf.Tensor], tf.Tensor]:
         with tf.GradientTape() as tape:
@@ -372,9 +374,7 @@ def step_functions(model: keras.Model, strategy: tf.distribute.Strategy, data: D
     # Under XLA only the forward and backward pass are compiled. The update stays outside, in
     # the replica context: the loss-scale optimizer's cross-replica step (a merge_call under
     # a tf.cond) is refused inside an XLA function by MirroredStrategy on GPUs.
-    compute_gradients = (
-        tf.function(gradients, jit_compile=True, autograph=False) if xla else gradients
-    )
+    compute_gradients = graph(gradients, jit_compile=True) if xla else gradients
 
     def train_step(images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
         grads, step_figures = compute_gradients(images, labels)
@@ -391,14 +391,14 @@ def step_functions(model: keras.Model, strategy: tf.distribute.Strategy, data: D
             ]
         )
 
-    replica_step = train_step if xla else tf.function(train_step, autograph=False)
+    replica_step = train_step if xla else graph(train_step)
 
-    @tf.function(autograph=False)
+    @graph
     def distributed_step(batch: Any) -> tf.Tensor:
         per_replica = strategy.run(replica_step, args=batch)
         return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
-    @tf.function(jit_compile=xla, autograph=False)
+    @graph(jit_compile=xla)
     def evaluate_step(images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
         probs = model(images, training=False)
         per_image = keras.losses.sparse_categorical_crossentropy(labels, probs)
@@ -410,7 +410,7 @@ def step_functions(model: keras.Model, strategy: tf.distribute.Strategy, data: D
     # before anyone reads them, equals averaging at every step.
     statistics = [v for v in model.non_trainable_variables if v.path.endswith(MOVING_STATISTICS)]
 
-    @tf.function(autograph=False)
+    @graph
     def sync_statistics() -> None:
         def replica_means() -> list[tf.Tensor]:
             context = tf.distribute.get_replica_context()
