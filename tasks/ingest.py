@@ -7,7 +7,6 @@ shard stage's only input besides the image bytes themselves.
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
 import os
@@ -25,7 +24,14 @@ from PIL import ImageFile
 
 from tasks import handoff as handoff_store
 from tasks.atomic import write_json, write_text
-from tasks.content import SPLITS, file_sha256
+from tasks.content import (
+    SPLITS,
+    class_name_problem,
+    csv_rows,
+    display_name,
+    file_kind,
+    file_sha256,
+)
 from tasks.gc_pause import paused_gc
 from tasks.handoff import HandoffWriter, Target, decode_key, header_bytes
 from tasks.images import ImageRejected, finish_decode, open_checked, oriented_size
@@ -74,11 +80,6 @@ class Rejected(Exception):
     """A file quarantined before its bytes were read (where it is, what it is, its size)."""
 
 
-def display_name(path: str) -> str:
-    """A path as text that is always valid UTF-8 (undecodable bytes shown as ``\\xNN``)."""
-    return os.fsencode(path).decode("utf-8", "backslashreplace")
-
-
 class Locator:
     """Resolves candidates inside one ``source_dir`` and vets them before any byte is read.
 
@@ -111,6 +112,8 @@ class Locator:
             raise Rejected(
                 "file name is not valid UTF-8 (rename it: `python -m tasks.filenames fix`)"
             ) from None
+        if "\0" in relative:  # only a CSV row can hold one; the OS refuses the name
+            raise Rejected("file name holds a NUL byte: no file can be called that")
         if os.path.isabs(relative) or ".." in relative.split("/"):
             raise Rejected(
                 f"outside source_dir: {relative!r} is not a path inside {self.source_dir}"
@@ -133,7 +136,7 @@ class Locator:
                 f"outside source_dir: {relative!r} resolves to a path outside {self.root}"
             )
         if not stat.S_ISREG(info.st_mode):
-            raise Rejected(f"not a regular file ({_file_kind(info.st_mode)})")
+            raise Rejected(f"not a regular file ({file_kind(info.st_mode)})")
         if info.st_size > self.max_bytes:
             raise Rejected(
                 f"file too large: {info.st_size / 2**20:.1f} MB > ingest.max_file_mb "
@@ -162,17 +165,6 @@ def _resolve(path: str) -> str:
         raise Rejected(f"unreadable: {exc}") from None
 
 
-def _file_kind(mode: int) -> str:
-    kinds = {
-        stat.S_ISDIR: "a folder",
-        stat.S_ISFIFO: "a FIFO",
-        stat.S_ISSOCK: "a socket",
-        stat.S_ISCHR: "a character device",
-        stat.S_ISBLK: "a block device",
-    }
-    return next((name for test, name in kinds.items() if test(mode)), "not a file")
-
-
 def inspect_file(
     locator: Locator,
     candidate: Candidate,
@@ -197,6 +189,8 @@ def inspect_file(
     def rejected(reason: str, digest: str | None = None) -> Inspected:
         return Inspected(name, display_name(candidate.label), digest, None, 0, 0, reason)
 
+    if problem := class_name_problem(candidate.label):
+        return rejected(f"class folder {display_name(candidate.label)!r}: {problem}; rename it")
     try:
         real, info = locator(candidate.path)
         now = signature(info)
@@ -411,8 +405,9 @@ def discover(source_dir: Path, labels_csv: Path | None = None) -> Discovered:
         rows = read_labels_csv(labels_csv)
         return Discovered(sorted(rows, key=lambda c: c.path), [], sorted({r.label for r in rows}))
     if not source_dir.is_dir():
+        what = "not a folder" if source_dir.exists() else "source folder not found"
         raise FileNotFoundError(
-            f"{source_dir}: source folder not found (ingest.source_dir); "
+            f"{source_dir}: {what} (ingest.source_dir names the folder of class folders); "
             "for the demo dataset run `make demo-data`"
         )
     found: list[Candidate] = []
@@ -422,6 +417,9 @@ def discover(source_dir: Path, labels_csv: Path | None = None) -> Discovered:
         name = display_name(entry.relative_to(source_dir).as_posix())
         if entry.name.startswith("."):
             skipped.append({"path": name, "reason": "hidden"})
+        elif entry.is_symlink() and entry.is_dir():  # its files would count twice, or leave
+            reason = "a link to a folder: a class is a real folder (links are not followed)"
+            skipped.append({"path": name + "/", "reason": reason})
         elif not entry.is_dir():
             skipped.append({"path": name, "reason": "not in a class sub-folder"})
         else:
@@ -434,25 +432,25 @@ def discover(source_dir: Path, labels_csv: Path | None = None) -> Discovered:
 
 def read_labels_csv(labels_csv: Path) -> list[Candidate]:
     """The ``path,label`` rows of a UTF-8 CSV (a byte-order mark, as spreadsheets save it,
-    is allowed); an error names the file and the line as an editor counts it."""
+    is allowed); an error names the file and the line as an editor counts it: an empty cell,
+    a label that cannot be a class name, a path listed twice, a CSV that lists nothing."""
     rows = []
-    try:
-        with labels_csv.open(newline="", encoding="utf-8-sig") as handle:
-            reader = csv.DictReader(handle)
-            if not reader.fieldnames or not {"path", "label"} <= set(reader.fieldnames):
-                raise ValueError(f"{labels_csv}: needs a header with columns `path,label`")
-            for row in reader:
-                path, label = (row.get("path") or "").strip(), (row.get("label") or "").strip()
-                if not path or not label:
-                    raise ValueError(
-                        f"{labels_csv}, line {reader.line_num}: empty `path` or `label`"
-                    )
-                rows.append(Candidate(path, label))
-    except UnicodeDecodeError as error:
-        raise ValueError(
-            f"{labels_csv}: not UTF-8 (byte {error.start}: {error.reason}); save "
-            "ingest.labels_csv as UTF-8"
-        ) from None
+    lines: dict[str, int] = {}
+    for line, row in csv_rows(labels_csv, ("path", "label"), "ingest.labels_csv"):
+        path, label = row["path"], row["label"]
+        if not path or not label:
+            raise ValueError(f"{labels_csv}, line {line}: empty `path` or `label`")
+        if problem := class_name_problem(label):
+            raise ValueError(f"{labels_csv}, line {line}: label {label!r}: {problem}")
+        if path in lines:
+            raise ValueError(
+                f"{labels_csv}, line {line}: {path!r} is listed already on line {lines[path]}; "
+                "list each file once, with its one label"
+            )
+        lines[path] = line
+        rows.append(Candidate(path, label))
+    if not rows:
+        raise ValueError(f"{labels_csv}: lists no files (ingest.labels_csv)")
     return rows
 
 

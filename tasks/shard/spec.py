@@ -105,8 +105,11 @@ def preprocess(
 
 
 def read_checked(path: Path, sha256: str) -> bytes:
-    """The file's bytes, refused when they are not those ingest indexed."""
-    data = path.read_bytes()
+    """The file's bytes, refused when they are not those ingest indexed (or gone)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ValueError(f"{path}: removed since ingest (no such file); rerun ingest") from None
     if hashlib.sha256(data).hexdigest() != sha256:
         raise ValueError(f"{path}: content changed since ingest (sha256 differs); rerun ingest")
     return data

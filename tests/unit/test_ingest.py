@@ -387,6 +387,78 @@ def test_labels_csv_as_spreadsheets_save_it_and_errors_that_name_the_line(tmp_pa
         ingest(src, tmp_path, labels_csv=str(csv_path))
 
 
+def test_labels_csv_rows_that_cannot_be_ingested_are_named_by_line(tmp_path: Path) -> None:
+    """A label no shard set can carry used to pass ingest and fail the shard stage after it
+    had written shards; a path listed twice was reported as a duplicate of itself; a NUL
+    byte in a path crashed ingest naming nothing; a header alone ingested nothing."""
+    src, names = flat_csv_source(tmp_path)
+    csv_path = src / "labels.csv"
+    cases = {
+        f'path,label\n{names[0]},a\n{names[1]},"new\nline"\n': r"line 4: label 'new\\nline': "
+        "a class name cannot hold a line break",
+        f"path,label\n{names[0]},a\n{names[1]},b\n{names[0]},b\n": rf"line 4: '{names[0]}' "
+        "is listed already on line 2",
+        "path,label\n": "lists no files",
+    }
+    for text, message in cases.items():
+        csv_path.write_text(text)
+        with pytest.raises(ValueError, match=rf"{csv_path}[,:] {message}"):
+            ingest(src, tmp_path, labels_csv=str(csv_path))
+    csv_path.write_text(f"path,label\n{names[0]},a\n{names[1]},b\nimg_\0.png,a\n")
+    report, index = ingest(src, tmp_path, labels_csv=str(csv_path))
+    reasons = {q["path"]: q["reason"] for q in report["quarantined"]}
+    assert reasons == {"img_\0.png": "file name holds a NUL byte: no file can be called that"}
+    assert report["accepted"] == 2 and index["classes"] == ["a", "b"]
+    csv_path.unlink()
+    csv_path.mkdir()
+    with pytest.raises(FileNotFoundError, match=rf"{csv_path}: not a file \(ingest.labels_csv"):
+        ingest(src, tmp_path, labels_csv=str(csv_path))
+
+
+def test_a_class_folder_no_shard_set_can_name_is_quarantined_by_name(tmp_path: Path) -> None:
+    src = write_image_folder(tmp_path / "src", per_class=2)
+    for bad in ("new\nline", "trailing ", "tab\there"):
+        (src / bad).mkdir()
+        (src / bad / "x.png").write_bytes((src / "red" / "001.png").read_bytes()[:-8])
+    report, index = ingest(src, tmp_path)
+    reasons = {q["path"]: q["reason"] for q in report["quarantined"]}
+    assert reasons["new\nline/x.png"] == (
+        "class folder 'new\\nline': a class name cannot hold a line break or a control "
+        "character; rename it"
+    )
+    assert reasons["trailing /x.png"].endswith("cannot start or end with a space; rename it")
+    assert reasons["tab\there/x.png"].startswith("class folder 'tab\\there'")
+    assert index["classes"] == ["blue", "green", "red"] and report["accepted"] == 6
+    assert {d["class"] for d in report["classes_dropped"]} == {
+        "new\nline",
+        "trailing ",
+        "tab\there",
+    }
+
+
+def test_a_linked_class_folder_is_skipped_not_followed(tmp_path: Path) -> None:
+    """A link to a class folder made a second class of the same files: every one of them
+    was quarantined as a duplicate with conflicting labels, and both classes were lost."""
+    src = write_image_folder(tmp_path / "src", per_class=3)
+    (src / "crimson").symlink_to(src / "red", target_is_directory=True)
+    (tmp_path / "elsewhere").mkdir()
+    (src / "outside").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    report, index = ingest(src, tmp_path)
+    assert index["classes"] == ["blue", "green", "red"] and report["accepted"] == 9
+    skipped = {s["path"]: s["reason"] for s in report["skipped"]}
+    assert skipped == {
+        f"{name}/": "a link to a folder: a class is a real folder (links are not followed)"
+        for name in ("crimson", "outside")
+    }
+    assert report["quarantined"] == [] and report["files_found"] == 11
+
+
+def test_a_source_dir_that_is_a_file_says_so(tmp_path: Path) -> None:
+    (tmp_path / "photos").write_text("not a folder")
+    with pytest.raises(FileNotFoundError, match=r"photos: not a folder \(ingest.source_dir"):
+        ingest(tmp_path / "photos", tmp_path)
+
+
 def test_an_unreadable_folder_is_reported_and_the_run_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -15,11 +15,13 @@ from PIL import Image
 
 from tasks.images import resize_image
 from tasks.index import iter_records, load_index, write_index
+from tasks.ingest import run_ingest
 from tasks.manifest import MANIFEST_NAME, file_sha256, load_manifest
 from tasks.params import ShardParams, default_params
 from tasks.reader import read_split
 from tasks.schema import HASH_KEY, LABEL_KEY
 from tasks.shard import plan_shards, shard_stage, write_shard
+from tests.conftest import tiny_params, write_image_folder
 
 SIZE = (16, 16)
 TINY = 0.002  # MiB: about two 16x16 raw records per shard, so every split has several shards
@@ -199,6 +201,38 @@ def test_changed_source_fails_naming_the_file(tiny_index: Path, tmp_path: Path) 
     write_index(index_path, index)
     with pytest.raises(ValueError, match=record["path"]):
         shard_stage(params(target_shard_mb=16.0), index_path, tmp_path / "shards")
+
+
+def test_a_source_removed_since_ingest_is_named_with_the_fix(tmp_path: Path) -> None:
+    """It was a bare FileNotFoundError from deep in a worker, where a changed file already
+    said what had happened and what to do."""
+    source = write_image_folder(tmp_path / "images", per_class=4)
+    index_path = tmp_path / "index.json"
+    run_ingest(tiny_params(source).ingest, index_path, tmp_path / "ingest.json")
+    (source / "red" / "001.png").unlink()
+    with pytest.raises(ValueError, match=r"red/001\.png: removed since ingest .*; rerun ingest"):
+        shard_stage(params(target_shard_mb=16.0), index_path, tmp_path / "shards")
+
+
+def test_a_class_name_no_shard_set_can_carry_fails_before_any_shard(
+    tiny_index: Path, tmp_path: Path
+) -> None:
+    """An index naming such a class (from ingest code that accepted it) failed at the TFDS
+    files, after every shard was written over the last set and before its manifest."""
+    index = load_index(tiny_index)
+    renamed = {"red": "r\ned"}
+    index["classes"] = [renamed.get(c, c) for c in index["classes"]]
+    index["records"] = [
+        {**r, "label": renamed.get(r["label"], r["label"])} for r in index["records"]
+    ]
+    index_path = tmp_path / "index.json"
+    write_index(index_path, index)
+    shards = tmp_path / "shards"
+    with pytest.raises(
+        ValueError, match=r"index\.json: class 'r\\ned': .*line break.*rerun ingest"
+    ):
+        shard_stage(params(), index_path, shards)
+    assert not list(shards.glob("*.tfrecord*"))
 
 
 # -- reading back ----------------------------------------------------------------------------
