@@ -26,10 +26,12 @@ import base64
 import binascii
 import contextlib
 import csv
+import io
 import json
 import logging
 import os
 import re
+import stat
 import tempfile
 import threading
 import warnings
@@ -43,6 +45,8 @@ import numpy as np
 import pandas as pd  # at run time: MLflow resolves predict's type hints (mlflow imports it)
 from mlflow.pyfunc import PythonModel
 
+from tasks.atomic import write_text
+from tasks.content import csv_rows, display_name, file_kind
 from tasks.images import (
     ImageRejected,
     draft_for,
@@ -525,28 +529,28 @@ def _list_sources(source: Path) -> list[Path]:
         return sorted(
             path
             for path in source.rglob("*")
-            if path.is_file()
+            if not path.is_dir()  # a FIFO or a broken link gets its row, saying what it is
             and not any(part.startswith(".") for part in path.relative_to(source).parts)
         )
     if source.suffix.lower() == ".csv":
-        with source.open(newline="") as handle:
-            reader = csv.DictReader(handle)
-            if "path" not in (reader.fieldnames or []):
-                raise ValueError(
-                    f"{source}: a CSV of images needs a 'path' column (found {reader.fieldnames})"
-                )
-            paths = []
-            for row in reader:
-                if not (row["path"] or "").strip():  # a row in, a row out: never dropped
-                    raise ValueError(f"{source}, line {reader.line_num}: empty 'path'")
-                paths.append(source.parent / row["path"])
-            return paths
+        paths = []
+        for line, row in csv_rows(source, ("path",), "the CSV of images to predict"):
+            if not row["path"]:  # a row in, a row out: never dropped
+                raise ValueError(f"{source}, line {line}: empty 'path'")
+            paths.append(source.parent / row["path"])
+        return paths
     return [source]
 
 
 def read_limited(path: Path, limit: int) -> bytes:
-    """At most ``limit + 1`` bytes: enough for the model to refuse an oversized file."""
-    with path.open("rb") as handle:
+    """At most ``limit + 1`` bytes (enough for the model to refuse an oversized file) of a
+    regular file; anything else (a FIFO, a device, a folder) is an ``OSError`` naming what it
+    is, never a read that blocks or never ends."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with open(fd, "rb") as handle:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise OSError(f"not a regular file ({file_kind(mode)})")
         return handle.read(limit + 1)
 
 
@@ -576,7 +580,8 @@ def predict_files(
                 data.append(b"")
         frame = model.predict(pd.DataFrame({IMAGE_COLUMN: data}))
         for i, (path, result) in enumerate(zip(part, frame.to_dict("records"), strict=True)):
-            row = {"path": str(path), **{key: result[key] for key in RESULT_COLUMNS}}
+            row = {"path": display_name(str(path))}  # always writable, whatever the bytes
+            row.update({key: result[key] for key in RESULT_COLUMNS})
             row["error"] = unreadable.get(i, row["error"])
             rows.append(row)
         if progress is not None:
@@ -585,12 +590,12 @@ def predict_files(
 
 
 def write_predictions_csv(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path:
-    """``path,label,label_index,score,error`` per file."""
+    """``path,label,label_index,score,error`` per file, written whole or not at all."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=BATCH_COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({**row, "score": repr(float(row["score"]))})
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=BATCH_COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({**row, "score": repr(float(row["score"]))})
+    write_text(path, text.getvalue())
     return path

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import struct
+import threading
 import zlib
 from pathlib import Path
 from types import SimpleNamespace
@@ -204,7 +206,7 @@ def test_list_sources_reads_folders_csvs_and_single_files(tmp_path: Path) -> Non
     with pytest.raises(ValueError, match=r"list.csv, line 4: empty 'path'"):
         list_sources(listing)
     (tmp_path / "bad.csv").write_text("file\na.jpg\n")
-    with pytest.raises(ValueError, match=r"bad.csv: a CSV of images needs a 'path' column"):
+    with pytest.raises(ValueError, match=r"bad.csv: needs a header with columns `path`"):
         list_sources(tmp_path / "bad.csv")
 
 
@@ -268,3 +270,59 @@ def test_batch_prediction_tells_its_progress_after_each_chunk(tmp_path: Path) ->
     rows = predict_files(Pyfunc(), paths, 1 << 20, chunk=3, progress=lambda *at: told.append(at))
     assert [row["path"] for row in rows] == [str(path) for path in paths]
     assert told == [(3, 7), (6, 7), (7, 7)]
+
+
+class RedPyfunc:
+    """What predict_files uses of a loaded MLflow pyfunc: every image is red."""
+
+    def predict(self, frame: object) -> object:
+        import pandas as pd
+
+        rows = len(frame)  # type: ignore[arg-type]
+        return pd.DataFrame(
+            {"label": ["red"] * rows, "label_index": [2] * rows, "score": [0.9] * rows}
+            | {"error": [""] * rows}
+        )
+
+
+def test_files_a_batch_cannot_read_get_a_row_saying_why(tmp_path: Path) -> None:
+    """A FIFO blocked the batch forever (a folder's was dropped unsaid), a name that is not
+    UTF-8 crashed it after part of the CSV was written, a spreadsheet's CSV was refused."""
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    (folder / "ok.png").write_bytes(png_bytes(np.full((16, 16, 3), 90, np.uint8)))
+    os.mkfifo(folder / "pipe.jpg")
+    with open(os.fsencode(folder) + b"/caf\xe9.png", "wb") as handle:
+        handle.write(png_bytes(np.full((16, 16, 3), 30, np.uint8)))
+    listing = tmp_path / "list.csv"
+    listing.write_bytes("\ufeffpath\nphotos/ok.png\nphotos/pipe.jpg\n".encode())
+    assert list_sources(listing) == [tmp_path / "photos/ok.png", tmp_path / "photos/pipe.jpg"]
+    listing.write_bytes("path\nphotos/caf\xe9.png\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"list\.csv: not UTF-8 .*the CSV of images to predict"):
+        list_sources(listing)
+
+    sources = list_sources(folder)
+    assert len(sources) == 3  # the FIFO listed too
+    done: list[list[dict[str, object]]] = []
+    reading = threading.Thread(
+        target=lambda: done.append(predict_files(RedPyfunc(), sources, 1 << 20)), daemon=True
+    )
+    reading.start()
+    reading.join(60)  # a hang guard, never a time measured
+    assert done, "predict_files blocked on the FIFO"
+    rows = {str(row["path"]): row for row in done[0]}
+    assert rows[str(folder / "pipe.jpg")]["error"] == "cannot read: not a regular file (a FIFO)"
+    assert rows[str(folder / "ok.png")]["error"] == ""
+    assert rows[f"{folder}/caf\\xe9.png"]["label"] == "red"
+    out = write_predictions_csv(tmp_path / "out" / "p.csv", done[0])
+    with out.open(encoding="utf-8") as handle:
+        assert len(list(csv.DictReader(handle))) == 3
+
+
+def test_a_predictions_csv_is_written_whole_or_not_at_all(tmp_path: Path) -> None:
+    out = tmp_path / "p.csv"
+    out.write_text("path,label\nlast.jpg,red\n")
+    good = {"path": "a.jpg", "label": "red", "label_index": 2, "score": 0.9, "error": ""}
+    with pytest.raises(ValueError):
+        write_predictions_csv(out, [good, {**good, "score": "not a number"}])
+    assert out.read_text() == "path,label\nlast.jpg,red\n"
