@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import posixpath
 import stat
 import time
 from collections import Counter, defaultdict
@@ -17,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from PIL import ImageFile
@@ -380,16 +381,17 @@ class Discovered:
     """What a scan of the source found: files to inspect, and entries deliberately skipped."""
 
     candidates: list[Candidate]
-    skipped: list[dict[str, str]]  # {"path", "reason"}: hidden files, files outside classes
+    # {"path", "reason"}: hidden files, files outside classes, files a labels CSV leaves out
+    skipped: list[dict[str, str]]
     labels: list[str]  # every class the source names: its folders, or the CSV's labels
 
 
 def discover(source_dir: Path, labels_csv: Path | None = None) -> Discovered:
     """Files to ingest: one sub-folder per class, or the rows of a ``path,label`` CSV.
 
-    Nothing is dropped silently: hidden entries and files outside the class sub-folders are
-    listed as skipped; FIFOs, sockets, symlinks and the like become candidates, so inspection
-    quarantines them with a reason.
+    Nothing is dropped silently: hidden entries, files outside the class sub-folders and files
+    a CSV does not list are listed as skipped; FIFOs, sockets, symlinks and the like become
+    candidates, so inspection quarantines them with a reason.
     """
     if labels_csv is not None:
         if not labels_csv.exists():
@@ -403,7 +405,10 @@ def discover(source_dir: Path, labels_csv: Path | None = None) -> Discovered:
                 "label reruns ingest)"
             )
         rows = read_labels_csv(labels_csv)
-        return Discovered(sorted(rows, key=lambda c: c.path), [], sorted({r.label for r in rows}))
+        named = sorted({r.label for r in rows})
+        return Discovered(
+            sorted(rows, key=lambda c: c.path), _not_listed(source_dir, labels_csv, rows), named
+        )
     if not source_dir.is_dir():
         what = "not a folder" if source_dir.exists() else "source folder not found"
         raise FileNotFoundError(
@@ -457,35 +462,57 @@ def read_labels_csv(labels_csv: Path) -> list[Candidate]:
 def _class_files(
     source_dir: Path, class_dir: Path, skipped: list[dict[str, str]]
 ) -> list[Candidate]:
-    """Every non-hidden entry under one class folder that is not a real folder, sorted.
+    """Every non-hidden entry under one class folder that is not a real folder, sorted."""
+    rel = class_dir.relative_to(source_dir).as_posix()
+    return [Candidate(path, class_dir.name) for path in _files_under(class_dir, rel, skipped)]
+
+
+def _files_under(folder: Path, folder_rel: str, skipped: list[dict[str, str]]) -> list[str]:
+    """The paths (``folder_rel/...``; ``folder_rel`` "" for the source folder itself) of every
+    non-hidden entry under ``folder`` that is not a real folder, sorted; hidden entries and
+    folders that cannot be listed go to ``skipped``, sorted.
 
     Symlinks are never followed (a link, even to a folder, is a candidate, vetted by
     :class:`Locator`); ``os.scandir`` gives each entry's type without a ``stat`` per file.
     """
-    label = class_dir.name
-    found: list[Candidate] = []
+    found: list[str] = []
     own_skipped: list[dict[str, str]] = []
-    folders = [(os.fspath(class_dir), class_dir.relative_to(source_dir).as_posix())]
+    folders = [(os.fspath(folder), folder_rel)]
     while folders:
-        folder, folder_rel = folders.pop()
+        here, here_rel = folders.pop()
         try:
-            with os.scandir(folder) as entries:
+            with os.scandir(here) as entries:
                 listed = [(entry, entry.is_dir(follow_symlinks=False)) for entry in entries]
         except OSError as error:  # the run goes on; the report names what it could not list
             reason = f"unreadable folder, its files not listed: {error.strerror or error}"
-            own_skipped.append({"path": display_name(folder_rel) + "/", "reason": reason})
+            own_skipped.append({"path": display_name(here_rel) + "/", "reason": reason})
             continue
         for entry, is_folder in listed:
-            rel = f"{folder_rel}/{entry.name}"
+            rel = f"{here_rel}/{entry.name}" if here_rel else entry.name
             if entry.name.startswith("."):
                 reason = "hidden folder" if is_folder else "hidden"
                 own_skipped.append({"path": display_name(rel), "reason": reason})
             elif is_folder:
                 folders.append((entry.path, rel))
             else:
-                found.append(Candidate(rel, label))
+                found.append(rel)
     skipped.extend(sorted(own_skipped, key=lambda s: os.fsencode(s["path"])))
-    return sorted(found, key=lambda c: os.fsencode(c.path))
+    return sorted(found, key=os.fsencode)
+
+
+def _not_listed(source_dir: Path, labels_csv: Path, rows: list[Candidate]) -> list[dict[str, str]]:
+    """What a ``labels_csv`` leaves out of ``source_dir``, as skipped entries: every file the
+    CSV does not list (the CSV itself aside), and hidden entries that hold no listed file.
+    Every file in the folder is accounted for, listed or not."""
+    listed = {posixpath.normpath(row.path) for row in rows}
+    listed.add(os.path.relpath(labels_csv, source_dir).replace(os.sep, "/"))
+    holding = {str(parent) for path in listed for parent in PurePosixPath(path).parents}
+    walked: list[dict[str, str]] = []
+    files = _files_under(source_dir, "", walked)
+    skipped = [s for s in walked if s["path"].rstrip("/") not in listed | holding]
+    reason = "not listed in ingest.labels_csv"
+    skipped += [{"path": display_name(f), "reason": reason} for f in files if f not in listed]
+    return sorted(skipped, key=lambda s: os.fsencode(s["path"]))
 
 
 def assign_split(content_hash: str, fractions: SplitFractions, seed: int) -> str:

@@ -415,6 +415,29 @@ def test_labels_csv_rows_that_cannot_be_ingested_are_named_by_line(tmp_path: Pat
         ingest(src, tmp_path, labels_csv=str(csv_path))
 
 
+def test_files_a_labels_csv_leaves_out_are_accounted_as_skipped(tmp_path: Path) -> None:
+    """With a labels CSV, a file of source_dir it did not list was in no count: a folder of
+    nine images reported five found."""
+    src, names = flat_csv_source(tmp_path)
+    for folder, name, data in (
+        ("extra", "more.png", (src / names[0]).read_bytes()),
+        (".cache", "x.png", b"x"),
+        (".kept", "listed.png", (src / names[3]).read_bytes()),
+    ):
+        (src / folder).mkdir()
+        (src / folder / name).write_bytes(data)
+    rows = f"{names[0]},a\n{names[1]},b\n.kept/listed.png,b\n"
+    (src / "labels.csv").write_text("path,label\n" + rows)
+    report, _ = ingest(src, tmp_path, labels_csv=str(src / "labels.csv"))
+    assert report["accepted"] == 3 and report["files_found"] == 7
+    assert {s["path"]: s["reason"] for s in report["skipped"]} == {
+        ".cache": "hidden folder",
+        "extra/more.png": "not listed in ingest.labels_csv",
+        names[2]: "not listed in ingest.labels_csv",
+        names[3]: "not listed in ingest.labels_csv",
+    }
+
+
 def test_a_class_folder_no_shard_set_can_name_is_quarantined_by_name(tmp_path: Path) -> None:
     src = write_image_folder(tmp_path / "src", per_class=2)
     for bad in ("new\nline", "trailing ", "tab\there"):
