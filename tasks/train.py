@@ -19,6 +19,7 @@ MLflow); the others train beside it and write only scratch copies.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -132,8 +133,18 @@ def device_tags(params: TrainParams, strategy: tf.distribute.Strategy) -> dict[s
 
 
 def seed_everything(params: TrainParams) -> None:
-    """Seed Python, NumPy and TF; with ``deterministic`` CPU runs repeat bit for bit."""
+    """Seed Python, NumPy and TF and number Keras's unnamed layers from the start again;
+    with ``deterministic`` CPU runs repeat bit for bit, and so does the model file.
+
+    Keras names an unnamed layer or optimizer after the ones the process made before
+    (``input_layer``, then ``input_layer_1``, ...; keras.applications leaves its inputs
+    unnamed) and the model file holds those names: a second run in one process (a
+    deployment's, a retry, a resume after a failure) wrote other bytes for the same weights.
+    """
+    from keras.src.utils.naming import reset_uids  # the counter clear_session resets, alone
+
     keras.utils.set_random_seed(params.seed)
+    reset_uids()
     if params.deterministic:
         tf.config.experimental.enable_op_determinism()
 
@@ -258,10 +269,10 @@ class EpochReport(keras.callbacks.Callback):
 
 @dataclass(frozen=True)
 class Data:
-    """What one worker trains and validates on: its share of the train files, as an
-    endless iterator of distributed batches, and the val split (read by the chief)."""
+    """What one worker trains and validates on: its share of the train files, an endless
+    iterator of distributed batches for each epoch, and the val split (read by the chief)."""
 
-    train: Any  # iterator over per-replica (images, labels)
+    batches: Callable[[int], Any]  # epoch -> iterator over per-replica (images, labels)
     val: tf.data.Dataset
     steps_per_epoch: int
     global_batch: int
@@ -305,22 +316,29 @@ def read_data(
     strategy: tf.distribute.Strategy,
     store: ShardStore | None = None,
 ) -> Data:
-    def train_input(context: tf.distribute.InputContext) -> tf.data.Dataset:
-        # Sharded by file: worker i reads train files i, i + n, ... (AutoShardPolicy.FILE,
-        # done by the reader so it still knows its record count). Repeated, because the
-        # epoch is a count of steps: a worker whose files hold fewer records wraps around.
-        return read_split(
-            shards_dir,
-            "train",
-            batch_size=context.get_per_replica_batch_size(params.batch_size),
-            training=True,
-            seed=params.seed,
-            manifest=manifest,
-            file_shard=(context.input_pipeline_id, context.num_input_pipelines),
-            store=store,
-        ).repeat()
 
-    train_ds = strategy.distribute_datasets_from_function(train_input)
+    def batches(epoch: int) -> Any:
+        """Epoch ``epoch``'s batches, shuffled by a seed of its own: a run resumed at any
+        epoch reads what an uninterrupted run read there (one endless dataset reshuffles by
+        how many passes its process made, and a resumed process starts from the first)."""
+
+        def train_input(context: tf.distribute.InputContext) -> tf.data.Dataset:
+            # Sharded by file: worker i reads train files i, i + n, ... (AutoShardPolicy.FILE,
+            # done by the reader so it still knows its record count). Repeated, because the
+            # epoch is a count of steps: a worker whose files hold fewer records wraps around.
+            return read_split(
+                shards_dir,
+                "train",
+                batch_size=context.get_per_replica_batch_size(params.batch_size),
+                training=True,
+                seed=epoch_seed(params.seed, epoch),
+                manifest=manifest,
+                file_shard=(context.input_pipeline_id, context.num_input_pipelines),
+                store=store,
+            ).repeat()
+
+        return iter(strategy.distribute_datasets_from_function(train_input))
+
     val = read_split(
         shards_dir,
         "val",
@@ -329,9 +347,13 @@ def read_data(
         manifest=manifest,
         store=store,
     )
-    return Data(
-        iter(train_ds), val, steps_per_epoch(params, manifest, shards_dir), params.batch_size
-    )
+    return Data(batches, val, steps_per_epoch(params, manifest, shards_dir), params.batch_size)
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The reader's shuffle seed for ``epoch`` of a run seeded ``seed`` (a 63-bit int)."""
+    digest = hashlib.sha256(f"{seed}:{epoch}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
 
 
 # -- one step ------------------------------------------------------------------------------
@@ -474,7 +496,7 @@ def fit_phase(
     ended = start
     for epoch in range(start, phase.end):
         hooks.on_epoch_begin(epoch)
-        logs = run_epoch(steps.train, data)
+        logs = run_epoch(steps.train, data.batches(epoch), data.steps_per_epoch)
         if strategy.num_replicas_in_sync > 1:
             steps.sync_statistics()  # before validation, the backup and the model read them
         logs.update(validate(steps.evaluate, data.val, strategy))
@@ -489,19 +511,20 @@ def fit_phase(
     return ended
 
 
-def run_epoch(train: Callable[[Any], tf.Tensor], data: Data) -> dict[str, float]:
-    """One epoch of training steps; loss and accuracy over it, images/s and step time."""
+def run_epoch(train: Callable[[Any], tf.Tensor], batches: Any, steps: int) -> dict[str, float]:
+    """One epoch of ``steps`` training steps on ``batches``; loss and accuracy over it,
+    images/s and step time."""
     start = time.perf_counter()
     totals = tf.zeros(3)
-    for _ in range(data.steps_per_epoch):
-        totals += train(next(data.train))
+    for _ in range(steps):
+        totals += train(next(batches))
     loss_sum, correct, images = (float(x) for x in totals.numpy())  # waits for the last step
     seconds = max(time.perf_counter() - start, 1e-9)
     return {
         "loss": loss_sum / images,
         "accuracy": correct / images,
         "images_per_sec": images / seconds,
-        "step_time_ms": 1000 * seconds / data.steps_per_epoch,
+        "step_time_ms": 1000 * seconds / steps,
     }
 
 
@@ -683,8 +706,9 @@ def probe_input_bound(
     A ratio near 1 means the accelerator never waits for data; well above 1 means the input
     pipeline starves it. Logged per run so a starved accelerator shows in the MLflow UI.
     """
-    batch = next(data.train)
-    real_s = median_step_seconds(lambda: train_step(next(data.train)), steps, warmup)
+    batches = data.batches(0)
+    batch = next(batches)
+    real_s = median_step_seconds(lambda: train_step(next(batches)), steps, warmup)
     in_memory_s = median_step_seconds(lambda: train_step(batch), steps, warmup)
     return {
         "input_bound_ratio": real_s / in_memory_s,

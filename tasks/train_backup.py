@@ -1,7 +1,8 @@
 """The train stage's backup: which one a run may resume, and the state each epoch leaves.
 
 A killed run resumes at the epoch after the last one committed here: the weights with the
-optimizer's state, the epoch log (the figures of the epochs run before the kill), early
+optimizer's state, the random generators' states (dropout, augmentation: Keras saves no seed
+generator with the weights), the epoch log (the figures of the epochs run before the kill), early
 stopping's wait, best value and best weights, and the frozen phase's end weights once it is
 done. A backup is only resumed by the same run: ``identity.json`` records the train params,
 the shards' fingerprint and the training code's version it was made with (and the MLflow run
@@ -38,6 +39,7 @@ EPOCH_LOG_NAME = "epochs.jsonl"
 EPOCH_NAME = "epoch.json"  # written after the weights: the epoch's commit
 WEIGHTS_NAME = "state.weights.h5"  # Keras 3 saves weights (and optimizer) only to *.weights.h5
 MAIN_PHASE_WEIGHTS = "main_phase.weights.h5"
+RANDOM_NAME = "random.npz"  # the seed generators' states, beside the weights they go with
 MAIN_PHASE_DONE = "main_phase.json"  # written after the weights: the frozen phase's commit
 EARLY_STOPPING_NAME = "early_stopping.json"
 
@@ -150,11 +152,10 @@ class BackupDirs:
 
 
 def save_epoch(model: keras.Model, dirs: BackupDirs, epoch: int) -> None:
-    """Commit ``epoch``: weights and optimizer state first, then the epoch that names them."""
+    """Commit ``epoch``: weights, optimizer and random state first, then the epoch that
+    names them."""
     dirs.write.mkdir(parents=True, exist_ok=True)
-    tmp = dirs.write / f"tmp-{WEIGHTS_NAME}"
-    model.save_weights(tmp)
-    os.replace(tmp, dirs.write / WEIGHTS_NAME)
+    save_state(model, dirs.write, WEIGHTS_NAME)
     write_json(dirs.write / EPOCH_NAME, {"epoch": epoch})
 
 
@@ -166,16 +167,46 @@ def restore_epoch(model: keras.Model, dirs: BackupDirs) -> int:
     try:
         epoch = int(json.loads(path.read_text())["epoch"])
         model.load_weights(dirs.read / WEIGHTS_NAME)
+        load_random_state(model, dirs.read / RANDOM_NAME)
     except Exception as error:
         raise BackupUnusable(f"cannot restore {dirs.read}: {error}") from error
     return epoch + 1
 
 
+def save_state(model: keras.Model, folder: Path, weights_name: str) -> None:
+    """The model's weights (with its optimizer's) as ``weights_name`` and its random
+    generators' states beside them, each file written whole."""
+    tmp = folder / f"tmp-{weights_name}"
+    model.save_weights(tmp)
+    os.replace(tmp, folder / weights_name)
+    states = [np.asarray(v.numpy()) for v in random_state(model)]
+    with open(folder / f"tmp-{RANDOM_NAME}", "wb") as handle:
+        np.savez(handle, *states)
+    os.replace(folder / f"tmp-{RANDOM_NAME}", folder / RANDOM_NAME)
+
+
+def random_state(model: keras.Model) -> list[Any]:
+    """The states of the model's seed generators (dropout and augmentation draw from them),
+    in the model's order: a resumed run draws what an uninterrupted one would have."""
+    return [v for v in model.variables if v.path.endswith("seed_generator_state")]
+
+
+def load_random_state(model: keras.Model, path: Path) -> None:
+    """Set the model's seed generators to the states :func:`save_state` kept in ``path``."""
+    variables = random_state(model)
+    with np.load(path) as saved:
+        states = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+    if len(states) != len(variables):
+        raise ValueError(
+            f"{path} holds {len(states)} generator states, the model has {len(variables)}"
+        )
+    for variable, state in zip(variables, states, strict=True):
+        variable.assign(state)
+
+
 def commit_main_phase(model: keras.Model, dirs: BackupDirs, epochs_completed: int) -> None:
     """The frozen phase is done: keep its end weights and epoch count, drop its backup."""
-    tmp = dirs.write / f"tmp-{MAIN_PHASE_WEIGHTS}"
-    model.save_weights(tmp)
-    os.replace(tmp, dirs.write / MAIN_PHASE_WEIGHTS)
+    save_state(model, dirs.write, MAIN_PHASE_WEIGHTS)
     write_json(dirs.write / MAIN_PHASE_DONE, {"epochs_completed": epochs_completed})
     shutil.rmtree(dirs.write / "main", ignore_errors=True)
 
@@ -191,6 +222,7 @@ def restore_main_phase(model: keras.Model, dirs: BackupDirs) -> int | None:
             # The file holds the frozen phase's optimizer too; fine-tuning starts a new one.
             warnings.filterwarnings("ignore", message="Skipping variable loading for optim")
             model.load_weights(weights)
+        load_random_state(model, dirs.read / RANDOM_NAME)
     except Exception as error:
         raise BackupUnusable(f"cannot load {weights}: {error}") from error
     return int(json.loads(done.read_text())["epochs_completed"])

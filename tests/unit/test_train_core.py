@@ -117,6 +117,21 @@ def test_killed_run_resumes_where_it_stopped(tiny_shards: Path) -> None:
     assert rows[0]["loss"] == before[0]["loss"]  # epoch 1 kept from the killed run
 
 
+def test_a_resumed_run_ends_with_the_model_of_an_uninterrupted_one(tiny_shards: Path) -> None:
+    """The rerun after a kill read the first epoch's shuffle again (the reader's reshuffle
+    counts iterators, and a new process starts at the first), so a resumed run trained
+    another model than an uninterrupted one: another md5 in dvc.lock for the same inputs."""
+    layout = Layout(tiny_shards)
+    params = train_params(epochs=3, batch_size=16, early_stopping_patience=0)  # augmented
+    run(tiny_shards, params)
+    whole = layout.model_file.read_bytes()
+    layout.model_file.unlink()
+    with pytest.raises(KeyboardInterrupt):
+        run(tiny_shards, params, callbacks=[KillAfterEpoch(1)])
+    assert run(tiny_shards, params)["resumed_from_epoch"] == 2
+    assert layout.model_file.read_bytes() == whole
+
+
 def test_saved_model_predicts_class_probabilities(tiny_shards: Path) -> None:
     params = train_params(epochs=1, batch_size=16, early_stopping_patience=0)
     run(tiny_shards, params)
