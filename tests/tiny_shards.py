@@ -1,13 +1,15 @@
 """Tiny, learnable shard sets for training tests, written straight from the record schema.
 
 Built with :class:`RecordSchema` and :func:`build_manifest` only, so training tests do not
-depend on the shard stage: three classes of noisy solid colours, learnable in a few epochs.
+depend on the shard stage: three classes of noisy solid colours, learnable in a few epochs
+(any of the four :data:`BASE_COLOURS`, in any order, on request).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +18,12 @@ from tasks.manifest import MANIFEST_NAME, ShardFile, SplitInfo, build_manifest, 
 from tasks.schema import RecordSchema
 
 CLASSES = ("red", "green", "blue")
-BASE_COLOURS = {"red": (200, 40, 40), "green": (40, 200, 40), "blue": (40, 40, 200)}
+BASE_COLOURS = {
+    "red": (200, 40, 40),
+    "green": (40, 200, 40),
+    "blue": (40, 40, 200),
+    "yellow": (200, 200, 40),
+}
 DEFAULT_COUNTS = {"train": 24, "val": 6, "test": 10}  # per class
 
 
@@ -29,11 +36,13 @@ def write_tiny_shards(
     shards_per_split: int = 2,
     validated: bool = True,
     flipped: dict[str, int] | None = None,
+    classes: Sequence[str] = CLASSES,
 ) -> Path:
     """Write ``root/data/shards`` (+ a passing ``root/reports/validation.json``).
 
     ``flipped`` gives, per split, how many records get a wrong label on purpose (the next
     class's); their source path still names the colour they are (``red/test_003.png``).
+    ``classes``: names of :data:`BASE_COLOURS`, in the manifest's order (label = position).
     """
     import tensorflow as tf
 
@@ -46,7 +55,7 @@ def write_tiny_shards(
     splits: dict[str, SplitInfo] = {}
     for split, count in per_class.items():
         made = []
-        for label, name in enumerate(CLASSES):
+        for label, name in enumerate(classes):
             for i in range(count):
                 noise = rng.integers(-50, 51, size=(size, size, 3))
                 pixels = np.clip(np.array(BASE_COLOURS[name]) + noise, 0, 255).astype(np.uint8)
@@ -54,7 +63,7 @@ def write_tiny_shards(
         flips = (flipped or {}).get(split, 0)
         for position in np.linspace(0, len(made), flips, endpoint=False, dtype=int):
             pixels, label, source = made[position]
-            made[position] = (pixels, (label + 1) % len(CLASSES), source)
+            made[position] = (pixels, (label + 1) % len(classes), source)
         records = [
             schema.serialize(
                 schema.encode_image(pixels),
@@ -64,7 +73,7 @@ def write_tiny_shards(
             )
             for pixels, label, source in made
         ]
-        labels_given = [CLASSES[label] for _, label, _ in made]
+        labels_given = [classes[label] for _, label, _ in made]
         order = rng.permutation(len(records))
         shards = []
         for index, part in enumerate(np.array_split(order, shards_per_split)):
@@ -82,12 +91,12 @@ def write_tiny_shards(
             )
         splits[split] = SplitInfo(
             num_records=len(records),
-            class_counts={name: labels_given.count(name) for name in CLASSES},
+            class_counts={name: labels_given.count(name) for name in classes},
             shards=shards,
         )
     manifest = build_manifest(
         schema,
-        list(CLASSES),
+        list(classes),
         "none",
         splits,
         resize="stretch",

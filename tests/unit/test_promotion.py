@@ -8,7 +8,7 @@ import re
 import socket
 import subprocess
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -682,6 +682,143 @@ def test_champion_with_another_serving_spec_is_not_comparable_and_names_the_diff
     assert "image size and encoding: height=8, width=8" in decision["reason"]
     assert "height=16, width=16" in decision["reason"]
     assert "classes" in decision["reason"]
+
+
+# -- classes that differ: the champion re-scored by class name -------------------------------
+
+
+def colour_model(outputs: Sequence[str], colours: Sequence[str] | None = None) -> Any:
+    """A Keras model over tiny-shard tiles whose output ``i`` is the class ``outputs[i]``
+    and fires for the base colour ``colours[i]`` (default: its own): the nearest base colour
+    to a tile's mean wins. Swapped colours make a model that is wrong on purpose."""
+    import keras
+    import numpy as np
+
+    from tests.tiny_shards import BASE_COLOURS
+
+    prototypes = np.array([BASE_COLOURS[c] for c in colours or outputs], np.float32).T / 255
+    model = keras.Sequential(
+        [
+            keras.Input((16, 16, 3)),
+            keras.layers.Rescaling(1.0 / 255),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(len(outputs), activation="softmax"),
+        ]
+    )
+    # -|m - c|^2 up to a term every class shares, sharpened: the nearest colour wins.
+    model.layers[-1].set_weights([40 * prototypes, -20 * (prototypes**2).sum(axis=0)])
+    return model
+
+
+def project(root: Path, classes: Sequence[str], candidate: Any) -> Layout:
+    """Validated test shards of ``classes`` (in that order) under ``root``, ``candidate`` as
+    the trained model and its finished training run in the tracking store."""
+    from tasks import tracking
+    from tasks.manifest import load_manifest
+    from tests.tiny_shards import write_tiny_shards
+
+    write_tiny_shards(root, classes=classes, per_class={"train": 2, "val": 2, "test": 10})
+    layout = Layout(root)
+    layout.model_dir.mkdir(parents=True, exist_ok=True)
+    candidate.save(layout.model_file)
+    client = tracking.client(root)
+    run_id = client.create_run(tracking.experiment_id(client)).info.run_id
+    client.set_terminated(run_id)
+    fingerprint = load_manifest(layout.shards_dir).fingerprint
+    write_json(layout.train_run, {"run_id": run_id, "fingerprint": fingerprint})
+    return layout
+
+
+def register_colour_champion(
+    client: MlflowClient, layout: Layout, root: Path, classes: Sequence[str]
+) -> str:
+    """A champion that tells ``classes`` (its own order) apart perfectly, with today's pixel
+    spec, its recorded figure (a perfect 1.0) measured on an older test set."""
+    from dataclasses import replace
+
+    champion = Layout(root)
+    champion.model_dir.mkdir(parents=True)
+    colour_model(classes).save(champion.model_file)
+    spec = replace(current_spec(layout), classes=list(classes))
+    return register_champion(client, champion, spec, fingerprint="b" * 64, accuracy=1.0)
+
+
+@pytest.mark.parametrize(
+    ("candidate_colours", "promoted"),
+    [(None, True), (["green", "red", "blue", "yellow"], False)],
+    ids=["better-candidate", "worse-candidate"],
+)
+def test_a_champion_without_the_new_class_is_rescored_by_name_and_the_better_one_wins(
+    tmp_path: Path, mlflow_uri: str, candidate_colours: list[str] | None, promoted: bool
+) -> None:
+    """The bug: after ``shard.mode: append`` added a class, the 3-class champion was "not
+    comparable" with every 4-class candidate and stayed champion for ever. It is re-scored on
+    today's 4-class test shards by class name: right on red, green and blue, wrong on every
+    yellow record (a class it does not know), so 0.75. A perfect candidate (1.0) beats it; one
+    that swaps red and green (0.5) does not."""
+    today = ["red", "green", "blue", "yellow"]  # yellow appended
+    layout = project(tmp_path, today, colour_model(today, candidate_colours))
+    client = MlflowClient(mlflow_uri, mlflow_uri)
+    old = register_colour_champion(client, layout, tmp_path / "champion", today[:3])
+
+    result = evaluate(layout)
+
+    decision = result["promotion"]
+    assert result["accuracy"] == (1.0 if promoted else 0.5)
+    assert decision["comparable"] is True and decision["champion_value_source"] == "rescored"
+    assert decision["champion_value"] == pytest.approx(0.75)
+    assert decision["promoted"] is promoted
+    assert decision["class_differences"]["unknown_to_champion"] == ["yellow"]
+    assert decision["class_differences"]["unknown_today"] == []
+    assert "does not know yellow" in decision["champion_value_how"]
+    assert json.loads(layout.eval_summary.read_text())["promotion"] == decision
+    assert "does not know yellow" in layout.model_card.read_text()
+    champion = str(client.get_model_version_by_alias("m", CHAMPION).version)
+    assert champion == (result["model_version"] if promoted else old)
+
+
+def test_the_same_classes_in_another_order_are_comparable_and_the_better_champion_stays(
+    tmp_path: Path, mlflow_uri: str
+) -> None:
+    """The bug: a rebuild (or ``make compact``) sorts the classes by name where appends had
+    kept the base order; the same classes in another order made every candidate "not
+    comparable" for ever. The champion is re-scored by class name (not by output position,
+    which would score it 1/3): perfect, it stays champion over a candidate that swaps red and
+    green."""
+    today = ["blue", "green", "red"]  # sorted, as ingest orders them
+    layout = project(tmp_path, today, colour_model(today, ["blue", "red", "green"]))
+    client = MlflowClient(mlflow_uri, mlflow_uri)
+    old = register_colour_champion(client, layout, tmp_path / "champion", ["red", "green", "blue"])
+
+    result = evaluate(layout)
+
+    decision = result["promotion"]
+    assert result["accuracy"] == pytest.approx(1 / 3)
+    assert decision["comparable"] is True and decision["champion_value_source"] == "rescored"
+    assert decision["champion_value"] == 1.0
+    assert decision["promoted"] is False and decision["decision"] == "kept"
+    assert decision["class_differences"]["order_differs"] is True
+    assert "another order" in decision["champion_value_how"]
+    assert "another order" in layout.model_card.read_text()
+    assert str(client.get_model_version_by_alias("m", CHAMPION).version) == old
+
+
+def test_a_champion_is_scored_by_its_own_ranking_of_names() -> None:
+    """Today's classes a, b; the champion knows c, b, a (that order). Its prediction c is
+    wrong on an a record, never re-ranked to b after dropping c; its top 2 (c, b) misses a;
+    the macro figures are over today's two classes."""
+    import numpy as np
+
+    from tasks.evaluate import metrics_by_name
+
+    probs = np.array([[0.5, 0.3, 0.2], [0.1, 0.7, 0.2], [0.2, 0.1, 0.7]], np.float32)
+    labels = np.array([0, 1, 0])  # a, b, a
+    metrics = metrics_by_name(labels, probs, ["c", "b", "a"], ["a", "b"], top_k=2)
+    assert metrics["accuracy"] == pytest.approx(2 / 3)
+    assert metrics["top_k_accuracy"] == pytest.approx(2 / 3)
+    assert metrics["macro_recall"] == pytest.approx((1 / 2 + 1) / 2)
+    assert metrics["macro_precision"] == pytest.approx(1.0)
+    assert [row["class"] for row in metrics["per_class"]] == ["a", "b"]
 
 
 # -- evaluation's own run ------------------------------------------------------------------
