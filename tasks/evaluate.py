@@ -44,7 +44,9 @@ from tasks.processes import Later
 from tasks.promotion import (
     Figure,
     NotComparable,
+    Rescored,
     check_margin,
+    class_differences,
     decide,
     metric_definition,
     pending_decision,
@@ -85,24 +87,37 @@ def confusion_matrix(labels: np.ndarray, predicted: np.ndarray, num_classes: int
     return matrix
 
 
-def top_k_accuracy(labels: np.ndarray, probs: np.ndarray, k: int) -> float:
+def top_k_accuracy(
+    labels: np.ndarray, probs: np.ndarray, k: int, columns: np.ndarray | None = None
+) -> float:
+    """The share of records whose label is among the ``k`` most probable columns;
+    ``columns[j]``: the label column ``j`` stands for (default ``j``)."""
     top = np.argsort(-probs, axis=1, kind="stable")[:, :k]
+    top = top if columns is None else columns[top]
     return float(np.mean(np.any(top == labels[:, None], axis=1))) if len(labels) else 0.0
 
 
 def classification_metrics(
-    labels: np.ndarray, probs: np.ndarray, classes: list[str], *, top_k: int
+    labels: np.ndarray,
+    probs: np.ndarray,
+    classes: list[str],
+    *,
+    top_k: int,
+    columns: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """Accuracy, top-k, macro precision/recall/F1 and a per-class table.
 
     A class never predicted has precision 0; a class absent from the test set counts in the
-    macro averages with recall 0 (its row shows ``support: 0``).
+    macro averages with recall 0 (its row shows ``support: 0``). ``columns``: as
+    :func:`top_k_accuracy`'s; ``len(classes)`` stands for a class ``classes`` lacks, a
+    prediction that is wrong on every record (:func:`metrics_by_name`).
     """
     k = max(1, min(top_k, len(classes)))
-    predicted = probs.argmax(axis=1)
-    matrix = confusion_matrix(labels, predicted, len(classes))
+    predicted = probs.argmax(axis=1) if columns is None else columns[probs.argmax(axis=1)]
+    # One column more: predictions of a class not in ``classes`` (none without ``columns``).
+    matrix = confusion_matrix(labels, predicted, len(classes) + 1)[: len(classes)]
     true_pos = np.diag(matrix).astype(float)
-    support, predicted_count = matrix.sum(axis=1), matrix.sum(axis=0)
+    support, predicted_count = matrix.sum(axis=1), matrix[:, :-1].sum(axis=0)
     precision = np.divide(
         true_pos, predicted_count, out=np.zeros_like(true_pos), where=predicted_count > 0
     )
@@ -124,14 +139,34 @@ def classification_metrics(
     return {
         "accuracy": float(np.mean(predicted == labels)) if len(labels) else 0.0,
         "top_k": k,
-        "top_k_accuracy": top_k_accuracy(labels, probs, k),
+        "top_k_accuracy": top_k_accuracy(labels, probs, k, columns),
         "macro_precision": float(precision.mean()),
         "macro_recall": float(recall.mean()),
         "macro_f1": float(f1.mean()),
         "num_test_records": len(labels),
         "per_class": per_class,
-        "confusion_matrix": matrix.tolist(),
+        "confusion_matrix": matrix[:, :-1].tolist(),
     }
+
+
+def metrics_by_name(
+    labels: np.ndarray,
+    probs: np.ndarray,
+    model_classes: list[str],
+    classes: list[str],
+    *,
+    top_k: int,
+) -> dict[str, Any]:
+    """:func:`classification_metrics` of a model whose outputs are ``model_classes`` (the
+    champion's) on records labelled with ``classes`` (today's), matched by class name.
+
+    The prediction and the top k are the model's own ranking of all its classes, never
+    re-ranked after dropping one: predicting a class ``classes`` lacks is an error, and so is
+    every record of a class the model does not know. The macro figures are over ``classes``.
+    """
+    position = {name: index for index, name in enumerate(classes)}
+    columns = np.array([position.get(name, len(classes)) for name in model_classes], np.int64)
+    return classification_metrics(labels, probs, classes, top_k=top_k, columns=columns)
 
 
 # -- the core ------------------------------------------------------------------------------
@@ -487,33 +522,52 @@ def champion_scorer(
     metric: str,
     top_k: int,
     store: ShardStore | None = None,
-) -> Callable[[str], float]:
+) -> Callable[[str], Rescored]:
     """``rescore(version)``: that version's ``metric`` on the current test shards (read
-    from ``store`` when there is one).
+    from ``store`` when there is one), its classes matched to today's by name
+    (:func:`metrics_by_name`), and how they differed.
 
     Loads the version's Keras model from the registry (never a source image: the shards are
-    the input) after checking that its serving spec matches the current shards'; raises
-    :class:`NotComparable` naming what differs, or why the model could not be loaded.
+    the input) after checking that its serving spec describes the current shards' pixels;
+    raises :class:`NotComparable` naming what differs, or why the model could not be loaded.
     """
 
-    def rescore(version: str) -> float:
+    def rescore(version: str) -> Rescored:
         with tempfile.TemporaryDirectory() as tmp:
             model_file, recorded = download_registered(client, model_name, version, Path(tmp))
-            differences = spec_differences(recorded, spec.to_dict())
-            if differences:
-                raise NotComparable(
-                    f"its serving spec differs from the current shards' ({'; '.join(differences)})"
-                )
+            classes = scorable_classes(recorded, spec)
             from tasks.tf_imports import keras_without_extras
 
             try:
                 model = keras_without_extras().saving.load_model(model_file, compile=False)
             except (ValueError, OSError, TypeError) as exc:
                 raise NotComparable(f"its Keras model does not load here ({exc})") from None
+            if model.output_shape[-1] != len(classes):
+                raise NotComparable(
+                    f"its model has {model.output_shape[-1]} outputs for {len(classes)} classes"
+                )
             labels, probs, _ = predict_split(model, shards_dir, store=store)
-        return float(classification_metrics(labels, probs, spec.classes, top_k=top_k)[metric])
+        figures = metrics_by_name(labels, probs, classes, spec.classes, top_k=top_k)
+        return Rescored(float(figures[metric]), class_differences(classes, spec.classes))
 
     return rescore
+
+
+def scorable_classes(recorded: dict[str, Any], spec: ServingSpec) -> list[str]:
+    """The classes of a champion whose serving spec ``recorded`` describes the pixels of
+    ``spec`` (the current shards'); else :class:`NotComparable` naming what differs (and
+    how its classes differ too, when they do)."""
+    classes = recorded.get("classes")
+    if not isinstance(classes, list) or not classes:
+        raise NotComparable("its serving spec names no classes")
+    differences = spec_differences(recorded, spec.to_dict())
+    if differences:
+        also = class_differences(classes, spec.classes)
+        too = f"; its classes differ too: {also['in_words']}" if also else ""
+        raise NotComparable(
+            f"its serving spec differs from the current shards' ({'; '.join(differences)}){too}"
+        )
+    return [str(name) for name in classes]
 
 
 def download_registered(
@@ -674,6 +728,8 @@ def log_decision(client: MlflowClient, run_id: str, version: str, decision: dict
         "promotion.champion_value_how": str(decision.get("champion_value_how")),
         "registry.version": version,
     }
+    if decision.get("class_differences"):
+        tags["promotion.class_differences"] = decision["class_differences"]["in_words"]
     client.log_batch(
         run_id,
         metrics=[Metric(k, float(v), now, 0) for k, v in figures.items() if v is not None],

@@ -136,6 +136,8 @@ def metrics_section(metrics: Mapping[str, Any]) -> list[str]:
 
 
 def comparison_section(decision: Mapping[str, Any]) -> list[str]:
+    """The decision, the champion's figure and how it was obtained (re-scored by class name
+    when its classes differ from today's)."""
     lines = [
         "## Comparison with the champion",
         f"- decision: **{decision['decision']}** on {decision['metric']} "
@@ -144,6 +146,13 @@ def comparison_section(decision: Mapping[str, Any]) -> list[str]:
     ]
     if decision.get("champion_value_how"):
         lines.append(f"- the champion's figure: {decision['champion_value_how']}")
+    classes = decision.get("class_differences")
+    if classes:
+        lines.append(
+            f"- classes differ: the champion's {', '.join(classes['champion_classes'])}; "
+            f"today's {', '.join(classes['current_classes'])}; scored by class name: "
+            f"{classes['in_words']}"
+        )
     return lines
 
 

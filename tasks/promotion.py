@@ -5,10 +5,12 @@ definition (``eval.definition.<metric>``: its name and the params it depends on,
 ``top_k``) and the test set it was measured on (``eval.test_fingerprint``). When the
 champion's recorded figure was measured the same way on the same test set, it is compared
 as recorded. Otherwise the champion is re-scored on the current test set (a ``rescore``
-callable the evaluate stage supplies, which loads the champion's model and refuses when its
-serving spec does not match the current shards); only when that is impossible is the
-comparison "not comparable". :func:`decide` moves no alias (:func:`apply_decision` does),
-so the decision is recorded first.
+callable the evaluate stage supplies, which loads the champion's model and refuses when the
+pixels its serving spec describes are not the current shards'); only when that is impossible
+is the comparison "not comparable". Classes are no such obstacle: the champion is scored by
+class name (a class added since, or the same classes in another order), and the record says
+how its classes differed (:func:`class_differences`). :func:`decide` moves no alias
+(:func:`apply_decision` does), so the decision is recorded first.
 
 Moving the alias is guarded on the registry itself, whichever way the evaluation was started
 (a DVC stage, a deployment, another clone on the same tracking server): :func:`promote`
@@ -23,7 +25,7 @@ import math
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,13 +40,13 @@ if TYPE_CHECKING:
 # metric. The metrics not listed (accuracy, the macro averages) depend on none.
 METRIC_PARAMS: dict[str, tuple[str, ...]] = {"top_k_accuracy": ("top_k",)}
 # What of the serving spec decides which pixels the model sees: a champion whose spec
-# differs in any of these cannot be scored on the current test shards.
+# differs in any of these cannot be scored on the current test shards. Its classes can
+# differ: it is scored by class name.
 SPEC_FIELDS = {
     "record_schema": "image size and encoding",
     "resize": "resize policy",
     "draft_decode": "draft JPEG decoding",
     "preprocessing_version": "preprocessing version",
-    "classes": "classes",
 }
 RECORDED = "recorded"  # the champion's figure as its version tags hold it
 RESCORED = "rescored"  # the champion's model scored on the current test set
@@ -91,11 +93,55 @@ def spec_differences(champion: Mapping[str, Any], current: Mapping[str, Any]) ->
     ]
 
 
+def class_differences(champion: Sequence[str], current: Sequence[str]) -> dict[str, Any] | None:
+    """How the champion's classes differ from the current shards' (None: not at all): the
+    classes it does not know, those it knows that the current set lacks, whether the classes
+    both know come in another order, and all that in words."""
+    if list(champion) == list(current):
+        return None
+    shared = [name for name in champion if name in current]
+    differences: dict[str, Any] = {
+        "champion_classes": list(champion),
+        "current_classes": list(current),
+        "unknown_to_champion": [name for name in current if name not in champion],
+        "unknown_today": [name for name in champion if name not in current],
+        "order_differs": shared != [name for name in current if name in champion],
+    }
+    return {**differences, "in_words": class_words(differences)}
+
+
+def class_words(differences: Mapping[str, Any]) -> str:
+    """What :func:`class_differences` found, as the record and the card say it."""
+    unknown, gone = differences["unknown_to_champion"], differences["unknown_today"]
+    words = []
+    if unknown:
+        words.append(f"it does not know {', '.join(unknown)}: each test record of it is an error")
+    if gone:
+        words.append(
+            f"it knows {', '.join(gone)}, which the current classes lack: each prediction of it "
+            "is an error"
+        )
+    if differences["order_differs"]:
+        which = "the shared" if unknown or gone else "the same"
+        words.append(f"{which} classes in another order")
+    return "; ".join(words)
+
+
 def _short(value: Any) -> str:
     if isinstance(value, dict):  # the record schema: the fields a reader cares about
         keys = ("height", "width", "channels", "encoding")
         return ", ".join(f"{k}={value[k]}" for k in keys if k in value) or json.dumps(value)
     return str(value)
+
+
+@dataclass(frozen=True)
+class Rescored:
+    """The champion's figure re-scored on the current test set, and how its classes
+    differed from the current shards' (:func:`class_differences`; None: the same). A
+    ``rescore`` may return a plain float: a figure on the same classes."""
+
+    value: float
+    class_differences: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -128,16 +174,16 @@ def decide(
     *,
     margin: float,
     allow_incomparable: bool,
-    rescore: Callable[[str], float] | None = None,
+    rescore: Callable[[str], Rescored | float] | None = None,
 ) -> dict[str, Any]:
     """Whether ``version`` should take ``champion``: it must beat it by more than ``margin``
     on the same test set, measured the same way.
 
     The champion's recorded figure is used when it was measured with ``definition`` on
     ``test_fingerprint``; otherwise ``rescore(champion_version)`` scores it on the current
-    test set (raising :class:`NotComparable` when it cannot). Without a fair figure the
-    champion is kept unless ``allow_incomparable``. The record says which figure was used
-    and how it was obtained.
+    test set, by class name (raising :class:`NotComparable` when it cannot). Without a fair
+    figure the champion is kept unless ``allow_incomparable``. The record says which figure
+    was used and how it was obtained, and how the champion's classes differed.
     """
     check_margin(margin)
     tag_figure(client, model_name, version, figure)
@@ -155,6 +201,7 @@ def decide(
         "champion_recorded_value": None,
         "champion_value_source": None,
         "champion_value_how": None,
+        "class_differences": None,
         "comparable": True,
         "allow_incomparable": allow_incomparable,
     }
@@ -182,10 +229,10 @@ def champion_figure(
     model_name: str,
     champion: str,
     candidate: Mapping[str, Any],
-    rescore: Callable[[str], float] | None,
+    rescore: Callable[[str], Rescored | float] | None,
 ) -> dict[str, Any]:
     """The champion's figure to compare with, and how it was obtained (recorded or
-    re-scored), or why there is none (``comparable: False``)."""
+    re-scored, and how its classes differed), or why there is none (``comparable: False``)."""
     tags = client.get_model_version(model_name, champion).tags
     metric, definition = candidate["metric"], candidate["definition"]
     recorded = float(tags.get(f"eval.{metric}", "nan"))
@@ -214,15 +261,18 @@ def champion_figure(
     if rescore is None:
         return {**found, "comparable": False, "champion_value_how": because}
     try:
-        value = rescore(champion)
+        scored = rescore(champion)
     except NotComparable as exc:
         return {**found, "comparable": False, "champion_value_how": f"{because}; {exc}"}
+    scored = scored if isinstance(scored, Rescored) else Rescored(float(scored))
+    classes = scored.class_differences
+    by_name = f" by class name ({classes['in_words']})" if classes else ""
     how = (
         f"re-scored on the current test set {candidate['test_fingerprint'][:12]} as "
-        f"{definition}, because {because}"
+        f"{definition}{by_name}, because {because}"
     )
-    rescored = {"champion_value": value, "champion_value_source": RESCORED}
-    return {**found, **rescored, "champion_value_how": how}
+    rescored = {"champion_value": scored.value, "champion_value_source": RESCORED}
+    return {**found, **rescored, "champion_value_how": how, "class_differences": classes}
 
 
 def outcome(decision: Mapping[str, Any], allow_incomparable: bool) -> dict[str, Any]:
