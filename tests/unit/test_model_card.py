@@ -137,3 +137,23 @@ def test_a_card_without_an_ingest_report_or_a_fair_comparison_says_so() -> None:
     text = card(ingest_report=None, decision=decision)
     assert "no ingest report beside these shards" in text
     assert "not compared with the champion on the same data" in text
+
+
+def test_a_card_says_how_the_champion_s_classes_differed() -> None:
+    """A champion re-scored by class name: the card names both class lists and what the
+    champion was scored with (a class it does not know counts as its error)."""
+    from tasks.promotion import class_differences
+
+    differences = class_differences(["cat"], ["cat", "dog"])
+    decision = {
+        "decision": "promoted",
+        "metric": "accuracy",
+        "reason": "accuracy 0.7000 beats champion v2 (0.6000, re-scored ...)",
+        "comparable": True,
+        "class_differences": differences,
+    }
+    text = card(decision=decision)
+    assert "- classes differ: the champion's cat; today's cat, dog; scored by class name" in text
+    assert "it does not know dog: each test record of it is an error" in text
+    assert class_differences(["cat", "dog"], ["cat", "dog"]) is None
+    assert "classes differ" not in card()
