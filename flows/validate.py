@@ -49,7 +49,7 @@ def validate_task(layout: Layout, limits: ValidateParams) -> dict[str, Any]:
         limits=limits,
     )
     gated = [c for c in report["checks"] if c["name"] == "data_diff"]
-    if gated and "accepted_fingerprint" in gated[0]["details"]:  # written by this run
+    if gated and "diff" in gated[0]["details"]:  # written by this run
         create_markdown_artifact(
             key="data-diff",
             markdown=layout.data_diff.with_suffix(".md").read_text(),

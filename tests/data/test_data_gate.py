@@ -105,6 +105,27 @@ def test_the_first_build_is_recorded_as_the_accepted_version(tmp_path: Path) -> 
     assert project.layout.accepted_data.read_bytes() == before
 
 
+def test_a_passing_report_reads_the_same_before_and_after_its_set_is_accepted(
+    tmp_path: Path,
+) -> None:
+    """Train and evaluate depend on reports/validation.json. A passing validation makes its
+    set the accepted version, so validating the same shards again (a validate param changed)
+    reworded the data gate's check ("the accepted data version ...") and retrained on them."""
+    project = GatedProject(tmp_path)
+    project.update("rebuild")
+    assert project.validate()["passed"]  # the first build becomes the accepted version
+    add_images(project.source, "red", 2, seed=9)
+    project.update("rebuild")
+    assert project.validate()["passed"]  # grown within the limits: accepted now
+    first = project.layout.validation_report.read_bytes()
+    assert project.validate(ValidateParams(max_class_share_shift=0.2, allow_new_classes=False))[
+        "passed"
+    ]
+    assert project.layout.validation_report.read_bytes() == first
+    diff = json.loads(project.layout.data_diff.read_text())  # the gate's detail is there
+    assert diff["accepted_fingerprint"] == project.fingerprint() and diff["unchanged"]
+
+
 class Killed(Exception):
     """Stands for SIGKILL: the stage stops between two shards."""
 
