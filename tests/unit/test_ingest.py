@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 from pathlib import Path
 
@@ -474,6 +475,20 @@ def test_a_linked_class_folder_is_skipped_not_followed(tmp_path: Path) -> None:
         for name in ("crimson", "outside")
     }
     assert report["quarantined"] == [] and report["files_found"] == 11
+
+
+def test_a_rerun_that_changes_no_verdict_writes_the_same_report(tmp_path: Path) -> None:
+    """Evaluate depends on reports/ingest.json (the model card sums it up). It held how the
+    run got its verdicts (decoded, reused, stat-trusted), so any ingest rerun (a param that
+    changes no verdict, a file moved out and back) re-evaluated the same model; those counts
+    are the run's return and log line, not the report's."""
+    src = write_image_folder(tmp_path / "src", per_class=3)
+    first, _ = ingest(src, tmp_path)
+    written = (tmp_path / "ingest.json").read_bytes()
+    second, _ = ingest(src, tmp_path, handoff_mb=1)
+    assert (first["decoded_count"], second["reused_count"]) == (9, 9)
+    assert (tmp_path / "ingest.json").read_bytes() == written
+    assert "reused_count" not in json.loads(written)
 
 
 def test_a_source_dir_that_is_a_file_says_so(tmp_path: Path) -> None:
