@@ -38,10 +38,10 @@ demo-data: install  ## generate the demo dataset into data/demo unless it exists
 run: install  ## demo data if missing, then the whole pipeline with `dvc repro` under the workspace lock
 	$(BIN)/python -m flows.cli run
 
-compact: install  ## fold every shard generation into one (a rebuild), record it, rerun what follows
+compact: install  ## ingest if the sources changed, fold every shard generation into one (a rebuild), record it, rerun what follows
 	$(BIN)/python -m flows.server ensure
 	$(BIN)/python -m tasks.workspace_lock -- bash -c \
-	  '$(BIN)/python -m flows.shard compact && $(BIN)/dvc commit --force shard && $(BIN)/dvc repro'
+	  '$(BIN)/dvc repro ingest && $(BIN)/python -m flows.shard compact && $(BIN)/dvc commit --force shard && $(BIN)/dvc repro'
 
 
 lint: install  ## ruff, mypy and the import-linter contract (training never imports shard code)

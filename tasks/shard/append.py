@@ -25,6 +25,12 @@ class RebuildNeeded(ValueError):
 
 
 REBUILD_HINT = "set shard.mode: rebuild in params.yaml (or run `make compact`)"
+# The set dvc.lock records is in this clone's DVC cache when the clone built it (a failed
+# rebuild or compaction removed it from the folder) and in the remote once pushed.
+RESTORE_HINT = (
+    "restore the set dvc.lock records with `dvc checkout data/shards` (from this clone's DVC "
+    "cache) or `dvc pull data/shards` (from the remote; a fresh clone has only its hash)"
+)
 
 
 def load_base(shards_dir: Path) -> ShardManifest:
@@ -32,8 +38,7 @@ def load_base(shards_dir: Path) -> ShardManifest:
     if not (shards_dir / MANIFEST_NAME).exists():
         raise FileNotFoundError(
             f"{shards_dir / MANIFEST_NAME}: shard.mode is append but the base shard set is "
-            "not here; fetch it with `dvc pull data/shards` (a fresh clone has only its "
-            "hash), or set shard.mode: rebuild to build the whole set again"
+            f"not here; {RESTORE_HINT}, or set shard.mode: rebuild to build the whole set again"
         )
     base = load_manifest(shards_dir)
     for info in base.splits.values():
@@ -41,8 +46,8 @@ def load_base(shards_dir: Path) -> ShardManifest:
             path = shards_dir / shard.file
             if not path.is_file() or path.stat().st_size != shard.bytes:
                 raise FileNotFoundError(
-                    f"{path}: a base shard is missing or incomplete; fetch the base with "
-                    "`dvc pull data/shards`, or set shard.mode: rebuild"
+                    f"{path}: a base shard is missing or incomplete; {RESTORE_HINT}, or set "
+                    "shard.mode: rebuild"
                 )
     return base
 
