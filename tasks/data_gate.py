@@ -154,6 +154,11 @@ def violations(
             )
     if diff["new_classes"] and not allow_new_classes:
         problems.append(f"new classes {diff['new_classes']} (validate.allow_new_classes is false)")
+    if diff["removed_classes"]:  # a lost source folder or a failed sync, until accepted
+        problems.append(
+            f"classes removed {diff['removed_classes']}: the accepted version has records of "
+            "them, these shards none"
+        )
     return problems
 
 

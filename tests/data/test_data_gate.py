@@ -126,6 +126,20 @@ def test_a_passing_report_reads_the_same_before_and_after_its_set_is_accepted(
     assert diff["accepted_fingerprint"] == project.fingerprint() and diff["unchanged"]
 
 
+def test_a_class_that_vanished_is_refused_until_accepted(tmp_path: Path) -> None:
+    """A class whose folder went missing (a failed sync) passed when its share was under
+    the shift limit: the next model silently stopped knowing it."""
+    project = GatedProject(tmp_path)
+    project.update("rebuild")
+    assert project.validate()["passed"]
+    shutil.rmtree(project.source / "blue")
+    project.update("rebuild")
+    report = project.validate(ValidateParams(max_class_share_shift=1.0, allow_new_classes=True))
+    assert list(failed(report)) == ["data_diff"]
+    assert "classes removed ['blue']" in failed(report)["data_diff"]
+    assert "shardflow accept-data --fingerprint" in failed(report)["data_diff"]
+
+
 class Killed(Exception):
     """Stands for SIGKILL: the stage stops between two shards."""
 
