@@ -505,11 +505,12 @@ def _not_listed(source_dir: Path, labels_csv: Path, rows: list[Candidate]) -> li
     CSV does not list (the CSV itself aside), and hidden entries that hold no listed file.
     Every file in the folder is accounted for, listed or not."""
     listed = {posixpath.normpath(row.path) for row in rows}
-    listed.add(os.path.relpath(labels_csv, source_dir).replace(os.sep, "/"))
+    listed.add(PurePosixPath(labels_csv.resolve().relative_to(source_dir.resolve())).as_posix())
     holding = {str(parent) for path in listed for parent in PurePosixPath(path).parents}
+    covered = listed | holding
     walked: list[dict[str, str]] = []
     files = _files_under(source_dir, "", walked)
-    skipped = [s for s in walked if s["path"].rstrip("/") not in listed | holding]
+    skipped = [s for s in walked if s["path"].rstrip("/") not in covered]
     reason = "not listed in ingest.labels_csv"
     skipped += [{"path": display_name(f), "reason": reason} for f in files if f not in listed]
     return sorted(skipped, key=lambda s: os.fsencode(s["path"]))
