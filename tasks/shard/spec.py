@@ -109,7 +109,10 @@ def read_checked(path: Path, sha256: str) -> bytes:
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        raise ValueError(f"{path}: removed since ingest (no such file); rerun ingest") from None
+        raise FileNotFoundError(
+            f"{path}: no such file here: removed since ingest (rerun ingest), or a worker "
+            "that does not share the source folder (set shard.staging_url)"
+        ) from None
     if hashlib.sha256(data).hexdigest() != sha256:
         raise ValueError(f"{path}: content changed since ingest (sha256 differs); rerun ingest")
     return data

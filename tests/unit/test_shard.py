@@ -210,7 +210,10 @@ def test_a_source_removed_since_ingest_is_named_with_the_fix(tmp_path: Path) -> 
     index_path = tmp_path / "index.json"
     run_ingest(tiny_params(source).ingest, index_path, tmp_path / "ingest.json")
     (source / "red" / "001.png").unlink()
-    with pytest.raises(ValueError, match=r"red/001\.png: removed since ingest .*; rerun ingest"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"red/001\.png: no such file here: removed since ingest \(rerun ingest\)",
+    ):
         shard_stage(params(target_shard_mb=16.0), index_path, tmp_path / "shards")
 
 
