@@ -19,7 +19,6 @@ MLflow); the others train beside it and write only scratch copies.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
@@ -269,10 +268,11 @@ class EpochReport(keras.callbacks.Callback):
 
 @dataclass(frozen=True)
 class Data:
-    """What one worker trains and validates on: its share of the train files, an endless
-    iterator of distributed batches for each epoch, and the val split (read by the chief)."""
+    """What one worker trains and validates on: its share of the train files, as an endless
+    iterator of distributed batches from a given epoch on, and the val split (read by the
+    chief)."""
 
-    batches: Callable[[int], Any]  # epoch -> iterator over per-replica (images, labels)
+    batches: Callable[[int], Any]  # first epoch -> iterator over per-replica (images, labels)
     val: tf.data.Dataset
     steps_per_epoch: int
     global_batch: int
@@ -316,26 +316,39 @@ def read_data(
     strategy: tf.distribute.Strategy,
     store: ShardStore | None = None,
 ) -> Data:
+    steps = steps_per_epoch(params, manifest, shards_dir)
 
-    def batches(epoch: int) -> Any:
-        """Epoch ``epoch``'s batches, shuffled by a seed of its own: a run resumed at any
-        epoch reads what an uninterrupted run read there (one endless dataset reshuffles by
-        how many passes its process made, and a resumed process starts from the first)."""
+    def batches(first_epoch: int) -> Any:
+        """The batches of every epoch from ``first_epoch`` on, ``steps`` an epoch, each
+        epoch shuffled by a seed of its own: a run resumed at any epoch reads what an
+        uninterrupted run read there (one endless dataset reshuffles by how many passes its
+        process made, and a resumed process starts from the first). One iterator for them
+        all: a dataset built anew each epoch cost 0.35 s of its 1.5 s on the demo."""
 
         def train_input(context: tf.distribute.InputContext) -> tf.data.Dataset:
-            # Sharded by file: worker i reads train files i, i + n, ... (AutoShardPolicy.FILE,
-            # done by the reader so it still knows its record count). Repeated, because the
-            # epoch is a count of steps: a worker whose files hold fewer records wraps around.
-            return read_split(
-                shards_dir,
-                "train",
-                batch_size=context.get_per_replica_batch_size(params.batch_size),
-                training=True,
-                seed=epoch_seed(params.seed, epoch),
-                manifest=manifest,
-                file_shard=(context.input_pipeline_id, context.num_input_pipelines),
-                store=store,
-            ).repeat()
+            @tf.autograph.experimental.do_not_convert
+            def epoch(number: tf.Tensor) -> tf.data.Dataset:
+                # Sharded by file: worker i reads train files i, i + n, ... (AutoShardPolicy
+                # FILE, done by the reader so it still knows its record count). Repeated,
+                # then cut: an epoch is a count of steps, and a worker whose files hold
+                # fewer records wraps around within it.
+                return (
+                    read_split(
+                        shards_dir,
+                        "train",
+                        batch_size=context.get_per_replica_batch_size(params.batch_size),
+                        training=True,
+                        seed=epoch_seed(params.seed, number),
+                        manifest=manifest,
+                        file_shard=(context.input_pipeline_id, context.num_input_pipelines),
+                        store=store,
+                    )
+                    .repeat()
+                    .take(steps)
+                )
+
+            epochs = tf.data.Dataset.range(first_epoch, tf.int64.max)
+            return epochs.flat_map(epoch).prefetch(tf.data.AUTOTUNE)
 
         return iter(strategy.distribute_datasets_from_function(train_input))
 
@@ -347,13 +360,16 @@ def read_data(
         manifest=manifest,
         store=store,
     )
-    return Data(batches, val, steps_per_epoch(params, manifest, shards_dir), params.batch_size)
+    return Data(batches, val, steps, params.batch_size)
 
 
-def epoch_seed(seed: int, epoch: int) -> int:
-    """The reader's shuffle seed for ``epoch`` of a run seeded ``seed`` (a 63-bit int)."""
-    digest = hashlib.sha256(f"{seed}:{epoch}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 1
+EPOCH_SEED_STRIDE = 1_000_003  # a prime: seed s, epoch e and seed s', epoch e' rarely meet
+
+
+def epoch_seed(seed: int, epoch: Any) -> Any:
+    """The reader's shuffle seed for ``epoch`` (an int or an int64 tensor) of a run seeded
+    ``seed``: the same for the same pair, in a resumed process as in the first."""
+    return seed * EPOCH_SEED_STRIDE + epoch
 
 
 # -- one step ------------------------------------------------------------------------------
@@ -494,9 +510,10 @@ def fit_phase(
     model.stop_training = False
     hooks.on_train_begin()
     ended = start
+    batches = data.batches(start)
     for epoch in range(start, phase.end):
         hooks.on_epoch_begin(epoch)
-        logs = run_epoch(steps.train, data.batches(epoch), data.steps_per_epoch)
+        logs = run_epoch(steps.train, batches, data.steps_per_epoch)
         if strategy.num_replicas_in_sync > 1:
             steps.sync_statistics()  # before validation, the backup and the model read them
         logs.update(validate(steps.evaluate, data.val, strategy))
