@@ -24,7 +24,12 @@ import numpy as np
 
 from tasks import processes
 from tasks.atomic import write_json
-from tasks.gate import check_model_matches, check_validated, check_validated_store
+from tasks.gate import (
+    ShardsNotValidated,
+    check_model_matches,
+    check_validated,
+    check_validated_store,
+)
 from tasks.inference import predict_batch
 from tasks.label_review import (
     REVIEWED_SPLITS,
@@ -810,7 +815,7 @@ def run_evaluate(
     try:
         client = tracking.client(layout.root)
         runs = {"training": record["run_id"]}
-        client.get_run(runs["training"])  # the store open (imports, engine, schema) meanwhile
+        training_run(client, runs["training"], layout)  # the store opens meanwhile
         spec = ServingSpec.from_manifest(manifest, params.ingest)
         logged = log_due_pyfunc(
             client,
@@ -851,6 +856,28 @@ def run_evaluate(
         key: tracking.run_url(client, runs[key], layout.root) for key in ("training", "evaluation")
     }
     return {**result, "run_url": urls["training"], "eval_run_url": urls["evaluation"]}
+
+
+class TrainingRunNotInStore(ShardsNotValidated):
+    """Refused (never retried): the training run ``models/run.json`` names is not in the
+    tracking store this evaluation logs to."""
+
+
+def training_run(client: MlflowClient, run_id: str, layout: Layout) -> Run:
+    """The training run ``models/run.json`` names; refused by name when the store does not
+    hold it (``MLFLOW_TRACKING_URI`` pointed elsewhere since, or ``mlflow.db`` deleted)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_run(run_id)
+    except MlflowException as exc:
+        if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        raise TrainingRunNotInStore(
+            f"{layout.train_run} names the MLflow run {run_id}, which this tracking store "
+            "(MLFLOW_TRACKING_URI, else mlflow.db) does not hold: it was made against another "
+            "store or deleted; train again into this one with `dvc repro -f train`"
+        ) from None
 
 
 def track_evaluation(

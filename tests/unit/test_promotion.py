@@ -18,7 +18,7 @@ import pytest
 from mlflow import MlflowClient
 
 from tasks.atomic import write_json
-from tasks.evaluate import run_evaluate
+from tasks.evaluate import TrainingRunNotInStore, run_evaluate
 from tasks.gate import ModelNotFromTheseShards, ShardsNotValidated
 from tasks.layout import Layout
 from tasks.params import default_params
@@ -448,6 +448,20 @@ def test_model_trained_on_other_shards_is_refused(model_root: Layout) -> None:
     with pytest.raises(ModelNotFromTheseShards, match=r"run\.json.*trained on shards ffffff"):
         evaluate(model_root)
     assert refused(model_root)
+
+
+def test_a_training_run_the_store_does_not_hold_is_refused_naming_the_fix(
+    model_root: Layout,
+) -> None:
+    """With mlflow.db deleted or MLFLOW_TRACKING_URI pointed elsewhere, evaluation failed
+    with MLflow's bare "Run with id=... not found", retried twice."""
+    record = json.loads(model_root.train_run.read_text())
+    write_json(model_root.train_run, {**record, "run_id": "0" * 32})
+    with pytest.raises(
+        TrainingRunNotInStore, match=r"run\.json names the MLflow run 0{32}.*dvc repro -f train"
+    ):
+        evaluate(model_root)
+    assert not model_root.eval_metrics.exists()
 
 
 def test_evaluation_refuses_unvalidated_shards(model_root: Layout) -> None:
