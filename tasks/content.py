@@ -9,11 +9,12 @@ import the manifest for either. Ingest and batch prediction read a user's CSV on
 from __future__ import annotations
 
 import csv
+import functools
 import hashlib
 import os
 import stat
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 SPLITS = ("train", "val", "test")
@@ -45,6 +46,7 @@ def file_kind(mode: int) -> str:
     return next((name for test, name in kinds.items() if test(mode)), "not a file")
 
 
+@functools.cache  # ingest asks once per file, of a few distinct labels
 def class_name_problem(name: str) -> str | None:
     """Why ``name`` cannot be a class (None when it can): class names are written one a line
     (TFDS's ``label.labels.txt``, read back stripped) and shown in reports, so a name is one
@@ -56,6 +58,14 @@ def class_name_problem(name: str) -> str | None:
     if len(name.splitlines()) != 1 or any(unicodedata.category(c) == "Cc" for c in name):
         return "a class name cannot hold a line break or a control character"
     return None
+
+
+def check_class_names(names: Iterable[str], where: str, fix: str) -> None:
+    """Refuse (``ValueError``: ``where``, the name, why, ``fix``) the first of ``names``
+    that cannot be a class (:func:`class_name_problem`)."""
+    for name in names:
+        if problem := class_name_problem(name):
+            raise ValueError(f"{where}: class {name!r}: {problem}; {fix}")
 
 
 def csv_rows(

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.atomic import write_json, write_text
-from tasks.content import class_name_problem
+from tasks.content import check_class_names
 from tasks.manifest import ShardManifest
 from tasks.schema import HASH_KEY, IMAGE_KEY, LABEL_KEY, SOURCE_KEY
 
@@ -110,11 +110,7 @@ def dataset_info_json(manifest: ShardManifest) -> dict[str, Any]:
 
 def labels_text(manifest: ShardManifest) -> str:
     """Class names one a line, in label order (what ``ClassLabel(names_file=...)`` reads)."""
-    for name in manifest.classes:
-        if problem := class_name_problem(name):
-            raise ValueError(
-                f"class name {name!r} cannot be written one a line for TFDS: {problem}"
-            )
+    check_class_names(manifest.classes, "TFDS's label.labels.txt", "it holds one a line")
     return "".join(f"{name}\n" for name in manifest.classes)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from tasks import data_diff
 from tasks import handoff as handoff_store
 from tasks.atomic import write_text
-from tasks.content import class_name_problem
+from tasks.content import check_class_names
 from tasks.gc_pause import paused_gc
 from tasks.images import preprocessing_version
 from tasks.index import read_header
@@ -132,12 +132,11 @@ def plan_stage(
     """
     shards_dir, index_path = Path(shards_dir), Path(index_path)
     header = read_header(index_path)
-    for name in header["classes"]:  # before any shard is written, not at the TFDS files
-        if problem := class_name_problem(name):
-            raise ValueError(
-                f"{index_path}: class {name!r}: {problem}; rerun ingest, which quarantines "
-                "such a class's files (rename its folder or fix its label)"
-            )
+    check_class_names(  # before any shard is written, not at the TFDS files
+        header["classes"],
+        str(index_path),
+        "rerun ingest, which quarantines such a class's files (rename its folder or fix its label)",
+    )
     sample = params.encoding != "raw"
     if params.mode == "rebuild":
         previous, previous_records = _previous(shards_dir)
