@@ -36,8 +36,7 @@ if TYPE_CHECKING:
 
 IDENTITY_NAME = "identity.json"
 EPOCH_LOG_NAME = "epochs.jsonl"
-EPOCH_NAME = "epoch.json"  # written after the weights: the epoch's commit
-WEIGHTS_NAME = "state.weights.h5"  # Keras 3 saves weights (and optimizer) only to *.weights.h5
+EPOCH_NAME = "epoch.json"  # written after the epoch's files, naming them: the epoch's commit
 MAIN_PHASE_WEIGHTS = "main_phase.weights.h5"
 RANDOM_NAME = "random.npz"  # the seed generators' states, beside the weights they go with
 MAIN_PHASE_DONE = "main_phase.json"  # written after the weights: the frozen phase's commit
@@ -152,11 +151,27 @@ class BackupDirs:
 
 
 def save_epoch(model: keras.Model, dirs: BackupDirs, epoch: int) -> None:
-    """Commit ``epoch``: weights, optimizer and random state first, then the epoch that
-    names them."""
+    """Commit ``epoch``: its weights, optimizer and random state go to files named by the
+    epoch, then ``epoch.json`` names them, then the previous epoch's files go.
+
+    The files of the committed epoch are never overwritten: a kill at any point resumes
+    with the weights and random state of the epoch ``epoch.json`` names (one shared file
+    name let a kill between the weights and the commit resume a finished epoch's weights
+    at that epoch, training it twice)."""
     dirs.write.mkdir(parents=True, exist_ok=True)
-    save_state(model, dirs.write, WEIGHTS_NAME)
-    write_json(dirs.write / EPOCH_NAME, {"epoch": epoch})
+    names = epoch_files(epoch)
+    save_state(model, dirs.write, *names)
+    write_json(dirs.write / EPOCH_NAME, {"epoch": epoch, "weights": names[0], "random": names[1]})
+    for pattern in ("state-*.weights.h5", "random-*.npz"):
+        for stale in dirs.write.glob(pattern):
+            if stale.name not in names:
+                stale.unlink()
+
+
+def epoch_files(epoch: int) -> tuple[str, str]:
+    """The weights file (Keras 3 saves weights and optimizer only to ``*.weights.h5``) and
+    the random state file of ``epoch``'s commit."""
+    return f"state-{epoch}.weights.h5", f"random-{epoch}.npz"
 
 
 def restore_epoch(model: keras.Model, dirs: BackupDirs) -> int:
@@ -165,24 +180,27 @@ def restore_epoch(model: keras.Model, dirs: BackupDirs) -> int:
     if not path.exists():
         return 0
     try:
-        epoch = int(json.loads(path.read_text())["epoch"])
-        model.load_weights(dirs.read / WEIGHTS_NAME)
-        load_random_state(model, dirs.read / RANDOM_NAME)
+        committed = json.loads(path.read_text())
+        epoch = int(committed["epoch"])
+        model.load_weights(dirs.read / committed["weights"])
+        load_random_state(model, dirs.read / committed["random"])
     except Exception as error:
         raise BackupUnusable(f"cannot restore {dirs.read}: {error}") from error
     return epoch + 1
 
 
-def save_state(model: keras.Model, folder: Path, weights_name: str) -> None:
+def save_state(
+    model: keras.Model, folder: Path, weights_name: str, random_name: str = RANDOM_NAME
+) -> None:
     """The model's weights (with its optimizer's) as ``weights_name`` and its random
-    generators' states beside them, each file written whole."""
+    generators' states as ``random_name`` beside them, each file written whole."""
     tmp = folder / f"tmp-{weights_name}"
     model.save_weights(tmp)
     os.replace(tmp, folder / weights_name)
     states = [np.asarray(v.numpy()) for v in random_state(model)]
-    with open(folder / f"tmp-{RANDOM_NAME}", "wb") as handle:
+    with open(folder / f"tmp-{random_name}", "wb") as handle:
         np.savez(handle, *states)
-    os.replace(folder / f"tmp-{RANDOM_NAME}", folder / RANDOM_NAME)
+    os.replace(folder / f"tmp-{random_name}", folder / random_name)
 
 
 def random_state(model: keras.Model) -> list[Any]:

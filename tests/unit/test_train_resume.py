@@ -211,6 +211,56 @@ def test_backup_that_cannot_be_restored_never_fails_the_rerun(
     assert not layout.backup_dir.exists()
 
 
+def test_a_kill_before_the_epochs_commit_resumes_that_epoch_from_the_last_committed_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed after epoch 1's weights were written but before ``epoch.json`` named them:
+    the rerun starts at epoch 1 with epoch 0's weights and random state, never with the
+    weights of the epoch it is about to train again."""
+    import tasks.train_backup as backup
+
+    def model() -> keras.Model:
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((3,))
+        outputs = keras.layers.Dense(2)(keras.layers.Dropout(0.5, seed=1)(inputs))
+        return keras.Model(inputs, outputs)
+
+    dirs = BackupDirs(tmp_path, tmp_path)
+    trained = model()
+    for v in backup.random_state(trained):  # not a fresh model's state
+        v.assign(v.numpy() + 3)
+    backup.save_epoch(trained, dirs, 0)
+    committed = [w.copy() for w in trained.get_weights()]
+    committed_random = [v.numpy().copy() for v in backup.random_state(trained)]
+    trained.set_weights([w + 1.0 for w in committed])
+    for v in backup.random_state(trained):
+        v.assign(v.numpy() + 7)
+    real_write_json = backup.write_json
+
+    def killed_at_commit(path: Path, value: Any) -> None:
+        if path.name == backup.EPOCH_NAME:
+            raise KeyboardInterrupt
+        real_write_json(path, value)
+
+    monkeypatch.setattr(backup, "write_json", killed_at_commit)
+    with pytest.raises(KeyboardInterrupt):
+        backup.save_epoch(trained, dirs, 1)
+    monkeypatch.undo()
+
+    resumed = model()
+    resumed.set_weights([np.zeros_like(w) for w in committed])
+    assert backup.restore_epoch(resumed, dirs) == 1
+    for got, want in zip(resumed.get_weights(), committed, strict=True):
+        np.testing.assert_array_equal(got, want)
+    for got, want in zip(backup.random_state(resumed), committed_random, strict=True):
+        np.testing.assert_array_equal(got.numpy(), want)
+    backup.save_epoch(resumed, dirs, 1)  # the rerun commits epoch 1: one epoch's files left
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != backup.EPOCH_NAME) == [
+        "random-1.npz",
+        "state-1.weights.h5",
+    ]
+
+
 # -- early stopping across a kill ------------------------------------------------------------
 
 
