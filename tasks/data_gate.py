@@ -6,7 +6,8 @@ validation, or by one explicit step, :func:`accept` (``shardflow accept-data``),
 the limits refuse is deliberate. It is small and committed with ``dvc.lock``, so a killed run,
 a rebuild (`make compact`, `dvc repro -f shard`) and a fresh clone all compare against the
 same baseline: never against whatever manifest the shard folder happens to hold. The limits
-(``validate.max_class_share_shift``, ``validate.allow_new_classes``) apply to
+(``validate.max_class_share_shift``, ``validate.max_record_drop``,
+``validate.allow_new_classes``) apply to
 :func:`compare`'s diff and stay as they are when a change is accepted.
 
 Everything comes from the manifest, so the gate adds no pass over the data to validation:
@@ -26,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from tasks.atomic import write_json, write_text
 from tasks.data_diff import class_shares
 from tasks.manifest import SPLITS, ShardManifest, load_manifest
+from tasks.params import ValidateParams
 
 RECORD_FORMAT = 1
 ACCEPT_COMMAND = "shardflow accept-data"
@@ -137,22 +139,27 @@ def compare(accepted: AcceptedVersion | None, current: DataVersion) -> dict[str,
     }
 
 
-def violations(
-    diff: dict[str, Any], max_class_share_shift: float, allow_new_classes: bool
-) -> list[str]:
+def violations(diff: dict[str, Any], limits: ValidateParams) -> list[str]:
     """Why a change from the accepted version is too suspicious to train on, each reason
     naming the param it exceeds. Nothing accepted yet (a first build) never violates."""
     if diff["accepted_fingerprint"] is None or diff["unchanged"]:
         return []
     problems = []
     for name, share in diff["class_share"].items():
-        if abs(share["shift"]) > max_class_share_shift:
+        if abs(share["shift"]) > limits.max_class_share_shift:
             problems.append(
                 f"class {name!r} share moved {share['before']:.3f} -> {share['after']:.3f} "
                 f"({share['shift']:+.3f}, limit validate.max_class_share_shift="
-                f"{max_class_share_shift:g})"
+                f"{limits.max_class_share_shift:g})"
             )
-    if diff["new_classes"] and not allow_new_classes:
+    before, after = diff["records"]["before"], diff["records"]["after"]
+    # a shrink keeps every class's share: half the sources lost, or a failed sync
+    if before and (before - after) / before > limits.max_record_drop:
+        problems.append(
+            f"records fell {before} -> {after} ({(after - before) / before:+.1%}, limit "
+            f"validate.max_record_drop={limits.max_record_drop:g})"
+        )
+    if diff["new_classes"] and not limits.allow_new_classes:
         problems.append(f"new classes {diff['new_classes']} (validate.allow_new_classes is false)")
     if diff["removed_classes"]:  # a lost source folder or a failed sync, until accepted
         problems.append(

@@ -151,6 +151,8 @@ class ValidateParams(_Strict):
 
     # largest allowed change of any class's share of all records (0.05 = 5 points)
     max_class_share_shift: float = Field(ge=0, le=1)
+    # largest allowed loss of records, as a share of the accepted version's (0.25 = a quarter)
+    max_record_drop: float = Field(ge=0, le=1)
     allow_new_classes: bool
 
 

@@ -600,7 +600,7 @@ def check_data_diff(diff: dict[str, Any], limits: ValidateParams) -> dict[str, A
     shards were validated again) retrained on them. What changed since the baseline is in
     ``reports/data_diff.{json,md}``, written by the same run.
     """
-    problems = data_gate.violations(diff, limits.max_class_share_shift, limits.allow_new_classes)
+    problems = data_gate.violations(diff, limits)
     ok = "within the data gate's limits (reports/data_diff.md: the change from the baseline)"
     bad = (
         f"{'; '.join(problems)}: against the accepted data version "
@@ -646,8 +646,8 @@ def run_validate(
     """Check a shard set; write the JSON report and Markdown summary; return the report.
 
     With ``accepted_path``, ``diff_path`` and ``limits`` (the data gate): the change from the
-    last accepted data version, written to ``diff_path``, must stay within
-    ``validate.max_class_share_shift`` and ``validate.allow_new_classes``; a set that passes
+    last accepted data version, written to ``diff_path``, must stay within the ``validate``
+    limits (:func:`tasks.data_gate.violations`); a set that passes
     every check becomes the accepted version (:func:`tasks.data_gate.record_passed`).
     """
     shards_dir = Path(shards_dir)

@@ -13,10 +13,15 @@ from typing import Any
 import pytest
 
 from tasks.index import load_index
-from tasks.params import ValidateParams
+from tasks.params import ValidateParams, default_params
 from tasks.train import ShardsNotValidated, check_validated
 from tasks.validate import run_validate
 from tests.unit.test_append import Project, add_images
+
+
+def limits(**changes: Any) -> ValidateParams:
+    """The data gate's limits of params.yaml with ``changes``."""
+    return default_params(validate=changes).validate_
 
 
 @pytest.fixture
@@ -93,7 +98,7 @@ def test_diff_counts_removals_after_a_rebuild(tmp_path: Path) -> None:
 
 
 def test_thresholds_fail_validation_and_training_refuses(tmp_path: Path) -> None:
-    strict = ValidateParams(max_class_share_shift=0.1, allow_new_classes=False)
+    strict = limits(max_class_share_shift=0.1, allow_new_classes=False)
     project = Project(tmp_path)
     project.update("rebuild")
     assert validate(project, strict)["passed"]  # the accepted version
@@ -110,9 +115,7 @@ def test_thresholds_fail_validation_and_training_refuses(tmp_path: Path) -> None
     with pytest.raises(ShardsNotValidated, match="data_diff"):
         check_validated(project.shards, project.root / "reports" / "validation.json")
 
-    accepting = validate(
-        project, ValidateParams(max_class_share_shift=0.25, allow_new_classes=True)
-    )
+    accepting = validate(project, limits(max_class_share_shift=0.25, allow_new_classes=True))
     assert accepting["passed"]
     manifest = check_validated(project.shards, project.root / "reports" / "validation.json")
     assert len(manifest.generations) == 2

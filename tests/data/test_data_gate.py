@@ -23,9 +23,10 @@ from tasks.shard import ShardSpec, run_params, shard_stage
 from tasks.shard.writing import write_inline
 from tasks.train import ShardsNotValidated, check_validated
 from tasks.validate import ValidationFailed, raise_if_failed, run_validate
+from tests.data.test_data_diff import limits
 from tests.unit.test_append import Project, add_images
 
-STRICT = ValidateParams(max_class_share_shift=0.1, allow_new_classes=False)
+STRICT = limits(max_class_share_shift=0.1, allow_new_classes=False)
 
 
 class GatedProject(Project):
@@ -118,9 +119,7 @@ def test_a_passing_report_reads_the_same_before_and_after_its_set_is_accepted(
     project.update("rebuild")
     assert project.validate()["passed"]  # grown within the limits: accepted now
     first = project.layout.validation_report.read_bytes()
-    assert project.validate(ValidateParams(max_class_share_shift=0.2, allow_new_classes=False))[
-        "passed"
-    ]
+    assert project.validate(limits(max_class_share_shift=0.2, allow_new_classes=False))["passed"]
     assert project.layout.validation_report.read_bytes() == first
     diff = json.loads(project.layout.data_diff.read_text())  # the gate's detail is there
     assert diff["accepted_fingerprint"] == project.fingerprint() and diff["unchanged"]
@@ -134,10 +133,32 @@ def test_a_class_that_vanished_is_refused_until_accepted(tmp_path: Path) -> None
     assert project.validate()["passed"]
     shutil.rmtree(project.source / "blue")
     project.update("rebuild")
-    report = project.validate(ValidateParams(max_class_share_shift=1.0, allow_new_classes=True))
+    report = project.validate(limits(max_class_share_shift=1.0, allow_new_classes=True))
     assert list(failed(report)) == ["data_diff"]
     assert "classes removed ['blue']" in failed(report)["data_diff"]
     assert "shardflow accept-data --fingerprint" in failed(report)["data_diff"]
+
+
+def test_a_set_that_shrank_evenly_is_refused_past_max_record_drop(tmp_path: Path) -> None:
+    """Half of every class gone (a half-finished sync) kept every share: the gate passed it
+    and the next model trained on half the data."""
+    project = GatedProject(tmp_path)
+    project.update("rebuild")
+    assert project.validate()["passed"]
+    images = {c: sorted((project.source / c).iterdir()) for c in ("red", "green", "blue")}
+    for files in images.values():
+        files.pop().unlink()  # one of 8 each: -12.5%, within the default limit
+    project.update("rebuild")
+    assert project.validate()["passed"]
+    for files in images.values():
+        for path in files[: len(files) // 2]:
+            path.unlink()
+    project.update("rebuild")
+    report = project.validate()
+    assert list(failed(report)) == ["data_diff"], failed(report)
+    assert "records fell 21 -> 12" in failed(report)["data_diff"]
+    assert "validate.max_record_drop=0.25" in failed(report)["data_diff"]
+    assert project.validate(limits(max_record_drop=0.5))["passed"]
 
 
 class Killed(Exception):
