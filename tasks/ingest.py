@@ -442,14 +442,16 @@ def read_labels_csv(labels_csv: Path) -> list[Candidate]:
     rows = []
     lines: dict[str, int] = {}
     for line, row in csv_rows(labels_csv, ("path", "label"), "ingest.labels_csv"):
-        path, label = row["path"], row["label"]
-        if not path or not label:
+        listed, label = row["path"], row["label"]
+        if not listed or not label:
             raise ValueError(f"{labels_csv}, line {line}: empty `path` or `label`")
         if problem := class_name_problem(label):
             raise ValueError(f"{labels_csv}, line {line}: label {label!r}: {problem}")
+        path = _inside_path(listed)
         if path in lines:
+            spelled = f"{listed!r}" + (f" ({path!r})" if path != listed else "")
             raise ValueError(
-                f"{labels_csv}, line {line}: {path!r} is listed already on line {lines[path]}; "
+                f"{labels_csv}, line {line}: {spelled} is listed already on line {lines[path]}; "
                 "list each file once, with its one label"
             )
         lines[path] = line
@@ -457,6 +459,16 @@ def read_labels_csv(labels_csv: Path) -> list[Candidate]:
     if not rows:
         raise ValueError(f"{labels_csv}: lists no files (ingest.labels_csv)")
     return rows
+
+
+def _inside_path(listed: str) -> str:
+    """A CSV row's path as the one spelling of its file: ``imgs/../imgs/x.png`` and
+    ``./imgs/x.png`` are ``imgs/x.png`` (one record path, one file listed once). A path
+    that leaves ``source_dir`` however it is spelled stays as listed, for :class:`Locator`
+    to refuse by the name the CSV gives it."""
+    path = posixpath.normpath(listed)
+    leaves = path == ".." or path.startswith(("../", "/"))
+    return listed if leaves or path == "." else path
 
 
 def _class_files(
@@ -504,7 +516,7 @@ def _not_listed(source_dir: Path, labels_csv: Path, rows: list[Candidate]) -> li
     """What a ``labels_csv`` leaves out of ``source_dir``, as skipped entries: every file the
     CSV does not list (the CSV itself aside), and hidden entries that hold no listed file.
     Every file in the folder is accounted for, listed or not."""
-    listed = {posixpath.normpath(row.path) for row in rows}
+    listed = {row.path for row in rows}  # each spelled one way (_inside_path)
     listed.add(PurePosixPath(labels_csv.resolve().relative_to(source_dir.resolve())).as_posix())
     holding = {str(parent) for path in listed for parent in PurePosixPath(path).parents}
     covered = listed | holding

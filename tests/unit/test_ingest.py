@@ -416,6 +416,28 @@ def test_labels_csv_rows_that_cannot_be_ingested_are_named_by_line(tmp_path: Pat
         ingest(src, tmp_path, labels_csv=str(csv_path))
 
 
+def test_a_labels_csv_path_spelled_another_way_inside_source_dir_is_the_same_file(
+    tmp_path: Path,
+) -> None:
+    """``sub/../img_1.png`` names a file inside source_dir: it was quarantined as outside
+    it (and counted as a file the CSV did not list); ``./img_0.png`` beside ``img_0.png``
+    was two records of one file."""
+    src, names = flat_csv_source(tmp_path)
+    (src / "sub").mkdir()
+    csv_path = src / "labels.csv"
+    csv_path.write_text(
+        f"path,label\n./{names[0]},a\nsub/../{names[1]},b\n{names[2]},a\n{names[3]},b\n"
+    )
+    report, index = ingest(src, tmp_path, labels_csv=str(csv_path))
+    assert report["quarantined"] == [] and report["skipped"] == []
+    assert sorted(r["path"] for r in index["records"]) == sorted(names)
+    csv_path.write_text(f"path,label\n{names[0]},a\n./{names[0]},a\n")
+    with pytest.raises(
+        ValueError, match=rf"line 3: './{names[0]}' \('{names[0]}'\) is listed already on line 2"
+    ):
+        ingest(src, tmp_path, labels_csv=str(csv_path))
+
+
 def test_files_a_labels_csv_leaves_out_are_accounted_as_skipped(tmp_path: Path) -> None:
     """With a labels CSV, a file of source_dir it did not list was in no count: a folder of
     nine images reported five found."""
