@@ -46,6 +46,13 @@ def file_kind(mode: int) -> str:
     return next((name for test, name in kinds.items() if test(mode)), "not a file")
 
 
+def class_label(name: str) -> str:
+    """The class a folder name or CSV label names, in Unicode's composed form (NFC): macOS
+    and some sync tools write ``café`` decomposed (``e`` + a combining accent), and the two
+    spellings, which look alike everywhere, are one class."""
+    return unicodedata.normalize("NFC", name)
+
+
 @functools.cache  # ingest asks once per file, of a few distinct labels
 def class_name_problem(name: str) -> str | None:
     """Why ``name`` cannot be a class (None when it can): class names are written one a line

@@ -27,6 +27,7 @@ from tasks import handoff as handoff_store
 from tasks.atomic import write_json, write_text
 from tasks.content import (
     SPLITS,
+    class_label,
     class_name_problem,
     csv_rows,
     display_name,
@@ -428,7 +429,7 @@ def discover(source_dir: Path, labels_csv: Path | None = None) -> Discovered:
         elif not entry.is_dir():
             skipped.append({"path": name, "reason": "not in a class sub-folder"})
         else:
-            labels.append(entry.name)
+            labels.append(class_label(entry.name))
             found.extend(_class_files(source_dir, entry, skipped))
     if not found:
         raise ValueError(f"{source_dir}: no files found in class sub-folders")
@@ -442,7 +443,7 @@ def read_labels_csv(labels_csv: Path) -> list[Candidate]:
     rows = []
     lines: dict[str, int] = {}
     for line, row in csv_rows(labels_csv, ("path", "label"), "ingest.labels_csv"):
-        listed, label = row["path"], row["label"]
+        listed, label = row["path"], class_label(row["label"])
         if not listed or not label:
             raise ValueError(f"{labels_csv}, line {line}: empty `path` or `label`")
         if problem := class_name_problem(label):
@@ -476,7 +477,8 @@ def _class_files(
 ) -> list[Candidate]:
     """Every non-hidden entry under one class folder that is not a real folder, sorted."""
     rel = class_dir.relative_to(source_dir).as_posix()
-    return [Candidate(path, class_dir.name) for path in _files_under(class_dir, rel, skipped)]
+    label = class_label(class_dir.name)
+    return [Candidate(path, label) for path in _files_under(class_dir, rel, skipped)]
 
 
 def _files_under(folder: Path, folder_rel: str, skipped: list[dict[str, str]]) -> list[str]:

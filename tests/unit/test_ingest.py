@@ -438,6 +438,27 @@ def test_a_labels_csv_path_spelled_another_way_inside_source_dir_is_the_same_fil
         ingest(src, tmp_path, labels_csv=str(csv_path))
 
 
+def test_a_class_spelled_composed_and_decomposed_is_one_class(tmp_path: Path) -> None:
+    """``café`` as one code point (NFC) and as ``e`` + a combining accent (NFD, as macOS
+    writes names) look alike everywhere: they made two classes of one, in folders and in a
+    labels CSV alike."""
+    composed, decomposed = "caf\u00e9", "cafe\u0301"
+    rng = np.random.default_rng(3)
+    src = tmp_path / "src"
+    for i, folder in enumerate((composed, decomposed, "tea")):
+        (src / folder).mkdir(parents=True)
+        for j in range(2):
+            image = encode(draw_shape(rng, "cross", (24, 24 + 2 * i + j)), "PNG")
+            (src / folder / f"{j}.png").write_bytes(image)
+    report, index = ingest(src, tmp_path)
+    assert index["classes"] == [composed, "tea"] and report["accepted"] == 6
+    assert {r["label"] for r in index["records"]} == {composed, "tea"}
+    rows = f"{composed}/0.png,{decomposed}\n{decomposed}/0.png,{composed}\ntea/0.png,tea\n"
+    (src / "labels.csv").write_text("path,label\n" + rows)
+    _, index = ingest(src, tmp_path, labels_csv=str(src / "labels.csv"))
+    assert index["classes"] == [composed, "tea"]
+
+
 def test_files_a_labels_csv_leaves_out_are_accounted_as_skipped(tmp_path: Path) -> None:
     """With a labels CSV, a file of source_dir it did not list was in no count: a folder of
     nine images reported five found."""
