@@ -41,6 +41,7 @@ QUIET = {
     "TF_CPP_MIN_LOG_LEVEL": "2",
 }
 POOLS = ("cpu", "gpu")
+WORKER_PREFIX = "worker-"  # a worker process is named for its pool: worker-cpu
 # How often each demo worker asks the server for runs to start (Prefect's default, 10 s,
 # kept a queued run waiting 5 s on average, three times a pipeline run).
 WORKER_QUERY_S = "2"
@@ -113,10 +114,10 @@ class Team:
         A Prefect worker that has run flows outlasted its 30 s grace period after SIGTERM in
         every team test measured (an idle one stops in 0.3 s), so the workers share one
         grace period instead of paying one each."""
-        workers = [p for name, p, _ in self.processes if name.startswith("worker-")]
-        stop_together(workers, grace_s=30)
+        workers = {name for name, _, _ in self.processes if name.startswith(WORKER_PREFIX)}
+        stop_together([p for name, p, _ in self.processes if name in workers], grace_s=30)
         for name, process, _ in reversed(self.processes):
-            if not name.startswith("worker-"):
+            if name not in workers:
                 stop_together([process], grace_s=30)
         self.processes.clear()
         if self.s3 is not None:
@@ -213,7 +214,7 @@ def start_workers(team: Team) -> None:
     """One process worker per pool, each in its own empty directory; its runs' clones go
     under it (TMPDIR); the git remote, S3 and tracking credentials are in its environment."""
     for pool in POOLS:
-        home = team.base / f"worker-{pool}"
+        home = team.base / f"{WORKER_PREFIX}{pool}"
         (home / "tmp").mkdir(parents=True)
         env = {
             **machine_env(),
@@ -229,7 +230,7 @@ def start_workers(team: Team) -> None:
         }
         prefect = [sys.executable, "-m", "prefect"]
         cmd = [*prefect, "worker", "start", "--pool", pool, "--type", "process"]
-        team.start(f"worker-{pool}", cmd, home, env)
+        team.start(f"{WORKER_PREFIX}{pool}", cmd, home, env)
         team.workers[pool] = home
 
 
@@ -291,7 +292,7 @@ def main() -> int:
         print(run([sys.executable, "-m", "flows.team", "refs", "--remote", "team"], clone, env))
         if result.returncode != 0:
             for pool in POOLS:
-                print(team.log_tail(f"worker-{pool}"), file=sys.stderr)
+                print(team.log_tail(f"{WORKER_PREFIX}{pool}"), file=sys.stderr)
         return result.returncode
 
 
