@@ -116,8 +116,8 @@ def runner_writer(
     """A writer that sends batches of shards to the flow's task runner, a few at a time
     (each task computing in ``local``'s worker processes when it has them for these
     shards, see :func:`write_shards_task`). With ``staging``, the sources the shards need
-    are uploaded first and each finished shard is downloaded into ``shards_dir``
-    (:mod:`tasks.shard.staging`).
+    are uploaded first and each finished shard is downloaded into the folder the stage
+    names (a rebuild's own folder, :mod:`tasks.shard.swap`; :mod:`tasks.shard.staging`).
 
     Specs are materialised (their records read from the index) only as they are submitted,
     and at most two batches per worker are in flight, so the parent's memory stays flat
@@ -126,7 +126,7 @@ def runner_writer(
     """
     window = 2 * max(1, workers)
 
-    def write_many(specs: Iterable[shard.ShardSpec], shards_dir: Path) -> Iterator[ShardFile]:
+    def write_many(specs: Iterable[shard.ShardSpec], folder: Path) -> Iterator[ShardFile]:
         logger = get_run_logger()
         total = len(specs) if isinstance(specs, Sized) else 0
         progress = Progress("shard-progress", f"shards written of {total or '?'} to write")
@@ -150,9 +150,9 @@ def runner_writer(
         def finished() -> list[ShardFile]:
             nonlocal done
             results = _first_done(pending)
-            if staging is not None:  # into shards_dir, each checked against its entry
+            if staging is not None:  # into the folder, each checked against its entry
                 for result in results:
-                    shard.fetch_shard(staging, result, shards_dir, client=client)
+                    shard.fetch_shard(staging, result, folder, client=client)
             done += len(results)
             progress(done, total)
             logger.info("shard %d/%s written: %s", done, total or "?", results[-1].file)
@@ -163,12 +163,12 @@ def runner_writer(
             for spec in specs:
                 batch.append(spec)
                 if len(batch) == size:
-                    pending.append(write_shards_task.submit(batch, shards_dir, pool, staging))
+                    pending.append(write_shards_task.submit(batch, folder, pool, staging))
                     batch = []
                 while len(pending) >= window:
                     yield from finished()
             if batch:
-                pending.append(write_shards_task.submit(batch, shards_dir, pool, staging))
+                pending.append(write_shards_task.submit(batch, folder, pool, staging))
             while pending:
                 yield from finished()
         except BaseException:

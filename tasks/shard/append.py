@@ -25,8 +25,8 @@ class RebuildNeeded(ValueError):
 
 
 REBUILD_HINT = "set shard.mode: rebuild in params.yaml (or run `make compact`)"
-# The set dvc.lock records is in this clone's DVC cache when the clone built it (a failed
-# rebuild or compaction removed it from the folder) and in the remote once pushed.
+# The set dvc.lock records is in this clone's DVC cache when the clone built it (the folder
+# was deleted, or a fresh clone never checked it out) and in the remote once pushed.
 RESTORE_HINT = (
     "restore the set dvc.lock records with `dvc checkout data/shards` (from this clone's DVC "
     "cache) or `dvc pull data/shards` (from the remote; a fresh clone has only its hash)"

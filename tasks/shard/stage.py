@@ -2,7 +2,9 @@
 
 :func:`shard_stage` is the one orchestration, and the flow in ``flows/shard.py`` hands it a
 writer that runs each shard on its Prefect task runner. The finalize step writes the
-generation's record list, the manifest (last, atomically) and the data diff.
+generation's record list, the manifest (last, atomically) and the data diff. A rebuild does
+all of it in a folder of its own, which replaces the shard folder once finished
+(:mod:`tasks.shard.swap`): a rebuild that fails part way loses nothing.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from tasks.shard.append import (
 )
 from tasks.shard.planning import StagePlan, cut_shards, scan_index, shard_record
 from tasks.shard.spec import schema_from_params
+from tasks.shard.swap import finish_swap, rebuild_folder, swap_in
 from tasks.shard.writing import WriteMany, describe_shard, prepare, write_inline
 from tasks.tfds_metadata import write_tfds_metadata
 
@@ -83,39 +86,47 @@ def shard_stage(
     instead of decoding again (same bytes), and a finished run leaves it empty.
     """
     shards_dir = Path(shards_dir)
-    data_diff.remove_spills(shards_dir)  # a killed run's
+    finish_swap(shards_dir)  # a rebuild killed between its two renames
+    for folder in (shards_dir, rebuild_folder(shards_dir)):
+        data_diff.remove_spills(folder)  # a killed run's
     kept = None
     if handoff is not None:
         version = preprocessing_version()
         handoff_store.clear(handoff, keep=version)  # another decoder's: never used
         kept = str(handoff_store.folder_for(handoff, version))
     plan = plan_stage(params, index_path, shards_dir, handoff=kept)
+    # A rebuild writes the whole new set beside the one it replaces; an append adds a folder.
+    rebuild = plan.base is None
+    folder = rebuild_folder(shards_dir) if rebuild else shards_dir
     try:
-        manifest, written = _write_shards(params, plan, shards_dir, write_many)
+        manifest, written = _write_shards(params, plan, shards_dir, folder, write_many)
         shards = len(plan.specs)
         # The specs' order (8 bytes a record) goes before the diff, which reads the record
         # lists instead: the stage's peak memory stays what it is at 10k records.
         plan.specs = plan.specs.subset(())
-        diff = write_stage_diff(plan, manifest, shards_dir, diff_path) if diff_path else None
-        if handoff is not None:  # what no record used (a resumed shard's, a duplicate's)
-            handoff_store.clear(handoff)
+        diff = write_stage_diff(plan, manifest, folder, diff_path) if diff_path else None
     finally:
-        if plan.previous_records is not None:
+        if plan.previous_records is not None:  # spilled in shards_dir: gone before the swap
             plan.previous_records.close()
+    if rebuild:
+        swap_in(shards_dir)
+    if handoff is not None:  # what no record used (a resumed shard's, a duplicate's)
+        handoff_store.clear(handoff)
     return StageRun(plan.mode, plan.number, shards, written, manifest, diff)
 
 
 def _write_shards(
-    params: ShardParams, plan: StagePlan, shards_dir: Path, write_many: WriteMany
+    params: ShardParams, plan: StagePlan, shards_dir: Path, folder: Path, write_many: WriteMany
 ) -> tuple[ShardManifest, int]:
-    """Prepare, write the missing shards, finalize; (the manifest, shards written now)."""
-    missing = prepare(plan, shards_dir)
-    written = {r.file: r for r in write_many(missing, shards_dir)}
+    """Prepare ``folder``, write the missing shards there, finalize; (the manifest, shards
+    written now). ``folder``: the rebuild's own, or ``shards_dir`` for an append."""
+    missing = prepare(plan, shards_dir, folder)
+    written = {r.file: r for r in write_many(missing, folder)}
     results = [
-        written.get(slot.file) or describe_shard(slot.file, slot.num_records, shards_dir)
+        written.get(slot.file) or describe_shard(slot.file, slot.num_records, folder)
         for slot in plan.specs.slots
     ]
-    return finalize_manifest(params, plan, results, shards_dir), len(missing)
+    return finalize_manifest(params, plan, results, folder), len(missing)
 
 
 @paused_gc()
@@ -324,9 +335,10 @@ def write_stage_diff(
 ) -> dict[str, Any]:
     """The data diff of this run (previous manifest -> this one), written as JSON + Markdown.
 
-    The "after" side streams the record lists (each checked by sha256) into a table spilled
-    beside the shards: every generation's after a rebuild; after an append, the base's
-    table (read while planning) plus the new generation's list only."""
+    The "after" side streams the record lists (each checked by sha256) from ``shards_dir``,
+    where this run wrote them (a rebuild's own folder), into a table spilled beside them:
+    every generation's after a rebuild; after an append, the base's table (read while
+    planning) plus the new generation's list only."""
     base = plan.previous_records if plan.base is not None else None
     if base is not None and manifest.generations[-1].number == plan.number:
         new = stream_records(shards_dir, manifest, manifest.generations[-1:])

@@ -5,9 +5,10 @@ DVC 3 has no external outputs, so ``data/shards`` stays the stage's tracked outp
 uploads the source images its missing shards need, content-addressed by their ingest sha256;
 each worker reads a record's bytes from there (checked against that sha256), writes its shards
 into a temporary folder of its own, uploads each under this run's prefix and returns its
-manifest entry; the stage downloads each shard into the shard folder, checked against that
-entry, and removes this run's shard objects when it ends, failed or not. Bytes are those of a
-local run: the same specs, the same checked source bytes, the same :func:`write_shard`.
+manifest entry; the stage downloads each shard into the folder it writes (a rebuild's own,
+:mod:`tasks.shard.swap`), checked against that entry, and removes this run's shard objects
+when it ends, failed or not. Bytes are those of a local run: the same specs, the same checked
+source bytes, the same :func:`write_shard`.
 
 Under the staging URL::
 
@@ -200,14 +201,12 @@ def read_ahead(
     return next_record
 
 
-def fetch_shard(
-    staging: Staging, result: ShardFile, shards_dir: Path, *, client: Any = None
-) -> None:
-    """Download a worker's shard into the shard folder (temp file, fsync, rename), its size
-    and sha256 checked against the entry the worker returned."""
+def fetch_shard(staging: Staging, result: ShardFile, folder: Path, *, client: Any = None) -> None:
+    """Download a worker's shard into ``folder`` (temp file, fsync, rename), its size and
+    sha256 checked against the entry the worker returned."""
     client = client or s3_client()
     key = staging.shard_key(result.file)
-    final = Path(shards_dir) / result.file
+    final = Path(folder) / result.file
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
     try:

@@ -2,8 +2,10 @@
 
 Crash safety: a shard is written to ``.{name}.tmp-{pid}``, fsynced and renamed; a plan file
 (``.plan.json``) lets a rerun of the same plan keep finished shards; ``manifest.json`` is
-written last (:mod:`tasks.shard.stage`), so a killed run never looks complete. A worker whose
-preprocessing version differs from the plan's refuses to write.
+written last (:mod:`tasks.shard.stage`), so a killed run never looks complete. A rebuild
+writes into its own folder (:func:`tasks.shard.swap.rebuild_folder`), never into the shard
+folder it replaces, and takes the finished shards of the same plan from either. A worker
+whose preprocessing version differs from the plan's refuses to write.
 """
 
 from __future__ import annotations
@@ -75,32 +77,35 @@ def describe_shard(file: str, num_records: int, shards_dir: Path) -> ShardFile:
     )
 
 
-def prepare(plan: StagePlan, shards_dir: Path) -> ShardPlan:
-    """Ready ``shards_dir`` for the plan; return the specs whose shard is still missing."""
+def prepare(plan: StagePlan, shards_dir: Path, folder: Path) -> ShardPlan:
+    """Ready ``folder`` (where the plan's shards go) for the plan; return the specs whose
+    shard is still missing. A rebuild's ``folder`` is its own, an append's ``shards_dir``."""
     if plan.base is None:
-        return prepare_shards_dir(plan.specs, Path(shards_dir))
+        return prepare_rebuild_dir(plan.specs, Path(folder), Path(shards_dir))
     if not plan.specs:
         return plan.specs  # nothing new: no generation, the base stays exactly as it is
     return prepare_generation_dir(plan.specs, Path(shards_dir), plan)
 
 
-def prepare_shards_dir(specs: ShardPlan, shards_dir: Path) -> ShardPlan:
-    """Get ``shards_dir`` ready for ``specs``; return the specs whose shard is still missing.
+def prepare_rebuild_dir(specs: ShardPlan, folder: Path, shards_dir: Path) -> ShardPlan:
+    """Get a rebuild's ``folder`` ready for ``specs``; return the specs still missing there.
 
-    Always removes temporaries and the manifest (rewritten last). Finished shards are kept
-    only when ``.plan.json`` records the same plan; otherwise every shard file goes. When the
-    previous manifest survives, a kept shard must also still match its recorded size and
-    sha256, so a shard damaged after it was written is rewritten rather than reused. A
-    rebuild is generation 0 alone: every appended generation's folder goes too.
+    ``shards_dir``, the set the rebuild replaces, is only read. In ``folder``: temporaries
+    and the manifest (rewritten last) go; finished shards stay only when ``.plan.json``
+    records the same plan (a killed rebuild's), and when that run's manifest survives, only
+    those that still match their entry. Then the shards ``shards_dir`` holds of the same
+    plan, each matching its manifest entry, are linked in: rerunning a finished rebuild
+    encodes nothing.
     """
-    shards_dir.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
     digest = plan_hash(specs)
-    same_plan = _same_plan(digest, shards_dir)
-    recorded = _recorded_shards(shards_dir) if same_plan else {}
-    (shards_dir / MANIFEST_NAME).unlink(missing_ok=True)
-    for folder in sorted(shards_dir.glob("gen-*")):
-        shutil.rmtree(folder)
-    return _keep_finished(specs, digest, shards_dir, shards_dir, same_plan, recorded)
+    same_plan = _same_plan(digest, folder)
+    recorded = _recorded_shards(folder) if same_plan else {}
+    (folder / MANIFEST_NAME).unlink(missing_ok=True)
+    missing = _keep_finished(specs, digest, folder, folder, same_plan, recorded)
+    if not _same_plan(digest, shards_dir):
+        return missing
+    return _link_finished(missing, shards_dir, folder)
 
 
 def prepare_generation_dir(specs: ShardPlan, shards_dir: Path, plan: StagePlan) -> ShardPlan:
@@ -147,8 +152,36 @@ def _keep_finished(
     return specs.subset(i for i, f in enumerate(specs.files) if not (shards_dir / f).exists())
 
 
+def _link_finished(specs: ShardPlan, shards_dir: Path, folder: Path) -> ShardPlan:
+    """Link into ``folder`` each shard of ``specs`` that ``shards_dir`` holds as its manifest
+    records it (size and sha256); return the specs still missing."""
+    recorded = _recorded_shards(shards_dir)
+    linked = set()
+    for file in specs.files:
+        source = shards_dir / file
+        if file in recorded and source.is_file() and _matches(source, recorded[file]):
+            _link(source, folder / file)
+            linked.add(file)
+    return specs.subset(i for i, f in enumerate(specs.files) if f not in linked)
+
+
+def _link(source: Path, target: Path) -> None:
+    """A hard link (the old set's name goes with the swap, the bytes stay); a copy renamed
+    into place whole where the file system has none."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, target)
+    except OSError:
+        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+        try:
+            shutil.copyfile(source, tmp)
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+
 def _recorded_shards(shards_dir: Path) -> dict[str, ShardFile]:
-    """Shard entries of the previous (complete) run's manifest, if it is still there."""
+    """Shard entries of the manifest in ``shards_dir`` (a complete run's), if it is there."""
     try:
         previous = load_manifest(shards_dir)
     except (OSError, ValueError):

@@ -17,7 +17,7 @@ from flows import accept_data
 from tasks import data_gate
 from tasks.demo_data import generate
 from tasks.layout import Layout
-from tasks.manifest import MANIFEST_NAME, ShardFile, load_manifest
+from tasks.manifest import ShardFile, load_manifest
 from tasks.params import ValidateParams, default_params
 from tasks.shard import ShardSpec, run_params, shard_stage
 from tasks.shard.writing import write_inline
@@ -172,16 +172,17 @@ def killed_after_one(specs: Iterable[ShardSpec], shards_dir: Path) -> Iterator[S
 
 
 def rerun_after_a_kill(project: GatedProject) -> None:
-    """A rebuild killed while it writes shards (its manifest already removed), then run again
-    (it resumes the same plan)."""
+    """A rebuild killed while it writes shards (beside the refused set, which stays in
+    place), then run again (it resumes the same plan)."""
     add_images(project.source, "red", 1, seed=11)  # another plan: its shards are written anew
     project.ingest()
     params = default_params(
         shard={"image_size": [16, 16], "target_shard_mb": 0.002, "workers": 1, "mode": "rebuild"}
     ).shard
+    refused = load_manifest(project.shards)
     with pytest.raises(Killed):
         shard_stage(params, project.index, project.shards, write_many=killed_after_one)
-    assert not (project.shards / MANIFEST_NAME).exists()
+    assert load_manifest(project.shards) == refused
     project.shard("rebuild")
 
 

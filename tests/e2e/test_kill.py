@@ -22,6 +22,7 @@ import pytest
 from tasks.index import load_index
 from tasks.manifest import MANIFEST_NAME, records_file_name
 from tasks.records import OFFSETS_NAME
+from tasks.shard.swap import rebuild_folder, trash_folder
 from tasks.tfds_metadata import DATASET_INFO_NAME, FEATURES_NAME, LABELS_NAME
 from tasks.train import IDENTITY_NAME
 from tests.e2e.conftest import Project
@@ -34,7 +35,9 @@ STAGES: dict[str, tuple[str, Callable[[Path], bool]]] = {
     "ingest": ("flows.ingest", lambda root: True),
     "shard": (
         "flows.shard",  # a shard (or its temporary file) exists: writing has begun
-        lambda root: any(".tfrecord" in p.name for p in (root / "data/shards").glob("*")),
+        lambda root: any(
+            ".tfrecord" in p.name for p in rebuild_folder(root / "data/shards").glob("*")
+        ),
     ),
     "validate": ("flows.validate", lambda root: True),
     "train": (
@@ -191,6 +194,8 @@ def test_killed_stages_rerun_to_the_uninterrupted_result(project: Project) -> No
     on_disk = {p.name for p in (root / "data/shards").iterdir() if not p.name.startswith(".")}
     assert on_disk == listed | SIDECARS
     assert not list((root / "data/shards").glob(".*.tmp-*"))
+    assert not rebuild_folder(root / "data/shards").exists()
+    assert not trash_folder(root / "data/shards").exists()
 
     # The killed training's MLflow run was resumed and finished; no run is left RUNNING.
     from mlflow.tracking import MlflowClient
@@ -229,15 +234,10 @@ def test_a_refused_data_change_stays_refused_until_accepted(project: Project) ->
     project.run("git", "commit", "-qm", "accepted data")
     add_images(root / "data/demo", "blob", 14, seed=5)
 
-    # killed once the rebuild has removed the accepted set's manifest (it writes a new one last)
-    kill_during(
-        project,
-        "shard",
-        random.Random(SEED),
-        started=lambda root: not (root / "data/shards" / MANIFEST_NAME).exists(),
-        at_once=True,
-    )
-    assert not (root / "data/shards" / MANIFEST_NAME).exists()
+    # killed once the rebuild has begun writing its set (beside the accepted one, left whole)
+    accepted = (root / "data/shards" / MANIFEST_NAME).read_text()
+    kill_during(project, "shard", random.Random(SEED), at_once=True)
+    assert (root / "data/shards" / MANIFEST_NAME).read_text() == accepted
     rerun = project.dvc("repro", check=False)
     assert rerun.returncode != 0 and "Running stage 'train'" not in rerun.stdout
     refused = validation_failures(root)

@@ -246,7 +246,7 @@ def test_append_with_nothing_new_changes_nothing(
 def test_missing_base_is_refused_naming_the_command(tmp_path: Path) -> None:
     project = Project(tmp_path)
     project.ingest()
-    # a failed rebuild or compaction removed the set this clone built: its cache has it
+    # the set this clone built is gone from the folder (deleted): its cache has it
     with pytest.raises(FileNotFoundError, match=r"dvc checkout data/shards.*dvc pull data/shards"):
         project.shard("append")
     assert not (project.shards / "manifest.json").exists()  # nothing silently rebuilt
