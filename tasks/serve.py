@@ -7,8 +7,10 @@ runs the same app (:func:`mlflow.pyfunc.scoring_server.init`, what ``mlflow mode
 builds) wrapped in :class:`RequestSizeLimit`: a body over ``--max-request-mb``, or with more
 rows than ``--max-request-rows``, is answered HTTP 413 with the limit in the message before
 anything parses it, and memory holds at most the byte limit (a longer body is read and thrown
-away, a chunk at a time). Inside the limits the model decodes and predicts rows a batch at a
-time (:func:`tasks.predict.predict_images`).
+away, a chunk at a time). Only JSON and CSV bodies reach the app (HTTP 415 for any other
+type): MLflow's app also parses Parquet, whose compressed columns hold millions of rows in a
+few kilobytes that no limit on bytes or separators sees. Inside the limits the model decodes
+and predicts rows a batch at a time (:func:`tasks.predict.predict_images`).
 
 Run: ``python -m tasks.serve MODEL_URI --port PORT --max-request-mb MB --max-request-rows N``
 from the repository root; like ``mlflow models serve`` it hands over to uvicorn's command line
@@ -36,6 +38,10 @@ MAX_ROWS_ENV = "SHARDFLOW_SERVE_MAX_REQUEST_ROWS"
 # Separators a request may have beyond one a row: those between its JSON keys
 # ("columns", "data", "params", ...).
 ROW_SLACK = 16
+# The bodies served, those whose rows can be counted before parsing. MLflow's app parses
+# Parquet too, but compressed: 15 KB of it is five million rows (gigabytes once parsed).
+JSON_TYPE = b"application/json"
+CSV_TYPE = b"text/csv"
 
 
 class RequestSizeLimit:
@@ -47,10 +53,11 @@ class RequestSizeLimit:
     drained unkept, so the client reads the answer instead of a reset connection.
 
     Rows are counted before parsing by their separators, which no base64 cell contains:
-    commas in JSON (any of MLflow's layouts puts one between two rows), line ends in CSV.
-    The count is an upper bound, with :data:`ROW_SLACK` for the separators of the JSON keys.
-    A byte limit alone would not do: MLflow parses a body of empty rows into tens of times
-    its size.
+    commas in JSON (any of MLflow's layouts puts one between two rows), line ends in CSV
+    (``\n``, ``\r\n`` or a lone ``\r``: pandas ends a row at each). The count is an upper
+    bound, with :data:`ROW_SLACK` for the separators of the JSON keys. A byte limit alone
+    would not do: MLflow parses a body of empty rows into tens of times its size. A body of
+    any other content type (or none) gets HTTP 415 unread.
     """
 
     def __init__(self, app: App, *, max_bytes: int, max_rows: int) -> None:
@@ -63,6 +70,18 @@ class RequestSizeLimit:
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
+        content_type = headers.get(b"content-type", b"").split(b";")[0].strip()
+        if scope.get("method") == "POST" and content_type not in (JSON_TYPE, CSV_TYPE):
+            await drain(receive)
+            shown = content_type.decode("latin-1") or "none"
+            await self.refuse(
+                send,
+                f"content type {shown} is not served here: send {JSON_TYPE.decode()} "
+                f"(or {CSV_TYPE.decode()}) with a column 'image' of base64 image files",
+                status=415,
+                code="UNSUPPORTED_MEDIA_TYPE",
+            )
+            return
         declared = headers.get(b"content-length", b"")
         if declared.isdigit() and int(declared) > self.max_bytes:
             await drain(receive)
@@ -86,9 +105,7 @@ class RequestSizeLimit:
                 break
         body = b"".join(chunks)
         chunks.clear()
-        content_type = headers.get(b"content-type", b"").split(b";")[0].strip()
-        separator = b"\n" if content_type == b"text/csv" else b","
-        if body.count(separator) > self.max_rows + ROW_SLACK:
+        if count_rows(body, content_type) > self.max_rows + ROW_SLACK:
             await self.refuse(
                 send,
                 f"request has more than this server's limit of {self.max_rows} rows "
@@ -115,11 +132,21 @@ class RequestSizeLimit:
         )
 
     @staticmethod
-    async def refuse(send: Send, message: str) -> None:
-        body = json.dumps({"error_code": "REQUEST_TOO_LARGE", "message": message}).encode()
+    async def refuse(
+        send: Send, message: str, *, status: int = 413, code: str = "REQUEST_TOO_LARGE"
+    ) -> None:
+        body = json.dumps({"error_code": code, "message": message}).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+def count_rows(body: bytes, content_type: bytes) -> int:
+    """An upper bound on the rows MLflow parses from ``body``: its separators (a CSV's line
+    ends, each ``\r\n`` once; a JSON body's commas)."""
+    if content_type == CSV_TYPE:
+        return body.count(b"\n") + body.count(b"\r") - body.count(b"\r\n")
+    return body.count(b",")
 
 
 async def drain(receive: Receive) -> int:

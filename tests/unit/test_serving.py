@@ -225,7 +225,7 @@ def echo_app() -> RequestSizeLimit:
 def test_a_body_over_the_limit_is_refused_unread_and_the_next_is_answered() -> None:
     from fastapi.testclient import TestClient
 
-    with TestClient(echo_app()) as client:
+    with TestClient(echo_app(), headers={"Content-Type": "application/json"}) as client:
         over = client.post("/invocations", content=b"x" * 1001)
         assert over.status_code == 413
         assert over.json()["error_code"] == "REQUEST_TOO_LARGE"
@@ -320,6 +320,45 @@ def test_more_rows_than_the_limit_are_refused_before_parsing() -> None:
         }
         pretty = json.dumps(json.loads(fits), indent=2).encode()  # line ends are not rows
         assert client.post("/invocations", content=pretty, headers=json_type).status_code == 200
+
+
+def test_csv_rows_ended_by_a_lone_carriage_return_are_counted() -> None:
+    """pandas ends a CSV row at a lone \\r as at \\n: such a body is not one row."""
+    from fastapi.testclient import TestClient
+
+    csv_type = {"Content-Type": "text/csv"}
+    with TestClient(echo_app()) as client:  # 20 rows, 16 separators of slack
+        many = client.post("/invocations", content=b"image\r" + b"x\r" * 40, headers=csv_type)
+        assert many.status_code == 413
+        assert "more than this server's limit of 20 rows" in many.json()["message"]
+        windows = b"image\r\n" + b"x\r\n" * 20  # \r\n is one line end, not two
+        assert client.post("/invocations", content=windows, headers=csv_type).status_code == 200
+
+
+def test_bodies_whose_rows_cannot_be_counted_are_refused_unread() -> None:
+    """Parquet (MLflow's app parses it: 15 KB of it is millions of rows) or no type: 415."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from fastapi.testclient import TestClient
+
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"image": [""] * 100_000}), buffer, compression="zstd")
+    assert len(buffer.getvalue()) < 1000  # under the byte limit, 5,000 times the row limit
+    with TestClient(echo_app()) as client:
+        parquet = client.post(
+            "/invocations",
+            content=buffer.getvalue(),
+            headers={"Content-Type": "application/vnd.apache.parquet"},
+        )
+        assert parquet.status_code == 415
+        assert parquet.json()["error_code"] == "UNSUPPORTED_MEDIA_TYPE"
+        assert "application/vnd.apache.parquet is not served here" in parquet.json()["message"]
+        untyped = client.post("/invocations", content=b'{"inputs": {"image": []}}')
+        assert untyped.status_code == 415 and "content type none" in untyped.json()["message"]
+        fits = split_body(["a"])
+        assert client.post(
+            "/invocations", content=fits, headers={"Content-Type": "application/json"}
+        ).json() == {"read": len(fits)}
 
 
 @pytest.mark.slow
