@@ -264,6 +264,9 @@ def evaluate_model(
     """
     import keras
 
+    from tasks.tf_imports import keras_without_extras
+
+    keras_without_extras()  # Keras's config held at its defaults, whatever keras.json says
     if label_issues_file is not None:
         import_cleanlab_meanwhile()
     shards_dir, out_dir = Path(shards_dir), Path(out_dir)

@@ -37,6 +37,10 @@ KERAS_EAGER_IMPORT = "keras.src.optimizers"
 # installs it) for its scikit-learn wrappers, Matplotlib (Shardflow's plots use it) for its
 # image and bounding-box galleries (pyplot alone: 0.4 s of a 2.7 s import).
 KERAS_OPTIONAL_IMPORTS = ("sklearn", "matplotlib")
+# What Keras takes from ~/.keras/keras.json ($KERAS_HOME) at its first import, held at its
+# defaults: a user's file (float16, channels_first, another epsilon or backend) changed what
+# training computed and what the served model predicted, from outside the repository.
+KERAS_CONFIG = {"floatx": "float32", "epsilon": 1e-7, "image_data_format": "channels_last"}
 
 
 @contextmanager
@@ -100,7 +104,22 @@ def keras_without_extras() -> ModuleType:
     if "keras" in sys.modules:
         import keras
 
-        return keras
+        return _configured(keras)
+    os.environ["KERAS_BACKEND"] = "tensorflow"  # over keras.json's "backend"
     with _blocked(*KERAS_OPTIONAL_IMPORTS), _native_notices_dropped():
         import keras
+    return _configured(keras)
+
+
+def _configured(keras: ModuleType) -> ModuleType:
+    """``keras`` with :data:`KERAS_CONFIG` set, whatever the user's keras.json said."""
+    if keras.config.backend() != "tensorflow":
+        raise RuntimeError(
+            f"Keras runs on {keras.config.backend()!r} here (KERAS_BACKEND or the 'backend' of "
+            f"{keras.config.keras_home()}/keras.json, read before Shardflow imported Keras); "
+            "Shardflow trains and serves on 'tensorflow' only"
+        )
+    keras.config.set_floatx(KERAS_CONFIG["floatx"])
+    keras.config.set_epsilon(KERAS_CONFIG["epsilon"])
+    keras.config.set_image_data_format(KERAS_CONFIG["image_data_format"])
     return keras

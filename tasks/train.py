@@ -47,6 +47,7 @@ from tasks.models import build_model, unfreeze_top
 from tasks.params import Params, TrainParams, flatten
 from tasks.reader import read_split
 from tasks.shard_store import ShardStore, open_store
+from tasks.tf_imports import keras_without_extras
 from tasks.train_backup import (
     EPOCH_LOG_NAME,
     BackupDirs,
@@ -812,6 +813,7 @@ def run_train(
     Every worker runs this; the chief alone tracks (``run_tags`` on a new MLflow run)."""
     from tasks import tracking
 
+    keras_without_extras()  # Keras's config held at its defaults, whatever keras.json says
     strategy = strategy or choose_strategy()  # first: see train
     store = open_store(layout.root, params.storage)  # SHARDFLOW_SHARDS_URL, else data/shards
     if store:

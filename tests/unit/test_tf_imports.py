@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -72,6 +73,30 @@ def test_the_start_up_notices_are_dropped_and_other_lines_kept(
         print("a Python warning", file=sys.stderr)
     lines = sorted(capfd.readouterr().err.splitlines())
     assert lines == ["W0000 something real went wrong", "a Python warning"]
+
+
+def test_a_users_keras_json_changes_nothing_shardflow_computes(tmp_path: Path) -> None:
+    """~/.keras/keras.json lies outside the repository: float16, channels_first, another
+    epsilon or backend there must not reach training or serving."""
+    (tmp_path / ".keras").mkdir()
+    user = {"floatx": "float16", "epsilon": 0.1, "backend": "jax"}
+    user["image_data_format"] = "channels_first"
+    (tmp_path / ".keras" / "keras.json").write_text(json.dumps(user))
+    code = (
+        "from tasks.tf_imports import keras_without_extras; c = keras_without_extras().config;"
+        "print(c.backend(), c.floatx(), c.epsilon(), c.image_data_format())"
+    )
+    env = {key: value for key, value in os.environ.items() if not key.startswith("KERAS_")}
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**env, "HOME": str(tmp_path)},
+        timeout=300,
+    )
+    expected = ["tensorflow", "float32", "1e-07", "channels_last"]  # Keras's own defaults
+    assert done.stdout.split() == expected, done.stderr[-2000:]
 
 
 def test_a_first_keras_import_prints_none_of_tensorflows_notices() -> None:
