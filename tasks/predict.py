@@ -529,7 +529,9 @@ def _list_sources(source: Path) -> list[Path]:
         return sorted(
             path
             for path in source.rglob("*")
-            if not path.is_dir()  # a FIFO or a broken link gets its row, saying what it is
+            # a FIFO, a broken link or a link to a folder (never followed) gets its row,
+            # saying what it is
+            if (not path.is_dir() or path.is_symlink())
             and not any(part.startswith(".") for part in path.relative_to(source).parts)
         )
     if source.suffix.lower() == ".csv":
@@ -547,10 +549,13 @@ def read_limited(path: Path, limit: int) -> bytes:
     regular file; anything else (a FIFO, a device, a folder) is an ``OSError`` naming what it
     is, never a read that blocks or never ends."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):  # before open(): it refuses a folder as "Is a directory"
+        os.close(fd)
+        if stat.S_ISDIR(mode) and path.is_symlink():
+            raise OSError("a link to a folder, not followed (predict the folder it names)")
+        raise OSError(f"not a regular file ({file_kind(mode)})")
     with open(fd, "rb") as handle:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise OSError(f"not a regular file ({file_kind(mode)})")
         return handle.read(limit + 1)
 
 

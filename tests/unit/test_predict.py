@@ -319,6 +319,26 @@ def test_files_a_batch_cannot_read_get_a_row_saying_why(tmp_path: Path) -> None:
         assert len(list(csv.DictReader(handle))) == 3
 
 
+def test_a_link_to_a_folder_gets_a_row_saying_it_was_not_followed(tmp_path: Path) -> None:
+    """A folder's link to a folder was dropped unsaid: its photos missing from the CSV."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "inside.png").write_bytes(png_bytes(np.full((16, 16, 3), 90, np.uint8)))
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    (folder / "ok.png").write_bytes(png_bytes(np.full((16, 16, 3), 90, np.uint8)))
+    (folder / "linked").symlink_to(elsewhere)
+    sources = list_sources(folder)
+    assert sources == [folder / "linked", folder / "ok.png"]
+    rows = {str(row["path"]): row for row in predict_files(RedPyfunc(), sources, 1 << 20)}
+    assert rows[str(folder / "linked")]["error"] == (
+        "cannot read: a link to a folder, not followed (predict the folder it names)"
+    )
+    assert rows[str(folder / "ok.png")]["label"] == "red"
+    with pytest.raises(ValueError, match=r"lists .*linked, which resolves to .*outside"):
+        list_sources(folder, within=folder)  # a deployment run: the link leads out
+
+
 def test_a_predictions_csv_is_written_whole_or_not_at_all(tmp_path: Path) -> None:
     out = tmp_path / "p.csv"
     out.write_text("path,label\nlast.jpg,red\n")
