@@ -36,6 +36,7 @@ DEFAULT_URI = f"sqlite:///{DB_NAME}"
 SQLITE = "sqlite:///"  # then a path: relative (three slashes) or absolute (four)
 ARTIFACTS_NAME = "mlartifacts"
 UNTRACKED = "untracked"
+CODE_DIRS = ("tasks", "flows")  # the code a run runs: its changes since the commit are recorded
 MLFLOW_UI_URL = "http://127.0.0.1:5000"  # where `make ui` serves the local store while free
 CHAMPION = "champion"  # the registry alias of the model in service
 # DVC sets these for the stages of `dvc exp run` (queued or not): the run names its experiment.
@@ -329,6 +330,7 @@ def lineage_tags(manifest: ShardManifest, *, root: str | Path = ".") -> dict[str
             for split, info in manifest.splits.items()
         },
         "git.commit": git_commit(root),
+        "git.modified_code": modified_code(root),
     }
 
 
@@ -433,6 +435,31 @@ def git_commit(root: str | Path = ".") -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return result.stdout.strip() or "unknown"
+
+
+def modified_code(root: str | Path = ".") -> str:
+    """The files under ``tasks/`` and ``flows/`` that differ from ``git rev-parse HEAD``
+    (changed, added, deleted or untracked), comma-separated; "none" when the run's code is the
+    commit's, "unknown" outside a git checkout. ``git.commit`` alone named a commit whose code
+    the run did not run."""
+    try:
+        result = subprocess.run(
+            ["git", "status", "--porcelain=v1", "-z", "--untracked-files=all", "--", *CODE_DIRS],
+            cwd=root,
+            capture_output=True,
+            timeout=30,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    paths = []
+    entries = iter(result.stdout.split(b"\0"))
+    for entry in entries:  # "XY path"
+        if entry:
+            paths.append(os.fsdecode(entry[3:]))
+            if entry[:1] in (b"R", b"C"):
+                next(entries, None)  # a rename's or copy's source, an entry of its own
+    return ",".join(sorted(paths)) or "none"
 
 
 def timestamp_ms() -> int:

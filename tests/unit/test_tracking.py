@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -130,6 +131,35 @@ def test_train_run_records_params_lineage_and_dataset(tiny_shards: Path, mlflow_
     experiment = client.get_experiment(run.info.experiment_id)
     assert experiment.name == tracking.EXPERIMENT_NAME
     assert experiment.artifact_location.startswith((tiny_shards / "mlartifacts").as_uri())
+
+
+def test_the_code_a_run_ran_is_named_beside_its_commit(tiny_shards: Path, tmp_path: Path) -> None:
+    """git.commit named HEAD while tasks/ held uncommitted edits: two runs of one commit
+    looked alike whatever code they ran. Edits to the pipeline's own records do not count."""
+    repo = tmp_path / "repo"
+    (repo / "tasks").mkdir(parents=True)
+    (repo / "reports").mkdir()
+    for name in ("tasks/models.py", "tasks/old name.py", "reports/eval.json"):
+        (repo / name).write_text("v1\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "code"], check=True)
+    manifest = load_manifest(tiny_shards / "data" / "shards")
+    assert tracking.lineage_tags(manifest, root=repo)["git.modified_code"] == "none"
+    (repo / "reports/eval.json").write_text("v2\n")  # a stage's output, not code
+    (repo / "tasks/models.py").write_text("v2\n")
+    (repo / "tasks/new.py").write_text("v1\n")
+    subprocess.run([*git, "mv", "tasks/old name.py", "tasks/renamed.py"], check=True)
+    tags = tracking.lineage_tags(manifest, root=repo)
+    assert tags["git.modified_code"] == "tasks/models.py,tasks/new.py,tasks/renamed.py"
+    assert (
+        tags["git.commit"]
+        == subprocess.run(
+            [*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    )
+    assert tracking.modified_code(tmp_path / "nowhere") == "unknown"
 
 
 def test_run_url_links_the_ui_page_of_the_run(tiny_shards: Path, mlflow_uri: str) -> None:
