@@ -198,8 +198,14 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.max_request_mb <= 0 or args.max_request_rows <= 0:
         parser.error("--max-request-mb and --max-request-rows must be positive")
+    from tasks.tracking import tracking_uri
+
+    # A server's user:password@ goes to MLflow's variables before MLflow sees the URI: MLflow
+    # puts the URI in its errors ("API request to <uri>/... failed"), on the server's output.
+    uri = tracking_uri()
     env = {
         **os.environ,
+        "MLFLOW_TRACKING_URI": uri,
         MODEL_URI_ENV: args.model_uri,
         MAX_BYTES_ENV: str(int(args.max_request_mb * 2**20)),
         MAX_ROWS_ENV: str(args.max_request_rows),

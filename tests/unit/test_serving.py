@@ -222,6 +222,27 @@ def echo_app() -> RequestSizeLimit:
     return RequestSizeLimit(app, max_bytes=1000, max_rows=20)
 
 
+def test_the_server_is_given_a_tracking_uri_without_its_credentials(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`make serve-model` against a server named with user:password@ printed the password
+    in MLflow's error when that server did not answer; they go to MLflow's variables."""
+    from tasks import serve
+
+    started: list[dict[str, str]] = []
+    monkeypatch.setattr(serve.os, "execve", lambda path, argv, env: started.append(env))
+    for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+        monkeypatch.setenv(name, "")  # recorded, so what main() sets is undone after the test
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://ana:s3cret@mlflow.internal:5000")
+    limits = ["--max-request-mb", "1", "--max-request-rows", "1"]
+    serve.main(["models:/m@champion", "--port", "1", *limits])
+    [env] = started
+    assert env["MLFLOW_TRACKING_URI"] == "http://mlflow.internal:5000"
+    assert (env["MLFLOW_TRACKING_USERNAME"], env["MLFLOW_TRACKING_PASSWORD"]) == ("ana", "s3cret")
+    assert "s3cret" not in capsys.readouterr().out
+
+
 def test_a_body_over_the_limit_is_refused_unread_and_the_next_is_answered() -> None:
     from fastapi.testclient import TestClient
 
