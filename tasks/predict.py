@@ -427,6 +427,9 @@ BATCH_COLUMNS = ("path", "label", "label_index", "score", "error")
 PREDICT_EXPERIMENT = "shardflow-predict"
 DEFAULT_MODEL = "champion"
 READ_CHUNK = 256  # files read and predicted at a time: memory stays flat on big folders
+# File bytes read ahead of the model, at most (a file over it goes alone): 256 files of up
+# to ingest.max_file_mb each held 16 GB; 40 scans of 60 MB, 2.4 GB.
+READ_BYTES = 256 * 2**20
 
 
 @dataclass(frozen=True)
@@ -545,16 +548,21 @@ def _list_sources(source: Path) -> list[Path]:
 
 
 def read_limited(path: Path, limit: int) -> bytes:
-    """At most ``limit + 1`` bytes (enough for the model to refuse an oversized file) of a
-    regular file; anything else (a FIFO, a device, a folder) is an ``OSError`` naming what it
-    is, never a read that blocks or never ends."""
+    """At most ``limit + 1`` bytes (enough for the model to refuse a file that grew while
+    read) of a regular file; a larger file (by its size, unread), or anything else (a FIFO,
+    a device, a folder), is an ``OSError`` naming what it is, never a read that blocks or
+    never ends."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):  # before open(): it refuses a folder as "Is a directory"
-        os.close(fd)
-        if stat.S_ISDIR(mode) and path.is_symlink():
+    status = os.fstat(fd)
+    if not stat.S_ISREG(status.st_mode) or status.st_size > limit:
+        os.close(fd)  # before open(): it refuses a folder as "Is a directory"
+        if stat.S_ISREG(status.st_mode):
+            raise OSError(
+                f"file too large: {status.st_size} bytes (limit {limit}, ingest.max_file_mb)"
+            )
+        if stat.S_ISDIR(status.st_mode) and path.is_symlink():
             raise OSError("a link to a folder, not followed (predict the folder it names)")
-        raise OSError(f"not a regular file ({file_kind(mode)})")
+        raise OSError(f"not a regular file ({file_kind(status.st_mode)})")
     with open(fd, "rb") as handle:
         return handle.read(limit + 1)
 
@@ -565,32 +573,50 @@ def predict_files(
     max_file_bytes: int,
     *,
     chunk: int = READ_CHUNK,
+    chunk_bytes: int = READ_BYTES,
     progress: Callable[[int, int], object] | None = None,
 ) -> list[dict[str, Any]]:
     """Predict files with a loaded pyfunc; one row per path, an ``error`` for unusable ones.
 
-    ``progress(done, total)`` is told after each ``chunk`` of files."""
+    Files are read and predicted ``chunk`` at a time, fewer where their bytes would pass
+    ``chunk_bytes`` (a larger file goes alone); ``progress(done, total)`` is told after each
+    chunk."""
     import pandas as pd
 
     rows: list[dict[str, Any]] = []
-    for start in range(0, len(paths), chunk):
-        part = paths[start : start + chunk]
-        data: list[bytes] = []
-        unreadable: dict[int, str] = {}
-        for i, path in enumerate(part):
-            try:
-                data.append(read_limited(path, max_file_bytes))
-            except OSError as exc:
-                unreadable[i] = f"cannot read: {exc.strerror or exc}"
-                data.append(b"")
+    part: list[Path] = []
+    data: list[bytes] = []
+    unreadable: dict[int, str] = {}
+
+    def predict_part() -> None:
         frame = model.predict(pd.DataFrame({IMAGE_COLUMN: data}))
         for i, (path, result) in enumerate(zip(part, frame.to_dict("records"), strict=True)):
             row = {"path": display_name(str(path))}  # always writable, whatever the bytes
             row.update({key: result[key] for key in RESULT_COLUMNS})
             row["error"] = unreadable.get(i, row["error"])
             rows.append(row)
+        part.clear()
+        data.clear()
+        unreadable.clear()
         if progress is not None:
             progress(len(rows), len(paths))
+
+    for path in paths:
+        error = None
+        try:
+            content = read_limited(path, max_file_bytes)
+        except OSError as exc:
+            content, error = b"", f"cannot read: {exc.strerror or exc}"
+        if part and sum(map(len, data)) + len(content) > chunk_bytes:
+            predict_part()  # the files read so far, before this one would pass the bound
+        if error is not None:
+            unreadable[len(part)] = error
+        part.append(path)
+        data.append(content)
+        if len(part) == chunk:
+            predict_part()
+    if part:
+        predict_part()
     return rows
 
 

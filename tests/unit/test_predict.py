@@ -272,6 +272,33 @@ def test_batch_prediction_tells_its_progress_after_each_chunk(tmp_path: Path) ->
     assert told == [(3, 7), (6, 7), (7, 7)]
 
 
+def test_batch_prediction_holds_a_bounded_number_of_file_bytes(tmp_path: Path) -> None:
+    """256 files a chunk held 256 x ingest.max_file_mb (16 GB) of file bytes at once, and an
+    oversized file was read to its limit to be refused, under a size it did not have."""
+    paths = []
+    for index in range(7):
+        paths.append(tmp_path / f"{index}.tif")
+        paths[-1].write_bytes(bytes(1000))
+    with (tmp_path / "huge.tif").open("wb") as handle:
+        handle.truncate(5000)  # sparse: reading it would cost memory, not disk
+    paths.insert(3, tmp_path / "huge.tif")
+    held: list[int] = []
+
+    class Pyfunc(RedPyfunc):
+        def predict(self, frame: object) -> object:
+            held.append(sum(map(len, frame["image"])))  # type: ignore[index]
+            return super().predict(frame)
+
+    rows = predict_files(Pyfunc(), paths, 4000, chunk=256, chunk_bytes=2500)
+    assert held == [2000, 2000, 2000, 1000]  # three files' bytes never wait together
+    assert [row["path"] for row in rows] == [str(path) for path in paths]
+    assert (
+        rows[3]["error"]
+        == "cannot read: file too large: 5000 bytes (limit 4000, ingest.max_file_mb)"
+    )
+    assert [row["label"] for row in rows if row is not rows[3]] == ["red"] * 7
+
+
 class RedPyfunc:
     """What predict_files uses of a loaded MLflow pyfunc: every image is red."""
 
