@@ -32,6 +32,9 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
+# What every Shardflow entry point runs with unless the user says otherwise (the Makefile's
+# and `shardflow`'s environment): run directly, MLflow's telemetry was on in the server.
+NO_TELEMETRY = {"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
 MODEL_URI_ENV = "SHARDFLOW_SERVE_MODEL_URI"
 MAX_BYTES_ENV = "SHARDFLOW_SERVE_MAX_REQUEST_BYTES"
 MAX_ROWS_ENV = "SHARDFLOW_SERVE_MAX_REQUEST_ROWS"
@@ -204,6 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     # puts the URI in its errors ("API request to <uri>/... failed"), on the server's output.
     uri = tracking_uri()
     env = {
+        **NO_TELEMETRY,
         **os.environ,
         "MLFLOW_TRACKING_URI": uri,
         MODEL_URI_ENV: args.model_uri,

@@ -222,7 +222,7 @@ def echo_app() -> RequestSizeLimit:
     return RequestSizeLimit(app, max_bytes=1000, max_rows=20)
 
 
-def test_the_server_is_given_a_tracking_uri_without_its_credentials(
+def test_the_server_starts_without_credentials_in_its_uri_or_telemetry(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`make serve-model` against a server named with user:password@ printed the password
@@ -231,6 +231,8 @@ def test_the_server_is_given_a_tracking_uri_without_its_credentials(
 
     started: list[dict[str, str]] = []
     monkeypatch.setattr(serve.os, "execve", lambda path, argv, env: started.append(env))
+    for name in ("MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK"):
+        monkeypatch.delenv(name, raising=False)
     for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
         monkeypatch.setenv(name, "")  # recorded, so what main() sets is undone after the test
         monkeypatch.delenv(name)
@@ -239,6 +241,7 @@ def test_the_server_is_given_a_tracking_uri_without_its_credentials(
     serve.main(["models:/m@champion", "--port", "1", *limits])
     [env] = started
     assert env["MLFLOW_TRACKING_URI"] == "http://mlflow.internal:5000"
+    assert env["MLFLOW_DISABLE_TELEMETRY"] == env["DO_NOT_TRACK"] == "true"  # run directly too
     assert (env["MLFLOW_TRACKING_USERNAME"], env["MLFLOW_TRACKING_PASSWORD"]) == ("ana", "s3cret")
     assert "s3cret" not in capsys.readouterr().out
 
