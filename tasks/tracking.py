@@ -37,6 +37,7 @@ SQLITE = "sqlite:///"  # then a path: relative (three slashes) or absolute (four
 ARTIFACTS_NAME = "mlartifacts"
 UNTRACKED = "untracked"
 CODE_DIRS = ("tasks", "flows")  # the code a run runs: its changes since the commit are recorded
+MODIFIED_CODE_CHARS = 2000  # git.modified_code's length: the first files, then a count
 MLFLOW_UI_URL = "http://127.0.0.1:5000"  # where `make ui` serves the local store while free
 CHAMPION = "champion"  # the registry alias of the model in service
 # DVC sets these for the stages of `dvc exp run` (queued or not): the run names its experiment.
@@ -459,7 +460,22 @@ def modified_code(root: str | Path = ".") -> str:
             paths.append(os.fsdecode(entry[3:]))
             if entry[:1] in (b"R", b"C"):
                 next(entries, None)  # a rename's or copy's source, an entry of its own
-    return ",".join(sorted(paths)) or "none"
+    return listed(sorted(paths), MODIFIED_CODE_CHARS) or "none"
+
+
+def listed(names: list[str], limit: int) -> str:
+    """``names`` comma-separated in at most ``limit`` characters: those that fit, then how
+    many more (an MLflow tag holds 8,000 characters; setting a longer one fails the run)."""
+    text = ",".join(names)
+    if len(text) <= limit:
+        return text
+    shown: list[str] = []
+    for name in names:
+        more = f",... {len(names) - len(shown) - 1} more"
+        if len(",".join([*shown, name])) + len(more) > limit:
+            break
+        shown.append(name)
+    return ",".join(shown) + f",... {len(names) - len(shown)} more"
 
 
 def timestamp_ms() -> int:

@@ -160,6 +160,13 @@ def test_the_code_a_run_ran_is_named_beside_its_commit(tiny_shards: Path, tmp_pa
         ).stdout.strip()
     )
     assert tracking.modified_code(tmp_path / "nowhere") == "unknown"
+    for i in range(400):  # a new package of many files: the tag stays short enough to set
+        (repo / "tasks" / f"module_{i:03d}.py").write_text("v1\n")
+    many = tracking.modified_code(repo)
+    assert len(many) <= tracking.MODIFIED_CODE_CHARS
+    shown = many.split(",... ")[0].split(",")
+    assert shown[:2] == ["tasks/models.py", "tasks/module_000.py"]
+    assert many.endswith(f",... {403 - len(shown)} more")
 
 
 def test_run_url_links_the_ui_page_of_the_run(tiny_shards: Path, mlflow_uri: str) -> None:
