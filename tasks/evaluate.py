@@ -2,19 +2,17 @@
 
 ``evaluate_model`` is the pure core (model + shards in, metrics and report files out);
 ``run_evaluate`` wires it to the layout and to an MLflow run of its own (a child of the
-training run), behind the same validation gate as training, registers the model, writes its
-card, and lets :mod:`tasks.promotion` decide on the ``champion`` alias, re-scoring the
-champion's model on the current test shards (:func:`champion_scorer`) when its recorded
-figure was measured on other data or another way.
+training run), behind the same validation gate as training, registers the model
+(:mod:`tasks.registry`), writes its card, and lets :mod:`tasks.promotion` decide on the
+``champion`` alias, re-scoring the champion's model on the current test shards
+(:func:`champion_scorer`) when its recorded figure was measured on other data or another way.
 """
 
 from __future__ import annotations
 
 import contextlib
 import csv
-import hashlib
 import json
-import socket
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -59,6 +57,15 @@ from tasks.promotion import (
     spec_differences,
 )
 from tasks.reader import read_split
+from tasks.registry import (
+    discard_logged,
+    download_registered,
+    log_due_pyfunc,
+    logged_model_id,
+    register_model,
+    registered_sources,
+    workspace_id,
+)
 from tasks.schema import IMAGE_KEY, LABEL_KEY, SOURCE_KEY
 from tasks.shard_store import open_store
 from tasks.sheets import plot_image_sheet
@@ -77,8 +84,6 @@ MAX_MISCLASSIFIED_SHOWN = 16
 BATCH_SIZE = 256
 PER_CLASS_TABLE = "eval/per_class_table.json"  # an MLflow table (not eval/per_class.json)
 EVALUATES_TAG = "shardflow.evaluates"  # on an evaluation run: the training run it evaluates
-# On a pyfunc logged ahead of registering it: the workspace whose evaluation logged it.
-WORKSPACE_TAG = "shardflow.workspace"
 LABEL_SHEET = "label_issues.png"  # the label review's thumbnail sheet, in the eval plots
 
 
@@ -418,109 +423,6 @@ def plot_misclassified(wrong: list[dict[str, Any]], classes: list[str], path: Pa
     plot_image_sheet(tiles, "no misclassified test images", path)
 
 
-# -- registry ------------------------------------------------------------------------------
-
-
-def register_model(
-    client: MlflowClient,
-    run_id: str,
-    model_file: Path,
-    model_name: str,
-    spec: ServingSpec,
-    logged_uri: str | None = None,
-) -> str:
-    """Log the model to the run as an image-bytes pyfunc and register a version of it; with
-    ``logged_uri``, register that pyfunc, logged already (:func:`log_due_pyfunc`).
-
-    Idempotent per run: a retried or repeated evaluation of the same training run reuses
-    the version already registered from it instead of adding a duplicate (and deletes the
-    pyfunc at ``logged_uri``, which a concurrent evaluation's version made redundant).
-    """
-    existing = registered_version(client, model_name, run_id)
-    if existing is not None:
-        # never the model the version was made from
-        if logged_uri and logged_uri != client.get_model_version(model_name, existing).source:
-            discard_logged(client, logged_uri)
-        return existing
-    import mlflow
-
-    from tasks.predict import log_pyfunc
-    from tasks.tracking import using_store
-
-    model_uri = logged_uri or log_pyfunc(client, run_id, model_file, spec)
-    with using_store(client.tracking_uri):
-        version = mlflow.register_model(model_uri, model_name)
-    return str(version.version)
-
-
-def log_due_pyfunc(
-    client: MlflowClient,
-    run_id: str,
-    model_file: Path,
-    model_name: str,
-    spec: ServingSpec,
-    workspace: str,
-) -> str | None:
-    """The pyfunc logged onto the training run ``run_id`` when no version of ``model_name`` is
-    registered from it yet (its URI; else None): what :func:`register_model` would log, logged
-    while the measuring runs. Never reused from an earlier attempt: the pyfunc carries the
-    ``tasks`` code of the evaluation that logs it.
-
-    ``workspace`` (:func:`workspace_id`, the evaluation holding its workspace lock) is tagged
-    on the pyfunc, and the pyfuncs an earlier evaluation of this workspace logged onto the run
-    and never registered (it was killed in between) are deleted first: no evaluation of this
-    workspace can still be using them, and another workspace's are left alone."""
-    if registered_version(client, model_name, run_id) is not None:
-        return None
-    from tasks.predict import log_pyfunc
-
-    for model_id in unregistered_pyfuncs(client, run_id, workspace):
-        discard_logged(client, f"models:/{model_id}")
-    return log_pyfunc(client, run_id, model_file, spec, tags={WORKSPACE_TAG: workspace})
-
-
-def workspace_id(root: Path) -> str:
-    """The workspace lock's scope, this host's folder ``root``, as a digest (neither the host
-    nor the path is written down)."""
-    where = f"{socket.gethostname()}\0{Path(root).resolve()}"
-    return hashlib.sha256(where.encode()).hexdigest()[:32]
-
-
-def unregistered_pyfuncs(client: MlflowClient, run_id: str, workspace: str) -> list[str]:
-    """Ids of the models ``workspace`` logged onto the run ``run_id`` that no version, of any
-    registered model, was made from."""
-    experiment = client.get_run(run_id).info.experiment_id
-    logged = client.search_logged_models(
-        [experiment],
-        filter_string=f"source_run_id = '{run_id}' AND tags.`{WORKSPACE_TAG}` = '{workspace}'",
-    )
-    registered = registered_sources(client, run_id)
-    return [m.model_id for m in logged if f"models:/{m.model_id}" not in registered]
-
-
-def registered_sources(client: MlflowClient, run_id: str) -> set[str]:
-    """The ``models:/<id>`` URIs the versions registered from the run ``run_id`` were made from."""
-    versions = client.search_model_versions(f"run_id = '{run_id}'")
-    return {str(v.source) for v in versions} | {
-        f"models:/{v.model_id}" for v in versions if v.model_id
-    }
-
-
-def discard_logged(client: MlflowClient, model_uri: str) -> None:
-    """Delete the logged model behind ``models:/<id>`` (an evaluation that failed before
-    registering it leaves none behind); quietly, the error that failed it being the one to
-    see."""
-    if model_uri.startswith("models:/"):
-        with contextlib.suppress(Exception):
-            client.delete_logged_model(model_uri.removeprefix("models:/"))
-
-
-def registered_version(client: MlflowClient, model_name: str, run_id: str) -> str | None:
-    """The latest version of ``model_name`` registered from the training run ``run_id``."""
-    existing = client.search_model_versions(f"name = '{model_name}' and run_id = '{run_id}'")
-    return str(max(int(v.version) for v in existing)) if existing else None
-
-
 def champion_scorer(
     client: MlflowClient,
     model_name: str,
@@ -578,36 +480,6 @@ def scorable_classes(recorded: dict[str, Any], spec: ServingSpec) -> list[str]:
     return [str(name) for name in classes]
 
 
-def download_registered(
-    client: MlflowClient, model_name: str, version: str, into: Path
-) -> tuple[Path, dict[str, Any]]:
-    """A registered version's Keras file and serving spec (from its ``MLmodel``)."""
-    import mlflow
-    import yaml
-    from mlflow.exceptions import MlflowException
-
-    from tasks.predict import KERAS_ARTIFACT
-    from tasks.tracking import redact, using_store
-
-    where = client.get_model_version_download_uri(model_name, version).rstrip("/")
-    try:
-        with using_store(client.tracking_uri):
-            conf = yaml.safe_load(
-                Path(
-                    mlflow.artifacts.download_artifacts(f"{where}/MLmodel", dst_path=str(into))
-                ).read_text()
-            )
-            spec = conf["metadata"]["preprocessing"]
-            keras_path = conf["flavors"]["python_function"]["artifacts"][KERAS_ARTIFACT]["path"]
-            local = mlflow.artifacts.download_artifacts(f"{where}/{keras_path}", dst_path=str(into))
-    except (MlflowException, OSError, KeyError, TypeError) as exc:
-        # Recorded in tags and the card: no URI's credentials.
-        raise NotComparable(
-            redact(f"its model could not be loaded from {where} ({type(exc).__name__}: {exc})")
-        ) from None
-    return Path(local), dict(spec)
-
-
 # -- tracking ------------------------------------------------------------------------------
 
 
@@ -621,24 +493,6 @@ def per_class_table(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
     """The per-class rows as the columns ``MlflowClient.log_table`` takes."""
     columns = ("class", "precision", "recall", "f1", "support")
     return {column: [row[column] for row in rows] for column in columns}
-
-
-def logged_model_id(client: MlflowClient, run_id: str, model_name: str, version: str) -> str:
-    """The MLflow 3 logged model behind a registered version.
-
-    A version registered from the model's URI names it; otherwise it is the model the run
-    logged (evaluation logs one per training run, see :func:`register_model`).
-    """
-    model_id = client.get_model_version(model_name, version).model_id
-    if model_id:
-        return str(model_id)
-    experiment = client.get_run(run_id).info.experiment_id
-    models = client.search_logged_models(
-        [experiment], filter_string=f"source_run_id = '{run_id}'", max_results=1
-    )
-    if not models:
-        raise LookupError(f"MLflow run {run_id} has no logged model for {model_name} v{version}")
-    return str(models[0].model_id)
 
 
 def start_evaluation_run(client: MlflowClient, train_run_id: str, settings: EvaluateParams) -> str:
@@ -797,9 +651,10 @@ def run_evaluate(
     params, layout)`` starts the measuring (:func:`measure`), its value from ``.result()``:
     here by default, when asked; the stage starts it in its prestarted child, and this
     process opens the tracking store (MLflow's imports, its database) and, when a version is
-    due, logs the pyfunc onto the training run meanwhile (:func:`log_due_pyfunc`; deleted
-    again if the measuring fails). It never imports Keras to register the model
-    (:func:`tasks.predict.log_pyfunc`), only to re-score a champion measured on other data.
+    due, logs the pyfunc onto the training run meanwhile
+    (:func:`tasks.registry.log_due_pyfunc`; deleted again if the measuring fails). It never
+    imports Keras to register the model (:func:`tasks.predict.log_pyfunc`), only to re-score
+    a champion measured on other data.
     """
     settings = params.evaluate
     check_margin(settings.promotion_margin)

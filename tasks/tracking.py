@@ -424,18 +424,7 @@ def dvc_shards_md5(root: str | Path = ".", out_path: str = "data/shards") -> str
 
 def git_commit(root: str | Path = ".") -> str:
     """``git rev-parse HEAD`` in ``root``, or "unknown" outside a git checkout."""
-    try:
-        result = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return result.stdout.strip() or "unknown"
+    return (_git(root, "rev-parse", "HEAD") or b"").decode().strip() or "unknown"
 
 
 def modified_code(root: str | Path = ".") -> str:
@@ -443,18 +432,11 @@ def modified_code(root: str | Path = ".") -> str:
     (changed, added, deleted or untracked), comma-separated; "none" when the run's code is the
     commit's, "unknown" outside a git checkout. ``git.commit`` alone named a commit whose code
     the run did not run."""
-    try:
-        result = subprocess.run(
-            ["git", "status", "--porcelain=v1", "-z", "--untracked-files=all", "--", *CODE_DIRS],
-            cwd=root,
-            capture_output=True,
-            timeout=30,
-            check=True,
-        )
-    except (OSError, subprocess.SubprocessError):
+    out = _git(root, "status", "--porcelain=v1", "-z", "--untracked-files=all", "--", *CODE_DIRS)
+    if out is None:
         return "unknown"
     paths = []
-    entries = iter(result.stdout.split(b"\0"))
+    entries = iter(out.split(b"\0"))
     for entry in entries:  # "XY path"
         if entry:
             paths.append(os.fsdecode(entry[3:]))
@@ -476,6 +458,16 @@ def listed(names: list[str], limit: int) -> str:
             break
         shown.append(name)
     return ",".join(shown) + f",... {len(names) - len(shown)} more"
+
+
+def _git(root: str | Path, *args: str) -> bytes | None:
+    """``git *args`` run in ``root``: its output, or None where git or a checkout is missing."""
+    try:
+        return subprocess.run(
+            ["git", *args], cwd=root, capture_output=True, timeout=30, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def timestamp_ms() -> int:

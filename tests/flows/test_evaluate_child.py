@@ -11,7 +11,7 @@ import pytest
 from mlflow.entities import Param
 
 from flows.common import start_where_warm
-from tasks import evaluate, predict, processes, tf_imports, tracking
+from tasks import evaluate, predict, processes, registry, tf_imports, tracking
 from tasks.layout import Layout
 from tasks.manifest import load_manifest
 from tasks.params import load_params
@@ -131,7 +131,7 @@ def test_the_model_is_measured_in_the_child_while_the_store_opens(
     experiment = client.get_run(failed_run).info.experiment_id
     left = client.search_logged_models([experiment], f"source_run_id = '{failed_run}'")
     assert list(left) == []  # logged, then deleted: nothing registered, nothing left
-    assert evaluate.registered_version(client, params.evaluate.model_name, failed_run) is None
+    assert registry.registered_version(client, params.evaluate.model_name, failed_run) is None
 
     jobs: list[Any] = []
 

@@ -15,10 +15,11 @@ from mlflow import MlflowClient
 from flows.training import training_flow
 from tasks import evaluate as tasks_evaluate
 from tasks import processes, tracking, train_child
-from tasks.evaluate import PER_CLASS_TABLE, logged_model_id
+from tasks.evaluate import PER_CLASS_TABLE
 from tasks.layout import Layout
 from tasks.params import default_params
 from tasks.processes import prestart_child
+from tasks.registry import logged_model_id
 from tasks.tracking import CHAMPION
 from tasks.train import cpu_isa
 from tests.prefect_story import artifacts, flow_runs_tagged, log_lines

@@ -330,7 +330,7 @@ def test_registering_the_same_run_twice_reuses_its_version(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A retried or repeated evaluation must not add a duplicate registry version."""
-    from tasks.evaluate import register_model
+    from tasks.registry import register_model
 
     client, runs = store_with_runs(tmp_path, "mlflow.db", 2)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)
@@ -347,7 +347,7 @@ def test_a_pyfunc_logged_early_is_deleted_when_another_evaluation_registered_fir
     """Two evaluations of one training run, both logging their pyfunc while measuring: the
     one that registers second reuses the first one's version and must not leave its own
     pyfunc behind, unregistered, on the run."""
-    from tasks.evaluate import log_due_pyfunc, register_model
+    from tasks.registry import log_due_pyfunc, register_model
 
     client, runs = store_with_runs(tmp_path, "mlflow.db", 1)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)
@@ -376,7 +376,7 @@ def test_registering_leaves_the_process_and_the_run_as_they_were(
     the run that evaluation is still logging to."""
     import mlflow
 
-    from tasks.evaluate import register_model
+    from tasks.registry import register_model
 
     client, runs = store_with_runs(tmp_path, "project.db", 1)
     own = f"sqlite:///{tmp_path / 'own.db'}"  # the store this process is configured for
@@ -637,7 +637,7 @@ def register_champion(
     """The model of ``layout`` registered from a run of its own as ``m@champion``, with a
     recorded figure measured on test set ``fingerprint``."""
     from tasks import tracking
-    from tasks.evaluate import register_model
+    from tasks.registry import register_model
 
     run_id = client.create_run(tracking.experiment_id(client)).info.run_id
     version = register_model(client, run_id, layout.model_file, "m", spec)
@@ -914,9 +914,9 @@ def test_the_pyfunc_a_killed_evaluation_logged_is_deleted_by_the_next_one_of_its
     pyfunc on the training run. The next evaluation in the same workspace (the workspace
     lock lets no other one run there) deletes it; another workspace's, which may be an
     evaluation still running elsewhere, is left alone."""
-    from tasks.evaluate import log_due_pyfunc, workspace_id
     from tasks.manifest import load_manifest
     from tasks.predict import ServingSpec
+    from tasks.registry import log_due_pyfunc, workspace_id
 
     client = MlflowClient(mlflow_uri, mlflow_uri)
     train_run_id = json.loads(trained.train_run.read_text())["run_id"]
