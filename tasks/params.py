@@ -116,7 +116,7 @@ class TrainParams(_Strict):
     learning_rate: float = Field(gt=0)
     lr_schedule: Literal["constant", "cosine"]
     early_stopping_patience: int = Field(ge=0)  # 0 disables early stopping
-    seed: int
+    seed: int = Field(ge=0, le=2**32 - 1)  # NumPy's seed range (keras.utils.set_random_seed)
     deterministic: bool
     mixed_precision: bool
     xla: bool

@@ -133,6 +133,9 @@ def test_repository_params_hold_the_new_keys() -> None:
         ("train.early_stopping_patience", -1, "greater than or equal to 0"),
         ("train.fine_tune_layers", -1, "greater than or equal to 0"),
         ("train.fine_tune_epochs", -1, "greater than or equal to 0"),
+        # NumPy's seed range: outside it training failed at its first line, the key unnamed
+        ("train.seed", -1, "greater than or equal to 0"),
+        ("train.seed", 2**32, "less than or equal to 4294967295"),
         ("train.augment.crop", 1.0, "less than 1"),
         ("train.augment.brightness", -0.1, "greater than or equal to 0"),
         ("workspace.lock_timeout_s", 0, "greater than 0"),
