@@ -25,6 +25,8 @@ PromotionMetric = Literal[
 # A registered model's name: what a run may name in the registry (no URI, path or spaces).
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$"
 Side = Annotated[int, Field(ge=8)]  # smaller images carry too little signal to train on
+# keras.applications' backbones refuse a smaller input side (small_cnn takes any Side)
+BACKBONE_MIN_SIDE = 32
 Fraction = Annotated[float, Field(ge=0, lt=1)]
 
 # Where code runs comes from the repository's params.yaml only, never from a run's overrides.
@@ -169,6 +171,19 @@ class Params(_Strict):
     workspace: WorkspaceParams
     storage: StorageParams
 
+    @model_validator(mode="after")
+    def _backbone_fits_the_images(self) -> Params:
+        """A backbone model on shards it cannot take failed in Keras, naming no param, only
+        once ingest, shard and validate had run."""
+        height, width = self.shard.image_size
+        if self.train.model != "small_cnn" and min(height, width) < BACKBONE_MIN_SIDE:
+            raise ValueError(
+                f"train.model {self.train.model!r} takes images of at least "
+                f"{BACKBONE_MIN_SIDE} px a side, and shard.image_size is [{height}, {width}]: "
+                "raise shard.image_size (the shards are rebuilt) or set train.model small_cnn"
+            )
+        return self
+
 
 def load_params(
     path: str | Path = DEFAULT_PARAMS_PATH, overrides: dict[str, Any] | None = None
@@ -208,6 +223,8 @@ def _describe(problem: Any) -> str:
     """One pydantic error as ``train.epochs = 0: Input should be greater than ...``."""
     key = ".".join(str(part) for part in problem["loc"])
     message = str(problem["msg"]).removeprefix("Value error, ")
+    if not key:  # a check across sections names its keys itself
+        return message
     if problem["type"] == "missing":
         return f"{key}: missing (every key must be set in the params file)"
     if problem["type"] == "extra_forbidden":

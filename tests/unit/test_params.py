@@ -175,6 +175,23 @@ def test_splits_must_sum_to_one(tmp_path: Path) -> None:
         load_params(path)
 
 
+def test_a_backbone_on_images_it_cannot_take_is_refused_before_anything_runs(
+    tmp_path: Path,
+) -> None:
+    raw = with_value("train.model", "mobilenet_v3_small")
+    raw["shard"]["image_size"] = [64, 16]
+    with pytest.raises(ParamsError) as error:
+        load_params(write(tmp_path, raw))
+    message = str(error.value)
+    assert "train.model 'mobilenet_v3_small' takes images of at least 32 px a side" in message
+    assert "shard.image_size is [64, 16]" in message
+    assert "source_dir" not in message  # the keys named, not the whole file dumped
+    raw["shard"]["image_size"] = [32, 48]
+    assert load_params(write(tmp_path, raw)).train.model == "mobilenet_v3_small"
+    raw["train"]["model"], raw["shard"]["image_size"] = "small_cnn", [16, 16]
+    assert load_params(write(tmp_path, raw)).shard.image_size == (16, 16)
+
+
 def test_dask_runner_needs_an_address_before_anything_runs(tmp_path: Path) -> None:
     path = write(tmp_path, with_value("shard.runner", "dask"))
     with pytest.raises(ParamsError, match=r"shard = .*runner 'dask' needs shard\.dask_address"):
