@@ -172,6 +172,26 @@ class Params(_Strict):
     storage: StorageParams
 
     @model_validator(mode="after")
+    def _backbone_options_need_a_backbone(self) -> Params:
+        """small_cnn has no backbone: weights it would ignore and a fine-tuning phase that
+        unfreezes nothing (it trained on at a tenth of the rate) are refused."""
+        if self.train.model != "small_cnn":
+            return self
+        options = {
+            "train.weights": self.train.weights,
+            "train.fine_tune_layers": self.train.fine_tune_layers or None,
+            "train.fine_tune_epochs": self.train.fine_tune_epochs or None,
+        }
+        given = [f"{key}={value!r}" for key, value in options.items() if value is not None]
+        if given:
+            raise ValueError(
+                f"{', '.join(given)}: train.model 'small_cnn' has no pretrained backbone to "
+                "load or fine-tune; set a transfer model (mobilenet_v3_small, efficientnet_b0) "
+                "or weights null and both fine_tune keys 0"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _backbone_fits_the_images(self) -> Params:
         """A backbone model on shards it cannot take failed in Keras, naming no param, only
         once ingest, shard and validate had run."""

@@ -73,7 +73,10 @@ def test_refused_overrides_leave_params_yaml_untouched(
 
 
 def test_ordinary_overrides_are_accepted(repo_copy: Path) -> None:
-    overrides = {"ingest": {"source_dir": "data/other"}, "train": {"weights": "imagenet"}}
+    overrides = {
+        "ingest": {"source_dir": "data/other"},
+        "train": {"model": "mobilenet_v3_small", "weights": "imagenet"},
+    }
     merged = apply_overrides(repo_copy / "params.yaml", overrides)
     assert merged.ingest.source_dir == "data/other" and merged.train.weights == "imagenet"
 

@@ -192,6 +192,29 @@ def test_a_backbone_on_images_it_cannot_take_is_refused_before_anything_runs(
     assert load_params(write(tmp_path, raw)).shard.image_size == (16, 16)
 
 
+@pytest.mark.parametrize(
+    ("train", "named"),
+    [
+        ({"weights": "imagenet"}, "train.weights='imagenet'"),
+        ({"fine_tune_layers": 5, "fine_tune_epochs": 2}, "train.fine_tune_layers=5, train.f"),
+        ({"fine_tune_epochs": 3}, "train.fine_tune_epochs=3"),
+    ],
+)
+def test_backbone_options_on_the_small_cnn_are_refused(
+    tmp_path: Path, train: dict[str, Any], named: str
+) -> None:
+    """They were ignored (weights), or trained on at a tenth of the rate unfreezing nothing."""
+    raw = copy.deepcopy(REPO_RAW)
+    raw["train"].update(model="small_cnn", **train)
+    with pytest.raises(ParamsError) as error:
+        load_params(write(tmp_path, raw))
+    message = str(error.value)
+    assert named in message and "'small_cnn' has no pretrained backbone" in message
+    assert "learning_rate" not in message  # the keys named, not the section dumped
+    raw["train"]["model"] = "mobilenet_v3_small"
+    assert load_params(write(tmp_path, raw)).train.model == "mobilenet_v3_small"
+
+
 def test_dask_runner_needs_an_address_before_anything_runs(tmp_path: Path) -> None:
     path = write(tmp_path, with_value("shard.runner", "dask"))
     with pytest.raises(ParamsError, match=r"shard = .*runner 'dask' needs shard\.dask_address"):
