@@ -6,6 +6,7 @@ in training) and scaling, so the input pipeline and the saved model agree on wha
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tasks.params import AugmentParams, TrainParams
@@ -106,6 +107,7 @@ def build_backbone(
     """
     import keras
 
+    check_weights(weights)
     if name == "mobilenet_v3_small":
         return keras.applications.MobileNetV3Small(
             input_shape=image_shape,
@@ -118,6 +120,17 @@ def build_backbone(
             input_shape=image_shape, include_top=False, weights=weights
         )
     raise ValueError(f"unknown backbone {name!r}; choose one of {BACKBONES}")
+
+
+def check_weights(weights: str | None) -> None:
+    """Refuse a ``train.weights`` file that is not there, naming the param: Keras's own error
+    names an argument ``weights`` once the model is being built."""
+    if weights is None or weights == "imagenet" or Path(weights).is_file():
+        return
+    raise FileNotFoundError(
+        f"train.weights={weights!r}: no weights file at {Path(weights).resolve()}; name a "
+        "file saved with save_weights (relative to the project root), imagenet or null"
+    )
 
 
 def backbone_of(model: keras.Model) -> keras.Model | None:

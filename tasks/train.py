@@ -830,6 +830,7 @@ def run_train(
             callbacks=callbacks,
             store=store,
         )
+    models.check_weights(params.train.weights)  # before a run opens for a missing file
     client = tracking.client(layout.root)
     identity = backup_identity(params.train, manifest.fingerprint)
     stored, discarded = claim_backup(layout.backup_dir, identity)

@@ -99,3 +99,12 @@ def test_an_unreadable_report_is_refused_naming_it(tiny_shards: Path, text: str)
     report.write_text(text)
     with pytest.raises(ShardsNotValidated, match=rf"{report}: not a validation report"):
         gate(tiny_shards)
+
+
+def test_a_missing_weights_file_is_refused_before_a_run_opens(
+    tiny_shards: Path, mlflow_uri: str
+) -> None:
+    params = default_params(train={"model": "mobilenet_v3_small", "weights": "gone.weights.h5"})
+    with pytest.raises(FileNotFoundError, match=r"train\.weights='gone\.weights\.h5'"):
+        run_train(params, Layout(tiny_shards))
+    assert not (tiny_shards / "mlflow.db").exists()  # no run was opened (and failed)

@@ -52,6 +52,14 @@ def test_unknown_model_name_lists_the_choices() -> None:
         )
 
 
+def test_a_missing_weights_file_is_named_by_its_param(tmp_path: Path) -> None:
+    params = default_params(
+        train={"model": "mobilenet_v3_small", "weights": str(tmp_path / "backbone.weights.h5")}
+    ).train
+    with pytest.raises(FileNotFoundError, match=r"train\.weights='.*backbone\.weights\.h5'"):
+        build_model(params, 3, (32, 32, 3))
+
+
 @pytest.mark.slow
 def test_transfer_model_loads_a_local_weights_file_and_fine_tunes_the_top(tmp_path: Path) -> None:
     source = build_backbone("mobilenet_v3_small", None, (32, 32, 3))
