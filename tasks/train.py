@@ -830,7 +830,10 @@ def run_train(
             callbacks=callbacks,
             store=store,
         )
-    models.check_weights(params.train.weights)  # before a run opens for a missing file
+    # What train refuses, refused before a run opens (and is left FAILED) for it.
+    models.check_weights(params.train.weights)
+    steps_per_epoch(params.train, manifest, layout.shards_dir)
+    check_distributable(params.train, manifest, strategy)
     client = tracking.client(layout.root)
     identity = backup_identity(params.train, manifest.fingerprint)
     stored, discarded = claim_backup(layout.backup_dir, identity)

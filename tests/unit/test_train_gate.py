@@ -108,3 +108,12 @@ def test_a_missing_weights_file_is_refused_before_a_run_opens(
     with pytest.raises(FileNotFoundError, match=r"train\.weights='gone\.weights\.h5'"):
         run_train(params, Layout(tiny_shards))
     assert not (tiny_shards / "mlflow.db").exists()  # no run was opened (and failed)
+
+
+def test_a_batch_larger_than_the_train_split_is_refused_before_a_run_opens(
+    tiny_shards: Path, mlflow_uri: str
+) -> None:
+    params = default_params(train={"batch_size": 73})  # the tiny train split holds 72
+    with pytest.raises(ValueError, match=r"train\.batch_size=73 exceeds the 72 train records"):
+        run_train(params, Layout(tiny_shards))
+    assert not (tiny_shards / "mlflow.db").exists()  # no run was opened (and failed)
