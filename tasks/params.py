@@ -40,7 +40,9 @@ class ParamsError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Every number finite: `.inf` (YAML's infinity) overflowed where a size became bytes
+    # (`int(inf * 2**20)` in ingest) and trained on NaN as a learning rate.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class SplitFractions(_Strict):
@@ -161,7 +163,9 @@ class ValidateParams(_Strict):
 class Params(_Strict):
     # `validate` would shadow BaseModel.validate: the field is `validate_`, spelled
     # `validate` in params.yaml.
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, allow_inf_nan=False, populate_by_name=True
+    )
 
     ingest: IngestParams
     shard: ShardParams

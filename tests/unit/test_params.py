@@ -136,6 +136,10 @@ def test_repository_params_hold_the_new_keys() -> None:
         # NumPy's seed range: outside it training failed at its first line, the key unnamed
         ("train.seed", -1, "greater than or equal to 0"),
         ("train.seed", 2**32, "less than or equal to 4294967295"),
+        # YAML's .inf: ingest failed converting it to bytes, training ran on NaN
+        ("ingest.max_file_mb", float("inf"), "finite number"),
+        ("ingest.handoff_mb", float("inf"), "finite number"),
+        ("train.learning_rate", float("inf"), "finite number"),
         ("train.augment.crop", 1.0, "less than 1"),
         ("train.augment.brightness", -0.1, "greater than or equal to 0"),
         ("workspace.lock_timeout_s", 0, "greater than 0"),
