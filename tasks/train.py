@@ -598,6 +598,9 @@ def train(
     shards_dir, model_file, backup_dir = Path(shards_dir), Path(model_file), Path(backup_dir)
     manifest = store.manifest() if store else load_manifest(shards_dir)
     chief = is_chief(strategy)
+    # Refusals before the first collective, on every worker: one that refused alone would
+    # leave the others waiting for it.
+    models.check_weights(params.weights)
     steps_per_epoch(params, manifest, shards_dir)  # refuses a batch larger than the split
     check_distributable(params, manifest, strategy)
     identity = backup_identity(params, manifest.fingerprint)

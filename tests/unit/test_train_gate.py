@@ -11,7 +11,7 @@ from tasks.gate import ShardsNotValidated, check_validated
 from tasks.layout import Layout
 from tasks.manifest import load_manifest
 from tasks.params import default_params
-from tasks.train import run_train
+from tasks.train import run_train, train
 from tests.tiny_shards import write_tiny_shards, write_validation_report
 
 
@@ -108,6 +108,23 @@ def test_a_missing_weights_file_is_refused_before_a_run_opens(
     with pytest.raises(FileNotFoundError, match=r"train\.weights='gone\.weights\.h5'"):
         run_train(params, Layout(tiny_shards))
     assert not (tiny_shards / "mlflow.db").exists()  # no run was opened (and failed)
+
+
+def test_every_worker_refuses_a_missing_weights_file_before_training_begins(
+    tiny_shards: Path,
+) -> None:
+    """In ``train`` itself, which every worker runs: before its first collective (a worker
+    that refused alone would leave the others waiting) and before any backup is claimed."""
+    layout = Layout(tiny_shards)
+    params = default_params(train={"model": "mobilenet_v3_small", "weights": "gone.weights.h5"})
+    with pytest.raises(FileNotFoundError, match=r"train\.weights='gone\.weights\.h5'"):
+        train(
+            params.train,
+            layout.shards_dir,
+            model_file=layout.model_file,
+            backup_dir=layout.backup_dir,
+        )
+    assert not layout.backup_dir.exists()
 
 
 def test_a_batch_larger_than_the_train_split_is_refused_before_a_run_opens(
