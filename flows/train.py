@@ -117,15 +117,16 @@ def train_task(params: Params, layout: Layout) -> dict[str, Any]:
         summary = train_where_warm(params, layout, epoch_reporter(planned, progress, logger))
     progress(planned, planned)  # early stopping ends a run before its planned epochs
     url = link_mlflow_run(summary["run_url"], summary["run_name"], "training run")
-    final = summary.get("final", {})
+    kept = summary.get("model", {})  # the model's weights' epoch, not always the last one
     logger.info(
-        "trained %s: %s epochs (resumed from epoch %s), val accuracy %.4f, val loss %.4f, "
-        "%.0f images/s; MLflow run %s",
+        "trained %s: %s epochs (resumed from epoch %s), model from epoch %s: val accuracy "
+        "%.4f, val loss %.4f, %.0f images/s; MLflow run %s",
         summary["run_name"],
         summary.get("epochs_completed"),
         summary.get("resumed_from_epoch"),
-        final.get("val_accuracy", float("nan")),
-        final.get("val_loss", float("nan")),
+        summary.get("model_epoch"),
+        kept.get("val_accuracy", float("nan")),
+        kept.get("val_loss", float("nan")),
         summary.get("images_per_sec") or 0,
         url,
     )

@@ -112,7 +112,10 @@ def summary_markdown(
         url = tracking.run_url(tracking.client(layout.root), run_id, layout.root)
         lines += [f"- MLflow run: {url}"]
     if trained:
-        final = trained.get("final", {})
+        # The epoch whose weights the model holds (a record written before it was kept: the
+        # last epoch's figures).
+        kept = trained.get("model") or trained.get("final", {})
+        kept_epoch = trained.get("model_epoch", trained["epochs_completed"])
         lines += [
             f"- epochs: {trained['epochs_completed']} (resumed from epoch "
             f"{trained['resumed_from_epoch']}), throughput {trained['images_per_sec'] or 0:.0f} "
@@ -120,8 +123,9 @@ def summary_markdown(
             f"- dataset: shards `{trained['fingerprint']}`; input-bound ratio "
             f"{trained.get('input_bound', {}).get('input_bound_ratio', float('nan')):.3f} "
             "(reader step time / in-memory step time; near 1 = accelerator fed)",
-            f"- final val accuracy: {final.get('val_accuracy', float('nan')):.4f}, "
-            f"val loss: {final.get('val_loss', float('nan')):.4f}",
+            f"- model from epoch {kept_epoch}: val accuracy "
+            f"{kept.get('val_accuracy', float('nan')):.4f}, "
+            f"val loss: {kept.get('val_loss', float('nan')):.4f}",
         ]
     if evaluated:
         promotion = evaluated["promotion"]

@@ -484,8 +484,9 @@ def fit_phase(
     *,
     params: TrainParams,
     callbacks: Sequence[keras.callbacks.Callback],
-) -> int:
-    """Train one phase, resuming after its last committed epoch; the epoch it ended at.
+) -> tuple[int, int]:
+    """Train one phase, resuming after its last committed epoch; the epoch it ended at and
+    the epoch whose weights the model holds (early stopping restores its best one's).
 
     ``callbacks`` start with the epoch log; early stopping follows it, then the rest.
     """
@@ -526,7 +527,10 @@ def fit_phase(
         if model.stop_training:  # early stopping; the same on every worker (same figures)
             break
     hooks.on_train_end()
-    return ended
+    best = stopping[0] if stopping else None
+    if isinstance(best, ResumableEarlyStopping) and best.best_weights is not None:
+        return ended, int(best.best_epoch)  # on_train_end put that epoch's weights back
+    return ended, ended - 1
 
 
 def run_epoch(train: Callable[[Any], tf.Tensor], batches: Any, steps: int) -> dict[str, float]:
@@ -616,7 +620,7 @@ def train(
     keras.mixed_precision.set_global_policy(policy)
     try:
         try:
-            model, epoch_log, probe = fit_phases(
+            model, epoch_log, weights_epoch, probe = fit_phases(
                 params, manifest, shards_dir, dirs, strategy, callbacks, store
             )
         except BackupUnusable as error:
@@ -625,7 +629,7 @@ def train(
                 discard_backup(backup_dir, [str(error)])
                 write_identity(backup_dir, identity, (stored or {}).get("mlflow_run_id"))
             chief_value(strategy, 0.0)  # the backup is gone before anyone looks again
-            model, epoch_log, probe = fit_phases(
+            model, epoch_log, weights_epoch, probe = fit_phases(
                 params, manifest, shards_dir, dirs, strategy, callbacks, store
             )
     finally:
@@ -636,6 +640,11 @@ def train(
     # copy is the model. The same weights give the same bytes.
     save_model(model, model_file if chief else dirs.write / "model.keras")
     summary = history_summary(rows)
+    # The model's own figures: early stopping may have put back an earlier epoch's weights,
+    # and the last epoch's ("final") then describe weights the model file does not hold.
+    kept = [row for row in rows if int(row["epoch"]) == weights_epoch]
+    summary["model_epoch"] = weights_epoch + 1  # counted from 1, as the plot rows
+    summary["model"] = {key: kept[0][key] for key in ("val_loss", "val_accuracy")} if kept else {}
     # After saving: the probe's extra steps change the in-memory weights, never the model file.
     summary["input_bound"] = probe()
     summary.update(
@@ -685,9 +694,10 @@ def fit_phases(
     strategy: tf.distribute.Strategy,
     callbacks: Sequence[keras.callbacks.Callback],
     store: ShardStore | None = None,
-) -> tuple[keras.Model, EpochLog, Callable[[], dict[str, float]]]:
+) -> tuple[keras.Model, EpochLog, int, Callable[[], dict[str, float]]]:
     """Build the model and fit it: the frozen (or only) phase, then fine-tuning if asked.
-    Returns the model, its epoch log and the input-bound probe of its last phase's step.
+    Returns the model, its epoch log, the epoch whose weights it holds and the input-bound
+    probe of its last phase's step.
 
     Each phase resumes from its own backup dir. The frozen phase commits its end weights and
     epoch count before its backup goes, so a kill between the phases resumes fine-tuning
@@ -703,9 +713,12 @@ def fit_phases(
     steps = step_functions(model, strategy, data)
     fine_tune = params.fine_tune_layers > 0 and params.fine_tune_epochs > 0
     done = train_backup.restore_main_phase(model, dirs) if fine_tune else None
+    weights_epoch = -1 if done is None else done - 1
     if done is None:
         main = Phase(0, params.epochs, dirs.phase("main"))
-        done = fit_phase(model, data, main, strategy, steps, params=params, callbacks=hooks)
+        done, weights_epoch = fit_phase(
+            model, data, main, strategy, steps, params=params, callbacks=hooks
+        )
         if fine_tune:
             train_backup.commit_main_phase(model, dirs, done)
     if fine_tune:
@@ -715,8 +728,10 @@ def fit_phases(
             compile_model(model, params, lr, data.steps_per_epoch * params.fine_tune_epochs)
         steps = step_functions(model, strategy, data)  # new trainable set
         tune = Phase(done, done + params.fine_tune_epochs, dirs.phase("fine_tune"))
-        fit_phase(model, data, tune, strategy, steps, params=params, callbacks=hooks)
-    return model, epoch_log, lambda: probe_input_bound(steps.train, data)
+        _, weights_epoch = fit_phase(
+            model, data, tune, strategy, steps, params=params, callbacks=hooks
+        )
+    return model, epoch_log, weights_epoch, lambda: probe_input_bound(steps.train, data)
 
 
 def probe_input_bound(

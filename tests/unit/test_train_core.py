@@ -80,6 +80,31 @@ def test_learnable_data_beats_chance_clearly(tiny_shards: Path) -> None:
     assert not layout.backup_dir.exists()  # completed runs leave nothing to resume
 
 
+def test_the_figures_reported_for_the_model_are_its_own_epochs(tiny_shards: Path) -> None:
+    """Early stopping puts the best epoch's weights back at the end (here a later epoch
+    does worse): the run reports that epoch's figures, not the last one's."""
+    from tasks.reader import read_split
+
+    params = train_params(
+        epochs=6, batch_size=8, learning_rate=0.1, lr_schedule="constant",
+        early_stopping_patience=6, augment=NO_AUGMENT,
+    )  # fmt: skip
+    summary = run(tiny_shards, params)
+    losses = summary["history"]["val_loss"]
+    best = losses.index(min(losses))
+    assert best < len(losses) - 1  # the last epoch is not the model's
+    assert summary["model_epoch"] == best + 1
+    assert summary["model"]["val_loss"] == losses[best] != summary["final"]["val_loss"]
+    layout = Layout(tiny_shards)
+    assert json.loads(layout.train_metrics.read_text())["model"] == summary["model"]
+    model = keras.saving.load_model(layout.model_file)
+    val = read_split(layout.shards_dir, "val", batch_size=64, training=False)
+    correct = [
+        np.argmax(model(images, training=False), -1) == labels.numpy() for images, labels in val
+    ]
+    assert np.concatenate(correct).mean() == pytest.approx(summary["model"]["val_accuracy"])
+
+
 def test_deterministic_runs_repeat_exactly(tiny_shards: Path, tmp_path_factory: Any) -> None:
     params = train_params(epochs=1, batch_size=16, early_stopping_patience=0)
     first = run(tiny_shards, params)
