@@ -230,7 +230,8 @@ def write_shards_flow(params: ShardParams, layout: Layout) -> dict[str, Any]:
         "records": {name: split.num_records for name, split in manifest.splits.items()},
         "generation": stage.number,
         "generations": len(manifest.generations),
-        "shards": stage.shards,
+        # every file of the set left behind (an append plans only its new generation's)
+        "shards": sum(len(split.shards) for split in manifest.splits.values()),
         "written": stage.written,
         "added": diff["added_total"],
     }

@@ -77,6 +77,22 @@ def test_flow_at_two_workers_writes_what_the_inline_stage_writes(
     assert shard_bytes(layout.shards_dir) == shard_bytes(tmp_path / "inline")
 
 
+def test_the_summary_counts_the_shard_files_of_the_set_after_an_append(
+    prefect_harness: None, tiny_index: Path, tmp_path: Path
+) -> None:
+    """The log line and result name the set's files: an append that added nothing said its
+    whole set was "in 0 shard files"."""
+    params = default_params(
+        shard={"image_size": [16, 16], "target_shard_mb": 0.002, "workers": 1}
+    ).shard
+    layout = Layout(tmp_path)
+    built = run_flow(layout, tiny_index, params)
+    appended = run_flow(layout, tiny_index, params.model_copy(update={"mode": "append"}))
+    files = len(list(layout.shards_dir.glob("*.tfrecord-*")))
+    assert appended["written"] == 0 and appended["fingerprint"] == built["fingerprint"]
+    assert built["shards"] == appended["shards"] == files > 3
+
+
 def test_dask_runner_needs_an_address() -> None:
     from flows.shard import shard_task_runner
 
