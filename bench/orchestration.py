@@ -80,6 +80,8 @@ DIRECT_STAGES: dict[str, Callable[[Params, Layout], None]] = {
 }
 
 
+# A stage's input inside a folder of outputs (the train stage's pretrained weights).
+INPUTS_AMONG_OUTPUTS = ("models/pretrained/",)
 # Stage outputs and local state: each copy must start from a clean slate.
 NOT_COPIED = {
     "data",
@@ -113,7 +115,7 @@ def copy_repo(repo_root: Path, dest: Path, *, images: Path, overrides: dict[str,
         text=True,
     ).stdout.split("\0")
     for rel in filter(None, listed):
-        if rel.split("/")[0] in NOT_COPIED:
+        if rel.split("/")[0] in NOT_COPIED and not rel.startswith(INPUTS_AMONG_OUTPUTS):
             continue
         src = repo_root / rel
         if src.is_file():

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tasks.content import file_sha256
 from tasks.params import AugmentParams, TrainParams
 
 if TYPE_CHECKING:
@@ -130,6 +131,31 @@ def check_weights(weights: str | None) -> None:
     raise FileNotFoundError(
         f"train.weights={weights!r}: no weights file at {Path(weights).resolve()}; name a "
         "file saved with save_weights (relative to the project root), imagenet or null"
+    )
+
+
+PRETRAINED_DIR = "models/pretrained"  # a train stage dep: a weights file there retrains
+
+
+def weights_lineage(weights: str | None) -> dict[str, str]:
+    """What the weights a run starts from are, beside the ``train.weights`` path: the file's
+    sha256 (``train.weights_sha256``; "none" for null or imagenet). The path alone let a
+    file overwritten with other weights resume a backup and log the same params."""
+    if weights is None or weights == "imagenet" or not Path(weights).is_file():
+        return {"train.weights_sha256": "none"}
+    return {"train.weights_sha256": file_sha256(weights)}
+
+
+def untracked_weights(weights: str | None) -> str | None:
+    """Why DVC cannot see a change to the ``train.weights`` file (None when it can): only
+    files under :data:`PRETRAINED_DIR`, a train stage dependency, retrain when they change."""
+    if weights is None or weights == "imagenet":
+        return None
+    if Path(weights).resolve().is_relative_to(Path(PRETRAINED_DIR).resolve()):
+        return None
+    return (
+        f"train.weights={weights!r} is outside {PRETRAINED_DIR}/: the run records its sha256, "
+        f"but `dvc repro` retrains for a changed weights file only under {PRETRAINED_DIR}/"
     )
 
 

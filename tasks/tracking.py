@@ -198,14 +198,18 @@ def start_train_run(
     root: str | Path = ".",
     device_tags: dict[str, str] | None = None,
     run_tags: dict[str, str] | None = None,
+    inputs: dict[str, str] | None = None,
 ) -> str:
     """Create a training run with params, data lineage and device tags; return its id.
 
-    ``run_tags`` name the orchestrator's run (the flow passes its Prefect flow run's)."""
+    ``run_tags`` name the orchestrator's run (the flow passes its Prefect flow run's);
+    ``inputs``, logged beside the params, what else it starts from (the weights file's
+    sha256, :func:`tasks.models.weights_lineage`)."""
     from mlflow.entities import Metric, Param, RunTag
 
     logged = {
         **flatten(params.train, "train"),
+        **(inputs or {}),
         **flatten(params.shard, "shard"),
         **{f"data.schema.{k}": v for k, v in manifest.schema_.items() if k != "features"},
         "data.classes": ",".join(manifest.classes),

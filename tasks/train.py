@@ -54,6 +54,7 @@ from tasks.train_backup import (
     BackupUnusable,
     claim_backup,
     discard_backup,
+    log,
     read_epoch_log,
     write_identity,
 )
@@ -162,7 +163,7 @@ def training_code_version() -> str:
 def backup_identity(params: TrainParams, fingerprint: str) -> dict[str, Any]:
     """What a backup must have been made with to be resumed: params, shards and code."""
     return {
-        "params": flatten(params, "train"),
+        "params": {**flatten(params, "train"), **models.weights_lineage(params.weights)},
         "fingerprint": fingerprint,
         "code_version": training_code_version(),
     }
@@ -850,6 +851,8 @@ def run_train(
         )
     # What train refuses, refused before a run opens (and is left FAILED) for it.
     models.check_weights(params.train.weights)
+    if untracked := models.untracked_weights(params.train.weights):
+        log.warning(untracked)
     steps_per_epoch(params.train, manifest, layout.shards_dir)
     check_distributable(params.train, manifest, strategy)
     client = tracking.client(layout.root)
@@ -866,6 +869,7 @@ def run_train(
             root=layout.root,
             device_tags=device_tags(params.train, strategy),
             run_tags=run_tags,
+            inputs=models.weights_lineage(params.train.weights),
         )
         if discarded:  # the run says why it did not resume the backup it found
             client.set_tag(run_id, "resume.backup_discarded", "; ".join(discarded)[:5000])

@@ -22,6 +22,7 @@ PROJECT_FILES = [
     "tasks",
     "flows",
     "dvc.yaml",
+    "models/pretrained",  # a train stage dependency
     "params.yaml",
     "prefect.toml",
     "pyproject.toml",

@@ -89,6 +89,35 @@ def test_identity_changes_name_each_difference() -> None:
     assert identity_changes(stored, backup_identity(params(LR_A), "a" * 64)) == []
 
 
+def test_a_weights_file_overwritten_with_other_weights_is_a_change_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same ``train.weights`` path holding other weights resumed the backup made from
+    the first ones (the identity held the path alone), and the MLflow run logged the same
+    params; only a file under models/pretrained/, a train stage dependency, retrains."""
+    from tasks.models import PRETRAINED_DIR, untracked_weights, weights_lineage
+
+    monkeypatch.chdir(tmp_path)
+    weights = Path(PRETRAINED_DIR) / "backbone.weights.h5"
+    weights.parent.mkdir(parents=True)
+    weights.write_bytes(b"first weights")
+    transfer = default_params(train={"model": "mobilenet_v3_small", "weights": str(weights)})
+    stored = backup_identity(transfer.train, "a" * 64)
+    assert identity_changes(stored, backup_identity(transfer.train, "a" * 64)) == []
+    weights.write_bytes(b"other weights")
+    current = backup_identity(transfer.train, "a" * 64)
+    [reason] = identity_changes(stored, current)
+    assert reason.startswith("train.weights_sha256 changed")
+    assert weights_lineage(str(weights)) == {
+        "train.weights_sha256": current["params"]["train.weights_sha256"]
+    }
+    assert weights_lineage(None) == weights_lineage("imagenet") == {"train.weights_sha256": "none"}
+    assert untracked_weights(str(weights)) is None
+    assert untracked_weights("imagenet") is None
+    (tmp_path / "elsewhere.weights.h5").write_bytes(b"w")
+    assert "outside models/pretrained/" in str(untracked_weights("elsewhere.weights.h5"))
+
+
 def test_backup_without_identity_is_discarded_with_the_reason(
     tmp_path: Path, warnings_logged: Lines
 ) -> None:
