@@ -892,7 +892,7 @@ def run_train(
     except BaseException:
         client.set_terminated(run_id, status="FAILED")  # the id stays in the backup to resume
         raise
-    log_input_bound(client, run_id, summary.get("input_bound", {}))
+    log_run_figures(client, run_id, summary)
     client.set_tag(run_id, "device.xla", str(summary["xla"]).lower())
     for path in (layout.train_metrics, layout.train_summary, layout.train_history):
         client.log_artifact(run_id, str(path), "train")
@@ -910,12 +910,21 @@ def run_train(
     return {**summary, **record}
 
 
-def log_input_bound(client: Any, run_id: str, probe: dict[str, float]) -> None:
-    """The input-bound probe's figures, as metrics of the run (step 0)."""
+def log_run_figures(client: Any, run_id: str, summary: dict[str, Any]) -> None:
+    """The run's figures that no epoch logged, as metrics (step 0): the input-bound probe's,
+    and the figures of the epoch whose weights the model holds (``model_val_accuracy``,
+    ``model_val_loss``, ``model_epoch``): the runs table's ``val_accuracy`` is the last
+    epoch's, which early stopping may not have kept."""
     from mlflow.entities import Metric
 
     now = int(time.time() * 1000)
-    metrics = [Metric(key, float(value), now, 0) for key, value in probe.items()]
+    figures = {
+        **summary.get("input_bound", {}),
+        **{f"model_{key}": value for key, value in summary.get("model", {}).items()},
+    }
+    if "model_epoch" in summary:
+        figures["model_epoch"] = summary["model_epoch"]
+    metrics = [Metric(key, float(value), now, 0) for key, value in figures.items()]
     if metrics:
         client.log_batch(run_id, metrics=metrics)
 

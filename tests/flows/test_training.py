@@ -71,6 +71,10 @@ def test_flow_trains_evaluates_tracks_and_promotes(
     probe = json.loads(layout.train_metrics.read_text())["input_bound"]
     assert probe["step_ms_reader"] > 0 and probe["step_ms_in_memory"] > 0
     assert run.data.metrics["input_bound_ratio"] == pytest.approx(probe["input_bound_ratio"])
+    # The figures of the epoch the model file holds, beside the last epoch's val_accuracy.
+    trained = json.loads(layout.train_metrics.read_text())
+    assert run.data.metrics["model_epoch"] == trained["model_epoch"]
+    assert run.data.metrics["model_val_accuracy"] == pytest.approx(trained["model"]["val_accuracy"])
     assert run.data.params["train.epochs"] == str(EPOCHS)
     # The tag says how the step ran, not what params.yaml asked for.
     assert (
