@@ -7,11 +7,12 @@ partial file is an error instead of a silent fallback to values the code made up
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path, PurePath
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
 
 from tasks import atomic
 
@@ -35,14 +36,32 @@ FILE_ONLY_KEYS = ("shard.runner", "shard.dask_address", "shard.staging_url")
 PATH_KEYS = ("ingest.source_dir", "ingest.labels_csv", "train.weights")
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML as DVC reads it for numbers: ``1e-3`` is a float (YAML 1.2), not the string
+    PyYAML's YAML 1.1 makes of an exponent without a dot (lax parsing used to convert it)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
 class ParamsError(ValueError):
     """A params file that is missing, empty or invalid; the message names every bad key."""
 
 
+# Strict types: lax coercion read `batch_size: true` as 1, `"3"` as 3 and `1.5` for an int as
+# an error but `1.0` as 1, so a typo trained on a value nobody wrote. An int where a float is
+# meant (`learning_rate: 1`) still loads; a list where a pair is meant sets `strict=False`
+# on that field only (its items stay strict). Every number finite: `.inf` (YAML's infinity)
+# overflowed where a size became bytes (`int(inf * 2**20)` in ingest) and trained on NaN.
+STRICT = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
+
+
 class _Strict(BaseModel):
-    # Every number finite: `.inf` (YAML's infinity) overflowed where a size became bytes
-    # (`int(inf * 2**20)` in ingest) and trained on NaN as a learning rate.
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = STRICT
 
 
 class SplitFractions(_Strict):
@@ -78,7 +97,7 @@ class IngestParams(_Strict):
 
 
 class ShardParams(_Strict):
-    image_size: tuple[Side, Side]  # [height, width]
+    image_size: tuple[Side, Side] = Field(strict=False)  # [height, width], a YAML list
     # pad: keep aspect, letterbox with black; crop: keep aspect, center-crop; stretch: ignore aspect
     resize: Literal["pad", "crop", "stretch"]
     draft_decode: bool  # reduced-size JPEG decoding when the target is <= 1/2 the source
@@ -163,9 +182,7 @@ class ValidateParams(_Strict):
 class Params(_Strict):
     # `validate` would shadow BaseModel.validate: the field is `validate_`, spelled
     # `validate` in params.yaml.
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, allow_inf_nan=False, populate_by_name=True
-    )
+    model_config = ConfigDict(**STRICT, populate_by_name=True)
 
     ingest: IngestParams
     shard: ShardParams
@@ -217,7 +234,7 @@ def load_params(
     if not path.is_file():
         raise ParamsError(f"{path}: params file not found (params.yaml holds every setting)")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.load(path.read_text(), Loader=_Loader)  # a SafeLoader: no Python objects
     except yaml.YAMLError as error:
         raise ParamsError(f"{path}: not valid YAML: {error}") from error
     if not raw or not isinstance(raw, dict):
@@ -352,10 +369,10 @@ def _partial(model: type[BaseModel]) -> type[BaseModel]:
         annotation: Any = info.annotation
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             annotation = _partial(annotation)
-        fields[name] = (annotation | None, None)
-    return create_model(
-        f"{model.__name__}Override", __config__=ConfigDict(extra="forbid"), **fields
-    )
+        # as strict as the field it overrides (a pair still comes as a JSON list)
+        strict = next((m.strict for m in info.metadata if isinstance(m, Strict)), None)
+        fields[name] = (annotation | None, Field(None, strict=strict))
+    return create_model(f"{model.__name__}Override", __config__=STRICT, **fields)
 
 
 IngestOverride = _partial(IngestParams)

@@ -93,6 +93,29 @@ def test_deployment_parameters_are_refused_before_the_run() -> None:
     assert accepted["overrides"].as_dict() == {"train": {"epochs": 2}}
 
 
+def test_deployment_parameters_are_as_strict_as_params_yaml() -> None:
+    """A run's ``--param overrides=...`` arrives as JSON: a quoted number or a 1 for a switch
+    is refused naming its key, before the flow body runs; a list for a pair still passes."""
+    from prefect.exceptions import ParameterTypeError
+
+    from flows.pipeline import pipeline
+
+    for overrides, key in [
+        ({"train": {"batch_size": "32"}}, "train.batch_size"),
+        ({"train": {"epochs": True}}, "train.epochs"),
+        ({"train": {"augment": {"flip": 1}}}, "train.augment.flip"),
+    ]:
+        with pytest.raises(ParameterTypeError, match=re.escape(key)):
+            pipeline.validate_parameters({"overrides": overrides})
+    accepted = pipeline.validate_parameters(
+        {"overrides": {"shard": {"image_size": [32, 32]}, "train": {"learning_rate": 1}}}
+    )
+    assert accepted["overrides"].as_dict() == {
+        "shard": {"image_size": [32, 32]},
+        "train": {"learning_rate": 1.0},
+    }
+
+
 @pytest.mark.parametrize(
     ("root", "params_path", "refused"),
     [

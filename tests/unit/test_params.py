@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from tasks.params import (
     REPO_PARAMS_PATH,
@@ -171,6 +172,77 @@ def test_bad_value_names_key_value_and_what_is_allowed(
     assert f"{key} = {value!r}: " in message
     assert allowed in message
     assert message.startswith(f"{path}: 1 invalid param")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "allowed"),
+    [
+        # lax parsing read each of these as a number or a switch nobody wrote
+        ("train.batch_size", True, "valid integer"),
+        ("train.batch_size", "3", "valid integer"),
+        ("train.epochs", 1.0, "valid integer"),
+        ("ingest.workers", "2", "valid integer"),
+        ("shard.seed", False, "valid integer"),
+        ("train.learning_rate", "0.01", "valid number"),
+        ("train.learning_rate", True, "valid number"),
+        ("ingest.max_file_mb", "64", "valid number"),
+        ("train.augment.flip", 1, "valid boolean"),
+        ("train.augment.flip", "yes", "valid boolean"),
+        ("train.deterministic", "true", "valid boolean"),
+        ("evaluate.allow_incomparable_promotion", 0, "valid boolean"),
+        ("train.augment.crop", "0.1", "valid number"),
+    ],
+)
+def test_numbers_and_switches_are_not_coerced_from_other_types(
+    tmp_path: Path, key: str, value: Any, allowed: str
+) -> None:
+    path = write(tmp_path, with_value(key, value))
+    with pytest.raises(ParamsError) as error:
+        load_params(path)
+    assert f"{key} = {value!r}: Input should be a {allowed}" in str(error.value)
+
+
+@pytest.mark.parametrize("side", [64.0, "64", True])
+def test_image_size_is_a_list_of_integers(tmp_path: Path, side: Any) -> None:
+    path = write(tmp_path, with_value("shard.image_size", [64, side]))
+    with pytest.raises(ParamsError, match=re.escape(f"shard.image_size.1 = {side!r}: ")):
+        load_params(path)
+
+
+def test_numbers_written_the_ways_yaml_and_dvc_write_them_still_load(tmp_path: Path) -> None:
+    """An int where a float is meant, a pair as a YAML list, an exponent without a dot
+    (YAML 1.2, as DVC reads and `dvc exp run -S` takes it) all mean what they say."""
+    text = REPO_PARAMS_PATH.read_text()
+    text = text.replace("learning_rate: 0.002", "learning_rate: 2e-3")
+    text = text.replace("lock_timeout_s: 600", "lock_timeout_s: 6E+2")
+    text = text.replace("promotion_margin: 0.0", "promotion_margin: 0")
+    path = tmp_path / "params.yaml"
+    path.write_text(text)
+    params = load_params(path)
+    assert params.train.learning_rate == 0.002
+    assert params.workspace.lock_timeout_s == 600.0
+    assert params.evaluate.promotion_margin == 0.0
+    assert params.shard.image_size == (64, 64)
+    assert default_params(train={"learning_rate": 1}).train.learning_rate == 1.0
+    path.write_text(text.replace("learning_rate: 2e-3", 'learning_rate: "2e-3"'))
+    with pytest.raises(ParamsError, match=re.escape("train.learning_rate = '2e-3': ")):
+        load_params(path)  # a quoted one is text
+
+
+def test_overrides_are_as_strict_as_the_file() -> None:
+    with pytest.raises(ValidationError) as error:
+        ParamOverrides.model_validate({"train": {"batch_size": "32", "augment": {"flip": 1}}})
+    assert {tuple(e["loc"]) for e in error.value.errors()} == {
+        ("train", "batch_size"),
+        ("train", "augment", "flip"),
+    }
+    accepted = ParamOverrides.model_validate(
+        {"shard": {"image_size": [32, 32]}, "train": {"learning_rate": 1}}
+    )
+    assert accepted.as_dict() == {
+        "shard": {"image_size": [32, 32]},
+        "train": {"learning_rate": 1.0},
+    }
 
 
 def test_splits_must_sum_to_one(tmp_path: Path) -> None:
