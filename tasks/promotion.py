@@ -137,8 +137,8 @@ def _short(value: Any) -> str:
 @dataclass(frozen=True)
 class Rescored:
     """The champion's figure re-scored on the current test set, and how its classes
-    differed from the current shards' (:func:`class_differences`; None: the same). A
-    ``rescore`` may return a plain float: a figure on the same classes."""
+    differed from the current shards' (:func:`class_differences`; None: the same): what a
+    ``rescore`` returns, and nothing else (a bare float said nothing of the classes)."""
 
     value: float
     class_differences: dict[str, Any] | None = None
@@ -174,7 +174,7 @@ def decide(
     *,
     margin: float,
     allow_incomparable: bool,
-    rescore: Callable[[str], Rescored | float] | None = None,
+    rescore: Callable[[str], Rescored] | None = None,
 ) -> dict[str, Any]:
     """Whether ``version`` should take ``champion``: it must beat it by more than ``margin``
     on the same test set, measured the same way.
@@ -185,6 +185,11 @@ def decide(
     figure the champion is kept unless ``allow_incomparable``. The record says which figure
     was used and how it was obtained, and how the champion's classes differed.
     """
+    if not isinstance(figure, Figure):
+        raise TypeError(
+            f"decide: figure must be a tasks.promotion.Figure (metric, definition, value, "
+            f"test set), got {type(figure).__name__} {figure!r}"
+        )
     check_margin(margin)
     tag_figure(client, model_name, version, figure)
     metric, definition, value = figure.metric, figure.definition, figure.value
@@ -229,7 +234,7 @@ def champion_figure(
     model_name: str,
     champion: str,
     candidate: Mapping[str, Any],
-    rescore: Callable[[str], Rescored | float] | None,
+    rescore: Callable[[str], Rescored] | None,
 ) -> dict[str, Any]:
     """The champion's figure to compare with, and how it was obtained (recorded or
     re-scored, and how its classes differed), or why there is none (``comparable: False``)."""
@@ -264,7 +269,11 @@ def champion_figure(
         scored = rescore(champion)
     except NotComparable as exc:
         return {**found, "comparable": False, "champion_value_how": f"{because}; {exc}"}
-    scored = scored if isinstance(scored, Rescored) else Rescored(float(scored))
+    if not isinstance(scored, Rescored):
+        raise TypeError(
+            f"rescore({champion!r}) returned {type(scored).__name__} {scored!r}: it must "
+            "return a tasks.promotion.Rescored (the figure and how the classes differed)"
+        )
     classes = scored.class_differences
     by_name = f" by class name ({classes['in_words']})" if classes else ""
     how = (

@@ -26,6 +26,7 @@ from tasks.promotion import (
     LOCK_SUFFIX,
     ChampionMoved,
     Figure,
+    Rescored,
     apply_decision,
     decide,
     lock_holder,
@@ -175,13 +176,13 @@ def test_a_promotion_whose_comparison_another_run_invalidated_never_moves_the_al
     registry.decide(0.95)  # v1, on test set a: re-scored on b as 0.5
     comparing, better_done = threading.Event(), threading.Event()
 
-    def slow_rescore(version: str) -> float:
+    def slow_rescore(version: str) -> Rescored:
         comparing.set()
         better_done.wait(timeout=3)  # under the lock the better one cannot finish meanwhile
-        return 0.5
+        return Rescored(0.5)
 
     weaker, run_weaker = racing_promotion(registry, 0.7, slow_rescore)
-    better, run_better = racing_promotion(registry, 0.9, lambda version: 0.5)
+    better, run_better = racing_promotion(registry, 0.9, lambda version: Rescored(0.5))
     outcomes: dict[str, Any] = {}
 
     def run(version: str, promotion: Callable[[], dict[str, Any]], done: threading.Event) -> None:
@@ -569,9 +570,9 @@ def test_top_k_change_rescores_the_champion_rather_than_comparing(registry: Regi
     registry.decide(0.533, metric="top_k_accuracy", definition="top_k_accuracy(top_k=1)")
     asked: list[str] = []
 
-    def rescore(version: str) -> float:
+    def rescore(version: str) -> Rescored:
         asked.append(version)
-        return 0.9  # the champion's top-5 accuracy on the same test set
+        return Rescored(0.9)  # the champion's top-5 accuracy on the same test set
 
     decision = registry.decide(
         0.8174, metric="top_k_accuracy", definition="top_k_accuracy(top_k=5)", rescore=rescore
@@ -598,7 +599,7 @@ def test_top_k_change_without_a_rescore_is_not_comparable(registry: Registry) ->
 
 def test_champion_on_another_test_set_is_rescored_on_this_one(registry: Registry) -> None:
     registry.decide(0.95)  # on test set a: a figure the candidate cannot be held to
-    decision = registry.decide(0.9, test_set="b" * 64, rescore=lambda version: 0.6)
+    decision = registry.decide(0.9, test_set="b" * 64, rescore=lambda version: Rescored(0.6))
     assert decision["comparable"] is True and decision["promoted"] is True
     assert decision["champion_value"] == 0.6 and decision["champion_recorded_value"] == 0.95
     assert "re-scored on the current test set bbbbbbbbbbbb" in decision["champion_value_how"]
@@ -606,10 +607,23 @@ def test_champion_on_another_test_set_is_rescored_on_this_one(registry: Registry
     assert registry.champion == "2"
 
 
+def test_a_rescore_or_figure_of_another_type_is_refused_naming_the_type(
+    registry: Registry,
+) -> None:
+    """A re-scored figure is a Rescored, a candidate's figure a Figure: a bare float said
+    nothing of how the champion's classes differed, and was taken as a figure anyway."""
+    registry.decide(0.7)
+    with pytest.raises(TypeError, match=r"rescore\('1'\) returned float 0\.6: it must return a "):
+        registry.decide(0.9, test_set="b" * 64, rescore=lambda version: 0.6)
+    with pytest.raises(TypeError, match=r"figure must be a tasks\.promotion\.Figure .*got float"):
+        decide(registry.client, registry.name, "1", 0.9, margin=0.0, allow_incomparable=False)
+    assert registry.champion == "1"
+
+
 def test_same_test_set_and_definition_uses_the_recorded_figure(registry: Registry) -> None:
     registry.decide(0.7)
 
-    def never(version: str) -> float:
+    def never(version: str) -> Rescored:
         raise AssertionError("re-scored a champion whose figure is comparable")
 
     decision = registry.decide(0.8, rescore=never)
@@ -621,7 +635,7 @@ def test_a_champion_that_cannot_be_rescored_is_not_comparable_and_says_why(
 ) -> None:
     from tasks.promotion import NotComparable
 
-    def other_spec(version: str) -> float:
+    def other_spec(version: str) -> Rescored:
         raise NotComparable("its serving spec differs (image size and encoding: 8x8 vs 16x16)")
 
     registry.decide(0.7)
