@@ -16,6 +16,7 @@ from flows.common import (
     code_version,
     naming,
     rename_flow_run,
+    run_log,
     run_name,
     run_parameter,
     run_params_path,
@@ -35,14 +36,15 @@ def ingest_task(
     """Ingest; ``target``: what the shard stage makes of an image (its params), for which
     ingest keeps the pixels of the photos it decodes (:mod:`tasks.handoff`)."""
     progress = Progress("ingest-progress", f"files inspected in {params.source_dir}")
-    report = ingest.run_ingest(
-        params,
-        layout.index,
-        layout.ingest_report,
-        progress=progress,
-        handoff=layout.handoff,
-        target=target,
-    )
+    with run_log():  # ingest's own warnings (workers capped at the cores) in this run's log
+        report = ingest.run_ingest(
+            params,
+            layout.index,
+            layout.ingest_report,
+            progress=progress,
+            handoff=layout.handoff,
+            target=target,
+        )
     progress(1, 1)  # an empty folder inspects nothing and is done too
     logger = get_run_logger()
     logger.info(key_figures(report))

@@ -42,6 +42,7 @@ from flows.common import (
     code_version,
     naming,
     rename_flow_run,
+    run_log,
     run_name,
     run_parameter,
     run_params_path,
@@ -292,7 +293,9 @@ def shard_flow(
     (what `make compact` runs).
     """
     params = load_params(run_params_path(root, params_path))
-    result = run(shard.run_params(params.shard, compact=compact), Layout(root))
+    with run_log():  # workers capped at this machine's cores: said in this run's log
+        run_with = shard.run_params(params.shard, compact=compact)
+    result = run(run_with, Layout(root))
     rename_flow_run(run_name("shard", *result_details(result)))
     return result
 

@@ -40,7 +40,7 @@ from tasks.images import ImageRejected, finish_decode, open_checked, oriented_si
 from tasks.index import INDEX_VERSION, iter_records, iter_verdicts, read_header, write_index
 from tasks.near_duplicates import HASH_SIDE, Item, hash_version, perceptual_hash, place
 from tasks.params import IngestParams, SplitFractions
-from tasks.processes import spawn_pool
+from tasks.processes import capped_workers, spawn_pool
 from tasks.worker_cost import check_seconds, worth_workers
 
 if TYPE_CHECKING:
@@ -594,14 +594,15 @@ def inspect_all(
     max_pixels, min_side, max_bytes, draft = limits
     fresh = [i for i, c in enumerate(candidates) if c.path not in known]
     chunks = [fresh[i : i + CHUNK] for i in range(0, len(fresh), CHUNK)]
+    workers = capped_workers(params.workers, "ingest.workers") if len(chunks) >= 2 else 1
     parallel = len(chunks) >= 2 and worth_workers(
         check_estimates(source_dir, (candidates[i].path for i in fresh)),
-        min(params.workers, len(chunks)),
+        min(workers, len(chunks)),
     )
     # files whose stat may vouch for their bytes in the shard stage (write_signatures' rule)
     trusted_before = time.time_ns() - RACE_MARGIN_NS if params.trust_file_stat else None
     shares = handoff_shares(
-        int(params.handoff_mb * 2**20), [len(c) for c in chunks], parallel, params.workers
+        int(params.handoff_mb * 2**20), [len(c) for c in chunks], parallel, workers
     )
     results: list[Inspected | None] = [None] * len(candidates)
     done = 0
@@ -614,7 +615,7 @@ def inspect_all(
             if progress:
                 progress(done, len(candidates))
 
-        with spawn_pool(min(params.workers, len(chunks))) if parallel else nullcontext() as pool:
+        with spawn_pool(min(workers, len(chunks))) if parallel else nullcontext() as pool:
             futures = (
                 [
                     pool.submit(

@@ -59,6 +59,33 @@ def _worker_start(parent: int, warm: Callable[[], object] | None) -> None:
         warm()
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (a container's or `taskset`'s
+    share), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def capped_workers(requested: int, key: str) -> int:
+    """``requested`` worker processes, at most one per usable core, and a warning naming the
+    param ``key`` when that caps it. More would only take turns on the same cores, each
+    holding its own memory; what the workers compute never depends on how many there are,
+    so one params.yaml serves a laptop and a large machine alike."""
+    cores = usable_cores()
+    if requested <= cores:
+        return requested
+    log.warning(
+        "%s is %d but this process may use %d cores: running %d workers",
+        key,
+        requested,
+        cores,
+        cores,
+    )
+    return cores
+
+
 def _new_pool(workers: int, warm: Callable[[], object] | None) -> ProcessPoolExecutor:
     pool = ProcessPoolExecutor(
         max_workers=workers,

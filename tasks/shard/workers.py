@@ -12,7 +12,7 @@ from pathlib import Path
 from tasks.handoff import entry_path
 from tasks.images import preprocessing_version
 from tasks.params import ShardParams
-from tasks.processes import prestart_pool, spawn_pool
+from tasks.processes import capped_workers, prestart_pool, spawn_pool
 from tasks.shard.planning import ShardPlan
 from tasks.shard.spec import ShardSpec
 from tasks.worker_cost import shard_seconds, worth_workers
@@ -32,8 +32,13 @@ def pool_workers(params: ShardParams) -> int:
 
 def run_params(params: ShardParams, *, compact: bool) -> ShardParams:
     """The params a shard run uses: ``compact`` rebuilds (every generation folds into one)
-    whatever ``shard.mode`` says."""
-    return params.model_copy(update={"mode": "rebuild"}) if compact else params
+    whatever ``shard.mode`` says; the local runner's ``shard.workers`` is capped at this
+    process's cores (:func:`tasks.processes.capped_workers`: the shards are the same bytes
+    whatever the count). Dask's workers are the cluster's, not this machine's."""
+    update: dict[str, object] = {"mode": "rebuild"} if compact else {}
+    if params.runner == "local":
+        update["workers"] = capped_workers(params.workers, "shard.workers")
+    return params.model_copy(update=update)
 
 
 def workers_from_the_start(params: ShardParams) -> bool:

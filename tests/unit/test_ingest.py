@@ -351,6 +351,30 @@ def test_classes_without_an_accepted_image_are_named_with_why(tmp_path: Path) ->
     assert clean["classes_dropped"] == []
 
 
+def test_ingest_workers_past_the_cores_are_capped_and_the_log_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`ingest.workers: 64` on 2 cores asked for a pool of one worker a chunk, up to 64."""
+    import tasks.ingest
+
+    monkeypatch.setattr("tasks.processes.usable_cores", lambda: 2, raising=False)
+    monkeypatch.setattr(tasks.ingest, "CHUNK", 1)  # a chunk per file: 12 chunks
+    asked: list[int] = []
+
+    def worth(estimates: object, workers: int) -> bool:
+        asked.append(workers)
+        return False  # decoded here: the count asked for is what this test is about
+
+    monkeypatch.setattr(tasks.ingest, "worth_workers", worth)
+    src = write_image_folder(tmp_path / "src", per_class=4)
+    with caplog.at_level("WARNING", logger="tasks.processes"):
+        report, _ = ingest(src, tmp_path, workers=64)
+    assert asked == [2] and report["accepted"] == 12
+    assert caplog.messages == [
+        "ingest.workers is 64 but this process may use 2 cores: running 2 workers"
+    ]
+
+
 def test_decompression_bomb_guard_stays_on() -> None:
     import tasks.ingest  # noqa: F401  (importing the stage must not switch the guard off)
 

@@ -334,6 +334,9 @@ def test_only_a_local_rebuild_with_workers_prestarts_them(
 
     started: list[int] = []
     monkeypatch.setattr(shard, "prestart_pool", lambda n, warm: started.append(n))
+    monkeypatch.setattr(
+        "tasks.processes.usable_cores", lambda: 4, raising=False
+    )  # whatever runs the test
     base = params().model_copy(update={"workers": 2})
     for update in ({"workers": 1}, {"mode": "append"}, {"runner": "dask"}):
         shard.prestart_workers(base.model_copy(update=update))
@@ -343,6 +346,31 @@ def test_only_a_local_rebuild_with_workers_prestarts_them(
     )
     shard.prestart_workers(base)
     assert started == [2, 2]
+
+
+def test_local_shard_workers_past_the_cores_are_capped_and_the_log_says_so(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`shard.workers: 64` on 2 cores spawned 64 processes taking turns (each with its own
+    memory); the shards do not depend on the count, so the run takes 2 and says why."""
+    from tasks.shard import workers as shard
+
+    monkeypatch.setattr("tasks.processes.usable_cores", lambda: 2, raising=False)
+    started: list[int] = []
+    monkeypatch.setattr(shard, "prestart_pool", lambda n, warm: started.append(n))
+    many = params().model_copy(update={"workers": 64})
+    with caplog.at_level("WARNING", logger="tasks.processes"):
+        run = shard.run_params(many, compact=False)
+        shard.prestart_workers(run)
+    assert run.workers == 2 and started == [2]
+    assert caplog.messages == [
+        "shard.workers is 64 but this process may use 2 cores: running 2 workers"
+    ]
+    caplog.clear()
+    assert shard.run_params(many.model_copy(update={"workers": 2}), compact=True).workers == 2
+    dask = many.model_copy(update={"runner": "dask", "dask_address": "tcp://h:8786"})
+    assert shard.run_params(dask, compact=False).workers == 64  # the cluster's, not ours
+    assert caplog.messages == []
 
 
 def test_worker_with_other_preprocessing_refuses_to_write(
