@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import posixpath
+import re
 import stat
 import time
 from collections import Counter, defaultdict
@@ -823,6 +824,7 @@ def run_ingest(
     sorted_out = build_index(inspected, classes, params, placed)
     records = sorted_out["records"]
     present = sorted({r["label"] for r in records})
+    refuse_a_lost_set(inspected, set(present), params)  # before the index or any shard changes
     classes = [c for c in classes if c in present]  # a class whose files all failed is dropped
     dropped = classes_dropped(discovered, present)
     for record in records:
@@ -888,6 +890,52 @@ def classes_dropped(discovered: Discovered, present: Iterable[str]) -> list[dict
             reason = "no files in its folder"
         dropped.append({"class": display_name(label), "reason": reason})
     return dropped
+
+
+class SetWouldBeLost(ValueError):
+    """Ingest would keep no image, or none of a class because of an ``ingest`` limit."""
+
+
+_DIMENSIONS = re.compile(r"absurd dimensions (\d+)x(\d+) ")
+
+
+def limit_of(reason: str, params: IngestParams) -> str | None:
+    """The ``ingest`` limit (param=value) that quarantined a file for ``reason``, if one did."""
+    if reason.startswith("file too large:"):
+        return f"ingest.max_file_mb={params.max_file_mb:g}"
+    if found := _DIMENSIONS.match(reason):
+        small = min(int(found[1]), int(found[2])) < params.min_side
+        return (
+            f"ingest.min_side={params.min_side}"
+            if small
+            else f"ingest.max_pixels={params.max_pixels}"
+        )
+    return None
+
+
+def refuse_a_lost_set(inspected: list[Inspected], present: set[str], params: IngestParams) -> None:
+    """Refuse, before the index is rewritten, an ingest that keeps no image, or none of a
+    class because a limit quarantined them: the shard stage would replace the set in use by
+    it (an empty set failed validation only once `data/shards` had been rebuilt)."""
+    files: Counter[str] = Counter(i.label for i in inspected)
+    limited: dict[str, Counter[str]] = defaultdict(Counter)  # class -> limit -> files
+    for item in inspected:
+        if item.reason and item.label not in present and (limit := limit_of(item.reason, params)):
+            limited[item.label][limit] += 1
+    lost = sorted(limited) if present else sorted(files)
+    if not lost:
+        return
+    causes = sum((limited[c] for c in lost), Counter[str]())
+    named = ", ".join(f"class {c!r} ({files[c]} files)" for c in lost)
+    what = f"no image of {named}" if present else f"0 of {files.total()} images"
+    examples = "; ".join([f"{i.path}: {i.reason}" for i in inspected if i.reason][:3])
+    why = "; ".join(f"{limit} quarantines {n} of them" for limit, n in causes.items())
+    fix = "; change that limit in params.yaml" if why else ""
+    why = why or f"every file quarantined or a conflicting duplicate, {examples}"
+    raise SetWouldBeLost(
+        f"ingest would keep {what}: {why}. Nothing was rewritten (the ingest index and "
+        f"data/shards are as they were){fix}"
+    )
 
 
 def summary_rows(report: dict[str, Any]) -> list[dict[str, Any]]:

@@ -6,6 +6,7 @@ import hashlib
 import io
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ from PIL import Image
 from tasks.demo_data import _exif_rotated_jpeg, _png_header_only, draw_shape, generate
 from tasks.images import ImageRejected, decode_rgb
 from tasks.index import load_index
-from tasks.ingest import assign_split, run_ingest
+from tasks.ingest import SetWouldBeLost, assign_split, run_ingest
 from tasks.params import SplitFractions, default_params
 from tests.conftest import write_image_folder
 
@@ -373,6 +374,49 @@ def test_ingest_workers_past_the_cores_are_capped_and_the_log_says_so(
     assert caplog.messages == [
         "ingest.workers is 64 but this process may use 2 cores: running 2 workers"
     ]
+
+
+@pytest.mark.parametrize(
+    ("limit", "named"),
+    [
+        ({"min_side": 10_000}, "ingest.min_side=10000"),
+        ({"max_pixels": 100}, "ingest.max_pixels=100"),
+        ({"max_file_mb": 0.0001}, "ingest.max_file_mb=0.0001"),
+    ],
+)
+def test_a_limit_that_would_empty_the_set_is_refused_before_anything_is_rewritten(
+    tmp_path: Path, limit: dict[str, object], named: str
+) -> None:
+    """`ingest.min_side: 10000` quarantined every image: the shard stage then rebuilt an
+    empty set in place of the one in use, which validation failed only afterwards."""
+    src = write_image_folder(tmp_path / "src", per_class=4)
+    ingest(src, tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    with pytest.raises(SetWouldBeLost) as error:
+        ingest(src, tmp_path, **limit)
+    assert str(error.value).startswith(
+        f"ingest would keep 0 of 12 images: {named} quarantines 12 of them. Nothing was "
+        "rewritten (the ingest index and data/shards are as they were); change that limit"
+    )
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+
+
+def test_a_limit_that_would_drop_a_class_is_refused_naming_it(tmp_path: Path) -> None:
+    src = write_image_folder(tmp_path / "src", per_class=4)  # sides of 20 to 60 px
+    (src / "small").mkdir()
+    for i, side in enumerate((10, 12)):
+        Image.new("RGB", (side, side + 30), (i, 0, 0)).save(src / "small" / f"{i}.png")
+    with pytest.raises(
+        SetWouldBeLost,
+        match=re.escape(
+            "ingest would keep no image of class 'small' (2 files): ingest.min_side=16 "
+            "quarantines 2 of them. Nothing was rewritten"
+        ),
+    ):
+        ingest(src, tmp_path, min_side=16)
+    assert not (tmp_path / "index.json").exists()
+    report, _ = ingest(src, tmp_path, min_side=10)  # a limit some of them pass
+    assert report["classes"] == ["blue", "green", "red", "small"]
 
 
 def test_decompression_bomb_guard_stays_on() -> None:
