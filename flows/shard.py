@@ -118,7 +118,7 @@ def runner_writer(
     (each task computing in ``local``'s worker processes when it has them for these
     shards, see :func:`write_shards_task`). With ``staging``, the sources the shards need
     are uploaded first and each finished shard is downloaded into the folder the stage
-    names (a rebuild's own folder, :mod:`tasks.shard.swap`; :mod:`tasks.shard.staging`).
+    names (a rebuild's own folder, :mod:`tasks.shard_swap`; :mod:`tasks.shard.staging`).
 
     Specs are materialised (their records read from the index) only as they are submitted,
     and at most two batches per worker are in flight, so the parent's memory stays flat

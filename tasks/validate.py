@@ -8,7 +8,8 @@ Checks: ``manifest``, ``files``, ``records``, ``tensorflow_parser``, ``coverage`
 classes or more, no split empty, every class in train), ``labels``, ``class_counts``,
 ``leakage`` and, with an index, ``index``. Records are read without TensorFlow; TensorFlow's
 parser, the one training reads with, re-reads a sample of them in a spawned process at the
-same time and must agree.
+same time and must agree. A shard folder that a kill left between a rebuild's two renames is
+put right first (:func:`tasks.shard_swap.finish_swap`), as the shard stage would.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from tasks.params import ValidateParams
 from tasks.processes import ChildResult, run_in_child
 from tasks.records import OFFSETS_NAME
 from tasks.schema import HASH_KEY, IMAGE_KEY, LABEL_KEY, RecordSchema, SchemaError
+from tasks.shard_swap import finish_swap
 from tasks.tf_cross_check import fingerprint, tensorflow_sample
 from tasks.tfds_metadata import tfds_files
 
@@ -651,6 +653,7 @@ def run_validate(
     every check becomes the accepted version (:func:`tasks.data_gate.record_passed`).
     """
     shards_dir = Path(shards_dir)
+    finish_swap(shards_dir)  # a rebuild killed between its renames: its set, else the old one
     manifest, manifest_check = load_manifest_lenient(shards_dir)
     checks = [manifest_check]
     contents: list[ShardContents] = []

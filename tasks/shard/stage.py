@@ -4,7 +4,7 @@
 writer that runs each shard on its Prefect task runner. The finalize step writes the
 generation's record list, the manifest (last, atomically) and the data diff. A rebuild does
 all of it in a folder of its own, which replaces the shard folder once finished
-(:mod:`tasks.shard.swap`): a rebuild that fails part way loses nothing.
+(:mod:`tasks.shard_swap`): a rebuild that fails part way loses nothing.
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ from tasks.shard.append import (
 )
 from tasks.shard.planning import StagePlan, cut_shards, scan_index, shard_record
 from tasks.shard.spec import schema_from_params
-from tasks.shard.swap import finish_swap, rebuild_folder, swap_in
 from tasks.shard.writing import WriteMany, describe_shard, prepare, write_inline
+from tasks.shard_swap import discard_rebuild, finish_swap, rebuild_folder, swap_in
 from tasks.tfds_metadata import write_tfds_metadata
 
 
@@ -95,8 +95,11 @@ def shard_stage(
         handoff_store.clear(handoff, keep=version)  # another decoder's: never used
         kept = str(handoff_store.folder_for(handoff, version))
     plan = plan_stage(params, index_path, shards_dir, handoff=kept)
-    # A rebuild writes the whole new set beside the one it replaces; an append adds a folder.
+    # A rebuild writes the whole new set beside the one it replaces; an append adds a folder
+    # (and a killed rebuild's folder, which it never uses, goes: its disk is not kept for it).
     rebuild = plan.base is None
+    if not rebuild:
+        discard_rebuild(shards_dir)
     folder = rebuild_folder(shards_dir) if rebuild else shards_dir
     try:
         manifest, written = _write_shards(params, plan, shards_dir, folder, write_many)

@@ -6,7 +6,7 @@ uploads the source images its missing shards need, content-addressed by their in
 each worker reads a record's bytes from there (checked against that sha256), writes its shards
 into a temporary folder of its own, uploads each under this run's prefix and returns its
 manifest entry; the stage downloads each shard into the folder it writes (a rebuild's own,
-:mod:`tasks.shard.swap`), checked against that entry, and removes this run's shard objects
+:mod:`tasks.shard_swap`), checked against that entry, and removes this run's shard objects
 when it ends, failed or not. Bytes are those of a local run: the same specs, the same checked
 source bytes, the same :func:`write_shard`.
 

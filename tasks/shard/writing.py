@@ -3,7 +3,7 @@
 Crash safety: a shard is written to ``.{name}.tmp-{pid}``, fsynced and renamed; a plan file
 (``.plan.json``) lets a rerun of the same plan keep finished shards; ``manifest.json`` is
 written last (:mod:`tasks.shard.stage`), so a killed run never looks complete. A rebuild
-writes into its own folder (:func:`tasks.shard.swap.rebuild_folder`), never into the shard
+writes into its own folder (:func:`tasks.shard_swap.rebuild_folder`), never into the shard
 folder it replaces, and takes the finished shards of the same plan from either. A worker
 whose preprocessing version differs from the plan's refuses to write.
 """

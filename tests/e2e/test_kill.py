@@ -22,7 +22,7 @@ import pytest
 from tasks.index import load_index
 from tasks.manifest import MANIFEST_NAME, records_file_name
 from tasks.records import OFFSETS_NAME
-from tasks.shard.swap import rebuild_folder, trash_folder
+from tasks.shard_swap import rebuild_folder, trash_folder
 from tasks.tfds_metadata import DATASET_INFO_NAME, FEATURES_NAME, LABELS_NAME
 from tasks.train import IDENTITY_NAME
 from tests.e2e.conftest import Project

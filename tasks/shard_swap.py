@@ -6,7 +6,10 @@ atomic), and only a finished set (manifest written last) takes the shard folder'
 the shard folder becomes :func:`trash_folder`, the rebuild folder becomes the shard folder,
 the trash is removed. A rebuild that fails or is killed before that leaves the set it was
 replacing untouched; one killed between the two renames is finished by
-:func:`finish_swap`, which the shard stage runs before anything else.
+:func:`finish_swap`, which the shard stage and validation run before anything else (outside
+the ``tasks.shard`` package, so validation needs none of the shard stage's code). A killed
+rebuild's folder waits for the rerun of its rebuild; a run that appends instead removes it
+(:func:`discard_rebuild`).
 """
 
 from __future__ import annotations
@@ -57,6 +60,14 @@ def finish_swap(shards_dir: Path) -> None:
             os.rename(trash, shards_dir)
     if shards_dir.exists():
         _remove(trash)
+
+
+def discard_rebuild(shards_dir: Path) -> bool:
+    """Remove a killed rebuild's folder, which only a rebuild would use; whether there was one."""
+    folder = rebuild_folder(shards_dir)
+    found = folder.exists() or folder.is_symlink()
+    _remove(folder)
+    return found
 
 
 def _remove(path: Path) -> None:
