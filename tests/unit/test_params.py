@@ -229,6 +229,22 @@ def test_numbers_written_the_ways_yaml_and_dvc_write_them_still_load(tmp_path: P
         load_params(path)  # a quoted one is text
 
 
+def test_values_dvc_exp_run_sets_load_and_a_quoted_number_is_refused(params_file: Path) -> None:
+    """`dvc exp run -S key=value` writes params.yaml through DVC's own override parser and
+    YAML writer: the numbers it writes load as numbers under the strict types."""
+    from dvc.utils.hydra import apply_overrides as dvc_set
+
+    settings = ["train.learning_rate=1e-3", "train.batch_size=32", "shard.image_size=[32,48]"]
+    dvc_set(str(params_file), [*settings, "train.augment.flip=false", "ingest.max_file_mb=10"])
+    params = load_params(params_file)
+    assert params.train.learning_rate == 0.001 and params.train.batch_size == 32
+    assert params.shard.image_size == (32, 48) and params.train.augment.flip is False
+    assert params.ingest.max_file_mb == 10.0
+    dvc_set(str(params_file), ["train.batch_size='32'"])  # quoted on the command line: text
+    with pytest.raises(ParamsError, match=re.escape("train.batch_size = '32': ")):
+        load_params(params_file)
+
+
 def test_overrides_are_as_strict_as_the_file() -> None:
     with pytest.raises(ValidationError) as error:
         ParamOverrides.model_validate({"train": {"batch_size": "32", "augment": {"flip": 1}}})
