@@ -51,7 +51,7 @@ def data_flow(
     stages = stages or list(DATA_STAGES)
     steps = {
         "ingest": lambda: ingest.ingest_task(params.ingest, layout),
-        "shard": lambda: shard.run(params.shard, layout),
+        "shard": lambda: shard.run(shard.stage_params(params.shard), layout),
         "validate": lambda: validate.validate_task(layout, params.validate_),
     }
     return {

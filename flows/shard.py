@@ -266,6 +266,14 @@ def shard_task_runner(params: ShardParams) -> TaskRunner[Any]:
     return ThreadPoolTaskRunner(max_workers=max(1, params.workers))
 
 
+def stage_params(params: ShardParams, *, compact: bool = False) -> ShardParams:
+    """The params a run of the stage (its DVC stage, the data flow) uses
+    (:func:`tasks.shard.run_params`), and in this run's log why they differ from the file's
+    (workers capped at this machine's cores)."""
+    with run_log():
+        return shard.run_params(params, compact=compact)
+
+
 def run(params: ShardParams, layout: Layout) -> dict[str, Any]:
     """The shard stage through its task runner: the one write path production takes."""
     try:
@@ -293,9 +301,7 @@ def shard_flow(
     (what `make compact` runs).
     """
     params = load_params(run_params_path(root, params_path))
-    with run_log():  # workers capped at this machine's cores: said in this run's log
-        run_with = shard.run_params(params.shard, compact=compact)
-    result = run(run_with, Layout(root))
+    result = run(stage_params(params.shard, compact=compact), Layout(root))
     rename_flow_run(run_name("shard", *result_details(result)))
     return result
 
