@@ -171,7 +171,8 @@ def serving(project: Project, log: Path) -> Iterator[subprocess.Popen[bytes]]:
             yield process
         finally:
             process.terminate()
-            process.wait(timeout=60)
+            # the runner's shutdown took over 60 s on a loaded 2-core VM (load average 7)
+            process.wait(timeout=180)
 
 
 def wait_until(condition: Callable[[], bool], process: subprocess.Popen[bytes], log: Path) -> None:
