@@ -7,12 +7,11 @@ partial file is an error instead of a silent fallback to values the code made up
 from __future__ import annotations
 
 import io
-import re
 from pathlib import Path, PurePath
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
+from ruamel.yaml import YAML, YAMLError
 
 from tasks import atomic
 
@@ -36,16 +35,12 @@ FILE_ONLY_KEYS = ("shard.runner", "shard.dask_address", "shard.staging_url")
 PATH_KEYS = ("ingest.source_dir", "ingest.labels_csv", "train.weights")
 
 
-class _Loader(yaml.SafeLoader):
-    """YAML as DVC reads it for numbers: ``1e-3`` is a float (YAML 1.2), not the string
-    PyYAML's YAML 1.1 makes of an exponent without a dot (lax parsing used to convert it)."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)[eE][-+]?[0-9]+$"),
-    list("-+0123456789."),
-)
+def read_yaml(text: str) -> Any:
+    """YAML as DVC reads ``params.yaml`` (ruamel.yaml's safe loader, YAML 1.2): ``1e-3`` is a
+    number and ``yes``/``on`` are words, so the pipeline sees the values `dvc params diff`
+    and `dvc exp show` show. PyYAML (YAML 1.1) read ``1e-3`` as a string and ``flip: yes``
+    as true where DVC showed "yes"."""
+    return YAML(typ="safe").load(text)  # dvc.utils.serialize's parse_yaml
 
 
 class ParamsError(ValueError):
@@ -234,8 +229,8 @@ def load_params(
     if not path.is_file():
         raise ParamsError(f"{path}: params file not found (params.yaml holds every setting)")
     try:
-        raw = yaml.load(path.read_text(), Loader=_Loader)  # a SafeLoader: no Python objects
-    except yaml.YAMLError as error:
+        raw = read_yaml(path.read_text())  # a safe loader: no Python objects
+    except YAMLError as error:
         raise ParamsError(f"{path}: not valid YAML: {error}") from error
     if not raw or not isinstance(raw, dict):
         raise ParamsError(f"{path}: empty or not a mapping of sections (ingest, shard, ...)")

@@ -229,6 +229,19 @@ def test_numbers_written_the_ways_yaml_and_dvc_write_them_still_load(tmp_path: P
         load_params(path)  # a quoted one is text
 
 
+def test_a_yaml_11_switch_word_is_text_as_dvc_reads_it(tmp_path: Path) -> None:
+    """`flip: yes` is the word "yes" to DVC (YAML 1.2: `dvc params diff` and `dvc exp show`
+    show it so); the pipeline reads the file the same way and refuses it naming the key,
+    where YAML 1.1 had trained with flipping on."""
+    from dvc.utils.serialize import load_yaml
+
+    path = tmp_path / "params.yaml"
+    path.write_text(REPO_PARAMS_PATH.read_text().replace("flip: true", "flip: yes"))
+    assert load_yaml(path)["train"]["augment"]["flip"] == "yes"
+    with pytest.raises(ParamsError, match=re.escape("train.augment.flip = 'yes': ")):
+        load_params(path)
+
+
 def test_values_dvc_exp_run_sets_load_and_a_quoted_number_is_refused(params_file: Path) -> None:
     """`dvc exp run -S key=value` writes params.yaml through DVC's own override parser and
     YAML writer: the numbers it writes load as numbers under the strict types."""
