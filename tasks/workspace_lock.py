@@ -28,9 +28,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-import yaml
-
 from tasks.atomic import write_json
+from tasks.params import read_yaml
 
 LOCK_ENV = "SHARDFLOW_LOCK_HELD"
 LOCK_FILE = Path(".shardflow") / "workspace.lock"
@@ -44,7 +43,7 @@ class WorkspaceLocked(TimeoutError):
 def lock_timeout_s(params_path: str | Path) -> float:
     """``workspace.lock_timeout_s`` from the raw params file; a clear error when it is missing."""
     path = Path(params_path)
-    raw: Any = yaml.safe_load(path.read_text()) or {}
+    raw: Any = read_yaml(path.read_text()) or {}  # as the stages and DVC read it
     section = raw.get("workspace") if isinstance(raw, dict) else None
     if not isinstance(section, dict) or "lock_timeout_s" not in section:
         raise KeyError(

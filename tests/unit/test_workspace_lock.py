@@ -131,3 +131,11 @@ def test_missing_timeout_is_a_clear_error(tmp_path: Path) -> None:
     path.write_text("workspace:\n  lock_timeout_s: 0\n")
     with pytest.raises(ValueError, match=r"workspace\.lock_timeout_s must be seconds"):
         lock_timeout_s(path)
+
+
+def test_the_timeout_is_read_as_the_stages_read_it(tmp_path: Path) -> None:
+    """`6e2` is a number to DVC and to the stages (YAML 1.2); the lock reads the file the
+    same way rather than refusing it as text."""
+    path = tmp_path / "params.yaml"
+    path.write_text("workspace:\n  lock_timeout_s: 6e2\n")
+    assert lock_timeout_s(path) == 600.0
