@@ -837,7 +837,7 @@ def test_a_champion_is_scored_by_its_own_ranking_of_names() -> None:
     the macro figures are over today's two classes."""
     import numpy as np
 
-    from tasks.evaluate import metrics_by_name
+    from tasks.eval_metrics import metrics_by_name
 
     probs = np.array([[0.5, 0.3, 0.2], [0.1, 0.7, 0.2], [0.2, 0.1, 0.7]], np.float32)
     labels = np.array([0, 1, 0])  # a, b, a
