@@ -9,13 +9,19 @@ from typing import Any
 
 from tasks.gate import ShardsNotValidated
 from tasks.layout import Layout
+from tasks.params import ParamsError
+
+# What a rerun as it is fails alike: unvalidated shards stay unvalidated, and a param the run
+# cannot use (a train.weights file not there, a batch larger than the train split) stays
+# unusable until the user changes it.
+REFUSALS = (ShardsNotValidated, ParamsError)
 
 
 def retry_unless_refused(task: Any, task_run: Any, state: Any) -> bool:
-    """Retry I/O failures, never a refusal: unvalidated shards stay unvalidated."""
+    """Retry I/O failures, never a refusal (:data:`REFUSALS`)."""
     try:
         state.result()
-    except ShardsNotValidated:
+    except REFUSALS:
         return False
     except Exception:
         return True

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tasks.content import file_sha256
-from tasks.params import AugmentParams, TrainParams
+from tasks.params import AugmentParams, ParamsError, TrainParams
 
 if TYPE_CHECKING:
     import keras
@@ -128,7 +128,7 @@ def check_weights(weights: str | None) -> None:
     names an argument ``weights`` once the model is being built."""
     if weights is None or weights == "imagenet" or Path(weights).is_file():
         return
-    raise FileNotFoundError(
+    raise ParamsError(
         f"train.weights={weights!r}: no weights file at {Path(weights).resolve()}; name a "
         "file saved with save_weights (relative to the project root), imagenet or null"
     )

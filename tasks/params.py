@@ -44,7 +44,10 @@ def read_yaml(text: str) -> Any:
 
 
 class ParamsError(ValueError):
-    """A params file that is missing, empty or invalid; the message names every bad key."""
+    """A params file that is missing, empty or invalid, or a param a run cannot use as set
+    (a ``train.weights`` file that is not there, a batch the train split cannot fill); the
+    message names every bad key and what to set. Never retried: a rerun as it is fails alike.
+    """
 
 
 # Strict types: lax coercion read `batch_size: true` as 1, `"3"` as 3 and `1.5` for an int as

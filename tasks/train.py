@@ -44,7 +44,7 @@ from tasks.manifest import ShardManifest, load_manifest
 from tasks.metrics_files import split_numeric
 from tasks.model_file import save_model
 from tasks.models import build_model, unfreeze_top
-from tasks.params import Params, TrainParams, flatten
+from tasks.params import Params, ParamsError, TrainParams, flatten
 from tasks.reader import read_split
 from tasks.shard_store import ShardStore, open_store
 from tasks.tf_imports import keras_without_extras
@@ -285,7 +285,7 @@ def steps_per_epoch(params: TrainParams, manifest: ShardManifest, shards_dir: Pa
     collectives of the worker with more steps wait forever."""
     records = manifest.split("train").num_records
     if records // params.batch_size == 0:
-        raise ValueError(
+        raise ParamsError(
             f"train.batch_size={params.batch_size} exceeds the {records} train records in "
             f"{shards_dir}; lower it"
         )
@@ -298,13 +298,13 @@ def check_distributable(
     """Refuse what the strategy cannot split: the batch over replicas, the files over workers."""
     replicas, workers = strategy.num_replicas_in_sync, num_workers(strategy)
     if params.batch_size % replicas:
-        raise ValueError(
+        raise ParamsError(
             f"train.batch_size={params.batch_size} does not split over {replicas} replicas: "
             f"set a multiple of {replicas} (it is the global batch)"
         )
     files = len(manifest.split("train").shards)
     if files < workers:
-        raise ValueError(
+        raise ParamsError(
             f"{files} train shard files for {workers} workers: each worker reads its own "
             "files; lower shard.target_shard_mb so the train split has at least one file "
             "per worker, and reshard"

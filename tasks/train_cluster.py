@@ -130,7 +130,9 @@ def requested_workers() -> int:
     if not raw or os.environ.get(TF_CONFIG_ENV):
         return 1
     if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"{WORKERS_ENV}={raw!r}: set a number of workers (1 or more)")
+        from tasks.params import ParamsError  # here: the stage entry reads this before Prefect
+
+        raise ParamsError(f"{WORKERS_ENV}={raw!r}: set a number of workers (1 or more)")
     return int(raw)
 
 
@@ -161,20 +163,29 @@ class WorkerFailed(RuntimeError):
     """A worker of a local multi-worker run died or failed: the run fails (and resumes)."""
 
 
+def _refusal(error: BaseException) -> BaseException | None:
+    """``error`` when it refuses the run's configuration (a ``ParamsError``: a rerun as it is
+    fails alike), to travel whole to the launcher; None for anything else."""
+    from tasks.params import ParamsError
+
+    return error if isinstance(error, ParamsError) else None
+
+
 def _worker_main(
     tf_config: str, fn: Callable[..., Any], args: tuple[Any, ...], messages: Any
 ) -> None:
     """A spawned worker: its ``TF_CONFIG`` first (read when TensorFlow starts), then ``fn``.
 
     ``fn(*args, report)`` gets ``report(*message)`` to send epoch figures to the launcher
-    (as the tuple ``message``); its result goes back too.
+    (as the tuple ``message``); its result goes back too, and so does its error: as text,
+    and whole when it is a refusal of the configuration.
     """
     os.environ[TF_CONFIG_ENV] = tf_config
     index = json.loads(tf_config)["task"]["index"]
     try:
         result = fn(*args, lambda *message: messages.put(("report", index, message)))
     except BaseException as error:
-        messages.put(("error", index, f"{type(error).__name__}: {error}"))
+        messages.put(("error", index, (f"{type(error).__name__}: {error}", _refusal(error))))
         raise
     messages.put(("result", index, result))
 
@@ -190,7 +201,9 @@ def launch_local_workers(
     """Run ``fn(*args, report)`` in ``workers`` spawned processes forming one cluster on
     127.0.0.1; the chief's result. What the chief reports goes to ``on_report``, a tuple.
     A worker that dies or fails stops the others and raises :class:`WorkerFailed` naming
-    it: rerun to resume from the last epoch's backup.
+    it: rerun to resume from the last epoch's backup. A worker that refused the
+    configuration (a ``ParamsError`` naming the param to change) raises that refusal
+    instead: a rerun would fail alike.
 
     Spawned, never forked: TensorFlow and fork do not mix.
     """
@@ -204,6 +217,7 @@ def launch_local_workers(
         process.start()
     results: dict[int, Any] = {}
     errors: dict[int, str] = {}  # a worker's own exception
+    refusals: dict[int, BaseException] = {}  # of them, the configuration's refusals
     deaths: dict[int, str] = {}  # a worker gone without one (killed, out of memory)
     failed_at: float | None = None
     try:
@@ -217,7 +231,10 @@ def launch_local_workers(
             elif kind == "result":
                 results[index] = payload
             elif kind == "error":
-                errors[index] = f"worker {index} failed: {payload}"
+                text, refusal = payload
+                errors[index] = f"worker {index} failed: {text}"
+                if refusal is not None:
+                    refusals[index] = refusal
             for index, process in enumerate(processes):
                 code = process.exitcode
                 if code not in (None, 0) and index not in errors and index not in deaths:
@@ -234,6 +251,8 @@ def launch_local_workers(
             if process.exitcode is None:
                 process.kill()
             process.join()
+    if refusals:  # the params to change, as the worker named them (the chief's first)
+        raise refusals[min(refusals)]
     # A worker that died explains the others' errors (their collectives lost a peer).
     failures = [*deaths.values(), *errors.values()]
     if failures:

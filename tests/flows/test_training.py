@@ -231,3 +231,50 @@ def test_summary_of_skipped_stages_reads_the_recorded_run(tmp_path: Path) -> Non
     text = summary_markdown(recorded, None, layout, skipped=["train"])
     assert "up to date, not rerun: train" in text
     assert "f" * 64 in text and "1.010" in text and "0.7500" in text
+
+
+@pytest.mark.parametrize(
+    ("train", "store_down", "attempts"),
+    [({"batch_size": 73}, False, 1), ({"batch_size": 16}, True, 2)],
+    ids=["a refusal runs once", "an I/O failure is retried"],
+)
+def test_a_refused_param_fails_the_train_task_at_once_and_io_is_retried(
+    tiny_shards: Path,
+    mlflow_uri: str,
+    monkeypatch: pytest.MonkeyPatch,
+    train: dict[str, int],
+    store_down: bool,
+    attempts: int,
+) -> None:
+    """A refusal naming its param (a batch larger than the 72 train records) was retried
+    like an I/O failure: the retry failed alike, 10 s later. Now only the tracking store
+    down (an OSError) is retried."""
+    from prefect import flow
+
+    from flows.train import train_task
+    from tasks.params import ParamsError
+
+    real_train = train_child.train
+    tried: list[int] = []
+
+    def counted(*args: object, **kwargs: object) -> object:
+        tried.append(1)
+        return real_train(*args, **kwargs)  # type: ignore[arg-type]
+
+    def store_unreachable(root: object) -> object:
+        raise ConnectionError("the tracking store did not answer")
+
+    monkeypatch.setattr(train_child, "train", counted)
+    if store_down:
+        monkeypatch.setattr(tracking, "client", store_unreachable)
+    params = default_params(train=train)
+    layout = Layout(tiny_shards)
+
+    @flow
+    def one_task() -> object:
+        return train_task.with_options(retry_delay_seconds=0)(params, layout)
+
+    expected = (ConnectionError, "tracking store") if store_down else (ParamsError, "73")
+    with pytest.raises(expected[0], match=expected[1]):
+        one_task()
+    assert len(tried) == attempts

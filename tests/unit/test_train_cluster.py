@@ -4,13 +4,17 @@ read from ``TF_CONFIG`` and ``SHARDFLOW_TRAIN_WORKERS`` without TensorFlow."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import pytest
 
+from tasks.params import ParamsError
 from tasks.train_cluster import (
     TF_CONFIG_ENV,
     WORKERS_ENV,
+    WorkerFailed,
     config_is_chief,
+    launch_local_workers,
     local_tf_configs,
     requested_workers,
 )
@@ -53,7 +57,7 @@ def test_local_workers_come_from_the_environment_not_under_a_platform(
     assert requested_workers() == 1  # the platform started this worker: launch nothing
     monkeypatch.delenv(TF_CONFIG_ENV)
     monkeypatch.setenv(WORKERS_ENV, "two")
-    with pytest.raises(ValueError, match=r"SHARDFLOW_TRAIN_WORKERS='two'"):
+    with pytest.raises(ParamsError, match=r"SHARDFLOW_TRAIN_WORKERS='two'"):
         requested_workers()
 
 
@@ -63,3 +67,21 @@ def test_local_cluster_configs_name_distinct_ports_and_each_worker_once() -> Non
     assert len(set(addresses)) == 3 and all(a.startswith("127.0.0.1:") for a in addresses)
     assert [c["task"] for c in configs] == [{"type": "worker", "index": i} for i in range(3)]
     assert all(c["cluster"]["worker"] == addresses for c in configs)
+
+
+def refuse(what: str, report: Callable[..., object]) -> None:
+    """A worker that fails as training does before its first collective: every worker
+    refuses the same param (``refused``), or fails on I/O (``transient``)."""
+    if what == "refused":
+        raise ParamsError("train.batch_size=73 exceeds the 72 train records; lower it")
+    raise OSError("the shard store did not answer")
+
+
+def test_a_refusal_on_the_workers_fails_the_run_with_it_and_an_io_error_says_rerun() -> None:
+    """The launcher said "Rerun the train stage" of every failure, a refusal of the params
+    included, which a rerun repeats: a refusal now comes back as itself (not retried)."""
+    with pytest.raises(ParamsError, match=r"^train\.batch_size=73 exceeds") as refused:
+        launch_local_workers(2, refuse, ("refused",), grace_s=60.0)
+    assert "Rerun" not in str(refused.value)
+    with pytest.raises(WorkerFailed, match=r"worker \d failed: OSError: the shard store.*Rerun"):
+        launch_local_workers(2, refuse, ("transient",), grace_s=60.0)

@@ -10,7 +10,7 @@ import pytest
 from tasks.gate import ShardsNotValidated, check_validated
 from tasks.layout import Layout
 from tasks.manifest import load_manifest
-from tasks.params import default_params
+from tasks.params import ParamsError, default_params
 from tasks.train import run_train, train
 from tests.tiny_shards import write_tiny_shards, write_validation_report
 
@@ -105,7 +105,7 @@ def test_a_missing_weights_file_is_refused_before_a_run_opens(
     tiny_shards: Path, mlflow_uri: str
 ) -> None:
     params = default_params(train={"model": "mobilenet_v3_small", "weights": "gone.weights.h5"})
-    with pytest.raises(FileNotFoundError, match=r"train\.weights='gone\.weights\.h5'"):
+    with pytest.raises(ParamsError, match=r"train\.weights='gone\.weights\.h5'"):
         run_train(params, Layout(tiny_shards))
     assert not (tiny_shards / "mlflow.db").exists()  # no run was opened (and failed)
 
@@ -117,7 +117,7 @@ def test_every_worker_refuses_a_missing_weights_file_before_training_begins(
     that refused alone would leave the others waiting) and before any backup is claimed."""
     layout = Layout(tiny_shards)
     params = default_params(train={"model": "mobilenet_v3_small", "weights": "gone.weights.h5"})
-    with pytest.raises(FileNotFoundError, match=r"train\.weights='gone\.weights\.h5'"):
+    with pytest.raises(ParamsError, match=r"train\.weights='gone\.weights\.h5'"):
         train(
             params.train,
             layout.shards_dir,
@@ -131,6 +131,6 @@ def test_a_batch_larger_than_the_train_split_is_refused_before_a_run_opens(
     tiny_shards: Path, mlflow_uri: str
 ) -> None:
     params = default_params(train={"batch_size": 73})  # the tiny train split holds 72
-    with pytest.raises(ValueError, match=r"train\.batch_size=73 exceeds the 72 train records"):
+    with pytest.raises(ParamsError, match=r"train\.batch_size=73 exceeds the 72 train records"):
         run_train(params, Layout(tiny_shards))
     assert not (tiny_shards / "mlflow.db").exists()  # no run was opened (and failed)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tasks.models import backbone_of, build_backbone, build_model, unfreeze_top
-from tasks.params import default_params
+from tasks.params import ParamsError, default_params
 from tasks.train import precision_policy
 
 IMAGES = np.random.default_rng(0).integers(0, 256, (4, 32, 32, 3), dtype=np.uint8)
@@ -56,7 +56,7 @@ def test_a_missing_weights_file_is_named_by_its_param(tmp_path: Path) -> None:
     params = default_params(
         train={"model": "mobilenet_v3_small", "weights": str(tmp_path / "backbone.weights.h5")}
     ).train
-    with pytest.raises(FileNotFoundError, match=r"train\.weights='.*backbone\.weights\.h5'"):
+    with pytest.raises(ParamsError, match=r"train\.weights='.*backbone\.weights\.h5'"):
         build_model(params, 3, (32, 32, 3))
 
 

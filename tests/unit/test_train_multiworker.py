@@ -24,7 +24,7 @@ import pytest
 from tasks.evaluate import evaluate_model
 from tasks.layout import Layout
 from tasks.manifest import load_manifest
-from tasks.params import TrainParams, default_params
+from tasks.params import ParamsError, TrainParams, default_params
 from tasks.train import check_distributable, read_epoch_log
 from tasks.train_cluster import WorkerFailed, launch_local_workers
 from tests.unit.test_train_core import NO_AUGMENT, run
@@ -129,11 +129,11 @@ def test_worker_killed_mid_epoch_fails_the_run_and_the_rerun_resumes(tiny_shards
 def test_fewer_train_files_than_workers_is_refused_naming_the_param(tiny_shards: Path) -> None:
     manifest = load_manifest(Layout(tiny_shards).shards_dir)  # 2 train files
     three = SimpleNamespace(num_replicas_in_sync=3, extended=SimpleNamespace(_num_workers=3))
-    with pytest.raises(ValueError, match=r"2 train shard files for 3 workers.*target_shard_mb"):
+    with pytest.raises(ParamsError, match=r"2 train shard files for 3 workers.*target_shard_mb"):
         check_distributable(PARAMS.model_copy(update={"batch_size": 18}), manifest, three)
     odd = PARAMS.model_copy(update={"batch_size": 17})
     two = SimpleNamespace(num_replicas_in_sync=2, extended=SimpleNamespace(_num_workers=2))
-    with pytest.raises(ValueError, match=r"train.batch_size=17 does not split over 2 replicas"):
+    with pytest.raises(ParamsError, match=r"train.batch_size=17 does not split over 2 replicas"):
         check_distributable(odd, manifest, two)
 
 
