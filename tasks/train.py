@@ -160,10 +160,13 @@ def training_code_version() -> str:
     )
 
 
-def backup_identity(params: TrainParams, fingerprint: str) -> dict[str, Any]:
-    """What a backup must have been made with to be resumed: params, shards and code."""
+def backup_identity(
+    params: TrainParams, fingerprint: str, weights_lineage: dict[str, str]
+) -> dict[str, Any]:
+    """What a backup must have been made with to be resumed: params, the weights they name
+    (``weights_lineage``: :func:`tasks.models.weights_lineage`'s), shards and code."""
     return {
-        "params": {**flatten(params, "train"), **models.weights_lineage(params.weights)},
+        "params": {**flatten(params, "train"), **weights_lineage},
         "fingerprint": fingerprint,
         "code_version": training_code_version(),
     }
@@ -587,6 +590,7 @@ def train(
     strategy: tf.distribute.Strategy | None = None,
     callbacks: Sequence[keras.callbacks.Callback] = (),
     store: ShardStore | None = None,
+    weights_lineage: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Train ``params.model`` on the shards' train split (val for early stopping).
 
@@ -596,7 +600,9 @@ def train(
     until the run completes, and is resumed only by a run with the same params, shards and
     training code (else discarded, with the reason logged). Every worker calls this; the
     chief alone writes. A ``store`` (tasks.shard_store) reads the shards from object
-    storage instead: the same records in the same order. Returns a small summary dict.
+    storage instead: the same records in the same order. ``weights_lineage`` is the
+    ``train.weights`` file's (:func:`tasks.models.weights_lineage`) when the caller hashed it
+    already; None hashes it here. Returns a small summary dict.
     """
     # The strategy first: the multi-worker one must exist before any other TensorFlow op.
     strategy = strategy or choose_strategy()
@@ -608,7 +614,9 @@ def train(
     models.check_weights(params.weights)
     steps_per_epoch(params, manifest, shards_dir)  # refuses a batch larger than the split
     check_distributable(params, manifest, strategy)
-    identity = backup_identity(params, manifest.fingerprint)
+    if weights_lineage is None:
+        weights_lineage = models.weights_lineage(params.weights)
+    identity = backup_identity(params, manifest.fingerprint, weights_lineage)
     dirs = BackupDirs.for_worker(backup_dir, chief=chief, worker=worker_name(strategy))
     stored = None
     if chief:
@@ -713,26 +721,27 @@ def fit_phases(
         compile_model(model, params, params.learning_rate, data.steps_per_epoch * params.epochs)
     steps = step_functions(model, strategy, data)
     fine_tune = params.fine_tune_layers > 0 and params.fine_tune_epochs > 0
+    # The frozen phase's end, when a kill came after its commit (fine-tuning only).
     done = train_backup.restore_main_phase(model, dirs) if fine_tune else None
-    weights_epoch = -1 if done is None else done - 1
     if done is None:
         main = Phase(0, params.epochs, dirs.phase("main"))
         done, weights_epoch = fit_phase(
             model, data, main, strategy, steps, params=params, callbacks=hooks
         )
-        if fine_tune:
-            train_backup.commit_main_phase(model, dirs, done)
-    if fine_tune:
-        with strategy.scope():
-            unfreeze_top(model, params.fine_tune_layers)
-            lr = params.learning_rate * FINE_TUNE_LR_FACTOR
-            compile_model(model, params, lr, data.steps_per_epoch * params.fine_tune_epochs)
-        steps = step_functions(model, strategy, data)  # new trainable set
-        tune = Phase(done, done + params.fine_tune_epochs, dirs.phase("fine_tune"))
-        _, weights_epoch = fit_phase(
-            model, data, tune, strategy, steps, params=params, callbacks=hooks
-        )
-    return model, epoch_log, weights_epoch, lambda: probe_input_bound(steps.train, data)
+        if not fine_tune:  # the only phase: the model holds its kept epoch
+            return model, epoch_log, weights_epoch, lambda: probe_input_bound(steps.train, data)
+        train_backup.commit_main_phase(model, dirs, done)
+    # Fine-tuning: the model holds the epoch this phase keeps, whatever the frozen one kept.
+    with strategy.scope():
+        unfreeze_top(model, params.fine_tune_layers)
+        lr = params.learning_rate * FINE_TUNE_LR_FACTOR
+        compile_model(model, params, lr, data.steps_per_epoch * params.fine_tune_epochs)
+    tune_steps = step_functions(model, strategy, data)  # new trainable set
+    tune = Phase(done, done + params.fine_tune_epochs, dirs.phase("fine_tune"))
+    _, weights_epoch = fit_phase(
+        model, data, tune, strategy, tune_steps, params=params, callbacks=hooks
+    )
+    return model, epoch_log, weights_epoch, lambda: probe_input_bound(tune_steps.train, data)
 
 
 def probe_input_bound(
@@ -856,7 +865,8 @@ def run_train(
     steps_per_epoch(params.train, manifest, layout.shards_dir)
     check_distributable(params.train, manifest, strategy)
     client = tracking.client(layout.root)
-    identity = backup_identity(params.train, manifest.fingerprint)
+    lineage = models.weights_lineage(params.train.weights)  # hashes the file: once a run
+    identity = backup_identity(params.train, manifest.fingerprint, lineage)
     stored, discarded = claim_backup(layout.backup_dir, identity)
     run_id = resume_run_id(client, (stored or {}).get("mlflow_run_id"))
     resumed = run_id is not None
@@ -869,7 +879,7 @@ def run_train(
             root=layout.root,
             device_tags=device_tags(params.train, strategy),
             run_tags=run_tags,
-            inputs=models.weights_lineage(params.train.weights),
+            inputs=lineage,
         )
         if discarded:  # the run says why it did not resume the backup it found
             client.set_tag(run_id, "resume.backup_discarded", "; ".join(discarded)[:5000])
@@ -888,6 +898,7 @@ def run_train(
                 strategy=strategy,
                 callbacks=[MlflowEpochMetrics(client, run_id), *callbacks],
                 store=store,
+                weights_lineage=lineage,
             )
     except BaseException:
         client.set_terminated(run_id, status="FAILED")  # the id stays in the backup to resume

@@ -19,6 +19,7 @@ from mlflow import MlflowClient
 
 import tasks.train as train_module
 from tasks.layout import Layout
+from tasks.models import weights_lineage
 from tasks.params import Params, TrainParams, default_params
 from tasks.train import (
     IDENTITY_NAME,
@@ -34,6 +35,7 @@ from tasks.train_backup import BackupDirs
 from tests.unit.test_train_core import NO_AUGMENT, KillAfterEpoch, run
 
 LR_A, LR_B = 0.003, 0.001
+NO_WEIGHTS = weights_lineage(None)  # small_cnn starts from no weights file
 
 
 class Lines(logging.Handler):
@@ -79,14 +81,17 @@ def params(lr: float = LR_A, **overrides: Any) -> TrainParams:
 
 
 def test_identity_changes_name_each_difference() -> None:
-    stored = backup_identity(params(LR_A), "a" * 64)
-    current = {**backup_identity(params(LR_B), "b" * 64), "code_version": "0123456789ab"}
+    stored = backup_identity(params(LR_A), "a" * 64, NO_WEIGHTS)
+    current = {
+        **backup_identity(params(LR_B), "b" * 64, NO_WEIGHTS),
+        "code_version": "0123456789ab",
+    }
     reasons = identity_changes(stored, current)
     assert reasons[0] == f"train.learning_rate changed {LR_A} -> {LR_B}"
     assert reasons[1] == f"shards changed: fingerprint {'a' * 12} -> {'b' * 12}"
     assert reasons[2].startswith(f"training code changed: version {stored['code_version']} ->")
     assert len(reasons) == 3
-    assert identity_changes(stored, backup_identity(params(LR_A), "a" * 64)) == []
+    assert identity_changes(stored, backup_identity(params(LR_A), "a" * 64, NO_WEIGHTS)) == []
 
 
 def test_a_weights_file_overwritten_with_other_weights_is_a_change_of_its_own(
@@ -95,17 +100,21 @@ def test_a_weights_file_overwritten_with_other_weights_is_a_change_of_its_own(
     """The same ``train.weights`` path holding other weights resumed the backup made from
     the first ones (the identity held the path alone), and the MLflow run logged the same
     params; only a file under models/pretrained/, a train stage dependency, retrains."""
-    from tasks.models import PRETRAINED_DIR, untracked_weights, weights_lineage
+    from tasks.models import PRETRAINED_DIR, untracked_weights
 
     monkeypatch.chdir(tmp_path)
     weights = Path(PRETRAINED_DIR) / "backbone.weights.h5"
     weights.parent.mkdir(parents=True)
     weights.write_bytes(b"first weights")
     transfer = default_params(train={"model": "mobilenet_v3_small", "weights": str(weights)})
-    stored = backup_identity(transfer.train, "a" * 64)
-    assert identity_changes(stored, backup_identity(transfer.train, "a" * 64)) == []
+
+    def identity() -> dict[str, Any]:
+        return backup_identity(transfer.train, "a" * 64, weights_lineage(str(weights)))
+
+    stored = identity()
+    assert identity_changes(stored, identity()) == []
     weights.write_bytes(b"other weights")
-    current = backup_identity(transfer.train, "a" * 64)
+    current = identity()
     [reason] = identity_changes(stored, current)
     assert reason.startswith("train.weights_sha256 changed")
     assert weights_lineage(str(weights)) == {
@@ -118,13 +127,54 @@ def test_a_weights_file_overwritten_with_other_weights_is_a_change_of_its_own(
     assert "outside models/pretrained/" in str(untracked_weights("elsewhere.weights.h5"))
 
 
+class Stop(Exception):
+    """Raised where training would begin: what came before it is what a test looks at."""
+
+
+def test_a_run_hashes_its_weights_file_once(
+    tiny_shards: Path, mlflow_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """run_train hashed the ``train.weights`` file for the backup identity and for the run's
+    inputs, and train a third time: one sha256 now serves the identity, the MLflow run and
+    the training core, and they name the same one."""
+    import tasks.models as models_module
+
+    monkeypatch.chdir(tiny_shards)
+    weights = Path(models_module.PRETRAINED_DIR) / "backbone.weights.h5"
+    weights.parent.mkdir(parents=True)
+    weights.write_bytes(b"weights")
+    hashed: list[str] = []
+    real_sha256 = models_module.file_sha256
+
+    def counted(path: str | Path) -> str:
+        hashed.append(str(path))
+        return real_sha256(path)
+
+    def stop(*args: object, **kwargs: object) -> None:
+        raise Stop
+
+    monkeypatch.setattr(models_module, "file_sha256", counted)
+    monkeypatch.setattr(train_module, "fit_phases", stop)
+    params = default_params(train={"model": "mobilenet_v3_small", "weights": str(weights)})
+    layout = Layout(tiny_shards)
+    with pytest.raises(Stop):
+        run_train(params, layout)
+    assert hashed == [str(weights)]
+    sha256 = real_sha256(weights)
+    stored = json.loads((layout.backup_dir / IDENTITY_NAME).read_text())
+    assert stored["params"]["train.weights_sha256"] == sha256
+    client = MlflowClient(mlflow_uri)
+    [run] = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert run.data.params["train.weights_sha256"] == sha256
+
+
 def test_backup_without_identity_is_discarded_with_the_reason(
     tmp_path: Path, warnings_logged: Lines
 ) -> None:
     backup = tmp_path / "train_backup"
     (backup / "main").mkdir(parents=True)
     (backup / "main" / "training_metadata.json").write_text('{"epoch": 1, "batch": 0}')
-    identity = backup_identity(params(), "f" * 64)
+    identity = backup_identity(params(), "f" * 64, NO_WEIGHTS)
     stored, reasons = claim_backup(backup, identity)
     assert stored is None and "identity.json is missing" in reasons[0]
     assert not backup.exists()
@@ -136,7 +186,7 @@ def test_backup_without_identity_is_discarded_with_the_reason(
 
 def test_matching_backup_is_kept_with_its_run_id(tmp_path: Path) -> None:
     backup = tmp_path / "train_backup"
-    identity = backup_identity(params(), "f" * 64)
+    identity = backup_identity(params(), "f" * 64, NO_WEIGHTS)
     write_identity(backup, identity, "run-123")
     stored, reasons = claim_backup(backup, identity)
     assert reasons == [] and stored is not None and stored["mlflow_run_id"] == "run-123"
