@@ -167,6 +167,17 @@ class StorageParams(_Strict):
     prefetch_shards: int = Field(ge=1)  # shards downloaded in parallel ahead of the reader
 
 
+class ClusterParams(_Strict):
+    """How the workers of a multi-worker training run (``SHARDFLOW_TRAIN_WORKERS``, a
+    platform's ``TF_CONFIG``) wait for one another. Where training runs never changes what
+    is computed, so no stage depends on these."""
+
+    # how long a worker waits for the others to join the cluster, then for all to reach
+    # training (the chief gates the shards and opens its MLflow run first); past it, it fails
+    # naming why instead of waiting for a chief that failed or never started
+    join_timeout_s: float = Field(gt=0)
+
+
 class ValidateParams(_Strict):
     """Limits on how much a data change may move the dataset before validation fails."""
 
@@ -189,6 +200,7 @@ class Params(_Strict):
     evaluate: EvaluateParams
     workspace: WorkspaceParams
     storage: StorageParams
+    cluster: ClusterParams
 
     @model_validator(mode="after")
     def _backbone_options_need_a_backbone(self) -> Params:

@@ -64,6 +64,7 @@ from tasks.train_cluster import (
     chief_value,
     choose_strategy,
     is_chief,
+    meet,
     num_workers,
     strategy_name,
     worker_name,
@@ -161,12 +162,12 @@ def training_code_version() -> str:
 
 
 def backup_identity(
-    params: TrainParams, fingerprint: str, weights_lineage: dict[str, str]
+    params: TrainParams, fingerprint: str, lineage: dict[str, str]
 ) -> dict[str, Any]:
     """What a backup must have been made with to be resumed: params, the weights they name
-    (``weights_lineage``: :func:`tasks.models.weights_lineage`'s), shards and code."""
+    (``lineage``: :func:`tasks.models.weights_lineage`'s), shards and code."""
     return {
-        "params": {**flatten(params, "train"), **weights_lineage},
+        "params": {**flatten(params, "train"), **lineage},
         "fingerprint": fingerprint,
         "code_version": training_code_version(),
     }
@@ -591,6 +592,7 @@ def train(
     callbacks: Sequence[keras.callbacks.Callback] = (),
     store: ShardStore | None = None,
     weights_lineage: dict[str, str] | None = None,
+    join_timeout_s: float | None = None,
 ) -> dict[str, Any]:
     """Train ``params.model`` on the shards' train split (val for early stopping).
 
@@ -600,9 +602,8 @@ def train(
     until the run completes, and is resumed only by a run with the same params, shards and
     training code (else discarded, with the reason logged). Every worker calls this; the
     chief alone writes. A ``store`` (tasks.shard_store) reads the shards from object
-    storage instead: the same records in the same order. ``weights_lineage`` is the
-    ``train.weights`` file's (:func:`tasks.models.weights_lineage`) when the caller hashed it
-    already; None hashes it here. Returns a small summary dict.
+    storage instead. ``weights_lineage``: the caller's :func:`tasks.models.weights_lineage`,
+    else hashed here; ``join_timeout_s``: :func:`meet`'s. Returns a small summary dict.
     """
     # The strategy first: the multi-worker one must exist before any other TensorFlow op.
     strategy = strategy or choose_strategy()
@@ -614,16 +615,15 @@ def train(
     models.check_weights(params.weights)
     steps_per_epoch(params, manifest, shards_dir)  # refuses a batch larger than the split
     check_distributable(params, manifest, strategy)
-    if weights_lineage is None:
-        weights_lineage = models.weights_lineage(params.weights)
-    identity = backup_identity(params, manifest.fingerprint, weights_lineage)
+    lineage = weights_lineage or models.weights_lineage(params.weights)
+    identity = backup_identity(params, manifest.fingerprint, lineage)
     dirs = BackupDirs.for_worker(backup_dir, chief=chief, worker=worker_name(strategy))
     stored = None
     if chief:
         stored, _ = claim_backup(backup_dir, identity)  # run_train may have claimed it already
         if stored is None:
             write_identity(backup_dir, identity)
-    chief_value(strategy, 0.0)  # a barrier: the chief's claim lands before anyone restores
+    meet(strategy, join_timeout_s)  # the first collective: after the chief's claim, bounded
     previous_policy = keras.mixed_precision.global_policy()
     policy = precision_policy(params, gpu=on_gpu(strategy))
     keras.mixed_precision.set_global_policy(policy)
@@ -721,7 +721,6 @@ def fit_phases(
         compile_model(model, params, params.learning_rate, data.steps_per_epoch * params.epochs)
     steps = step_functions(model, strategy, data)
     fine_tune = params.fine_tune_layers > 0 and params.fine_tune_epochs > 0
-    # The frozen phase's end, when a kill came after its commit (fine-tuning only).
     done = train_backup.restore_main_phase(model, dirs) if fine_tune else None
     if done is None:
         main = Phase(0, params.epochs, dirs.phase("main"))
@@ -842,7 +841,7 @@ def run_train(
     from tasks import tracking
 
     keras_without_extras()  # Keras's config held at its defaults, whatever keras.json says
-    strategy = strategy or choose_strategy()  # first: see train
+    strategy = strategy or choose_strategy(params.cluster.join_timeout_s)  # first: see train
     store = open_store(layout.root, params.storage)  # SHARDFLOW_SHARDS_URL, else data/shards
     if store:
         manifest = check_validated_store(store, layout.validation_report)
@@ -857,6 +856,7 @@ def run_train(
             strategy=strategy,
             callbacks=callbacks,
             store=store,
+            join_timeout_s=params.cluster.join_timeout_s,
         )
     # What train refuses, refused before a run opens (and is left FAILED) for it.
     models.check_weights(params.train.weights)
@@ -899,6 +899,7 @@ def run_train(
                 callbacks=[MlflowEpochMetrics(client, run_id), *callbacks],
                 store=store,
                 weights_lineage=lineage,
+                join_timeout_s=params.cluster.join_timeout_s,
             )
     except BaseException:
         client.set_terminated(run_id, status="FAILED")  # the id stays in the backup to resume

@@ -53,20 +53,108 @@ def config_is_chief() -> bool:
     )
 
 
-def choose_strategy() -> tf.distribute.Strategy:
+class ClusterIncomplete(RuntimeError):
+    """A worker of a multi-worker run did not see every worker join, or reach training,
+    within ``cluster.join_timeout_s``, or lost one before training: it fails instead of
+    waiting forever for a chief that failed or never started."""
+
+
+def choose_strategy(join_timeout_s: float | None = None) -> tf.distribute.Strategy:
     """MultiWorkerMirroredStrategy under a ``TF_CONFIG`` cluster; else MirroredStrategy over
     every visible GPU when there is one; else the default strategy.
+
+    With ``join_timeout_s`` (``cluster.join_timeout_s``) a worker whose cluster is not whole
+    within it raises :class:`ClusterIncomplete`; None waits as long as TensorFlow does (a
+    worker alone waited past two minutes here, with no end in sight).
 
     Call it before any other TensorFlow op: the multi-worker strategy configures the runtime.
     """
     import tensorflow as tf
 
     if cluster_workers() > 1:
-        return tf.distribute.MultiWorkerMirroredStrategy()
+        if join_timeout_s is not None:
+            _bound_the_join(join_timeout_s)
+        try:
+            return tf.distribute.MultiWorkerMirroredStrategy()
+        except tf.errors.DeadlineExceededError as error:
+            raise ClusterIncomplete(
+                f"{_this_task()} waited {join_timeout_s:g} s (cluster.join_timeout_s) for "
+                f"the workers of TF_CONFIG's cluster to join, and not all did: {_WHY}"
+            ) from error
     gpus = tf.config.list_logical_devices("GPU")
     if gpus:
         return tf.distribute.MirroredStrategy([gpu.name for gpu in gpus])
     return tf.distribute.get_strategy()
+
+
+# What keeps a worker's peers away, and what to do: said by every ClusterIncomplete.
+_WHY = (
+    "the chief failed or stalled before training, or never started (its log says why: a "
+    "refusal, the tracking store, the workspace lock, `dvc repro` finding train up to date), "
+    "or another worker never started. Fix that and start every worker again; raise "
+    "cluster.join_timeout_s only if they take that long to start and reach training"
+)
+
+
+def _this_task() -> str:
+    """This process's task in ``TF_CONFIG`` (``worker-1``), read without TensorFlow."""
+    task = json.loads(os.environ.get(TF_CONFIG_ENV) or "{}").get("task") or {}
+    return f"{task.get('type', 'worker')}-{task.get('index', 0)}"
+
+
+def _bound_the_join(timeout_s: float) -> None:
+    """Configure TensorFlow's coordination service as MultiWorkerMirroredStrategy does (it
+    keeps a configuration it finds), with a bound on how long this task waits for every
+    task of the cluster to register."""
+    import tensorflow as tf
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+    from tensorflow.python.eager import context
+
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    coordinated = ("chief", "worker")  # the strategy's coordinated jobs
+    if resolver.task_type not in coordinated:
+        return
+    spec = resolver.cluster_spec()
+    jobs = [job for job in coordinated if job in spec.jobs]
+    context.context().configure_coordination_service(
+        service_type="standalone",
+        service_leader=f"/job:{jobs[0]}/replica:0/task:0",  # the chief, else worker 0
+        coordinated_jobs=[
+            coordination_config_pb2.CoordinatedJob(name=job, num_tasks=spec.num_tasks(job))
+            for job in jobs
+        ],
+        cluster_register_timeout_in_ms=int(timeout_s * 1000),
+    )
+
+
+def meet(strategy: tf.distribute.Strategy, timeout_s: float | None) -> None:
+    """Wait until every worker reaches this point, at most ``timeout_s`` (None: no bound):
+    the run's first collective. A chief that failed or stalled before training (a gate
+    refusal, the tracking store down) left the others in their first collective for good;
+    they now raise :class:`ClusterIncomplete` naming why. Later collectives are not bounded:
+    a step or the chief's validation takes what it takes."""
+    import tensorflow as tf
+
+    if num_workers(strategy) == 1:
+        return
+    one = strategy.experimental_distribute_values_from_function(lambda _: tf.constant(1.0))
+    # Over the ring, with a timeout, as TensorFlow's own wait for a cluster's workers does.
+    options = tf.distribute.experimental.CommunicationOptions(
+        timeout_seconds=timeout_s,
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING,
+    )
+    try:
+        strategy.extended.reduce_to(tf.distribute.ReduceOp.SUM, one, "/device:CPU:0", options)
+    except tf.errors.DeadlineExceededError as error:
+        raise ClusterIncomplete(
+            f"{worker_name(strategy)} waited {timeout_s:g} s (cluster.join_timeout_s) for "
+            f"every worker of its cluster to reach training, and not all did: {_WHY}"
+        ) from error
+    except tf.errors.UnavailableError as error:  # a peer's process ended (its socket closed)
+        raise ClusterIncomplete(
+            f"{worker_name(strategy)} lost a worker of its cluster before training "
+            f"({error.message.splitlines()[0]}): {_WHY}"
+        ) from error
 
 
 def is_chief(strategy: tf.distribute.Strategy) -> bool:

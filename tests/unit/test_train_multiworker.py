@@ -219,3 +219,76 @@ def test_a_platform_worker_runs_the_stage_command_and_records_nothing(
     assert layout.model_file.exists() and not layout.backup_dir.exists()
     rows = json.loads(layout.train_history.read_text())
     assert [row["epoch"] for row in rows] == [1, 2, 3, 4]  # the chief's, written once
+
+
+CHIEF_BEFORE_TRAINING = """
+import sys
+import threading
+import tensorflow  # imported before it says so: the worker's wait starts with the chief there
+from tasks.train_cluster import choose_strategy
+print("joining", flush=True)
+choose_strategy(600.0)
+if sys.argv[1] == "joins and fails":
+    raise SystemExit("the tracking store is down")  # as a chief's refusal or failure ends it
+threading.Event().wait()  # joined, and stuck before training (the tracking store, say)
+"""
+
+
+@pytest.mark.parametrize("chief", ["never starts", "joins and stalls", "joins and fails"])
+def test_a_worker_whose_chief_never_reaches_training_fails_naming_why(
+    tiny_shards: Path, monkeypatch: pytest.MonkeyPatch, chief: str
+) -> None:
+    """A platform worker (``python -m flows.train`` under worker 1's ``TF_CONFIG``) whose
+    chief never started waited in the strategy's cluster join, and one whose chief joined but
+    never reached training waited in its first collective: both for good (only the local
+    launcher stops its workers). Each now fails within ``cluster.join_timeout_s``, naming
+    the wait and what keeps a chief away; one whose chief ended before training says so."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from tasks.train_cluster import local_tf_configs
+
+    merged = default_params(
+        train=PARAMS.model_dump(mode="json"), cluster={"join_timeout_s": 2}
+    ).model_dump(mode="json")
+    (tiny_shards / "params.yaml").write_text(yaml.safe_dump(merged))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    chief_config, worker_config = local_tf_configs(2)
+    env = {**os.environ, "PYTHONPATH": str(Path.cwd())}
+    chief_process = None
+    if chief != "never starts":
+        chief_process = subprocess.Popen(
+            [sys.executable, "-c", CHIEF_BEFORE_TRAINING, chief],
+            env={**env, "TF_CONFIG": chief_config},
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert chief_process.stdout is not None and chief_process.stdout.readline() == "joining\n"
+    try:
+        worker = subprocess.run(
+            [sys.executable, "-m", "flows.train"],
+            cwd=tiny_shards,
+            env={**env, "TF_CONFIG": worker_config},
+            capture_output=True,
+            text=True,
+            timeout=600,  # a hang guard: without the bound the worker waited for good
+            check=False,
+        )
+    finally:
+        if chief_process is not None:
+            chief_process.kill()
+            chief_process.wait()
+    assert worker.returncode != 0
+    said = {
+        "never starts": "worker-1 waited 2 s (cluster.join_timeout_s) for the workers of "
+        "TF_CONFIG's cluster to join",
+        "joins and stalls": "worker-1 waited 2 s (cluster.join_timeout_s) for every worker of "
+        "its cluster to reach training",
+        "joins and fails": "worker-1 lost a worker of its cluster before training",
+    }[chief]
+    assert f"ClusterIncomplete: {said}" in worker.stderr, worker.stderr[-3000:]
+    assert "the chief failed or stalled before training" in worker.stderr
+    assert not Layout(tiny_shards).model_file.exists()
