@@ -7,6 +7,9 @@ plays the platform: it starts the workers on 127.0.0.1, each with its ``TF_CONFI
 picked free), and collects their exit. The number of workers is ``SHARDFLOW_TRAIN_WORKERS``
 (an environment variable, not a ``train.*`` param: where training runs does not change
 what the stage is asked to compute, so it neither retrains nor changes the resume identity).
+A worker waits at most ``cluster.join_timeout_s`` for the others to join the cluster and to
+reach training (:func:`choose_strategy`, :func:`meet`): a chief that failed before training
+leaves no worker waiting for good.
 """
 
 from __future__ import annotations
@@ -72,8 +75,9 @@ def choose_strategy(join_timeout_s: float | None = None) -> tf.distribute.Strate
     import tensorflow as tf
 
     if cluster_workers() > 1:
-        if join_timeout_s is not None:
-            _bound_the_join(join_timeout_s)
+        if join_timeout_s is None:
+            return tf.distribute.MultiWorkerMirroredStrategy()
+        _bound_the_join(join_timeout_s)
         try:
             return tf.distribute.MultiWorkerMirroredStrategy()
         except tf.errors.DeadlineExceededError as error:
