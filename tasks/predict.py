@@ -586,9 +586,11 @@ def predict_files(
     rows: list[dict[str, Any]] = []
     part: list[Path] = []
     data: list[bytes] = []
+    held = 0  # the bytes in ``data``, kept as files are read rather than summed for each
     unreadable: dict[int, str] = {}
 
     def predict_part() -> None:
+        nonlocal held
         frame = model.predict(pd.DataFrame({IMAGE_COLUMN: data}))
         for i, (path, result) in enumerate(zip(part, frame.to_dict("records"), strict=True)):
             row = {"path": display_name(str(path))}  # always writable, whatever the bytes
@@ -597,6 +599,7 @@ def predict_files(
             rows.append(row)
         part.clear()
         data.clear()
+        held = 0
         unreadable.clear()
         if progress is not None:
             progress(len(rows), len(paths))
@@ -607,12 +610,13 @@ def predict_files(
             content = read_limited(path, max_file_bytes)
         except OSError as exc:
             content, error = b"", f"cannot read: {exc.strerror or exc}"
-        if part and sum(map(len, data)) + len(content) > chunk_bytes:
+        if part and held + len(content) > chunk_bytes:
             predict_part()  # the files read so far, before this one would pass the bound
         if error is not None:
             unreadable[len(part)] = error
         part.append(path)
         data.append(content)
+        held += len(content)
         if len(part) == chunk:
             predict_part()
     if part:
