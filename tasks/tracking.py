@@ -456,11 +456,14 @@ def listed(names: list[str], limit: int) -> str:
     if len(text) <= limit:
         return text
     shown: list[str] = []
+    length = 0  # of ",".join(shown), kept as names are added rather than joined for each
     for name in names:
         more = f",... {len(names) - len(shown) - 1} more"
-        if len(",".join([*shown, name])) + len(more) > limit:
+        with_name = length + bool(shown) + len(name)  # the comma before it, if any
+        if with_name + len(more) > limit:
             break
         shown.append(name)
+        length = with_name
     return ",".join(shown) + f",... {len(names) - len(shown)} more"
 
 
