@@ -9,8 +9,10 @@ rows than ``--max-request-rows``, is answered HTTP 413 with the limit in the mes
 anything parses it, and memory holds at most the byte limit (a longer body is read and thrown
 away, a chunk at a time). Only JSON and CSV bodies reach the app (HTTP 415 for any other
 type): MLflow's app also parses Parquet, whose compressed columns hold millions of rows in a
-few kilobytes that no limit on bytes or separators sees. Inside the limits the model decodes
-and predicts rows a batch at a time (:func:`tasks.predict.predict_images`).
+few kilobytes that no limit on bytes or separators sees. A JSON body whose arrays and objects
+nest deeper than :data:`MAX_JSON_DEPTH` gets HTTP 400 before MLflow parses it (its parser
+recurses once a level: 100,000 levels of ``[`` were a bare HTTP 500). Inside the limits the
+model decodes and predicts rows a batch at a time (:func:`tasks.predict.predict_images`).
 
 Run: ``python -m tasks.serve MODEL_URI --port PORT --max-request-mb MB --max-request-rows N``
 from the repository root; like ``mlflow models serve`` it hands over to uvicorn's command line
@@ -20,8 +22,10 @@ from the repository root; like ``mlflow models serve`` it hands over to uvicorn'
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
+import re
 import sys
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -45,6 +49,16 @@ ROW_SLACK = 16
 # Parquet too, but compressed: 15 KB of it is five million rows (gigabytes once parsed).
 JSON_TYPE = b"application/json"
 CSV_TYPE = b"text/csv"
+# How deep a JSON body's arrays and objects may nest. MLflow parses the body with Python's
+# json module, which recurses once a level and raises RecursionError near 1,000 (answered as
+# a bare HTTP 500); the layouts served nest 3 deep ({"dataframe_split": {"data": [[...]]}}),
+# and "params" a few more.
+MAX_JSON_DEPTH = 32
+# A JSON string, escapes included: brackets inside one are text, not nesting.
+JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
+# Brackets are counted this many at a time: whatever the depth, the count holds a few MB.
+DEPTH_CHUNK = 1 << 18
 
 
 class RequestSizeLimit:
@@ -60,7 +74,8 @@ class RequestSizeLimit:
     (``\n``, ``\r\n`` or a lone ``\r``: pandas ends a row at each). The count is an upper
     bound, with :data:`ROW_SLACK` for the separators of the JSON keys. A byte limit alone
     would not do: MLflow parses a body of empty rows into tens of times its size. A body of
-    any other content type (or none) gets HTTP 415 unread.
+    any other content type (or none) gets HTTP 415 unread, and a JSON body nested deeper than
+    :data:`MAX_JSON_DEPTH` HTTP 400 unparsed.
     """
 
     def __init__(self, app: App, *, max_bytes: int, max_rows: int) -> None:
@@ -116,6 +131,18 @@ class RequestSizeLimit:
                 "send fewer images per request",
             )
             return
+        # On a thread: a 16 MB body takes a fraction of a second, which the others' need not wait.
+        if content_type == JSON_TYPE and await asyncio.to_thread(
+            nests_deeper, body, MAX_JSON_DEPTH
+        ):
+            await self.refuse(
+                send,
+                f"request JSON nests arrays and objects more than {MAX_JSON_DEPTH} levels deep: "
+                'send {"dataframe_split": {"columns": ["image"], "data": [["<base64>"], ...]}}',
+                status=400,
+                code="BAD_REQUEST",
+            )
+            return
         replayed = False
 
         async def replay() -> Message:
@@ -150,6 +177,24 @@ def count_rows(body: bytes, content_type: bytes) -> int:
     if content_type == CSV_TYPE:
         return body.count(b"\n") + body.count(b"\r") - body.count(b"\r\n")
     return body.count(b",")
+
+
+def nests_deeper(body: bytes, limit: int) -> bool:
+    """Whether the arrays and objects of the JSON ``body`` nest more than ``limit`` deep
+    (brackets inside strings are not counted), found without parsing it: in memory, the
+    body's text outside its strings, its brackets and a few MB, whatever the depth."""
+    import numpy as np
+
+    brackets = np.frombuffer(JSON_STRING.sub(b"", body).translate(None, NOT_BRACKETS), np.uint8)
+    depth = 0
+    for start in range(0, len(brackets), DEPTH_CHUNK):
+        chunk = brackets[start : start + DEPTH_CHUNK]
+        opens = (chunk == ord("[")) | (chunk == ord("{"))
+        levels = depth + np.cumsum(opens.astype(np.int32) * 2 - 1, dtype=np.int32)
+        if levels.max() > limit:
+            return True
+        depth = int(levels[-1])
+    return False
 
 
 async def drain(receive: Receive) -> int:

@@ -385,6 +385,58 @@ def test_bodies_whose_rows_cannot_be_counted_are_refused_unread() -> None:
         ).json() == {"read": len(fits)}
 
 
+def test_json_nested_deeper_than_the_limit_is_refused_before_parsing() -> None:
+    """Python's json module (MLflow's parser) recurses once a level; brackets inside strings
+    are text, escaped quotes included, and do not count."""
+    from fastapi.testclient import TestClient
+
+    json_type = {"Content-Type": "application/json"}
+    deep = b'{"a":' + b"[" * 31 + b"]" * 31 + b"}"  # 32 levels, the limit
+    deeper = b'{"a":' + b"[" * 32 + b"]" * 32 + b"}"
+    texts = json.dumps({"a": ["[" * 200, '\\"{{{' * 50, "]" * 10]}).encode()
+    with TestClient(echo_app()) as client:
+        refused = client.post("/invocations", content=deeper, headers=json_type)
+        assert refused.status_code == 400
+        assert refused.json()["error_code"] == "BAD_REQUEST"
+        assert (
+            "request JSON nests arrays and objects more than 32 levels deep"
+            in refused.json()["message"]
+        )
+        for body in (deep, texts):
+            assert client.post("/invocations", content=body, headers=json_type).json() == {
+                "read": len(body)
+            }
+
+
+@pytest.mark.slow
+def test_deeply_nested_json_fails_alone_through_the_scoring_app(logged_model: str) -> None:
+    """100,000 levels of `[` were a bare HTTP 500 (RecursionError in MLflow's json.loads):
+    now a 400 that says what is wrong, found in memory of about the body's size, and the
+    next request is answered."""
+    import tracemalloc
+
+    from fastapi.testclient import TestClient
+
+    from tasks.serve import scoring_app
+
+    app = scoring_app(logged_model, max_bytes=1 << 20, max_rows=100)
+    json_type = {"Content-Type": "application/json"}
+    with TestClient(app, raise_server_exceptions=False) as client:
+        for hostile in (b"[" * 100_000, b"{" * (1 << 20)):
+            tracemalloc.start()
+            try:
+                refused = client.post("/invocations", content=hostile, headers=json_type)
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+            assert refused.status_code == 400, refused.text
+            assert "more than 32 levels deep" in refused.json()["message"]
+            assert peak < 4 * len(hostile) + (1 << 20)
+        answer = client.post("/invocations", content=split_body(good_rows()), headers=json_type)
+    assert answer.status_code == 200, answer.text
+    assert [row["error"] for row in answer.json()["predictions"]] == ["", ""]
+
+
 @pytest.mark.slow
 def test_the_pyfunc_is_logged_from_code_and_loads_without_unpickling(
     tmp_path: Path, mlflow_uri: str, caplog: pytest.LogCaptureFixture
