@@ -73,11 +73,13 @@ ui: install  ## MLflow UI on a free 127.0.0.1 port (printed) over the project's 
 	$(BIN)/python -m flows.cli ui
 
 # Each variable, when set, overrides its `shardflow serve-model` default (flows/cli.py: a free
-# port; requests up to 16 MB and 1024 rows, larger ones get HTTP 413 before parsing).
-serve-model: install  ## the registered champion (MLflow's scoring app behind a request size limit) on a free 127.0.0.1 port
+# port; requests up to 16 MB and 1024 rows, larger ones get HTTP 413 before parsing; 4 at
+# once, one more gets HTTP 503).
+serve-model: install  ## the registered champion (MLflow's scoring app behind request limits) on a free 127.0.0.1 port
 	$(BIN)/python -m flows.cli serve-model $(if $(SERVE_MODEL_PORT),--port $(SERVE_MODEL_PORT)) \
 	  $(if $(SERVE_MAX_REQUEST_MB),--max-request-mb $(SERVE_MAX_REQUEST_MB)) \
-	  $(if $(SERVE_MAX_REQUEST_ROWS),--max-request-rows $(SERVE_MAX_REQUEST_ROWS))
+	  $(if $(SERVE_MAX_REQUEST_ROWS),--max-request-rows $(SERVE_MAX_REQUEST_ROWS)) \
+	  $(if $(SERVE_MAX_CONCURRENT_REQUESTS),--max-concurrent-requests $(SERVE_MAX_CONCURRENT_REQUESTS))
 
 bench: install  ## benchmarks -> reports/bench.json, reports/bench.png (BENCH_ARGS=--quick for a smoke run)
 	$(BIN)/python -m flows.cli bench $(BENCH_ARGS)

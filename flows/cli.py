@@ -33,8 +33,14 @@ DEMO_DIR = "data/demo"
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 HOST = "127.0.0.1"
 # `shardflow serve-model`'s request limits (about 12 MB of image files in base64, and rows
-# a batch at a time): larger requests get HTTP 413 before their body is parsed.
-SERVE_LIMITS = {"--max-request-mb": "16", "--max-request-rows": "1024"}
+# a batch at a time): larger requests get HTTP 413 before their body is parsed. Four at once
+# hold at most 64 MB of bodies, about 0.5 GB with their parses (+113 MB measured for one of
+# 14.6 MB); a fifth gets HTTP 503.
+SERVE_LIMITS = {
+    "--max-request-mb": "16",
+    "--max-request-rows": "1024",
+    "--max-concurrent-requests": "4",
+}
 
 Steps = list[list[str]]
 
@@ -102,7 +108,7 @@ def ui_steps(extra: Sequence[str]) -> Steps:
 
 
 def serve_model_steps(extra: Sequence[str]) -> Steps:
-    """``python -m tasks.serve`` (MLflow's scoring app behind a request size limit) for the
+    """``python -m tasks.serve`` (MLflow's scoring app behind request limits) for the
     champion of ``evaluate.model_name``; a limit given in ``extra`` replaces its default."""
     from tasks.params import load_params
 
@@ -138,7 +144,10 @@ COMMANDS: dict[str, tuple[str, Callable[[Sequence[str]], Steps]]] = {
     "predict": ("batch prediction: python -m flows.predict SOURCE [options]", predict_steps),
     "bench": ("benchmarks -> reports/bench.json and bench.png (--quick: a smoke run)", bench_steps),
     "ui": ("MLflow UI on a free 127.0.0.1 port over the project's tracking store", ui_steps),
-    "serve-model": ("the champion over HTTP, size-limited, on a free port", serve_model_steps),
+    "serve-model": (
+        "the champion over HTTP, within request limits, on a free port",
+        serve_model_steps,
+    ),
     "stop": ("stop the Prefect server that this clone's run/serve/bench started", stop_steps),
     "team-deploy": (
         "prefect deploy --all of prefect.yaml's team deployments: --cpu-pool P --gpu-pool P "

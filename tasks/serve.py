@@ -1,22 +1,25 @@
-"""A registered model over HTTP: MLflow's scoring app behind a request size limit.
+"""A registered model over HTTP: MLflow's scoring app behind request limits.
 
 ``mlflow models serve`` runs MLflow's scoring app under uvicorn, and that app reads and
 parses a whole request body before the model sees a row; neither uvicorn nor MLflow has an
 option that limits a body's size. So the project's serve command (``make serve-model``)
 runs the same app (:func:`mlflow.pyfunc.scoring_server.init`, what ``mlflow models serve``
-builds) wrapped in :class:`RequestSizeLimit`: a body over ``--max-request-mb``, or with more
+builds) wrapped in :class:`RequestLimits`: a body over ``--max-request-mb``, or with more
 rows than ``--max-request-rows``, is answered HTTP 413 with the limit in the message before
 anything parses it, and memory holds at most the byte limit (a longer body is read and thrown
 away, a chunk at a time). Only JSON and CSV bodies reach the app (HTTP 415 for any other
 type): MLflow's app also parses Parquet, whose compressed columns hold millions of rows in a
 few kilobytes that no limit on bytes or separators sees. A JSON body whose arrays and objects
 nest deeper than :data:`MAX_JSON_DEPTH` gets HTTP 400 before MLflow parses it (its parser
-recurses once a level: 100,000 levels of ``[`` were a bare HTTP 500). Inside the limits the
-model decodes and predicts rows a batch at a time (:func:`tasks.predict.predict_images`).
+recurses once a level: 100,000 levels of ``[`` were a bare HTTP 500). Past
+``--max-concurrent-requests`` requests being read or answered at once, another gets HTTP 503
+(each holds up to the byte limit, and more once parsed). Inside the limits the model decodes
+and predicts rows a batch at a time (:func:`tasks.predict.predict_images`).
 
-Run: ``python -m tasks.serve MODEL_URI --port PORT --max-request-mb MB --max-request-rows N``
-from the repository root; like ``mlflow models serve`` it hands over to uvicorn's command line
-(uvicorn comes with MLflow), here with :func:`app_from_env` as the app factory.
+Run: ``python -m tasks.serve MODEL_URI --port PORT --max-request-mb MB --max-request-rows N
+--max-concurrent-requests N`` from the repository root; like ``mlflow models serve`` it hands
+over to uvicorn's command line (uvicorn comes with MLflow), here with :func:`app_from_env` as
+the app factory.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ NO_TELEMETRY = {"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
 MODEL_URI_ENV = "SHARDFLOW_SERVE_MODEL_URI"
 MAX_BYTES_ENV = "SHARDFLOW_SERVE_MAX_REQUEST_BYTES"
 MAX_ROWS_ENV = "SHARDFLOW_SERVE_MAX_REQUEST_ROWS"
+MAX_CONCURRENT_ENV = "SHARDFLOW_SERVE_MAX_CONCURRENT_REQUESTS"
 # Separators a request may have beyond one a row: those between its JSON keys
 # ("columns", "data", "params", ...).
 ROW_SLACK = 16
@@ -61,9 +65,10 @@ NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
 DEPTH_CHUNK = 1 << 18
 
 
-class RequestSizeLimit:
+class RequestLimits:
     """ASGI middleware: a body over ``max_bytes``, or with more than ``max_rows`` rows, gets
-    HTTP 413 and never reaches ``app``.
+    HTTP 413 and never reaches ``app``; past ``max_concurrent`` requests (POST: those with a
+    body) being read or answered at once, another gets HTTP 503.
 
     A declared ``Content-Length`` over the limit is refused without buffering anything; a
     chunked body is buffered until it passes the limit. Either way the rest of the body is
@@ -76,17 +81,47 @@ class RequestSizeLimit:
     would not do: MLflow parses a body of empty rows into tens of times its size. A body of
     any other content type (or none) gets HTTP 415 unread, and a JSON body nested deeper than
     :data:`MAX_JSON_DEPTH` HTTP 400 unparsed.
+
+    Without a bound on requests at once, N clients held N bodies of up to ``max_bytes``, and
+    their parses. A request past it is drained unkept like an oversized one; ``/ping`` and
+    the other bodiless requests are never counted, so a busy server still answers them.
+    (uvicorn's ``--limit-concurrency`` counts connections instead, idle keep-alive ones and
+    the asking one included, and answers a plain-text 503 that names no limit.)
     """
 
-    def __init__(self, app: App, *, max_bytes: int, max_rows: int) -> None:
+    def __init__(self, app: App, *, max_bytes: int, max_rows: int, max_concurrent: int) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.max_rows = max_rows
+        self.max_concurrent = max_concurrent
+        self.in_progress = 0  # POST requests being read, checked or answered now
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if scope.get("method") != "POST":
+            await self.limited(scope, receive, send)
+            return
+        if self.in_progress >= self.max_concurrent:
+            await drain(receive)
+            await self.refuse(
+                send,
+                f"this server is answering its limit of {self.max_concurrent} requests at once "
+                "(--max-concurrent-requests; "
+                "`make serve-model SERVE_MAX_CONCURRENT_REQUESTS=...`): retry shortly",
+                status=503,
+                code="TEMPORARILY_UNAVAILABLE",
+            )
+            return
+        self.in_progress += 1  # no await before it: counted as the request starts
+        try:
+            await self.limited(scope, receive, send)
+        finally:
+            self.in_progress -= 1
+
+    async def limited(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """One request under the limits on its type, size, rows and nesting."""
         headers = dict(scope["headers"])
         content_type = headers.get(b"content-type", b"").split(b";")[0].strip()
         if scope.get("method") == "POST" and content_type not in (JSON_TYPE, CSV_TYPE):
@@ -167,6 +202,8 @@ class RequestSizeLimit:
     ) -> None:
         body = json.dumps({"error_code": code, "message": message}).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        if status == 503:
+            headers.append((b"retry-after", b"1"))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
@@ -209,21 +246,24 @@ async def drain(receive: Receive) -> int:
             return size
 
 
-def scoring_app(model_uri: str, *, max_bytes: int, max_rows: int) -> RequestSizeLimit:
+def scoring_app(
+    model_uri: str, *, max_bytes: int, max_rows: int, max_concurrent: int
+) -> RequestLimits:
     """MLflow's scoring app for ``model_uri`` (as ``mlflow models serve`` builds it), limited."""
     import mlflow.pyfunc
     from mlflow.pyfunc import scoring_server
 
     app = scoring_server.init(mlflow.pyfunc.load_model(model_uri))
-    return RequestSizeLimit(app, max_bytes=max_bytes, max_rows=max_rows)
+    return RequestLimits(app, max_bytes=max_bytes, max_rows=max_rows, max_concurrent=max_concurrent)
 
 
-def app_from_env() -> RequestSizeLimit:
-    """uvicorn's app factory: the model and limit :func:`main` put in the environment."""
+def app_from_env() -> RequestLimits:
+    """uvicorn's app factory: the model and limits :func:`main` put in the environment."""
     return scoring_app(
         os.environ[MODEL_URI_ENV],
         max_bytes=int(os.environ[MAX_BYTES_ENV]),
         max_rows=int(os.environ[MAX_ROWS_ENV]),
+        max_concurrent=int(os.environ[MAX_CONCURRENT_ENV]),
     )
 
 
@@ -232,7 +272,7 @@ def main(argv: list[str] | None = None) -> None:
     uvicorn's command line, with the model named in the environment)."""
     parser = argparse.ArgumentParser(
         prog="python -m tasks.serve",
-        description="Serve a model (models:/NAME@champion, runs:/ID/model) with a request limit.",
+        description="Serve a model (models:/NAME@champion, runs:/ID/model) with request limits.",
     )
     parser.add_argument("model_uri")
     parser.add_argument("--host", default="127.0.0.1")
@@ -243,9 +283,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--max-request-rows", type=int, required=True, help="requests with more get HTTP 413"
     )
+    parser.add_argument(
+        "--max-concurrent-requests",
+        type=int,
+        required=True,
+        help="requests being read or answered at once; one more gets HTTP 503",
+    )
     args = parser.parse_args(argv)
-    if args.max_request_mb <= 0 or args.max_request_rows <= 0:
-        parser.error("--max-request-mb and --max-request-rows must be positive")
+    for flag in ("--max-request-mb", "--max-request-rows", "--max-concurrent-requests"):
+        if getattr(args, flag[2:].replace("-", "_")) <= 0:
+            parser.error(f"{flag} must be positive")
     from tasks.tracking import tracking_uri
 
     # A server's user:password@ goes to MLflow's variables before MLflow sees the URI: MLflow
@@ -258,10 +305,12 @@ def main(argv: list[str] | None = None) -> None:
         MODEL_URI_ENV: args.model_uri,
         MAX_BYTES_ENV: str(int(args.max_request_mb * 2**20)),
         MAX_ROWS_ENV: str(args.max_request_rows),
+        MAX_CONCURRENT_ENV: str(args.max_concurrent_requests),
     }
     print(
         f"serving {args.model_uri} at http://{args.host}:{args.port}/invocations "
-        f"(requests up to {args.max_request_mb:g} MB and {args.max_request_rows} rows)",
+        f"(requests up to {args.max_request_mb:g} MB and {args.max_request_rows} rows, "
+        f"{args.max_concurrent_requests} at once)",
         flush=True,
     )
     command = [sys.executable, "-m", "uvicorn", "--factory", "tasks.serve:app_from_env"]

@@ -176,10 +176,11 @@ def test_serve_model_serves_the_champion_of_params_with_its_limits(
     first, second = recorder.steps
     assert first[2:4] == ["tasks.serve", f"models:/{name}@champion"]
     assert recorder.envs[0]["MLFLOW_TRACKING_URI"] == f"sqlite:///{ROOT / 'mlflow.db'}"
+    for flag, default in cli.SERVE_LIMITS.items():  # every limit has its default
+        assert first.count(flag) == 1 and first[first.index(flag) + 1] == default
     flag = "--max-request-rows"
-    assert first[first.index(flag) + 1] == cli.SERVE_LIMITS[flag]
     assert second.count(flag) == 1 and second[second.index(flag) + 1] == "8"
-    assert "--max-request-mb" in second
+    assert "--max-request-mb" in second and "--max-concurrent-requests" in second
 
 
 def test_unknown_subcommand_is_refused(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,9 +1,11 @@
-"""Serving under hostile requests: each bad row fails alone, and a body over the limit is
-refused before it is parsed, while the server goes on answering."""
+"""Serving under hostile requests: each bad row fails alone, a body over the limit is
+refused before it is parsed, and requests past the limit at once are turned away, while the
+server goes on answering."""
 
 from __future__ import annotations
 
 import base64
+import http.client
 import io
 import json
 import os
@@ -14,6 +16,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +26,7 @@ from fastapi import FastAPI, Request
 from PIL import Image
 
 from tasks.predict import ServingSpec, log_pyfunc, predict_images
-from tasks.serve import RequestSizeLimit
+from tasks.serve import RequestLimits
 from tests.e2e.conftest import free_port
 from tests.unit.test_images import EPS
 from tests.unit.test_predict import png_bytes, spec_for, tiny_keras_model
@@ -208,18 +212,18 @@ def test_each_bad_row_gets_its_error_through_the_scoring_app(logged_model: str) 
     assert all(row["label"] in ("blue", "green", "red") for row in (predictions[0], predictions[4]))
 
 
-# -- the request size limit -----------------------------------------------------------------
+# -- the request limits ---------------------------------------------------------------------
 
 
-def echo_app() -> RequestSizeLimit:
-    """The limit in front of a tiny app that answers with the body length it read."""
+def echo_app() -> RequestLimits:
+    """The limits in front of a tiny app that answers with the body length it read."""
     app = FastAPI()
 
     @app.post("/invocations")
     async def invocations(request: Request) -> dict[str, int]:
         return {"read": len(await request.body())}
 
-    return RequestSizeLimit(app, max_bytes=1000, max_rows=20)
+    return RequestLimits(app, max_bytes=1000, max_rows=20, max_concurrent=2)
 
 
 def test_the_server_starts_without_credentials_in_its_uri_or_telemetry(
@@ -237,7 +241,7 @@ def test_the_server_starts_without_credentials_in_its_uri_or_telemetry(
         monkeypatch.setenv(name, "")  # recorded, so what main() sets is undone after the test
         monkeypatch.delenv(name)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://ana:s3cret@mlflow.internal:5000")
-    limits = ["--max-request-mb", "1", "--max-request-rows", "1"]
+    limits = ["--max-request-mb", "1", "--max-request-rows", "1", "--max-concurrent-requests", "1"]
     serve.main(["models:/m@champion", "--port", "1", *limits])
     [env] = started
     assert env["MLFLOW_TRACKING_URI"] == "http://mlflow.internal:5000"
@@ -271,25 +275,17 @@ def post(url: str, body: bytes) -> tuple[int, dict[str, object]]:
         return exc.code, json.loads(exc.read())
 
 
-@pytest.mark.slow
-def test_the_served_model_refuses_an_oversized_body_and_stays_up(
-    logged_model: str, mlflow_uri: str, tmp_path: Path
-) -> None:
-    """`python -m tasks.serve` (what `make serve-model` runs), a real uvicorn server."""
+@contextmanager
+def served(model_uri: str, mlflow_uri: str, log: Path, *limits: str) -> Iterator[str]:
+    """`python -m tasks.serve` (what `make serve-model` runs), a real uvicorn server, with
+    ``limits`` (flag, value, ...); its address once it answers, the server still running
+    when the block ends (else the log's tail)."""
     port = free_port()
-    log = tmp_path / "serve.log"
     env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_uri}
+    command = [sys.executable, "-m", "tasks.serve", model_uri, "--port", str(port), *limits]
     with log.open("w") as handle:
         process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tasks.serve",
-                logged_model,
-                *("--port", str(port)),
-                *("--max-request-mb", "1"),
-                *("--max-request-rows", "100"),
-            ],
+            command,
             cwd=ROOT,
             env=env,
             stdout=handle,
@@ -307,6 +303,25 @@ def test_the_served_model_refuses_an_oversized_body_and_stays_up(
                     break
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 time.sleep(1)
+        yield url
+        assert process.poll() is None, log.read_text()[-4000:]
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # uvicorn waits for requests a failed test left open
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=60)
+
+
+@pytest.mark.slow
+def test_the_served_model_refuses_an_oversized_body_and_stays_up(
+    logged_model: str, mlflow_uri: str, tmp_path: Path
+) -> None:
+    limits = ("--max-request-mb", "1", "--max-request-rows", "100")
+    with served(
+        logged_model, mlflow_uri, tmp_path / "serve.log", *limits, "--max-concurrent-requests", "2"
+    ) as url:
         noise = b64(np.random.default_rng(1).bytes(900_000))  # ~1.2 MB of base64
         status, answer = post(f"{url}/invocations", split_body([noise]))
         assert status == 413, answer
@@ -319,10 +334,59 @@ def test_the_served_model_refuses_an_oversized_body_and_stays_up(
         predictions = answer["predictions"]
         assert isinstance(predictions, list)
         assert [row["error"] for row in predictions] == ["", ""]
-        assert process.poll() is None
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=60)
+
+
+def held_request(url: str, body: bytes) -> http.client.HTTPConnection:
+    """A POST whose headers and first bytes are sent, the rest of ``body`` held back."""
+    connection = http.client.HTTPConnection(url.removeprefix("http://"), timeout=120)
+    connection.putrequest("POST", "/invocations")
+    connection.putheader("Content-Type", "application/json")
+    connection.putheader("Content-Length", str(len(body)))
+    connection.endheaders(message_body=body[:10])
+    return connection
+
+
+def finished(connection: http.client.HTTPConnection, body: bytes) -> http.client.HTTPResponse:
+    """The rest of a :func:`held_request`'s body sent; its response."""
+    connection.send(body[10:])
+    return connection.getresponse()
+
+
+@pytest.mark.slow
+def test_the_served_model_answers_a_bounded_number_of_requests_at_once(
+    logged_model: str, mlflow_uri: str, tmp_path: Path
+) -> None:
+    """N clients each held a body in memory at once, however many. Past the limit a request
+    gets HTTP 503 naming it; those in progress are answered, and so is the next one."""
+    body = split_body(good_rows())
+    limits = ("--max-request-mb", "1", "--max-request-rows", "100")
+    with served(
+        logged_model, mlflow_uri, tmp_path / "serve.log", *limits, "--max-concurrent-requests", "2"
+    ) as url:
+        held = [held_request(url, body), held_request(url, body)]
+        try:
+            # The server reads what arrived first first: once /ping, asked after both held
+            # requests began, is answered, both are being read (and /ping is never counted).
+            with urllib.request.urlopen(f"{url}/ping", timeout=60) as ping:
+                assert ping.status == 200
+            refused = finished(held_request(url, body), body)
+            answer = json.loads(refused.read())
+            assert refused.status == 503, answer
+            assert refused.getheader("Retry-After") == "1"
+            assert answer["error_code"] == "TEMPORARILY_UNAVAILABLE"
+            assert "answering its limit of 2 requests at once (--max-concurrent-requests" in str(
+                answer["message"]
+            )
+            for connection in held:
+                response = finished(connection, body)
+                answer = json.loads(response.read())
+                assert response.status == 200, answer
+                assert [row["error"] for row in answer["predictions"]] == ["", ""]
+        finally:
+            for connection in held:
+                connection.close()
+        status, answer = post(f"{url}/invocations", body)
+        assert status == 200, answer
 
 
 def test_more_rows_than_the_limit_are_refused_before_parsing() -> None:
@@ -419,7 +483,7 @@ def test_deeply_nested_json_fails_alone_through_the_scoring_app(logged_model: st
 
     from tasks.serve import scoring_app
 
-    app = scoring_app(logged_model, max_bytes=1 << 20, max_rows=100)
+    app = scoring_app(logged_model, max_bytes=1 << 20, max_rows=100, max_concurrent=2)
     json_type = {"Content-Type": "application/json"}
     with TestClient(app, raise_server_exceptions=False) as client:
         for hostile in (b"[" * 100_000, b"{" * (1 << 20)):
