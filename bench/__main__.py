@@ -677,6 +677,9 @@ def wanted(args: argparse.Namespace) -> list[str]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    from tasks.layout import keep_library_files_in
+
+    keep_library_files_in(os.environ, REPO_ROOT)  # the report plots, sections import Keras
     from bench.report import format_table, plot
     from bench.stats import evaluate_targets
     from tasks.params import load_params

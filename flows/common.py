@@ -36,10 +36,14 @@ OFFLINE_ENV = {
 
 
 def configure_environment() -> None:
-    """Analytics off, quiet TensorFlow, no unredacted MLflow links; called by entry points,
-    never at import."""
+    """Analytics off, quiet TensorFlow, no unredacted MLflow links, Keras's and Matplotlib's
+    files in the repository (:func:`tasks.layout.keep_library_files_in`); called by entry
+    points before anything imports those libraries, never at import."""
+    from tasks.layout import keep_library_files_in
+
     for key, value in OFFLINE_ENV.items():
         os.environ.setdefault(key, value)
+    keep_library_files_in(os.environ)
 
 
 def prestart_stage_child(warm: Callable[[], object]) -> None:

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import os
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
 DVC_ROOT_ENV = "DVC_ROOT"  # set by DVC for every stage command: the repository's root
+# Where the libraries Shardflow imports keep files of their own, under the repository (in
+# .shardflow/, ignored by git) instead of the user's home: Keras writes keras.json into
+# $KERAS_HOME (else ~/.keras) at its first import when none is there, Matplotlib its font
+# cache and reads matplotlibrc in $MPLCONFIGDIR (else ~/.cache/matplotlib and
+# ~/.config/matplotlib). $MATPLOTLIBRC, a file named anywhere, is dropped.
+LIBRARY_HOMES = {"KERAS_HOME": ".shardflow/keras", "MPLCONFIGDIR": ".shardflow/matplotlib"}
+LIBRARY_FILE_ENV = "MATPLOTLIBRC"
 
 
 def shared_root(root: str | Path = ".") -> Path:
@@ -18,6 +26,16 @@ def shared_root(root: str | Path = ".") -> Path:
     """
     dvc_root = os.environ.get(DVC_ROOT_ENV)
     return Path(dvc_root).resolve() if dvc_root else Path(root).resolve()
+
+
+def keep_library_files_in(env: MutableMapping[str, str], root: str | Path = ".") -> None:
+    """Point ``env`` (``os.environ``, or a child's) at :data:`LIBRARY_HOMES` under the
+    repository at ``root`` (its :func:`shared_root`): a run neither reads a user's Keras or
+    Matplotlib settings nor writes into their home. Whatever ``env`` said before is replaced;
+    every entry point does this before Keras or Matplotlib is imported."""
+    base = shared_root(root)
+    env.update({name: str(base / path) for name, path in LIBRARY_HOMES.items()})
+    env.pop(LIBRARY_FILE_ENV, None)
 
 
 @dataclass(frozen=True, init=False)

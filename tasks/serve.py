@@ -293,6 +293,7 @@ def main(argv: list[str] | None = None) -> None:
     for flag in ("--max-request-mb", "--max-request-rows", "--max-concurrent-requests"):
         if getattr(args, flag[2:].replace("-", "_")) <= 0:
             parser.error(f"{flag} must be positive")
+    from tasks.layout import keep_library_files_in
     from tasks.tracking import tracking_uri
 
     # A server's user:password@ goes to MLflow's variables before MLflow sees the URI: MLflow
@@ -307,6 +308,7 @@ def main(argv: list[str] | None = None) -> None:
         MAX_ROWS_ENV: str(args.max_request_rows),
         MAX_CONCURRENT_ENV: str(args.max_concurrent_requests),
     }
+    keep_library_files_in(env)  # the model imports Keras
     print(
         f"serving {args.model_uri} at http://{args.host}:{args.port}/invocations "
         f"(requests up to {args.max_request_mb:g} MB and {args.max_request_rows} rows, "

@@ -26,6 +26,7 @@ from tests.prefect_story import artifacts, flow_runs_tagged, log_lines
 
 pytestmark = pytest.mark.slow
 EPOCHS = 3
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -202,6 +203,42 @@ def test_stage_entry_points_run_one_stage_each_and_tell_their_story(
         f"accuracy {evaluated['accuracy']:.4f}" in line and "promoted to champion" in line
         for line in log_lines(runs["evaluate"].id)
     )
+
+
+def test_a_stage_that_plots_and_imports_keras_writes_nothing_into_the_users_home(
+    project: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """`python -m flows.train` (what `dvc repro` runs) trains with Keras and plots its history
+    with Matplotlib: Keras wrote ~/.keras/keras.json and Matplotlib its font cache into
+    ~/.cache/matplotlib (and read ~/.config/matplotlib/matplotlibrc). Their files now go
+    to the repository's .shardflow/, and the home stays as it was."""
+    import os
+    import subprocess
+    import sys
+
+    from prefect.settings import PREFECT_API_URL
+
+    # Prefect's home is the clone's .prefect/, by the repository's prefect.toml.
+    (project / "prefect.toml").write_text((REPO / "prefect.toml").read_text())
+    home = tmp_path_factory.mktemp("home")
+    env = {**os.environ, "HOME": str(home), "PREFECT_API_URL": str(PREFECT_API_URL.value())}
+    for name in ("KERAS_HOME", "MPLCONFIGDIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME"):
+        env.pop(name, None)  # each library's default: a folder in the home
+    done = subprocess.run(
+        [sys.executable, "-m", "flows.train"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    layout = Layout(project)
+    assert layout.model_file.exists() and layout.train_plot.exists()
+    assert sorted(str(path.relative_to(home)) for path in home.rglob("*")) == []
+    assert (project / ".shardflow" / "keras" / "keras.json").is_file()
+    assert list((project / ".shardflow" / "matplotlib").glob("fontlist-*.json"))
 
 
 def test_summary_of_skipped_stages_reads_the_recorded_run(tmp_path: Path) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pickle
 from pathlib import Path
 
+import pytest
+
 from tasks.layout import Layout
 
 
@@ -13,3 +15,24 @@ def test_a_root_given_as_a_string_or_a_path_is_the_same_layout() -> None:
     assert Layout("project").shards_dir == Path("project") / "data" / "shards"
     assert Layout().root == Path(".")
     assert pickle.loads(pickle.dumps(Layout("project"))) == Layout("project")  # sent to children
+
+
+def test_library_files_go_to_the_repository_whatever_the_environment_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user's KERAS_HOME, MPLCONFIGDIR or MATPLOTLIBRC named folders and files outside the
+    repository; inside a queued DVC experiment the repository is $DVC_ROOT's."""
+    from tasks.layout import keep_library_files_in
+
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    env = {"KERAS_HOME": "/home/ana/.keras", "MPLCONFIGDIR": "/home/ana/mpl"}
+    env |= {"MATPLOTLIBRC": "/home/ana/matplotlibrc", "PATH": "/bin"}
+    keep_library_files_in(env, tmp_path)
+    assert env == {
+        "KERAS_HOME": str(tmp_path.resolve() / ".shardflow" / "keras"),
+        "MPLCONFIGDIR": str(tmp_path.resolve() / ".shardflow" / "matplotlib"),
+        "PATH": "/bin",
+    }
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path / "repo"))
+    keep_library_files_in(env, tmp_path / "repo" / ".dvc" / "tmp" / "exps" / "copy")
+    assert env["KERAS_HOME"] == str(tmp_path.resolve() / "repo" / ".shardflow" / "keras")

@@ -250,6 +250,27 @@ def test_the_server_starts_without_credentials_in_its_uri_or_telemetry(
     assert "s3cret" not in capsys.readouterr().out
 
 
+def test_the_server_keeps_keras_and_matplotlib_files_in_the_repository(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The served model imports Keras (and Keras Matplotlib): keras.json, the font cache
+    and matplotlibrc are the repository's, never the user's home's."""
+    from tasks import serve
+
+    started: list[dict[str, str]] = []
+    monkeypatch.setattr(serve.os, "execve", lambda path, argv, env: started.append(env))
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    monkeypatch.setenv("KERAS_HOME", "/home/ana/.keras")
+    monkeypatch.setenv("MATPLOTLIBRC", "/home/ana/matplotlibrc")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")
+    limits = ["--max-request-mb", "1", "--max-request-rows", "1", "--max-concurrent-requests", "1"]
+    serve.main(["models:/m@champion", "--port", "1", *limits])
+    [env] = started
+    assert env["KERAS_HOME"] == str(Path.cwd().resolve() / ".shardflow" / "keras")
+    assert env["MPLCONFIGDIR"] == str(Path.cwd().resolve() / ".shardflow" / "matplotlib")
+    assert "MATPLOTLIBRC" not in env
+
+
 def test_a_body_over_the_limit_is_refused_unread_and_the_next_is_answered() -> None:
     from fastapi.testclient import TestClient
 
