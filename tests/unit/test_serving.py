@@ -223,6 +223,10 @@ def echo_app() -> RequestLimits:
     async def invocations(request: Request) -> dict[str, int]:
         return {"read": len(await request.body())}
 
+    @app.get("/ping")
+    async def ping() -> dict[str, str]:
+        return {}
+
     return RequestLimits(app, max_bytes=1000, max_rows=20, max_concurrent=2)
 
 
@@ -281,8 +285,10 @@ def test_a_body_over_the_limit_is_refused_unread_and_the_next_is_answered() -> N
         assert "1001 bytes is over this server's limit of 1000 bytes" in over.json()["message"]
         chunked = client.post("/invocations", content=iter([b"y" * 600] * 3))  # no length
         assert chunked.status_code == 413 and "1800 bytes" in chunked.json()["message"]
-        assert client.post("/invocations", content=b"z" * 1000).json() == {"read": 1000}
-        assert client.post("/invocations", content=iter([b"w" * 500] * 2)).json() == {"read": 1000}
+        fits = b'"' + b"z" * 998 + b'"'  # a JSON string of 1000 bytes
+        assert client.post("/invocations", content=fits).json() == {"read": 1000}
+        chunks = iter([fits[:500], fits[500:]])
+        assert client.post("/invocations", content=chunks).json() == {"read": 1000}
 
 
 def post(url: str, body: bytes) -> tuple[int, dict[str, object]]:
@@ -493,11 +499,34 @@ def test_json_nested_deeper_than_the_limit_is_refused_before_parsing() -> None:
             }
 
 
+def test_bodies_that_do_not_parse_are_refused_saying_why_without_quoting_them() -> None:
+    """MLflow's answer to a body it cannot parse quoted all of it, escaped."""
+    from fastapi.testclient import TestClient
+
+    json_type = {"Content-Type": "application/json"}
+    csv_type = {"Content-Type": "text/csv"}
+    with TestClient(echo_app()) as client:
+        for content, headers, reason in (
+            (b'{"a": 1} ' + b"x" * 900, json_type, "request body is not JSON (Extra data: line 1"),
+            (b'{"a": "' + b"\xff" * 900 + b'"}', json_type, "utf-8: invalid start byte at byte 7"),
+            (b"image\n" + b"\xff" * 900, csv_type, "utf-8: invalid start byte at byte 6"),
+        ):
+            refused = client.post("/invocations", content=content, headers=headers)
+            assert refused.status_code == 400, refused.text
+            assert refused.json()["error_code"] == "BAD_REQUEST"
+            assert reason in refused.json()["message"]
+            assert len(refused.content) < 300  # the reason, not the body
+        fits = b"image\nabc\n"
+        assert client.post("/invocations", content=fits, headers=csv_type).json() == {"read": 10}
+        assert client.get("/ping").status_code == 200  # no body to parse
+
+
 @pytest.mark.slow
 def test_deeply_nested_json_fails_alone_through_the_scoring_app(logged_model: str) -> None:
-    """100,000 levels of `[` were a bare HTTP 500 (RecursionError in MLflow's json.loads):
-    now a 400 that says what is wrong, found in memory of about the body's size, and the
-    next request is answered."""
+    """100,000 levels of `[` were a bare HTTP 500 (RecursionError in MLflow's json.loads),
+    and 1 MB that is not UTF-8 a 10 MB answer quoting it, escaped: now a short 400 that says
+    what is wrong, found in memory of about the body's size, and the next request is
+    answered."""
     import tracemalloc
 
     from fastapi.testclient import TestClient
@@ -507,7 +536,11 @@ def test_deeply_nested_json_fails_alone_through_the_scoring_app(logged_model: st
     app = scoring_app(logged_model, max_bytes=1 << 20, max_rows=100, max_concurrent=2)
     json_type = {"Content-Type": "application/json"}
     with TestClient(app, raise_server_exceptions=False) as client:
-        for hostile in (b"[" * 100_000, b"{" * (1 << 20)):
+        for hostile, reason in (
+            (b"[" * 100_000, "more than 32 levels deep"),
+            (b"{" * (1 << 20), "more than 32 levels deep"),
+            (b"\xff" * (1 << 20), "utf-8: invalid start byte at byte 0"),  # 10 MB answered
+        ):
             tracemalloc.start()
             try:
                 refused = client.post("/invocations", content=hostile, headers=json_type)
@@ -515,7 +548,8 @@ def test_deeply_nested_json_fails_alone_through_the_scoring_app(logged_model: st
             finally:
                 tracemalloc.stop()
             assert refused.status_code == 400, refused.text
-            assert "more than 32 levels deep" in refused.json()["message"]
+            assert reason in refused.json()["message"]
+            assert len(refused.content) < 300
             assert peak < 4 * len(hostile) + (1 << 20)
         answer = client.post("/invocations", content=split_body(good_rows()), headers=json_type)
     assert answer.status_code == 200, answer.text
