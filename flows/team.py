@@ -196,10 +196,15 @@ def run_part(
 
 def check_out(commit: str | None) -> tuple[Path, str]:
     """This flow run's clone (the working directory the pull steps set) at ``commit``, its
-    code first on ``sys.path`` (never an installed project's); the clone and the commit."""
+    code first on ``sys.path`` (never an installed project's), Keras's and Matplotlib's
+    files in it (``predict/team`` loads the model in this process, the worker's, which no
+    entry point of ours started); the clone and the commit."""
+    from tasks.layout import keep_library_files_in
+
     root = Path.cwd()
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
+    keep_library_files_in(os.environ, root)
     sha = resolve_commit(root, commit)
     git(root, "checkout", "--quiet", "--detach", sha)
     return root, sha

@@ -3,7 +3,9 @@ to ``refs/heads/runs/<run>`` without force, never to the user's branch; refs lis
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -165,3 +167,20 @@ def test_the_demo_workers_look_for_runs_more_often_than_prefects_default(tmp_pat
     default = PREFECT_WORKER_QUERY_SECONDS.value()
     for env in started.values():
         assert float(env["PREFECT_WORKER_QUERY_SECONDS"]) < default / 2, env
+
+
+def test_a_team_runs_clone_keeps_keras_and_matplotlib_files_in_it(
+    remote_and_clone: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`predict/team` loads the model (Keras) in the worker's own process, which no entry
+    point of ours started: Keras wrote the worker's ~/.keras/keras.json."""
+    _, clone = remote_and_clone
+    monkeypatch.chdir(clone)
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    for name in ("KERAS_HOME", "MPLCONFIGDIR", "MATPLOTLIBRC"):
+        monkeypatch.setenv(name, "/home/worker/elsewhere")  # restored after the test
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    root, _ = team.check_out(None)
+    assert os.environ["KERAS_HOME"] == str(root.resolve() / ".shardflow" / "keras")
+    assert os.environ["MPLCONFIGDIR"] == str(root.resolve() / ".shardflow" / "matplotlib")
+    assert "MATPLOTLIBRC" not in os.environ
