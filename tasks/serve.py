@@ -32,7 +32,7 @@ import os
 import re
 import sys
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, NamedTuple
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -66,6 +66,14 @@ NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
 DEPTH_CHUNK = 1 << 18
 
 
+class Refusal(NamedTuple):
+    """An answer that refuses a request: its message, HTTP status and error code."""
+
+    message: str
+    status: int = 413
+    code: str = "REQUEST_TOO_LARGE"
+
+
 class RequestLimits:
     """ASGI middleware: a body over ``max_bytes``, or with more than ``max_rows`` rows, gets
     HTTP 413 and never reaches ``app``; past ``max_concurrent`` requests (POST: those with a
@@ -87,14 +95,25 @@ class RequestLimits:
     their parses. A request past it is drained unkept like an oversized one; ``/ping`` and
     the other bodiless requests are never counted, so a busy server still answers them.
     (uvicorn's ``--limit-concurrency`` counts connections instead, idle keep-alive ones and
-    the asking one included, and answers a plain-text 503 that names no limit.)
+    the asking one included, and answers a plain-text 503 that names no limit.) A body not
+    received within ``read_timeout_s`` gets HTTP 408: else clients sending theirs a byte at a
+    time would hold every place, and no other request be answered.
     """
 
-    def __init__(self, app: App, *, max_bytes: int, max_rows: int, max_concurrent: int) -> None:
+    def __init__(
+        self,
+        app: App,
+        *,
+        max_bytes: int,
+        max_rows: int,
+        max_concurrent: int,
+        read_timeout_s: float,
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.max_rows = max_rows
         self.max_concurrent = max_concurrent
+        self.read_timeout_s = read_timeout_s
         self.in_progress = 0  # POST requests being read, checked or answered now
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -122,43 +141,24 @@ class RequestLimits:
             self.in_progress -= 1
 
     async def limited(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """One request under the limits on its type, size and rows, refused unless it parses."""
-        headers = dict(scope["headers"])
-        content_type = headers.get(b"content-type", b"").split(b";")[0].strip()
-        if scope.get("method") == "POST" and content_type not in (JSON_TYPE, CSV_TYPE):
-            await drain(receive)
-            shown = content_type.decode("latin-1") or "none"
-            await self.refuse(
-                send,
-                f"content type {shown} is not served here: send {JSON_TYPE.decode()} "
-                f"(or {CSV_TYPE.decode()}) with a column 'image' of base64 image files",
-                status=415,
-                code="UNSUPPORTED_MEDIA_TYPE",
+        """One request under the limits on its type, size, rows and time to arrive, refused
+        unless it parses."""
+        content_type = dict(scope["headers"]).get(b"content-type", b"").split(b";")[0].strip()
+        try:
+            async with asyncio.timeout(self.read_timeout_s):
+                body = await self.read_body(scope, content_type, receive)
+        except TimeoutError:
+            body = Refusal(
+                f"request body not received within {self.read_timeout_s:g} s "
+                "(MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT): send it at once",
+                status=408,
+                code="REQUEST_TIMEOUT",
             )
+        if isinstance(body, Refusal):
+            await self.refuse(send, body.message, status=body.status, code=body.code)
             return
-        declared = headers.get(b"content-length", b"")
-        if declared.isdigit() and int(declared) > self.max_bytes:
-            await drain(receive)
-            await self.refuse(send, self.too_large(f"{int(declared)} bytes"))
+        if body is None:  # the client left
             return
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_bytes:
-                chunks.clear()
-                more = await drain(receive) if message.get("more_body", False) else 0
-                await self.refuse(send, self.too_large(f"{size + more} bytes"))
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        chunks.clear()
         if count_rows(body, content_type) > self.max_rows + ROW_SLACK:
             await self.refuse(
                 send,
@@ -190,6 +190,40 @@ class RequestLimits:
             return {"type": "http.request", "body": body, "more_body": False}
 
         await self.app(scope, replay, send)
+
+    async def read_body(
+        self, scope: Scope, content_type: bytes, receive: Receive
+    ) -> bytes | Refusal | None:
+        """The body, or why it is refused (the rest of it read and thrown away), or None when
+        the client disconnected."""
+        if scope.get("method") == "POST" and content_type not in (JSON_TYPE, CSV_TYPE):
+            await drain(receive)
+            shown = content_type.decode("latin-1") or "none"
+            return Refusal(
+                f"content type {shown} is not served here: send {JSON_TYPE.decode()} "
+                f"(or {CSV_TYPE.decode()}) with a column 'image' of base64 image files",
+                status=415,
+                code="UNSUPPORTED_MEDIA_TYPE",
+            )
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            await drain(receive)
+            return Refusal(self.too_large(f"{int(declared)} bytes"))
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                chunks.clear()
+                more = await drain(receive) if message.get("more_body", False) else 0
+                return Refusal(self.too_large(f"{size + more} bytes"))
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
 
     def too_large(self, size: str) -> str:
         return (
@@ -272,12 +306,22 @@ async def drain(receive: Receive) -> int:
 def scoring_app(
     model_uri: str, *, max_bytes: int, max_rows: int, max_concurrent: int
 ) -> RequestLimits:
-    """MLflow's scoring app for ``model_uri`` (as ``mlflow models serve`` builds it), limited."""
+    """MLflow's scoring app for ``model_uri`` (as ``mlflow models serve`` builds it), limited;
+    a body must arrive within MLflow's own request timeout (60 s unless
+    ``MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT`` says otherwise), which its app then gives the
+    prediction."""
     import mlflow.pyfunc
+    from mlflow.environment_variables import MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT
     from mlflow.pyfunc import scoring_server
 
     app = scoring_server.init(mlflow.pyfunc.load_model(model_uri))
-    return RequestLimits(app, max_bytes=max_bytes, max_rows=max_rows, max_concurrent=max_concurrent)
+    return RequestLimits(
+        app,
+        max_bytes=max_bytes,
+        max_rows=max_rows,
+        max_concurrent=max_concurrent,
+        read_timeout_s=MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT.get(),
+    )
 
 
 def app_from_env() -> RequestLimits:

@@ -227,7 +227,7 @@ def echo_app() -> RequestLimits:
     async def ping() -> dict[str, str]:
         return {}
 
-    return RequestLimits(app, max_bytes=1000, max_rows=20, max_concurrent=2)
+    return RequestLimits(app, max_bytes=1000, max_rows=20, max_concurrent=2, read_timeout_s=60)
 
 
 def test_the_server_starts_without_credentials_in_its_uri_or_telemetry(
@@ -303,12 +303,14 @@ def post(url: str, body: bytes) -> tuple[int, dict[str, object]]:
 
 
 @contextmanager
-def served(model_uri: str, mlflow_uri: str, log: Path, *limits: str) -> Iterator[str]:
+def served(
+    model_uri: str, mlflow_uri: str, log: Path, *limits: str, **environment: str
+) -> Iterator[str]:
     """`python -m tasks.serve` (what `make serve-model` runs), a real uvicorn server, with
-    ``limits`` (flag, value, ...); its address once it answers, the server still running
-    when the block ends (else the log's tail)."""
+    ``limits`` (flag, value, ...) and ``environment``; its address once it answers, the
+    server still running when the block ends (else the log's tail)."""
     port = free_port()
-    env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_uri}
+    env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_uri, **environment}
     command = [sys.executable, "-m", "tasks.serve", model_uri, "--port", str(port), *limits]
     with log.open("w") as handle:
         process = subprocess.Popen(
@@ -409,6 +411,37 @@ def test_the_served_model_answers_a_bounded_number_of_requests_at_once(
                 answer = json.loads(response.read())
                 assert response.status == 200, answer
                 assert [row["error"] for row in answer["predictions"]] == ["", ""]
+        finally:
+            for connection in held:
+                connection.close()
+        status, answer = post(f"{url}/invocations", body)
+        assert status == 200, answer
+
+
+@pytest.mark.slow
+def test_bodies_sent_too_slowly_are_refused_and_free_their_places(
+    logged_model: str, mlflow_uri: str, tmp_path: Path
+) -> None:
+    """Clients that never finish their bodies held every place (--max-concurrent-requests)
+    for ever: no other request was answered. Past MLflow's request timeout they get 408."""
+    body = split_body(good_rows())
+    limits = ("--max-request-mb", "1", "--max-request-rows", "100")
+    with served(
+        logged_model,
+        mlflow_uri,
+        tmp_path / "serve.log",
+        *limits,
+        *("--max-concurrent-requests", "2"),
+        MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT="2",
+    ) as url:
+        held = [held_request(url, body), held_request(url, body)]
+        try:
+            for connection in held:  # the rest of each body never sent
+                response = connection.getresponse()
+                answer = json.loads(response.read())
+                assert response.status == 408, answer
+                assert answer["error_code"] == "REQUEST_TIMEOUT"
+                assert "request body not received within 2 s" in answer["message"]
         finally:
             for connection in held:
                 connection.close()
