@@ -19,6 +19,7 @@ import pytest
 
 from flows.team_demo import WATCH_INTERVAL_S, Team, publish, start_workers, started_team
 from tests.e2e.conftest import REPO, Project, api_post, make_project, run
+from tests.e2e.test_tracking_server import files_holding, prefect_records
 
 pytestmark = pytest.mark.slow
 
@@ -161,6 +162,13 @@ def test_two_team_pipeline_runs_come_back_through_git_dvc_and_mlflow(
     s3: Any = servers.s3.client()
     listing = s3.list_objects_v2(Bucket=servers.s3.bucket, Prefix="mlartifacts/")
     assert listing.get("KeyCount", 0) > 0
+
+    # The S3 secret reached every process through its environment and was written down
+    # nowhere: no file of the team (servers' stores and logs, the workers' clones and
+    # homes, the git remote), of the user's clone, no Prefect log, artifact or run record.
+    secret = servers.s3.secret_key
+    assert files_holding(secret.encode(), servers.base, proj.root) == []
+    assert secret not in prefect_records(prefect_server)
 
 
 def test_the_demo_team_stores_artifacts_on_the_shared_s3_server_and_stops_it(
