@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from tasks.manifest import MANIFEST_NAME, ShardFile, ShardManifest, parse_manifest
+from tasks.params import ParamsError
 
 if TYPE_CHECKING:
     from tasks.params import StorageParams
@@ -291,6 +292,10 @@ def open_store(root: str | Path, storage: StorageParams) -> ShardStore | None:
     url = shards_url()
     if url is None:
         return None
+    try:
+        split_url(url)
+    except ValueError as error:  # a setting to change, not I/O to retry
+        raise ParamsError(f"{SHARDS_URL_ENV}={url!r}: not an s3://bucket/prefix URL") from error
     max_bytes = int(storage.cache_mb * 2**20)
     return ShardStore(url, root, max_bytes=max_bytes, prefetch=storage.prefetch_shards)
 

@@ -266,3 +266,17 @@ def test_training_and_evaluation_from_object_storage_compute_what_a_local_run_co
     inputs = MlflowClient().get_run(run_id).inputs.dataset_inputs
     sources = {json.loads(i.dataset.source)["uri"] for i in inputs}
     assert sources == {url}, sources
+
+
+@pytest.mark.parametrize("url", ["/data/shards", "s3:///no-bucket", "gs://bucket/shards"])
+def test_a_shards_url_that_is_not_s3_is_refused_naming_the_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str
+) -> None:
+    """A refusal names SHARDFLOW_SHARDS_URL and is a ParamsError, which the train and
+    evaluate tasks never retry (the same setting fails alike)."""
+    from tasks.params import ParamsError, default_params
+    from tasks.shard_store import SHARDS_URL_ENV, open_store
+
+    monkeypatch.setenv(SHARDS_URL_ENV, url)
+    with pytest.raises(ParamsError, match=f"{SHARDS_URL_ENV}='{url}'"):
+        open_store(tmp_path, default_params().storage)
