@@ -315,3 +315,30 @@ def test_a_refused_param_fails_the_train_task_at_once_and_io_is_retried(
     with pytest.raises(expected[0], match=expected[1]):
         one_task()
     assert len(tried) == attempts
+
+
+def test_a_cluster_that_did_not_come_together_is_not_retried(
+    tiny_shards: Path, mlflow_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's ClusterIncomplete (its chief never reached training) says to start every
+    worker again: the task does not retry it in a process whose collectives are configured."""
+    from prefect import flow
+
+    from flows.train import train_task
+    from tasks.train_cluster import ClusterIncomplete
+
+    tried: list[int] = []
+
+    def incomplete(*args: object, **kwargs: object) -> object:
+        tried.append(1)
+        raise ClusterIncomplete("worker-1 waited 2 s (cluster.join_timeout_s)")
+
+    monkeypatch.setattr(train_child, "train", incomplete)
+
+    @flow
+    def one_task() -> object:
+        return train_task.with_options(retry_delay_seconds=0)(default_params(), Layout(tiny_shards))
+
+    with pytest.raises(ClusterIncomplete, match=r"cluster\.join_timeout_s"):
+        one_task()
+    assert len(tried) == 1
