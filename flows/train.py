@@ -55,6 +55,7 @@ EPOCH_FIGURES = ("loss", "accuracy", "val_loss", "val_accuracy")
 TRAINING_CODE = (
     "tasks.train",
     "tasks.train_backup",
+    "tasks.train_callbacks",
     "tasks.train_cluster",
     "tasks.gate",
     "tasks.models",

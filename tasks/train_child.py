@@ -71,7 +71,8 @@ def train_worker(
     ``report``, and the chief's ``run_url``. Each worker of a cluster runs this."""
     warm_up()  # done already in a prestarted child; in a process of its own, Keras lean
     from tasks import tracking
-    from tasks.train import EpochReport, run_train
+    from tasks.train import run_train
+    from tasks.train_callbacks import EpochReport
 
     callbacks = [EpochReport(report)] if report else []
     summary = run_train(params, layout, callbacks=callbacks, run_tags=run_tags)
