@@ -14,7 +14,7 @@ if __name__ == "__main__":
     # that do not load start none: the run below reports them.
     from flows.common import configure_environment, parse_stage_args
     from tasks.params import load_params
-    from tasks.shard import prestart_workers, run_params
+    from tasks.shard import prestart_stage_workers
 
     configure_environment()  # the workers take this environment as it is now
     _stages, _params_path = parse_stage_args(STAGES, "flows.shard")
@@ -23,7 +23,7 @@ if __name__ == "__main__":
     except Exception:  # the run below reports bad params, with the stage's context
         pass
     else:
-        prestart_workers(run_params(_params, compact=_stages == ["compact"]))
+        prestart_stage_workers(_params, compact=_stages == ["compact"])
 
 import math
 from collections.abc import Iterable, Iterator, Sized

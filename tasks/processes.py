@@ -68,14 +68,14 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def capped_workers(requested: int, key: str) -> int:
-    """``requested`` worker processes, at most one per usable core, and a warning naming the
-    param ``key`` when that caps it. More would only take turns on the same cores, each
-    holding its own memory; what the workers compute never depends on how many there are,
-    so one params.yaml serves a laptop and a large machine alike."""
+def capped_workers(requested: int, key: str, *, say: bool = True) -> int:
+    """``requested`` worker processes, at most one per usable core, and (``say``) a warning
+    naming the param ``key`` when that caps it. More would only take turns on the same cores,
+    each holding its own memory; what the workers compute never depends on how many there
+    are, so one params.yaml serves a laptop and a large machine alike."""
     cores = usable_cores()
-    if requested <= cores:
-        return requested
+    if requested <= cores or not say:
+        return min(requested, cores)
     log.warning(
         "%s is %d but this process may use %d cores: running %d workers",
         key,

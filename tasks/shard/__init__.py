@@ -27,6 +27,7 @@ from tasks.shard.staging import (
 from tasks.shard.workers import (
     LocalWorkers,
     pool_workers,
+    prestart_stage_workers,
     prestart_workers,
     run_params,
     warm_worker,
@@ -48,6 +49,7 @@ __all__ = [
     "fetch_shard",
     "plan_shards",
     "pool_workers",
+    "prestart_stage_workers",
     "prestart_workers",
     "run_params",
     "shard_name",

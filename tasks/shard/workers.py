@@ -30,14 +30,15 @@ def pool_workers(params: ShardParams) -> int:
     return params.workers if params.runner == "local" and params.workers > 1 else 0
 
 
-def run_params(params: ShardParams, *, compact: bool) -> ShardParams:
+def run_params(params: ShardParams, *, compact: bool, say: bool = True) -> ShardParams:
     """The params a shard run uses: ``compact`` rebuilds (every generation folds into one)
     whatever ``shard.mode`` says; the local runner's ``shard.workers`` is capped at this
     process's cores (:func:`tasks.processes.capped_workers`: the shards are the same bytes
-    whatever the count). Dask's workers are the cluster's, not this machine's."""
+    whatever the count; ``say``: log when it caps them). Dask's workers are the cluster's, not
+    this machine's."""
     update: dict[str, object] = {"mode": "rebuild"} if compact else {}
     if params.runner == "local":
-        update["workers"] = capped_workers(params.workers, "shard.workers")
+        update["workers"] = capped_workers(params.workers, "shard.workers", say=say)
     return params.model_copy(update=update)
 
 
@@ -45,6 +46,13 @@ def workers_from_the_start(params: ShardParams) -> bool:
     """Whether the run's workers start with it: a rebuild with local workers. An append
     spawns workers only once its new shards prove worth them."""
     return pool_workers(params) > 0 and params.mode == "rebuild"
+
+
+def prestart_stage_workers(params: ShardParams, *, compact: bool) -> None:
+    """What ``python -m flows.shard`` starts before its own imports: the workers of the run
+    its flow will make of ``params`` (:func:`run_params`), without saying why their count is
+    capped: the flow says so, in its run's log too, and the terminal got it twice."""
+    prestart_workers(run_params(params, compact=compact, say=False))
 
 
 def prestart_workers(params: ShardParams) -> None:

@@ -373,6 +373,22 @@ def test_local_shard_workers_past_the_cores_are_capped_and_the_log_says_so(
     assert caplog.messages == []
 
 
+def test_the_stage_commands_prestart_leaves_the_cap_for_its_flow_to_say(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`python -m flows.shard` prestarts the capped workers before its flow starts, and the
+    flow says why they are capped (in its run's log too): the terminal said it twice."""
+    from tasks.shard import workers as shard
+
+    monkeypatch.setattr("tasks.processes.usable_cores", lambda: 2, raising=False)
+    started: list[int] = []
+    monkeypatch.setattr(shard, "prestart_pool", lambda n, warm: started.append(n))
+    many = params().model_copy(update={"workers": 64})
+    with caplog.at_level("WARNING", logger="tasks.processes"):
+        shard.prestart_stage_workers(many, compact=False)
+    assert started == [2] and caplog.messages == []
+
+
 def test_worker_with_other_preprocessing_refuses_to_write(
     tiny_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
