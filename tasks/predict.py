@@ -57,6 +57,7 @@ from tasks.images import (
 from tasks.inference import predict_batch
 from tasks.manifest import ShardManifest
 from tasks.params import MODEL_NAME_PATTERN
+from tasks.processes import usable_cores
 from tasks.schema import RecordSchema
 
 if TYPE_CHECKING:
@@ -200,11 +201,7 @@ def prediction_frame(
 def decode_threads() -> int:
     """Threads that decode a request's rows at once: this process's cores (Pillow and
     TensorFlow release the GIL while they decode), at most :data:`MAX_DECODE_THREADS`."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(cores, MAX_DECODE_THREADS))
+    return max(1, min(usable_cores(), MAX_DECODE_THREADS))
 
 
 class PixelBudget:
