@@ -4,6 +4,7 @@ to the MLflow run both of them write to."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +18,22 @@ from tasks.params import ParamsError
 REFUSALS = (ShardsNotValidated, ParamsError)
 
 
-def retry_unless_refused(task: Any, task_run: Any, state: Any) -> bool:
-    """Retry I/O failures, never a refusal (:data:`REFUSALS`)."""
-    try:
-        state.result()
-    except REFUSALS:
-        return False
-    except Exception:
+def retry_unless(*refusals: type[BaseException]) -> Callable[[Any, Any, Any], bool]:
+    """A task's ``retry_condition_fn``: retry I/O failures, never one of ``refusals``."""
+
+    def retry(task: Any, task_run: Any, state: Any) -> bool:
+        try:
+            state.result()
+        except refusals:
+            return False
+        except Exception:
+            return True
         return True
-    return True
+
+    return retry
+
+
+retry_unless_refused = retry_unless(*REFUSALS)
 
 
 def recorded_run_name(layout: Layout) -> str:

@@ -43,7 +43,7 @@ from flows.common import (
     stage_main,
     untagged_task_runs,
 )
-from flows.model_runs import link_mlflow_run, retry_unless_refused
+from flows.model_runs import REFUSALS, link_mlflow_run, retry_unless
 from tasks import manifest, schema, tracking, train_child
 from tasks.layout import Layout
 from tasks.params import Params, TrainParams, load_params
@@ -102,27 +102,15 @@ def model_run_details() -> Sequence[object]:
 
 
 # A retry resumes from the BackupAndRestore state, so it costs at most one epoch.
-def retry_train(task: Any, task_run: Any, state: Any) -> bool:
-    """:func:`flows.model_runs.retry_unless_refused`, and never a cluster that did not come
-    together (:class:`tasks.train_cluster.ClusterIncomplete`): its message says to start every
-    worker again, and a retry here would rejoin with the collectives this process's
-    TensorFlow has configured already."""
-    try:
-        state.result()
-    except ClusterIncomplete:
-        return False
-    except Exception:
-        return retry_unless_refused(task, task_run, state)  # the refusals are its to judge
-    return True
-
-
 @task(
     name="train",
     version=code_version(*TRAINING_CODE, schema, manifest, tracking),
     cache_policy=NO_CACHE,  # DVC decides what is current (content hashes), see run_stage
     retries=1,
     retry_delay_seconds=10,
-    retry_condition_fn=retry_train,
+    # Never a refusal, nor a cluster that did not come together: its message says to start
+    # every worker again, and a retry would rejoin with the collectives TensorFlow configured.
+    retry_condition_fn=retry_unless(*REFUSALS, ClusterIncomplete),
 )
 def train_task(params: Params, layout: Layout) -> dict[str, Any]:
     logger = get_run_logger()
