@@ -36,7 +36,7 @@ from flows.common import (
     untagged_task_runs,
 )
 from flows.model_runs import link_mlflow_run, recorded_run_name, retry_unless_refused
-from tasks import eval_metrics, evaluate, gate, manifest, reader, registry, schema, tracking
+from tasks import evaluate
 from tasks.evaluate import run_evaluate
 from tasks.layout import Layout
 from tasks.params import Params, load_params
@@ -50,9 +50,7 @@ def evaluated_run_details() -> Sequence[object]:
 # Registry and artifact writes go over the tracking store, which can blip.
 @task(
     name="evaluate",
-    version=code_version(
-        evaluate, eval_metrics, registry, gate, reader, schema, manifest, tracking
-    ),
+    version=code_version(evaluate),
     cache_policy=NO_CACHE,
     retries=2,
     retry_delay_seconds=exponential_backoff(backoff_factor=5),

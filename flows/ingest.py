@@ -24,12 +24,12 @@ from flows.common import (
     stage_main,
     untagged_task_runs,
 )
-from tasks import discovery, handoff, images, ingest
+from tasks import handoff, ingest
 from tasks.layout import Layout
 from tasks.params import IngestParams, load_params
 
 
-@task(name="ingest", version=code_version(ingest, discovery, images), cache_policy=NO_CACHE)
+@task(name="ingest", version=code_version(ingest), cache_policy=NO_CACHE)
 def ingest_task(
     params: IngestParams, layout: Layout, target: handoff.Target | None = None
 ) -> dict[str, Any]:

@@ -32,13 +32,13 @@ from flows.common import (
     run_then_exit,
 )
 from flows.parameters import ModelName, ModelReference, RepoPath
-from tasks import images, predict, schema, tracking
+from tasks import predict, tracking
 from tasks.params import inside, load_params
 
 ARTIFACT_ROWS = 500  # the Prefect table shows the first rows; the CSV holds them all
 
 
-@task(name="predict", version=code_version(predict, images, schema), cache_policy=NO_CACHE)
+@task(name="predict", version=code_version(predict), cache_policy=NO_CACHE)
 def predict_task(model_uri: str, paths: list[Path], root: str) -> list[dict[str, Any]]:
     import mlflow
 

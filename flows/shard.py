@@ -50,7 +50,7 @@ from flows.common import (
     stage_main,
     untagged_task_runs,
 )
-from tasks import images, schema, shard
+from tasks import shard
 from tasks.layout import Layout
 from tasks.manifest import ShardFile
 from tasks.params import ShardParams, load_params
@@ -68,7 +68,7 @@ TASKS_PER_WORKER = 2
 MAX_SHARDS_PER_TASK = 16
 
 
-@task(name="write-shards", version=code_version(shard, schema, images), cache_policy=NO_CACHE)
+@task(name="write-shards", version=code_version(shard), cache_policy=NO_CACHE)
 def write_shards_task(
     specs: list[shard.ShardSpec],
     shards_dir: Path,

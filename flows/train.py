@@ -44,23 +44,12 @@ from flows.common import (
     untagged_task_runs,
 )
 from flows.model_runs import REFUSALS, link_mlflow_run, retry_unless
-from tasks import manifest, schema, tracking, train_child
+from tasks import manifest, tracking, train_child
 from tasks.layout import Layout
 from tasks.params import Params, TrainParams, load_params
 from tasks.train_cluster import ClusterIncomplete, config_is_chief, requested_workers
 
 EPOCH_FIGURES = ("loss", "accuracy", "val_loss", "val_accuracy")
-# The training code, named: this process only versions it; the child (or the task, when
-# no child stands by) imports it.
-TRAINING_CODE = (
-    "tasks.train",
-    "tasks.train_backup",
-    "tasks.train_callbacks",
-    "tasks.train_cluster",
-    "tasks.gate",
-    "tasks.models",
-    "tasks.reader",
-)
 
 
 def planned_epochs(params: TrainParams) -> int:
@@ -104,7 +93,9 @@ def model_run_details() -> Sequence[object]:
 # A retry resumes from the BackupAndRestore state, so it costs at most one epoch.
 @task(
     name="train",
-    version=code_version(*TRAINING_CODE, schema, manifest, tracking),
+    # Named, not imported: this process only versions the training code (the launcher and
+    # every module it imports); the child (or the task, when no child stands by) imports it.
+    version=code_version("tasks.train_child"),
     cache_policy=NO_CACHE,  # DVC decides what is current (content hashes), see run_stage
     retries=1,
     retry_delay_seconds=10,

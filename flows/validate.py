@@ -28,14 +28,14 @@ from flows.common import (
     stage_main,
     untagged_task_runs,
 )
-from tasks import data_gate, manifest, schema, shard_swap, validate
+from tasks import manifest, validate
 from tasks.layout import Layout
 from tasks.params import ValidateParams, load_params
 
 
 @task(
     name="validate",
-    version=code_version(validate, schema, manifest, data_gate, shard_swap),
+    version=code_version(validate),
     cache_policy=NO_CACHE,
 )
 def validate_task(layout: Layout, limits: ValidateParams) -> dict[str, Any]:

@@ -32,8 +32,7 @@ from typing import Any, NamedTuple
 import keras
 import tensorflow as tf
 
-from tasks import manifest as manifest_module
-from tasks import models, reader, schema, train_backup, train_callbacks, train_cluster
+from tasks import models, train_backup
 from tasks.atomic import write_json
 from tasks.code_version import code_version
 from tasks.gate import ShardsNotValidated as ShardsNotValidated  # re-exported for the flows
@@ -159,17 +158,9 @@ def seed_everything(params: TrainParams) -> None:
 
 
 def training_code_version() -> str:
-    """Version of the code that shapes a backup: model, training loop, reader, record schema."""
-    return code_version(
-        sys.modules[__name__],
-        models,
-        reader,
-        schema,
-        manifest_module,
-        train_backup,
-        train_callbacks,
-        train_cluster,
-    )
+    """Version of the code that shapes a backup: this module and every project module it
+    imports (model, training loop, reader, record schema, ...)."""
+    return code_version(sys.modules[__name__])
 
 
 def backup_identity(

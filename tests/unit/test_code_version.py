@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import shutil
 import sys
 from pathlib import Path
 
@@ -38,3 +39,64 @@ def test_a_module_version_follows_its_own_file_only() -> None:
 
     assert code_version(atomic) != code_version(gc_pause)
     assert code_version(atomic) == code_version("tasks.atomic")
+
+
+@pytest.fixture
+def project_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A copy of the project's packages that code versions read instead of the repository's,
+    so a test may edit a module."""
+    from tasks import code_version as versions
+
+    for package in versions.PACKAGES:
+        shutil.copytree(
+            versions.ROOT / package,
+            tmp_path / package,
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )
+    monkeypatch.setattr(versions, "ROOT", tmp_path)
+    return tmp_path
+
+
+def edit(path: Path) -> None:
+    path.write_text(path.read_text() + "\n# edited\n")
+
+
+def test_the_backup_code_version_follows_every_module_training_imports(
+    project_copy: Path,
+) -> None:
+    """``tasks.tfrecord`` (how records are read) is imported by the reader, not by
+    ``tasks.train``: an edit to it still changes the code a backup was made with, so the
+    backup is not resumed. A hand-kept list of training modules missed it."""
+    from tasks.train import training_code_version
+
+    before = training_code_version()
+    edit(project_copy / "tasks" / "tfrecord.py")
+    assert training_code_version() != before
+
+
+def test_a_task_version_follows_function_level_imports_and_nothing_unrelated(
+    project_copy: Path,
+) -> None:
+    """The train task's version (``tasks.train_child``, named, not imported) follows a module
+    only the training run imports; an edit to the ingest stage leaves it as it was."""
+    before = code_version("tasks.train_child")
+    edit(project_copy / "tasks" / "ingest.py")
+    assert code_version("tasks.train_child") == before
+    edit(project_copy / "tasks" / "train_callbacks.py")
+    assert code_version("tasks.train_child") != before
+
+
+def test_moving_code_between_files_changes_the_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same bytes split differently between a package's files is other code."""
+    package = tmp_path / "pkg_moved"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("x = 1\n")
+    (package / "b.py").write_text("y = 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = code_version("pkg_moved")
+    (package / "a.py").write_text("x = 1\ny = 2\n")
+    (package / "b.py").write_text("")
+    assert code_version("pkg_moved") != before

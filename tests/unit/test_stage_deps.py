@@ -6,62 +6,22 @@ A stage's modules are the transitive ``tasks.*``/``flows.*`` imports of its entr
 
 from __future__ import annotations
 
-import ast
 import re
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tasks.code_version import project_modules
+
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("tasks", "flows")
-
-
-def module_file(root: Path, module: str) -> Path | None:
-    """The file of a project module (``pkg/mod.py`` or ``pkg/__init__.py``), else None."""
-    if module.split(".")[0] not in PACKAGES:
-        return None
-    base = root.joinpath(*module.split("."))
-    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def imported_modules(path: Path, module: str) -> set[str]:
-    """Every module named by an import anywhere in ``path`` (functions included)."""
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                parts = alias.name.split(".")
-                found.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*anchor, node.module] if node.module else anchor)
-            else:
-                base = node.module or ""
-            parts = base.split(".")
-            found.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
-            found.update(f"{base}.{alias.name}" for alias in node.names)  # maybe a submodule
-    return found
 
 
 def project_files(root: Path, entry: str) -> set[str]:
-    """Repo-relative files of ``entry`` and every project module it imports, transitively."""
-    seen: dict[str, Path] = {}
-    todo = [entry]
-    while todo:
-        module = todo.pop()
-        path = module_file(root, module)
-        if module in seen or path is None:
-            continue
-        seen[module] = path
-        todo.extend(imported_modules(path, module))
-        todo.append(module.rpartition(".")[0])  # importing a module runs its package first
-    return {path.relative_to(root).as_posix() for path in seen.values()}
+    """Repo-relative files of ``entry`` and every project module it imports, transitively:
+    read the way code versions read them (:func:`tasks.code_version.project_modules`)."""
+    root = root.resolve()
+    return {path.relative_to(root).as_posix() for path in project_modules(root, entry).values()}
 
 
 def entry_module(cmd: str) -> str:
