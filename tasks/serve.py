@@ -14,8 +14,10 @@ nest deeper than :data:`MAX_JSON_DEPTH` gets HTTP 400 before MLflow parses it (i
 recurses once a level: 100,000 levels of ``[`` were a bare HTTP 500), and so does a body that
 is not JSON or not text (MLflow's answer quoted all of it, escaped: :func:`unparsable`).
 Past ``--max-concurrent-requests`` requests being read or answered at once, another gets
-HTTP 503 (each holds up to the byte limit, and more once parsed). Inside the limits the model
-decodes and predicts rows a batch at a time (:func:`tasks.predict.predict_images`).
+HTTP 503 (each holds up to the byte limit, and more once parsed). A connection must send each
+request whole within MLflow's request timeout, its head (:class:`HeadDeadline`) and then its
+body, or it is closed. Inside the limits the model decodes and predicts rows a batch at a time
+(:func:`tasks.predict.predict_images`).
 
 Run: ``python -m tasks.serve MODEL_URI --port PORT --max-request-mb MB --max-request-rows N
 --max-concurrent-requests N`` from the repository root; like ``mlflow models serve`` it hands
@@ -27,12 +29,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
 import sys
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, NamedTuple
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -64,6 +70,58 @@ JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
 # Brackets are counted this many at a time: whatever the depth, the count holds a few MB.
 DEPTH_CHUNK = 1 << 18
+
+
+class HeadDeadline(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol, with a deadline for each request's head: MLflow's request
+    timeout (``MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT``, 60 s unless set), counted from the
+    connection's start and from each answer on a kept-alive connection. A connection without
+    a whole head by then is closed.
+
+    uvicorn closes a kept-alive connection that stays silent after an answer
+    (``--timeout-keep-alive``), but one that sends nothing at all, or a head a byte at a time
+    (each byte restarts that timer), it held for good: a client could hold every connection
+    the process may open, and no other request would be answered. The body has its own
+    deadline (:class:`RequestLimits`)."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        from mlflow.environment_variables import MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT
+
+        super().connection_made(transport)
+        self.head_timeout_s = float(MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT.get())
+        self.head_deadline: asyncio.TimerHandle | None = None
+        self.awaited_after: object = None  # the request cycle answered before the awaited head
+        self.await_head()
+
+    def await_head(self) -> None:
+        self.cancel_deadline()
+        self.awaited_after = self.cycle
+        self.head_deadline = self.loop.call_later(self.head_timeout_s, self.head_too_late)
+
+    def cancel_deadline(self) -> None:
+        if self.head_deadline is not None:
+            self.head_deadline.cancel()
+            self.head_deadline = None
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self.cycle is not self.awaited_after:  # a head arrived: a new request cycle
+            self.cancel_deadline()
+
+    def on_response_complete(self) -> None:
+        self.await_head()  # before uvicorn reads a pipelined head, which cancels it again
+        super().on_response_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.cancel_deadline()
+        super().connection_lost(exc)
+
+    def head_too_late(self) -> None:
+        self.head_deadline = None
+        if not self.transport.is_closing():
+            with contextlib.suppress(h11.LocalProtocolError):  # as uvicorn's keep-alive timer
+                self.conn.send(h11.ConnectionClosed())
+            self.transport.close()
 
 
 class Refusal(NamedTuple):
@@ -383,6 +441,7 @@ def main(argv: list[str] | None = None) -> None:
         flush=True,
     )
     command = [sys.executable, "-m", "uvicorn", "--factory", "tasks.serve:app_from_env"]
+    command += ["--http", "tasks.serve:HeadDeadline"]
     command += ["--host", args.host, "--port", str(args.port), "--log-level", "warning"]
     os.execve(sys.executable, command, env)
 

@@ -10,6 +10,7 @@ import io
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -291,6 +292,69 @@ def test_a_body_over_the_limit_is_refused_unread_and_the_next_is_answered() -> N
         assert client.post("/invocations", content=chunks).json() == {"read": 1000}
 
 
+@contextmanager
+def uvicorn_serving(app: object, http: object) -> Iterator[int]:
+    """``app`` under a real uvicorn server in this process, speaking ``http`` (a protocol
+    class); its port."""
+    import uvicorn
+
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, http=http, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.05)
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
+
+
+def closed_by_server(connection: socket.socket) -> bool:
+    """Whether the server closes ``connection`` (else it is still open after 30 s)."""
+    connection.settimeout(30)
+    try:
+        while connection.recv(4096):
+            pass  # an answer, before the close
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        pass
+    return True
+
+
+def test_connections_that_never_send_a_whole_request_head_are_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """uvicorn held a connection that sent nothing, or a head a byte at a time, for good: a
+    client could hold every connection the server may open. Past MLflow's request timeout
+    each is closed, a kept-alive one's next head too, and the server goes on answering."""
+    from tasks.serve import HeadDeadline
+
+    monkeypatch.setenv("MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT", "1")
+    with uvicorn_serving(echo_app(), HeadDeadline) as port:
+        silent = socket.create_connection(("127.0.0.1", port))
+        partial = socket.create_connection(("127.0.0.1", port))
+        partial.sendall(b"POST /invocations HTTP/1.1\r\nHost: x\r\n")
+        kept = socket.create_connection(("127.0.0.1", port))
+        kept.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+        kept.settimeout(30)
+        assert kept.recv(4096).startswith(b"HTTP/1.1 200")
+        kept.sendall(b"GET /ping HTTP/1.1\r\n")  # the next head, never finished
+        try:
+            for connection in (silent, partial, kept):
+                assert closed_by_server(connection)
+        finally:
+            for connection in (silent, partial, kept):
+                connection.close()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=30) as ping:
+            assert ping.status == 200
+
+
 def post(url: str, body: bytes) -> tuple[int, dict[str, object]]:
     request = urllib.request.Request(
         url, data=body, headers={"Content-Type": "application/json"}, method="POST"
@@ -423,7 +487,8 @@ def test_bodies_sent_too_slowly_are_refused_and_free_their_places(
     logged_model: str, mlflow_uri: str, tmp_path: Path
 ) -> None:
     """Clients that never finish their bodies held every place (--max-concurrent-requests)
-    for ever: no other request was answered. Past MLflow's request timeout they get 408."""
+    for ever: no other request was answered. Past MLflow's request timeout they get 408, and
+    a connection that never sent a request is closed (:class:`tasks.serve.HeadDeadline`)."""
     body = split_body(good_rows())
     limits = ("--max-request-mb", "1", "--max-request-rows", "100")
     with served(
@@ -434,8 +499,10 @@ def test_bodies_sent_too_slowly_are_refused_and_free_their_places(
         *("--max-concurrent-requests", "2"),
         MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT="2",
     ) as url:
+        silent = socket.create_connection(("127.0.0.1", int(url.rpartition(":")[2])))
         held = [held_request(url, body), held_request(url, body)]
         try:
+            assert closed_by_server(silent)
             for connection in held:  # the rest of each body never sent
                 response = connection.getresponse()
                 answer = json.loads(response.read())
@@ -443,6 +510,7 @@ def test_bodies_sent_too_slowly_are_refused_and_free_their_places(
                 assert answer["error_code"] == "REQUEST_TIMEOUT"
                 assert "request body not received within 2 s" in answer["message"]
         finally:
+            silent.close()
             for connection in held:
                 connection.close()
         status, answer = post(f"{url}/invocations", body)
