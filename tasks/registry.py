@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import socket
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,7 @@ from tasks.promotion import NotComparable
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
+    from mlflow.entities.model_registry import ModelVersion
 
     from tasks.predict import ServingSpec
 
@@ -76,11 +78,12 @@ def log_due_pyfunc(
     on the pyfunc, and the pyfuncs an earlier evaluation of this workspace logged onto the run
     and never registered (it was killed in between) are deleted first: no evaluation of this
     workspace can still be using them, and another workspace's are left alone."""
-    if registered_version(client, model_name, run_id) is not None:
+    versions = client.search_model_versions(f"run_id = '{run_id}'")  # of any model
+    if any(v.name == model_name for v in versions):
         return None
     from tasks.predict import log_pyfunc
 
-    for model_id in unregistered_pyfuncs(client, run_id, workspace):
+    for model_id in unregistered_pyfuncs(client, run_id, workspace, version_sources(versions)):
         discard_logged(client, f"models:/{model_id}")
     return log_pyfunc(client, run_id, model_file, spec, tags={WORKSPACE_TAG: workspace})
 
@@ -92,21 +95,27 @@ def workspace_id(root: Path) -> str:
     return hashlib.sha256(where.encode()).hexdigest()[:32]
 
 
-def unregistered_pyfuncs(client: MlflowClient, run_id: str, workspace: str) -> list[str]:
+def unregistered_pyfuncs(
+    client: MlflowClient, run_id: str, workspace: str, registered: set[str]
+) -> list[str]:
     """Ids of the models ``workspace`` logged onto the run ``run_id`` that no version, of any
-    registered model, was made from."""
+    registered model, was made from (``registered``: :func:`registered_sources`)."""
     experiment = client.get_run(run_id).info.experiment_id
     logged = client.search_logged_models(
         [experiment],
         filter_string=f"source_run_id = '{run_id}' AND tags.`{WORKSPACE_TAG}` = '{workspace}'",
     )
-    registered = registered_sources(client, run_id)
     return [m.model_id for m in logged if f"models:/{m.model_id}" not in registered]
 
 
 def registered_sources(client: MlflowClient, run_id: str) -> set[str]:
     """The ``models:/<id>`` URIs the versions registered from the run ``run_id`` were made from."""
-    versions = client.search_model_versions(f"run_id = '{run_id}'")
+    return version_sources(client.search_model_versions(f"run_id = '{run_id}'"))
+
+
+def version_sources(versions: Iterable[ModelVersion]) -> set[str]:
+    """The ``models:/<id>`` URIs (and sources) ``versions`` were made from."""
+    versions = list(versions)
     return {str(v.source) for v in versions} | {
         f"models:/{v.model_id}" for v in versions if v.model_id
     }
