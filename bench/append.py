@@ -23,14 +23,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from flows.common import OFFLINE_ENV
 from tasks.layout import Layout
 from tasks.params import Params
 
@@ -210,15 +207,7 @@ def run_shard(params: Params, layout: Layout, mode: str) -> dict[str, Any]:
 def run_validate(params: Params, layout: Layout) -> dict[str, Any]:
     from tasks import validate
 
-    report = validate.run_validate(
-        layout.shards_dir,
-        layout.validation_report,
-        layout.validation_summary,
-        index_path=layout.index,
-        accepted_path=layout.accepted_data,
-        diff_path=layout.data_diff,
-        limits=params.validate_,
-    )
+    report = validate.validate_layout(layout, params.validate_)
     validate.raise_if_failed(report)  # a failed validation would make the timing meaningless
     return report
 
@@ -254,17 +243,10 @@ def data_side(params: Params, layout: Layout, source: Path, mode: str) -> dict[s
 
 
 def dvc(root: Path, *args: str) -> str:
-    """Run ``dvc`` in ``root``; its output, or an error naming the command and its stderr."""
-    result = subprocess.run(
-        [sys.executable, "-m", "dvc", *args],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        env={**os.environ, **OFFLINE_ENV},
-        check=False,
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"`dvc {' '.join(args)}` failed in {root}: {result.stderr.strip()}")
+    """Run ``dvc`` in ``root`` as the stages do; its output, or an error naming the command."""
+    from flows.common import run_dvc
+
+    result = run_dvc(root, *args)
     return result.stdout + result.stderr
 
 

@@ -145,8 +145,10 @@ def parse_stage_args(choices: tuple[str, ...], prog: str) -> tuple[list[str], st
     return list(args.stages or choices), args.params
 
 
-def _dvc(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+def run_dvc(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``dvc ARGS`` in ``root`` (this interpreter's, offline); its result, or a RuntimeError
+    naming the command and its stderr."""
+    result = subprocess.run(
         [sys.executable, "-m", "dvc", *args],
         cwd=root,
         capture_output=True,
@@ -154,21 +156,19 @@ def _dvc(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
         env={**os.environ, **OFFLINE_ENV},
         check=False,
     )
+    if result.returncode != 0:
+        raise RuntimeError(f"`dvc {' '.join(args)}` failed in {root}: {result.stderr.strip()}")
+    return result
 
 
 def stage_is_current(stage: str, root: Path) -> bool:
     """True when ``dvc.lock`` already matches the stage's deps, params and outs (by content)."""
-    result = _dvc(root, "status", "--json", stage)
-    if result.returncode != 0:
-        raise RuntimeError(f"`dvc status {stage}` failed in {root}: {result.stderr.strip()}")
-    return json.loads(result.stdout or "{}") == {}
+    return json.loads(run_dvc(root, "status", "--json", stage).stdout or "{}") == {}
 
 
 def record_stage(stage: str, root: Path) -> None:
     """Record what the stage just produced in ``dvc.lock`` (and the DVC cache)."""
-    result = _dvc(root, "commit", "--force", stage)
-    if result.returncode != 0:
-        raise RuntimeError(f"`dvc commit {stage}` failed in {root}: {result.stderr.strip()}")
+    run_dvc(root, "commit", "--force", stage)
 
 
 @contextmanager

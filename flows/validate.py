@@ -39,15 +39,7 @@ from tasks.params import ValidateParams, load_params
     cache_policy=NO_CACHE,
 )
 def validate_task(layout: Layout, limits: ValidateParams) -> dict[str, Any]:
-    report = validate.run_validate(
-        layout.shards_dir,
-        layout.validation_report,
-        layout.validation_summary,
-        index_path=layout.index,
-        accepted_path=layout.accepted_data,
-        diff_path=layout.data_diff,
-        limits=limits,
-    )
+    report = validate.validate_layout(layout, limits)
     gated = [c for c in report["checks"] if c["name"] == "data_diff"]
     if gated and "diff" in gated[0]["details"]:  # written by this run
         create_markdown_artifact(

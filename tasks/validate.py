@@ -25,6 +25,7 @@ from typing import Any
 from tasks import data_gate, tf_cross_check
 from tasks.atomic import write_json, write_text
 from tasks.gc_pause import paused_gc
+from tasks.layout import Layout
 from tasks.manifest import MANIFEST_NAME, SPLITS, ShardManifest, file_sha256, own_files
 from tasks.params import ValidateParams
 from tasks.processes import ChildResult, run_in_child
@@ -632,6 +633,21 @@ def gate_diff(
 
 
 # -- the stage -------------------------------------------------------------------------------
+
+
+def validate_layout(layout: Layout, limits: ValidateParams) -> dict[str, Any]:
+    """The validate stage's check (:func:`run_validate`) of its workspace's shards, with the
+    data gate: its reports, the ingest index, the accepted data version and the data diff
+    where ``layout`` puts them."""
+    return run_validate(
+        layout.shards_dir,
+        layout.validation_report,
+        layout.validation_summary,
+        index_path=layout.index,
+        accepted_path=layout.accepted_data,
+        diff_path=layout.data_diff,
+        limits=limits,
+    )
 
 
 @paused_gc()
