@@ -58,6 +58,14 @@ PULLS = {
     "data": ["--with-deps", "validate"],
     "training": ["shard", "validate", "train", "evaluate"],
 }
+# A remote named with ``user:token@``: where this process keeps them for its git commands
+# (read by :data:`CREDENTIAL_HELPER`), once they are out of the clone's ``.git/config``.
+GIT_USERNAME_ENV = "SHARDFLOW_GIT_USERNAME"
+GIT_PASSWORD_ENV = "SHARDFLOW_GIT_PASSWORD"
+CREDENTIAL_HELPER = (
+    '!f() { test "$1" = get || exit 0; echo "username=$SHARDFLOW_GIT_USERNAME"; '
+    'test -z "$SHARDFLOW_GIT_PASSWORD" || echo "password=$SHARDFLOW_GIT_PASSWORD"; }; f'
+)
 
 
 def git_outputs(root: Path) -> list[str]:
@@ -94,8 +102,10 @@ def git(root: Path, *args: str) -> str:
 
 
 def stage_env(root: Path) -> dict[str, str]:
-    """The stages import the checked-out commit's code: the clone first on ``sys.path``."""
-    return {**os.environ, "PYTHONPATH": str(root)}
+    """The stages import the checked-out commit's code: the clone first on ``sys.path``; the
+    git credentials this process keeps are not theirs to have."""
+    kept = {k: v for k, v in os.environ.items() if k not in (GIT_USERNAME_ENV, GIT_PASSWORD_ENV)}
+    return {**kept, "PYTHONPATH": str(root)}
 
 
 def dvc(root: Path, *args: str) -> str:
@@ -113,6 +123,29 @@ def run_ref(name: str) -> str:
     if not safe:
         raise ValueError(f"run name {name!r} gives an empty ref name")
     return RUN_REF_PREFIX + safe
+
+
+def credentials_out_of_the_clone(root: Path) -> None:
+    """A remote named with ``user:token@`` in ``$SHARDFLOW_GIT_REMOTE`` (an HTTPS URL) was
+    written, token and all, into the clone's ``.git/config`` by the pull step's ``git clone``.
+    The remote's URL there is made the URL without them, and this process's git commands get
+    them from its environment instead: a credential helper in ``GIT_CONFIG_*`` variables
+    (which git reads and writes nowhere) answering from :data:`GIT_USERNAME_ENV` and
+    :data:`GIT_PASSWORD_ENV`. A URL without them is left as it is."""
+    from urllib.parse import unquote, urlsplit, urlunsplit
+
+    url = git(root, "remote", "get-url", "origin")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or "@" not in parts.netloc:
+        return
+    host = parts.netloc.rpartition("@")[2]
+    git(root, "remote", "set-url", "origin", urlunsplit(parts._replace(netloc=host)))
+    os.environ[GIT_USERNAME_ENV] = unquote(parts.username or "")
+    os.environ[GIT_PASSWORD_ENV] = unquote(parts.password or "")
+    count = int(os.environ.get("GIT_CONFIG_COUNT") or 0)  # the worker's own come first
+    os.environ[f"GIT_CONFIG_KEY_{count}"] = "credential.helper"
+    os.environ[f"GIT_CONFIG_VALUE_{count}"] = CREDENTIAL_HELPER
+    os.environ["GIT_CONFIG_COUNT"] = str(count + 1)
 
 
 def resolve_commit(root: Path, commit: str | None) -> str:
@@ -198,13 +231,15 @@ def check_out(commit: str | None) -> tuple[Path, str]:
     """This flow run's clone (the working directory the pull steps set) at ``commit``, its
     code first on ``sys.path`` (never an installed project's), Keras's and Matplotlib's
     files in it (``predict/team`` loads the model in this process, the worker's, which no
-    entry point of ours started); the clone and the commit."""
+    entry point of ours started), no git credentials in its files
+    (:func:`credentials_out_of_the_clone`); the clone and the commit."""
     from tasks.layout import keep_library_files_in
 
     root = Path.cwd()
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
     keep_library_files_in(os.environ, root)
+    credentials_out_of_the_clone(root)
     sha = resolve_commit(root, commit)
     git(root, "checkout", "--quiet", "--detach", sha)
     return root, sha

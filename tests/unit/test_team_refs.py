@@ -184,3 +184,42 @@ def test_a_team_runs_clone_keeps_keras_and_matplotlib_files_in_it(
     assert os.environ["KERAS_HOME"] == str(root.resolve() / ".shardflow" / "keras")
     assert os.environ["MPLCONFIGDIR"] == str(root.resolve() / ".shardflow" / "matplotlib")
     assert "MATPLOTLIBRC" not in os.environ
+
+
+def test_a_remote_named_with_a_token_leaves_it_in_no_file_of_the_clone(
+    remote_and_clone: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`SHARDFLOW_GIT_REMOTE=https://ana:TOKEN@host/repo.git`: the pull step's `git clone`
+    wrote the token into the clone's .git/config. The URL there loses it, and the run's git
+    commands get it from the process's environment (a credential helper git reads from
+    GIT_CONFIG_* variables), after the worker's own git settings."""
+    _, clone = remote_and_clone
+    for name in (team.GIT_USERNAME_ENV, team.GIT_PASSWORD_ENV, "GIT_CONFIG_KEY_1"):
+        monkeypatch.setenv(name, "")  # recorded, so what the check-out sets is undone after
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("GIT_CONFIG_VALUE_1", "")
+    monkeypatch.delenv("GIT_CONFIG_VALUE_1")
+    monkeypatch.setenv("GIT_CONFIG_COUNT", "1")  # the worker's own setting, kept
+    monkeypatch.setenv("GIT_CONFIG_KEY_0", "user.name")
+    monkeypatch.setenv("GIT_CONFIG_VALUE_0", "worker")
+    git(clone, "remote", "set-url", "origin", "https://ana:s%40cret-42@git.example.invalid/o/r.git")
+    team.credentials_out_of_the_clone(clone)
+    config = (clone / ".git" / "config").read_text()
+    assert "s%40cret-42" not in config and "ana:" not in config
+    assert git(clone, "remote", "get-url", "origin") == "https://git.example.invalid/o/r.git"
+    asked = subprocess.run(
+        ["git", "credential", "fill"],
+        cwd=clone,
+        input="protocol=https\nhost=git.example.invalid\npath=o/r.git\n\n",
+        env={**os.environ, "GIT_TERMINAL_PROMPT": "0"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert "username=ana" in asked and "password=s@cret-42" in asked
+    assert git(clone, "config", "user.name") == "worker"
+    assert "s@cret-42" not in team.stage_env(clone).values()  # the stages never need it
+    # A remote without credentials (a path, SSH, or HTTPS without user) is left as it is.
+    git(clone, "remote", "set-url", "origin", "git@git.example.invalid:o/r.git")
+    team.credentials_out_of_the_clone(clone)
+    assert git(clone, "remote", "get-url", "origin") == "git@git.example.invalid:o/r.git"
