@@ -43,7 +43,9 @@ def code_files(*modules: ModuleType | str) -> list[Path]:
     alone) and of every project module they import, transitively, in a stable order."""
     files: set[Path] = set()
     for module in modules:
-        name = module if isinstance(module, str) else module.__name__
+        # A module run as `python -m` is named "__main__"; its spec keeps its own name.
+        spec = None if isinstance(module, str) else module.__spec__
+        name = module if isinstance(module, str) else spec.name if spec else module.__name__
         source = module_file(name) if isinstance(module, str) else module.__file__
         if source:
             files.update(package_files(Path(source).resolve()))

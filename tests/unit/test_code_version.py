@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import shutil
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -100,3 +102,14 @@ def test_moving_code_between_files_changes_the_version(
     (package / "a.py").write_text("x = 1\ny = 2\n")
     (package / "b.py").write_text("")
     assert code_version("pkg_moved") != before
+
+
+def test_a_module_run_as_main_is_versioned_with_what_it_imports() -> None:
+    """`python -m tasks.train_child` names the module "__main__": its spec still names it,
+    and its version covers the modules it imports, as when it is imported."""
+    spec = importlib.util.find_spec("tasks.train_child")
+    assert spec is not None and spec.origin is not None
+    main = types.ModuleType("__main__")
+    main.__spec__ = spec
+    main.__file__ = spec.origin
+    assert code_version(main) == code_version("tasks.train_child")
