@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -127,7 +126,7 @@ OPTIONS: list[tuple[str, Callable[[str], Any], Any, str]] = [
     (
         "--workdir",
         Path,
-        Path(tempfile.gettempdir()) / "shardflow-bench",
+        REPO_ROOT / ".shardflow" / "bench",  # this clone's, like every file a run writes
         "images, shards, repo copies (kept)",
     ),
 ]

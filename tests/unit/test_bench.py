@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -447,6 +448,19 @@ def test_every_option_quick_overrides_exists_without_quick() -> None:
 
     full = vars(parse_args([]))
     assert [key for key in QUICK if key not in full] == []
+
+
+def test_the_bench_keeps_what_it_generates_in_its_own_clone() -> None:
+    """Its images, shards and repository copies (gigabytes, kept for the next run) went to
+    $TMPDIR/shardflow-bench: outside the repository, and shared by every clone's bench."""
+    from bench.__main__ import parse_args
+
+    workdir = parse_args([]).workdir
+    assert workdir.is_relative_to(REPO_ROOT / ".shardflow")
+    ignored = subprocess.run(
+        ["git", "check-ignore", "-q", str(workdir / "images")], cwd=REPO_ROOT, check=False
+    )
+    assert ignored.returncode == 0  # never committed
 
 
 def test_bench_drawings_are_rarely_near_duplicates_of_each_other() -> None:
