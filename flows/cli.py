@@ -183,9 +183,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def environment() -> dict[str, str]:
-    """This process's environment plus the Makefile's defaults, this interpreter's bin first."""
+    """This process's environment plus the Makefile's defaults, this interpreter's bin first,
+    the libraries' files (DVC's site cache among them) in the repository
+    (:func:`tasks.layout.keep_library_files_in`)."""
+    from tasks.layout import keep_library_files_in
+
     env = {**ENVIRONMENT, **os.environ}
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    keep_library_files_in(env)
     return env
 
 

@@ -13,7 +13,14 @@ DVC_ROOT_ENV = "DVC_ROOT"  # set by DVC for every stage command: the repository'
 # $KERAS_HOME (else ~/.keras) at its first import when none is there, Matplotlib its font
 # cache and reads matplotlibrc in $MPLCONFIGDIR (else ~/.cache/matplotlib and
 # ~/.config/matplotlib). $MATPLOTLIBRC, a file named anywhere, is dropped.
-LIBRARY_HOMES = {"KERAS_HOME": ".shardflow/keras", "MPLCONFIGDIR": ".shardflow/matplotlib"}
+# Where libraries keep their own files, each under the repository: Keras's keras.json,
+# Matplotlib's font cache and settings, DVC's site cache (its index and file-hash state, else
+# in /var/tmp/dvc, kept after the run).
+LIBRARY_HOMES = {
+    "KERAS_HOME": ".shardflow/keras",
+    "MPLCONFIGDIR": ".shardflow/matplotlib",
+    "DVC_SITE_CACHE_DIR": ".shardflow/dvc",
+}
 LIBRARY_FILE_ENV = "MATPLOTLIBRC"
 
 
@@ -31,8 +38,9 @@ def shared_root(root: str | Path = ".") -> Path:
 def keep_library_files_in(env: MutableMapping[str, str], root: str | Path = ".") -> None:
     """Point ``env`` (``os.environ``, or a child's) at :data:`LIBRARY_HOMES` under the
     repository at ``root`` (its :func:`shared_root`): a run neither reads a user's Keras or
-    Matplotlib settings nor writes into their home. Whatever ``env`` said before is replaced;
-    every entry point does this before Keras or Matplotlib is imported."""
+    Matplotlib settings nor writes into their home, and DVC keeps its site cache in the
+    repository too. Whatever ``env`` said before is replaced; every entry point does this
+    before Keras or Matplotlib is imported, and ``shardflow`` before it runs ``dvc``."""
     base = shared_root(root)
     env.update({name: str(base / path) for name, path in LIBRARY_HOMES.items()})
     env.pop(LIBRARY_FILE_ENV, None)

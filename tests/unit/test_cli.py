@@ -210,3 +210,20 @@ def test_ui_takes_the_port_run_links_open_while_it_is_free(
         taken.listen()
         assert cli.main(["ui"]) == 0
     assert port_of(recorder.steps[1]) != link_port
+
+
+def test_dvc_run_by_shardflow_keeps_its_site_cache_in_the_repository(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DVC kept its index and file-hash state in /var/tmp/dvc, outside the repository and
+    after the run; the commands `shardflow` runs (`dvc repro` among them) keep it in the
+    repository's .shardflow/dvc."""
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    monkeypatch.delenv("DVC_SITE_CACHE_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    env = cli.environment()
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    for args in (["init", "-q"], ["status"]):
+        subprocess.run([sys.executable, "-m", "dvc", *args], cwd=tmp_path, env=env, check=True)
+    kept = tmp_path / ".shardflow" / "dvc" / "repo"
+    assert kept.is_dir() and any(kept.iterdir())

@@ -31,6 +31,7 @@ def test_library_files_go_to_the_repository_whatever_the_environment_said(
     assert env == {
         "KERAS_HOME": str(tmp_path.resolve() / ".shardflow" / "keras"),
         "MPLCONFIGDIR": str(tmp_path.resolve() / ".shardflow" / "matplotlib"),
+        "DVC_SITE_CACHE_DIR": str(tmp_path.resolve() / ".shardflow" / "dvc"),
         "PATH": "/bin",
     }
     monkeypatch.setenv("DVC_ROOT", str(tmp_path / "repo"))
