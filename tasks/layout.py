@@ -15,11 +15,13 @@ DVC_ROOT_ENV = "DVC_ROOT"  # set by DVC for every stage command: the repository'
 # ~/.config/matplotlib). $MATPLOTLIBRC, a file named anywhere, is dropped.
 # Where libraries keep their own files, each under the repository: Keras's keras.json,
 # Matplotlib's font cache and settings, DVC's site cache (its index and file-hash state, else
-# in /var/tmp/dvc, kept after the run).
+# in /var/tmp/dvc, kept after the run), and on a GPU the CUDA driver's cache of the kernels it
+# compiles (else ~/.nv/ComputeCache).
 LIBRARY_HOMES = {
     "KERAS_HOME": ".shardflow/keras",
     "MPLCONFIGDIR": ".shardflow/matplotlib",
     "DVC_SITE_CACHE_DIR": ".shardflow/dvc",
+    "CUDA_CACHE_PATH": ".shardflow/cuda",
 }
 LIBRARY_FILE_ENV = "MATPLOTLIBRC"
 

@@ -21,7 +21,8 @@ def test_library_files_go_to_the_repository_whatever_the_environment_said(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A user's KERAS_HOME, MPLCONFIGDIR or MATPLOTLIBRC named folders and files outside the
-    repository; inside a queued DVC experiment the repository is $DVC_ROOT's."""
+    repository, and DVC's site cache and the CUDA kernel cache went to /var/tmp and the
+    home; inside a queued DVC experiment the repository is $DVC_ROOT's."""
     from tasks.layout import keep_library_files_in
 
     monkeypatch.delenv("DVC_ROOT", raising=False)
@@ -32,6 +33,7 @@ def test_library_files_go_to_the_repository_whatever_the_environment_said(
         "KERAS_HOME": str(tmp_path.resolve() / ".shardflow" / "keras"),
         "MPLCONFIGDIR": str(tmp_path.resolve() / ".shardflow" / "matplotlib"),
         "DVC_SITE_CACHE_DIR": str(tmp_path.resolve() / ".shardflow" / "dvc"),
+        "CUDA_CACHE_PATH": str(tmp_path.resolve() / ".shardflow" / "cuda"),
         "PATH": "/bin",
     }
     monkeypatch.setenv("DVC_ROOT", str(tmp_path / "repo"))
