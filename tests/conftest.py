@@ -41,6 +41,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def dvc_site_cache_in_the_sessions_folder(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[None]:
+    """The DVC commands tests run by hand keep their site caches in the session's temporary
+    folder, not /var/tmp/dvc, where hundreds of test repositories' stayed after the suite
+    (what `shardflow` runs keeps its own in its repository: tasks.layout.LIBRARY_HOMES)."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("DVC_SITE_CACHE_DIR", str(tmp_path_factory.mktemp("dvc-site-cache")))
+    yield
+    patch.undo()
+
+
 @contextmanager
 def tf_op_determinism(on: bool) -> Iterator[None]:
     """TensorFlow's op determinism ``on`` or off for the block, then as it was: the setting is
