@@ -8,15 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DVC_ROOT_ENV = "DVC_ROOT"  # set by DVC for every stage command: the repository's root
-# Where the libraries Shardflow imports keep files of their own, under the repository (in
-# .shardflow/, ignored by git) instead of the user's home: Keras writes keras.json into
-# $KERAS_HOME (else ~/.keras) at its first import when none is there, Matplotlib its font
-# cache and reads matplotlibrc in $MPLCONFIGDIR (else ~/.cache/matplotlib and
-# ~/.config/matplotlib). $MATPLOTLIBRC, a file named anywhere, is dropped.
-# Where libraries keep their own files, each under the repository: Keras's keras.json,
-# Matplotlib's font cache and settings, DVC's site cache (its index and file-hash state, else
-# in /var/tmp/dvc, kept after the run), and on a GPU the CUDA driver's cache of the kernels it
-# compiles (else ~/.nv/ComputeCache).
+# Where the libraries Shardflow runs keep files of their own, under the repository (in
+# .shardflow/, ignored by git) instead of the user's home or the machine's shared folders:
+# Keras writes keras.json into $KERAS_HOME (else ~/.keras) at its first import when none is
+# there; Matplotlib keeps its font cache and reads matplotlibrc in $MPLCONFIGDIR (else
+# ~/.cache/matplotlib and ~/.config/matplotlib); DVC keeps its index and file-hash state in
+# $DVC_SITE_CACHE_DIR (else /var/tmp/dvc, kept after the run); on a GPU the CUDA driver keeps
+# the kernels it compiles in $CUDA_CACHE_PATH (else ~/.nv/ComputeCache). $MATPLOTLIBRC, a
+# file named anywhere, is dropped.
 LIBRARY_HOMES = {
     "KERAS_HOME": ".shardflow/keras",
     "MPLCONFIGDIR": ".shardflow/matplotlib",
