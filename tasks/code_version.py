@@ -33,7 +33,9 @@ def code_version(*modules: ModuleType | str) -> str:
     digest = hashlib.sha256()
     for path in code_files(*modules):
         source = path.read_bytes()
-        digest.update(f"{path.name}\0{len(source)}\0".encode())  # a move between files counts
+        # Named as in any clone (never by the clone's own folder): a move between files counts.
+        name = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else path.name
+        digest.update(f"{name}\0{len(source)}\0".encode())
         digest.update(source)
     return digest.hexdigest()[:12]
 

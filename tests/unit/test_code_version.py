@@ -113,3 +113,25 @@ def test_a_module_run_as_main_is_versioned_with_what_it_imports() -> None:
     main.__spec__ = spec
     main.__file__ = spec.origin
     assert code_version(main) == code_version("tasks.train_child")
+
+
+def test_the_same_code_in_two_clones_has_one_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Workers on other machines run other clones: a backup's code version must not name the
+    clone's own folder, or no worker would ever resume another's backup."""
+    from tasks import code_version as versions
+
+    seen = []
+    for clone in ("one", "two/deeper"):
+        for package in versions.PACKAGES:
+            shutil.copytree(
+                versions.ROOT / package,
+                tmp_path / clone / package,
+                ignore=shutil.ignore_patterns("__pycache__"),
+            )
+        monkeypatch.setattr(versions, "ROOT", tmp_path / clone)
+        seen.append(versions.code_version("tasks.train_child"))
+    assert seen[0] == seen[1]
+    edit(tmp_path / "two/deeper" / "tasks" / "reader.py")
+    assert versions.code_version("tasks.train_child") != seen[1]
