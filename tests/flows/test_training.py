@@ -213,10 +213,10 @@ def test_a_stage_that_plots_and_imports_keras_writes_nothing_into_the_users_home
     ~/.cache/matplotlib (and read ~/.config/matplotlib/matplotlibrc). Their files now go
     to the repository's .shardflow/, and the home stays as it was."""
     import os
-    import subprocess
-    import sys
 
     from prefect.settings import PREFECT_API_URL
+
+    from tests.unit.test_train_multiworker import train_stage
 
     # Prefect's home is the clone's .prefect/, by the repository's prefect.toml.
     (project / "prefect.toml").write_text((REPO / "prefect.toml").read_text())
@@ -224,15 +224,7 @@ def test_a_stage_that_plots_and_imports_keras_writes_nothing_into_the_users_home
     env = {**os.environ, "HOME": str(home), "PREFECT_API_URL": str(PREFECT_API_URL.value())}
     for name in ("KERAS_HOME", "MPLCONFIGDIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME"):
         env.pop(name, None)  # each library's default: a folder in the home
-    done = subprocess.run(
-        [sys.executable, "-m", "flows.train"],
-        cwd=project,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    done = train_stage(project, env)
     assert done.returncode == 0, done.stderr[-4000:]
     layout = Layout(project)
     assert layout.model_file.exists() and layout.train_plot.exists()

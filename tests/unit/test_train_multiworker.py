@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +32,22 @@ from tasks.train_cluster import WorkerFailed, launch_local_workers
 from tests.unit.test_train_core import NO_AUGMENT, run
 
 pytestmark = pytest.mark.slow
+
+
+def train_stage(root: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """The train stage's command, ``python -m flows.train``, run in ``root`` with ``env``;
+    its output kept, and 10 minutes at most."""
+    return subprocess.run(
+        [sys.executable, "-m", "flows.train"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+
 PARAMS = default_params(
     train={"epochs": 4, "batch_size": 16, "early_stopping_patience": 0, "augment": NO_AUGMENT}
 ).train
@@ -181,8 +199,6 @@ def test_a_platform_worker_runs_the_stage_command_and_records_nothing(
     """Worker 1 of a platform's ``TF_CONFIG`` runs ``python -m flows.train`` as the chief
     would: it trains beside the chief (here the training core), with no Prefect flow, no
     MLflow run and no output of its own."""
-    import subprocess
-    import sys
 
     import yaml
 
@@ -201,15 +217,7 @@ def test_a_platform_worker_runs_the_stage_command_and_records_nothing(
         stderr=subprocess.STDOUT,
         text=True,
     )
-    worker = subprocess.run(
-        [sys.executable, "-m", "flows.train"],
-        cwd=tiny_shards,
-        env={**env, "TF_CONFIG": worker_config},
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    worker = train_stage(tiny_shards, {**env, "TF_CONFIG": worker_config})
     chief_output = chief.communicate(timeout=600)[0]
     assert chief.returncode == 0, chief_output[-3000:]
     assert worker.returncode == 0, worker.stderr[-3000:]
@@ -243,8 +251,6 @@ def test_a_worker_whose_chief_never_reaches_training_fails_naming_why(
     never reached training waited in its first collective: both for good (only the local
     launcher stops its workers). Each now fails within ``cluster.join_timeout_s``, naming
     the wait and what keeps a chief away; one whose chief ended before training says so."""
-    import subprocess
-    import sys
 
     import yaml
 
@@ -268,15 +274,8 @@ def test_a_worker_whose_chief_never_reaches_training_fails_naming_why(
         )
         assert chief_process.stdout is not None and chief_process.stdout.readline() == "joining\n"
     try:
-        worker = subprocess.run(
-            [sys.executable, "-m", "flows.train"],
-            cwd=tiny_shards,
-            env={**env, "TF_CONFIG": worker_config},
-            capture_output=True,
-            text=True,
-            timeout=600,  # a hang guard: without the bound the worker waited for good
-            check=False,
-        )
+        # train_stage's timeout is a hang guard: without the bound the worker waited for good
+        worker = train_stage(tiny_shards, {**env, "TF_CONFIG": worker_config})
     finally:
         if chief_process is not None:
             chief_process.kill()
