@@ -117,7 +117,9 @@ for _name, _value in {
 @pytest.fixture(scope="session")
 def prefect_harness() -> Iterator[None]:
     """A temporary Prefect server for the whole session (started once, ~10-20 s): flows
-    run here as `dvc repro` runs them, through their task runners."""
+    run here as `dvc repro` runs them, through their task runners. Every module that runs
+    flows in this process uses it: a harness of its own cost each module (on each worker)
+    a server start, about 10 s of CPU, ten of them a suite."""
     from prefect.testing.utilities import prefect_test_harness
 
     with prefect_test_harness(server_startup_timeout=120):

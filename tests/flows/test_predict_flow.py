@@ -20,15 +20,8 @@ from tasks.tracking import using_store
 from tests.prefect_story import artifacts
 from tests.trained_model import MODEL_NAME, TrainedProject
 
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module", autouse=True)
-def prefect_server() -> Iterator[None]:
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
+# Every test here runs its flows on the session's Prefect server (tests/conftest.py).
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,15 +15,8 @@ from tasks.layout import Layout
 from tasks.params import default_params
 from tests.prefect_story import artifacts, flow_runs_tagged, log_lines, task_run_tags
 
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module", autouse=True)
-def harness() -> Iterator[None]:
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
+# Every test here runs its flows on the session's Prefect server (tests/conftest.py).
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 
 
 @pytest.fixture

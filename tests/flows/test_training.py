@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import keras
@@ -24,17 +23,10 @@ from tasks.tracking import CHAMPION
 from tasks.train import cpu_isa
 from tests.prefect_story import artifacts, flow_runs_tagged, log_lines
 
-pytestmark = pytest.mark.slow
+# Every test here runs its flows on the session's Prefect server (tests/conftest.py).
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 EPOCHS = 3
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def prefect_server() -> Iterator[None]:
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
 
 
 @pytest.fixture

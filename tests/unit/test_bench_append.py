@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -156,16 +155,8 @@ def test_cli_append_options_and_defaults() -> None:
 # -- one tiny measurement through ingest, the shard flow, validation and DVC -----------------
 
 
-@pytest.fixture(scope="module")
-def harness() -> Iterator[None]:
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
-
-
 @pytest.mark.slow
-def test_measure_append_at_tiny_size(harness: None, tmp_path: Path) -> None:
+def test_measure_append_at_tiny_size(prefect_harness: None, tmp_path: Path) -> None:
     from bench.append import measure_append
     from tasks.manifest import load_manifest
     from tasks.params import default_params

@@ -9,7 +9,6 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -151,18 +150,10 @@ def test_only_deployment_runs_are_confined(
 # -- the flows themselves, under a real (temporary) Prefect server ---------------------------
 
 
-@pytest.fixture(scope="module")
-def harness() -> Iterator[None]:
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("flow_name", ["pipeline", "data", "training"])
 def test_deployed_flows_refuse_a_root_outside_the_repository(
-    harness: None,
+    prefect_harness: None,
     repo_copy: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -187,7 +178,7 @@ def test_deployed_flows_refuse_a_root_outside_the_repository(
 
 @pytest.mark.slow
 def test_pipeline_run_refuses_runner_override_before_writing(
-    harness: None, repo_copy: Path
+    prefect_harness: None, repo_copy: Path
 ) -> None:
     from flows.pipeline import pipeline
 

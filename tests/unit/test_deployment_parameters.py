@@ -251,14 +251,6 @@ def test_a_listed_file_that_leads_out_refuses_the_batch(deployed_repo: Path) -> 
 # -- the flow itself, under a real (temporary) Prefect server ---------------------------------
 
 
-@pytest.fixture(scope="module")
-def harness() -> Iterator[None]:
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("parameters", "refused"),
@@ -276,7 +268,7 @@ def harness() -> Iterator[None]:
     ],
 )
 def test_predict_deployment_run_refuses_paths_outside_before_anything_runs(
-    harness: None, deployed_repo: Path, parameters: dict[str, str], refused: str
+    prefect_harness: None, deployed_repo: Path, parameters: dict[str, str], refused: str
 ) -> None:
     from flows.predict import predict_flow
 
