@@ -18,17 +18,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from flows.common import OFFLINE_ENV
 from flows.server import api_url, free_port
 from tasks.tracking import MLFLOW_UI_URL
 
-# What the Makefile exports for every target: no telemetry, quiet TensorFlow.
-ENVIRONMENT = {
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "DO_NOT_TRACK": "true",
-    "MLFLOW_DISABLE_TELEMETRY": "true",
-    "DVC_NO_ANALYTICS": "1",
-    "TF_CPP_MIN_LOG_LEVEL": "3",  # C++ errors too: "failed call to cuInit" on a CPU-only machine
-}
+# What every step runs with (the Makefile exports the same): no telemetry, quiet TensorFlow.
+ENVIRONMENT = OFFLINE_ENV
 DEMO_DIR = "data/demo"
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 HOST = "127.0.0.1"

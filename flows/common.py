@@ -32,6 +32,10 @@ OFFLINE_ENV = {
     # MLflow prints "View run at <tracking URI>/..." as a run ends on a server, credentials
     # in the URI included; the flows log their own link, redacted (tasks.tracking.redact).
     "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
+    # `mlflow server` and `mlflow ui` otherwise start a job runner and seven huey consumer
+    # processes for MLflow's GenAI jobs, which Shardflow never submits (about 30 s of CPU a
+    # minute between them, measured), and leave their queue's folder in /dev/shm behind.
+    "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
 }
 
 

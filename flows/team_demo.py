@@ -30,16 +30,10 @@ from typing import Any
 
 import httpx
 
+from flows.common import OFFLINE_ENV
 from flows.s3_server import S3Server, start_s3_server, stop_s3_server
 from flows.team import run_checked as run
 
-QUIET = {
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "DO_NOT_TRACK": "true",
-    "MLFLOW_DISABLE_TELEMETRY": "true",
-    "DVC_NO_ANALYTICS": "1",
-    "TF_CPP_MIN_LOG_LEVEL": "2",
-}
 POOLS = ("cpu", "gpu")
 WORKER_PREFIX = "worker-"  # a worker process is named for its pool: worker-cpu
 # How often each demo worker asks the server for runs to start (Prefect's default, 10 s,
@@ -61,7 +55,7 @@ def machine_env() -> dict[str, str]:
     keep = ("PATH", "HOME", "LANG", "LC_ALL", "USER")
     env = {k: os.environ[k] for k in keep if k in os.environ}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    return {**env, **QUIET}
+    return {**env, **OFFLINE_ENV}
 
 
 @dataclass

@@ -175,7 +175,9 @@ def test_the_demo_team_stores_artifacts_on_the_shared_s3_server_and_stops_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The team's S3 is :func:`flows.s3_server.start_s3_server`'s (one way to start moto):
-    the tracking server puts artifacts in its bucket, and the team stops it on exit."""
+    the tracking server puts artifacts in its bucket, and the team stops it on exit. The
+    tracking server runs without MLflow's job runner and its huey consumers."""
+    import psutil
     from mlflow import MlflowClient
 
     import flows.team_demo
@@ -196,6 +198,9 @@ def test_the_demo_team_stores_artifacts_on_the_shared_s3_server_and_stops_it(
         s3: Any = team.s3.client()
         keys = [o["Key"] for o in s3.list_objects_v2(Bucket=team.s3.bucket)["Contents"]]
         assert any(k.startswith("mlartifacts/") and k.endswith("/note.txt") for k in keys), keys
+        tracking = next(p for name, p, _ in team.processes if name == "mlflow")
+        below = [" ".join(c.cmdline()) for c in psutil.Process(tracking.pid).children(True)]
+        assert below and not [c for c in below if "mlflow.server.jobs" in c], below
     assert started[0].process is not None and started[0].process.poll() is not None
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from flows.common import OFFLINE_ENV
 from tests.e2e.conftest import Project, api_post, free_port
 from tests.e2e.test_serve_model import post_json, wait_ready
 
@@ -46,6 +47,7 @@ def tracking_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
                 *("--serve-artifacts", "--artifacts-destination", str(store / "artifacts")),
             ],
             cwd=store,
+            env={**os.environ, **OFFLINE_ENV},  # as a team's is started (docs/orchestration.md)
             stdout=handle,
             stderr=subprocess.STDOUT,
             start_new_session=True,
