@@ -118,8 +118,8 @@ for _name, _value in {
 def prefect_harness() -> Iterator[None]:
     """A temporary Prefect server for the whole session (started once, ~10-20 s): flows
     run here as `dvc repro` runs them, through their task runners. Every module that runs
-    flows in this process uses it: a harness of its own cost each module (on each worker)
-    a server start, about 10 s of CPU, ten of them a suite."""
+    flows in this process uses it: a harness per module cost a server start (about 10 s of
+    CPU) per module and worker, ten of them a suite."""
     from prefect.testing.utilities import prefect_test_harness
 
     with prefect_test_harness(server_startup_timeout=120):

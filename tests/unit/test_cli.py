@@ -227,3 +227,18 @@ def test_dvc_run_by_shardflow_keeps_its_site_cache_in_the_repository(
         subprocess.run([sys.executable, "-m", "dvc", *args], cwd=tmp_path, env=env, check=True)
     kept = tmp_path / ".shardflow" / "dvc" / "repo"
     assert kept.is_dir() and any(kept.iterdir())
+
+
+def test_mlflow_servers_started_by_shardflow_run_no_job_runner(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`shardflow ui`'s `mlflow ui` (MLflow 3) would start a job runner and seven huey
+    consumers for GenAI jobs nobody submits: its environment turns them off, as MLflow reads
+    it (the team's `mlflow server`: tests/e2e/test_team.py)."""
+    monkeypatch.delenv("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", raising=False)
+    read = "from mlflow.environment_variables import MLFLOW_SERVER_ENABLE_JOB_EXECUTION as v\n"
+    read += "print(v.get())"
+    said = subprocess.run(
+        [sys.executable, "-c", read], env=cli.environment(), capture_output=True, text=True
+    )
+    assert said.stdout.strip() == "False", said.stderr[-2000:]
