@@ -18,12 +18,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from flows.common import OFFLINE_ENV
+from flows.common import configure_environment
 from flows.server import api_url, free_port
 from tasks.tracking import MLFLOW_UI_URL
 
-# What every step runs with (the Makefile exports the same): no telemetry, quiet TensorFlow.
-ENVIRONMENT = OFFLINE_ENV
 DEMO_DIR = "data/demo"
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 HOST = "127.0.0.1"
@@ -178,14 +176,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def environment() -> dict[str, str]:
-    """This process's environment plus the Makefile's defaults, this interpreter's bin first,
-    the libraries' files (DVC's site cache among them) in the repository
-    (:func:`tasks.layout.keep_library_files_in`)."""
-    from tasks.layout import keep_library_files_in
-
-    env = {**ENVIRONMENT, **os.environ}
+    """This process's environment with what every step runs with (the Makefile exports the
+    same: :func:`flows.common.configure_environment`, DVC's site cache among the libraries'
+    files in the repository), this interpreter's bin first."""
+    env = dict(os.environ)
+    configure_environment(env)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    keep_library_files_in(env)
     return env
 
 

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -39,15 +39,16 @@ OFFLINE_ENV = {
 }
 
 
-def configure_environment() -> None:
+def configure_environment(env: MutableMapping[str, str] = os.environ) -> None:
     """Analytics off, quiet TensorFlow, no unredacted MLflow links, Keras's and Matplotlib's
-    files in the repository (:func:`tasks.layout.keep_library_files_in`); called by entry
-    points before anything imports those libraries, never at import."""
+    files in the repository (:func:`tasks.layout.keep_library_files_in`), in ``env`` (this
+    process's, or a command's); called by entry points before anything imports those
+    libraries, never at import."""
     from tasks.layout import keep_library_files_in
 
     for key, value in OFFLINE_ENV.items():
-        os.environ.setdefault(key, value)
-    keep_library_files_in(os.environ)
+        env.setdefault(key, value)
+    keep_library_files_in(env)
 
 
 def prestart_stage_child(warm: Callable[[], object]) -> None:
