@@ -21,13 +21,15 @@ install: $(STAMP)  ## create .venv from the hash-pinned lock, plus this clone's 
 # The project goes in editable, after the lock: no dependency from anywhere but the lock
 # (--no-deps), nothing downloaded to build it (--no-build-isolation: setuptools and wheel
 # are in the lock). Its import hook maps only `tasks` and `flows`, to this clone's folders,
-# and lives in this clone's .venv: another clone's processes import their own code.
+# and lives in this clone's .venv: another clone's processes import their own code. The
+# clone's .dvc/config.local then names its own DVC site cache, for a `dvc` typed by hand.
 $(STAMP): requirements.lock pyproject.toml
 	@test -n "$(PYTHON)" || { echo "need python3.11 on PATH"; exit 1; }
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Python 3.11 needed, found {sys.version}"'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --require-hashes --no-deps -r requirements.lock
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation --editable .
+	$(BIN)/python -c 'import tasks.layout as l; l.keep_dvc_site_cache_in_repository()'
 	rm -f $(VENV)/.installed-*
 	touch $@
 

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 from flows.common import configure_environment
 from flows.server import api_url, free_port
+from tasks.layout import keep_dvc_site_cache_in_repository
 from tasks.tracking import MLFLOW_UI_URL
 
 DEMO_DIR = "data/demo"
@@ -204,6 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run a subcommand's steps in order; the exit code is the first failing step's. ``run``
     ends with a summary read from the outputs (:mod:`flows.run_summary`)."""
     args, extra = build_parser().parse_known_args(argv)
+    keep_dvc_site_cache_in_repository(Path.cwd())  # for the `dvc` a user types here, too
     steps = COMMANDS[args.command][1](extra)
     env = environment()
     output: list[str] = []

@@ -47,6 +47,26 @@ def keep_library_files_in(env: MutableMapping[str, str], root: str | Path = ".")
     env.pop(LIBRARY_FILE_ENV, None)
 
 
+def keep_dvc_site_cache_in_repository(root: str | Path = ".") -> None:
+    """Name the repository's DVC site cache (``LIBRARY_HOMES``) in its untracked
+    ``.dvc/config.local`` as ``core.site_cache_dir``, so that a ``dvc`` typed by hand, which
+    no entry point of ours started, keeps its index there too instead of ``/var/tmp/dvc``.
+    DVC takes the setting as it is written, relative to the working directory, so it is the
+    absolute path: rewritten when the clone has moved, left alone when it is already right
+    (the file's other settings are kept). Nothing is written outside a DVC repository."""
+    base = shared_root(root)
+    if not (base / ".dvc").is_dir():
+        return
+    from dvc.config import Config
+
+    wanted = str(base / LIBRARY_HOMES["DVC_SITE_CACHE_DIR"])
+    config = Config(dvc_dir=str(base / ".dvc"), validate=False)
+    if config.load_one("local").get("core", {}).get("site_cache_dir") == wanted:
+        return
+    with config.edit("local") as local:
+        local["core"]["site_cache_dir"] = wanted
+
+
 @dataclass(frozen=True, init=False)
 class Layout:
     """Every path a stage reads or writes, under ``root`` (a path or a string)."""

@@ -229,6 +229,23 @@ def test_dvc_run_by_shardflow_keeps_its_site_cache_in_the_repository(
     assert kept.is_dir() and any(kept.iterdir())
 
 
+def test_every_shardflow_command_names_the_site_cache_for_a_dvc_typed_by_hand(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make install` names it once; a clone moved since, or installed before, gets it from
+    the next `shardflow` command (tests/unit/test_layout.py: what the setting does)."""
+    from dvc.config import Config
+
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    monkeypatch.chdir(tmp_path)
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=tmp_path, check=True)
+    monkeypatch.setattr(cli.subprocess, "run", Recorder())
+    assert cli.main(["stop"]) == 0
+    local = Config(dvc_dir=str(tmp_path / ".dvc"), validate=False).load_one("local")
+    assert local["core"]["site_cache_dir"] == str(tmp_path.resolve() / ".shardflow" / "dvc")
+
+
 def test_mlflow_servers_started_by_shardflow_run_no_job_runner(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
