@@ -2,7 +2,7 @@
 
 ``tasks.train.train`` trains for one epoch on the shards, then times its compiled step fed by
 the shard reader against the same step fed one batch already in memory
-(``tasks.train.probe_input_bound``): the figure every MLflow run logs. The bench runs that
+(``tasks.train_loop.probe_input_bound``): the figure every MLflow run logs. The bench runs that
 code, not a copy of it, in a fresh spawned process per run, because op determinism, the
 precision policy and XLA are process-wide in TensorFlow.
 """

@@ -5,8 +5,8 @@ wraps it with the validation gate, tracking and the layout's paths. One training
 under every ``tf.distribute`` strategy: the default one (one device), MirroredStrategy (every
 local GPU) and MultiWorkerMirroredStrategy (workers under ``TF_CONFIG``, see
 ``tasks.train_cluster``). Keras 3's ``model.fit`` fails under the multi-worker strategy
-(keras-team/keras#20585), so the loop is ours: :func:`train_step` under ``strategy.run``,
-driving the same Keras callbacks ``fit`` would.
+(keras-team/keras#20585), so the loop is ours (``tasks.train_loop``): one step under
+``strategy.run``, driving the same Keras callbacks ``fit`` would.
 
 ``train.batch_size`` is the global batch: split across every replica of every worker, so a
 single-device run means what it always did and more replicas do not change the step count.
@@ -24,10 +24,8 @@ import platform
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -42,8 +40,7 @@ from tasks.manifest import ShardManifest, load_manifest
 from tasks.metrics_files import split_numeric
 from tasks.model_file import save_model
 from tasks.models import build_model, unfreeze_top
-from tasks.params import Params, ParamsError, TrainParams, flatten
-from tasks.reader import read_split
+from tasks.params import Params, TrainParams, flatten
 from tasks.shard_store import ShardStore, open_store
 from tasks.tf_imports import keras_without_extras
 from tasks.train_backup import (
@@ -58,11 +55,7 @@ from tasks.train_backup import (
 )
 from tasks.train_backup import IDENTITY_NAME as IDENTITY_NAME  # re-exported
 from tasks.train_backup import identity_changes as identity_changes  # re-exported
-from tasks.train_callbacks import (
-    EpochLog,
-    MlflowEpochMetrics,
-    ResumableEarlyStopping,
-)
+from tasks.train_callbacks import EpochLog, MlflowEpochMetrics
 from tasks.train_cluster import (
     chief_value,
     choose_strategy,
@@ -72,9 +65,17 @@ from tasks.train_cluster import (
     strategy_name,
     worker_name,
 )
+from tasks.train_loop import (
+    Phase,
+    check_distributable,
+    fit_phase,
+    probe_input_bound,
+    read_data,
+    step_functions,
+    steps_per_epoch,
+)
 
 FINE_TUNE_LR_FACTOR = 0.1  # fine-tuning a pretrained backbone wants a much smaller step
-MOVING_STATISTICS = ("moving_mean", "moving_variance")  # BatchNormalization's, by name
 
 
 # -- devices, precision, determinism ------------------------------------------------------
@@ -172,312 +173,6 @@ def backup_identity(
         "params": {**flatten(params, "train"), **lineage},
         "fingerprint": fingerprint,
         "code_version": training_code_version(),
-    }
-
-
-# -- the input, per worker -----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Data:
-    """What one worker trains and validates on: its share of the train files, as an endless
-    iterator of distributed batches from a given epoch on, and the val split (read by the
-    chief)."""
-
-    batches: Callable[[int], Any]  # first epoch -> iterator over per-replica (images, labels)
-    val: tf.data.Dataset
-    steps_per_epoch: int
-    global_batch: int
-
-
-def steps_per_epoch(params: TrainParams, manifest: ShardManifest, shards_dir: Path) -> int:
-    """Steps of one epoch, from the global record count: the same on every worker, or the
-    collectives of the worker with more steps wait forever."""
-    records = manifest.split("train").num_records
-    if records // params.batch_size == 0:
-        raise ParamsError(
-            f"train.batch_size={params.batch_size} exceeds the {records} train records in "
-            f"{shards_dir}; lower it"
-        )
-    return records // params.batch_size
-
-
-def check_distributable(
-    params: TrainParams, manifest: ShardManifest, strategy: tf.distribute.Strategy
-) -> None:
-    """Refuse what the strategy cannot split: the batch over replicas, the files over workers."""
-    replicas, workers = strategy.num_replicas_in_sync, num_workers(strategy)
-    if params.batch_size % replicas:
-        raise ParamsError(
-            f"train.batch_size={params.batch_size} does not split over {replicas} replicas: "
-            f"set a multiple of {replicas} (it is the global batch)"
-        )
-    files = len(manifest.split("train").shards)
-    if files < workers:
-        raise ParamsError(
-            f"{files} train shard files for {workers} workers: each worker reads its own "
-            "files; lower shard.target_shard_mb so the train split has at least one file "
-            "per worker, and reshard"
-        )
-
-
-def read_data(
-    params: TrainParams,
-    manifest: ShardManifest,
-    shards_dir: Path,
-    strategy: tf.distribute.Strategy,
-    store: ShardStore | None = None,
-) -> Data:
-    steps = steps_per_epoch(params, manifest, shards_dir)
-
-    def batches(first_epoch: int) -> Any:
-        """The batches of every epoch from ``first_epoch`` on, ``steps`` an epoch, each
-        epoch shuffled by a seed of its own: a run resumed at any epoch reads what an
-        uninterrupted run read there (one endless dataset reshuffles by how many passes its
-        process made, and a resumed process starts from the first). One iterator for them
-        all: a dataset built anew each epoch cost 0.35 s of its 1.5 s on the demo."""
-
-        def train_input(context: tf.distribute.InputContext) -> tf.data.Dataset:
-            @tf.autograph.experimental.do_not_convert
-            def epoch(number: tf.Tensor) -> tf.data.Dataset:
-                # Sharded by file: worker i reads train files i, i + n, ... (AutoShardPolicy
-                # FILE, done by the reader so it still knows its record count). Repeated,
-                # then cut: an epoch is a count of steps, and a worker whose files hold
-                # fewer records wraps around within it.
-                return (
-                    read_split(
-                        shards_dir,
-                        "train",
-                        batch_size=context.get_per_replica_batch_size(params.batch_size),
-                        training=True,
-                        seed=epoch_seed(params.seed, number),
-                        manifest=manifest,
-                        file_shard=(context.input_pipeline_id, context.num_input_pipelines),
-                        store=store,
-                    )
-                    .repeat()
-                    .take(steps)
-                )
-
-            epochs = tf.data.Dataset.range(first_epoch, tf.int64.max)
-            return epochs.flat_map(epoch).prefetch(tf.data.AUTOTUNE)
-
-        return iter(strategy.distribute_datasets_from_function(train_input))
-
-    val = read_split(
-        shards_dir,
-        "val",
-        batch_size=params.batch_size,
-        training=False,
-        manifest=manifest,
-        store=store,
-    )
-    return Data(batches, val, steps, params.batch_size)
-
-
-EPOCH_SEED_STRIDE = 1_000_003  # a prime: seed s, epoch e and seed s', epoch e' rarely meet
-
-
-def epoch_seed(seed: int, epoch: Any) -> Any:
-    """The reader's shuffle seed for ``epoch`` (an int or an int64 tensor) of a run seeded
-    ``seed``: the same for the same pair, in a resumed process as in the first."""
-    return seed * EPOCH_SEED_STRIDE + epoch
-
-
-# -- one step ------------------------------------------------------------------------------
-
-
-class Steps(NamedTuple):
-    """The compiled steps of one phase (see :func:`step_functions`)."""
-
-    train: Callable[[Any], tf.Tensor]
-    evaluate: Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
-    sync_statistics: Callable[[], None]
-
-
-def step_functions(model: keras.Model, strategy: tf.distribute.Strategy, data: Data) -> Steps:
-    """``train(batch)`` takes one step on every replica and returns ``[loss sum, correct,
-    images]`` summed over the global batch; ``evaluate(images, labels)`` the same for one
-    local batch, no step taken; ``sync_statistics()`` averages the BatchNorm moving
-    statistics over the replicas."""
-    optimizer = model.optimizer
-    # XLA as Keras resolved ``train.xla`` at compile: off under op determinism, where not
-    # every op has a deterministic XLA kernel (Keras warns then).
-    xla = bool(model.jit_compile)
-    # Every step function is traced through ``graph``, without AutoGraph: none has Python
-    # control flow on tensors, and AutoGraph writes each function it converts to a file in
-    # the temporary folder that nothing removes.
-    graph = partial(tf.function, autograph=False)
-
-    def gradients(images: tf.Tensor, labels: tf.Tensor) -> tuple[list[tf.Tensor], tf.Tensor]:
-        with tf.GradientTape() as tape:
-            probs = model(images, training=True)
-            per_image = keras.losses.sparse_categorical_crossentropy(labels, probs)
-            # Averaged over the global batch, not this replica's share: the optimizer sums
-            # the replicas' gradients, so the sum is the global batch's mean gradient.
-            loss = tf.nn.compute_average_loss(per_image, global_batch_size=data.global_batch)
-            # Scaled up under mixed_float16 so small gradients survive float16; the optimizer
-            # (a LossScaleOptimizer then) unscales them and skips a step that overflowed.
-            scaled = optimizer.scale_loss(loss)
-        return tape.gradient(scaled, model.trainable_variables), figures(per_image, probs, labels)
-
-    # Under XLA only the forward and backward pass are compiled. The update stays outside, in
-    # the replica context: the loss-scale optimizer's cross-replica step (a merge_call under
-    # a tf.cond) is refused inside an XLA function by MirroredStrategy on GPUs.
-    compute_gradients = graph(gradients, jit_compile=True) if xla else gradients
-
-    def train_step(images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
-        grads, step_figures = compute_gradients(images, labels)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-        return step_figures
-
-    def figures(per_image: tf.Tensor, probs: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
-        predicted = tf.argmax(probs, axis=-1, output_type=labels.dtype)
-        return tf.stack(
-            [
-                tf.reduce_sum(tf.cast(per_image, tf.float32)),
-                tf.reduce_sum(tf.cast(predicted == labels, tf.float32)),
-                tf.cast(tf.size(labels), tf.float32),
-            ]
-        )
-
-    replica_step = train_step if xla else graph(train_step)
-
-    @graph
-    def distributed_step(batch: Any) -> tf.Tensor:
-        per_replica = strategy.run(replica_step, args=batch)
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-
-    @graph(jit_compile=xla)
-    def evaluate_step(images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
-        probs = model(images, training=False)
-        per_image = keras.losses.sparse_categorical_crossentropy(labels, probs)
-        return figures(per_image, probs, labels)
-
-    # Each replica updates its own copy of the BatchNorm moving statistics from its own
-    # batches (Keras 3 does not aggregate them). An average of exponential moving averages
-    # is the moving average of the averaged batch statistics, so averaging once an epoch,
-    # before anyone reads them, equals averaging at every step.
-    statistics = [v for v in model.non_trainable_variables if v.path.endswith(MOVING_STATISTICS)]
-
-    @graph
-    def sync_statistics() -> None:
-        def replica_means() -> list[tf.Tensor]:
-            context = tf.distribute.get_replica_context()
-            values = [tf.identity(v.value) for v in statistics]  # this replica's copies
-            return context.all_reduce(tf.distribute.ReduceOp.MEAN, values)
-
-        means = strategy.experimental_local_results(strategy.run(replica_means))[0]
-        for variable, mean in zip(statistics, means, strict=True):
-            variable.assign(mean)
-
-    return Steps(distributed_step, evaluate_step, sync_statistics)
-
-
-# -- epochs --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Phase:
-    """Epochs ``[first, end)`` of one training phase, resumable from ``dirs``."""
-
-    first: int
-    end: int
-    dirs: BackupDirs
-
-
-def fit_phase(
-    model: keras.Model,
-    data: Data,
-    phase: Phase,
-    strategy: tf.distribute.Strategy,
-    steps: Steps,
-    *,
-    params: TrainParams,
-    callbacks: Sequence[keras.callbacks.Callback],
-) -> tuple[int, int]:
-    """Train one phase, resuming after its last committed epoch; the epoch it ended at and
-    the epoch whose weights the model holds (early stopping restores its best one's).
-
-    ``callbacks`` start with the epoch log; early stopping follows it, then the rest.
-    """
-    # Every worker restores the same epoch from the chief's backup, or the run is refused:
-    # workers that disagree on where they are would wait on each other's collectives.
-    start = max(train_backup.restore_epoch(model, phase.dirs), phase.first)
-    if chief_value(strategy, start) != start:
-        raise RuntimeError(
-            f"this worker restored epoch {start} from {phase.dirs.read}, the chief another: "
-            "the backup dir must be one path that every worker mounts"
-        )
-    stopping: list[keras.callbacks.Callback] = []
-    if params.early_stopping_patience > 0:
-        stopping.append(
-            ResumableEarlyStopping(
-                phase.dirs,
-                resumed_at=start if start > phase.first else 0,
-                patience=params.early_stopping_patience,
-                restore_best_weights=True,
-            )
-        )
-    hooks = keras.callbacks.CallbackList([*callbacks[:1], *stopping, *callbacks[1:]], model=model)
-    model.stop_training = False
-    hooks.on_train_begin()
-    ended = start
-    batches = data.batches(start)
-    for epoch in range(start, phase.end):
-        hooks.on_epoch_begin(epoch)
-        logs = run_epoch(steps.train, batches, data.steps_per_epoch)
-        if strategy.num_replicas_in_sync > 1:
-            steps.sync_statistics()  # before validation, the backup and the model read them
-        logs.update(validate(steps.evaluate, data.val, strategy))
-        logs["learning_rate"] = float(keras.ops.convert_to_numpy(model.optimizer.learning_rate))
-        # The backup first: the epoch is committed before any callback can fail.
-        train_backup.save_epoch(model, phase.dirs, epoch)
-        hooks.on_epoch_end(epoch, logs)
-        ended = epoch + 1
-        if model.stop_training:  # early stopping; the same on every worker (same figures)
-            break
-    hooks.on_train_end()
-    best = stopping[0] if stopping else None
-    if isinstance(best, ResumableEarlyStopping) and best.best_weights is not None:
-        return ended, int(best.best_epoch)  # on_train_end put that epoch's weights back
-    return ended, ended - 1
-
-
-def run_epoch(train: Callable[[Any], tf.Tensor], batches: Any, steps: int) -> dict[str, float]:
-    """One epoch of ``steps`` training steps on ``batches``; loss and accuracy over it,
-    images/s and step time."""
-    start = time.perf_counter()
-    totals = tf.zeros(3)
-    for _ in range(steps):
-        totals += train(next(batches))
-    loss_sum, correct, images = (float(x) for x in totals.numpy())  # waits for the last step
-    seconds = max(time.perf_counter() - start, 1e-9)
-    return {
-        "loss": loss_sum / images,
-        "accuracy": correct / images,
-        "images_per_sec": images / seconds,
-        "step_time_ms": 1000 * seconds / steps,
-    }
-
-
-def validate(
-    evaluate: Callable[[tf.Tensor, tf.Tensor], tf.Tensor],
-    val: tf.data.Dataset,
-    strategy: tf.distribute.Strategy,
-) -> dict[str, float]:
-    """Val loss and accuracy, computed by the chief (the demo has one val file) and sent to
-    every worker, so early stopping decides the same everywhere."""
-    loss_sum = correct = images = 0.0
-    if is_chief(strategy):
-        totals = tf.zeros(3)
-        for batch_images, batch_labels in val:
-            totals += evaluate(batch_images, batch_labels)
-        loss_sum, correct, images = (float(x) for x in totals.numpy())
-    images = chief_value(strategy, images)
-    return {
-        "val_loss": chief_value(strategy, loss_sum) / images,
-        "val_accuracy": chief_value(strategy, correct) / images,
     }
 
 
@@ -647,36 +342,6 @@ def fit_phases(
         model, data, tune, strategy, tune_steps, params=params, callbacks=hooks
     )
     return model, epoch_log, weights_epoch, lambda: probe_input_bound(tune_steps.train, data)
-
-
-def probe_input_bound(
-    train_step: Callable[[Any], tf.Tensor], data: Data, *, steps: int = 20, warmup: int = 3
-) -> dict[str, float]:
-    """Median train-step time fed by the shard reader over the same fed from memory.
-
-    A ratio near 1 means the accelerator never waits for data; well above 1 means the input
-    pipeline starves it. Logged per run so a starved accelerator shows in the MLflow UI.
-    """
-    batches = data.batches(0)
-    batch = next(batches)
-    real_s = median_step_seconds(lambda: train_step(next(batches)), steps, warmup)
-    in_memory_s = median_step_seconds(lambda: train_step(batch), steps, warmup)
-    return {
-        "input_bound_ratio": real_s / in_memory_s,
-        "step_ms_reader": real_s * 1000,
-        "step_ms_in_memory": in_memory_s * 1000,
-    }
-
-
-def median_step_seconds(step: Callable[[], tf.Tensor], steps: int, warmup: int) -> float:
-    """Median seconds per step, waiting for the next batch and the step's result."""
-    times: list[float] = []
-    for index in range(warmup + steps):
-        start = time.perf_counter()
-        step().numpy()
-        if index >= warmup:
-            times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
 
 
 def compile_model(model: keras.Model, params: TrainParams, lr: float, total_steps: int) -> None:

@@ -27,8 +27,9 @@ from tasks.evaluate import evaluate_model
 from tasks.layout import Layout
 from tasks.manifest import load_manifest
 from tasks.params import ParamsError, TrainParams, default_params
-from tasks.train import check_distributable, read_epoch_log
+from tasks.train import read_epoch_log
 from tasks.train_cluster import WorkerFailed, launch_local_workers
+from tasks.train_loop import check_distributable
 from tests.unit.test_train_core import NO_AUGMENT, run
 
 pytestmark = pytest.mark.slow

@@ -18,12 +18,12 @@ import pytest
 from mlflow import MlflowClient
 
 import tasks.train as train_module
+import tasks.train_loop as train_loop
 from tasks.layout import Layout
 from tasks.models import weights_lineage
 from tasks.params import Params, TrainParams, default_params
 from tasks.train import (
     IDENTITY_NAME,
-    ResumableEarlyStopping,
     backup_identity,
     claim_backup,
     identity_changes,
@@ -32,6 +32,7 @@ from tasks.train import (
     write_identity,
 )
 from tasks.train_backup import BackupDirs
+from tasks.train_callbacks import ResumableEarlyStopping
 from tests.unit.test_train_core import NO_AUGMENT, KillAfterEpoch, run
 
 LR_A, LR_B = 0.003, 0.001
@@ -375,7 +376,7 @@ def test_early_stopping_wait_best_and_best_weights_survive_a_kill(
             restored.append(self)
             self.snapshot = (self.wait, self.best, self.best_epoch, self.best_weights)
 
-    monkeypatch.setattr(train_module, "ResumableEarlyStopping", Recording)
+    monkeypatch.setattr(train_loop, "ResumableEarlyStopping", Recording)
     summary = run(tiny_shards, es_params)
     assert summary["resumed_from_epoch"] == 3
     wait, best, restored_best_epoch, best_weights = restored[0].snapshot
