@@ -2,10 +2,11 @@
 
 ``evaluate_model`` is the pure core (model + shards in, metrics and report files out);
 ``run_evaluate`` wires it to the layout and to an MLflow run of its own (a child of the
-training run), behind the same validation gate as training, registers the model
-(:mod:`tasks.registry`), writes its card, and lets :mod:`tasks.promotion` decide on the
-``champion`` alias, re-scoring the champion's model on the current test shards
-(:func:`champion_scorer`) when its recorded figure was measured on other data or another way.
+training run, :mod:`tasks.eval_tracking`), behind the same validation gate as training,
+registers the model (:mod:`tasks.registry`), writes its card, and lets
+:mod:`tasks.promotion` decide on the ``champion`` alias, re-scoring the champion's model on
+the current test shards (:func:`champion_scorer`) when its recorded figure was measured on
+other data or another way.
 """
 
 from __future__ import annotations
@@ -23,8 +24,14 @@ import numpy as np
 from tasks import processes
 from tasks.atomic import write_json
 from tasks.eval_metrics import classification_metrics, metrics_by_name
+from tasks.eval_tracking import (
+    log_decision,
+    log_test_results,
+    start_evaluation_run,
+    training_run,
+    write_card,
+)
 from tasks.gate import (
-    ShardsNotValidated,
     check_model_matches,
     check_validated,
     check_validated_store,
@@ -43,7 +50,7 @@ from tasks.label_review import (
 from tasks.layout import Layout
 from tasks.manifest import load_manifest
 from tasks.metrics_files import is_number
-from tasks.params import EvaluateParams, Params, flatten
+from tasks.params import EvaluateParams, Params
 from tasks.processes import Later
 from tasks.promotion import (
     Figure,
@@ -75,7 +82,6 @@ from tasks.tracking import champion_version
 if TYPE_CHECKING:
     import keras
     from mlflow import MlflowClient
-    from mlflow.entities import Run
 
     from tasks.manifest import ShardManifest
     from tasks.predict import ServingSpec
@@ -83,8 +89,6 @@ if TYPE_CHECKING:
 
 MAX_MISCLASSIFIED_SHOWN = 16
 BATCH_SIZE = 256
-PER_CLASS_TABLE = "eval/per_class_table.json"  # an MLflow table (not eval/per_class.json)
-EVALUATES_TAG = "shardflow.evaluates"  # on an evaluation run: the training run it evaluates
 LABEL_SHEET = "label_issues.png"  # the label review's thumbnail sheet, in the eval plots
 
 
@@ -398,116 +402,6 @@ def summary_record(result: dict[str, Any]) -> dict[str, Any]:
     return {**{key: result[key] for key in keys}, "label_review": result["label_review"]}
 
 
-def per_class_table(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
-    """The per-class rows as the columns ``MlflowClient.log_table`` takes."""
-    columns = ("class", "precision", "recall", "f1", "support")
-    return {column: [row[column] for row in rows] for column in columns}
-
-
-def start_evaluation_run(client: MlflowClient, train_run_id: str, settings: EvaluateParams) -> str:
-    """An MLflow run of its own for this evaluation, a child of the training run.
-
-    Evaluation's params live here, not on the training run (MLflow refuses a param logged
-    again with another value): a changed ``evaluate.*`` evaluates the same training run
-    again in a new child run.
-    """
-    from mlflow.entities import Param
-
-    from tasks.tracking import NOTE_TAG
-
-    train = client.get_run(train_run_id)
-    end_abandoned_evaluations(client, train)
-    run = client.create_run(
-        train.info.experiment_id,
-        run_name=f"eval-{train.info.run_name}",
-        tags={
-            "mlflow.parentRunId": train_run_id,
-            EVALUATES_TAG: train_run_id,
-            NOTE_TAG: f"Evaluation of training run {train.info.run_name} ({train_run_id}).",
-        },
-    )
-    run_id = str(run.info.run_id)
-    params = flatten(settings, "evaluate").items()
-    client.log_batch(run_id, params=[Param(key, str(value)) for key, value in params])
-    return run_id
-
-
-def end_abandoned_evaluations(client: MlflowClient, train: Run) -> None:
-    """Mark KILLED the evaluation runs of this training run still RUNNING: a killed stage
-    (SIGKILL, a lost machine) cannot end its own run, and the stage runs one at a time
-    under the workspace lock, so a RUNNING one is a dead one."""
-    stale = client.search_runs(
-        [train.info.experiment_id],
-        filter_string=(
-            f"tags.`{EVALUATES_TAG}` = '{train.info.run_id}' and attributes.status = 'RUNNING'"
-        ),
-    )
-    for run in stale:
-        client.set_terminated(run.info.run_id, status="KILLED")
-
-
-def log_test_results(
-    client: MlflowClient,
-    runs: dict[str, str],
-    model_id: str,
-    metrics: dict[str, Any],
-    manifest: ShardManifest,
-    shards_dir: str | Path,
-) -> None:
-    """Test metrics onto the evaluation run (and, as its latest figures, the training run's
-    row), linked to the model and the test split.
-
-    The split is logged as a ``test`` dataset input, and each ``test_*`` metric names the
-    registered version's logged model (``model_id``) and that dataset, so the model's page
-    in MLflow shows them. The per-class table becomes an MLflow table.
-    """
-    from mlflow.entities import Metric
-
-    from tasks import tracking
-
-    dataset_name, digest = tracking.log_dataset(
-        client, runs["evaluation"], manifest, shards_dir=shards_dir, split="test", context="test"
-    )
-    now = tracking.timestamp_ms()
-    figures = [(f"test_{k}", float(v)) for k, v in metrics.items() if is_number(v)]
-    client.log_batch(
-        runs["evaluation"],
-        metrics=[Metric(k, v, now, 0, model_id, dataset_name, digest) for k, v in figures],
-    )
-    client.log_batch(runs["training"], metrics=[Metric(k, v, now, 0) for k, v in figures])
-    client.log_table(runs["evaluation"], per_class_table(metrics["per_class"]), PER_CLASS_TABLE)
-
-
-def log_decision(client: MlflowClient, run_id: str, version: str, decision: dict[str, Any]) -> None:
-    """The promotion decision and both figures onto the evaluation run."""
-    from mlflow.entities import Metric, RunTag
-
-    from tasks import tracking
-
-    now = tracking.timestamp_ms()
-    figures = {
-        "promotion.promoted": float(decision["promoted"]),
-        "promotion.champion_value": decision["champion_value"],
-        "promotion.champion_recorded_value": decision.get("champion_recorded_value"),
-    }
-    tags = {
-        "promotion.decision": decision["decision"],
-        "promotion.reason": decision["reason"],
-        "promotion.comparable": str(decision["comparable"]).lower(),
-        "promotion.definition": decision.get("definition", decision["metric"]),
-        "promotion.champion_value_source": str(decision.get("champion_value_source")),
-        "promotion.champion_value_how": str(decision.get("champion_value_how")),
-        "registry.version": version,
-    }
-    if decision.get("class_differences"):
-        tags["promotion.class_differences"] = decision["class_differences"]["in_words"]
-    client.log_batch(
-        run_id,
-        metrics=[Metric(k, float(v), now, 0) for k, v in figures.items() if v is not None],
-        tags=[RunTag(k, v) for k, v in tags.items()],
-    )
-
-
 # -- the stage -----------------------------------------------------------------------------
 
 
@@ -625,28 +519,6 @@ def run_evaluate(
     return {**result, "run_url": urls["training"], "eval_run_url": urls["evaluation"]}
 
 
-class TrainingRunNotInStore(ShardsNotValidated):
-    """Refused (never retried): the training run ``models/run.json`` names is not in the
-    tracking store this evaluation logs to."""
-
-
-def training_run(client: MlflowClient, run_id: str, layout: Layout) -> Run:
-    """The training run ``models/run.json`` names; refused by name when the store does not
-    hold it (``MLFLOW_TRACKING_URI`` pointed elsewhere since, or ``mlflow.db`` deleted)."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        return client.get_run(run_id)
-    except MlflowException as exc:
-        if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
-            raise
-        raise TrainingRunNotInStore(
-            f"{layout.train_run} names the MLflow run {run_id}, which this tracking store "
-            "(MLFLOW_TRACKING_URI, else mlflow.db) does not hold: it was made against another "
-            "store or deleted; train again into this one with `dvc repro -f train`"
-        ) from None
-
-
 def track_evaluation(
     client: MlflowClient,
     runs: dict[str, str],
@@ -737,31 +609,3 @@ def promotion_decision(
         ),
     )
     return {**decision, "model_name": settings.model_name}
-
-
-def write_card(
-    client: MlflowClient,
-    runs: dict[str, str],
-    layout: Layout,
-    manifest: ShardManifest,
-    result: dict[str, Any],
-) -> None:
-    """The version's model and data card: a file, an MLflow artifact, its description."""
-    from tasks.model_card import model_card
-
-    decision = result["promotion"]
-    ingest = layout.ingest_report
-    card = model_card(
-        model_name=decision["model_name"],
-        version=result["model_version"],
-        run_ids=runs,
-        manifest=manifest,
-        metrics=result,
-        decision=decision,
-        label_review=result["label_review"],
-        ingest_report=json.loads(ingest.read_text()) if ingest.exists() else None,
-    )
-    layout.model_card.parent.mkdir(parents=True, exist_ok=True)
-    layout.model_card.write_text(card)
-    client.log_artifact(runs["evaluation"], str(layout.model_card), "card")
-    client.update_model_version(decision["model_name"], result["model_version"], description=card)

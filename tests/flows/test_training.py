@@ -14,7 +14,7 @@ from mlflow import MlflowClient
 from flows.training import training_flow
 from tasks import evaluate as tasks_evaluate
 from tasks import processes, tracking, train_child
-from tasks.evaluate import PER_CLASS_TABLE
+from tasks.eval_tracking import PER_CLASS_TABLE
 from tasks.layout import Layout
 from tasks.params import default_params
 from tasks.processes import prestart_child

@@ -18,7 +18,8 @@ import pytest
 from mlflow import MlflowClient
 
 from tasks.atomic import write_json
-from tasks.evaluate import TrainingRunNotInStore, run_evaluate
+from tasks.eval_tracking import TrainingRunNotInStore
+from tasks.evaluate import run_evaluate
 from tasks.gate import ModelNotFromTheseShards, ShardsNotValidated
 from tasks.layout import Layout
 from tasks.params import default_params
@@ -954,7 +955,7 @@ def test_an_evaluation_killed_before_it_could_end_its_run_is_marked_killed(
 ) -> None:
     """A SIGKILLed evaluation leaves its run RUNNING; the next evaluation of the same
     training run ends it KILLED, so no run stays RUNNING for ever."""
-    from tasks.evaluate import start_evaluation_run
+    from tasks.eval_tracking import start_evaluation_run
 
     client = MlflowClient(mlflow_uri, mlflow_uri)
     train_run_id = json.loads(trained.train_run.read_text())["run_id"]
