@@ -3,7 +3,7 @@
 ``python -m bench --only near_duplicates`` measures two things:
 
 - ``threshold``: perceptual-hash distances (bits of 64), through ingest's own check
-  (:func:`tasks.ingest.check_image`, JPEGs at its 1/8 draft decode), on scikit-image's sample
+  (:func:`tasks.inspection.check_image`, JPEGs at its 1/8 draft decode), on scikit-image's sample
   photos (shipped with the package, offline). Light edits of a photo (resized to 1/2 and 3/4,
   re-encoded as JPEG at quality 30 and 50 and as PNG, cropped by 2% a side or 3% off one
   side) must group with it; crops of other parts of it (its halves, stretched back to full
@@ -106,7 +106,7 @@ def other_positions(image: Image.Image) -> dict[str, bytes]:
 
 def ingest_hash(data: bytes) -> str:
     """The hash ingest stores for these bytes (its own check and decode)."""
-    from tasks.ingest import check_image
+    from tasks.inspection import check_image
 
     return check_image(data, max_pixels=10**9, min_side=1, draft=True)[3]
 

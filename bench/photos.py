@@ -170,9 +170,9 @@ def ceiling_decode_resize(files: list[Path], size: int, workers: int) -> float:
 
 def decode_ratio(files: list[Path], size: int) -> dict[str, float]:
     """(ingest check + shard decode) over one full decode, summed over ``files``; the check
-    is ingest's own (:func:`tasks.ingest.check_image`: the near-duplicate hash included)."""
+    is ingest's own (:func:`tasks.inspection.check_image`: the near-duplicate hash included)."""
     from tasks.images import decode_rgb, preprocess_bytes
-    from tasks.ingest import check_image
+    from tasks.inspection import check_image
 
     full = check = shard = 0.0
     if files:  # the hash imports scipy.fftpack on first use: once per process, not per photo
@@ -204,7 +204,7 @@ def progressive_data_side(
     of the same pictures; the two taken in turns, photo by photo, so a slow spell of the
     machine falls on both."""
     from tasks.images import preprocess_bytes
-    from tasks.ingest import check_image
+    from tasks.inspection import check_image
 
     if len(baseline) != len(progressive) or not baseline:
         raise ValueError(f"{len(baseline)} baseline and {len(progressive)} progressive photos")

@@ -650,7 +650,7 @@ def test_the_check_feeds_the_decoder_the_whole_file_at_once(
     """A JPEG of several 64 KiB blocks is decoded from one piece (a decoder suspended at
     each of Pillow's reads starts its MCU again), a larger file in bounded pieces; the
     check's verdict and hash are those of the chunked decode, and a cut file is refused."""
-    from tasks.ingest import check_image
+    from tasks.inspection import check_image
     from tasks.near_duplicates import perceptual_hash
 
     noise = np.random.default_rng(4).integers(0, 256, (600, 800, 3), dtype=np.uint8)
@@ -675,7 +675,7 @@ def test_the_check_feeds_the_decoder_the_whole_file_at_once(
     assert (fmt, width, height) == ("JPEG", 800, 600)
     assert len(feeds) == 1 and feeds[0] > 4 * 65536
     feeds.clear()  # a file past the block (8 MiB) goes in blocks: one copy of at most that
-    monkeypatch.setattr("tasks.ingest.DECODER_BLOCK", 100_000)
+    monkeypatch.setattr("tasks.inspection.DECODER_BLOCK", 100_000)
     check_image(data, max_pixels=10**7, min_side=8, draft=True)
     assert len(feeds) > 1 and 100_000 <= max(feeds) < 2 * 100_000  # (+ what the last left)
     monkeypatch.setattr(Image, "_getdecoder", getdecoder)
