@@ -10,13 +10,16 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import sysconfig
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+PIP = [sys.executable, "-m", "pip", "--quiet", "--no-input"]
 
 
 def copy_clone(target: Path) -> Path:
@@ -42,12 +45,18 @@ def install_line() -> str:
     return line
 
 
-def make_install(clone: Path) -> Path:
-    """A venv for ``clone`` seeing this environment's packages, then the Makefile's line."""
-    env_dir = clone / ".venv"
+def borrowing_venv(env_dir: Path) -> str:
+    """A venv at ``env_dir`` that sees this environment's packages; its own site folder."""
     venv.create(env_dir, with_pip=False)
     purelib = sysconfig.get_path("purelib", vars={"base": str(env_dir), "platbase": str(env_dir)})
     Path(purelib, "borrowed.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    return purelib
+
+
+def make_install(clone: Path) -> Path:
+    """A venv for ``clone`` seeing this environment's packages, then the Makefile's line."""
+    env_dir = clone / ".venv"
+    borrowing_venv(env_dir)
     command = install_line().replace("$(BIN)", str(env_dir / "bin"))
     subprocess.run(["bash", "-c", command], cwd=clone, check=True, timeout=600)
     return env_dir / "bin"
@@ -86,3 +95,56 @@ def test_each_clone_runs_its_own_installed_shardflow(tmp_path: Path) -> None:
     assert hooks and all(str(clones[1]) not in p.read_text() for p in hooks)
     assert any(re.search(re.escape(str(clones[0])), p.read_text()) for p in hooks)
     assert marker not in (clones[0] / "flows" / "cli.py").read_text()
+
+
+def build_wheel(clone: Path, out: Path) -> Path:
+    """The wheel ``pip wheel .`` builds from ``clone`` with this environment's setuptools."""
+    subprocess.run(
+        [*PIP, "wheel", "--no-deps", "--no-build-isolation", ".", "-w", str(out)],
+        cwd=clone,
+        check=True,
+        timeout=300,
+    )
+    (wheel,) = out.glob("shardflow-*.whl")
+    return wheel
+
+
+@pytest.mark.slow
+def test_a_wheel_holds_every_module_and_installs(tmp_path: Path) -> None:
+    clone = copy_clone(tmp_path / "clone")
+    wheel = build_wheel(clone, tmp_path / "dist")
+    sources = {
+        p.relative_to(clone).as_posix()
+        for package in ("tasks", "flows")
+        for p in (clone / package).rglob("*.py")
+    }
+    with zipfile.ZipFile(wheel) as archive:
+        packed = {name for name in archive.namelist() if name.endswith(".py")}
+    assert any(name.startswith("tasks/shard/") for name in sources)  # the scan sees sub-packages
+    assert sources - packed == set(), f"left out of the wheel: {sorted(sources - packed)}"
+
+    # A fresh venv borrowing this environment's third-party packages (a .pth line, so no
+    # editable hook of this clone's), with the wheel installed into it, not editable.
+    env_dir = tmp_path / "venv"
+    purelib = borrowing_venv(env_dir)
+    subprocess.run(
+        [*PIP, "--python", str(env_dir / "bin" / "python"), "install", "--no-deps", str(wheel)],
+        check=True,
+        timeout=300,
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    bin_dir = env_dir / "bin"
+    helped = run_in(bin_dir, elsewhere, "shardflow", "--help")
+    assert helped.returncode == 0 and "serve-model" in helped.stdout, helped.stderr
+    modules = sorted(name.removesuffix(".py").replace("/", ".") for name in sources)
+    modules = [name.removesuffix(".__init__") for name in modules]
+    script = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}:\n"
+        "    module = importlib.import_module(name)\n"
+        f"    assert module.__file__.startswith({purelib!r}), module.__file__\n"
+        "print(len(sys.modules))\n"
+    )
+    imported = run_in(bin_dir, elsewhere, "python", "-c", script)
+    assert imported.returncode == 0, imported.stderr[-3000:]

@@ -16,7 +16,7 @@ LOCAL = {"tasks", "flows"}
 def imported_top_level_names() -> dict[str, str]:
     """Top-level module name -> the first file importing it (absolute imports, any depth)."""
     names: dict[str, str] = {}
-    for path in sorted([*ROOT.glob("tasks/*.py"), *ROOT.glob("flows/*.py")]):
+    for path in sorted([*ROOT.glob("tasks/**/*.py"), *ROOT.glob("flows/**/*.py")]):
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             if isinstance(node, ast.Import):
                 modules = [alias.name for alias in node.names]
