@@ -46,20 +46,18 @@ compact: install  ## ingest if the sources changed, fold every shard generation 
 	  '$(BIN)/dvc repro ingest && $(BIN)/python -m flows.shard compact && $(BIN)/dvc commit --force shard && $(BIN)/dvc repro'
 
 
-lint: install  ## ruff, mypy and the import-linter contract (training never imports shard code)
+lint: install  ## ruff, mypy and the import-linter contracts (training never imports ingest or shard code)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy tasks flows bench
 	$(BIN)/lint-imports
 
 # The suite on every core, at most 4 (pytest-xdist; each worker starts its own servers): the
-# end-to-end tests wait on servers and subprocesses much of the time, so two side by side on
-# 2 cores took 17.4 minutes where one after the other took 25.6 (16.0 minutes of pytest in a
-# fresh clone on 2026-11-29, 18.4 with install and lint, as fast as the VM is that day); a
-# third worker on 2 cores gains nothing (17.1 minutes measured), the CPU is busy throughout.
-# The slow tests come first (tests/conftest.py) and each worker takes the next test only
-# when it is nearly idle (--maxschedchunk 1): the long ones are spread
-# over the workers and none ends the run alone.
+# end-to-end tests wait on servers and subprocesses much of the time, so two workers side by
+# side beat one after the other on 2 cores; a third gains nothing while the CPU is busy
+# throughout (figures: docs/performance.md). The slow tests come first (tests/conftest.py)
+# and each worker takes the next test only when it is nearly idle (--maxschedchunk 1): the
+# long ones are spread over the workers and none ends the run alone.
 test: install lint  ## every check and test
 	$(BIN)/pytest -n auto --maxprocesses 4 --dist load --maxschedchunk 1
 
