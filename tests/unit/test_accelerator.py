@@ -4,7 +4,6 @@ devices every run records. A stand-in ``nvidia-smi`` on PATH plays the driver.""
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path
 
 import pytest
@@ -25,19 +24,7 @@ from tasks.layout import Layout
 from tasks.params import default_params
 from tasks.refusals import Refused
 from tasks.train import device_tags, run_train
-
-H100 = "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0000)"
-
-
-def stand_in_nvidia_smi(folder: Path, listing: str, *, status: int = 0) -> Path:
-    """An ``nvidia-smi`` that prints ``listing`` for ``-L`` and exits ``status``."""
-    folder.mkdir(parents=True, exist_ok=True)
-    script = folder / "nvidia-smi"
-    script.write_text(
-        f"#!/bin/sh\n[ \"$1\" = -L ] || exit 9\nprintf '%s\\n' '{listing}'\nexit {status}\n"
-    )
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
-    return folder
+from tests.nvidia_smi import H100, stand_in_nvidia_smi
 
 
 @pytest.fixture
