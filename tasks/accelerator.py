@@ -13,9 +13,12 @@ import importlib.util
 import shutil
 import subprocess
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from tasks.refusals import Refused
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 Accelerator = Literal["auto", "cpu", "gpu"]
 
@@ -124,6 +127,17 @@ class DeviceRecord:
             tags["device.cuda_version"] = self.cuda_version or "unknown"
             tags["device.cudnn_version"] = self.cudnn_version or "unknown"
         return tags
+
+
+def gpu_devices(strategy: tf.distribute.Strategy) -> list[str]:
+    """The GPUs this worker's replicas run on (none: the CPU)."""
+    import tensorflow as tf
+
+    try:
+        devices = list(strategy.extended.worker_devices)
+    except RuntimeError:  # the default strategy places ops on the default device
+        devices = [gpu.name for gpu in tf.config.list_logical_devices("GPU")[:1]]
+    return [device for device in devices if "GPU" in device.upper()]
 
 
 def cpu_name(cpuinfo: str) -> str:

@@ -144,6 +144,8 @@ class TrainParams(_Strict):
     deterministic: bool
     mixed_precision: bool
     xla: bool
+    # train steps run by one compiled call: fewer host round trips per step on an accelerator
+    steps_per_execution: int = Field(ge=1)
     augment: AugmentParams
 
 

@@ -31,7 +31,7 @@ import keras
 import tensorflow as tf
 
 from tasks import models, train_backup
-from tasks.accelerator import device_record, select_accelerator
+from tasks.accelerator import device_record, gpu_devices, select_accelerator
 from tasks.atomic import write_json
 from tasks.code_version import code_version
 from tasks.gate import ShardsNotValidated as ShardsNotValidated  # re-exported for the flows
@@ -80,15 +80,6 @@ FINE_TUNE_LR_FACTOR = 0.1  # fine-tuning a pretrained backbone wants a much smal
 
 
 # -- devices, precision, determinism ------------------------------------------------------
-
-
-def gpu_devices(strategy: tf.distribute.Strategy) -> list[str]:
-    """The GPUs this worker's replicas run on (none: the CPU)."""
-    try:
-        devices = list(strategy.extended.worker_devices)
-    except RuntimeError:  # the default strategy places ops on the default device
-        devices = [gpu.name for gpu in tf.config.list_logical_devices("GPU")[:1]]
-    return [device for device in devices if "GPU" in device.upper()]
 
 
 def on_gpu(strategy: tf.distribute.Strategy) -> bool:
@@ -278,6 +269,7 @@ def train(
         # Whether the step ran under XLA: train.xla as Keras resolved it for this model (off
         # under op determinism and for layers XLA cannot compile, such as RandomCrop).
         xla=bool(model.jit_compile),
+        steps_per_execution=params.steps_per_execution,
         strategy=strategy_name(strategy),
         num_workers=num_workers(strategy),
         num_replicas=strategy.num_replicas_in_sync,
@@ -333,7 +325,7 @@ def fit_phases(
     with strategy.scope():
         model = build_model(params, len(manifest.classes), manifest.record_schema.image_shape)
         compile_model(model, params, params.learning_rate, data.steps_per_epoch * params.epochs)
-    steps = step_functions(model, strategy, data)
+    steps = step_functions(model, strategy, data, params.steps_per_execution)
     fine_tune = params.fine_tune_layers > 0 and params.fine_tune_epochs > 0
     done = train_backup.restore_main_phase(model, dirs) if fine_tune else None
     if done is None:
@@ -349,7 +341,7 @@ def fit_phases(
         unfreeze_top(model, params.fine_tune_layers)
         lr = params.learning_rate * FINE_TUNE_LR_FACTOR
         compile_model(model, params, lr, data.steps_per_epoch * params.fine_tune_epochs)
-    tune_steps = step_functions(model, strategy, data)  # new trainable set
+    tune_steps = step_functions(model, strategy, data, params.steps_per_execution)  # new set
     tune = Phase(done, done + params.fine_tune_epochs, dirs.phase("fine_tune"))
     _, weights_epoch = fit_phase(
         model, data, tune, strategy, tune_steps, params=params, callbacks=hooks
