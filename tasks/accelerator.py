@@ -10,6 +10,7 @@ but whose TensorFlow sees none is refused before training, naming the cause and 
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -101,6 +102,10 @@ def select_accelerator(choice: Accelerator) -> None:
     if choice == "cpu":
         tf.config.set_visible_devices([], "GPU")
         return
+    # Each GPU gets its own launch threads, not tf.data's and the ops' shared pool; read
+    # when TensorFlow creates the GPU device, so set here, before it does (a user's value
+    # stays).
+    os.environ.setdefault("TF_GPU_THREAD_MODE", "gpu_private")
     visible = len(tf.config.list_physical_devices("GPU"))
     listed = listed_gpus() if not visible else []
     cause = ""

@@ -62,7 +62,9 @@ def test_without_a_listed_gpu_auto_trains_on_the_cpu_and_gpu_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PATH", str(stand_in_nvidia_smi(tmp_path, "")))
+    monkeypatch.delenv("TF_GPU_THREAD_MODE", raising=False)
     select_accelerator("auto")
+    assert os.environ["TF_GPU_THREAD_MODE"] == "gpu_private"  # GPU threads of their own
     with pytest.raises(AcceleratorRefused, match="nvidia-smi lists none"):
         select_accelerator("gpu")
 
