@@ -24,7 +24,7 @@ export DVC_NO_ANALYTICS := 1
 # TensorFlow raises its real errors in Python, and Python warnings still show.
 export TF_CPP_MIN_LOG_LEVEL := 3
 
-.PHONY: install run test lint demo-data serve stop team-demo ui bench screenshots lock clean serve-model compact
+.PHONY: install run test lint demo-data serve stop team-demo ui bench gpu-check screenshots lock clean serve-model compact
 
 install: $(STAMP)  ## create .venv from the hash-pinned lock (plus the GPU lock where nvidia-smi lists a GPU), plus this clone's `shardflow` (idempotent)
 
@@ -102,6 +102,11 @@ serve-model: install  ## the registered champion (MLflow's scoring app behind re
 
 bench: install  ## benchmarks -> reports/bench.json, reports/bench.png (BENCH_ARGS=--quick for a smoke run)
 	$(BIN)/python -m flows.cli bench $(BENCH_ARGS)
+
+# No `install` prerequisite: a fresh GPU machine may lack Python 3.11, the script installs.
+gpu-check:  ## on a GPU machine: install, run the GPU bench sections (one process per model) into OUT
+	@test -n "$(OUT)" || { echo "usage: make gpu-check OUT=folder [GPU_CHECK_ARGS=--quick]"; exit 1; }
+	bash bench/gpu_check.sh $(OUT) $(GPU_CHECK_ARGS)
 
 screenshots: install  ## headless Chromium screenshots of the MLflow run and Prefect artifacts -> docs/
 	$(BIN)/python -m docs.screenshots
