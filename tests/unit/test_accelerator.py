@@ -114,3 +114,19 @@ def test_every_run_records_its_devices() -> None:
         "device.cudnn_version": "9",
     }
     assert device_record([], "model name\t: Example CPU @ 2.0GHz\n").name == "Example CPU @ 2.0GHz"
+
+
+def test_the_train_task_never_retries_the_refusal() -> None:
+    """A rerun as it is would be refused alike: the Prefect task gives up at once."""
+    from flows.model_runs import retry_unless_refused
+
+    class Failed:
+        def __init__(self, error: BaseException) -> None:
+            self.error = error
+
+        def result(self) -> None:
+            raise self.error
+
+    refused = Failed(AcceleratorRefused("no GPU", fix=GPU_INSTALL))
+    assert retry_unless_refused(None, None, refused) is False
+    assert retry_unless_refused(None, None, Failed(OSError("disk"))) is True
