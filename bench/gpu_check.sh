@@ -30,4 +30,7 @@ fi
 # The project from this folder, not installed: any Python, no build step.
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PATH="$PWD/$venv/bin:$PATH"
-exec "$venv/bin/python" -m bench.gpu_check --out "$out" "$@"
+# The bench's shard flows run on this clone's Prefect server, as `make bench` runs them.
+"$venv/bin/python" -m flows.server ensure
+trap '"$venv/bin/python" -m flows.server stop || true' EXIT
+"$venv/bin/python" -m bench.gpu_check --out "$out" "$@"
