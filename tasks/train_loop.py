@@ -9,7 +9,6 @@ its own train files and the chief alone validates, sending the figures to the ot
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from tasks import train_backup
 from tasks.accelerator import gpu_devices
 from tasks.manifest import ShardManifest
 from tasks.params import ParamsError, TrainParams
+from tasks.processes import usable_cores
 from tasks.reader import read_split
 from tasks.shard_store import ShardStore
 from tasks.train_backup import BackupDirs
@@ -131,7 +131,7 @@ def read_data(
     each batch fetched to the device ahead of the step (:class:`InputTuning`), records
     read out of order only where ``train.deterministic`` is off."""
     steps = steps_per_epoch(params, manifest, shards_dir)
-    cores = len(os.sched_getaffinity(0))
+    cores = usable_cores()
     threads = input_threads(cores, len(gpu_devices(strategy)), tuning)
 
     def batches(first_epoch: int) -> Any:
