@@ -82,6 +82,7 @@ def test_transfer_model_loads_a_local_weights_file_and_fine_tunes_the_top(tmp_pa
     )  # everything below the top stays frozen
 
 
+@pytest.mark.slow  # builds ResNet-50: seconds of graph construction
 def test_resnet50_trains_the_whole_network_and_has_no_frozen_phase() -> None:
     """As the published ResNet-50 figures train it: every layer from the first step, no
     weights downloaded, BatchNorm following the training flag."""
