@@ -3,7 +3,17 @@ SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha256sum | cut -c1-16)
+# The GPU variant (TensorFlow's CUDA 12 wheels, requirements-gpu.lock) goes on top of the CPU
+# lock where the NVIDIA driver lists a GPU; SHARDFLOW_ACCELERATOR=gpu or cpu forces either.
+LISTED_GPU := $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU ' && echo gpu)
+ACCELERATOR := $(or $(SHARDFLOW_ACCELERATOR),$(LISTED_GPU),cpu)
+ACCELERATOR_WHY := $(if $(SHARDFLOW_ACCELERATOR),SHARDFLOW_ACCELERATOR=$(SHARDFLOW_ACCELERATOR),$(if $(LISTED_GPU),nvidia-smi -L lists a GPU,nvidia-smi -L lists no GPU))
+$(if $(filter-out cpu gpu,$(ACCELERATOR)),$(error SHARDFLOW_ACCELERATOR=$(ACCELERATOR): set gpu or cpu))
+LOCKS := requirements.lock $(if $(filter gpu,$(ACCELERATOR)),requirements-gpu.lock)
+# The choice is part of the stamp: switching installs again.
+STAMP := $(VENV)/.installed-$(ACCELERATOR)-$(shell cat $(LOCKS) pyproject.toml | sha256sum | cut -c1-16)
+# The GPU lock's packages, removed again by a CPU install so TensorFlow sees no GPU then.
+GPU_PACKAGES := $(shell sed -n 's/^\([A-Za-z0-9._-]*\)==.*/\1/p' requirements-gpu.lock)
 
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
@@ -14,20 +24,26 @@ export DVC_NO_ANALYTICS := 1
 # TensorFlow raises its real errors in Python, and Python warnings still show.
 export TF_CPP_MIN_LOG_LEVEL := 3
 
-.PHONY: install run test lint demo-data serve stop team-demo ui bench screenshots lock clean serve-model compact
+.PHONY: install run test lint demo-data serve stop team-demo ui bench gpu-check screenshots lock clean serve-model compact
 
-install: $(STAMP)  ## create .venv from the hash-pinned lock, plus this clone's `shardflow` (idempotent)
+install: $(STAMP)  ## create .venv from the hash-pinned lock (plus the GPU lock where nvidia-smi lists a GPU), plus this clone's `shardflow` (idempotent)
 
 # The project goes in editable, after the lock: no dependency from anywhere but the lock
 # (--no-deps), nothing downloaded to build it (--no-build-isolation: setuptools and wheel
 # are in the lock). Its import hook maps only `tasks` and `flows`, to this clone's folders,
 # and lives in this clone's .venv: another clone's processes import their own code. The
 # clone's .dvc/config.local then names its own DVC site cache, for a `dvc` typed by hand.
-$(STAMP): requirements.lock pyproject.toml
+$(STAMP): $(LOCKS) pyproject.toml
 	@test -n "$(PYTHON)" || { echo "need python3.11 on PATH"; exit 1; }
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"Python 3.11 needed, found {sys.version}"'
+	@echo "make install: the $(ACCELERATOR) lock ($(ACCELERATOR_WHY))"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --require-hashes --no-deps -r requirements.lock
+ifeq ($(ACCELERATOR),gpu)
+	$(BIN)/python -m pip install --quiet --require-hashes --no-deps -r requirements-gpu.lock
+else
+	$(BIN)/python -m pip uninstall --quiet --yes $(GPU_PACKAGES) 2>/dev/null
+endif
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation --editable .
 	$(BIN)/python -c 'import tasks.layout as l; l.keep_dvc_site_cache_in_repository()'
 	rm -f $(VENV)/.installed-*
@@ -85,12 +101,23 @@ serve-model: install  ## the registered champion (MLflow's scoring app behind re
 bench: install  ## benchmarks -> reports/bench.json, reports/bench.png (BENCH_ARGS=--quick for a smoke run)
 	$(BIN)/python -m flows.cli bench $(BENCH_ARGS)
 
+# No `install` prerequisite: a fresh GPU machine may lack Python 3.11, the script installs.
+gpu-check:  ## on a GPU machine: install, run the GPU bench sections (one process per model) into OUT
+	@test -n "$(OUT)" || { echo "usage: make gpu-check OUT=folder [GPU_CHECK_ARGS=--quick]"; exit 1; }
+	bash bench/gpu_check.sh $(OUT) $(GPU_CHECK_ARGS)
+
 screenshots: install  ## headless Chromium screenshots of the MLflow run and Prefect artifacts -> docs/
 	$(BIN)/python -m docs.screenshots
 
-lock:  ## recompile requirements.lock from requirements.in (needs uv)
+# The GPU lock: for Linux x86-64 whatever machine compiles it, the CPU lock as constraints
+# (a package both need gets one version), and only what the CPU lock lacks emitted.
+lock:  ## recompile requirements.lock and requirements-gpu.lock from their .in files (needs uv)
 	uv pip compile --python-version 3.11 --generate-hashes --no-emit-index-url \
 	  --no-emit-find-links --no-header -o requirements.lock requirements.in
+	uv pip compile --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
+	  --generate-hashes --no-emit-index-url --no-emit-find-links --no-header \
+	  -c requirements.lock $(shell sed -n 's/^\([A-Za-z0-9._-]*\)==.*/--no-emit-package \1/p' requirements.lock) \
+	  -o requirements-gpu.lock requirements-gpu.in
 
 clean:  ## remove generated data and outputs (keeps .venv and the tracking store)
 	rm -rf data/ingest data/shards models metrics plots reports .shardflow

@@ -28,6 +28,8 @@ QUICK = {
     "stage_rss_max": 10_000,
     "near_duplicate_hashes": 2000,
     "orch_passes": 2,
+    "feed_models": ["small_cnn"],
+    "feed_batch": 16,
 }
 SELF_CONTAINED = {"append", "photos", "plan_rss", "worker_start", "near_duplicates"}
 
@@ -98,6 +100,13 @@ OPTIONS: list[tuple[str, Callable[[str], Any], Any, str]] = [
         "train.augment.crop of the input section (0: no RandomCrop, which XLA cannot compile); "
         "default: params.yaml's",
     ),
+    (
+        "--feed-models",
+        _name_list,
+        ["small_cnn", "efficientnet_b0", "resnet50"],
+        "models of the feeds section (comma-separated), one spawned process each",
+    ),
+    ("--feed-batch", int, 0, "global batch of the feeds section; 0: each model's per GPU"),
     ("--orch-epochs", int, None, "train.epochs of orchestration runs"),
     ("--orch-passes", int, 5, "direct / dvc repro pass pairs of the orchestration tax (median)"),
     ("--photos", int, 200, "camera photos per size"),
@@ -141,7 +150,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             flag,
             action=argparse.BooleanOptionalAction,
             default=None,
-            help="for the input section; default: params.yaml's train value",
+            help="for the input and feeds sections; default: params.yaml's train value",
         )
     parser.add_argument(
         "--skip-s3",
@@ -279,6 +288,13 @@ class Bench:
     work: Path
     cores: int
     index: Path = Path("/nonexistent/bench-index.json")  # set by `prepare`
+
+    @property
+    def gpus(self) -> int:
+        """GPUs TensorFlow sees here (sections size their batches per GPU)."""
+        import tensorflow as tf
+
+        return len(tf.config.list_physical_devices("GPU"))
 
     @property
     def size(self) -> tuple[int, int]:
@@ -453,6 +469,7 @@ def input_bound(b: Bench) -> None:
     """Each model's production training probe (reader-fed over memory-fed step), median of
     ``--passes`` runs; the headline ``input_bound_ratio`` is the most input-bound model's."""
     from bench.datasets import fresh_shards, ingest_folder
+    from bench.feeds import feed_batch
     from bench.train_step import input_params, measure_input_bound
 
     args = b.args
@@ -473,6 +490,8 @@ def input_bound(b: Bench) -> None:
             xla=args.xla,
             crop=args.input_crop,
         )
+        if model == "resnet50":  # at the published figures' batch, per GPU
+            params = params.model_copy(update={"batch_size": feed_batch(model, b.gpus)})
         # One ratio per pass, median across passes: on a 2-core VM a single pass swings by
         # +-10% with the host's load.
         passes = [
@@ -495,6 +514,48 @@ def input_bound(b: Bench) -> None:
         b.run.figures[f"input_bound_ratio.{model}"] for model in details
     )
     b.run.figures["details"]["input_bound_ratio"] = details
+
+
+def feeds(b: Bench) -> None:
+    """One epoch of each model fed by read_split (raw, jpeg), image_dataset_from_directory
+    and the seeds' recipe, side by side (bench.feeds): images/s and input-bound ratios."""
+    from bench import read as r
+    from bench.datasets import fresh_shards
+    from bench.feeds import FEEDS, FeedSet, feed_batch, measure_model
+    from bench.train_step import input_params
+    from tasks.manifest import load_manifest
+
+    args, size, tag = b.args, b.size, b.tag
+    shards = {
+        encoding: fresh_shards(
+            b.base.shard.model_copy(update={"image_size": size, "encoding": encoding}),
+            b.index,
+            b.work / f"read-{tag}-{encoding}",
+            workers=b.cores,
+        )
+        for encoding in ("raw", "jpeg")
+    }
+    seed_file = b.work / f"seed-{tag}.tfrecord"
+    r.write_seed_tfrecord(b.images, seed_file)
+    classes = len(load_manifest(shards["raw"]).classes)
+    feed_set = FeedSet(b.images, shards["raw"], shards["jpeg"], seed_file, size, classes)
+    details: dict[str, Any] = {}
+    for model in args.feed_models:
+        params = input_params(
+            b.base.train, model, mixed_precision=args.mixed_precision, xla=args.xla, crop=0.0
+        )
+        batch = args.feed_batch or feed_batch(model, b.gpus)
+        params = params.model_copy(update={"batch_size": batch})
+        details[model] = result = measure_model(feed_set, params, FEEDS)
+        for feed, figures in result["feeds"].items():
+            b.run.figures[f"feeds.{model}.{feed}"] = figures["images_per_s"]
+            b.run.figures[f"feeds.{model}.{feed}.input_bound_ratio"] = figures["input_bound_ratio"]
+            log(
+                f"   {model} <- {feed}: {figures['images_per_s']:,.1f} img/s, input-bound "
+                f"{figures['input_bound_ratio']:.3f} (batch {batch}, {result['precision_policy']}, "
+                f"xla {result['xla']}, {result['gpus']} GPU)"
+            )
+    b.run.figures["details"]["feeds"] = details
 
 
 def serve(b: Bench) -> None:
@@ -655,6 +716,7 @@ SECTIONS: dict[str, Callable[[Bench], None]] = {
     "write": write,
     "photos": photos,
     "input": input_bound,
+    "feeds": feeds,
     "serve": serve,
     "orchestration": orchestration,
     "scaling": scaling,

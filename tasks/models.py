@@ -15,8 +15,11 @@ from tasks.params import AugmentParams, ParamsError, TrainParams
 if TYPE_CHECKING:
     import keras
 
-BACKBONES = ("mobilenet_v3_small", "efficientnet_b0")
+BACKBONES = ("mobilenet_v3_small", "efficientnet_b0", "resnet50")
 MODELS = ("small_cnn", *BACKBONES)
+# Trained whole, every layer from the first step, BatchNorm in training mode: the setting of
+# the published ResNet-50 training figures (MLPerf, NVIDIA's examples) the bench compares to.
+WHOLE_NETWORK = ("resnet50",)
 
 
 def build_model(
@@ -36,6 +39,10 @@ def build_model(
     x = augment(inputs) if augment.layers else inputs
     if params.model == "small_cnn":
         x = small_cnn_features(x)
+    elif params.model in WHOLE_NETWORK:
+        backbone = build_backbone(params.model, params.weights, image_shape)
+        x = backbone(x)  # trainable, BatchNorm following the training flag
+        x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
     else:
         backbone = build_backbone(params.model, params.weights, image_shape)
         backbone.trainable = False
@@ -120,6 +127,15 @@ def build_backbone(
         return keras.applications.EfficientNetB0(
             input_shape=image_shape, include_top=False, weights=weights
         )
+    if name == "resnet50":
+        # keras.applications' ResNet50 expects caffe-style inputs and has no preprocessing
+        # of its own: [0, 255] is scaled to [-1, 1] here so the saved model takes uint8.
+        inputs = keras.Input(shape=image_shape, name="resnet50_input")
+        scaled = keras.layers.Rescaling(1.0 / 127.5, offset=-1.0, name="scale")(inputs)
+        resnet = keras.applications.ResNet50(
+            input_shape=image_shape, include_top=False, weights=weights
+        )
+        return keras.Model(inputs, resnet(scaled), name="resnet50_backbone")
     raise ValueError(f"unknown backbone {name!r}; choose one of {BACKBONES}")
 
 

@@ -128,7 +128,10 @@ class AugmentParams(_Strict):
 
 
 class TrainParams(_Strict):
-    model: Literal["small_cnn", "mobilenet_v3_small", "efficientnet_b0"]
+    model: Literal["small_cnn", "mobilenet_v3_small", "efficientnet_b0", "resnet50"]
+    # auto: a GPU when TensorFlow sees one, refused where the driver lists one it does not;
+    # cpu: the CPU on purpose (GPUs hidden); gpu: refused without a GPU (tasks/accelerator.py)
+    accelerator: Literal["auto", "cpu", "gpu"]
     weights: str | None  # None, "imagenet", or a path to a local weights file
     fine_tune_layers: int = Field(ge=0)  # top backbone layers unfrozen after the frozen phase
     fine_tune_epochs: int = Field(ge=0)
@@ -141,6 +144,8 @@ class TrainParams(_Strict):
     deterministic: bool
     mixed_precision: bool
     xla: bool
+    # train steps run by one compiled call: fewer host round trips per step on an accelerator
+    steps_per_execution: int = Field(ge=1)
     augment: AugmentParams
 
 
@@ -219,6 +224,19 @@ class Params(_Strict):
                 f"{', '.join(given)}: train.model 'small_cnn' has no pretrained backbone to "
                 "load or fine-tune; set a transfer model (mobilenet_v3_small, efficientnet_b0) "
                 "or weights null and both fine_tune keys 0"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _whole_network_models_have_no_frozen_phase(self) -> Params:
+        """resnet50 trains every layer from the start: a fine-tuning phase has nothing
+        frozen to unfreeze."""
+        train = self.train
+        if train.model == "resnet50" and (train.fine_tune_layers or train.fine_tune_epochs):
+            raise ValueError(
+                f"train.fine_tune_layers={train.fine_tune_layers}, train.fine_tune_epochs="
+                f"{train.fine_tune_epochs}: train.model 'resnet50' trains the whole network "
+                "from the first epoch; set both fine_tune keys 0"
             )
         return self
 

@@ -39,6 +39,7 @@ def read_split(
     with_metadata: bool = False,
     file_shard: tuple[int, int] | None = None,
     store: ShardStore | None = None,
+    ordered: bool = True,
 ) -> tf.data.Dataset:
     """Batched ``(images, labels)`` of one split: uint8 [B, H, W, 3] and int32 [B].
 
@@ -50,6 +51,8 @@ def read_split(
     ``store`` (tasks.shard_store), shards come from object storage instead of ``shards_dir``:
     each is downloaded whole and sha256-checked as the read reaches it, then read locally.
     ``file_shard=(i, n)`` reads only files i, i + n, ... of the split (one worker's share).
+    ``ordered=False`` lets training take records and batches as they are ready instead of
+    in the seed's order (faster where one file or batch lags; training only).
     """
     import tensorflow as tf
 
@@ -66,7 +69,7 @@ def read_split(
             f"{shards_dir}: split {split!r} holds no records; validation fails such a set "
             "(add images, or raise that split's fraction in ingest.splits)"
         )
-    deterministic = seed is not None or not training
+    deterministic = not training or (ordered and seed is not None)
     buffer = shuffle_buffer or default_shuffle_buffer(manifest, split)
 
     # Plain TensorFlow ops with Python-level branches only: AutoGraph's conversion of these

@@ -26,12 +26,17 @@ from typing import Any
 
 import numpy as np
 
+from tasks.atomic import write_text
 from tasks.manifest import ShardManifest, load_manifest
 from tasks.schema import IMAGE_KEY, LABEL_KEY
 from tasks.tfrecord import CorruptRecord, open_records, read_framed, record_offsets
 
 OFFSETS_NAME = "offsets.json"
 OFFSETS_VERSION = 1
+# NVIDIA DALI's TFRecord reader wants an index per file: one "offset size" line per record
+# (its tfrecord2idx's format), here `<shard file>.idx` beside the shard. Uncompressed sets
+# only: DALI cannot enter a GZIP stream at an offset.
+DALI_INDEX_SUFFIX = ".idx"
 
 
 def offsets_json(
@@ -98,6 +103,8 @@ def write_record_index(
                 if entry is None:
                     entry = _read_entry(shards_dir / file, counts[file], gzip_compressed)
                 offsets, end = entry
+                if not gzip_compressed:
+                    write_dali_index(shards_dir / dali_index_file(file), offsets, end)
                 handle.write(
                     f'{"," if n else ""}{json.dumps(file)}:{{"end":{end},"offsets":'
                     f"{json.dumps(offsets, separators=(',', ':'))}}}"
@@ -109,6 +116,49 @@ def write_record_index(
     finally:
         known.close()
         tmp.unlink(missing_ok=True)
+
+
+def dali_index_file(shard_file: str) -> str:
+    """The DALI index of ``shard_file`` (a path relative to the shard folder)."""
+    return shard_file + DALI_INDEX_SUFFIX
+
+
+def dali_index_files(manifest: ShardManifest) -> set[str]:
+    """Every DALI index the shard folder holds for ``manifest`` (none for GZIP shards)."""
+    if manifest.compression != "none":
+        return set()
+    return {dali_index_file(s.file) for info in manifest.splits.values() for s in info.shards}
+
+
+def dali_index_text(offsets: list[int], end: int) -> str:
+    """One ``offset size`` line per record: each record's framed bytes, header to footer."""
+    bounds = [*offsets[1:], end]
+    return "".join(f"{start} {stop - start}\n" for start, stop in zip(offsets, bounds, strict=True))
+
+
+def write_dali_index(path: Path, offsets: list[int], end: int) -> None:
+    """Write ``path`` unless it already holds this index: a rerun keeps the file it wrote."""
+    text = dali_index_text(offsets, end)
+    try:
+        if path.read_text() == text:
+            return
+    except (OSError, UnicodeDecodeError):
+        pass
+    write_text(path, text)
+
+
+def dali_index_problem(shard_path: Path, index_path: Path) -> str | None:
+    """What is wrong with ``index_path`` as the DALI index of ``shard_path`` (its lines
+    against the shard's own framing), or None."""
+    try:
+        text = index_path.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        return f"DALI index unreadable or missing ({error.__class__.__name__})"
+    framing = record_offsets(shard_path)
+    expected = "".join(f"{start} {size}\n" for start, size in framing)
+    if text != expected:
+        return f"DALI index does not match the shard's {len(framing)} records' framing"
+    return None
 
 
 def _read_entry(path: Path, num_records: int, gzip_compressed: bool) -> tuple[list[int], int]:

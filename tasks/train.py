@@ -31,6 +31,7 @@ import keras
 import tensorflow as tf
 
 from tasks import models, train_backup
+from tasks.accelerator import device_record, gpu_devices, select_accelerator
 from tasks.atomic import write_json
 from tasks.code_version import code_version
 from tasks.gate import ShardsNotValidated as ShardsNotValidated  # re-exported for the flows
@@ -82,11 +83,7 @@ FINE_TUNE_LR_FACTOR = 0.1  # fine-tuning a pretrained backbone wants a much smal
 
 
 def on_gpu(strategy: tf.distribute.Strategy) -> bool:
-    try:
-        devices = strategy.extended.worker_devices
-    except RuntimeError:  # the default strategy places ops on the default device
-        return bool(tf.config.list_logical_devices("GPU"))
-    return any("GPU" in device.upper() for device in devices)
+    return bool(gpu_devices(strategy))
 
 
 def precision_policy(params: TrainParams, *, gpu: bool) -> str:
@@ -102,15 +99,20 @@ def precision_policy(params: TrainParams, *, gpu: bool) -> str:
 KERNEL_ISA_FLAGS = ("avx", "avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
 
 
+def read_cpuinfo() -> str:
+    """The text of /proc/cpuinfo; empty where it cannot be read."""
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
 def cpu_isa(cpuinfo: str | None = None, cap: str | None = None) -> str:
     """The CPU's architecture and the :data:`KERNEL_ISA_FLAGS` it has (``cpuinfo``: the text
     of /proc/cpuinfo, read here when None; its flags are absent where it cannot be read), and
     the cap ``ONEDNN_MAX_CPU_ISA`` sets (``cap``; the environment's when None)."""
     if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            cpuinfo = ""
+        cpuinfo = read_cpuinfo()
     flags: set[str] = set()
     for line in cpuinfo.splitlines():
         name, _, value = line.partition(":")
@@ -124,17 +126,19 @@ def cpu_isa(cpuinfo: str | None = None, cap: str | None = None) -> str:
 
 
 def device_tags(params: TrainParams, strategy: tf.distribute.Strategy) -> dict[str, str]:
-    """What the run runs on, for tracking: device type, the CPU's kernel instruction sets
-    (:func:`cpu_isa`), workers, replicas, precision (XLA is tagged once trained: Keras
-    decides it with the model)."""
-    gpu = on_gpu(strategy)
+    """What the run runs on, for tracking: device type, name and count (on a GPU the CUDA and
+    cuDNN versions TensorFlow was built with: :func:`tasks.accelerator.device_record`), the
+    CPU's kernel instruction sets (:func:`cpu_isa`), workers, replicas, precision, steps per
+    compiled call (XLA is tagged once trained: Keras decides it with the model)."""
+    gpus = gpu_devices(strategy)
+    cpuinfo = read_cpuinfo()
     return {
-        "device.type": "gpu" if gpu else "cpu",
-        "device.cpu_isa": cpu_isa(),
+        **device_record(gpus, cpuinfo).tags(),
+        "device.cpu_isa": cpu_isa(cpuinfo),
         "device.num_workers": str(num_workers(strategy)),
         "device.num_replicas": str(strategy.num_replicas_in_sync),
         "device.strategy": strategy_name(strategy),
-        "device.precision_policy": precision_policy(params, gpu=gpu),
+        "device.precision_policy": precision_policy(params, gpu=bool(gpus)),
     }
 
 
@@ -265,6 +269,7 @@ def train(
         # Whether the step ran under XLA: train.xla as Keras resolved it for this model (off
         # under op determinism and for layers XLA cannot compile, such as RandomCrop).
         xla=bool(model.jit_compile),
+        steps_per_execution=params.steps_per_execution,
         strategy=strategy_name(strategy),
         num_workers=num_workers(strategy),
         num_replicas=strategy.num_replicas_in_sync,
@@ -320,7 +325,7 @@ def fit_phases(
     with strategy.scope():
         model = build_model(params, len(manifest.classes), manifest.record_schema.image_shape)
         compile_model(model, params, params.learning_rate, data.steps_per_epoch * params.epochs)
-    steps = step_functions(model, strategy, data)
+    steps = step_functions(model, strategy, data, params.steps_per_execution)
     fine_tune = params.fine_tune_layers > 0 and params.fine_tune_epochs > 0
     done = train_backup.restore_main_phase(model, dirs) if fine_tune else None
     if done is None:
@@ -336,7 +341,7 @@ def fit_phases(
         unfreeze_top(model, params.fine_tune_layers)
         lr = params.learning_rate * FINE_TUNE_LR_FACTOR
         compile_model(model, params, lr, data.steps_per_epoch * params.fine_tune_epochs)
-    tune_steps = step_functions(model, strategy, data)  # new trainable set
+    tune_steps = step_functions(model, strategy, data, params.steps_per_execution)  # new set
     tune = Phase(done, done + params.fine_tune_epochs, dirs.phase("fine_tune"))
     _, weights_epoch = fit_phase(
         model, data, tune, strategy, tune_steps, params=params, callbacks=hooks
@@ -412,6 +417,10 @@ def run_train(
     from tasks import tracking
 
     keras_without_extras()  # Keras's config held at its defaults, whatever keras.json says
+    if strategy is None:
+        # Before the strategy: hiding GPUs (train.accelerator: cpu) must precede TensorFlow's
+        # runtime, and a refusal must precede every collective of a multi-worker run.
+        select_accelerator(params.train.accelerator)
     strategy = strategy or choose_strategy(params.cluster.join_timeout_s)  # first: see train
     store = open_store(layout.root, params.storage)  # SHARDFLOW_SHARDS_URL, else data/shards
     if store:

@@ -256,11 +256,13 @@ class WorkerFailed(RuntimeError):
 
 
 def _refusal(error: BaseException) -> BaseException | None:
-    """``error`` when it refuses the run's configuration (a ``ParamsError``: a rerun as it is
-    fails alike), to travel whole to the launcher; None for anything else."""
+    """``error`` when it refuses the run's configuration (a ``ParamsError`` or another
+    ``Refused``: a rerun as it is fails alike), to travel whole to the launcher; None for
+    anything else."""
     from tasks.params import ParamsError
+    from tasks.refusals import Refused
 
-    return error if isinstance(error, ParamsError) else None
+    return error if isinstance(error, ParamsError | Refused) else None
 
 
 def _worker_main(

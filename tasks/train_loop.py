@@ -20,8 +20,10 @@ import keras
 import tensorflow as tf
 
 from tasks import train_backup
+from tasks.accelerator import gpu_devices
 from tasks.manifest import ShardManifest
 from tasks.params import ParamsError, TrainParams
+from tasks.processes import usable_cores
 from tasks.reader import read_split
 from tasks.shard_store import ShardStore
 from tasks.train_backup import BackupDirs
@@ -55,7 +57,47 @@ def steps_per_epoch(params: TrainParams, manifest: ShardManifest, shards_dir: Pa
             f"train.batch_size={params.batch_size} exceeds the {records} train records in "
             f"{shards_dir}; lower it"
         )
-    return records // params.batch_size
+    steps = records // params.batch_size
+    if params.steps_per_execution > steps:
+        raise ParamsError(
+            f"train.steps_per_execution={params.steps_per_execution} exceeds the {steps} "
+            f"steps of an epoch ({records} train records in {shards_dir}, batch "
+            f"{params.batch_size}); set at most {steps}"
+        )
+    return steps
+
+
+@dataclass(frozen=True)
+class InputTuning:
+    """How the train input overlaps the step; the defaults are the stage's, the bench varies
+    them one at a time. On the CPU the step and the input share the cores, so none of these
+    shows its effect there: they are for an accelerator."""
+
+    # Batches each replica's device holds ahead of the step (tf.distribute's default is 1:
+    # the copy of the next batch then waits for the step to take the current one).
+    device_buffer: int = 2
+    # Cores a GPU's runtime keeps (its launch and copy threads) out of tf.data's private
+    # pool and autotuning budget, per local GPU, at most half the cores; 0 lets tf.data
+    # take every core as on the CPU.
+    cores_per_gpu: int = 2
+
+
+def input_threads(cores: int, gpus: int, tuning: InputTuning) -> int | None:
+    """tf.data's thread budget beside ``gpus`` local GPUs on ``cores``; None (tf.data's
+    default: every core) without a GPU, where the step runs on those same cores."""
+    if not gpus or not tuning.cores_per_gpu:
+        return None
+    return max(1, cores - min(tuning.cores_per_gpu * gpus, cores // 2))
+
+
+def input_options(threads: int | None) -> tf.data.Options:
+    """A private tf.data thread pool and autotuning CPU budget of ``threads`` (None: the
+    defaults), so the reader does not take the cores the accelerator's runtime runs on."""
+    options = tf.data.Options()
+    if threads is not None:
+        options.threading.private_threadpool_size = threads
+        options.autotune.cpu_budget = threads
+    return options
 
 
 def check_distributable(
@@ -83,8 +125,14 @@ def read_data(
     shards_dir: Path,
     strategy: tf.distribute.Strategy,
     store: ShardStore | None = None,
+    tuning: InputTuning = InputTuning(),
 ) -> Data:
+    """The worker's input (see :class:`Data`): its train files read in step-sized epochs,
+    each batch fetched to the device ahead of the step (:class:`InputTuning`), records
+    read out of order only where ``train.deterministic`` is off."""
     steps = steps_per_epoch(params, manifest, shards_dir)
+    cores = usable_cores()
+    threads = input_threads(cores, len(gpu_devices(strategy)), tuning)
 
     def batches(first_epoch: int) -> Any:
         """The batches of every epoch from ``first_epoch`` on, ``steps`` an epoch, each
@@ -110,15 +158,21 @@ def read_data(
                         manifest=manifest,
                         file_shard=(context.input_pipeline_id, context.num_input_pipelines),
                         store=store,
+                        ordered=params.deterministic,
                     )
                     .repeat()
                     .take(steps)
                 )
 
             epochs = tf.data.Dataset.range(first_epoch, tf.int64.max)
-            return epochs.flat_map(epoch).prefetch(tf.data.AUTOTUNE)
+            ds = epochs.flat_map(epoch).prefetch(tf.data.AUTOTUNE)
+            return ds.with_options(input_options(threads))
 
-        return iter(strategy.distribute_datasets_from_function(train_input))
+        ahead = tf.distribute.InputOptions(
+            experimental_fetch_to_device=True,
+            experimental_per_replica_buffer_size=tuning.device_buffer,
+        )
+        return iter(strategy.distribute_datasets_from_function(train_input, options=ahead))
 
     val = read_split(
         shards_dir,
@@ -147,14 +201,20 @@ class Steps(NamedTuple):
     """The compiled steps of one phase (see :func:`step_functions`)."""
 
     train: Callable[[Any], tf.Tensor]
+    train_calls: Callable[[Any], tf.Tensor]  # per_call steps from an iterator, one call
+    per_call: int
     evaluate: Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
     sync_statistics: Callable[[], None]
 
 
-def step_functions(model: keras.Model, strategy: tf.distribute.Strategy, data: Data) -> Steps:
+def step_functions(
+    model: keras.Model, strategy: tf.distribute.Strategy, data: Data, per_call: int = 1
+) -> Steps:
     """``train(batch)`` takes one step on every replica and returns ``[loss sum, correct,
-    images]`` summed over the global batch; ``evaluate(images, labels)`` the same for one
-    local batch, no step taken; ``sync_statistics()`` averages the BatchNorm moving
+    images]`` summed over the global batch; ``train_calls(batches)`` takes ``per_call``
+    steps from the iterator ``batches`` in one compiled call (``train.steps_per_execution``:
+    one host round trip for them all) and returns their sum; ``evaluate(images, labels)``
+    the same for one local batch, no step taken; ``sync_statistics()`` averages the BatchNorm moving
     statistics over the replicas."""
     optimizer = model.optimizer
     # XLA as Keras resolved ``train.xla`` at compile: off under op determinism, where not
@@ -199,10 +259,22 @@ def step_functions(model: keras.Model, strategy: tf.distribute.Strategy, data: D
 
     replica_step = train_step if xla else graph(train_step)
 
-    @graph
-    def distributed_step(batch: Any) -> tf.Tensor:
+    def one_step(batch: Any) -> tf.Tensor:
         per_replica = strategy.run(replica_step, args=batch)
         return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+    distributed_step = graph(one_step)
+
+    @graph
+    def distributed_steps(batches: Any) -> tf.Tensor:
+        # A graph loop, not per_call traced copies of the step: one step's graph, any count.
+        def body(index: tf.Tensor, totals: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+            return index + 1, totals + one_step(next(batches))
+
+        _, totals = tf.while_loop(
+            lambda index, _: index < per_call, body, (tf.constant(0), tf.zeros(3))
+        )
+        return totals
 
     @graph(jit_compile=xla)
     def evaluate_step(images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
@@ -227,7 +299,7 @@ def step_functions(model: keras.Model, strategy: tf.distribute.Strategy, data: D
         for variable, mean in zip(statistics, means, strict=True):
             variable.assign(mean)
 
-    return Steps(distributed_step, evaluate_step, sync_statistics)
+    return Steps(distributed_step, distributed_steps, per_call, evaluate_step, sync_statistics)
 
 
 # -- epochs --------------------------------------------------------------------------------
@@ -282,7 +354,7 @@ def fit_phase(
     batches = data.batches(start)
     for epoch in range(start, phase.end):
         hooks.on_epoch_begin(epoch)
-        logs = run_epoch(steps.train, batches, data.steps_per_epoch)
+        logs = run_epoch(steps, batches, data.steps_per_epoch)
         if strategy.num_replicas_in_sync > 1:
             steps.sync_statistics()  # before validation, the backup and the model read them
         logs.update(validate(steps.evaluate, data.val, strategy))
@@ -300,13 +372,16 @@ def fit_phase(
     return ended, ended - 1
 
 
-def run_epoch(train: Callable[[Any], tf.Tensor], batches: Any, steps: int) -> dict[str, float]:
-    """One epoch of ``steps`` training steps on ``batches``; loss and accuracy over it,
-    images/s and step time."""
+def run_epoch(train: Steps, batches: Any, steps: int) -> dict[str, float]:
+    """One epoch of ``steps`` training steps on ``batches``, ``train.per_call`` a compiled
+    call and the rest one by one; loss and accuracy over it, images/s and step time."""
     start = time.perf_counter()
+    calls, rest = divmod(steps, train.per_call) if train.per_call > 1 else (0, steps)
     totals = tf.zeros(3)
-    for _ in range(steps):
-        totals += train(next(batches))
+    for _ in range(calls):
+        totals += train.train_calls(batches)
+    for _ in range(rest):
+        totals += train.train(next(batches))
     loss_sum, correct, images = (float(x) for x in totals.numpy())  # waits for the last step
     seconds = max(time.perf_counter() - start, 1e-9)
     return {

@@ -29,7 +29,7 @@ from tasks.layout import Layout
 from tasks.manifest import MANIFEST_NAME, SPLITS, ShardManifest, file_sha256, own_files
 from tasks.params import ValidateParams
 from tasks.processes import ChildResult, run_in_child
-from tasks.records import OFFSETS_NAME
+from tasks.records import OFFSETS_NAME, dali_index_file, dali_index_files, dali_index_problem
 from tasks.schema import HASH_KEY, IMAGE_KEY, LABEL_KEY, RecordSchema, SchemaError
 from tasks.shard_swap import finish_swap
 from tasks.tf_cross_check import fingerprint, tensorflow_sample
@@ -85,7 +85,8 @@ def load_manifest_lenient(shards_dir: Path) -> tuple[ShardManifest | None, dict[
 
 
 def check_files(manifest: ShardManifest, shards_dir: Path) -> dict[str, Any]:
-    """Every shard exists with the manifest's size and sha256."""
+    """Every shard exists with the manifest's size and sha256; an uncompressed one with the
+    DALI index of its framing beside it (:func:`tasks.records.dali_index_problem`)."""
     problems: list[dict[str, Any]] = []
     total = 0
     for info in manifest.splits.values():
@@ -102,6 +103,12 @@ def check_files(manifest: ShardManifest, shards_dir: Path) -> dict[str, Any]:
                 )
             elif file_sha256(path) != shard.sha256:
                 problems.append({"file": shard.file, "problem": "sha256 differs from manifest"})
+            elif manifest.compression == "none":
+                index = shards_dir / dali_index_file(shard.file)
+                if problem := dali_index_problem(path, index):
+                    problems.append(
+                        {"file": index.relative_to(shards_dir).as_posix(), "problem": problem}
+                    )
     message = "; ".join(f"{p['file']}: {p['problem']}" for p in problems[:5])
     shards = sum(len(i.shards) for i in manifest.splits.values())
     return check(
@@ -119,6 +126,7 @@ def check_extra_files(manifest: ShardManifest, shards_dir: Path) -> dict[str, An
     list (left by hand, or copied from another set) is read by any reader that globs for
     shards, and is versioned with the set, while no record of the set accounts for it."""
     expected = own_files(manifest) | {OFFSETS_NAME, *tfds_files(manifest)}
+    expected |= dali_index_files(manifest)
     extra = sorted(set(folder_entries(shards_dir)) - expected)
     shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
     return check(

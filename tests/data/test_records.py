@@ -215,7 +215,9 @@ def test_resharding_reindexes_and_keeps_shard_globs_clean(tiny_index: Path, tmp_
     shard_set(tiny_index, shards_dir, target_shard_mb=16.0)  # one shard per split now
     files = {s.file for info in load_manifest(shards_dir).splits.values() for s in info.shards}
     assert set(offsets(shards_dir)["shards"]) == files
-    assert {p.name for p in shards_dir.glob("*.tfrecord-*")} == files
+    # Shards end in their count's digits; beside each, its DALI index and nothing else.
+    assert {p.name for p in shards_dir.glob("*.tfrecord-*[0-9]")} == files
+    assert {p.name for p in shards_dir.glob("*.tfrecord-*")} == files | {f"{f}.idx" for f in files}
     assert [len(list(iter_split(shards_dir, split))) for split in SPLITS] == [
         load_manifest(shards_dir).split(split).num_records for split in SPLITS
     ]
@@ -234,3 +236,32 @@ def test_reading_never_loads_tensorflow(raw_shards: Path) -> None:
         [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True
     ).stdout.split(maxsplit=1)
     assert int(out[0]) > 0 and out[1].strip() == "[]"
+
+
+def test_dali_indexes_name_every_record_at_its_offset(tiny_index: Path, tmp_path: Path) -> None:
+    """`<shard>.idx` holds one `offset size` line per record (DALI's tfrecord2idx format):
+    the bytes at each offset are that record, framed, in TensorFlow's order; the shards
+    and the fingerprint are those of a set without indexes; a rerun keeps them."""
+    shards_dir = shard_set(tiny_index, tmp_path / "shards")
+    manifest = load_manifest(shards_dir)
+    assert manifest.fingerprint == manifest.compute_fingerprint()  # no index in the manifest
+    for info in manifest.splits.values():
+        for shard in info.shards:
+            data = (shards_dir / shard.file).read_bytes()
+            lines = (shards_dir / f"{shard.file}.idx").read_text().splitlines()
+            at_offsets = []
+            for line in lines:
+                offset, size = map(int, line.split(" "))
+                (length,) = struct.unpack("<Q", data[offset : offset + 8])
+                assert size == 8 + 4 + length + 4  # header, its CRC, data, data CRC
+                at_offsets.append(data[offset + 12 : offset + 12 + length])
+            assert offset + size == len(data)  # the last record ends the file
+            read = [r.numpy() for r in tf.data.TFRecordDataset(str(shards_dir / shard.file))]
+            assert at_offsets == read and len(read) == shard.num_records
+    indexes = {p.name: p.read_bytes() for p in shards_dir.glob("*.idx")}
+    again = shard_set(tiny_index, shards_dir)
+    assert load_manifest(again).fingerprint == manifest.fingerprint
+    assert {p.name: p.read_bytes() for p in shards_dir.glob("*.idx")} == indexes
+    # GZIP shards cannot be entered at an offset: DALI needs uncompressed ones, no index.
+    gzipped = shard_set(tiny_index, tmp_path / "gzip", compression="gzip")
+    assert not list(gzipped.glob("*.idx"))

@@ -12,9 +12,9 @@ import pytest
 from tasks.index import load_index, write_index
 from tasks.manifest import MANIFEST_NAME, ShardFile, ShardManifest, build_manifest, file_sha256
 from tasks.params import default_params
-from tasks.records import iter_split
+from tasks.records import iter_split, write_dali_index
 from tasks.shard import shard_stage
-from tasks.tfrecord import CorruptRecord
+from tasks.tfrecord import CorruptRecord, record_offsets
 from tasks.validate import ValidationFailed, raise_if_failed, run_validate
 
 ALL_CHECKS = [
@@ -275,6 +275,7 @@ def test_split_leak_fails_leakage(shards: Path, tiny_index: Path) -> None:
     leaked = manifest.splits["train"].shards[0]
     copy_name = "test.tfrecord-leaked"
     shutil.copyfile(shards / leaked.file, shards / copy_name)
+    shutil.copyfile(shards / f"{leaked.file}.idx", shards / f"{copy_name}.idx")  # its framing
     splits = manifest.splits
     splits["test"].shards.append(
         ShardFile(
@@ -458,6 +459,8 @@ def _rewrite_with_long_images(shards: Path, target: str, positions: set[int] | N
                     }
                 )
     save(shards, manifest, refingerprint=True)
+    framing = record_offsets(shards / target)  # the rewritten shard's DALI index, as written
+    write_dali_index(shards / f"{target}.idx", [at for at, _ in framing], sum(framing[-1]))
     return len(records)
 
 
@@ -613,3 +616,21 @@ def test_a_near_duplicate_pair_across_splits_fails_and_a_rebuild_fixes_it(tmp_pa
     shard_stage(shard_params, index_path, shards_dir)  # shard.mode: rebuild
     report = validate(shards_dir, index_path)
     assert report["passed"] is True, failed(report)
+
+
+def test_a_dali_index_off_its_shards_framing_fails_the_files_check(
+    shards: Path, tiny_index: Path
+) -> None:
+    """Each uncompressed shard's `<file>.idx` must name its records' framing exactly; a
+    missing or shifted one fails validation naming it, the shard itself still checks out."""
+    first, second = load(shards).split("train").shards[:2]
+    shifted = shards / f"{first.file}.idx"
+    lines = shifted.read_text().splitlines()
+    offset, size = map(int, lines[0].split())
+    shifted.write_text("\n".join([f"{offset + 1} {size}", *lines[1:]]) + "\n")
+    (shards / f"{second.file}.idx").unlink()
+    report = validate(shards, tiny_index)
+    assert set(failed(report)) == {"files"}
+    message = failed(report)["files"]["message"]
+    assert f"{first.file}.idx: DALI index does not match" in message
+    assert f"{second.file}.idx: DALI index unreadable or missing" in message

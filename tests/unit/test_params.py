@@ -144,7 +144,7 @@ def test_repository_params_hold_the_new_keys() -> None:
         ("train.augment.crop", 1.0, "less than 1"),
         ("train.augment.brightness", -0.1, "greater than or equal to 0"),
         ("workspace.lock_timeout_s", 0, "greater than 0"),
-        ("train.model", "resnet9000", "'small_cnn', 'mobilenet_v3_small' or 'efficientnet_b0'"),
+        ("train.model", "resnet9000", "'efficientnet_b0' or 'resnet50'"),
         (
             "evaluate.promotion_metric",
             "f1",

@@ -133,7 +133,7 @@ def test_manifest_matches_index_and_files(tiny_index: Path, tmp_path: Path) -> N
         for shard in info.shards:
             assert (tmp_path / shard.file).stat().st_size == shard.bytes
     names = {s.file for info in manifest.splits.values() for s in info.shards}
-    assert {p.name for p in tmp_path.glob("*.tfrecord-*")} == names
+    assert {p.name for p in tmp_path.glob("*.tfrecord-*[0-9]")} == names
 
 
 def test_shards_are_byte_identical_across_runs(tiny_index: Path, tmp_path: Path) -> None:
@@ -172,7 +172,7 @@ def test_changed_plan_removes_stale_shards(tiny_index: Path, tmp_path: Path) -> 
     (tmp_path / f".{'x'}.tmp-1").write_bytes(b"junk")
     manifest = shard_stage(params(target_shard_mb=16.0), tiny_index, tmp_path).manifest
     names = {s.file for info in manifest.splits.values() for s in info.shards}
-    assert {p.name for p in tmp_path.glob("*.tfrecord-*")} == names
+    assert {p.name for p in tmp_path.glob("*.tfrecord-*[0-9]")} == names
     assert len(names) == 3 and not list(tmp_path.glob(".*.tmp-*"))
 
 
@@ -288,12 +288,12 @@ def test_changed_resize_filter_reshards_everything(
     shards_dir = tmp_path / "shards"
     first = shard_stage(params(), tiny_index, shards_dir).manifest
     old_version = first.preprocessing_version
-    mtimes = {p.name: p.stat().st_mtime_ns for p in shards_dir.glob("*.tfrecord-*")}
+    mtimes = {p.name: p.stat().st_mtime_ns for p in shards_dir.glob("*.tfrecord-*[0-9]")}
     monkeypatch.setattr(images, "RESAMPLE", Image.Resampling.NEAREST)
     second = shard_stage(params(), tiny_index, shards_dir).manifest
     assert second.preprocessing_version != old_version
     assert second.fingerprint != first.fingerprint
-    rewritten = {p.name: p.stat().st_mtime_ns for p in shards_dir.glob("*.tfrecord-*")}
+    rewritten = {p.name: p.stat().st_mtime_ns for p in shards_dir.glob("*.tfrecord-*[0-9]")}
     assert rewritten.keys() == mtimes.keys()
     assert all(rewritten[name] != mtimes[name] for name in mtimes)
     manifest = json.loads((shards_dir / MANIFEST_NAME).read_text())

@@ -161,3 +161,22 @@ def test_efficientnet_b0_fine_tunes_in_both_phases(tmp_path: Path) -> None:
     assert backbone is not None
     assert any(layer.trainable and layer.weights for layer in backbone.layers[-5:])
     assert not any(layer.trainable for layer in backbone.layers[:-5] if layer.weights)
+
+
+def test_several_steps_per_compiled_call_train_the_same_model(tiny_shards: Path) -> None:
+    """train.steps_per_execution changes how steps are dispatched, not what they compute:
+    3 steps a call and the 4th alone end with the weights of 4 single steps, and the run
+    records the setting."""
+    weights, counts = [], []
+    for per_call in (1, 3):
+        seen = SeeOptimizer()
+        params = train_params(
+            epochs=1, batch_size=16, early_stopping_patience=0, steps_per_execution=per_call
+        )
+        summary = run(tiny_shards, params, callbacks=[seen])
+        assert summary["steps_per_execution"] == per_call
+        counts.append(seen.iterations)
+        weights.append(keras.saving.load_model(Layout(tiny_shards).model_file).get_weights())
+    assert counts == [[72 // 16]] * 2
+    for single, several in zip(*weights, strict=True):
+        np.testing.assert_array_equal(single, several)

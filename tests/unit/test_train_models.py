@@ -12,6 +12,7 @@ from tasks.models import backbone_of, build_backbone, build_model, unfreeze_top
 from tasks.params import ParamsError, default_params
 from tasks.train import precision_policy
 
+NO_AUGMENT = {"flip": False, "crop": 0.0, "brightness": 0.0, "contrast": 0.0}
 IMAGES = np.random.default_rng(0).integers(0, 256, (4, 32, 32, 3), dtype=np.uint8)
 
 
@@ -79,3 +80,23 @@ def test_transfer_model_loads_a_local_weights_file_and_fine_tunes_the_top(tmp_pa
     assert not any(
         layer.trainable for layer in backbone.layers[:-5]
     )  # everything below the top stays frozen
+
+
+@pytest.mark.slow  # builds ResNet-50: seconds of graph construction
+def test_resnet50_trains_the_whole_network_and_has_no_frozen_phase() -> None:
+    """As the published ResNet-50 figures train it: every layer from the first step, no
+    weights downloaded, BatchNorm following the training flag."""
+    params = default_params(
+        shard={"image_size": [32, 32]}, train={"model": "resnet50", "augment": NO_AUGMENT}
+    ).train
+    model = build_model(params, 3, (32, 32, 3))
+    backbone = backbone_of(model)
+    assert backbone is not None and backbone.trainable
+    assert all(layer.trainable for layer in backbone.layers)
+    # Every weight trains but BatchNorm's moving statistics.
+    moving = [v for v in model.weights if v.path.endswith(("moving_mean", "moving_variance"))]
+    assert len(model.trainable_weights) == len(model.weights) - len(moving) > 200
+    # BatchNorm normalises by the batch in training: outputs differ from inference's.
+    assert not np.allclose(model(IMAGES, training=True), model(IMAGES, training=False))
+    with pytest.raises(ParamsError, match=r"'resnet50' trains the whole network"):
+        default_params(train={"model": "resnet50", "fine_tune_layers": 10, "fine_tune_epochs": 1})
