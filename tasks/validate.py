@@ -396,13 +396,13 @@ def check_data_diff(diff: dict[str, Any], limits: ValidateParams) -> dict[str, A
 
 
 def gate_diff(
-    manifest: ShardManifest, accepted_path: Path, diff_path: Path
+    manifest: ShardManifest, accepted_path: Path, diff_path: Path, dataset: str
 ) -> tuple[dict[str, Any], data_gate.DataVersion, data_gate.AcceptedVersion | None]:
-    """These shards against the accepted version at ``accepted_path``, written to
+    """These shards against ``dataset``'s accepted version at ``accepted_path``, written to
     ``diff_path`` (JSON and Markdown); also returns the version and the accepted one."""
-    accepted = data_gate.load_accepted(accepted_path)
+    accepted = data_gate.load_accepted(accepted_path, dataset)
     version = data_gate.describe(manifest)
-    diff = data_gate.compare(accepted, version)
+    diff = data_gate.compare(accepted, version, dataset)
     data_gate.write(diff, diff_path)
     return diff, version, accepted
 
@@ -410,10 +410,11 @@ def gate_diff(
 # -- the stage -------------------------------------------------------------------------------
 
 
-def validate_layout(layout: Layout, limits: ValidateParams) -> dict[str, Any]:
+def validate_layout(layout: Layout, limits: ValidateParams, dataset: str) -> dict[str, Any]:
     """The validate stage's check (:func:`run_validate`) of its workspace's shards, with the
-    data gate: its reports, the ingest index, the accepted data version and the data diff
-    where ``layout`` puts them."""
+    data gate of ``dataset`` (:func:`tasks.dataset_identity.dataset_identity`): its reports,
+    the ingest index, the accepted data version and the data diff where ``layout`` puts
+    them."""
     return run_validate(
         layout.shards_dir,
         layout.validation_report,
@@ -422,6 +423,7 @@ def validate_layout(layout: Layout, limits: ValidateParams) -> dict[str, Any]:
         accepted_path=layout.accepted_data,
         diff_path=layout.data_diff,
         limits=limits,
+        dataset=dataset,
     )
 
 
@@ -435,13 +437,15 @@ def run_validate(
     accepted_path: Path | None = None,
     diff_path: Path | None = None,
     limits: ValidateParams | None = None,
+    dataset: str = "",
 ) -> dict[str, Any]:
     """Check a shard set; write the JSON report and Markdown summary; return the report.
 
-    With ``accepted_path``, ``diff_path`` and ``limits`` (the data gate): the change from the
-    last accepted data version, written to ``diff_path``, must stay within the ``validate``
-    limits (:func:`tasks.data_gate.violations`); a set that passes
-    every check becomes the accepted version (:func:`tasks.data_gate.record_passed`).
+    With ``accepted_path``, ``diff_path``, ``limits`` and ``dataset`` (the data gate): the
+    change from ``dataset``'s last accepted version, written to ``diff_path``, must stay
+    within the ``validate`` limits (:func:`tasks.data_gate.violations`); a set that passes
+    every check becomes its accepted version (:func:`tasks.data_gate.record_passed`), the
+    first one of a dataset with none its baseline.
     """
     shards_dir = Path(shards_dir)
     finish_swap(shards_dir)  # a rebuild killed between its renames: its set, else the old one
@@ -474,10 +478,13 @@ def run_validate(
             tail.append(check_index(Path(index_path), manifest, contents))
             tail.append(check_near_duplicates(Path(index_path), contents))
         if accepted_path is not None and diff_path is not None and limits is not None:
+            if not dataset:
+                raise TypeError("the data gate needs the dataset's identity")
             try:
-                gate = gate_diff(manifest, Path(accepted_path), Path(diff_path))
+                gate = gate_diff(manifest, Path(accepted_path), Path(diff_path), dataset)
             except data_gate.AcceptedRecordError as exc:
-                tail.append(check("data_diff", [str(exc)], "", str(exc)))
+                message = f"{exc}: {exc.fix}"
+                tail.append(check("data_diff", [message], "", message))
             else:
                 tail.append(check_data_diff(gate[0], limits))
         head = [
@@ -499,7 +506,7 @@ def run_validate(
     write_text(Path(summary_path), summary_markdown(report))
     if report["passed"] and gate is not None and accepted_path is not None:
         diff, version, accepted = gate
-        data_gate.record_passed(Path(accepted_path), version, diff, accepted)
+        data_gate.record_passed(Path(accepted_path), version, diff, accepted, dataset)
     return report
 
 
