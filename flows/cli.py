@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 from flows.common import configure_environment
 from flows.server import api_url, free_port
 from tasks.layout import keep_dvc_site_cache_in_repository
+from tasks.refusals import REFUSED_EXIT, refusing
 from tasks.tracking import MLFLOW_UI_URL
 
 DEMO_DIR = "data/demo"
@@ -46,7 +47,9 @@ def module(name: str, *args: str) -> list[str]:
 
 def run_steps(extra: Sequence[str]) -> Steps:
     return [
-        module("tasks.demo_data", DEMO_DIR, "--if-missing"),
+        module("tasks.params", "check", "params.yaml"),  # a bad key: refused naming it first
+        # the demo set only where params.yaml reads it, and only once
+        module("tasks.demo_data", DEMO_DIR, "--if-missing", "--if-source", "params.yaml"),
         # DVC cannot hash a folder holding a file name that is not UTF-8: say which, first.
         module("tasks.filenames", "check"),
         module("flows.server", "ensure"),
@@ -203,7 +206,13 @@ def teed(step: list[str], env: dict[str, str]) -> tuple[int, list[str]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a subcommand's steps in order; the exit code is the first failing step's. ``run``
-    ends with a summary read from the outputs (:mod:`flows.run_summary`)."""
+    ends with a summary read from the outputs (:mod:`flows.run_summary`). A refusal here
+    (params.yaml read to build a step) is one short block, as in the steps."""
+    return refusing(lambda: run_command(argv), "shardflow")
+
+
+def run_command(argv: Sequence[str] | None) -> int:
+    """:func:`main`'s work."""
     args, extra = build_parser().parse_known_args(argv)
     keep_dvc_site_cache_in_repository(Path.cwd())  # for the `dvc` a user types here, too
     steps = COMMANDS[args.command][1](extra)
@@ -215,7 +224,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             code = subprocess.run(step, env=env).returncode
         if code != 0:
-            print(f"shardflow {args.command}: `{' '.join(step)}` exited {code}", file=sys.stderr)
+            if code != REFUSED_EXIT:  # a refusal said what, why and the fix itself
+                print(
+                    f"shardflow {args.command}: `{' '.join(step)}` exited {code}", file=sys.stderr
+                )
             return code
     if args.command == "run":
         from flows.run_summary import summary_lines

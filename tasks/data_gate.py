@@ -36,7 +36,7 @@ from tasks.params import ValidateParams
 from tasks.refusals import Refused
 
 # 2: one accepted version per dataset; 1 (still read): a single version with no dataset
-RECORD_FORMAT = 2
+RECORD_FORMAT: Literal[2] = 2
 ACCEPT_COMMAND = "shardflow accept-data"
 MIN_FINGERPRINT_PREFIX = 8
 
@@ -98,6 +98,8 @@ class LegacyAcceptedVersion(AcceptedVersion):
 class AcceptedRecordError(Refused, ValueError):
     """``data/accepted.json`` cannot be read: the gate has no baseline it can trust."""
 
+    fix = "git checkout -- data/accepted.json"
+
 
 def describe(manifest: ShardManifest) -> DataVersion:
     """The data version of a shard set, from its manifest (validation checks the manifest's
@@ -139,9 +141,7 @@ def load_accepted(path: Path, dataset: str) -> AcceptedVersion | None:
     return load_record(path, dataset).datasets.get(dataset)
 
 
-def compare(
-    accepted: AcceptedVersion | None, current: DataVersion, dataset: str
-) -> dict[str, Any]:
+def compare(accepted: AcceptedVersion | None, current: DataVersion, dataset: str) -> dict[str, Any]:
     """The diff from ``dataset``'s accepted version to ``current``: records per split and
     class before and after (net counts: the baseline keeps no record lists), each class's
     share, new and removed classes. With nothing accepted yet there is nothing to compare."""
@@ -278,6 +278,8 @@ def record_passed(
 
 class AcceptRefused(Refused, ValueError):
     """``shardflow accept-data`` cannot accept what it was asked to."""
+
+    fix = "run the `shardflow accept-data ...` command the validation refusal printed"
 
 
 def accept(

@@ -30,6 +30,7 @@ from tasks.manifest import MANIFEST_NAME, SPLITS, ShardManifest, file_sha256, ow
 from tasks.params import ValidateParams
 from tasks.processes import ChildResult, run_in_child
 from tasks.records import OFFSETS_NAME
+from tasks.refusals import Refused
 from tasks.schema import HASH_KEY, IMAGE_KEY, LABEL_KEY, RecordSchema, SchemaError
 from tasks.shard_swap import finish_swap
 from tasks.tf_cross_check import fingerprint, tensorflow_sample
@@ -49,8 +50,10 @@ CROSS_CHECK_PER_SHARD = 4  # records per shard that TensorFlow's parser reads to
 CROSS_CHECK_TIMEOUT_S = 600
 
 
-class ValidationFailed(RuntimeError):
+class ValidationFailed(Refused, RuntimeError):
     """The shard set failed validation; the message names the failed checks."""
+
+    fix = "fix the data its checks name (reports/validation.md), then `shardflow run`"
 
 
 # -- manifest and files ----------------------------------------------------------------------
@@ -516,14 +519,18 @@ def raise_if_failed(report: dict[str, Any]) -> None:
     if failed:
         reasons = "; ".join(f"{c['name']}: {c['message']}" for c in failed)
         # the data gate's own message says how to accept a deliberate change
-        advice = (
-            ""
-            if [c["name"] for c in failed] == ["data_diff"]
-            else ("; then fix the data or rerun the shard stage")
+        gate_only = [c["name"] for c in failed] == ["data_diff"]
+        advice = "" if gate_only else "; then fix the data or rerun the shard stage"
+        fix = (
+            f"{data_gate.accept_command(str(report.get('fingerprint')))}   (if the change is "
+            "deliberate; else restore the data)"
+            if gate_only and report.get("fingerprint")
+            else None
         )
         raise ValidationFailed(
             f"shard validation failed for {report.get('shards_dir')} ({reasons}); "
-            f"see reports/validation.json{advice}"
+            f"see reports/validation.json{advice}",
+            fix=fix,
         )
 
 

@@ -83,6 +83,7 @@ def test_run_stops_at_the_first_failing_step(
     monkeypatch.setattr(cli.subprocess, "run", recorder)
     assert cli.main(["run"]) == 3
     assert [step[2] for step in recorder.steps] == [
+        "tasks.params",
         "tasks.demo_data",
         "tasks.filenames",
         "flows.server",
@@ -259,3 +260,26 @@ def test_mlflow_servers_started_by_shardflow_run_no_job_runner(
         [sys.executable, "-c", read], env=cli.environment(), capture_output=True, text=True
     )
     assert said.stdout.strip() == "False", said.stderr[-2000:]
+
+
+def test_run_generates_the_demo_set_only_where_params_read_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`shardflow run` wrote the 3,007-file demo set whatever ingest.source_dir said, and
+    said "data/demo exists; keeping it" on every run."""
+    from tasks import demo_data
+
+    step = next(s for s in cli.run_steps([]) if s[2] == "tasks.demo_data")
+    monkeypatch.chdir(tmp_path)
+    text = (ROOT / "params.yaml").read_text()
+    (tmp_path / "params.yaml").write_text(text.replace("source_dir: data/demo", "source_dir: mine"))
+    demo_data.main([*step[3:], "--per-class", "2"])
+    assert not (tmp_path / "data" / "demo").exists()
+    (tmp_path / "params.yaml").write_text(
+        text.replace("source_dir: data/demo", "source_dir: ./data/demo/")
+    )
+    demo_data.main([*step[3:], "--per-class", "2"])
+    assert (tmp_path / "data" / "demo").is_dir()
+    assert "generating the demo dataset into data/demo" in capsys.readouterr().out
+    demo_data.main([*step[3:], "--per-class", "2"])
+    assert capsys.readouterr().out == ""  # nothing to say when nothing happens
