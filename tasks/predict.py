@@ -59,6 +59,7 @@ from tasks.manifest import ShardManifest
 from tasks.params import MODEL_NAME_PATTERN
 from tasks.processes import usable_cores
 from tasks.schema import RecordSchema
+from tasks.refusals import Refused
 
 if TYPE_CHECKING:
     import keras
@@ -491,12 +492,18 @@ def resolve_model(client: MlflowClient, model: str, model_name: str) -> ModelRef
     except MlflowException as exc:
         from tasks.tracking import redact
 
-        raise LookupError(
+        raise ModelNotFound(
             f"model {model!r} (registered model {model_name!r}) not found in "
             f"{redact(client.tracking_uri)}: {redact(exc.message)}; run the training flow "
             "first, or pass a version, a run id or a models:/ URI"
         ) from None
     return ModelRef(uri, str(found.name), str(found.version), str(found.run_id))
+
+
+class ModelNotFound(Refused, LookupError):
+    """No model answers the reference (no champion yet, or a version the registry lacks)."""
+
+    fix = "shardflow run   (trains, evaluates and promotes a champion), or --model VERSION"
 
 
 def _is_run_id(text: str) -> bool:
