@@ -132,7 +132,11 @@ def stop_steps(extra: Sequence[str]) -> Steps:
 
 # name -> (help line, steps); the order is the order of `shardflow --help`.
 COMMANDS: dict[str, tuple[str, Callable[[Sequence[str]], Steps]]] = {
-    "run": ("demo data if missing, Prefect server, then the whole pipeline (dvc repro)", run_steps),
+    "run": (
+        "params.yaml checked, the demo data if it reads data/demo and that is missing, Prefect "
+        "server, then the whole pipeline (dvc repro)",
+        run_steps,
+    ),
     "accept-data": (
         "accept the shards validation refused as the data baseline: --fingerprint F --reason R",
         accept_data_steps,
@@ -159,6 +163,46 @@ COMMANDS: dict[str, tuple[str, Callable[[Sequence[str]], Steps]]] = {
 }
 
 
+# What `shardflow COMMAND --help` shows below the command's line: the options of the module
+# the command runs (its own --help, so nothing is written twice), or what the command itself
+# takes where it runs another tool.
+NO_OPTIONS = "options: none"
+OPTIONS: dict[str, list[str] | str] = {
+    "run": (
+        "options: those of `dvc repro` (`dvc repro --help`), passed on:\n"
+        "  -f, --force        rerun every stage, changed or not\n"
+        "  STAGE              run only up to that stage (ingest, shard, validate, train, evaluate)"
+    ),
+    "accept-data": ["flows.accept_data", "--help"],
+    "serve": NO_OPTIONS,
+    "predict": ["flows.predict", "--help"],
+    "bench": ["bench", "--help"],
+    "ui": (
+        "options: those of `mlflow ui` (`mlflow ui --help`), passed on:\n"
+        f"  --port N           listen on N (default {urlsplit(MLFLOW_UI_URL).port} while free, "
+        "else a free port)"
+    ),
+    "serve-model": "options:\n  --port N                     listen on N (default: a free port)\n"
+    + "\n".join(
+        f"  {flag} N".ljust(31) + f"default {value}" for flag, value in SERVE_LIMITS.items()
+    ),
+    "stop": NO_OPTIONS,
+    "team-deploy": ["flows.team", "deploy", "--help"],
+    "team-demo": NO_OPTIONS,
+}
+
+
+def show_help(command: str, env: dict[str, str]) -> int:
+    """``shardflow COMMAND --help``: what the command does, then its options."""
+    print(f"usage: shardflow {command} [options]\n\n{COMMANDS[command][0]}\n")
+    options = OPTIONS[command]
+    if isinstance(options, str):
+        print(options)
+        return 0
+    print(f"options ({' '.join(['python -m', *options[:-1]])}):", flush=True)
+    return subprocess.run(module(*options), env=env).returncode
+
+
 def prefect_ui() -> str:
     try:
         return api_url().removesuffix("/api")
@@ -175,7 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (help_line, _) in COMMANDS.items():
-        commands.add_parser(name, help=help_line, description=help_line)
+        # -h/--help reaches run_command, which shows the command's options (show_help)
+        commands.add_parser(name, help=help_line, description=help_line, add_help=False)
     return parser
 
 
@@ -214,6 +259,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_command(argv: Sequence[str] | None) -> int:
     """:func:`main`'s work."""
     args, extra = build_parser().parse_known_args(argv)
+    if {"-h", "--help"} & set(extra):
+        return show_help(args.command, environment())
     keep_dvc_site_cache_in_repository(Path.cwd())  # for the `dvc` a user types here, too
     steps = COMMANDS[args.command][1](extra)
     env = environment()

@@ -58,8 +58,8 @@ from tasks.inference import predict_batch
 from tasks.manifest import ShardManifest
 from tasks.params import MODEL_NAME_PATTERN
 from tasks.processes import usable_cores
-from tasks.schema import RecordSchema
 from tasks.refusals import Refused
+from tasks.schema import RecordSchema
 
 if TYPE_CHECKING:
     import keras

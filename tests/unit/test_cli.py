@@ -283,3 +283,63 @@ def test_run_generates_the_demo_set_only_where_params_read_it(
     assert "generating the demo dataset into data/demo" in capsys.readouterr().out
     demo_data.main([*step[3:], "--per-class", "2"])
     assert capsys.readouterr().out == ""  # nothing to say when nothing happens
+
+
+OPTIONS_SHOWN = {
+    "run": ["--force"],
+    "accept-data": ["--fingerprint", "--reason", "--by"],
+    "predict": ["--model", "--output", "source"],
+    "ui": ["--port"],
+    "serve-model": ["--port", "--max-request-mb", "--max-concurrent-requests"],
+    "team-deploy": ["--cpu-pool", "--gpu-pool"],
+    "bench": ["--quick"],
+    **{name: ["options: none"] for name in ("serve", "stop", "team-demo")},
+}
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_subcommands_help_lists_its_options(
+    command: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """`shardflow predict --help` and four others showed only -h, though they take options."""
+    assert cli.main([command, "--help"]) == 0
+    out = capfd.readouterr().out
+    assert out.startswith(f"usage: shardflow {command}")
+    assert all(option in out for option in OPTIONS_SHOWN[command]), out
+    assert "Prefect server started" not in out  # help starts nothing
+
+
+def test_a_bare_make_lists_every_target() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    phony = re.search(r"^\.PHONY: (.*)$", makefile, flags=re.MULTILINE)
+    assert phony is not None
+    out = subprocess.run(
+        ["make", "-s"], cwd=ROOT, capture_output=True, text=True, check=True, timeout=30
+    ).stdout
+    assert re.findall(r"^  make (\S+)", out, flags=re.MULTILINE) == [
+        t for t in re.findall(r"^([a-z-]+):.*## ", makefile, flags=re.MULTILINE)
+    ]
+    assert set(phony.group(1).split()) <= set(re.findall(r"^  make (\S+)", out, flags=re.M))
+
+
+def test_the_readme_command_table_is_true() -> None:
+    """It said every make target is also a `shardflow` command; five were not."""
+    readme = (ROOT / "README.md").read_text()
+    readme = readme[readme.index("The `make` targets and `shardflow` commands") :]
+    readme = readme[: readme.index("\n\n", readme.index("| command |"))]
+    makefile = (ROOT / "Makefile").read_text()
+    targets = re.findall(r"^([a-z-]+):.*## ", makefile, flags=re.MULTILINE)
+    rows = [line for line in readme.splitlines() if re.match(r"^\| `(make|shardflow) ", line)]
+    in_table = set()
+    for row in rows:
+        first = row.split("|")[1]
+        makes = re.findall(r"`make ([a-z-]+)`", first)
+        commands = re.findall(r"`shardflow ([a-z-]+)`", first)
+        in_table.update(makes)
+        assert all(c in COMMANDS for c in commands), row
+        if makes and not commands:
+            assert "(make only)" in first, row
+        for target in makes if commands else []:
+            recipe = re.search(rf"^{target}:.*\n((?:\t.*\n)+)", makefile, flags=re.MULTILINE)
+            assert recipe and f"-m flows.cli {target}" in recipe.group(1), row
+    assert set(targets) <= in_table
