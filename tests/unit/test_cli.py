@@ -343,3 +343,15 @@ def test_the_readme_command_table_is_true() -> None:
             recipe = re.search(rf"^{target}:.*\n((?:\t.*\n)+)", makefile, flags=re.MULTILINE)
             assert recipe and f"-m flows.cli {target}" in recipe.group(1), row
     assert set(targets) <= in_table
+
+
+def test_the_readmes_demo_figures_are_the_demo_runs() -> None:
+    """The README said 7 broken files where the demo run keeps 8 out of its shards."""
+    import json
+
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    report = json.loads((ROOT / "reports" / "ingest.json").read_text())
+    kept_out = re.search(r"which keep (\d+) out of the shards: (\d+) quarantined", readme)
+    assert kept_out is not None
+    assert int(kept_out.group(1)) == report["quarantined_count"] + report["duplicate_count"]
+    assert int(kept_out.group(2)) == report["quarantined_count"]
