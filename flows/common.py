@@ -38,6 +38,11 @@ OFFLINE_ENV = {
     # processes for MLflow's GenAI jobs, which Shardflow never submits (about 30 s of CPU a
     # minute between them, measured), and leave their queue's folder in /dev/shm behind.
     "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+    # Nothing on the terminal a user cannot act on: MLflow's download bars (a champion's
+    # files, fetched to re-score it) and its INFO lines (system metrics started and
+    # stopped, a model registered: the run and the flow log say what happened).
+    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+    "MLFLOW_LOGGING_LEVEL": "WARNING",
 }
 
 

@@ -397,23 +397,28 @@ def log_pyfunc(
         spec_file.write_text(json.dumps(spec.to_dict(), indent=2, sort_keys=True))
         mlflow.start_run(run_id=run_id)
         try:
-            info = mlflow.pyfunc.log_model(
-                name=MODEL_NAME_IN_RUN,
-                # The model from code (tasks/serving_model.py), not a pickled object.
-                python_model=str(Path(tasks.__file__).with_name("serving_model.py")),
-                artifacts={KERAS_ARTIFACT: str(model_file), SPEC_ARTIFACT: str(spec_file)},
-                code_paths=[str(Path(tasks.__file__).parent)],
-                signature=signature(spec.classes),
-                metadata={"preprocessing": spec.to_dict()},
-                tags=tags,
-                # Pinned here (versions from the installed metadata) so logging never shells
-                # out to infer requirements.
-                pip_requirements=[
-                    *(f"{name}=={version(name)}" for name in ("tensorflow", "keras", "pillow")),
-                    f"numpy=={np.__version__}",
-                    "pydantic>=2.7",
-                ],
-            )
+            with warnings.catch_warnings():
+                # the signature says what a request holds; an input example would be an image
+                warnings.filterwarnings(
+                    "ignore", ".*An input example was not provided", UserWarning
+                )
+                info = mlflow.pyfunc.log_model(
+                    name=MODEL_NAME_IN_RUN,
+                    # The model from code (tasks/serving_model.py), not a pickled object.
+                    python_model=str(Path(tasks.__file__).with_name("serving_model.py")),
+                    artifacts={KERAS_ARTIFACT: str(model_file), SPEC_ARTIFACT: str(spec_file)},
+                    code_paths=[str(Path(tasks.__file__).parent)],
+                    signature=signature(spec.classes),
+                    metadata={"preprocessing": spec.to_dict()},
+                    tags=tags,
+                    # Pinned here (versions from the installed metadata) so logging never shells
+                    # out to infer requirements.
+                    pip_requirements=[
+                        *(f"{name}=={version(name)}" for name in ("tensorflow", "keras", "pillow")),
+                        f"numpy=={np.__version__}",
+                        "pydantic>=2.7",
+                    ],
+                )
         finally:
             mlflow.end_run(status=status)  # no longer active here; its status as it was
     return str(info.model_uri)

@@ -355,3 +355,21 @@ def test_the_readmes_demo_figures_are_the_demo_runs() -> None:
     assert kept_out is not None
     assert int(kept_out.group(1)) == report["quarantined_count"] + report["duplicate_count"]
     assert int(kept_out.group(2)) == report["quarantined_count"]
+
+
+def test_steps_run_without_mlflows_download_bars_and_info_lines(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`make run` showed MLflow's "Downloading artifacts" bars and system-metrics INFO lines,
+    which nobody can act on; warnings and errors still show."""
+    from mlflow.environment_variables import (
+        MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR,
+        MLFLOW_LOGGING_LEVEL,
+    )
+
+    for name in ("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "MLFLOW_LOGGING_LEVEL"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in cli.environment().items():
+        monkeypatch.setenv(name, value)
+    assert MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR.get() is False
+    assert MLFLOW_LOGGING_LEVEL.get() == "WARNING"
