@@ -10,12 +10,17 @@ drift apart. Run it from the repository root: DVC, Prefect (``prefect.toml``) an
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from flows.common import configure_environment
@@ -234,18 +239,93 @@ def environment() -> dict[str, str]:
     return env
 
 
+# How long a step's processes get to stop after the signal is passed on, before SIGKILL.
+STOP_GRACE_S = 10.0
+
+
+class Stopped(Exception):
+    """This process was asked to stop (SIGTERM, SIGINT) while a step ran."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextmanager
+def stopping_with(process: subprocess.Popen[Any]) -> Iterator[None]:
+    """SIGTERM or SIGINT to ``shardflow`` stops ``process`` and every process it started.
+
+    A step runs in a session of its own, so a service manager's, a container's or a CI job's
+    SIGTERM to ``shardflow`` alone no longer leaves a server it started answering (Ctrl-C
+    reached them through the terminal's process group; a ``kill`` did not). The signal is
+    passed on to the step's whole group; what is still there after ``STOP_GRACE_S`` gets
+    SIGKILL. Servers a step started detached (this clone's Prefect server) are left up.
+    """
+
+    def stop(signum: int, _: object) -> None:
+        raise Stopped(signum)
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    except Stopped as stopped:
+        end_group(process, stopped.signum)
+        raise
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def end_group(process: subprocess.Popen[Any], signum: int) -> None:
+    """``signum`` to ``process``'s process group, then SIGKILL to what is left of it after
+    ``STOP_GRACE_S``."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signum)
+    deadline = time.monotonic() + STOP_GRACE_S
+    while time.monotonic() < deadline and group_alive(process):
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def group_alive(process: subprocess.Popen[Any]) -> bool:
+    """Whether any process of ``process``'s group is left (the leader reaped as it ends)."""
+    process.poll()
+    try:
+        os.killpg(process.pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def run_step(step: list[str], env: dict[str, str]) -> int:
+    """Run ``step`` in a session of its own (:func:`stopping_with`); its exit status."""
+    with (
+        subprocess.Popen(step, env=env, start_new_session=True) as process,
+        stopping_with(process),
+    ):
+        return process.wait()
+
+
 def teed(step: list[str], env: dict[str, str]) -> tuple[int, list[str]]:
-    """Run ``step`` with its standard output shown as it comes and kept (unbuffered, so its
-    lines keep their place among the standard error's)."""
+    """Run ``step`` as :func:`run_step` does, with its standard output shown as it comes and
+    kept (unbuffered, so its lines keep their place among the standard error's)."""
     kept: list[str] = []
     with subprocess.Popen(
-        step, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, text=True
+        step,
+        env={**env, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     ) as process:
         assert process.stdout is not None
-        for line in process.stdout:
-            sys.stdout.write(line)
-            sys.stdout.flush()
-            kept.append(line)
+        with stopping_with(process):
+            for line in process.stdout:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+                kept.append(line)
+            process.wait()
     return process.returncode, kept
 
 
@@ -253,7 +333,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run a subcommand's steps in order; the exit code is the first failing step's. ``run``
     ends with a summary read from the outputs (:mod:`flows.run_summary`). A refusal here
     (params.yaml read to build a step) is one short block, as in the steps."""
-    return refusing(lambda: run_command(argv), "shardflow")
+    try:
+        return refusing(lambda: run_command(argv), "shardflow")
+    except Stopped as stopped:  # its steps stopped with it (stopping_with)
+        return 128 + stopped.signum
 
 
 def run_command(argv: Sequence[str] | None) -> int:
@@ -269,7 +352,7 @@ def run_command(argv: Sequence[str] | None) -> int:
         if args.command == "run" and i == len(steps) - 1:  # dvc repro: its lines name stages
             code, output = teed(step, env)
         else:
-            code = subprocess.run(step, env=env).returncode
+            code = run_step(step, env)
         if code != 0:
             if code != REFUSED_EXIT:  # a refusal said what, why and the fix itself
                 print(

@@ -61,10 +61,14 @@ class Recorder:
         failed = self.fail is not None and self.fail in " ".join(step)
         return subprocess.CompletedProcess(step, 3 if failed else 0)
 
+    def step(self, step: list[str], env: dict[str, str]) -> int:
+        """Stands in for :func:`flows.cli.run_step`."""
+        return int(self(step, env).returncode)
+
 
 def test_stop_and_predict_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
     recorder = Recorder()
-    monkeypatch.setattr(cli.subprocess, "run", recorder)
+    monkeypatch.setattr(cli, "run_step", recorder.step)
     assert cli.main(["stop"]) == 0
     assert cli.main(["predict", "photos", "--model", "3"]) == 0
     assert recorder.steps == [
@@ -80,7 +84,7 @@ def test_run_stops_at_the_first_failing_step(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     recorder = Recorder(fail="flows.server ensure")
-    monkeypatch.setattr(cli.subprocess, "run", recorder)
+    monkeypatch.setattr(cli, "run_step", recorder.step)
     assert cli.main(["run"]) == 3
     assert [step[2] for step in recorder.steps] == [
         "tasks.params",
@@ -93,7 +97,7 @@ def test_run_stops_at_the_first_failing_step(
 
 def test_ui_uses_the_tracking_uri_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     recorder = Recorder()
-    monkeypatch.setattr(cli.subprocess, "run", recorder)
+    monkeypatch.setattr(cli, "run_step", recorder.step)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:////tmp/elsewhere.db")
     cli.main(["ui"])
     step = recorder.steps[0]
@@ -144,7 +148,7 @@ def test_ui_and_serve_model_listen_on_a_free_port_they_print(
     the first's. The port is free when chosen, differs from one already taken, and is the
     one printed; `--port` still chooses it."""
     recorder = Recorder()
-    monkeypatch.setattr(cli.subprocess, "run", recorder)
+    monkeypatch.setattr(cli, "run_step", recorder.step)
     monkeypatch.chdir(ROOT)
     no_tracking_uri(monkeypatch)
     with socket.socket() as taken:
@@ -168,7 +172,7 @@ def test_serve_model_serves_the_champion_of_params_with_its_limits(
     from tasks.params import load_params
 
     recorder = Recorder()
-    monkeypatch.setattr(cli.subprocess, "run", recorder)
+    monkeypatch.setattr(cli, "run_step", recorder.step)
     monkeypatch.chdir(ROOT)
     no_tracking_uri(monkeypatch)
     cli.main(["serve-model"])
@@ -197,7 +201,7 @@ def test_ui_takes_the_port_run_links_open_while_it_is_free(
     """A local store's run links (Prefect artifacts, logs) open on MLFLOW_UI_URL's port, so
     `make ui` listens there while nothing else does, and on a free port once it is taken."""
     recorder = Recorder()
-    monkeypatch.setattr(cli.subprocess, "run", recorder)
+    monkeypatch.setattr(cli, "run_step", recorder.step)
     monkeypatch.chdir(ROOT)
     no_tracking_uri(monkeypatch)
     with socket.socket() as probe:
@@ -241,7 +245,7 @@ def test_every_shardflow_command_names_the_site_cache_for_a_dvc_typed_by_hand(
     monkeypatch.chdir(tmp_path)
     subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
     subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=tmp_path, check=True)
-    monkeypatch.setattr(cli.subprocess, "run", Recorder())
+    monkeypatch.setattr(cli, "run_step", Recorder().step)
     assert cli.main(["stop"]) == 0
     local = Config(dvc_dir=str(tmp_path / ".dvc"), validate=False).load_one("local")
     assert local["core"]["site_cache_dir"] == str(tmp_path.resolve() / ".shardflow" / "dvc")
