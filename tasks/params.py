@@ -154,6 +154,9 @@ class EvaluateParams(_Strict):
     model_name: str = Field(pattern=MODEL_NAME_PATTERN)
     # Promote even when the champion was measured on different test data (not comparable).
     allow_incomparable_promotion: bool
+    # The label review's line between a likely label error and a model confusion: the
+    # probability the model gives the label it suggests instead (tasks/label_review.py).
+    label_error_confidence: float = Field(gt=0, le=1)
 
 
 class WorkspaceParams(_Strict):
