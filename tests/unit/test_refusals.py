@@ -104,3 +104,23 @@ def test_a_params_typo_is_refused_naming_params_yaml(tmp_path: Path) -> None:
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.startswith("Refused: params.yaml (ParamsError)")
     assert "train.epochs" in done.stderr and "filenames" not in done.stderr
+
+
+class Failed:
+    """A task run's final state whose result raises ``error``."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def result(self) -> None:
+        raise self.error
+
+
+def test_train_and_evaluate_never_retry_a_refusal() -> None:
+    """A refusal fails alike when rerun as it is; a failed write to the store may not."""
+    from flows.model_runs import retry_unless_refused
+    from tasks.predict import ModelNotFound
+
+    for refusal in (ModelNotFound("no champion"), WorkspaceLocked("held"), ParamsError("x")):
+        assert not retry_unless_refused(None, None, Failed(refusal))
+    assert retry_unless_refused(None, None, Failed(OSError("the store blipped")))
