@@ -43,6 +43,9 @@ OFFLINE_ENV = {
     # stopped, a model registered: the run and the flow log say what happened).
     "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
     "MLFLOW_LOGGING_LEVEL": "WARNING",
+    # MLflow's app imports a Starlette module Starlette means to drop, and Starlette warns
+    # (a UserWarning, shown by default) in every process that serves or loads it.
+    "PYTHONWARNINGS": "ignore:starlette.middleware.wsgi is deprecated:UserWarning",
 }
 
 
