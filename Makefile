@@ -24,7 +24,11 @@ export DVC_NO_ANALYTICS := 1
 # TensorFlow raises its real errors in Python, and Python warnings still show.
 export TF_CPP_MIN_LOG_LEVEL := 3
 
-.PHONY: install run test lint demo-data serve stop team-demo ui bench gpu-check screenshots lock clean serve-model compact
+.PHONY: help install run test lint demo-data serve stop team-demo ui bench gpu-check screenshots lock clean serve-model compact
+.DEFAULT_GOAL := help
+
+help:  ## list the targets (a bare `make` does this); `shardflow COMMAND --help` lists a command's options
+	@awk -F':.*## ' '/^[a-z-]+:.*## /{printf "  make %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 install: $(STAMP)  ## create .venv from the hash-pinned lock (plus the GPU lock where nvidia-smi lists a GPU), plus this clone's `shardflow` (idempotent)
 
@@ -53,7 +57,7 @@ demo-data: install  ## generate the demo dataset into data/demo unless it exists
 	$(BIN)/python -m tasks.demo_data data/demo --if-missing
 
 # run, serve, stop, ui and bench are `shardflow <target>` (flows/cli.py), the installed entry point.
-run: install  ## demo data if missing, then the whole pipeline with `dvc repro` under the workspace lock
+run: install  ## params.yaml checked, demo data if it reads data/demo and it is missing, then the whole pipeline with `dvc repro` under the workspace lock
 	$(BIN)/python -m flows.cli run
 
 compact: install  ## ingest if the sources changed, fold every shard generation into one (a rebuild), record it, rerun what follows

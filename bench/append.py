@@ -206,8 +206,10 @@ def run_shard(params: Params, layout: Layout, mode: str) -> dict[str, Any]:
 
 def run_validate(params: Params, layout: Layout) -> dict[str, Any]:
     from tasks import validate
+    from tasks.dataset_identity import dataset_identity
 
-    report = validate.validate_layout(layout, params.validate_)
+    dataset = dataset_identity(params.ingest.source_dir, params.ingest.labels_csv, layout.root)
+    report = validate.validate_layout(layout, params.validate_, dataset)
     validate.raise_if_failed(report)  # a failed validation would make the timing meaningless
     return report
 

@@ -1,6 +1,7 @@
 """``shardflow accept-data`` (``python -m flows.accept_data``): accept the shard set in
-``data/shards`` as the data gate's baseline, the one step for a deliberate change the limits
-refuse, or for a switch to another dataset.
+``data/shards`` as the data gate's baseline of the dataset ``params.yaml`` names, the one step
+for a deliberate change the limits refuse (a dataset seen for the first time needs none: its
+first validated shard set becomes its baseline).
 
     shardflow accept-data --fingerprint 3f2a9c1b7d4e --reason "new class blob, labelled by Ana"
 
@@ -20,7 +21,10 @@ from pathlib import Path
 
 from flows.common import hold_workspace
 from tasks import data_gate
+from tasks.dataset_identity import dataset_identity
 from tasks.layout import Layout
+from tasks.params import load_params
+from tasks.refusals import Refused, refusal_block
 
 
 def git_user(root: Path) -> str | None:
@@ -47,21 +51,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     layout = Layout(args.root)
     try:
+        ingest = load_params(layout.root / "params.yaml").ingest
+        dataset = dataset_identity(ingest.source_dir, ingest.labels_csv, layout.root)
         with hold_workspace(layout.root):  # no stage rewrites the shards meanwhile
             accepted = data_gate.accept(
                 layout.shards_dir,
                 layout.accepted_data,
+                dataset=dataset,
                 fingerprint=args.fingerprint,
                 reason=args.reason,
                 by=args.by or git_user(layout.root),
             )
-    except (OSError, ValueError) as exc:
-        print(f"accept-data: {exc}", file=sys.stderr)
+    except Refused as exc:
+        print(refusal_block("accept-data", exc), file=sys.stderr)
         return 2
     was = accepted.acceptance.previous_fingerprint
     print(
         f"accepted shards {accepted.fingerprint[:12]} as the data baseline "
-        f"(was {was[:12] if was else 'none'}) in {layout.accepted_data}, by "
+        f"of dataset {dataset!r} (was {was[:12] if was else 'none'}) in {layout.accepted_data}, by "
         f"{accepted.acceptance.by}: {accepted.acceptance.reason}\n"
         "Run the pipeline again (`shardflow run`) to validate and train on it, then commit "
         f"{layout.accepted_data} with dvc.lock."
@@ -70,4 +77,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main())  # its refusals are printed as a block by main itself

@@ -10,17 +10,23 @@ drift apart. Run it from the repository root: DVC, Prefect (``prefect.toml``) an
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from flows.common import configure_environment
 from flows.server import api_url, free_port
 from tasks.layout import keep_dvc_site_cache_in_repository
+from tasks.refusals import REFUSED_EXIT, refusing
 from tasks.tracking import MLFLOW_UI_URL
 
 DEMO_DIR = "data/demo"
@@ -46,7 +52,9 @@ def module(name: str, *args: str) -> list[str]:
 
 def run_steps(extra: Sequence[str]) -> Steps:
     return [
-        module("tasks.demo_data", DEMO_DIR, "--if-missing"),
+        module("tasks.params", "check", "params.yaml"),  # a bad key: refused naming it first
+        # the demo set only where params.yaml reads it, and only once
+        module("tasks.demo_data", DEMO_DIR, "--if-missing", "--if-source", "params.yaml"),
         # DVC cannot hash a folder holding a file name that is not UTF-8: say which, first.
         module("tasks.filenames", "check"),
         module("flows.server", "ensure"),
@@ -129,7 +137,11 @@ def stop_steps(extra: Sequence[str]) -> Steps:
 
 # name -> (help line, steps); the order is the order of `shardflow --help`.
 COMMANDS: dict[str, tuple[str, Callable[[Sequence[str]], Steps]]] = {
-    "run": ("demo data if missing, Prefect server, then the whole pipeline (dvc repro)", run_steps),
+    "run": (
+        "params.yaml checked, the demo data if it reads data/demo and that is missing, Prefect "
+        "server, then the whole pipeline (dvc repro)",
+        run_steps,
+    ),
     "accept-data": (
         "accept the shards validation refused as the data baseline: --fingerprint F --reason R",
         accept_data_steps,
@@ -156,6 +168,46 @@ COMMANDS: dict[str, tuple[str, Callable[[Sequence[str]], Steps]]] = {
 }
 
 
+# What `shardflow COMMAND --help` shows below the command's line: the options of the module
+# the command runs (its own --help, so nothing is written twice), or what the command itself
+# takes where it runs another tool.
+NO_OPTIONS = "options: none"
+OPTIONS: dict[str, list[str] | str] = {
+    "run": (
+        "options: those of `dvc repro` (`dvc repro --help`), passed on:\n"
+        "  -f, --force        rerun every stage, changed or not\n"
+        "  STAGE              run only up to that stage (ingest, shard, validate, train, evaluate)"
+    ),
+    "accept-data": ["flows.accept_data", "--help"],
+    "serve": NO_OPTIONS,
+    "predict": ["flows.predict", "--help"],
+    "bench": ["bench", "--help"],
+    "ui": (
+        "options: those of `mlflow ui` (`mlflow ui --help`), passed on:\n"
+        f"  --port N           listen on N (default {urlsplit(MLFLOW_UI_URL).port} while free, "
+        "else a free port)"
+    ),
+    "serve-model": "options:\n  --port N                     listen on N (default: a free port)\n"
+    + "\n".join(
+        f"  {flag} N".ljust(31) + f"default {value}" for flag, value in SERVE_LIMITS.items()
+    ),
+    "stop": NO_OPTIONS,
+    "team-deploy": ["flows.team", "deploy", "--help"],
+    "team-demo": NO_OPTIONS,
+}
+
+
+def show_help(command: str, env: dict[str, str]) -> int:
+    """``shardflow COMMAND --help``: what the command does, then its options."""
+    print(f"usage: shardflow {command} [options]\n\n{COMMANDS[command][0]}\n")
+    options = OPTIONS[command]
+    if isinstance(options, str):
+        print(options)
+        return 0
+    print(f"options ({' '.join(['python -m', *options[:-1]])}):", flush=True)
+    return subprocess.run(module(*options), env=env).returncode
+
+
 def prefect_ui() -> str:
     try:
         return api_url().removesuffix("/api")
@@ -172,7 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (help_line, _) in COMMANDS.items():
-        commands.add_parser(name, help=help_line, description=help_line)
+        # -h/--help reaches run_command, which shows the command's options (show_help)
+        commands.add_parser(name, help=help_line, description=help_line, add_help=False)
     return parser
 
 
@@ -186,25 +239,111 @@ def environment() -> dict[str, str]:
     return env
 
 
+# How long a step's processes get to stop after the signal is passed on, before SIGKILL.
+STOP_GRACE_S = 10.0
+
+
+class Stopped(Exception):
+    """This process was asked to stop (SIGTERM, SIGINT) while a step ran."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextmanager
+def stopping_with(process: subprocess.Popen[Any]) -> Iterator[None]:
+    """SIGTERM or SIGINT to ``shardflow`` stops ``process`` and every process it started.
+
+    A step runs in a session of its own, so a service manager's, a container's or a CI job's
+    SIGTERM to ``shardflow`` alone no longer leaves a server it started answering (Ctrl-C
+    reached them through the terminal's process group; a ``kill`` did not). The signal is
+    passed on to the step's whole group; what is still there after ``STOP_GRACE_S`` gets
+    SIGKILL. Servers a step started detached (this clone's Prefect server) are left up.
+    """
+
+    def stop(signum: int, _: object) -> None:
+        raise Stopped(signum)
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    except Stopped as stopped:
+        end_group(process, stopped.signum)
+        raise
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def end_group(process: subprocess.Popen[Any], signum: int) -> None:
+    """``signum`` to ``process``'s process group, then SIGKILL to what is left of it after
+    ``STOP_GRACE_S``."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signum)
+    deadline = time.monotonic() + STOP_GRACE_S
+    while time.monotonic() < deadline and group_alive(process):
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def group_alive(process: subprocess.Popen[Any]) -> bool:
+    """Whether any process of ``process``'s group is left (the leader reaped as it ends)."""
+    process.poll()
+    try:
+        os.killpg(process.pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def run_step(step: list[str], env: dict[str, str]) -> int:
+    """Run ``step`` in a session of its own (:func:`stopping_with`); its exit status."""
+    with (
+        subprocess.Popen(step, env=env, start_new_session=True) as process,
+        stopping_with(process),
+    ):
+        return process.wait()
+
+
 def teed(step: list[str], env: dict[str, str]) -> tuple[int, list[str]]:
-    """Run ``step`` with its standard output shown as it comes and kept (unbuffered, so its
-    lines keep their place among the standard error's)."""
+    """Run ``step`` as :func:`run_step` does, with its standard output shown as it comes and
+    kept (unbuffered, so its lines keep their place among the standard error's)."""
     kept: list[str] = []
     with subprocess.Popen(
-        step, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, text=True
+        step,
+        env={**env, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     ) as process:
         assert process.stdout is not None
-        for line in process.stdout:
-            sys.stdout.write(line)
-            sys.stdout.flush()
-            kept.append(line)
+        with stopping_with(process):
+            for line in process.stdout:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+                kept.append(line)
+            process.wait()
     return process.returncode, kept
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a subcommand's steps in order; the exit code is the first failing step's. ``run``
-    ends with a summary read from the outputs (:mod:`flows.run_summary`)."""
+    ends with a summary read from the outputs (:mod:`flows.run_summary`). A refusal here
+    (params.yaml read to build a step) is one short block, as in the steps."""
+    try:
+        return refusing(lambda: run_command(argv), "shardflow")
+    except Stopped as stopped:  # its steps stopped with it (stopping_with)
+        return 128 + stopped.signum
+
+
+def run_command(argv: Sequence[str] | None) -> int:
+    """:func:`main`'s work."""
     args, extra = build_parser().parse_known_args(argv)
+    if {"-h", "--help"} & set(extra):
+        return show_help(args.command, environment())
     keep_dvc_site_cache_in_repository(Path.cwd())  # for the `dvc` a user types here, too
     steps = COMMANDS[args.command][1](extra)
     env = environment()
@@ -213,9 +352,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "run" and i == len(steps) - 1:  # dvc repro: its lines name stages
             code, output = teed(step, env)
         else:
-            code = subprocess.run(step, env=env).returncode
+            code = run_step(step, env)
         if code != 0:
-            print(f"shardflow {args.command}: `{' '.join(step)}` exited {code}", file=sys.stderr)
+            if code != REFUSED_EXIT:  # a refusal said what, why and the fix itself
+                print(
+                    f"shardflow {args.command}: `{' '.join(step)}` exited {code}", file=sys.stderr
+                )
             return code
     if args.command == "run":
         from flows.run_summary import summary_lines

@@ -5,6 +5,7 @@ name, its pipeline and stage tags, a progress artifact)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 from tasks.code_version import code_version as code_version  # task versions, re-exported
+from tasks.refusals import find_refusal, refusing
 
 T = TypeVar("T")
 
@@ -36,6 +38,14 @@ OFFLINE_ENV = {
     # processes for MLflow's GenAI jobs, which Shardflow never submits (about 30 s of CPU a
     # minute between them, measured), and leave their queue's folder in /dev/shm behind.
     "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+    # Nothing on the terminal a user cannot act on: MLflow's download bars (a champion's
+    # files, fetched to re-score it) and its INFO lines (system metrics started and
+    # stopped, a model registered: the run and the flow log say what happened).
+    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+    "MLFLOW_LOGGING_LEVEL": "WARNING",
+    # MLflow's app imports a Starlette module Starlette means to drop, and Starlette warns
+    # (a UserWarning, shown by default) in every process that serves or loads it.
+    "PYTHONWARNINGS": "ignore:starlette.middleware.wsgi is deprecated:UserWarning",
 }
 
 
@@ -120,12 +130,18 @@ def run_then_exit(main: Callable[[], object]) -> NoReturn:
     run) and the standard streams flush. What is skipped is the interpreter's teardown,
     freeing every module and TensorFlow's static destructors: measured here at 1-3 s per
     stage process after its flow had finished (2.6 s for evaluate), paid by every stage
-    `dvc repro` runs. An exception propagates as usual (traceback, exit status 1).
+    `dvc repro` runs. A refusal (:class:`tasks.refusals.Refused`) is printed as one short
+    block (exit status 2); any other exception propagates as usual (traceback, status 1).
     """
     import atexit
     import threading
 
-    main()
+    def body() -> int:
+        main()
+        return 0
+
+    quiet_refusals_on_console()
+    code = refusing(body, entry_name(main))
     # What the interpreter's exit calls first (Py_FinalizeEx -> threading._shutdown): the
     # hooks of threading._register_atexit, then a join of every non-daemon thread. Joining
     # them without the hooks waited forever on a pool's idle workers.
@@ -133,7 +149,42 @@ def run_then_exit(main: Callable[[], object]) -> NoReturn:
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
-    os._exit(0)
+    os._exit(code)
+
+
+def entry_name(main: Callable[[], object]) -> str:
+    """``python -m flows.validate`` for a stage module's ``main``."""
+    return f"python -m {main.__module__}" if main.__module__ != "__main__" else sys.argv[0]
+
+
+class QuietRefusals(logging.Filter):
+    """Keeps a refusal's tracebacks and repeats off the terminal (the entry point prints it
+    once, as :func:`tasks.refusals.refusal_block`); the record Prefect sends to its server
+    goes through another handler and keeps everything. Anything else passes as it is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        refusal = find_refusal(record.exc_info[1] if record.exc_info else None)
+        if refusal is not None:
+            # how Prefect's state messages quote it: "<type>: <message>", repr-escaped later
+            self.seen.append(f"{type(refusal).__name__}: {str(refusal)[:24]}")
+            return False
+        text = record.getMessage()
+        return not any(seen in text for seen in self.seen)
+
+
+def quiet_refusals_on_console() -> None:
+    """Put :class:`QuietRefusals` on the console handlers of the root logger (Prefect's)."""
+    for handler in logging.getLogger().handlers:
+        console = isinstance(handler, logging.StreamHandler) and handler.stream in (
+            sys.stderr,
+            sys.stdout,
+        )
+        if console and not any(isinstance(f, QuietRefusals) for f in handler.filters):
+            handler.addFilter(QuietRefusals())
 
 
 def parse_stage_args(choices: tuple[str, ...], prog: str) -> tuple[list[str], str]:

@@ -52,7 +52,7 @@ def data_flow(
     steps = {
         "ingest": lambda: ingest.ingest_task(params.ingest, layout),
         "shard": lambda: shard.run(shard.stage_params(params.shard), layout),
-        "validate": lambda: validate.validate_task(layout, params.validate_),
+        "validate": lambda: validate.validate_task(layout, params),
     }
     return {
         name: run_stage(name, layout.root, steps[name], dvc_bookkeeping=dvc_bookkeeping)

@@ -58,6 +58,8 @@ def evaluated_run_details() -> Sequence[object]:
 )
 def evaluate_task(params: Params, layout: Layout) -> dict[str, Any]:
     progress = Progress("evaluate-progress", "test and val records predicted")
+    # the longest silent wait of a run after training: say what it is
+    print("evaluating the model on the test split, then the label review on val and test ...")
     start = partial(start_where_warm, evaluate.warm_up, report=progress)
     result = run_evaluate(params, layout, start)
     progress(1, 1)  # a split with no records predicts nothing and is done too

@@ -25,7 +25,9 @@ from flows.common import (
     untagged_task_runs,
 )
 from tasks import handoff, ingest
+from tasks.atomic import write_json
 from tasks.layout import Layout
+from tasks.metrics_files import INGEST_FIGURES, split_figures
 from tasks.params import IngestParams, load_params
 
 
@@ -46,17 +48,13 @@ def ingest_task(
             target=target,
         )
     progress(1, 1)  # an empty folder inspects nothing and is done too
+    write_json(layout.ingest_metrics, split_figures(report, INGEST_FIGURES)[0])
     logger = get_run_logger()
     logger.info(key_figures(report))
     for dropped in report["classes_dropped"]:
         logger.warning("class %r dropped: %s", dropped["class"], dropped["reason"])
-    for conflict in report["near_duplicates"]["label_conflicts"][:20]:
-        logger.warning(
-            "near-duplicates with different labels %s (suspected label error, kept in %s): %s",
-            conflict["labels"],
-            conflict["split"],
-            ", ".join(conflict["paths"][:10]),
-        )
+    if conflict_line := label_conflicts_line(report):
+        logger.warning(conflict_line)
     create_table_artifact(
         key="ingest-summary",
         table=ingest.summary_rows(report),
@@ -69,6 +67,19 @@ def ingest_task(
     )
     keys = ("files_found", "accepted", "quarantined_count", "duplicate_count", "skipped_count")
     return {k: report[k] for k in keys}
+
+
+def label_conflicts_line(report: dict[str, Any]) -> str | None:
+    """Near-duplicates filed under two labels, in one line pointing at the report (one
+    warning a group filled the terminal); None when there are none."""
+    conflicts = report["near_duplicates"]["label_conflicts"]
+    if not conflicts:
+        return None
+    return (
+        f"{len(conflicts)} group(s) of near-duplicate images carry different labels "
+        "(suspected label errors, each group kept in one split): "
+        "reports/ingest.json, near_duplicates.label_conflicts"
+    )
 
 
 def key_figures(report: dict[str, Any]) -> str:

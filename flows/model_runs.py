@@ -8,16 +8,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tasks.gate import ShardsNotValidated
 from tasks.layout import Layout
-from tasks.params import ParamsError
 from tasks.refusals import Refused
 
-# What a rerun as it is fails alike: unvalidated shards stay unvalidated, a param the run
-# cannot use (a train.weights file not there, a batch larger than the train split) stays
-# unusable until the user changes it, and so does any other refusal (a GPU TensorFlow
-# cannot see, under train.accelerator).
-REFUSALS = (ShardsNotValidated, ParamsError, Refused)
+# What a rerun as it is fails alike: every refusal (unvalidated shards stay unvalidated, a
+# param the run cannot use stays unusable, a missing champion stays missing) until the user
+# does what it names.
+REFUSALS: tuple[type[BaseException], ...] = (Refused,)
 
 
 def retry_unless(*refusals: type[BaseException]) -> Callable[[Any, Any, Any], bool]:

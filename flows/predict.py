@@ -187,9 +187,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main() -> None:
     from flows.server import require_server
 
+    args = parse_args(sys.argv[1:])  # first: --help starts no server
     configure_environment()
     require_server()
-    args = parse_args(sys.argv[1:])
     predict_flow(
         source=args.source,
         output=args.output,

@@ -64,10 +64,25 @@ def summary_lines(root: Path, dvc_lines: Iterable[str]) -> list[str]:
         f"images: {ingest.get('files_found', '-')} found, "
         f"{ingest.get('quarantined_count', '-')} quarantined (reports/ingest.json)",
         f"records per split: {records}; validation {verdict} (reports/validation.md)",
+        *baseline_lines(root, ran, passed),
         f"test accuracy: {_figure(accuracy)} on {tested} records (metrics/eval.json)",
         f"champion: {_decision(promotion)} (reports/eval_summary.json)",
         "outputs: data/shards/, models/model.keras, reports/, metrics/, plots/",
         *NEXT_STEPS,
+    ]
+
+
+def baseline_lines(root: Path, ran: list[str], passed: object) -> list[str]:
+    """A line when this run's validation made its shards the first baseline of a dataset
+    (``reports/data_diff.json``: nothing accepted to compare against); none otherwise."""
+    diff = _read(root / "reports" / "data_diff.json")
+    if "validate" not in ran or passed is not True or "accepted_fingerprint" not in diff:
+        return []
+    if diff["accepted_fingerprint"] is not None:
+        return []
+    return [
+        f"data baseline: dataset {diff.get('dataset', '?')!r} had no accepted version; these "
+        f"shards ({str(diff.get('fingerprint'))[:12]}) became its baseline (data/accepted.json)"
     ]
 
 

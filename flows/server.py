@@ -262,6 +262,8 @@ def start(url: str, home: Path) -> str:
             "cannot be started here. Start it, or unset PREFECT_API_URL to use this clone's own."
         )
     home = home.expanduser().resolve()
+    # the wait below is the longest silent step of a first run: say what it is
+    print(f"starting this clone's Prefect server at {url} ...", flush=True)
     process = start_server(*address, log_file(), env={"PREFECT_HOME": str(home)})
     started = {"pid": process.pid, "url": url, "home": str(home), "clone": str(shared_root())}
     write_atomically(started_file(), json.dumps(started) + "\n")

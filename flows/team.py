@@ -330,24 +330,41 @@ def list_run_refs(remote: str = "origin", cwd: Path | None = None) -> list[str]:
     return [line.split()[1] for line in listing.splitlines() if line.strip()]
 
 
-def pool_env(cpu: str | None, gpu: str | None) -> dict[str, str]:
-    """The work pool names prefect.yaml renders (``{{ $SHARDFLOW_CPU_POOL }}``): each the one
-    given, else the variable's value, else ``cpu`` / ``gpu``. Prefect keeps an unset
-    variable's placeholder as it is (it has no default syntax), so deploying sets both."""
+def pool_names(cpu: str | None, gpu: str | None) -> dict[str, str]:
+    """``cpu`` and ``gpu`` (the pools prefect.yaml names) -> the pools to deploy on: each the
+    one given, else its variable's value, else the same name."""
     given = {"cpu": cpu, "gpu": gpu}
-    return {var: given[kind] or os.environ.get(var) or kind for kind, var in POOL_ENV.items()}
+    return {kind: given[kind] or os.environ.get(var) or kind for kind, var in POOL_ENV.items()}
+
+
+def deployment_file(root: Path, pools: dict[str, str]) -> Path:
+    """``prefect.yaml`` itself when ``pools`` are its own names; else a copy of it whose
+    deployments name ``pools`` instead, under ``.shardflow`` (untracked: choosing pools edits
+    no tracked file)."""
+    import yaml
+
+    source = root / "prefect.yaml"
+    if all(kind == name for kind, name in pools.items()):
+        return source
+    config = yaml.safe_load(source.read_text())
+    for deployment in config["deployments"]:
+        deployment["work_pool"]["name"] = pools[deployment["work_pool"]["name"]]
+    copy = root / ".shardflow" / "prefect.team.yaml"
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    copy.write_text(yaml.safe_dump(config, sort_keys=False))
+    return copy
 
 
 def deploy(cpu: str | None, gpu: str | None, prefect_args: list[str]) -> int:
-    """``prefect deploy --all`` from the working directory with the pool names set."""
-    pools = pool_env(cpu, gpu)
+    """``prefect deploy --all`` from the working directory on the pools named."""
+    pools = pool_names(cpu, gpu)
+    file = deployment_file(Path.cwd(), pools)
     print(
-        f"deploying prefect.yaml: cpu pool {pools[POOL_ENV['cpu']]!r}, gpu pool "
-        f"{pools[POOL_ENV['gpu']]!r}",
-        flush=True,
+        f"deploying {file.name}: cpu pool {pools['cpu']!r}, gpu pool {pools['gpu']!r}", flush=True
     )
-    cmd = [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all", *prefect_args]
-    return subprocess.run(cmd, env={**os.environ, **pools}, check=False).returncode
+    cmd = [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all"]
+    cmd += ["--prefect-file", str(file), *prefect_args]
+    return subprocess.run(cmd, check=False).returncode
 
 
 def main(argv: list[str] | None = None) -> int:

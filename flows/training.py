@@ -32,7 +32,7 @@ from flows.parameters import RepoPath
 from flows.train import model_run_details, train_task
 from tasks import tracking
 from tasks.layout import Layout
-from tasks.params import load_params
+from tasks.params import deep_merge, load_params
 
 TrainingStage = Literal["train", "evaluate"]  # a run's `stages` are checked names
 STAGES: tuple[TrainingStage, ...] = get_args(TrainingStage)
@@ -88,8 +88,8 @@ def _recorded(*paths: Path) -> dict[str, Any] | None:
     if not all(path.exists() for path in paths):
         return None
     merged: dict[str, Any] = {}
-    for path in paths:
-        merged.update(json.loads(path.read_text()))
+    for path in paths:  # a record's figures and its rest share nested keys (final, model)
+        merged = deep_merge(merged, json.loads(path.read_text()))
     return merged
 
 

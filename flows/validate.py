@@ -29,8 +29,9 @@ from flows.common import (
     untagged_task_runs,
 )
 from tasks import manifest, validate
+from tasks.dataset_identity import dataset_identity
 from tasks.layout import Layout
-from tasks.params import ValidateParams, load_params
+from tasks.params import Params, load_params
 
 
 @task(
@@ -38,8 +39,9 @@ from tasks.params import ValidateParams, load_params
     version=code_version(validate),
     cache_policy=NO_CACHE,
 )
-def validate_task(layout: Layout, limits: ValidateParams) -> dict[str, Any]:
-    report = validate.validate_layout(layout, limits)
+def validate_task(layout: Layout, params: Params) -> dict[str, Any]:
+    dataset = dataset_identity(params.ingest.source_dir, params.ingest.labels_csv, layout.root)
+    report = validate.validate_layout(layout, params.validate_, dataset)
     gated = [c for c in report["checks"] if c["name"] == "data_diff"]
     if gated and "diff" in gated[0]["details"]:  # written by this run
         create_markdown_artifact(
@@ -80,7 +82,7 @@ def validate_flow(params_path: str = "params.yaml", root: str = ".") -> dict[str
     """Re-read every shard and check it against the manifest and the ingest index."""
     params = load_params(Path(root) / params_path)
     with untagged_task_runs():
-        return validate_task(Layout(root), params.validate_)
+        return validate_task(Layout(root), params)
 
 
 def main() -> None:

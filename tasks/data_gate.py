@@ -1,9 +1,13 @@
-"""The data gate: these shards against the last accepted data version.
+"""The data gate: these shards against the last accepted version of their dataset.
 
-The accepted version (``data/accepted.json``: fingerprint, records per split and class, and
-who accepted it, when and why) is recorded by the validate stage when a shard set passes
-validation, or by one explicit step, :func:`accept` (``shardflow accept-data``), when a change
-the limits refuse is deliberate. It is small and committed with ``dvc.lock``, so a killed run,
+``data/accepted.json`` holds one accepted version per dataset (keyed by
+:func:`tasks.dataset_identity.dataset_identity`: what ``params.yaml`` names as the source):
+fingerprint, records per split and class, and who accepted it, when and why. The validate
+stage records it when a shard set passes validation (the first validated set of a dataset the
+record has no version of becomes its baseline), or one explicit step, :func:`accept`
+(``shardflow accept-data``), does when a change the limits refuse is deliberate. Switching to
+another dataset is never a change of data: it is gated against that dataset's own baseline,
+or starts one. It is small and committed with ``dvc.lock``, so a killed run,
 a rebuild (`make compact`, `dvc repro -f shard`) and a fresh clone all compare against the
 same baseline: never against whatever manifest the shard folder happens to hold. The limits
 (``validate.max_class_share_shift``, ``validate.max_record_drop``,
@@ -18,6 +22,7 @@ record-level changes and image sizes are in the shard stage's ``reports/shard_ch
 from __future__ import annotations
 
 import getpass
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -28,8 +33,10 @@ from tasks.atomic import write_json, write_text
 from tasks.data_diff import class_shares
 from tasks.manifest import SPLITS, ShardManifest, load_manifest
 from tasks.params import ValidateParams
+from tasks.refusals import Refused
 
-RECORD_FORMAT = 1
+# 2: one accepted version per dataset; 1 (still read): a single version with no dataset
+RECORD_FORMAT: Literal[2] = 2
 ACCEPT_COMMAND = "shardflow accept-data"
 MIN_FINGERPRINT_PREFIX = 8
 
@@ -68,14 +75,30 @@ class DataVersion(BaseModel):
 
 
 class AcceptedVersion(DataVersion):
-    """The record in ``data/accepted.json``."""
+    """A dataset's accepted version in ``data/accepted.json``."""
 
-    format: int
     acceptance: Acceptance
 
 
-class AcceptedRecordError(ValueError):
+class AcceptedRecord(BaseModel):
+    """``data/accepted.json``: the accepted version of each dataset, by its identity."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format: Literal[2]
+    datasets: dict[str, AcceptedVersion]
+
+
+class LegacyAcceptedVersion(AcceptedVersion):
+    """A format-1 record: one version, no dataset named."""
+
+    format: Literal[1]
+
+
+class AcceptedRecordError(Refused, ValueError):
     """``data/accepted.json`` cannot be read: the gate has no baseline it can trust."""
+
+    fix = "git checkout -- data/accepted.json"
 
 
 def describe(manifest: ShardManifest) -> DataVersion:
@@ -89,34 +112,46 @@ def describe(manifest: ShardManifest) -> DataVersion:
     return DataVersion(fingerprint=manifest.fingerprint, class_counts=counts)
 
 
-def load_accepted(path: Path) -> AcceptedVersion | None:
-    """The accepted version recorded at ``path``; None when none was ever recorded."""
+def load_record(path: Path, dataset: str) -> AcceptedRecord:
+    """Every dataset's accepted version recorded at ``path`` (none when the file is missing).
+
+    A format-1 record names no dataset: it is read as ``dataset``'s, the one the run names,
+    so a clone that upgrades keeps gating the data it gated (never a looser gate)."""
     path = Path(path)
     if not path.exists():
-        return None
+        return AcceptedRecord(format=RECORD_FORMAT, datasets={})
     try:
-        accepted = AcceptedVersion.model_validate_json(path.read_text())
-        if accepted.format != RECORD_FORMAT:
-            raise ValueError(f"format {accepted.format}, this code reads {RECORD_FORMAT}")
-        return accepted
+        raw = json.loads(path.read_text())
+        if isinstance(raw, dict) and raw.get("format") == 1:
+            legacy = LegacyAcceptedVersion.model_validate(raw)
+            version = AcceptedVersion(**legacy.model_dump(exclude={"format"}))
+            return AcceptedRecord(format=RECORD_FORMAT, datasets={dataset: version})
+        return AcceptedRecord.model_validate(raw)
     except (OSError, ValidationError, ValueError) as exc:
         raise AcceptedRecordError(
-            f"{path}: the accepted data version is unreadable ({exc}); restore it from git "
-            f"(`git checkout -- {path}`), or accept the current shards: "
-            f"`{ACCEPT_COMMAND} --fingerprint FINGERPRINT --reason '...'`"
+            f"{path}: the accepted data version is unreadable ({exc}); restore it from git, "
+            "or accept the current shards as the data baseline",
+            fix=f"git checkout -- {path}   (or `{ACCEPT_COMMAND} --fingerprint FINGERPRINT "
+            "--reason '...'`)",
         ) from exc
 
 
-def compare(accepted: AcceptedVersion | None, current: DataVersion) -> dict[str, Any]:
-    """The diff from the accepted version to ``current``: records per split and class before
-    and after (net counts: the baseline keeps no record lists), each class's share, new and
-    removed classes. With nothing accepted yet there is nothing to compare."""
+def load_accepted(path: Path, dataset: str) -> AcceptedVersion | None:
+    """``dataset``'s accepted version recorded at ``path``; None when it has none yet."""
+    return load_record(path, dataset).datasets.get(dataset)
+
+
+def compare(accepted: AcceptedVersion | None, current: DataVersion, dataset: str) -> dict[str, Any]:
+    """The diff from ``dataset``'s accepted version to ``current``: records per split and
+    class before and after (net counts: the baseline keeps no record lists), each class's
+    share, new and removed classes. With nothing accepted yet there is nothing to compare."""
     before = accepted.counts() if accepted else {}
     after = current.counts()
     classes = list(after) + sorted(c for c in before if c not in after)
     shares, largest = class_shares(before, after, classes)
     old = accepted.class_counts if accepted else {}
     return {
+        "dataset": dataset,
         "fingerprint": current.fingerprint,
         "accepted_fingerprint": accepted.fingerprint if accepted else None,
         "accepted": accepted.acceptance.model_dump() if accepted else None,
@@ -169,13 +204,17 @@ def violations(diff: dict[str, Any], limits: ValidateParams) -> list[str]:
     return problems
 
 
+def accept_command(fingerprint: str) -> str:
+    """The command that accepts a refused change that is deliberate."""
+    return f"{ACCEPT_COMMAND} --fingerprint {fingerprint[:12]} --reason '...'"
+
+
 def accept_hint(fingerprint: str) -> str:
-    """What a user runs when a refused change is deliberate (or another dataset is meant)."""
+    """What a user runs when a refused change is deliberate."""
     return (
-        f"if the change is deliberate, or you switched datasets, accept these shards as the "
-        f"baseline: `{ACCEPT_COMMAND} --fingerprint {fingerprint[:12]} --reason '...'` "
-        "(recorded in data/accepted.json; the limits in params.yaml stay as they are), "
-        "then rerun"
+        f"if the change is deliberate, accept these shards as the baseline: "
+        f"`{accept_command(fingerprint)}` (recorded in data/accepted.json; the limits in "
+        "params.yaml stay as they are), then rerun"
     )
 
 
@@ -183,13 +222,16 @@ def record(
     path: Path,
     version: DataVersion,
     *,
+    dataset: str,
     how: Literal["first build", "validation passed", "accepted"],
     reason: str,
     by: str | None = None,
     previous: AcceptedVersion | None = None,
+    others: AcceptedRecord | None = None,
 ) -> AcceptedVersion:
-    """Write ``version`` as the accepted one, with why; an explicit acceptance also with who
-    (``by``, default the login name) and when."""
+    """Write ``version`` as ``dataset``'s accepted one, with why; an explicit acceptance also
+    with who (``by``, default the login name) and when. Other datasets' versions (read from
+    ``path``, or ``others`` when given) are kept as they are."""
     explicit = how == "accepted"
     acceptance = Acceptance(
         how=how,
@@ -198,68 +240,102 @@ def record(
         reason=reason,
         previous_fingerprint=previous.fingerprint if previous else None,
     )
-    accepted = AcceptedVersion(**version.model_dump(), format=RECORD_FORMAT, acceptance=acceptance)
-    write_json(Path(path), accepted.model_dump())
+    accepted = AcceptedVersion(**version.model_dump(), acceptance=acceptance)
+    kept = (others if others is not None else load_record(path, dataset)).datasets
+    whole = AcceptedRecord(format=RECORD_FORMAT, datasets={**kept, dataset: accepted})
+    write_json(Path(path), whole.model_dump())
     return accepted
 
 
+def first_version_reason(dataset: str) -> str:
+    """Why a dataset's first validated shard set became its baseline."""
+    return f"the first validated shard set of dataset {dataset!r}: no version of it accepted before"
+
+
 def record_passed(
-    path: Path, version: DataVersion, diff: dict[str, Any], previous: AcceptedVersion | None
+    path: Path,
+    version: DataVersion,
+    diff: dict[str, Any],
+    previous: AcceptedVersion | None,
+    dataset: str,
 ) -> AcceptedVersion | None:
-    """After validation passed: ``version`` becomes the baseline unless it already is (an
-    unchanged set leaves the record, and its bytes, as they are)."""
+    """After validation passed: ``version`` becomes ``dataset``'s baseline unless it already
+    is (an unchanged set leaves the record, and its bytes, as they are)."""
     if previous is not None and previous.fingerprint == version.fingerprint:
         return None
     if previous is None:
-        return record(path, version, how="first build", reason="no data version accepted before")
+        reason = first_version_reason(dataset)
+        return record(path, version, dataset=dataset, how="first build", reason=reason)
     largest = diff["largest_share_shift"] or {"class": None, "shift": 0.0}
     reason = (
         f"within validate's limits: {diff['records']['after'] - diff['records']['before']:+d} "
         f"records net, largest share shift {largest['shift']:+.3f} ({largest['class']})"
     )
-    return record(path, version, how="validation passed", reason=reason, previous=previous)
+    return record(
+        path, version, dataset=dataset, how="validation passed", reason=reason, previous=previous
+    )
+
+
+class AcceptRefused(Refused, ValueError):
+    """``shardflow accept-data`` cannot accept what it was asked to."""
+
+    fix = "run the `shardflow accept-data ...` command the validation refusal printed"
 
 
 def accept(
-    shards_dir: Path, path: Path, *, fingerprint: str, reason: str, by: str | None = None
+    shards_dir: Path,
+    path: Path,
+    *,
+    dataset: str,
+    fingerprint: str,
+    reason: str,
+    by: str | None = None,
 ) -> AcceptedVersion:
-    """The one explicit step that accepts a change the limits refuse, or another dataset:
-    the shard set in ``shards_dir`` becomes the baseline, recorded with who, when and why.
+    """The one explicit step that accepts a change the limits refuse: the shard set in
+    ``shards_dir`` becomes ``dataset``'s baseline, recorded with who, when and why.
 
     ``fingerprint`` names the set being accepted (a prefix of 8 characters or more, as the
     validation error prints it): a set that changed since is refused, not accepted unseen.
     """
     shards_dir, path = Path(shards_dir), Path(path)
     if not reason.strip():
-        raise ValueError("accepting a data change needs a reason (--reason '...')")
+        raise AcceptRefused(
+            "accepting a data change needs a reason",
+            fix=f"{accept_command(fingerprint)} with a --reason that says why",
+        )
     if len(fingerprint) < MIN_FINGERPRINT_PREFIX:
-        raise ValueError(
+        raise AcceptRefused(
             f"--fingerprint {fingerprint!r}: give at least {MIN_FINGERPRINT_PREFIX} characters "
-            "of the fingerprint the validation error names"
+            "of the fingerprint the validation error names",
+            fix="copy the `shardflow accept-data ...` command the validation refusal printed",
         )
     try:
         manifest = load_manifest(shards_dir)
     except FileNotFoundError as exc:
-        raise FileNotFoundError(
-            f"{shards_dir}: no shard set to accept ({exc}); run the pipeline (`shardflow run`) "
-            "first: validation names the change and its fingerprint"
+        raise AcceptRefused(
+            f"{shards_dir}: no shard set to accept ({exc}): validation names the change and "
+            "its fingerprint",
+            fix="shardflow run",
         ) from exc
     if not manifest.fingerprint.startswith(fingerprint):
-        raise ValueError(
+        raise AcceptRefused(
             f"{shards_dir} holds shards {manifest.fingerprint[:12]}, not {fingerprint}: the "
-            "shards changed since; run the pipeline again and accept what validation names"
+            "shards changed since",
+            fix="shardflow run, then accept what validation names",
         )
     try:
-        previous = load_accepted(path)
+        whole = load_record(path, dataset)
     except AcceptedRecordError:  # accepting is also how an unreadable record is replaced
-        previous = None
+        whole = AcceptedRecord(format=RECORD_FORMAT, datasets={})
     return record(
         path,
         describe(manifest),
+        dataset=dataset,
         how="accepted",
         reason=reason.strip(),
         by=by,
-        previous=previous,
+        previous=whole.datasets.get(dataset),
+        others=whole,
     )
 
 
@@ -282,11 +358,15 @@ def summary_markdown(diff: dict[str, Any]) -> str:
     accepted = diff["accepted"]
     base = (diff["accepted_fingerprint"] or "none")[:12]
     lines = [f"# Data diff: accepted `{base}` -> `{diff['fingerprint'][:12]}`", ""]
+    lines.append(f"- dataset: `{diff['dataset']}` (`ingest.source_dir`, `ingest.labels_csv`)")
     if accepted:
         who = f" by {accepted['by']} at {accepted['at']}" if accepted["by"] else ""
         lines.append(f"- baseline: {accepted['how']}{who}: {accepted['reason']}")
     else:
-        lines.append("- baseline: none accepted yet (a first build: nothing to compare against)")
+        lines.append(
+            "- baseline: none accepted for this dataset yet: these shards become its baseline "
+            "once they pass validation"
+        )
     lines += [
         f"- records: {diff['records']['before']} -> {diff['records']['after']}",
         f"- new classes: {', '.join(diff['new_classes']) or 'none'}; "

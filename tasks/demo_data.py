@@ -217,18 +217,35 @@ def _png_bytes(pixels: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--per-class", type=int, default=500)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--if-missing", action="store_true", help="do nothing if out_dir exists")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--if-source",
+        metavar="PARAMS",
+        help="do nothing unless ingest.source_dir in this params file names out_dir",
+    )
+    args = parser.parse_args(argv)
     if args.if_missing and args.out_dir.exists():
-        print(f"{args.out_dir} exists; keeping it")
         return
+    if args.if_source and not names_folder(Path(args.if_source), args.out_dir):
+        return
+    print(f"generating the demo dataset into {args.out_dir} ...", flush=True)
     n = generate(args.out_dir, per_class=args.per_class, seed=args.seed)
     print(f"wrote {n} files to {args.out_dir}")
+
+
+def names_folder(params_path: Path, folder: Path) -> bool:
+    """Whether ``ingest.source_dir`` in ``params_path`` is ``folder`` (as the dataset's
+    identity names them: relative to the current directory, the repository root)."""
+    from tasks.dataset_identity import dataset_identity
+    from tasks.params import load_params
+
+    source = load_params(params_path).ingest.source_dir
+    return dataset_identity(source, None) == dataset_identity(str(folder), None)
 
 
 if __name__ == "__main__":

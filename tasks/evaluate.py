@@ -169,14 +169,16 @@ def evaluate_model(
     predictions_file: str | Path | None = None,
     store: ShardStore | None = None,
     label_issues_file: str | Path | None = None,
+    label_error_confidence: float | None = None,
     progress: Callable[[int, int], object] | None = None,
 ) -> dict[str, Any]:
     """Test-split metrics plus the per-class table (JSON, Markdown) and PNGs in out_dir.
 
     ``predictions_file`` also gets every test record's prediction (the reference the
     served model must reproduce from the source files); ``label_issues_file`` the label
-    review of val and test (and out_dir its thumbnail sheet; ``label_review`` in the result
-    sums it up). With a ``store`` the shards are read from object storage instead of
+    review of val and test, at ``label_error_confidence`` (``evaluate.label_error_confidence``;
+    and out_dir its thumbnail sheet; ``label_review`` in the result sums it up). With a
+    ``store`` the shards are read from object storage instead of
     ``shards_dir``. ``progress(done, total)`` is told the records predicted so far, of the
     test split and, for the label review, the val split.
     """
@@ -201,13 +203,15 @@ def evaluate_model(
     metrics["test_fingerprint"] = manifest.fingerprint
     out_dir.mkdir(parents=True, exist_ok=True)
     if label_issues_file is not None:
+        if label_error_confidence is None:
+            raise TypeError("a label review needs evaluate.label_error_confidence")
         test = HeldOut("test", sources, labels, probs)
         metrics["label_review"] = label_review(
             model,
             shards_dir,
             manifest.classes,
             test,
-            Path(label_issues_file),
+            (Path(label_issues_file), label_error_confidence),
             out_dir,
             store,
             predicted,
@@ -249,13 +253,15 @@ def label_review(
     shards_dir: Path,
     classes: list[str],
     test: HeldOut,
-    csv_path: Path,
+    review: tuple[Path, float],
     out_dir: Path,
     store: ShardStore | None = None,
     predicted: Callable[[int], object] | None = None,
 ) -> dict[str, Any]:
-    """Rank likely label errors in val and test; write the CSV and the thumbnail sheet.
+    """Rank likely label errors and confusions in val and test; write the CSV and the
+    thumbnail sheet. ``review``: the CSV's path and ``evaluate.label_error_confidence``;
     ``predicted``: as :func:`predict_split`'s."""
+    csv_path, label_error_confidence = review
     held_out = []
     for split in REVIEWED_SPLITS:
         if split == test.split:
@@ -266,11 +272,11 @@ def label_review(
             model, shards_dir, split, sources=sources, store=store, predicted=predicted
         )
         held_out.append(HeldOut(split, sources, labels, probs))
-    rows = review_labels(held_out, classes)
+    rows = review_labels(held_out, classes, label_error_confidence)
     write_label_issues(csv_path, rows)
     shown = {(row["split"], row["path"]) for row in rows[:SHEET_ROWS_SHOWN]}
     plot_label_sheet(rows, shard_images(shards_dir, shown, store), out_dir / LABEL_SHEET)
-    return review_summary(rows, held_out)
+    return review_summary(rows, held_out, label_error_confidence)
 
 
 def shard_images(
@@ -439,6 +445,7 @@ def measure(
         predictions_file=layout.test_predictions,
         store=open_store(layout.root, params.storage),
         label_issues_file=layout.label_issues,
+        label_error_confidence=params.evaluate.label_error_confidence,
         progress=progress,
     )
 

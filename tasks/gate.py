@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tasks.manifest import ShardManifest, file_sha256, load_manifest
+from tasks.refusals import Refused
 
 if TYPE_CHECKING:
     from tasks.shard_store import ShardStore
@@ -19,12 +20,16 @@ if TYPE_CHECKING:
 FIX = "run the validate stage (`dvc repro validate` or `python -m flows.data validate`)"
 
 
-class ShardsNotValidated(RuntimeError):
+class ShardsNotValidated(Refused, RuntimeError):
     """Refused: the shards have no passing validation report that matches them."""
+
+    fix = "shardflow run   (validates these shards before training on them)"
 
 
 class ModelNotFromTheseShards(ShardsNotValidated):
     """Refused: the model was trained on another shard set than the current one."""
+
+    fix = "dvc repro train   (trains on these shards)"
 
 
 def check_validated(shards_dir: str | Path, validation_report: str | Path) -> ShardManifest:

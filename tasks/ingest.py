@@ -31,6 +31,7 @@ from tasks.inspection import Inspected, Locator, Signature, inspect_chunk, inspe
 from tasks.near_duplicates import Item, hash_version, place
 from tasks.params import IngestParams, SplitFractions
 from tasks.processes import capped_workers, spawn_pool
+from tasks.refusals import Refused
 from tasks.worker_cost import check_seconds, worth_workers
 
 
@@ -481,8 +482,10 @@ def classes_dropped(discovered: Discovered, present: Iterable[str]) -> list[dict
     return dropped
 
 
-class SetWouldBeLost(ValueError):
+class SetWouldBeLost(Refused, ValueError):
     """Ingest would keep no image, or none of a class because of an ``ingest`` limit."""
+
+    fix = "fix the files it names, or the ingest limit it names in params.yaml, then rerun"
 
 
 _DIMENSIONS = re.compile(r"absurd dimensions (\d+)x(\d+) ")

@@ -4,7 +4,11 @@ The model never trained on val or test, so its predicted probabilities there are
 out-of-sample, which is what confident learning needs: cleanlab's ``find_label_issues``
 flags the records whose given label the model's probabilities contradict (after estimating
 how noisy each class is), and ``get_label_quality_scores`` ranks them (self-confidence:
-the probability of the given label; lowest first). The thumbnail sheet shows the shard
+the probability of the given label; lowest first). A flagged record is a likely label error
+only when the model is confident in the label it suggests instead
+(``evaluate.label_error_confidence``); below that it is a confusion of the model's, and the
+rows and the sheet say so: on correctly labelled data a model's confusions are most of
+what cleanlab flags. The thumbnail sheet shows the shard
 pixels of the top rows, the pixels the model saw: no source image is read.
 """
 
@@ -23,7 +27,17 @@ import numpy as np
 
 from tasks.sheets import plot_image_sheet
 
-LABEL_ISSUE_COLUMNS = ("split", "path", "given_label", "suggested_label", "score")
+LABEL_ISSUE_COLUMNS = (
+    "split",
+    "path",
+    "given_label",
+    "suggested_label",
+    "score",
+    "suggested_score",
+    "kind",
+)
+LABEL_ERROR = "likely label error"
+CONFUSION = "confusion"
 SHEET_ROWS_SHOWN = 16
 REVIEWED_SPLITS = ("val", "test")
 CLEANLAB_MODULES = ("cleanlab.filter", "cleanlab.rank")
@@ -76,8 +90,12 @@ def rank_label_issues(labels: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray
     return np.asarray(flagged, dtype=np.int64), np.asarray(scores, dtype=float)
 
 
-def review_labels(held_out: Sequence[HeldOut], classes: Sequence[str]) -> list[dict[str, Any]]:
-    """The flagged records of all held-out splits, ranked together (most suspect first).
+def review_labels(
+    held_out: Sequence[HeldOut], classes: Sequence[str], label_error_confidence: float
+) -> list[dict[str, Any]]:
+    """The flagged records of all held-out splits, ranked together (most suspect first),
+    each a likely label error when the model gives the label it suggests at least
+    ``label_error_confidence``, else a confusion.
 
     Ranked together so the noise estimate sees every held-out record; each row names its
     split. Ties keep reading order (val before test), so the file is deterministic.
@@ -96,6 +114,8 @@ def review_labels(held_out: Sequence[HeldOut], classes: Sequence[str]) -> list[d
             "given_label": classes[int(labels[i])],
             "suggested_label": classes[int(probs[i].argmax())],
             "score": round(float(scores[i]), 6),
+            "suggested_score": round(float(probs[i].max()), 6),
+            "kind": LABEL_ERROR if probs[i].max() >= label_error_confidence else CONFUSION,
         }
         for i in order
     ]
@@ -110,14 +130,21 @@ def write_label_issues(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
     return path
 
 
-def review_summary(rows: Sequence[dict[str, Any]], held_out: Sequence[HeldOut]) -> dict[str, Any]:
-    """Counts for the card and the evaluation record."""
+def review_summary(
+    rows: Sequence[dict[str, Any]], held_out: Sequence[HeldOut], label_error_confidence: float
+) -> dict[str, Any]:
+    """Counts for the card and the evaluation record: ``flagged`` the likely label errors,
+    ``confusions`` the rest cleanlab flagged."""
+
+    def count(kind: str, split: str) -> int:
+        return sum(1 for row in rows if row["split"] == split and row["kind"] == kind)
+
     return {
         "reviewed": {part.split: len(part.labels) for part in held_out},
-        "flagged": {
-            part.split: sum(1 for row in rows if row["split"] == part.split) for part in held_out
-        },
-        "top": [dict(row) for row in rows[:5]],
+        "flagged": {part.split: count(LABEL_ERROR, part.split) for part in held_out},
+        "confusions": {part.split: count(CONFUSION, part.split) for part in held_out},
+        "label_error_confidence": label_error_confidence,
+        "top": [dict(row) for row in rows if row["kind"] == LABEL_ERROR][:5],
     }
 
 
@@ -128,10 +155,10 @@ def plot_label_sheet(
     tiles = [
         (
             images[(row["split"], row["path"])],
-            f"{row['given_label']} -> {row['suggested_label']} ({row['score']:.2f})\n"
-            f"{row['split']}: {Path(row['path']).name}",
+            f"{row['kind']}: {row['given_label']} -> {row['suggested_label']} "
+            f"({row['suggested_score']:.2f})\n{row['split']}: {Path(row['path']).name}",
         )
         for row in rows[:SHEET_ROWS_SHOWN]
         if (row["split"], row["path"]) in images
     ]
-    plot_image_sheet(tiles, "no likely label errors found", path)
+    plot_image_sheet(tiles, "no likely label errors or confusions found", path)

@@ -90,6 +90,11 @@ class Layout:
         return self.root / "reports" / "ingest.json"
 
     @property
+    def ingest_metrics(self) -> Path:
+        """The ingest report's headline figures (:data:`tasks.metrics_files.INGEST_FIGURES`)."""
+        return self.root / "metrics" / "ingest.json"
+
+    @property
     def handoff(self) -> Path:
         """Ingest's decodes of new images, kept for the shard stage (``tasks.handoff``):
         per-clone state outside every DVC out; the shard stage empties it."""

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, mode
 from ruamel.yaml import YAML, YAMLError
 
 from tasks import atomic
+from tasks.refusals import Refused
 
 DEFAULT_PARAMS_PATH = Path("params.yaml")
 REPO_PARAMS_PATH = Path(__file__).resolve().parents[1] / "params.yaml"
@@ -43,11 +44,13 @@ def read_yaml(text: str) -> Any:
     return YAML(typ="safe").load(text)  # dvc.utils.serialize's parse_yaml
 
 
-class ParamsError(ValueError):
+class ParamsError(Refused, ValueError):
     """A params file that is missing, empty or invalid, or a param a run cannot use as set
     (a ``train.weights`` file that is not there, a batch the train split cannot fill); the
     message names every bad key and what to set. Never retried: a rerun as it is fails alike.
     """
+
+    fix = "edit what it names in params.yaml (every key is listed there), then rerun"
 
 
 # Strict types: lax coercion read `batch_size: true` as 1, `"3"` as 3 and `1.5` for an int as
@@ -156,6 +159,9 @@ class EvaluateParams(_Strict):
     model_name: str = Field(pattern=MODEL_NAME_PATTERN)
     # Promote even when the champion was measured on different test data (not comparable).
     allow_incomparable_promotion: bool
+    # The label review's line between a likely label error and a model confusion: the
+    # probability the model gives the label it suggests instead (tasks/label_review.py).
+    label_error_confidence: float = Field(gt=0, le=1)
 
 
 class WorkspaceParams(_Strict):
@@ -260,7 +266,10 @@ def load_params(
     """Parse ``params.yaml`` (plus optional nested overrides) into checked, typed params."""
     path = Path(path)
     if not path.is_file():
-        raise ParamsError(f"{path}: params file not found (params.yaml holds every setting)")
+        raise ParamsError(
+            f"{path}: params file not found (params.yaml holds every setting)",
+            fix=f"git checkout -- {path.name}   (run from the repository root)",
+        )
     try:
         raw = read_yaml(path.read_text())  # a safe loader: no Python objects
     except YAMLError as error:
@@ -457,3 +466,24 @@ def apply_overrides(path: str | Path, overrides: dict[str, Any]) -> Params:
     yaml_rt.dump(document, text)
     atomic.write_text(path, text.getvalue())
     return merged
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tasks.params check [FILE]``: load the params file (default params.yaml)
+    as every stage does; a bad key is refused naming the file, the key and the fix."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m tasks.params", description=main.__doc__)
+    parser.add_argument("command", choices=("check",))
+    parser.add_argument("file", nargs="?", default=DEFAULT_PARAMS_PATH, help="default: params.yaml")
+    args = parser.parse_args(argv)
+    load_params(args.file)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    from tasks.refusals import refusing
+
+    sys.exit(refusing(main, "params.yaml"))

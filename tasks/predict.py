@@ -58,6 +58,7 @@ from tasks.inference import predict_batch
 from tasks.manifest import ShardManifest
 from tasks.params import MODEL_NAME_PATTERN
 from tasks.processes import usable_cores
+from tasks.refusals import Refused
 from tasks.schema import RecordSchema
 
 if TYPE_CHECKING:
@@ -396,23 +397,28 @@ def log_pyfunc(
         spec_file.write_text(json.dumps(spec.to_dict(), indent=2, sort_keys=True))
         mlflow.start_run(run_id=run_id)
         try:
-            info = mlflow.pyfunc.log_model(
-                name=MODEL_NAME_IN_RUN,
-                # The model from code (tasks/serving_model.py), not a pickled object.
-                python_model=str(Path(tasks.__file__).with_name("serving_model.py")),
-                artifacts={KERAS_ARTIFACT: str(model_file), SPEC_ARTIFACT: str(spec_file)},
-                code_paths=[str(Path(tasks.__file__).parent)],
-                signature=signature(spec.classes),
-                metadata={"preprocessing": spec.to_dict()},
-                tags=tags,
-                # Pinned here (versions from the installed metadata) so logging never shells
-                # out to infer requirements.
-                pip_requirements=[
-                    *(f"{name}=={version(name)}" for name in ("tensorflow", "keras", "pillow")),
-                    f"numpy=={np.__version__}",
-                    "pydantic>=2.7",
-                ],
-            )
+            with warnings.catch_warnings():
+                # the signature says what a request holds; an input example would be an image
+                warnings.filterwarnings(
+                    "ignore", ".*An input example was not provided", UserWarning
+                )
+                info = mlflow.pyfunc.log_model(
+                    name=MODEL_NAME_IN_RUN,
+                    # The model from code (tasks/serving_model.py), not a pickled object.
+                    python_model=str(Path(tasks.__file__).with_name("serving_model.py")),
+                    artifacts={KERAS_ARTIFACT: str(model_file), SPEC_ARTIFACT: str(spec_file)},
+                    code_paths=[str(Path(tasks.__file__).parent)],
+                    signature=signature(spec.classes),
+                    metadata={"preprocessing": spec.to_dict()},
+                    tags=tags,
+                    # Pinned here (versions from the installed metadata) so logging never shells
+                    # out to infer requirements.
+                    pip_requirements=[
+                        *(f"{name}=={version(name)}" for name in ("tensorflow", "keras", "pillow")),
+                        f"numpy=={np.__version__}",
+                        "pydantic>=2.7",
+                    ],
+                )
         finally:
             mlflow.end_run(status=status)  # no longer active here; its status as it was
     return str(info.model_uri)
@@ -491,12 +497,18 @@ def resolve_model(client: MlflowClient, model: str, model_name: str) -> ModelRef
     except MlflowException as exc:
         from tasks.tracking import redact
 
-        raise LookupError(
+        raise ModelNotFound(
             f"model {model!r} (registered model {model_name!r}) not found in "
             f"{redact(client.tracking_uri)}: {redact(exc.message)}; run the training flow "
             "first, or pass a version, a run id or a models:/ URI"
         ) from None
     return ModelRef(uri, str(found.name), str(found.version), str(found.run_id))
+
+
+class ModelNotFound(Refused, LookupError):
+    """No model answers the reference (no champion yet, or a version the registry lacks)."""
+
+    fix = "shardflow run   (trains, evaluates and promotes a champion), or --model VERSION"
 
 
 def _is_run_id(text: str) -> bool:

@@ -8,6 +8,9 @@ error derives from :class:`Refused`; anything else is a bug and keeps its traceb
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
+
 
 class Refused(Exception):
     """A refusal the user caused and can resolve.
@@ -22,3 +25,54 @@ class Refused(Exception):
         super().__init__(message)
         if fix is not None:
             self.fix = fix
+
+
+# A refusal's exit status: DVC, `shardflow` and a shell tell it from a crash (1).
+REFUSED_EXIT = 2
+
+# What a refusal may take on a terminal: the longest messages (a data gate listing a dozen
+# class-share shifts) are cut here, and the full text stays in the report and the Prefect run.
+MAX_MESSAGE_LINES = 10
+WIDTH = 96
+
+
+def refusal_block(what: str, error: Refused) -> str:
+    """``error`` as one short block: what was refused, why (its lines wrapped, at most
+    ``MAX_MESSAGE_LINES``), and the fix on a line of its own; never a traceback."""
+    import textwrap
+
+    text = str(error) or type(error).__name__
+    why = [part for line in text.splitlines() for part in textwrap.wrap(line, WIDTH - 4)]
+    if len(why) > MAX_MESSAGE_LINES:
+        cut = "... (the full text is in the report and the run's log)"
+        why = [*why[: MAX_MESSAGE_LINES - 1], cut]
+    lines = [f"Refused: {what} ({type(error).__name__})", *(f"  {line}" for line in why)]
+    if error.fix:
+        fix = textwrap.wrap(error.fix, WIDTH - 9)
+        lines += [f"  fix: {fix[0]}", *(f"       {line}" for line in fix[1:3])]
+    return "\n".join(lines)
+
+
+def find_refusal(error: BaseException | None) -> Refused | None:
+    """The refusal ``error`` is, or was raised from (an orchestrator may wrap it)."""
+    seen = 0
+    while error is not None and seen < 10:
+        if isinstance(error, Refused):
+            return error
+        error = error.__cause__ or error.__context__
+        seen += 1
+    return None
+
+
+def refusing(main: Callable[[], int | None], what: str) -> int:
+    """Run an entry point's ``main``: its exit status, or, when it refuses, the refusal
+    printed as :func:`refusal_block` on standard error and :data:`REFUSED_EXIT`. Anything
+    else is a bug and propagates with its traceback."""
+    try:
+        return main() or 0
+    except Exception as error:
+        refusal = find_refusal(error)
+        if refusal is None:
+            raise
+        print(refusal_block(what, refusal), file=sys.stderr, flush=True)
+        return REFUSED_EXIT

@@ -38,7 +38,7 @@ from tasks.gate import ShardsNotValidated as ShardsNotValidated  # re-exported f
 from tasks.gate import check_validated, check_validated_store
 from tasks.layout import Layout
 from tasks.manifest import ShardManifest, load_manifest
-from tasks.metrics_files import split_numeric
+from tasks.metrics_files import TRAIN_FIGURES, split_figures
 from tasks.model_file import save_model
 from tasks.models import build_model, unfreeze_top
 from tasks.params import Params, TrainParams, flatten
@@ -290,7 +290,9 @@ def write_outputs(
     plot_file: str | Path | None,
 ) -> None:
     """The summary's numbers, the rest of it, the plot rows and the plot, where given."""
-    numbers, rest = split_numeric({k: v for k, v in summary.items() if k != "history"})
+    numbers, rest = split_figures(
+        {k: v for k, v in summary.items() if k != "history"}, TRAIN_FIGURES
+    )
     if metrics_file is not None:
         write_json(Path(metrics_file), numbers)
     if summary_file is not None:

@@ -30,6 +30,7 @@ from tasks.manifest import MANIFEST_NAME, SPLITS, ShardManifest, file_sha256, ow
 from tasks.params import ValidateParams
 from tasks.processes import ChildResult, run_in_child
 from tasks.records import OFFSETS_NAME, dali_index_file, dali_index_files, dali_index_problem
+from tasks.refusals import Refused
 from tasks.schema import HASH_KEY, IMAGE_KEY, LABEL_KEY, RecordSchema, SchemaError
 from tasks.shard_swap import finish_swap
 from tasks.tf_cross_check import fingerprint, tensorflow_sample
@@ -49,8 +50,10 @@ CROSS_CHECK_PER_SHARD = 4  # records per shard that TensorFlow's parser reads to
 CROSS_CHECK_TIMEOUT_S = 600
 
 
-class ValidationFailed(RuntimeError):
+class ValidationFailed(Refused, RuntimeError):
     """The shard set failed validation; the message names the failed checks."""
+
+    fix = "fix the data its checks name (reports/validation.md), then `shardflow run`"
 
 
 # -- manifest and files ----------------------------------------------------------------------
@@ -404,13 +407,13 @@ def check_data_diff(diff: dict[str, Any], limits: ValidateParams) -> dict[str, A
 
 
 def gate_diff(
-    manifest: ShardManifest, accepted_path: Path, diff_path: Path
+    manifest: ShardManifest, accepted_path: Path, diff_path: Path, dataset: str
 ) -> tuple[dict[str, Any], data_gate.DataVersion, data_gate.AcceptedVersion | None]:
-    """These shards against the accepted version at ``accepted_path``, written to
+    """These shards against ``dataset``'s accepted version at ``accepted_path``, written to
     ``diff_path`` (JSON and Markdown); also returns the version and the accepted one."""
-    accepted = data_gate.load_accepted(accepted_path)
+    accepted = data_gate.load_accepted(accepted_path, dataset)
     version = data_gate.describe(manifest)
-    diff = data_gate.compare(accepted, version)
+    diff = data_gate.compare(accepted, version, dataset)
     data_gate.write(diff, diff_path)
     return diff, version, accepted
 
@@ -418,10 +421,11 @@ def gate_diff(
 # -- the stage -------------------------------------------------------------------------------
 
 
-def validate_layout(layout: Layout, limits: ValidateParams) -> dict[str, Any]:
+def validate_layout(layout: Layout, limits: ValidateParams, dataset: str) -> dict[str, Any]:
     """The validate stage's check (:func:`run_validate`) of its workspace's shards, with the
-    data gate: its reports, the ingest index, the accepted data version and the data diff
-    where ``layout`` puts them."""
+    data gate of ``dataset`` (:func:`tasks.dataset_identity.dataset_identity`): its reports,
+    the ingest index, the accepted data version and the data diff where ``layout`` puts
+    them."""
     return run_validate(
         layout.shards_dir,
         layout.validation_report,
@@ -430,6 +434,7 @@ def validate_layout(layout: Layout, limits: ValidateParams) -> dict[str, Any]:
         accepted_path=layout.accepted_data,
         diff_path=layout.data_diff,
         limits=limits,
+        dataset=dataset,
     )
 
 
@@ -443,13 +448,15 @@ def run_validate(
     accepted_path: Path | None = None,
     diff_path: Path | None = None,
     limits: ValidateParams | None = None,
+    dataset: str = "",
 ) -> dict[str, Any]:
     """Check a shard set; write the JSON report and Markdown summary; return the report.
 
-    With ``accepted_path``, ``diff_path`` and ``limits`` (the data gate): the change from the
-    last accepted data version, written to ``diff_path``, must stay within the ``validate``
-    limits (:func:`tasks.data_gate.violations`); a set that passes
-    every check becomes the accepted version (:func:`tasks.data_gate.record_passed`).
+    With ``accepted_path``, ``diff_path``, ``limits`` and ``dataset`` (the data gate): the
+    change from ``dataset``'s last accepted version, written to ``diff_path``, must stay
+    within the ``validate`` limits (:func:`tasks.data_gate.violations`); a set that passes
+    every check becomes its accepted version (:func:`tasks.data_gate.record_passed`), the
+    first one of a dataset with none its baseline.
     """
     shards_dir = Path(shards_dir)
     finish_swap(shards_dir)  # a rebuild killed between its renames: its set, else the old one
@@ -482,10 +489,13 @@ def run_validate(
             tail.append(check_index(Path(index_path), manifest, contents))
             tail.append(check_near_duplicates(Path(index_path), contents))
         if accepted_path is not None and diff_path is not None and limits is not None:
+            if not dataset:
+                raise TypeError("the data gate needs the dataset's identity")
             try:
-                gate = gate_diff(manifest, Path(accepted_path), Path(diff_path))
+                gate = gate_diff(manifest, Path(accepted_path), Path(diff_path), dataset)
             except data_gate.AcceptedRecordError as exc:
-                tail.append(check("data_diff", [str(exc)], "", str(exc)))
+                message = f"{exc}: {exc.fix}"
+                tail.append(check("data_diff", [message], "", message))
             else:
                 tail.append(check_data_diff(gate[0], limits))
         head = [
@@ -507,7 +517,7 @@ def run_validate(
     write_text(Path(summary_path), summary_markdown(report))
     if report["passed"] and gate is not None and accepted_path is not None:
         diff, version, accepted = gate
-        data_gate.record_passed(Path(accepted_path), version, diff, accepted)
+        data_gate.record_passed(Path(accepted_path), version, diff, accepted, dataset)
     return report
 
 
@@ -517,14 +527,18 @@ def raise_if_failed(report: dict[str, Any]) -> None:
     if failed:
         reasons = "; ".join(f"{c['name']}: {c['message']}" for c in failed)
         # the data gate's own message says how to accept a deliberate change
-        advice = (
-            ""
-            if [c["name"] for c in failed] == ["data_diff"]
-            else ("; then fix the data or rerun the shard stage")
+        gate_only = [c["name"] for c in failed] == ["data_diff"]
+        advice = "" if gate_only else "; then fix the data or rerun the shard stage"
+        fix = (
+            f"{data_gate.accept_command(str(report.get('fingerprint')))}   (if the change is "
+            "deliberate; else restore the data)"
+            if gate_only and report.get("fingerprint")
+            else None
         )
         raise ValidationFailed(
             f"shard validation failed for {report.get('shards_dir')} ({reasons}); "
-            f"see reports/validation.json{advice}"
+            f"see reports/validation.json{advice}",
+            fix=fix,
         )
 
 

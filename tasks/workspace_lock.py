@@ -30,14 +30,20 @@ from typing import IO, Any
 
 from tasks.atomic import write_json
 from tasks.params import read_yaml
+from tasks.refusals import Refused, refusal_block
 
 LOCK_ENV = "SHARDFLOW_LOCK_HELD"
 LOCK_FILE = Path(".shardflow") / "workspace.lock"
 HOLDER_FILE = Path(".shardflow") / "workspace.lock.json"
 
 
-class WorkspaceLocked(TimeoutError):
+class WorkspaceLocked(Refused, TimeoutError):
     """Another writer kept the workspace for longer than ``workspace.lock_timeout_s``."""
+
+    fix = (
+        "let the writer it names finish (or stop it), then rerun; workspace.lock_timeout_s "
+        "in params.yaml sets how long a run waits"
+    )
 
 
 def lock_timeout_s(params_path: str | Path) -> float:
@@ -196,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         with workspace_lock(".", timeout_s=timeout_s, command=shlex.join(command)):
             return subprocess.run(command, check=False).returncode
     except WorkspaceLocked as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(refusal_block(shlex.join(command), error), file=sys.stderr)
         return 75  # EX_TEMPFAIL: try again later
 
 

@@ -17,14 +17,18 @@ from tasks.images import preprocessing_version
 from tasks.index import iter_records
 from tasks.manifest import MANIFEST_NAME, SPLITS, ShardManifest, load_manifest, stream_records
 from tasks.params import ShardParams
+from tasks.refusals import Refused
 from tasks.shard.spec import schema_from_params
 
+REBUILD_HINT = "set shard.mode: rebuild in params.yaml (or run `make compact`)"
 
-class RebuildNeeded(ValueError):
+
+class RebuildNeeded(Refused, ValueError):
     """``shard.mode: append`` cannot express this change; ``shard.mode: rebuild`` can."""
 
+    fix = REBUILD_HINT
 
-REBUILD_HINT = "set shard.mode: rebuild in params.yaml (or run `make compact`)"
+
 # The set dvc.lock records is in this clone's DVC cache when the clone built it (the folder
 # was deleted, or a fresh clone never checked it out) and in the remote once pushed.
 RESTORE_HINT = (

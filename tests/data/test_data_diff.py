@@ -50,6 +50,7 @@ def validate(project: Project, limits: ValidateParams) -> dict[str, Any]:
         accepted_path=project.root / "accepted.json",
         diff_path=reports / "data_diff.json",
         limits=limits,
+        dataset="images",
     )
 
 

@@ -1,6 +1,7 @@
 """The data gate keeps its baseline: a change validation refused stays refused after a kill,
 a rebuild (`dvc repro -f shard`), `make compact` or in a fresh clone, until one explicit,
-recorded step accepts it; switching datasets is that same step, the limits untouched."""
+recorded step accepts it, the limits untouched. Each dataset has its own baseline: the first
+validated set of one the record has none of becomes it."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 
 from flows import accept_data
 from tasks import data_gate
+from tasks.dataset_identity import dataset_identity
 from tasks.demo_data import generate
 from tasks.layout import Layout
 from tasks.manifest import ShardFile, load_manifest
@@ -37,7 +39,20 @@ class GatedProject(Project):
         super().__init__(root)
         self.layout = Layout(root)
         self.shards = self.layout.shards_dir
-        shutil.copy(Path(__file__).parents[2] / "params.yaml", root)  # the lock's timeout
+        self.name_source("images")
+
+    def name_source(self, folder: str) -> None:
+        """Point the project's ``params.yaml`` (the repository's, with its lock timeout) at
+        ``folder``: the dataset accept-data accepts for, and the one :meth:`validate` gates."""
+        self.source = self.root / folder
+        text = (Path(__file__).parents[2] / "params.yaml").read_text()
+        (self.root / "params.yaml").write_text(
+            text.replace("source_dir: data/demo ", f"source_dir: {folder} ", 1)
+        )
+
+    @property
+    def dataset(self) -> str:
+        return dataset_identity(str(self.source), None, self.root)
 
     def validate(self, limits: ValidateParams = STRICT) -> dict[str, Any]:
         return run_validate(
@@ -48,10 +63,15 @@ class GatedProject(Project):
             accepted_path=self.layout.accepted_data,
             diff_path=self.layout.data_diff,
             limits=limits,
+            dataset=self.dataset,
         )
 
-    def accepted(self) -> dict[str, Any]:
+    def record(self) -> dict[str, Any]:
         return dict(json.loads(self.layout.accepted_data.read_text()))
+
+    def accepted(self) -> dict[str, Any]:
+        """This dataset's accepted version."""
+        return dict(self.record()["datasets"][self.dataset])
 
     def fingerprint(self) -> str:
         return load_manifest(self.shards).fingerprint
@@ -98,9 +118,11 @@ def test_the_first_build_is_recorded_as_the_accepted_version(tmp_path: Path) -> 
         "how": "first build",
         "by": None,
         "at": None,
-        "reason": "no data version accepted before",
+        "reason": "the first validated shard set of dataset 'images': no version of it "
+        "accepted before",
         "previous_fingerprint": None,
     }
+    assert project.record()["format"] == 2 and list(project.record()["datasets"]) == ["images"]
     before = project.layout.accepted_data.read_bytes()
     assert project.validate()["passed"]  # the same set again: the record keeps its bytes
     assert project.layout.accepted_data.read_bytes() == before
@@ -276,28 +298,53 @@ def test_accept_data_refuses_what_it_cannot_name(
     assert_refused(refused)
 
 
-def test_switching_datasets_is_the_accept_step(tmp_path: Path) -> None:
+def test_another_dataset_starts_its_own_baseline_and_switching_back_gates_against_the_first(
+    tmp_path: Path,
+) -> None:
+    """The shipped demo baseline refused every adopter's first run as drift: another
+    dataset is not a change of this one. Its first validated set becomes its baseline, the
+    first dataset's stays, and switching back compares with it."""
     project = GatedProject(tmp_path)
     project.update("rebuild")
     assert project.validate()["passed"]
-    other = tmp_path / "other"
-    generate(other, per_class=8, min_size=24, max_size=40, broken=False)
-    shutil.rmtree(project.source)
-    shutil.copytree(other, project.source)
+    first = project.accepted()
+    generate(tmp_path / "photos", per_class=8, min_size=24, max_size=40, broken=False)
+    project.name_source("photos")
     project.update("rebuild")
-    report = project.validate()
-    message = failed(report)["data_diff"]
-    assert "share moved" in message and "new classes" in message
-    assert f"--fingerprint {project.fingerprint()[:12]}" in message
+    report = project.validate()  # STRICT: as a change of "images" it was refused
+    assert report["passed"], failed(report)
+    assert project.record()["datasets"]["images"] == first
+    photos = project.accepted()
+    assert photos["fingerprint"] == project.fingerprint()
+    assert photos["acceptance"]["reason"] == data_gate.first_version_reason("photos")
+    diff = json.loads(project.layout.data_diff.read_text())
+    assert diff["dataset"] == "photos" and diff["accepted_fingerprint"] is None
 
-    data_gate.accept(
-        project.shards,
-        project.layout.accepted_data,
-        fingerprint=project.fingerprint(),
-        reason="switched to the demo drawings",
-    )
-    assert project.validate()["passed"]  # STRICT, as before
-    assert project.accepted()["acceptance"]["reason"] == "switched to the demo drawings"
+    add_images(tmp_path / "images", "blob", 6, seed=7)  # "images" changed meanwhile
+    project.name_source("images")
+    project.update("rebuild")
+    message = failed(project.validate())["data_diff"]
+    assert "new classes ['blob']" in message and first["fingerprint"][:12] in message
+    assert project.record()["datasets"]["photos"] == photos
+
+
+def test_a_format_1_record_is_read_as_the_named_datasets_and_rewritten_as_format_2(
+    tmp_path: Path,
+) -> None:
+    project = GatedProject(tmp_path)
+    project.update("rebuild")
+    assert project.validate()["passed"]
+    version = project.accepted()
+    project.layout.accepted_data.write_text(json.dumps({**version, "format": 1}))
+    add_images(project.source, "blob", 6, seed=7)
+    project.update("rebuild")
+    assert "new classes ['blob']" in failed(project.validate())["data_diff"]  # still gated
+    add_images(project.source, "red", 1, seed=3)
+    shutil.rmtree(project.source / "blob")
+    project.update("rebuild")
+    assert project.validate()["passed"]
+    assert project.record()["format"] == 2
+    assert project.accepted()["acceptance"]["previous_fingerprint"] == version["fingerprint"]
 
 
 def test_a_change_within_the_limits_moves_the_baseline(tmp_path: Path) -> None:
@@ -329,6 +376,7 @@ def test_an_unreadable_accepted_record_fails_validation_by_name(tmp_path: Path) 
     data_gate.accept(
         project.shards,
         project.layout.accepted_data,
+        dataset=project.dataset,
         fingerprint=project.fingerprint(),
         reason="the record was damaged",
     )

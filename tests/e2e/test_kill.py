@@ -263,7 +263,7 @@ def test_a_refused_data_change_stays_refused_until_accepted(project: Project) ->
     accepted = project.dvc("repro", "validate")
     assert "Running stage 'validate'" in accepted.stdout  # the edited record reruns it
     assert validation_failures(root) == {}
-    record = json.loads((root / "data/accepted.json").read_text())
+    record = json.loads((root / "data/accepted.json").read_text())["datasets"]["data/demo"]
     assert record["fingerprint"] == fingerprint
     assert record["acceptance"]["reason"] == "blob is a class now"
     assert record["acceptance"]["by"] == "ci"  # the git user

@@ -65,6 +65,11 @@ def test_one_pipeline_execution_reads_as_one_story(
     manifest = json.loads((layout.shards_dir / "manifest.json").read_text())
     images = sum(split["num_records"] for split in manifest["splits"].values())
     assert images == report["accepted"] == 36
+    figures = json.loads(layout.ingest_metrics.read_text())  # what `dvc exp show` compares
+    assert figures["accepted"] == 36 and figures["split_counts"] == report["split_counts"]
+    assert "counts" not in figures and "formats" not in figures  # per class: the report's
+    accepted = json.loads(layout.accepted_data.read_text())["datasets"]  # a first baseline
+    assert [version["fingerprint"] for version in accepted.values()] == [manifest["fingerprint"]]
 
     runs = flow_runs_tagged(pipeline)
     assert set(runs) == {"ingest", "shard", "write-shards", "validate"}  # nothing else

@@ -61,10 +61,14 @@ class Recorder:
         failed = self.fail is not None and self.fail in " ".join(step)
         return subprocess.CompletedProcess(step, 3 if failed else 0)
 
+    def step(self, step: list[str], env: dict[str, str]) -> int:
+        """Stands in for :func:`flows.cli.run_step`."""
+        return int(self(step, env).returncode)
+
 
 def test_stop_and_predict_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
     recorder = Recorder()
-    monkeypatch.setattr(cli.subprocess, "run", recorder)
+    monkeypatch.setattr(cli, "run_step", recorder.step)
     assert cli.main(["stop"]) == 0
     assert cli.main(["predict", "photos", "--model", "3"]) == 0
     assert recorder.steps == [
@@ -80,9 +84,10 @@ def test_run_stops_at_the_first_failing_step(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     recorder = Recorder(fail="flows.server ensure")
-    monkeypatch.setattr(cli.subprocess, "run", recorder)
+    monkeypatch.setattr(cli, "run_step", recorder.step)
     assert cli.main(["run"]) == 3
     assert [step[2] for step in recorder.steps] == [
+        "tasks.params",
         "tasks.demo_data",
         "tasks.filenames",
         "flows.server",
@@ -92,7 +97,7 @@ def test_run_stops_at_the_first_failing_step(
 
 def test_ui_uses_the_tracking_uri_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     recorder = Recorder()
-    monkeypatch.setattr(cli.subprocess, "run", recorder)
+    monkeypatch.setattr(cli, "run_step", recorder.step)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:////tmp/elsewhere.db")
     cli.main(["ui"])
     step = recorder.steps[0]
@@ -143,7 +148,7 @@ def test_ui_and_serve_model_listen_on_a_free_port_they_print(
     the first's. The port is free when chosen, differs from one already taken, and is the
     one printed; `--port` still chooses it."""
     recorder = Recorder()
-    monkeypatch.setattr(cli.subprocess, "run", recorder)
+    monkeypatch.setattr(cli, "run_step", recorder.step)
     monkeypatch.chdir(ROOT)
     no_tracking_uri(monkeypatch)
     with socket.socket() as taken:
@@ -167,7 +172,7 @@ def test_serve_model_serves_the_champion_of_params_with_its_limits(
     from tasks.params import load_params
 
     recorder = Recorder()
-    monkeypatch.setattr(cli.subprocess, "run", recorder)
+    monkeypatch.setattr(cli, "run_step", recorder.step)
     monkeypatch.chdir(ROOT)
     no_tracking_uri(monkeypatch)
     cli.main(["serve-model"])
@@ -196,7 +201,7 @@ def test_ui_takes_the_port_run_links_open_while_it_is_free(
     """A local store's run links (Prefect artifacts, logs) open on MLFLOW_UI_URL's port, so
     `make ui` listens there while nothing else does, and on a free port once it is taken."""
     recorder = Recorder()
-    monkeypatch.setattr(cli.subprocess, "run", recorder)
+    monkeypatch.setattr(cli, "run_step", recorder.step)
     monkeypatch.chdir(ROOT)
     no_tracking_uri(monkeypatch)
     with socket.socket() as probe:
@@ -240,7 +245,7 @@ def test_every_shardflow_command_names_the_site_cache_for_a_dvc_typed_by_hand(
     monkeypatch.chdir(tmp_path)
     subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
     subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=tmp_path, check=True)
-    monkeypatch.setattr(cli.subprocess, "run", Recorder())
+    monkeypatch.setattr(cli, "run_step", Recorder().step)
     assert cli.main(["stop"]) == 0
     local = Config(dvc_dir=str(tmp_path / ".dvc"), validate=False).load_one("local")
     assert local["core"]["site_cache_dir"] == str(tmp_path.resolve() / ".shardflow" / "dvc")
@@ -259,3 +264,126 @@ def test_mlflow_servers_started_by_shardflow_run_no_job_runner(
         [sys.executable, "-c", read], env=cli.environment(), capture_output=True, text=True
     )
     assert said.stdout.strip() == "False", said.stderr[-2000:]
+
+
+def test_run_generates_the_demo_set_only_where_params_read_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`shardflow run` wrote the 3,007-file demo set whatever ingest.source_dir said, and
+    said "data/demo exists; keeping it" on every run."""
+    from tasks import demo_data
+
+    step = next(s for s in cli.run_steps([]) if s[2] == "tasks.demo_data")
+    monkeypatch.chdir(tmp_path)
+    text = (ROOT / "params.yaml").read_text()
+    (tmp_path / "params.yaml").write_text(text.replace("source_dir: data/demo", "source_dir: mine"))
+    demo_data.main([*step[3:], "--per-class", "2"])
+    assert not (tmp_path / "data" / "demo").exists()
+    (tmp_path / "params.yaml").write_text(
+        text.replace("source_dir: data/demo", "source_dir: ./data/demo/")
+    )
+    demo_data.main([*step[3:], "--per-class", "2"])
+    assert (tmp_path / "data" / "demo").is_dir()
+    assert "generating the demo dataset into data/demo" in capsys.readouterr().out
+    demo_data.main([*step[3:], "--per-class", "2"])
+    assert capsys.readouterr().out == ""  # nothing to say when nothing happens
+
+
+OPTIONS_SHOWN = {
+    "run": ["--force"],
+    "accept-data": ["--fingerprint", "--reason", "--by"],
+    "predict": ["--model", "--output", "source"],
+    "ui": ["--port"],
+    "serve-model": ["--port", "--max-request-mb", "--max-concurrent-requests"],
+    "team-deploy": ["--cpu-pool", "--gpu-pool"],
+    "bench": ["--quick"],
+    **{name: ["options: none"] for name in ("serve", "stop", "team-demo")},
+}
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_subcommands_help_lists_its_options(
+    command: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """`shardflow predict --help` and four others showed only -h, though they take options."""
+    assert cli.main([command, "--help"]) == 0
+    out = capfd.readouterr().out
+    assert out.startswith(f"usage: shardflow {command}")
+    assert all(option in out for option in OPTIONS_SHOWN[command]), out
+    assert "Prefect server started" not in out  # help starts nothing
+
+
+def test_a_bare_make_lists_every_target() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    phony = re.search(r"^\.PHONY: (.*)$", makefile, flags=re.MULTILINE)
+    assert phony is not None
+    out = subprocess.run(
+        ["make", "-s"], cwd=ROOT, capture_output=True, text=True, check=True, timeout=30
+    ).stdout
+    assert re.findall(r"^  make (\S+)", out, flags=re.MULTILINE) == [
+        t for t in re.findall(r"^([a-z-]+):.*## ", makefile, flags=re.MULTILINE)
+    ]
+    assert set(phony.group(1).split()) <= set(re.findall(r"^  make (\S+)", out, flags=re.M))
+
+
+def test_the_readme_command_table_is_true() -> None:
+    """It said every make target is also a `shardflow` command; five were not."""
+    readme = (ROOT / "README.md").read_text()
+    readme = readme[readme.index("The `make` targets and `shardflow` commands") :]
+    readme = readme[: readme.index("\n\n", readme.index("| command |"))]
+    makefile = (ROOT / "Makefile").read_text()
+    targets = re.findall(r"^([a-z-]+):.*## ", makefile, flags=re.MULTILINE)
+    rows = [line for line in readme.splitlines() if re.match(r"^\| `(make|shardflow) ", line)]
+    in_table = set()
+    for row in rows:
+        first = row.split("|")[1]
+        makes = re.findall(r"`make ([a-z-]+)`", first)
+        commands = re.findall(r"`shardflow ([a-z-]+)`", first)
+        in_table.update(makes)
+        assert all(c in COMMANDS for c in commands), row
+        if makes and not commands:
+            assert "(make only)" in first, row
+        for target in makes if commands else []:
+            recipe = re.search(rf"^{target}:.*\n((?:\t.*\n)+)", makefile, flags=re.MULTILINE)
+            assert recipe and f"-m flows.cli {target}" in recipe.group(1), row
+    assert set(targets) <= in_table
+
+
+def test_the_readmes_demo_figures_are_the_demo_runs() -> None:
+    """The README said 7 broken files where the demo run keeps 8 out of its shards."""
+    import json
+
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    report = json.loads((ROOT / "reports" / "ingest.json").read_text())
+    kept_out = re.search(r"which keep (\d+) out of the shards: (\d+) quarantined", readme)
+    assert kept_out is not None
+    assert int(kept_out.group(1)) == report["quarantined_count"] + report["duplicate_count"]
+    assert int(kept_out.group(2)) == report["quarantined_count"]
+
+
+def test_steps_run_without_mlflows_download_bars_and_info_lines(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`make run` showed MLflow's "Downloading artifacts" bars, system-metrics INFO lines
+    and Starlette's deprecation warning, which nobody can act on; MLflow's own warnings and
+    errors still show."""
+    from mlflow.environment_variables import (
+        MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR,
+        MLFLOW_LOGGING_LEVEL,
+    )
+
+    for name in ("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "MLFLOW_LOGGING_LEVEL"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in cli.environment().items():
+        monkeypatch.setenv(name, value)
+    assert MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR.get() is False
+    assert MLFLOW_LOGGING_LEVEL.get() == "WARNING"
+    monkeypatch.delenv("PYTHONWARNINGS", raising=False)
+    said = subprocess.run(
+        [sys.executable, "-c", "import mlflow.server.fastapi_app"],
+        env=cli.environment(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert said.returncode == 0 and "Warning" not in said.stderr, said.stderr[-2000:]

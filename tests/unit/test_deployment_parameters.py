@@ -288,3 +288,16 @@ def test_predict_deployment_run_refuses_paths_outside_before_anything_runs(
     with pytest.raises(Exception, match=re.escape(refused)):
         predict_flow(**{"source": "data/photos", "model_name": "shardflow", **values})
     assert files() == before
+
+
+def test_the_docs_name_every_served_deployment() -> None:
+    """docs/orchestration.md said "three deployments" where `make serve` serves four."""
+    from flows.deployments import deployments
+
+    served = [f"{d.flow_name}/{d.name}" for d in deployments()]
+    text = (Path(__file__).resolve().parents[2] / "docs" / "orchestration.md").read_text()
+    sentence = re.search(r"a serving process for (\w+) deployments: ([^.]*?)\. Leave", text, re.S)
+    assert sentence is not None
+    words = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}
+    assert sentence.group(1) == words[len(served)]
+    assert sorted(re.findall(r"`([\w-]+/[\w-]+)`", sentence.group(2))) == sorted(served)

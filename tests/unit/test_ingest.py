@@ -684,3 +684,14 @@ def test_the_check_feeds_the_decoder_the_whole_file_at_once(
     assert phash == perceptual_hash(chunked.convert("RGB"))
     with pytest.raises(ImageRejected, match="truncated or corrupt"):
         check_image(data[: len(data) * 3 // 4], max_pixels=10**7, min_side=8, draft=True)
+
+
+def test_label_conflicts_are_one_line_pointing_at_the_report() -> None:
+    """One warning a group filled twenty lines of `make run`."""
+    from flows.ingest import label_conflicts_line
+
+    groups = [{"labels": ["a", "b"], "split": "train", "paths": ["a/1.png", "b/1.png"]}] * 20
+    line = label_conflicts_line({"near_duplicates": {"label_conflicts": groups}})
+    assert line is not None and line.startswith("20 group(s) of near-duplicate images")
+    assert "reports/ingest.json" in line and "\n" not in line
+    assert label_conflicts_line({"near_duplicates": {"label_conflicts": []}}) is None

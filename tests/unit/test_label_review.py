@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.label_review import LABEL_ISSUE_COLUMNS, HeldOut, review_labels
+from tasks.label_review import LABEL_ISSUE_COLUMNS, HeldOut, review_labels, review_summary
+from tasks.params import default_params
 
 CLASSES = ["red", "green", "blue"]
 
@@ -47,7 +48,7 @@ def test_flipped_labels_rank_first_from_a_fitted_models_held_out_probabilities()
             flipped = {sources[i] for i in chosen}
         parts.append(HeldOut(split, sources, labels, model.predict_proba(points)))
 
-    rows = review_labels(parts, CLASSES)
+    rows = review_labels(parts, CLASSES, 0.7)
     assert flips_in_top([{k: str(v) for k, v in r.items()} for r in rows], flipped, "test") >= 0.8
     assert list(rows[0]) == list(LABEL_ISSUE_COLUMNS)
     scores = [row["score"] for row in rows]
@@ -57,8 +58,32 @@ def test_flipped_labels_rank_first_from_a_fitted_models_held_out_probabilities()
 
 def test_nothing_to_review_gives_no_rows() -> None:
     empty = HeldOut("test", [], np.zeros(0, np.int64), np.zeros((0, 3)))
-    assert review_labels([empty], CLASSES) == []
-    assert review_labels([], CLASSES) == []
+    assert review_labels([empty], CLASSES, 0.7) == []
+    assert review_labels([], CLASSES, 0.7) == []
+
+
+def test_only_a_confident_suggestion_is_a_likely_label_error() -> None:
+    """On the demo, whose labels are right by construction, all 7 "likely label errors" were
+    correctly labelled images the model confused. A planted wrong label on an image the
+    model knows (its suggestion at 0.95) is a label error; a hard image it splits between
+    two classes (0.55) is a confusion, on the sheet and in the counts."""
+    known = np.array([[0.6, 0.3, 0.1]] * 20)  # a model as unsure as the demo's
+    known[19] = [0.95, 0.03, 0.02]  # an image it knows as class 0, labelled 1: planted
+    hard = np.array([[0.1, 0.65, 0.25], [0.2, 0.62, 0.18]])  # class 0 images, looking like 1
+    probs = np.concatenate([known, known[:, [1, 0, 2]], hard])
+    probs[39] = [0.3, 0.6, 0.1]
+    labels = np.array([0] * 19 + [1] + [1] * 20 + [0, 0])
+    part = HeldOut("test", [f"{i:03d}.png" for i in range(42)], labels, probs)
+    rows = review_labels([part], CLASSES, 0.7)
+    kinds = {row["path"]: row["kind"] for row in rows}
+    assert kinds == {
+        "019.png": "likely label error",
+        "040.png": "confusion",
+        "041.png": "confusion",
+    }
+    summary = review_summary(rows, [part], 0.7)
+    assert summary["flagged"] == {"test": 1} and summary["confusions"] == {"test": 2}
+    assert [row["path"] for row in summary["top"]] == ["019.png"]
 
 
 @pytest.mark.slow
@@ -68,7 +93,6 @@ def test_evaluation_finds_labels_flipped_in_the_test_shards(tmp_path: Path) -> N
     and draws the thumbnail sheet from the shard pixels."""
     from tasks.evaluate import LABEL_SHEET, evaluate_model
     from tasks.layout import Layout
-    from tasks.params import default_params
     from tasks.train import train
     from tests.tiny_shards import write_tiny_shards
 
@@ -100,6 +124,7 @@ def test_evaluation_finds_labels_flipped_in_the_test_shards(tmp_path: Path) -> N
         layout.eval_dir,
         top_k=1,
         label_issues_file=layout.label_issues,
+        label_error_confidence=default_params().evaluate.label_error_confidence,
     )
     rows = read_rows(layout.label_issues)
     flipped = {f"{name}/test_{i:03d}.png" for name, i in FLIPPED_TEST}

@@ -31,6 +31,7 @@ from tasks.predict import (
     version_warning,
     write_predictions_csv,
 )
+from tasks.refusals import Refused
 
 CLASSES = ["blue", "green", "red"]
 
@@ -231,8 +232,9 @@ def test_resolve_model_accepts_alias_version_run_and_uris(tmp_path: Path) -> Non
     assert (by_run.uri, by_run.version) == (f"runs:/{runs[1]}/model", "2")
     unregistered = resolve_model(client, f"runs:/{runs[2]}/model", "m")
     assert (unregistered.version, unregistered.run_id) == ("", runs[2])
-    with pytest.raises(LookupError, match=r"'staging'.*registered model 'm'"):
+    with pytest.raises(LookupError, match=r"'staging'.*registered model 'm'") as missing:
         resolve_model(client, "staging", "m")
+    assert isinstance(missing.value, Refused) and "shardflow run" in str(missing.value.fix)
 
 
 def test_predictions_csv_has_the_documented_columns(tmp_path: Path) -> None:

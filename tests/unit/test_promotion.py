@@ -1004,12 +1004,13 @@ def test_label_review_lands_in_reports_plots_and_the_evaluation_run(
     client = MlflowClient(mlflow_uri, mlflow_uri)
     result = evaluate(trained)
     header = trained.label_issues.read_text().splitlines()[0]
-    assert header == "split,path,given_label,suggested_label,score"
+    assert header == "split,path,given_label,suggested_label,score,suggested_score,kind"
     assert (trained.eval_dir / "label_issues.png").stat().st_size > 0
     logged = {a.path for a in client.list_artifacts(result["eval_run_id"], "label_review")}
     assert logged == {"label_review/label_issues.csv"}
     assert result["label_review"]["reviewed"] == {"val": 18, "test": 30}
-    rows = len(trained.label_issues.read_text().splitlines()) - 1
-    assert json.loads(trained.eval_metrics.read_text())["label_issues"] == rows
+    lines = trained.label_issues.read_text().splitlines()[1:]
+    errors = sum(1 for line in lines if line.endswith(",likely label error"))
+    assert json.loads(trained.eval_metrics.read_text())["label_issues"] == errors  # not confusions
     recorded = json.loads(trained.eval_summary.read_text())
     assert recorded["label_review"] == result["label_review"]

@@ -74,3 +74,18 @@ def test_teed_shows_and_keeps_the_output_and_the_exit_code(
     code, lines = teed([sys.executable, "-c", "print('a'); print('b'); raise SystemExit(4)"], {})
     assert code == 4 and lines == ["a\n", "b\n"]
     assert capsys.readouterr().out == "a\nb\n"
+
+
+def test_a_first_baseline_is_said_only_by_the_run_that_recorded_it(tmp_path: Path) -> None:
+    outputs(tmp_path, promoted=True)
+    first = {"dataset": "data/photos", "fingerprint": "ab12" * 16, "accepted_fingerprint": None}
+    write(tmp_path, "reports/data_diff.json", first)
+    said = [line for line in summary_lines(tmp_path, DVC_OUTPUT) if "baseline" in line]
+    assert said == [
+        "data baseline: dataset 'data/photos' had no accepted version; these shards "
+        "(ab12ab12ab12) became its baseline (data/accepted.json)"
+    ]
+    skipped = [line.replace("Running", "Skipped") for line in DVC_OUTPUT]  # validate unrun
+    assert not [line for line in summary_lines(tmp_path, skipped) if "baseline" in line]
+    write(tmp_path, "reports/data_diff.json", {**first, "accepted_fingerprint": "cd34" * 16})
+    assert not [line for line in summary_lines(tmp_path, DVC_OUTPUT) if "baseline" in line]

@@ -664,13 +664,20 @@ def test_the_pyfunc_is_logged_from_code_and_loads_without_unpickling(
     """A registered version is its entry file (models from code), never a pickled object:
     loading runs reviewed code only, and MLflow has no CloudPickle warning to give."""
     import logging
+    import warnings
 
     import mlflow.pyfunc
     import yaml
 
-    with caplog.at_level(logging.WARNING, logger="mlflow"):
+    with (
+        caplog.at_level(logging.WARNING, logger="mlflow"),
+        warnings.catch_warnings(record=True) as warned,
+    ):
+        warnings.simplefilter("always")
         uri = logged_model.__wrapped__(tmp_path, mlflow_uri)  # type: ignore[attr-defined]
     assert not [r for r in caplog.records if "CloudPickle" in r.getMessage()]
+    # the signature says what a request holds: no "input example" warning on make run's output
+    assert not [str(w.message) for w in warned if "input example" in str(w.message)]
     local = Path(mlflow.artifacts.download_artifacts(uri, dst_path=str(tmp_path / "got")))
     flavor = yaml.safe_load((local / "MLmodel").read_text())["flavors"]["python_function"]
     assert flavor.get("model_code_path", "").endswith("serving_model.py")

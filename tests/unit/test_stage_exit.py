@@ -31,6 +31,12 @@ def main():
     sys.stdout.write("buffered, no newline")
     if sys.argv[2] == "fail":
         raise RuntimeError("stage failed: names the reason")
+    if sys.argv[2] == "refuse":
+        from tasks.params import ParamsError
+        try:
+            raise ParamsError("params.yaml: train.epochs = 0: must be 1 or more\\n  and more")
+        except ParamsError as error:  # as an orchestrator wraps it
+            raise RuntimeError("flow run failed") from error
 
 run_then_exit(main)
 print("never reached")
@@ -65,4 +71,18 @@ def test_failure_exits_as_python_does(tmp_path: Path) -> None:
     done = run(tmp_path, "fail")
     assert done.returncode == 1
     assert "RuntimeError: stage failed: names the reason" in done.stderr
+    assert (tmp_path / "out.atexit").read_text() == "ran"
+
+
+def test_a_refusal_is_one_short_block_without_a_traceback(tmp_path: Path) -> None:
+    """A typo in params.yaml printed three tracebacks; a stage now says what, why and the
+    fix, and exits 2 (a refusal, not a crash), still running the exit handlers."""
+    done = run(tmp_path, "refuse")
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert lines[0] == f"Refused: {tmp_path / 'stage.py'} (ParamsError)"
+    assert "  params.yaml: train.epochs = 0: must be 1 or more" in lines
+    assert lines[-1].startswith("  fix: edit what it names in params.yaml")
+    assert len(lines) <= 15
     assert (tmp_path / "out.atexit").read_text() == "ran"

@@ -127,7 +127,8 @@ evaluate.load_manifest = lambda path: None
 evaluate.predict_split = first_prediction
 print("cleanlab" in sys.modules)
 try:
-    evaluate.evaluate_model("m.keras", "shards", "out", top_k=1, label_issues_file="issues.csv")
+    evaluate.evaluate_model("m.keras", "shards", "out", top_k=1, label_issues_file="issues.csv",
+                             label_error_confidence=0.7)
 except Stop:
     pass
 """

@@ -1,0 +1,126 @@
+"""A refusal reads as one short block wherever it is raised; anything else keeps its traceback."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flows.common import QuietRefusals
+from tasks import data_gate
+from tasks.gate import ShardsNotValidated
+from tasks.ingest import SetWouldBeLost
+from tasks.params import ParamsError
+from tasks.refusals import MAX_MESSAGE_LINES, Refused, refusal_block, refusing
+from tasks.shard.append import RebuildNeeded
+from tasks.validate import ValidationFailed
+from tasks.workspace_lock import WorkspaceLocked
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        ParamsError,
+        ValidationFailed,
+        WorkspaceLocked,
+        ShardsNotValidated,
+        SetWouldBeLost,
+        RebuildNeeded,
+        data_gate.AcceptedRecordError,
+        data_gate.AcceptRefused,
+    ],
+)
+def test_every_user_caused_error_is_a_refusal_with_a_fix(kind: type[Exception]) -> None:
+    error = kind("what and why")
+    assert isinstance(error, Refused) and error.fix
+
+
+def test_a_long_refusal_is_cut_and_keeps_its_fix() -> None:
+    """The data gate's refusal was a 1,500-character sentence; the block stays short."""
+    shifts = "; ".join(f"class 'c{i}' share moved 0.100 -> 0.300 (+0.200)" for i in range(40))
+    error = ValidationFailed(shifts, fix="shardflow accept-data --fingerprint 0123456789ab")
+    lines = refusal_block("python -m flows.validate", error).splitlines()
+    assert lines[0] == "Refused: python -m flows.validate (ValidationFailed)"
+    assert len(lines) <= MAX_MESSAGE_LINES + 2 <= 15
+    assert "the full text is in the report" in lines[-2]
+    assert lines[-1] == "  fix: shardflow accept-data --fingerprint 0123456789ab"
+
+
+def test_refusing_prints_a_refusal_and_lets_a_bug_through(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def refuse() -> int:
+        raise RebuildNeeded("shard.image_size changed since the last generation")
+
+    assert refusing(refuse, "python -m flows.shard") == 2
+    err = capsys.readouterr().err
+    assert "Refused: python -m flows.shard (RebuildNeeded)" in err
+    assert "fix: set shard.mode: rebuild in params.yaml" in err
+
+    def crash() -> int:
+        raise KeyError("a bug")
+
+    with pytest.raises(KeyError):
+        refusing(crash, "python -m flows.shard")
+
+
+def record(message: str, error: BaseException | None = None) -> logging.LogRecord:
+    exc_info = (type(error), error, None) if error is not None else None
+    return logging.LogRecord("prefect.flow_runs", logging.ERROR, "", 0, message, (), exc_info)
+
+
+def test_the_console_drops_a_refusals_tracebacks_and_repeats_only() -> None:
+    """Prefect logged the refusal with its traceback for the task, again for the flow, and
+    a third time in the flow's final state; the entry point prints it once instead."""
+    quiet = QuietRefusals()
+    refusal = ValidationFailed("shard validation failed for data/shards (data_diff: ...)")
+    assert not quiet.filter(record("Task run failed with exception", refusal))
+    state = (
+        "Finished in state Failed('Flow run encountered an exception: ValidationFailed: "
+        "shard validation failed for data/shards (data_diff: ...)')"
+    )
+    assert not quiet.filter(record(state))
+    assert quiet.filter(record("Beginning flow run 'validate'"))
+    assert quiet.filter(record("Task run failed", RuntimeError("a bug")))
+
+
+def test_a_params_typo_is_refused_naming_params_yaml(tmp_path: Path) -> None:
+    """`make run` on a typo ended in a traceback blaming `tasks.filenames check`."""
+    text = (REPO / "params.yaml").read_text().replace("\n  epochs: ", "\n  epochs: -", 1)
+    (tmp_path / "params.yaml").write_text(text)
+    done = subprocess.run(
+        [sys.executable, "-m", "tasks.params", "check"],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("Refused: params.yaml (ParamsError)")
+    assert "train.epochs" in done.stderr and "filenames" not in done.stderr
+
+
+class Failed:
+    """A task run's final state whose result raises ``error``."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def result(self) -> None:
+        raise self.error
+
+
+def test_train_and_evaluate_never_retry_a_refusal() -> None:
+    """A refusal fails alike when rerun as it is; a failed write to the store may not."""
+    from flows.model_runs import retry_unless_refused
+    from tasks.predict import ModelNotFound
+
+    for refusal in (ModelNotFound("no champion"), WorkspaceLocked("held"), ParamsError("x")):
+        assert not retry_unless_refused(None, None, Failed(refusal))
+    assert retry_unless_refused(None, None, Failed(OSError("the store blipped")))
