@@ -115,6 +115,10 @@ def serve_model_steps(extra: Sequence[str]) -> Steps:
     return [module("tasks.serve", model, *address, *limits, *extra)]
 
 
+def lineage_steps(extra: Sequence[str]) -> Steps:
+    return [module("flows.lineage", *extra)]
+
+
 def team_demo_steps(extra: Sequence[str]) -> Steps:
     return [module("flows.team_demo", *extra)]
 
@@ -133,6 +137,10 @@ COMMANDS: dict[str, tuple[str, Callable[[Sequence[str]], Steps]]] = {
     "accept-data": (
         "accept the shards validation refused as the data baseline: --fingerprint F --reason R",
         accept_data_steps,
+    ),
+    "lineage": (
+        "which shard sets, training runs and model versions used an image: IMAGE... [--json]",
+        lineage_steps,
     ),
     "serve": ("Prefect server plus a process serving the deployments", serve_steps),
     "predict": ("batch prediction: python -m flows.predict SOURCE [options]", predict_steps),
@@ -156,6 +164,16 @@ COMMANDS: dict[str, tuple[str, Callable[[Sequence[str]], Steps]]] = {
 }
 
 
+def lineage_options() -> argparse.ArgumentParser:
+    from flows.lineage import parser
+
+    return parser()
+
+
+# name -> the parser of the command it runs, for commands whose --help lists their options
+OPTIONS: dict[str, Callable[[], argparse.ArgumentParser]] = {"lineage": lineage_options}
+
+
 def prefect_ui() -> str:
     try:
         return api_url().removesuffix("/api")
@@ -172,7 +190,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (help_line, _) in COMMANDS.items():
-        commands.add_parser(name, help=help_line, description=help_line)
+        options = OPTIONS.get(name)
+        commands.add_parser(
+            name,
+            help=help_line,
+            description=help_line,
+            # the options of the command it runs, shown as that command shows them
+            epilog=options().format_help() if options else None,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
     return parser
 
 
