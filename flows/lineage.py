@@ -39,17 +39,18 @@ def parser() -> argparse.ArgumentParser:
 
 def lineages(images: Sequence[str], layout: Layout) -> list[ImageLineage]:
     """The lineage of each image named, in the order named."""
-    from tasks import tracking
-    from tasks.lineage import IndexView, TrackedRuns, image_lineage, resolve
+    from tasks import lineage, tracking
     from tasks.params import load_params
 
     params = load_params(layout.params)
-    source_dir = layout.root / params.ingest.source_dir
-    index = IndexView.read(layout.index)
-    hashes = [resolve(image, layout, source_dir, index) for image in images]
-    runs = TrackedRuns.read(tracking.client(layout.root), params.evaluate.model_name)
-    distance = params.ingest.near_duplicate_distance
-    return [image_lineage(h, layout, index, runs, distance=distance) for h in hashes]
+    return lineage.lineages(
+        images,
+        layout,
+        tracking.client(layout.root),
+        source_dir=layout.root / params.ingest.source_dir,
+        model_name=params.evaluate.model_name,
+        distance=params.ingest.near_duplicate_distance,
+    )
 
 
 def describe(lineage: ImageLineage) -> list[str]:

@@ -11,7 +11,10 @@ evaluates. This module walks them backwards. An image forgotten (``data/forgotte
 
 from __future__ import annotations
 
+import json
+import mmap
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,7 +24,6 @@ import numpy as np
 from tasks.content import file_sha256
 from tasks.eval_tracking import EVALUATES_TAG
 from tasks.forgotten import forgotten_at
-from tasks.index import iter_records
 from tasks.layout import Layout
 from tasks.manifest import MEMBERSHIP_NAME
 from tasks.membership import Member, find_in
@@ -40,45 +42,80 @@ class UnknownImage(Refused):
     """An image that is neither a content hash nor a file under ``source_dir`` or in the index."""
 
 
-@dataclass(frozen=True)
+# An index record line holds its keys sorted, "phash" right before "sha256"
+# (tasks.index.write_index): one scan of the file's bytes finds every pair, each a row of
+# _ROW bytes, the perceptual hash first and the content hash at _SHA.
+_PAIR = re.compile(rb'"phash":"([0-9a-f]{16}","sha256":"[0-9a-f]{64})"')
+_SHA = len('0123456789abcdef","sha256":"')
+_ROW = _SHA + 64
+
+
 class IndexView:
-    """What lineage needs of the ingest index: each record's content hash, path, split and
-    perceptual hash (as ``uint64``, for near-duplicate groups)."""
+    """What lineage needs of the ingest index: each record's content and perceptual hashes
+    (``uint64``, for near-duplicate groups), and any one record's line.
 
-    sha256: list[str]
-    paths: list[str]
-    splits: list[str]
-    phashes: np.ndarray
+    A regular-expression scan of the memory-mapped file into one table of fixed-size rows,
+    not a parse of every record: at a million images a JSON parse of each line takes most
+    of the time lineage may take. A record without a perceptual hash (an index from before
+    near-duplicate placement) is in no group. A context manager: the map is closed on exit.
+    """
 
-    @classmethod
-    def read(cls, index_path: Path) -> IndexView:
-        if not Path(index_path).exists():
-            return cls([], [], [], np.zeros(0, dtype=np.uint64))
-        sha, paths, splits, phashes = [], [], [], []
-        for _, record in iter_records(index_path):
-            sha.append(record["sha256"])
-            paths.append(record["path"])
-            splits.append(record["split"])
-            phashes.append(int(record.get("phash") or "0", 16))
-        return cls(sha, paths, splits, np.array(phashes, dtype=np.uint64))
+    def __init__(self, index_path: Path) -> None:
+        self.path = Path(index_path)
+        self.map: mmap.mmap | None = None
+        self.rows = b""
+        self.phashes = np.zeros(0, dtype=np.uint64)
+        if not self.path.is_file() or not self.path.stat().st_size:
+            return
+        with open(self.path, "rb") as handle:
+            self.map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        self.rows = b"".join(_PAIR.findall(self.map))
+        table = np.frombuffer(self.rows, dtype=np.uint8).reshape(-1, _ROW)
+        hexes = table[:, :16].tobytes().decode()
+        self.phashes = np.frombuffer(bytes.fromhex(hexes), dtype=">u8").astype(np.uint64)
 
     def position(self, sha256: str) -> int | None:
-        try:
-            return self.sha256.index(sha256)
-        except ValueError:
-            return None
+        """The row of ``sha256``, if the index has it with a perceptual hash."""
+        at = self.rows.find(sha256.encode())
+        while at >= 0 and (at - _SHA) % _ROW:
+            at = self.rows.find(sha256.encode(), at + 1)
+        return None if at < 0 else (at - _SHA) // _ROW
 
-    def group(self, position: int, distance: int) -> list[int]:
-        """The positions of the near-duplicate group of ``position``: every image linked to
-        it by hashes ``distance`` bits apart or closer (ingest's rule, one split a group)."""
-        members, frontier = {position}, [position]
+    def sha256_at(self, row: int) -> str:
+        return self.rows[row * _ROW + _SHA : (row + 1) * _ROW].decode()
+
+    def __enter__(self) -> IndexView:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.map is not None:
+            self.map.close()
+
+    def record(self, key: str, value: str) -> dict[str, Any] | None:
+        """The first record whose ``key`` (``sha256`` or ``path``) is ``value``."""
+        if self.map is None:
+            return None
+        at = self.map.find(f'"{key}":{json.dumps(value)}'.encode())
+        if at < 0:
+            return None
+        start = self.map.rfind(b"\n", 0, at) + 1
+        line = json.loads(self.map[start : self.map.find(b"\n", at)])
+        return line if isinstance(line, dict) and line.get(key) == value else None
+
+    def group(self, sha256: str, distance: int) -> list[str]:
+        """The near-duplicate group of ``sha256`` (itself left out): every image linked to it
+        by hashes ``distance`` bits apart or closer (ingest's rule, one split a group)."""
+        start = self.position(sha256)
+        if start is None:
+            return []
+        members, frontier = {start}, [start]
         while frontier:
             near = np.zeros(len(self.phashes), dtype=bool)
             for p in frontier:
                 near |= np.bitwise_count(self.phashes ^ self.phashes[p]) <= distance
             frontier = [int(p) for p in np.flatnonzero(near) if int(p) not in members]
             members.update(frontier)
-        return sorted(members)
+        return [self.sha256_at(p) for p in sorted(members - {start})]
 
 
 @dataclass(frozen=True)
@@ -121,9 +158,10 @@ def resolve(image: str, layout: Layout, source_dir: Path, index: IndexView) -> s
     for candidate in (Path(image), source_dir / image, layout.root / image):
         if candidate.is_file():
             return file_sha256(candidate)
-    for relative in {image, Path(image).as_posix().removeprefix(f"{source_dir.as_posix()}/")}:
-        if relative in index.paths:
-            return index.sha256[index.paths.index(relative)]
+    for relative in (image, Path(image).as_posix().removeprefix(f"{source_dir.as_posix()}/")):
+        record = index.record("path", relative)
+        if record is not None:
+            return str(record["sha256"])
     raise UnknownImage(
         f"{image}: neither a content hash (64 hex digits) nor a file under {source_dir} or a "
         f"path in {layout.index}",
@@ -152,22 +190,36 @@ def image_lineage(
         return ImageLineage(sha256, forgotten_at=when)
     held = find_in(membership_files(layout), sha256)
     current = held.get(_current_fingerprint(layout), [])
-    position = index.position(sha256)
-    group = [] if position is None else index.group(position, distance)
-    split = index.splits[position] if position is not None else None
+    record = index.record("sha256", sha256) or {}
     uses = [use for fp, members in held.items() for use in runs.uses(fp, members[0].split)]
     saw = runs.champion is not None and any(runs.champion in u.versions for u in uses)
     return ImageLineage(
         sha256,
-        path=None if position is None else index.paths[position],
-        split=current[0].split if current else split,
-        near_duplicates=[index.sha256[p] for p in group if p != position],
+        path=record.get("path"),
+        split=current[0].split if current else record.get("split"),
+        near_duplicates=index.group(sha256, distance),
         members=current,
         shard_sets=sorted(held),
         runs=uses,
         champion=runs.champion if saw else None,
         champion_saw_it=saw,
     )
+
+
+def lineages(
+    images: Sequence[str],
+    layout: Layout,
+    client: MlflowClient,
+    *,
+    source_dir: Path,
+    model_name: str,
+    distance: int,
+) -> list[ImageLineage]:
+    """The lineage of each image named (a path or a content hash), in the order named."""
+    with IndexView(layout.index) as index:
+        hashes = [resolve(image, layout, source_dir, index) for image in images]
+        runs = TrackedRuns.read(client, model_name)
+        return [image_lineage(h, layout, index, runs, distance=distance) for h in hashes]
 
 
 def _current_fingerprint(layout: Layout) -> str:

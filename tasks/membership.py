@@ -69,26 +69,31 @@ def membership_entries(shards_dir: Path, manifest: ShardManifest) -> list[bytes]
 def write_membership(manifest: ShardManifest, shards_dir: Path) -> Path:
     """Write ``membership.bin`` for the set in ``shards_dir`` (atomic; same set, same bytes)."""
     shards_dir = Path(shards_dir)
-    entries = membership_entries(shards_dir, manifest)
     files = sorted(s.file for info in manifest.splits.values() for s in info.shards)
+    entries = b"".join(membership_entries(shards_dir, manifest))
+    path = shards_dir / MEMBERSHIP_NAME
+    write_membership_file(path, manifest.fingerprint, files, entries)
+    return path
+
+
+def write_membership_file(path: Path, fingerprint: str, files: list[str], entries: bytes) -> None:
+    """A membership file of ``entries`` (packed, sorted by hash) naming ``files``."""
     header = {
         "version": MEMBERSHIP_VERSION,
-        "fingerprint": manifest.fingerprint,
+        "fingerprint": fingerprint,
         "files": files,
-        "count": len(entries),
+        "count": len(entries) // ENTRY.size,
     }
-    path = shards_dir / MEMBERSHIP_NAME
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as handle:
             handle.write(json.dumps(header, sort_keys=True, separators=(",", ":")).encode() + b"\n")
-            handle.write(b"".join(entries))
+            handle.write(entries)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-    return path
 
 
 def archive_membership(shards_dir: Path, archive_dir: Path, fingerprint: str) -> None:

@@ -82,7 +82,7 @@ def test_lineage_walks_from_an_image_to_its_sets_runs_versions_and_the_champion(
 ) -> None:
     layout, runs, hashes = two_sets
     mlflow_uri = hashes["uri"]
-    index = IndexView.read(layout.index)
+    index = IndexView(layout.index)
     tracked = TrackedRuns.read(MlflowClient(mlflow_uri, mlflow_uri), "m")
     source = layout.root / "images"
     assert resolve("red/001.png", layout, source, index) == hashes["original"]
@@ -114,7 +114,7 @@ def test_a_set_no_run_trained_on_means_the_champion_never_saw_the_image(
         tracked = TrackedRuns.read(client, "m")
     finally:
         client.set_registered_model_alias("m", "champion", "2")
-    index = IndexView.read(layout.index)
+    index = IndexView(layout.index)
     new = image_lineage(hashes["new"], layout, index, tracked, distance=DISTANCE)
     assert new.runs and not new.champion_saw_it and new.champion is None
 
@@ -133,7 +133,7 @@ def test_a_forgotten_image_shows_only_that_and_when(
         models="keep",
     )
     save_forgotten(layout.forgotten, ForgottenRecord(erasures=[erasure]))
-    index = IndexView.read(layout.index)
+    index = IndexView(layout.index)
     tracked = TrackedRuns.read(MlflowClient(mlflow_uri, mlflow_uri), "m")
     try:
         lineage = image_lineage(hashes["new"], layout, index, tracked, distance=DISTANCE)
@@ -145,7 +145,22 @@ def test_a_forgotten_image_shows_only_that_and_when(
 def test_an_unknown_image_is_refused_naming_it(tmp_path: Path) -> None:
     project, layout = layout_project(tmp_path)
     project.ingest()
-    index = IndexView.read(layout.index)
+    index = IndexView(layout.index)
     with pytest.raises(UnknownImage, match=r"red/nope\.png") as refused:
         resolve("red/nope.png", layout, project.source, index)
     assert isinstance(refused.value, Refused) and refused.value.fix
+
+
+def test_the_index_scan_finds_every_record_and_its_perceptual_hash(two_sets: Sets) -> None:
+    """The scan reads the index's bytes, not its JSON: it must agree with the parse."""
+    from tasks.index import iter_records
+
+    layout, _, _ = two_sets
+    records = [record for _, record in iter_records(layout.index)]
+    with IndexView(layout.index) as index:
+        assert len(index.phashes) == len(records) > 20
+        for row, record in enumerate(records):
+            assert index.sha256_at(row) == record["sha256"]
+            assert int(index.phashes[row]) == int(record["phash"], 16)
+            assert index.position(record["sha256"]) == row
+            assert index.record("path", record["path"]) == record
