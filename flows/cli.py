@@ -119,6 +119,11 @@ def lineage_steps(extra: Sequence[str]) -> Steps:
     return [module("flows.lineage", *extra)]
 
 
+def forget_steps(extra: Sequence[str]) -> Steps:
+    # its pipeline step runs the stages: the Prefect server they report to, first
+    return [module("flows.server", "ensure"), module("flows.forget", *extra)]
+
+
 def team_demo_steps(extra: Sequence[str]) -> Steps:
     return [module("flows.team_demo", *extra)]
 
@@ -141,6 +146,11 @@ COMMANDS: dict[str, tuple[str, Callable[[Sequence[str]], Steps]]] = {
     "lineage": (
         "which shard sets, training runs and model versions used an image: IMAGE... [--json]",
         lineage_steps,
+    ),
+    "forget": (
+        "remove images and their near-duplicates from the data, shards, caches, tracking "
+        "store and models: IMAGE... --reason R [--exact] [--models retrain|delete|keep]",
+        forget_steps,
     ),
     "serve": ("Prefect server plus a process serving the deployments", serve_steps),
     "predict": ("batch prediction: python -m flows.predict SOURCE [options]", predict_steps),
@@ -170,8 +180,17 @@ def lineage_options() -> argparse.ArgumentParser:
     return parser()
 
 
+def forget_options() -> argparse.ArgumentParser:
+    from flows.forget import parser
+
+    return parser()
+
+
 # name -> the parser of the command it runs, for commands whose --help lists their options
-OPTIONS: dict[str, Callable[[], argparse.ArgumentParser]] = {"lineage": lineage_options}
+OPTIONS: dict[str, Callable[[], argparse.ArgumentParser]] = {
+    "lineage": lineage_options,
+    "forget": forget_options,
+}
 
 
 def prefect_ui() -> str:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tasks import data_diff
 from tasks.atomic import write_json, write_text
 from tasks.content import file_sha256
 from tasks.index import load_index, write_index
@@ -31,6 +32,7 @@ from tasks.manifest import (
     ShardManifest,
     SplitInfo,
     load_manifest,
+    stream_records,
 )
 from tasks.membership import Membership, write_membership
 from tasks.records import write_record_index
@@ -148,11 +150,45 @@ def filter_shard(path: Path, hashes: set[str], manifest: ShardManifest) -> Count
     return removed
 
 
-def rewrite_shards(shards_dir: Path, hashes: set[str]) -> ShardManifest:
+def rewrite_shards(
+    shards_dir: Path, hashes: set[str], *, diff_path: Path | None = None
+) -> ShardManifest:
     """The shard set without ``hashes``: the files holding them rewritten, every other file
-    kept; then the record lists, offsets, TFDS metadata, the manifest and the membership."""
+    kept; then the record lists, offsets, TFDS metadata, the manifest and the membership.
+    With ``diff_path``, the data diff of the change is written there (counts only, like the
+    shard stage's: no record of a forgotten image is named)."""
     shards_dir = Path(shards_dir)
     manifest = load_manifest(shards_dir)
+    before = _table(shards_dir, manifest) if diff_path is not None else None
+    try:
+        new = _rewrite(shards_dir, manifest, hashes)
+        if diff_path is not None:
+            after = _table(shards_dir, new)
+            try:
+                diff = data_diff.compute(
+                    manifest, before, new, after or data_diff.Table(), mode="forget"
+                )
+            finally:
+                if after is not None:
+                    after.close()
+            data_diff.write(diff, diff_path)
+    finally:
+        if before is not None:
+            before.close()
+    return new
+
+
+def _table(shards_dir: Path, manifest: ShardManifest) -> data_diff.SpilledTable | None:
+    """The set's records as the data diff's table; None where its lists no longer match its
+    manifest (a rerun after a kill that had rewritten them: the diff says it did not know)."""
+    try:
+        rows = data_diff.rows(manifest, stream_records(shards_dir, manifest))
+        return data_diff.SpilledTable.of(shards_dir, rows, expected=manifest.total_records)
+    except (OSError, ValueError):
+        return None
+
+
+def _rewrite(shards_dir: Path, manifest: ShardManifest, hashes: set[str]) -> ShardManifest:
     for file in affected_shards(shards_dir, hashes):
         filter_shard(shards_dir / file, hashes, manifest)
     split_of = {s.file: split for split, info in manifest.splits.items() for s in info.shards}
@@ -230,8 +266,15 @@ def needles(plan: ForgetPlan, source_bytes: dict[str, bytes]) -> list[bytes]:
     return found
 
 
-def scrub_files(folders: Iterable[Path], marks: list[bytes]) -> list[str]:
-    """Remove every file under ``folders`` whose bytes hold any of ``marks``; their paths."""
+def scrub_files(
+    folders: Iterable[Path],
+    marks: list[bytes],
+    *,
+    contents: set[str] | frozenset[str] = frozenset(),
+    keep: set[Path] | frozenset[Path] = frozenset(),
+) -> list[str]:
+    """Remove every file under ``folders`` whose bytes hold any of ``marks`` or whose sha256
+    is in ``contents`` (a copy of a source file), but those in ``keep``; their paths."""
     removed = []
     for folder in folders:
         if not Path(folder).is_dir():
@@ -239,10 +282,16 @@ def scrub_files(folders: Iterable[Path], marks: list[bytes]) -> list[str]:
         for root, _, names in os.walk(folder):
             for name in names:
                 path = Path(root) / name
-                if path.is_symlink() or not path.is_file():
+                if path in keep or path.is_symlink() or not path.is_file():
                     continue
                 data = path.read_bytes()
-                if any(mark in data for mark in marks):
+                if any(mark in data for mark in marks) or _sha256(data) in contents:
                     path.unlink()
                     removed.append(str(path))
     return sorted(removed)
+
+
+def _sha256(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()

@@ -31,6 +31,7 @@ class Erasure(BaseModel):
     reason: str
     models: Literal["retrain", "delete", "keep"]
     state: Literal["started", "done"] = "started"
+    steps: list[str] = Field(default_factory=list)  # the steps done (a rerun skips them)
     removed: dict[str, list[str]] = Field(default_factory=dict)  # where -> what (no names)
     versions: dict[str, list[str]] = Field(default_factory=dict)  # retracted/deleted/retrained
 

@@ -4,6 +4,7 @@ and a rerun after a kill that completes the job."""
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 from pathlib import Path
 
@@ -88,7 +89,12 @@ def test_forget_rewrites_only_the_shards_that_held_the_images(fresh: Built) -> N
     assert remove_sources(source, plan) == sorted(plan.sources)
     assert not (source / "red" / "001.png").exists()
     assert rewrite_index(layout.index, set(plan.hashes)) == 2
-    manifest = rewrite_shards(shards, set(plan.hashes))
+    diff_path = layout.root / "reports" / "shard_changes.json"
+    manifest = rewrite_shards(shards, set(plan.hashes), diff_path=diff_path)
+    diff = json.loads(diff_path.read_text())
+    assert (diff["mode"], diff["removed_total"], diff["added_total"]) == ("forget", 2, 0)
+    assert "001" not in diff_path.read_text() + diff_path.with_suffix(".md").read_text()
+    assert sorted(p.name for p in shards.iterdir() if "spill" in p.name) == []
 
     after = digests(shards)
     assert {f for f in before if before[f] != after[f]} == set(hit)  # the others: same bytes

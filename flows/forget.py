@@ -1,0 +1,320 @@
+"""``shardflow forget IMAGE... --reason R [--exact] [--models retrain|delete|keep]``
+(``python -m flows.forget``): remove images, and their near-duplicates, from the data, the
+shards, every copy the project made and the models trained on them.
+
+    shardflow forget data/demo/circle/circle_0007.png --reason "erasure request 2026-114"
+
+One recorded step under the workspace lock. The audit record (``data/forgotten.json``) gets
+its entry first (``state: started``: the content hashes, who, when, why), so a rerun after a
+kill resumes that entry and finishes it; each step below is idempotent and recorded when
+done. The file names, which may themselves be personal, are kept only until the end, in
+``.shardflow/forget/`` (ignored by git), for the scrub to search for. What it cannot reach
+(clones, copies outside the project, git history): docs/erasure.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tasks.layout import Layout
+
+if TYPE_CHECKING:
+    from tasks.forgotten import Erasure, ForgottenRecord
+    from tasks.params import Params
+
+STEPS = ("models", "sources", "index", "shards", "accept", "pipeline", "scrub", "tracking")
+KILL_ENV = "SHARDFLOW_FORGET_KILL_AT"  # a step's name: the process kills itself before it
+
+
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="shardflow forget",
+        description="Remove images and their near-duplicates from the data, the shards, every "
+        "copy the project made and the models trained on them (docs/erasure.md).",
+    )
+    parser.add_argument("images", nargs="+", metavar="IMAGE", help="a path or a sha256")
+    parser.add_argument("--reason", required=True, help="why (recorded in data/forgotten.json)")
+    parser.add_argument("--exact", action="store_true", help="keep the near-duplicates")
+    parser.add_argument(
+        "--models",
+        choices=("retrain", "delete", "keep"),
+        default="retrain",
+        help="versions that saw them: retracted and retrained (default), deleted, or "
+        "retracted and kept",
+    )
+    parser.add_argument("--by", help="who asks (default: git user.name, else login)")
+    parser.add_argument("--root", default=".", help="the project root (default: .)")
+    return parser
+
+
+@dataclass
+class Job:
+    """One forget: where, what (the audit entry) and its private names (the intent file)."""
+
+    layout: Layout
+    params: Params
+    record: ForgottenRecord
+    erasure: Erasure
+    intent: Path
+    sources: list[str]  # relative to source_dir
+    held_runs: list[str]
+
+    @property
+    def source_dir(self) -> Path:
+        return self.layout.root / self.params.ingest.source_dir
+
+    @property
+    def names(self) -> list[str]:
+        """What names the images: their paths under source_dir, and their file names."""
+        return sorted({*self.sources, *(Path(s).name for s in self.sources)})
+
+    def save(self) -> None:
+        from tasks.forgotten import save_forgotten
+
+        self.intent.parent.mkdir(parents=True, exist_ok=True)
+        private = {"sources": self.sources, "held_runs": self.held_runs}
+        self.intent.write_text(json.dumps(private, sort_keys=True))
+        save_forgotten(self.layout.forgotten, self.record)
+
+    def done(self, step: str, **removed: list[str]) -> None:
+        self.erasure.removed.update(removed)
+        self.erasure.steps.append(step)
+        self.save()
+
+
+def start(args: argparse.Namespace, layout: Layout, params: Params) -> Job:
+    """The unfinished erasure, resumed as it was recorded; else a new one, planned."""
+    from flows.accept_data import git_user
+    from tasks.data_gate import current_user
+    from tasks.forget import plan_forget
+    from tasks.forgotten import Erasure, load_forgotten
+
+    record = load_forgotten(layout.forgotten)
+    intent = layout.root / ".shardflow" / "forget" / "intent.json"
+    for erasure in record.erasures:
+        if erasure.state == "started":
+            print(f"forget: resuming the erasure started at {erasure.at}", file=sys.stderr)
+            kept = json.loads(intent.read_text()) if intent.exists() else {}
+            sources, held = kept.get("sources", []), kept.get("held_runs", [])
+            return Job(layout, params, record, erasure, intent, sources, held)
+    plan = plan_forget(
+        args.images,
+        layout=layout,
+        source_dir=layout.root / params.ingest.source_dir,
+        distance=params.ingest.near_duplicate_distance,
+        exact=args.exact,
+    )
+    erasure = Erasure(
+        sha256=plan.hashes,
+        asked=plan.asked,
+        by=args.by or git_user(layout.root) or current_user(),
+        at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        reason=args.reason,
+        models=args.models,
+    )
+    record.erasures.append(erasure)
+    job = Job(layout, params, record, erasure, intent, plan.sources, [])
+    job.save()  # the intent, before anything is removed
+    return job
+
+
+def step_models(job: Job) -> None:
+    """Versions that saw the images lose the champion alias at once (tagged, or deleted)."""
+    from tasks import tracking
+    from tasks.lineage import TrackedRuns, membership_files
+    from tasks.membership import find_in
+    from tasks.retraction import retract_versions, runs_that_held
+
+    client = tracking.client(job.layout.root)
+    model_name = job.params.evaluate.model_name
+    runs = TrackedRuns.read(client, model_name)
+    sets = {fp for sha in job.erasure.sha256 for fp in find_in(membership_files(job.layout), sha)}
+    held, versions = runs_that_held(runs, sets)
+    job.held_runs = sorted(held)
+    note = f"forgotten images (data/forgotten.json, erasure of {job.erasure.at})"
+    delete = job.erasure.models == "delete"
+    done = retract_versions(client, model_name, versions, note, delete=delete)
+    job.erasure.versions["deleted" if delete else "retracted"] = done
+    job.done("models")
+
+
+def step_sources(job: Job) -> None:
+    from tasks.forget import ForgetPlan, remove_sources
+
+    plan = ForgetPlan(job.erasure.asked, job.erasure.sha256, job.sources)
+    removed = remove_sources(job.source_dir, plan)
+    job.done("sources", source_dir=[f"{len(removed)} file(s)"])
+
+
+def step_index(job: Job) -> None:
+    """The ingest index and report without them: ingest rerun where DVC runs the stages."""
+    from tasks.forget import rewrite_index
+
+    if is_dvc_project(job.layout):
+        run_steps(job.layout, [["-m", "flows.server", "ensure"], dvc("repro", "-s", "ingest")])
+    dropped = rewrite_index(job.layout.index, set(job.erasure.sha256))
+    job.done("index", ingest_index=[f"{dropped} record(s)"])
+
+
+def step_shards(job: Job) -> None:
+    """Only the shard files that held them are rewritten; DVC records the stage as it is."""
+    from tasks.forget import rewrite_shards
+
+    hashes = set(job.erasure.sha256)
+    manifest = rewrite_shards(job.layout.shards_dir, hashes, diff_path=job.layout.shard_changes)
+    if is_dvc_project(job.layout):
+        run_steps(job.layout, [dvc("commit", "-f", "shard")])
+    job.done("shards", shards=[f"now {manifest.fingerprint}"])
+
+
+def step_accept(job: Job) -> None:
+    """The new set is the accepted baseline, for this reason: the data gate lets it pass."""
+    from tasks import data_gate
+    from tasks.manifest import load_manifest
+
+    fingerprint = load_manifest(job.layout.shards_dir).fingerprint
+    reason = f"forget (data/forgotten.json, {job.erasure.at}): {job.erasure.reason}"
+    data_gate.accept(
+        job.layout.shards_dir,
+        job.layout.accepted_data,
+        fingerprint=fingerprint,
+        reason=reason,
+        by=job.erasure.by,
+    )
+    job.done("accept")
+
+
+def step_pipeline(job: Job) -> None:
+    """Retrain and evaluate (``--models retrain``), or validate only."""
+    if is_dvc_project(job.layout):
+        target = [] if job.erasure.models == "retrain" else ["validate"]
+        run_steps(job.layout, [dvc("repro", *target)])
+    job.done("pipeline")
+
+
+def step_scrub(job: Job) -> None:
+    """Every file of the project's caches, DVC cache and remote, and outputs holding them."""
+    from tasks.forget import scrub_files
+
+    root = job.layout.root
+    folders = [root / ".dvc" / "cache", root / ".dvc" / "tmp", *local_remotes(job.layout)]
+    folders += [root / ".shardflow", root / "reports", root / "plots", root / "metrics"]
+    hashes = job.erasure.sha256
+    marks = [s.encode() for s in hashes] + [bytes.fromhex(s) for s in hashes]
+    marks += [name.encode() for name in job.names]
+    removed = scrub_files(folders, marks, contents=set(job.erasure.sha256), keep={job.intent})
+    job.done("scrub", files=[os.path.relpath(p, root) for p in removed if _nameless(p, job)])
+
+
+def _nameless(path: str, job: Job) -> bool:
+    return not any(name in path for name in job.names)
+
+
+def step_tracking(job: Job) -> None:
+    """Tags, descriptions and artifacts that name or show them; the SQLite store compacted."""
+    from tasks import tracking
+    from tasks.retraction import compact_sqlite, scrub_tracking
+
+    client = tracking.client(job.layout.root)
+    marks = [*job.erasure.sha256, *job.names]
+    changed = scrub_tracking(client, marks, set(job.held_runs), job.params.evaluate.model_name)
+    compact_sqlite(tracking.tracking_uri(job.layout.root))
+    job.done("tracking", tracking_store=changed)
+
+
+STEP_RUNS: dict[str, Callable[[Job], None]] = {
+    "models": step_models,
+    "sources": step_sources,
+    "index": step_index,
+    "shards": step_shards,
+    "accept": step_accept,
+    "pipeline": step_pipeline,
+    "scrub": step_scrub,
+    "tracking": step_tracking,
+}
+
+
+def is_dvc_project(layout: Layout) -> bool:
+    return (layout.root / ".dvc").is_dir() and (layout.root / "dvc.yaml").is_file()
+
+
+def dvc(*args: str) -> list[str]:
+    return ["-m", "dvc", *args]
+
+
+def run_steps(layout: Layout, steps: list[list[str]]) -> None:
+    """Each ``python ...`` step in the project root (under this process's workspace lock)."""
+    from tasks.refusals import Refused
+
+    for step in steps:
+        done = subprocess.run([sys.executable, *step], cwd=layout.root, check=False)
+        if done.returncode != 0:
+            raise Refused(
+                f"`{' '.join(step)}` exited {done.returncode} (its output is above)",
+                fix="resolve what it names, then rerun the same `shardflow forget`",
+            )
+
+
+def local_remotes(layout: Layout) -> list[Path]:
+    """The project's DVC remotes that are folders on this machine."""
+    if not is_dvc_project(layout):
+        return []
+    done = subprocess.run(
+        [sys.executable, "-m", "dvc", "remote", "list"],
+        cwd=layout.root,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    urls = [line.split()[1] for line in done.stdout.splitlines() if len(line.split()) >= 2]
+    return [layout.root / url for url in urls if "://" not in url]
+
+
+def forget(job: Job) -> None:
+    """Every step not yet done, in order; the entry marked done last."""
+    for step in STEPS:
+        if step in job.erasure.steps:
+            continue
+        if os.environ.get(KILL_ENV) == step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        STEP_RUNS[step](job)
+    job.erasure.state = "done"
+    job.save()
+    job.intent.unlink(missing_ok=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from flows.common import configure_environment, hold_workspace
+    from tasks.params import load_params
+    from tasks.refusals import Refused
+
+    args = parser().parse_args(argv)
+    configure_environment()
+    layout = Layout(args.root)
+    try:
+        params = load_params(layout.params)
+        with hold_workspace(layout.root):
+            job = start(args, layout, params)
+            forget(job)
+    except Refused as refusal:
+        print(f"forget: {refusal}", file=sys.stderr)
+        if refusal.fix:
+            print(f"  fix: {refusal.fix}", file=sys.stderr)
+        return 2
+    summary: dict[str, Any] = job.erasure.model_dump(mode="json")
+    print(json.dumps(summary, indent=2, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
