@@ -266,18 +266,15 @@ def run_steps(layout: Layout, steps: list[list[str]]) -> None:
 
 
 def local_remotes(layout: Layout) -> list[Path]:
-    """The project's DVC remotes that are folders on this machine."""
+    """The project's DVC remotes that are folders on this machine (an object store's
+    objects are out of this command's reach: docs/erasure.md)."""
     if not is_dvc_project(layout):
         return []
-    done = subprocess.run(
-        [sys.executable, "-m", "dvc", "remote", "list"],
-        cwd=layout.root,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    urls = [line.split()[1] for line in done.stdout.splitlines() if len(line.split()) >= 2]
-    return [layout.root / url for url in urls if "://" not in url]
+    from dvc.config import Config
+
+    remotes = Config(dvc_dir=str(layout.root / ".dvc"), validate=False).get("remote", {})
+    urls = [str(remote.get("url", "")) for remote in remotes.values()]
+    return [layout.root / url for url in urls if url and "://" not in url]
 
 
 def forget(job: Job) -> None:
@@ -294,16 +291,19 @@ def forget(job: Job) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from flows.common import configure_environment, hold_workspace
+    from flows.common import configure_environment
     from tasks.params import load_params
     from tasks.refusals import Refused
+    from tasks.workspace_lock import lock_timeout_s, workspace_lock
 
     args = parser().parse_args(argv)
     configure_environment()
     layout = Layout(args.root)
     try:
         params = load_params(layout.params)
-        with hold_workspace(layout.root):
+        # the holder file names the command: not the images, whose names may be personal
+        timeout_s = lock_timeout_s(layout.params)
+        with workspace_lock(layout.root, timeout_s=timeout_s, command="shardflow forget"):
             job = start(args, layout, params)
             forget(job)
     except Refused as refusal:

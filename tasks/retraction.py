@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tasks.eval_tracking import EVALUATES_TAG
 from tasks.lineage import TrackedRuns
 from tasks.tracking import CHAMPION, champion_version
 
@@ -19,8 +20,8 @@ if TYPE_CHECKING:
 
 RETRACTED_TAG = "shardflow.retracted"  # on a model version: which erasure retracted it, when
 REDACTED = "[forgotten]"
-# Artifacts of a run whose shard set held a forgotten image that may show its pixels (the
-# misclassified and label-review sheets, sample grids): no byte search finds pixels in a PNG.
+# Artifacts of an evaluation of a set that held a forgotten image that may show its pixels
+# (the misclassified and label-review sheets): no byte search finds pixels in a PNG.
 PICTURES = (".png", ".jpg", ".jpeg", ".gif", ".webp", ".svg")
 
 
@@ -78,7 +79,9 @@ def scrub_tracking(
                 if any(mark in value for mark in marks):
                     client.set_tag(run_id, key, redact(value, marks))
                     changed.append(f"{run_id}: tag {key}")
-            changed += _scrub_artifacts(client, run, marks, pictures=run_id in held)
+            # the sheets that show images are an evaluation's
+            pictures = run_id in held and EVALUATES_TAG in run.data.tags
+            changed += _scrub_artifacts(client, run, marks, pictures=pictures)
     for version in client.search_model_versions(f"name = '{model_name}'"):
         description = version.description or ""
         if any(mark in description for mark in marks):
