@@ -149,11 +149,21 @@ def step_models(job: Job) -> None:
 
 
 def step_sources(job: Job) -> None:
+    """The hashes join the exclusion list (an ingest dependency: no rebuild brings them
+    back, whatever source_dir or a clone still holds); the files go where the project may
+    write."""
+    from tasks.exclusions import add_excluded
     from tasks.forget import ForgetPlan, remove_sources
 
+    add_excluded(job.layout.excluded, job.erasure.sha256)
     plan = ForgetPlan(job.erasure.asked, job.erasure.sha256, job.sources)
-    removed = remove_sources(job.source_dir, plan)
-    job.done("sources", source_dir=[f"{len(removed)} file(s)"])
+    removed = remove_sources(job.source_dir, plan, root=job.layout.root)
+    left = sum((job.source_dir / s).is_file() for s in job.sources)
+    job.done(
+        "sources",
+        source_dir=[f"{len(removed)} file(s) deleted, {left} kept out (the project may not write)"],
+        exclusion_list=[os.path.relpath(job.layout.excluded, job.layout.root)],
+    )
 
 
 def step_index(job: Job) -> None:

@@ -25,6 +25,7 @@ from flows.common import (
     untagged_task_runs,
 )
 from tasks import handoff, ingest
+from tasks.exclusions import load_excluded
 from tasks.layout import Layout
 from tasks.params import IngestParams, load_params
 
@@ -44,6 +45,7 @@ def ingest_task(
             progress=progress,
             handoff=layout.handoff,
             target=target,
+            excluded=load_excluded(layout.excluded),
         )
     progress(1, 1)  # an empty folder inspects nothing and is done too
     logger = get_run_logger()
@@ -78,7 +80,8 @@ def key_figures(report: dict[str, Any]) -> str:
         f"ingest {report['source_dir']}: {report['files_found']} files found: "
         f"{report['accepted']} accepted ({splits}) in {len(report['classes'])} classes, "
         f"{report['quarantined_count']} quarantined, {report['duplicate_count']} duplicates, "
-        f"{report['skipped_count']} skipped; "
+        f"{report['skipped_count']} skipped, {report['excluded_count']} excluded "
+        "(data/excluded.json); "
         f"{report['near_duplicates']['images_in_groups']} near-duplicates in "
         f"{report['near_duplicates']['group_count']} groups (largest "
         f"{report['near_duplicates']['largest_group']}), each in one split; "

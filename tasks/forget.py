@@ -83,17 +83,22 @@ def _index_records(index_path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     return iter_records(index_path) if Path(index_path).exists() else iter(())
 
 
-def remove_sources(source_dir: Path, plan: ForgetPlan) -> list[str]:
-    """Delete the plan's source files (those still there); refuse a folder not writable."""
-    if not os.access(source_dir, os.W_OK):
-        raise ForgetRefused(
-            f"{source_dir}: ingest.source_dir is not writable, so forget cannot remove the "
-            "images from it",
-            fix=f"make {source_dir} writable (or remove the files yourself), then rerun forget",
-        )
+def may_write(folder: Path, root: Path) -> bool:
+    """Whether the project may delete files in ``folder``: one inside its root (a run never
+    writes outside its repository) that this process can write."""
+    folder, root = Path(folder).resolve(), Path(root).resolve()
+    return folder.is_relative_to(root) and os.access(folder, os.W_OK)
+
+
+def remove_sources(source_dir: Path, plan: ForgetPlan, *, root: Path) -> list[str]:
+    """Delete the plan's source files (those still there) from the folders the project may
+    write (:func:`may_write`); the others stay where they are, kept out by the exclusion
+    list (:mod:`tasks.exclusions`, written before this). The files deleted."""
     removed = []
     for relative in plan.sources:
         path = source_dir / relative
+        if not may_write(path.parent, root):
+            continue
         if path.is_file() and file_sha256(path) in plan.hashes:
             path.unlink()
             removed.append(relative)

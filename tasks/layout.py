@@ -111,6 +111,11 @@ class Layout:
         return self.root / "data" / "forgotten.json"
 
     @property
+    def excluded(self) -> Path:
+        """Content hashes ingest never admits again (``tasks.exclusions``), git-tracked."""
+        return self.root / "data" / "excluded.json"
+
+    @property
     def shard_changes(self) -> Path:
         """What the last shard run changed in the shard folder, record by record (JSON; the
         Markdown summary is its ``.md`` sibling)."""

@@ -12,6 +12,7 @@ import pytest
 from PIL import Image
 
 from tasks.content import file_sha256
+from tasks.exclusions import add_excluded, load_excluded
 from tasks.forget import (
     affected_shards,
     filter_shard,
@@ -22,12 +23,16 @@ from tasks.forget import (
     rewrite_shards,
     scrub_files,
 )
+from tasks.handoff import Target
 from tasks.index import load_index
+from tasks.ingest import run_ingest, signatures_path
 from tasks.layout import Layout
 from tasks.manifest import MEMBERSHIP_NAME, load_manifest, stream_records
 from tasks.membership import Membership
+from tasks.params import default_params
 from tasks.records import iter_split
 from tasks.tfrecord import open_records, read_framed
+from tests.unit.test_append import ingest_params
 from tests.unit.test_lineage import DISTANCE, layout_project
 
 Built = tuple[Layout, Path, str, str]
@@ -86,7 +91,7 @@ def test_forget_rewrites_only_the_shards_that_held_the_images(fresh: Built) -> N
     plan = plan_forget([sha], layout=layout, source_dir=source, distance=DISTANCE, exact=False)
     hit = affected_shards(shards, plan.hashes)
     old_frames = {file: frames(shards / file) for file in hit}
-    assert remove_sources(source, plan) == sorted(plan.sources)
+    assert remove_sources(source, plan, root=layout.root) == sorted(plan.sources)
     assert not (source / "red" / "001.png").exists()
     assert rewrite_index(layout.index, set(plan.hashes)) == 2
     diff_path = layout.root / "reports" / "shard_changes.json"
@@ -147,3 +152,35 @@ def test_scrub_removes_every_file_holding_a_hash_a_name_or_the_bytes(
     removed = scrub_files([cache], needles(plan, {plan.sources[0]: data}))
     assert [Path(p).name for p in removed] == ["object-a", "object-b", "object-c"]
     assert [p.name for p in cache.iterdir()] == ["object-d"]
+
+
+def test_a_source_the_project_may_not_write_keeps_the_image_out_by_the_exclusion_list(
+    fresh: Built, tmp_path: Path
+) -> None:
+    """A source folder outside the project (or read-only) keeps its file; the exclusion
+    list keeps it out of every later ingest, which counts it and names it nowhere."""
+    layout, source, sha, _ = fresh
+    outside = tmp_path / "shared-photos"
+    shutil.move(source, outside)
+    plan = plan_forget([sha], layout=layout, source_dir=outside, distance=DISTANCE, exact=True)
+    assert add_excluded(layout.excluded, plan.hashes)
+    assert remove_sources(outside, plan, root=layout.root) == []
+    assert (outside / "red" / "001.png").is_file()  # a rebuild reads it again:
+
+    handoff = layout.root / ".shardflow" / "handoff"
+    target = Target.of(default_params(shard={"image_size": [16, 16]}).shard)
+    excluded = load_excluded(layout.excluded)
+    report = run_ingest(
+        ingest_params(outside),
+        layout.index,
+        layout.ingest_report,
+        handoff=handoff,
+        target=target,
+        excluded=excluded,
+    )
+    assert report["excluded_count"] == 1
+    assert sha not in {r["sha256"] for r in load_index(layout.index)["records"]}
+    written = [layout.index, layout.ingest_report, signatures_path(layout.index)]
+    assert not [p for p in written if "red/001.png" in p.read_text()]
+    assert [p for p in handoff.rglob("*") if sha in p.name] == []
+    assert json.loads(layout.excluded.read_text()) == {"sha256": [sha]}
