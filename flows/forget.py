@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,7 +32,18 @@ if TYPE_CHECKING:
     from tasks.forgotten import Erasure, ForgottenRecord
     from tasks.params import Params
 
-STEPS = ("models", "sources", "index", "shards", "accept", "pipeline", "scrub", "tracking")
+STEPS = (
+    "models",
+    "sources",
+    "index",
+    "shards",
+    "accept",
+    "pipeline",
+    "scrub",
+    "objects",
+    "tracking",
+    "prefect",
+)
 KILL_ENV = "SHARDFLOW_FORGET_KILL_AT"  # a step's name: the process kills itself before it
 
 
@@ -68,10 +79,18 @@ class Job:
     intent: Path
     sources: list[str]  # relative to source_dir
     held_runs: list[str]
+    dvc_objects: list[str] = field(default_factory=list)  # removed from the cache and remotes
 
     @property
     def source_dir(self) -> Path:
         return self.layout.root / self.params.ingest.source_dir
+
+    @property
+    def marks(self) -> list[bytes]:
+        """What marks a copy in a file or an object: each hash (hex and raw), each name."""
+        hashes = self.erasure.sha256
+        found = [s.encode() for s in hashes] + [bytes.fromhex(s) for s in hashes]
+        return found + [name.encode() for name in self.names]
 
     @property
     def names(self) -> list[str]:
@@ -82,7 +101,11 @@ class Job:
         from tasks.forgotten import save_forgotten
 
         self.intent.parent.mkdir(parents=True, exist_ok=True)
-        private = {"sources": self.sources, "held_runs": self.held_runs}
+        private = {
+            "sources": self.sources,
+            "held_runs": self.held_runs,
+            "dvc_objects": self.dvc_objects,
+        }
         self.intent.write_text(json.dumps(private, sort_keys=True))
         save_forgotten(self.layout.forgotten, self.record)
 
@@ -106,7 +129,8 @@ def start(args: argparse.Namespace, layout: Layout, params: Params) -> Job:
             print(f"forget: resuming the erasure started at {erasure.at}", file=sys.stderr)
             kept = json.loads(intent.read_text()) if intent.exists() else {}
             sources, held = kept.get("sources", []), kept.get("held_runs", [])
-            return Job(layout, params, record, erasure, intent, sources, held)
+            objects = kept.get("dvc_objects", [])
+            return Job(layout, params, record, erasure, intent, sources, held, objects)
     plan = plan_forget(
         args.images,
         layout=layout,
@@ -215,15 +239,36 @@ def step_pipeline(job: Job) -> None:
 def step_scrub(job: Job) -> None:
     """Every file of the project's caches, DVC cache and remote, and outputs holding them."""
     from tasks.forget import scrub_files
+    from tasks.lost_revisions import object_id
 
     root = job.layout.root
     folders = [root / ".dvc" / "cache", root / ".dvc" / "tmp", *local_remotes(job.layout)]
     folders += [root / ".shardflow", root / "reports", root / "plots", root / "metrics"]
-    hashes = job.erasure.sha256
-    marks = [s.encode() for s in hashes] + [bytes.fromhex(s) for s in hashes]
-    marks += [name.encode() for name in job.names]
-    removed = scrub_files(folders, marks, contents=set(job.erasure.sha256), keep={job.intent})
+    removed = scrub_files(folders, job.marks, contents=set(job.erasure.sha256), keep={job.intent})
+    job.dvc_objects = sorted({*job.dvc_objects, *filter(None, map(object_id, removed))})
     job.done("scrub", files=[os.path.relpath(p, root) for p in removed if _nameless(p, job)])
+
+
+def step_objects(job: Job) -> None:
+    """Objects in S3 that hold or name them: the DVC remotes on S3 (each with its own
+    config), Dask staging (``shard.staging_url``) and a published set (SHARDFLOW_SHARDS_URL);
+    then the commits and experiments whose data is gone with the DVC objects."""
+    from tasks.lost_revisions import broken_objects, lost_revisions, object_id
+    from tasks.object_scrub import Bucket, dvc_s3_remotes, scrub_bucket
+    from tasks.shard_store import SHARDS_URL_ENV, s3_client
+
+    stores = dvc_s3_remotes(job.layout.root / ".dvc") if is_dvc_project(job.layout) else []
+    others = [job.params.shard.staging_url, os.environ.get(SHARDS_URL_ENV)]
+    stores += [Bucket(url, s3_client()) for url in others if url and url.startswith("s3://")]
+    removed = {}
+    for store in stores:
+        gone = scrub_bucket(store, job.marks, job.erasure.sha256)
+        job.dvc_objects = sorted({*job.dvc_objects, *filter(None, map(object_id, gone))})
+        removed[store.url] = len(gone)
+    broken = broken_objects(job.dvc_objects, job.layout.root / ".dvc" / "cache")
+    lost = lost_revisions(job.layout.root, broken)
+    job.erasure.unrecoverable = {"commits": lost.commits, "experiments": lost.experiments}
+    job.done("objects", object_storage=[f"{u}: {n} object(s)" for u, n in removed.items()])
 
 
 def _nameless(path: str, job: Job) -> bool:
@@ -242,6 +287,24 @@ def step_tracking(job: Job) -> None:
     job.done("tracking", tracking_store=changed)
 
 
+def step_prefect(job: Job) -> None:
+    """The Prefect server's artifacts that name them, and the flow runs whose logs do: the
+    project's own server (started if it is down) or the one PREFECT_API_URL names."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import get_current_settings
+
+    from tasks.object_scrub import scrub_prefect
+
+    if is_dvc_project(job.layout):
+        run_steps(job.layout, [["-m", "flows.server", "ensure"]])
+    elif get_current_settings().api.url is None:  # no server: nothing was logged to one
+        job.done("prefect", prefect_flow_runs=["no Prefect server configured"])
+        return
+    with get_client(sync_client=True) as client:
+        done = scrub_prefect(client, [*job.erasure.sha256, *job.names])
+    job.done("prefect", prefect_flow_runs=done.flow_runs, prefect_artifacts=done.artifacts)
+
+
 STEP_RUNS: dict[str, Callable[[Job], None]] = {
     "models": step_models,
     "sources": step_sources,
@@ -250,7 +313,9 @@ STEP_RUNS: dict[str, Callable[[Job], None]] = {
     "accept": step_accept,
     "pipeline": step_pipeline,
     "scrub": step_scrub,
+    "objects": step_objects,
     "tracking": step_tracking,
+    "prefect": step_prefect,
 }
 
 

@@ -35,6 +35,7 @@ from tasks.manifest import (
     stream_records,
 )
 from tasks.membership import Membership, write_membership
+from tasks.object_scrub import holds
 from tasks.records import write_record_index
 from tasks.refusals import Refused
 from tasks.schema import HASH_KEY, LABEL_KEY
@@ -278,8 +279,8 @@ def scrub_files(
     contents: set[str] | frozenset[str] = frozenset(),
     keep: set[Path] | frozenset[Path] = frozenset(),
 ) -> list[str]:
-    """Remove every file under ``folders`` whose bytes hold any of ``marks`` or whose sha256
-    is in ``contents`` (a copy of a source file), but those in ``keep``; their paths."""
+    """Remove every file under ``folders`` whose name or bytes hold any of ``marks`` or whose
+    sha256 is in ``contents`` (a copy of a source file), but those in ``keep``; their paths."""
     removed = []
     for folder in folders:
         if not Path(folder).is_dir():
@@ -289,14 +290,7 @@ def scrub_files(
                 path = Path(root) / name
                 if path in keep or path.is_symlink() or not path.is_file():
                     continue
-                data = path.read_bytes()
-                if any(mark in data for mark in marks) or _sha256(data) in contents:
+                if holds(name, path.read_bytes(), marks, contents):
                     path.unlink()
                     removed.append(str(path))
     return sorted(removed)
-
-
-def _sha256(data: bytes) -> str:
-    import hashlib
-
-    return hashlib.sha256(data).hexdigest()

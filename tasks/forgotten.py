@@ -34,6 +34,9 @@ class Erasure(BaseModel):
     steps: list[str] = Field(default_factory=list)  # the steps done (a rerun skips them)
     removed: dict[str, list[str]] = Field(default_factory=dict)  # where -> what (no names)
     versions: dict[str, list[str]] = Field(default_factory=dict)  # retracted/deleted/retrained
+    # git commits and DVC experiment refs whose dvc.lock names a removed DVC object: they can
+    # no longer be checked out with their data
+    unrecoverable: dict[str, list[str]] = Field(default_factory=dict)
 
 
 class ForgottenRecord(BaseModel):
