@@ -229,11 +229,27 @@ def step_accept(job: Job) -> None:
 
 
 def step_pipeline(job: Job) -> None:
-    """Retrain and evaluate (``--models retrain``), or validate only."""
+    """Retrain and evaluate (``--models retrain``); else rerun what the removal made stale
+    short of training (validation) and record what stays stale."""
     if is_dvc_project(job.layout):
-        target = [] if job.erasure.models == "retrain" else ["validate"]
-        run_steps(job.layout, [dvc("repro", *target)])
+        job.erasure.stale = rerun_stale(job.layout, retrain=job.erasure.models == "retrain")
     job.done("pipeline")
+
+
+def rerun_stale(layout: Layout, *, retrain: bool) -> list[str]:
+    """``dvc repro`` (retrain) or ``dvc repro validate``; the stages still stale after it."""
+    run_steps(layout, [dvc("repro") if retrain else dvc("repro", "validate")])
+    status = subprocess.run(
+        [sys.executable, *dvc("status", "--json")],
+        cwd=layout.root,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    try:
+        return sorted(json.loads(status.stdout or "{}"))
+    except ValueError:
+        return []
 
 
 def step_scrub(job: Job) -> None:
@@ -363,6 +379,13 @@ def forget(job: Job) -> None:
     job.erasure.state = "done"
     job.save()
     job.intent.unlink(missing_ok=True)
+    if job.erasure.stale:
+        print(
+            f"forget: --models {job.erasure.models} retrained nothing, so these stages are "
+            f"stale: {', '.join(job.erasure.stale)}. `dvc repro` retrains and evaluates on "
+            "the data without the images (a new version that never saw them).",
+            file=sys.stderr,
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

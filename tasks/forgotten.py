@@ -37,6 +37,8 @@ class Erasure(BaseModel):
     # git commits and DVC experiment refs whose dvc.lock names a removed DVC object: they can
     # no longer be checked out with their data
     unrecoverable: dict[str, list[str]] = Field(default_factory=dict)
+    # pipeline stages left stale (--models keep or delete retrain nothing): `dvc repro`
+    stale: list[str] = Field(default_factory=list)
 
 
 class ForgottenRecord(BaseModel):
