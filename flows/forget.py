@@ -15,6 +15,7 @@ done. The file names, which may themselves be personal, are kept only until the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -191,12 +192,19 @@ def step_sources(job: Job) -> None:
 
 
 def step_index(job: Job) -> None:
-    """The ingest index and report without them: ingest rerun where DVC runs the stages."""
+    """The ingest index and report without them. Where DVC runs the stages, ingest reruns
+    here (the stage's own function, the exclusion list applied) and the shards step records
+    it with the shard stage in one ``dvc commit``."""
+    from tasks.exclusions import load_excluded
     from tasks.forget import rewrite_index
+    from tasks.ingest import run_ingest
 
-    if is_dvc_project(job.layout):
-        run_steps(job.layout, [["-m", "flows.server", "ensure"], dvc("repro", "-s", "ingest")])
-    dropped = rewrite_index(job.layout.index, set(job.erasure.sha256))
+    layout = Layout(job.layout.root.resolve())
+    if is_dvc_project(layout):
+        excluded = load_excluded(layout.excluded)
+        with contextlib.chdir(layout.root):  # source_dir is relative to the project root
+            run_ingest(job.params.ingest, layout.index, layout.ingest_report, excluded=excluded)
+    dropped = rewrite_index(layout.index, set(job.erasure.sha256))
     job.done("index", ingest_index=[f"{dropped} record(s)"])
 
 
@@ -207,7 +215,7 @@ def step_shards(job: Job) -> None:
     hashes = set(job.erasure.sha256)
     manifest = rewrite_shards(job.layout.shards_dir, hashes, diff_path=job.layout.shard_changes)
     if is_dvc_project(job.layout):
-        run_steps(job.layout, [dvc("commit", "-f", "shard")])
+        run_steps(job.layout, [dvc("commit", "-f", "ingest", "shard")])
     job.done("shards", shards=[f"now {manifest.fingerprint}"])
 
 
@@ -237,8 +245,12 @@ def step_pipeline(job: Job) -> None:
 
 
 def rerun_stale(layout: Layout, *, retrain: bool) -> list[str]:
-    """``dvc repro`` (retrain) or ``dvc repro validate``; the stages still stale after it."""
-    run_steps(layout, [dvc("repro") if retrain else dvc("repro", "validate")])
+    """``dvc repro`` (retrain: none is left stale) or ``dvc repro validate`` and the stages
+    still stale after it."""
+    if retrain:
+        run_steps(layout, [dvc("repro")])
+        return []
+    run_steps(layout, [dvc("repro", "validate")])
     status = subprocess.run(
         [sys.executable, *dvc("status", "--json")],
         cwd=layout.root,
