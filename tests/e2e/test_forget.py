@@ -101,6 +101,9 @@ def test_forget_leaves_no_copy_and_a_champion_that_never_saw_it(
 ) -> None:
     project.set_params(train={"epochs": 1})
     build_in_process(project, monkeypatch)
+    project.run("git", "add", "dvc.lock")
+    project.run("git", "commit", "-qm", "the data with the image")
+    with_image = project.run("git", "rev-parse", "HEAD").stdout.strip()
     root, shards = project.root, project.root / "data" / "shards"
     index = [json.loads(line) for line in (root / "data/ingest/index.json").open()][1:]
     record = next(r for r in index if isinstance(r, dict) and r.get("split") == "train")
@@ -116,6 +119,7 @@ def test_forget_leaves_no_copy_and_a_champion_that_never_saw_it(
     erasure = json.loads(out[out.index("{") :])
     assert erasure["state"] == "done" and sha in erasure["sha256"]
     assert erasure["versions"]["retracted"] == ["1"]
+    assert erasure["unrecoverable"]["commits"] == [with_image]  # its shards are gone
     gone = set(erasure["sha256"])
     after = records(shards)
     assert set(after) == set(before) - gone  # the other records, byte for byte:
