@@ -27,11 +27,13 @@ QUICK = {
     "append_images": 500,
     "stage_rss_max": 10_000,
     "near_duplicate_hashes": 2000,
+    "lineage_images": 10_000,
+    "lineage_runs": 10,
     "orch_passes": 2,
     "feed_models": ["small_cnn"],
     "feed_batch": 16,
 }
-SELF_CONTAINED = {"append", "photos", "plan_rss", "worker_start", "near_duplicates"}
+SELF_CONTAINED = {"append", "photos", "plan_rss", "worker_start", "near_duplicates", "lineage"}
 
 
 def _int_list(text: str) -> list[int]:
@@ -118,6 +120,8 @@ OPTIONS: list[tuple[str, Callable[[str], Any], Any, str]] = [
     ),
     ("--serve-requests", int, 200, "single-image HTTP requests timed"),
     ("--near-duplicate-hashes", int, 50000, "hashes of the near-duplicate search"),
+    ("--lineage-images", int, 1_000_000, "images of the lineage section's generated index"),
+    ("--lineage-runs", int, 100, "training runs of the lineage section's tracking store"),
     (
         "--append-images",
         int,
@@ -709,6 +713,21 @@ def near_duplicates(b: Bench) -> None:
     f["details"]["near_duplicates"] = result
 
 
+def lineage(b: Bench) -> None:
+    from bench.lineage import measure_lineage
+
+    result = measure_lineage(
+        b.work,
+        images=b.args.lineage_images,
+        runs=b.args.lineage_runs,
+        distance=b.base.ingest.near_duplicate_distance,
+        log=log,
+    )
+    b.run.figures["lineage.lookup_s"] = result["lookup_s"]
+    b.run.figures["lineage.command_s"] = result["command_s"]
+    b.run.figures["details"]["lineage"] = result
+
+
 # The sections, in the order they run (`--only` names them; `--skip-*` drops two).
 SECTIONS: dict[str, Callable[[Bench], None]] = {
     "worker_start": worker_start,
@@ -723,6 +742,7 @@ SECTIONS: dict[str, Callable[[Bench], None]] = {
     "append": append,
     "plan_rss": plan_rss,
     "near_duplicates": near_duplicates,
+    "lineage": lineage,
 }
 
 

@@ -167,6 +167,8 @@ def targets_for(default_encoding: str) -> list[Target]:
         Target("training is not input-bound", "input_bound_ratio", None, "<=", 1.05),
         Target("orchestration tax", "orchestration_tax", None, "<=", 0.15),  # issue 12
         Target("dvc repro no-op seconds", "dvc_noop_s", None, "<", 3.0),
+        # issue 54: which runs and models saw an image, at 1M images and 100 training runs
+        Target("lineage of one image, seconds", "lineage.lookup_s", None, "<", 5.0),
         Target("scaling s/image largest vs smallest", "scaling.s_per_image_ratio", None, "<=", 1.2),
         Target("scaling peak RSS largest vs smallest", "scaling.peak_rss_ratio", None, "<=", 1.3),
         Target(

@@ -123,6 +123,15 @@ def serve_model_steps(extra: Sequence[str]) -> Steps:
     return [module("tasks.serve", model, *address, *limits, *extra)]
 
 
+def lineage_steps(extra: Sequence[str]) -> Steps:
+    return [module("flows.lineage", *extra)]
+
+
+def forget_steps(extra: Sequence[str]) -> Steps:
+    # its pipeline step runs the stages: the Prefect server they report to, first
+    return [module("flows.server", "ensure"), module("flows.forget", *extra)]
+
+
 def team_demo_steps(extra: Sequence[str]) -> Steps:
     return [module("flows.team_demo", *extra)]
 
@@ -145,6 +154,15 @@ COMMANDS: dict[str, tuple[str, Callable[[Sequence[str]], Steps]]] = {
     "accept-data": (
         "accept the shards validation refused as the data baseline: --fingerprint F --reason R",
         accept_data_steps,
+    ),
+    "lineage": (
+        "which shard sets, training runs and model versions used an image: IMAGE... [--json]",
+        lineage_steps,
+    ),
+    "forget": (
+        "remove images and their near-duplicates from the data, shards, caches, tracking "
+        "store and models: IMAGE... --reason R [--exact] [--models retrain|delete|keep]",
+        forget_steps,
     ),
     "serve": ("Prefect server plus a process serving the deployments", serve_steps),
     "predict": ("batch prediction: python -m flows.predict SOURCE [options]", predict_steps),
@@ -194,6 +212,8 @@ OPTIONS: dict[str, list[str] | str] = {
     "stop": NO_OPTIONS,
     "team-deploy": ["flows.team", "deploy", "--help"],
     "team-demo": NO_OPTIONS,
+    "lineage": ["flows.lineage", "--help"],
+    "forget": ["flows.forget", "--help"],
 }
 
 

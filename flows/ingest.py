@@ -26,6 +26,7 @@ from flows.common import (
 )
 from tasks import handoff, ingest
 from tasks.atomic import write_json
+from tasks.exclusions import load_excluded
 from tasks.layout import Layout
 from tasks.metrics_files import INGEST_FIGURES, split_figures
 from tasks.params import IngestParams, load_params
@@ -46,6 +47,7 @@ def ingest_task(
             progress=progress,
             handoff=layout.handoff,
             target=target,
+            excluded=load_excluded(layout.excluded),
         )
     progress(1, 1)  # an empty folder inspects nothing and is done too
     write_json(layout.ingest_metrics, split_figures(report, INGEST_FIGURES)[0])
@@ -89,7 +91,8 @@ def key_figures(report: dict[str, Any]) -> str:
         f"ingest {report['source_dir']}: {report['files_found']} files found: "
         f"{report['accepted']} accepted ({splits}) in {len(report['classes'])} classes, "
         f"{report['quarantined_count']} quarantined, {report['duplicate_count']} duplicates, "
-        f"{report['skipped_count']} skipped; "
+        f"{report['skipped_count']} skipped, {report['excluded_count']} excluded "
+        "(data/excluded.json); "
         f"{report['near_duplicates']['images_in_groups']} near-duplicates in "
         f"{report['near_duplicates']['group_count']} groups (largest "
         f"{report['near_duplicates']['largest_group']}), each in one split; "

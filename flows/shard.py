@@ -53,6 +53,7 @@ from flows.common import (
 from tasks import shard
 from tasks.layout import Layout
 from tasks.manifest import ShardFile
+from tasks.membership import archive_membership
 from tasks.params import ShardParams, load_params
 from tasks.processes import dismiss_prestarted
 from tasks.shard_store import s3_client
@@ -211,6 +212,7 @@ def write_shards_flow(params: ShardParams, layout: Layout) -> dict[str, Any]:
         )
     manifest, diff = stage.manifest, stage.diff
     assert diff is not None
+    archive_membership(layout.shards_dir, layout.membership_archive, manifest.fingerprint)
     logger.info(
         "%s: generation %d, %d shards planned, %d written (%s runner, preprocessing %s)",
         stage.mode,

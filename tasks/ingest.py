@@ -386,13 +386,15 @@ def run_ingest(
     progress: Callable[[int, int], None] | None = None,
     handoff: Path | None = None,
     target: Target | None = None,
+    excluded: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
     """Ingest ``params.source_dir``; write the index and the ingest report; return the report.
 
     ``progress(done, total)``: files inspected so far, see :func:`inspect_all`. ``handoff``:
     the hand-off root (``Layout.handoff``): emptied, then filled with the shard stage's pixels
     of this run's decodes for ``target`` (:meth:`tasks.handoff.Target.of` the shard params;
-    none without one), up to ``ingest.handoff_mb`` (:mod:`tasks.handoff`)."""
+    none without one), up to ``ingest.handoff_mb`` (:mod:`tasks.handoff`). ``excluded``:
+    content hashes never admitted (:mod:`tasks.exclusions`), counted and named nowhere."""
     source_dir = Path(params.source_dir)
     labels_csv = Path(params.labels_csv) if params.labels_csv else None
     discovered = discover(source_dir, labels_csv)
@@ -411,6 +413,7 @@ def run_ingest(
         if target is not None:
             kept = (handoff_store.folder_for(handoff, preprocessing_version()), target)
     inspected = inspect_all(source_dir, candidates, params, known, progress, trusted, kept)
+    inspected, excluded_count = drop_excluded(inspected, excluded, kept)
     sorted_out = build_index(inspected, classes, params, placed)
     records = sorted_out["records"]
     present = sorted({r["label"] for r in records})
@@ -432,6 +435,8 @@ def run_ingest(
         "quarantined_count": len(sorted_out["quarantined"]),
         "duplicate_count": len(sorted_out["duplicates"]),
         "skipped_count": len(discovered.skipped),
+        # files whose content is on the exclusion list (data/excluded.json): never named
+        "excluded_count": excluded_count,
         # incremental ingest: verdicts reused from the previous index vs files decoded now
         "reused_count": sum(1 for i in inspected if i.reused),
         "decoded_count": sum(1 for i in inspected if i.sha256 is not None and not i.reused),
@@ -447,7 +452,14 @@ def run_ingest(
         "near_duplicates": sorted_out["near_duplicates"],
     }
     accounted = sum(
-        report[k] for k in ("accepted", "quarantined_count", "duplicate_count", "skipped_count")
+        report[k]
+        for k in (
+            "accepted",
+            "quarantined_count",
+            "duplicate_count",
+            "skipped_count",
+            "excluded_count",
+        )
     )
     if accounted != report["files_found"]:  # a bug, never a data problem
         raise AssertionError(
@@ -466,6 +478,24 @@ def run_ingest(
     write_signatures(index_path, index_sha256, inspected, started_ns)
     write_json(report_path, {k: v for k, v in report.items() if k not in RUN_COUNTS})
     return report
+
+
+def drop_excluded(
+    inspected: list[Inspected],
+    excluded: frozenset[str],
+    handoff: tuple[Path, Target] | None,
+) -> tuple[list[Inspected], int]:
+    """The inspected files but those whose content is excluded, and how many went. Their
+    hand-off entries go too; nothing of them reaches the index, its verdicts or signatures,
+    so each run hashes them again rather than keep their names."""
+    if not excluded:
+        return inspected, 0
+    kept = [i for i in inspected if i.sha256 not in excluded]
+    gone = {str(i.sha256) for i in inspected if i.sha256 in excluded}
+    if handoff is not None:
+        for sha in gone:
+            handoff_store.entry_path(handoff[0], sha).unlink(missing_ok=True)
+    return kept, len(inspected) - len(kept)
 
 
 def classes_dropped(discovered: Discovered, present: Iterable[str]) -> list[dict[str, str]]:

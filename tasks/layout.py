@@ -105,6 +105,22 @@ class Layout:
         return self.root / "data" / "shards"
 
     @property
+    def membership_archive(self) -> Path:
+        """Each shard set's membership by fingerprint (``tasks.membership``): per-clone,
+        outside every DVC out, what ``shardflow lineage`` reads for sets no longer current."""
+        return self.root / ".shardflow" / "membership"
+
+    @property
+    def forgotten(self) -> Path:
+        """The audit record of forgotten images (content hashes only), git-tracked."""
+        return self.root / "data" / "forgotten.json"
+
+    @property
+    def excluded(self) -> Path:
+        """Content hashes ingest never admits again (``tasks.exclusions``), git-tracked."""
+        return self.root / "data" / "excluded.json"
+
+    @property
     def shard_changes(self) -> Path:
         """What the last shard run changed in the shard folder, record by record (JSON; the
         Markdown summary is its ``.md`` sibling)."""

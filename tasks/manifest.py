@@ -24,6 +24,8 @@ MANIFEST_NAME = "manifest.json"
 # The shard stage's resume record (the plan it is writing), in the top folder and in each
 # generation's.
 PLAN_NAME = ".plan.json"
+# Where each record of the set is, by content hash (tasks.membership): outside the fingerprint.
+MEMBERSHIP_NAME = "membership.bin"
 _WHITESPACE = re.compile(r"[ \t\n\r]*")  # JSON's whitespace
 
 
@@ -157,8 +159,9 @@ def parse_manifest(text: str, *, where: str) -> ShardManifest:
 
 def own_files(manifest: ShardManifest) -> set[str]:
     """Every file of the shard folder the manifest accounts for, as POSIX paths relative to
-    it: the manifest, every shard, and each generation's record list and plan record."""
-    files = {MANIFEST_NAME, PLAN_NAME}
+    it: the manifest, its membership, every shard, and each generation's record list and plan
+    record."""
+    files = {MANIFEST_NAME, PLAN_NAME, MEMBERSHIP_NAME}
     files.update(shard.file for info in manifest.splits.values() for shard in info.shards)
     for generation in manifest.generations:
         files.add(generation.records_file)

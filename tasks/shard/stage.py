@@ -25,6 +25,7 @@ from tasks.images import preprocessing_version
 from tasks.index import read_header
 from tasks.manifest import (
     MANIFEST_NAME,
+    MEMBERSHIP_NAME,
     SPLITS,
     Generation,
     ShardFile,
@@ -37,6 +38,7 @@ from tasks.manifest import (
     records_file_name,
     stream_records,
 )
+from tasks.membership import write_membership
 from tasks.params import ShardParams
 from tasks.records import write_record_index
 from tasks.shard.append import (
@@ -233,6 +235,8 @@ def finalize_manifest(
     shards_dir = Path(shards_dir)
     base, specs = plan.base, plan.specs
     if base is not None and not specs:
+        if not (shards_dir / MEMBERSHIP_NAME).exists():  # a set written before memberships
+            write_membership(base, shards_dir)
         return base
     if [r.file for r in results] != specs.files or any(
         r.num_records != slot.num_records for r, slot in zip(results, specs.slots, strict=True)
@@ -268,6 +272,7 @@ def finalize_manifest(
     # offsets for readers without TensorFlow; an append reuses the base's (checked)
     write_record_index(manifest, Path(shards_dir), base)
     write_tfds_metadata(manifest, Path(shards_dir))  # tfds.builder_from_directory(shards_dir)
+    write_membership(manifest, shards_dir)  # where each image is, for `shardflow lineage`
     write_text(shards_dir / MANIFEST_NAME, manifest.to_json())
     return manifest
 

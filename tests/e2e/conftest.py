@@ -24,6 +24,7 @@ PROJECT_FILES = [
     "dvc.yaml",
     "models/pretrained",  # a train stage dependency
     "params.yaml",
+    "data/excluded.json",  # an ingest stage dependency
     "prefect.toml",
     "pyproject.toml",
     ".dvc/config",

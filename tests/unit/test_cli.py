@@ -18,7 +18,8 @@ from flows import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMANDS = [
-    *["run", "accept-data", "serve", "predict", "bench", "ui", "serve-model", "stop"],
+    *["run", "accept-data", "lineage", "forget", "serve", "predict", "bench", "ui"],
+    *["serve-model", "stop"],
     *["team-deploy", "team-demo"],
 ]
 

@@ -1,0 +1,430 @@
+"""``shardflow forget IMAGE... --reason R [--exact] [--models retrain|delete|keep]``
+(``python -m flows.forget``): remove images, and their near-duplicates, from the data, the
+shards, every copy the project made and the models trained on them.
+
+    shardflow forget data/demo/circle/circle_0007.png --reason "erasure request 2026-114"
+
+One recorded step under the workspace lock. The audit record (``data/forgotten.json``) gets
+its entry first (``state: started``: the content hashes, who, when, why), so a rerun after a
+kill resumes that entry and finishes it; each step below is idempotent and recorded when
+done. The file names, which may themselves be personal, are kept only until the end, in
+``.shardflow/forget/`` (ignored by git), for the scrub to search for. What it cannot reach
+(clones, copies outside the project, git history): docs/erasure.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tasks.layout import Layout
+
+if TYPE_CHECKING:
+    from tasks.forgotten import Erasure, ForgottenRecord
+    from tasks.params import Params
+
+STEPS = (
+    "models",
+    "sources",
+    "index",
+    "shards",
+    "accept",
+    "pipeline",
+    "scrub",
+    "objects",
+    "tracking",
+    "prefect",
+)
+KILL_ENV = "SHARDFLOW_FORGET_KILL_AT"  # a step's name: the process kills itself before it
+
+
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="shardflow forget",
+        description="Remove images and their near-duplicates from the data, the shards, every "
+        "copy the project made and the models trained on them (docs/erasure.md).",
+    )
+    parser.add_argument("images", nargs="+", metavar="IMAGE", help="a path or a sha256")
+    parser.add_argument("--reason", required=True, help="why (recorded in data/forgotten.json)")
+    parser.add_argument("--exact", action="store_true", help="keep the near-duplicates")
+    parser.add_argument(
+        "--models",
+        choices=("retrain", "delete", "keep"),
+        default="retrain",
+        help="versions that saw them: retracted and retrained (default), deleted, or "
+        "retracted and kept",
+    )
+    parser.add_argument("--by", help="who asks (default: git user.name, else login)")
+    parser.add_argument("--root", default=".", help="the project root (default: .)")
+    return parser
+
+
+@dataclass
+class Job:
+    """One forget: where, what (the audit entry) and its private names (the intent file)."""
+
+    layout: Layout
+    params: Params
+    record: ForgottenRecord
+    erasure: Erasure
+    intent: Path
+    sources: list[str]  # relative to source_dir
+    held_runs: list[str]
+    dvc_objects: list[str] = field(default_factory=list)  # removed from the cache and remotes
+
+    @property
+    def source_dir(self) -> Path:
+        return self.layout.root / self.params.ingest.source_dir
+
+    @property
+    def marks(self) -> list[bytes]:
+        """What marks a copy in a file or an object: each hash (hex and raw), each name."""
+        hashes = self.erasure.sha256
+        found = [s.encode() for s in hashes] + [bytes.fromhex(s) for s in hashes]
+        return found + [name.encode() for name in self.names]
+
+    @property
+    def names(self) -> list[str]:
+        """What names the images: their paths under source_dir, and their file names."""
+        return sorted({*self.sources, *(Path(s).name for s in self.sources)})
+
+    def save(self) -> None:
+        from tasks.forgotten import save_forgotten
+
+        self.intent.parent.mkdir(parents=True, exist_ok=True)
+        private = {
+            "sources": self.sources,
+            "held_runs": self.held_runs,
+            "dvc_objects": self.dvc_objects,
+        }
+        self.intent.write_text(json.dumps(private, sort_keys=True))
+        save_forgotten(self.layout.forgotten, self.record)
+
+    def done(self, step: str, **removed: list[str]) -> None:
+        self.erasure.removed.update(removed)
+        self.erasure.steps.append(step)
+        self.save()
+
+
+def start(args: argparse.Namespace, layout: Layout, params: Params) -> Job:
+    """The unfinished erasure, resumed as it was recorded; else a new one, planned."""
+    from flows.accept_data import git_user
+    from tasks.data_gate import current_user
+    from tasks.forget import plan_forget
+    from tasks.forgotten import Erasure, load_forgotten
+
+    record = load_forgotten(layout.forgotten)
+    intent = layout.root / ".shardflow" / "forget" / "intent.json"
+    for erasure in record.erasures:
+        if erasure.state == "started":
+            print(f"forget: resuming the erasure started at {erasure.at}", file=sys.stderr)
+            kept = json.loads(intent.read_text()) if intent.exists() else {}
+            sources, held = kept.get("sources", []), kept.get("held_runs", [])
+            objects = kept.get("dvc_objects", [])
+            return Job(layout, params, record, erasure, intent, sources, held, objects)
+    plan = plan_forget(
+        args.images,
+        layout=layout,
+        source_dir=layout.root / params.ingest.source_dir,
+        distance=params.ingest.near_duplicate_distance,
+        exact=args.exact,
+    )
+    erasure = Erasure(
+        sha256=plan.hashes,
+        asked=plan.asked,
+        by=args.by or git_user(layout.root) or current_user(),
+        at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        reason=args.reason,
+        models=args.models,
+    )
+    record.erasures.append(erasure)
+    job = Job(layout, params, record, erasure, intent, plan.sources, [])
+    job.save()  # the intent, before anything is removed
+    return job
+
+
+def step_models(job: Job) -> None:
+    """Versions that saw the images lose the champion alias at once (tagged, or deleted)."""
+    from tasks import tracking
+    from tasks.lineage import TrackedRuns, membership_files
+    from tasks.membership import find_in
+    from tasks.retraction import retract_versions, runs_that_held
+
+    client = tracking.client(job.layout.root)
+    model_name = job.params.evaluate.model_name
+    runs = TrackedRuns.read(client, model_name)
+    sets = {fp for sha in job.erasure.sha256 for fp in find_in(membership_files(job.layout), sha)}
+    held, versions = runs_that_held(runs, sets)
+    job.held_runs = sorted(held)
+    note = f"forgotten images (data/forgotten.json, erasure of {job.erasure.at})"
+    delete = job.erasure.models == "delete"
+    done = retract_versions(client, model_name, versions, note, delete=delete)
+    job.erasure.versions["deleted" if delete else "retracted"] = done
+    job.done("models")
+
+
+def step_sources(job: Job) -> None:
+    """The hashes join the exclusion list (an ingest dependency: no rebuild brings them
+    back, whatever source_dir or a clone still holds); the files go where the project may
+    write."""
+    from tasks.exclusions import add_excluded
+    from tasks.forget import ForgetPlan, remove_sources
+
+    add_excluded(job.layout.excluded, job.erasure.sha256)
+    plan = ForgetPlan(job.erasure.asked, job.erasure.sha256, job.sources)
+    removed = remove_sources(job.source_dir, plan, root=job.layout.root)
+    left = sum((job.source_dir / s).is_file() for s in job.sources)
+    job.done(
+        "sources",
+        source_dir=[f"{len(removed)} file(s) deleted, {left} kept out (the project may not write)"],
+        exclusion_list=[os.path.relpath(job.layout.excluded, job.layout.root)],
+    )
+
+
+def step_index(job: Job) -> None:
+    """The ingest index and report without them. Where DVC runs the stages, ingest reruns
+    here (the stage's own function, the exclusion list applied) and the shards step records
+    it with the shard stage in one ``dvc commit``."""
+    from tasks.exclusions import load_excluded
+    from tasks.forget import rewrite_index
+    from tasks.ingest import run_ingest
+
+    layout = Layout(job.layout.root.resolve())
+    if is_dvc_project(layout):
+        excluded = load_excluded(layout.excluded)
+        with contextlib.chdir(layout.root):  # source_dir is relative to the project root
+            run_ingest(job.params.ingest, layout.index, layout.ingest_report, excluded=excluded)
+    dropped = rewrite_index(layout.index, set(job.erasure.sha256))
+    job.done("index", ingest_index=[f"{dropped} record(s)"])
+
+
+def step_shards(job: Job) -> None:
+    """Only the shard files that held them are rewritten; DVC records the stage as it is."""
+    from tasks.forget import rewrite_shards
+
+    hashes = set(job.erasure.sha256)
+    manifest = rewrite_shards(job.layout.shards_dir, hashes, diff_path=job.layout.shard_changes)
+    if is_dvc_project(job.layout):
+        run_steps(job.layout, [dvc("commit", "-f", "ingest", "shard")])
+    job.done("shards", shards=[f"now {manifest.fingerprint}"])
+
+
+def step_accept(job: Job) -> None:
+    """The new set is the accepted baseline, for this reason: the data gate lets it pass."""
+    from tasks import data_gate
+    from tasks.manifest import load_manifest
+
+    fingerprint = load_manifest(job.layout.shards_dir).fingerprint
+    reason = f"forget (data/forgotten.json, {job.erasure.at}): {job.erasure.reason}"
+    data_gate.accept(
+        job.layout.shards_dir,
+        job.layout.accepted_data,
+        fingerprint=fingerprint,
+        reason=reason,
+        by=job.erasure.by,
+    )
+    job.done("accept")
+
+
+def step_pipeline(job: Job) -> None:
+    """Retrain and evaluate (``--models retrain``); else rerun what the removal made stale
+    short of training (validation) and record what stays stale."""
+    if is_dvc_project(job.layout):
+        job.erasure.stale = rerun_stale(job.layout, retrain=job.erasure.models == "retrain")
+    job.done("pipeline")
+
+
+def rerun_stale(layout: Layout, *, retrain: bool) -> list[str]:
+    """``dvc repro`` (retrain: none is left stale) or ``dvc repro validate`` and the stages
+    still stale after it."""
+    if retrain:
+        run_steps(layout, [dvc("repro")])
+        return []
+    run_steps(layout, [dvc("repro", "validate")])
+    status = subprocess.run(
+        [sys.executable, *dvc("status", "--json")],
+        cwd=layout.root,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    try:
+        return sorted(json.loads(status.stdout or "{}"))
+    except ValueError:
+        return []
+
+
+def step_scrub(job: Job) -> None:
+    """Every file of the project's caches, DVC cache and remote, and outputs holding them."""
+    from tasks.forget import scrub_files
+    from tasks.lost_revisions import object_id
+
+    root = job.layout.root
+    folders = [root / ".dvc" / "cache", root / ".dvc" / "tmp", *local_remotes(job.layout)]
+    folders += [root / ".shardflow", root / "reports", root / "plots", root / "metrics"]
+    removed = scrub_files(folders, job.marks, contents=set(job.erasure.sha256), keep={job.intent})
+    job.dvc_objects = sorted({*job.dvc_objects, *filter(None, map(object_id, removed))})
+    job.done("scrub", files=[os.path.relpath(p, root) for p in removed if _nameless(p, job)])
+
+
+def step_objects(job: Job) -> None:
+    """Objects in S3 that hold or name them: the DVC remotes on S3 (each with its own
+    config), Dask staging (``shard.staging_url``) and a published set (SHARDFLOW_SHARDS_URL);
+    then the commits and experiments whose data is gone with the DVC objects."""
+    from tasks.lost_revisions import broken_objects, lost_revisions, object_id
+    from tasks.object_scrub import Bucket, dvc_s3_remotes, scrub_bucket
+    from tasks.shard_store import SHARDS_URL_ENV, s3_client
+
+    stores = dvc_s3_remotes(job.layout.root / ".dvc") if is_dvc_project(job.layout) else []
+    others = [job.params.shard.staging_url, os.environ.get(SHARDS_URL_ENV)]
+    stores += [Bucket(url, s3_client()) for url in others if url and url.startswith("s3://")]
+    removed = {}
+    for store in stores:
+        gone = scrub_bucket(store, job.marks, job.erasure.sha256)
+        job.dvc_objects = sorted({*job.dvc_objects, *filter(None, map(object_id, gone))})
+        removed[store.url] = len(gone)
+    broken = broken_objects(job.dvc_objects, job.layout.root / ".dvc" / "cache")
+    lost = lost_revisions(job.layout.root, broken)
+    job.erasure.unrecoverable = {"commits": lost.commits, "experiments": lost.experiments}
+    job.done("objects", object_storage=[f"{u}: {n} object(s)" for u, n in removed.items()])
+
+
+def _nameless(path: str, job: Job) -> bool:
+    return not any(name in path for name in job.names)
+
+
+def step_tracking(job: Job) -> None:
+    """Tags, descriptions and artifacts that name or show them; the SQLite store compacted."""
+    from tasks import tracking
+    from tasks.retraction import compact_sqlite, scrub_tracking
+
+    client = tracking.client(job.layout.root)
+    marks = [*job.erasure.sha256, *job.names]
+    changed = scrub_tracking(client, marks, set(job.held_runs), job.params.evaluate.model_name)
+    compact_sqlite(tracking.tracking_uri(job.layout.root))
+    job.done("tracking", tracking_store=changed)
+
+
+def step_prefect(job: Job) -> None:
+    """The Prefect server's artifacts that name them, and the flow runs whose logs do: the
+    project's own server (started if it is down) or the one PREFECT_API_URL names."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import get_current_settings
+
+    from tasks.object_scrub import scrub_prefect
+
+    if is_dvc_project(job.layout):
+        run_steps(job.layout, [["-m", "flows.server", "ensure"]])
+    elif get_current_settings().api.url is None:  # no server: nothing was logged to one
+        job.done("prefect", prefect_flow_runs=["no Prefect server configured"])
+        return
+    with get_client(sync_client=True) as client:
+        done = scrub_prefect(client, [*job.erasure.sha256, *job.names])
+    job.done("prefect", prefect_flow_runs=done.flow_runs, prefect_artifacts=done.artifacts)
+
+
+STEP_RUNS: dict[str, Callable[[Job], None]] = {
+    "models": step_models,
+    "sources": step_sources,
+    "index": step_index,
+    "shards": step_shards,
+    "accept": step_accept,
+    "pipeline": step_pipeline,
+    "scrub": step_scrub,
+    "objects": step_objects,
+    "tracking": step_tracking,
+    "prefect": step_prefect,
+}
+
+
+def is_dvc_project(layout: Layout) -> bool:
+    return (layout.root / ".dvc").is_dir() and (layout.root / "dvc.yaml").is_file()
+
+
+def dvc(*args: str) -> list[str]:
+    return ["-m", "dvc", *args]
+
+
+def run_steps(layout: Layout, steps: list[list[str]]) -> None:
+    """Each ``python ...`` step in the project root (under this process's workspace lock)."""
+    from tasks.refusals import Refused
+
+    for step in steps:
+        done = subprocess.run([sys.executable, *step], cwd=layout.root, check=False)
+        if done.returncode != 0:
+            raise Refused(
+                f"`{' '.join(step)}` exited {done.returncode} (its output is above)",
+                fix="resolve what it names, then rerun the same `shardflow forget`",
+            )
+
+
+def local_remotes(layout: Layout) -> list[Path]:
+    """The project's DVC remotes that are folders on this machine (an object store's
+    objects are out of this command's reach: docs/erasure.md)."""
+    if not is_dvc_project(layout):
+        return []
+    from dvc.config import Config
+
+    remotes = Config(dvc_dir=str(layout.root / ".dvc"), validate=False).get("remote", {})
+    urls = [str(remote.get("url", "")) for remote in remotes.values()]
+    return [layout.root / url for url in urls if url and "://" not in url]
+
+
+def forget(job: Job) -> None:
+    """Every step not yet done, in order; the entry marked done last."""
+    for step in STEPS:
+        if step in job.erasure.steps:
+            continue
+        if os.environ.get(KILL_ENV) == step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        STEP_RUNS[step](job)
+    job.erasure.state = "done"
+    job.save()
+    job.intent.unlink(missing_ok=True)
+    if job.erasure.stale:
+        print(
+            f"forget: --models {job.erasure.models} retrained nothing, so these stages are "
+            f"stale: {', '.join(job.erasure.stale)}. `dvc repro` retrains and evaluates on "
+            "the data without the images (a new version that never saw them).",
+            file=sys.stderr,
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from flows.common import configure_environment
+    from tasks.params import load_params
+    from tasks.refusals import Refused
+    from tasks.workspace_lock import lock_timeout_s, workspace_lock
+
+    args = parser().parse_args(argv)
+    configure_environment()
+    layout = Layout(args.root)
+    try:
+        params = load_params(layout.params)
+        # the holder file names the command: not the images, whose names may be personal
+        timeout_s = lock_timeout_s(layout.params)
+        with workspace_lock(layout.root, timeout_s=timeout_s, command="shardflow forget"):
+            job = start(args, layout, params)
+            forget(job)
+    except Refused as refusal:
+        print(f"forget: {refusal}", file=sys.stderr)
+        if refusal.fix:
+            print(f"  fix: {refusal.fix}", file=sys.stderr)
+        return 2
+    summary: dict[str, Any] = job.erasure.model_dump(mode="json")
+    print(json.dumps(summary, indent=2, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

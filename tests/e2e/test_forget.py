@@ -1,0 +1,147 @@
+"""`shardflow forget` on a real project: after it, no file of the clone, its DVC cache and
+remote or its tracking store holds the image's bytes, its record's pixels or its name; the
+other records are unchanged; the champion never saw it; `lineage` says only when it went."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tasks.layout import Layout
+from tasks.manifest import load_manifest
+from tasks.schema import HASH_KEY, IMAGE_KEY
+from tasks.tfrecord import open_records, read_framed
+from tests.e2e.conftest import Project, api_post
+
+
+def records(shards: Path) -> dict[str, tuple[bytes, bytes]]:
+    """content hash -> (the record's bytes, its pixels), over every shard of the set."""
+    manifest = load_manifest(shards)
+    schema, found = manifest.record_schema, {}
+    for info in manifest.splits.values():
+        for shard in info.shards:
+            with open_records(shards / shard.file) as handle:
+                while (data := read_framed(handle)) is not None:
+                    features = schema.parse(data)
+                    found[features[HASH_KEY]] = (data, features[IMAGE_KEY].tobytes())
+    return found
+
+
+def files_holding(roots: list[Path], marks: list[bytes]) -> list[str]:
+    return sorted(
+        str(path)
+        for root in roots
+        for path in root.rglob("*")
+        if path.is_file() and not path.is_symlink() and any(m in path.read_bytes() for m in marks)
+    )
+
+
+def shardflow(project: Project, *args: str, check: bool = True) -> str:
+    return project.run(sys.executable, "-m", "flows.cli", *args, check=check).stdout
+
+
+def lineage(*args: str) -> Any:
+    """`shardflow lineage ... --json` (what the command runs) in this process, in the
+    project, on its store."""
+    from flows.lineage import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main([*args, "--json"]) == 0
+    return json.loads(out.getvalue())
+
+
+def build_in_process(project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every stage's work done by its plain function in this process (what `dvc repro`
+    runs, without a process and a Prefect flow a stage), then recorded in dvc.lock by
+    `dvc commit` and pushed: the state `dvc repro && dvc push` leaves."""
+    from tasks.evaluate import run_evaluate
+    from tasks.ingest import run_ingest
+    from tasks.membership import archive_membership
+    from tasks.params import load_params
+    from tasks.shard import shard_stage
+    from tasks.train import run_train
+    from tasks.validate import validate_layout
+
+    monkeypatch.chdir(project.root)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", project.env["MLFLOW_TRACKING_URI"])
+    layout = Layout(project.root)
+    params = load_params(layout.params)
+    run_ingest(params.ingest, layout.index, layout.ingest_report)
+    manifest = shard_stage(
+        params.shard, layout.index, layout.shards_dir, diff_path=layout.shard_changes
+    ).manifest
+    archive_membership(layout.shards_dir, layout.membership_archive, manifest.fingerprint)
+    assert validate_layout(layout, params.validate_)["passed"]
+    run_train(params, layout)
+    run_evaluate(params, layout)
+    project.dvc("commit", "-f")
+    project.dvc("push")
+
+
+def prefect_records_naming(api: str, path: str) -> tuple[str, str]:
+    """An artifact and a flow run's log line on the Prefect server that name the image, as
+    a label-review sheet and an ingest warning would; their ids."""
+    flow = api_post(api, "/flows/", {"name": "label-review"})
+    run = api_post(api, "/flow_runs/", {"flow_id": flow["id"], "name": "review"})
+    line = {"name": "ingest", "level": 30, "message": f"check {path}", "flow_run_id": run["id"]}
+    api_post(api, "/logs/", [{**line, "timestamp": "2026-01-01T00:00:00Z"}])  # type: ignore[arg-type]
+    sheet = {"key": "label-review", "type": "markdown", "data": f"![suspect]({path})"}
+    return api_post(api, "/artifacts/", sheet)["id"], run["id"]
+
+
+def test_forget_leaves_no_copy_and_a_champion_that_never_saw_it(
+    project: Project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project.set_params(train={"epochs": 1})
+    build_in_process(project, monkeypatch)
+    project.run("git", "add", "dvc.lock")
+    project.run("git", "commit", "-qm", "the data with the image")
+    with_image = project.run("git", "rev-parse", "HEAD").stdout.strip()
+    root, shards = project.root, project.root / "data" / "shards"
+    index = [json.loads(line) for line in (root / "data/ingest/index.json").open()][1:]
+    record = next(r for r in index if isinstance(r, dict) and r.get("split") == "train")
+    path, sha = record["path"], record["sha256"]
+    source = root / "data" / "demo" / path
+    before, source_bytes = records(shards), source.read_bytes()
+    (seen,) = lineage(f"data/demo/{path}")
+    assert seen["sha256"] == sha and seen["champion_saw_it"] and seen["runs"]
+    api = project.env["PREFECT_API_URL"]
+    naming = prefect_records_naming(api, path)
+
+    out = shardflow(project, "forget", f"data/demo/{path}", "--reason", "erasure request")
+    erasure = json.loads(out[out.index("{") :])
+    assert erasure["state"] == "done" and sha in erasure["sha256"]
+    assert erasure["versions"]["retracted"] == ["1"]
+    assert erasure["unrecoverable"]["commits"] == [with_image]  # its shards are gone
+    gone = set(erasure["sha256"])
+    after = records(shards)
+    assert set(after) == set(before) - gone  # the other records, byte for byte:
+    assert all(after[h] == before[h] for h in after)
+    pixels = [before[h][1] for h in gone]
+    names = [path.encode(), Path(path).name.encode()]
+    roots = [root, tmp_path / "dvc-remote"]
+    assert files_holding(roots, [source_bytes, *pixels, *names]) == []
+
+    assert api_post(api, "/artifacts/filter", {"artifacts": {"id": {"any_": [naming[0]]}}}) == []
+    assert api_post(api, "/flow_runs/filter", {"flow_runs": {"id": {"any_": [naming[1]]}}}) == []
+    forgotten = (root / "data/forgotten.json").read_text()
+    assert sha in forgotten and Path(path).stem not in forgotten
+    told = lineage(sha)
+    assert told == [{"sha256": sha, "forgotten_at": erasure["at"]}]
+    from mlflow import MlflowClient
+
+    client = MlflowClient(project.env["MLFLOW_TRACKING_URI"], project.env["MLFLOW_TRACKING_URI"])
+    champion = client.get_model_version_by_alias("shardflow", "champion")
+    assert str(champion.version) == "2"
+    assert (
+        client.get_run(champion.run_id).data.tags["data.fingerprint"]
+        == load_manifest(shards).fingerprint
+    )
+    assert "shardflow.retracted" in client.get_model_version("shardflow", "1").tags
