@@ -222,13 +222,16 @@ def step_shards(job: Job) -> None:
 def step_accept(job: Job) -> None:
     """The new set is the accepted baseline, for this reason: the data gate lets it pass."""
     from tasks import data_gate
+    from tasks.dataset_identity import dataset_identity
     from tasks.manifest import load_manifest
 
     fingerprint = load_manifest(job.layout.shards_dir).fingerprint
     reason = f"forget (data/forgotten.json, {job.erasure.at}): {job.erasure.reason}"
+    ingest = job.params.ingest
     data_gate.accept(
         job.layout.shards_dir,
         job.layout.accepted_data,
+        dataset=dataset_identity(ingest.source_dir, ingest.labels_csv, job.layout.root),
         fingerprint=fingerprint,
         reason=reason,
         by=job.erasure.by,

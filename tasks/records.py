@@ -131,8 +131,9 @@ def dali_index_files(manifest: ShardManifest) -> set[str]:
 
 
 def dali_index_text(offsets: list[int], end: int) -> str:
-    """One ``offset size`` line per record: each record's framed bytes, header to footer."""
-    bounds = [*offsets[1:], end]
+    """One ``offset size`` line per record: each record's framed bytes, header to footer
+    (none for a shard left without records)."""
+    bounds = [*offsets[1:], end] if offsets else []
     return "".join(f"{start} {stop - start}\n" for start, stop in zip(offsets, bounds, strict=True))
 
 

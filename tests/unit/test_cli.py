@@ -298,6 +298,8 @@ OPTIONS_SHOWN = {
     "serve-model": ["--port", "--max-request-mb", "--max-concurrent-requests"],
     "team-deploy": ["--cpu-pool", "--gpu-pool"],
     "bench": ["--quick"],
+    "lineage": ["--json", "IMAGE"],
+    "forget": ["--reason", "--exact", "--models"],
     **{name: ["options: none"] for name in ("serve", "stop", "team-demo")},
 }
 

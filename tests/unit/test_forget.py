@@ -64,7 +64,7 @@ def fresh(built: Built, tmp_path: Path) -> Built:
 def digests(folder: Path) -> dict[str, str]:
     return {
         p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(folder.rglob("*.tfrecord-*"))
+        for p in sorted(folder.rglob("*.tfrecord-*[0-9]"))
     }
 
 

@@ -474,7 +474,7 @@ def test_evaluation_refuses_unvalidated_shards(model_root: Layout) -> None:
 
 
 def test_evaluation_refuses_a_same_size_edit_after_validation(model_root: Layout) -> None:
-    shard = sorted(model_root.shards_dir.glob("test.tfrecord-*"))[0]
+    shard = sorted(model_root.shards_dir.glob("test.tfrecord-*[0-9]"))[0]
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))

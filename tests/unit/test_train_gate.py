@@ -51,7 +51,7 @@ def test_shards_rewritten_after_validation_are_refused(tiny_shards: Path) -> Non
 
 
 def test_shard_file_edited_behind_the_manifest_is_refused(tiny_shards: Path) -> None:
-    shard = next((tiny_shards / "data" / "shards").glob("train.tfrecord-*"))
+    shard = next((tiny_shards / "data" / "shards").glob("train.tfrecord-*[0-9]"))
     with shard.open("ab") as handle:
         handle.write(b"extra")
     with pytest.raises(ShardsNotValidated, match=f"changed since validation.*{shard.name}"):
@@ -60,7 +60,7 @@ def test_shard_file_edited_behind_the_manifest_is_refused(tiny_shards: Path) -> 
 
 def flip_one_byte(shards_dir: Path) -> Path:
     """Flip a byte in the middle of a train shard: same size, other content."""
-    shard = sorted(shards_dir.glob("train.tfrecord-*"))[0]
+    shard = sorted(shards_dir.glob("train.tfrecord-*[0-9]"))[0]
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
