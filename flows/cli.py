@@ -25,12 +25,12 @@ from urllib.parse import urlsplit
 
 from flows.common import configure_environment
 from flows.server import api_url, free_port
+from tasks import tracking
 from tasks.layout import keep_dvc_site_cache_in_repository
 from tasks.refusals import REFUSED_EXIT, refusing
 from tasks.tracking import MLFLOW_UI_URL
 
 DEMO_DIR = "data/demo"
-DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 HOST = "127.0.0.1"
 # `shardflow serve-model`'s request limits (about 12 MB of image files in base64, and rows
 # a batch at a time): larger requests get HTTP 413 before their body is parsed. Four at once
@@ -98,15 +98,21 @@ def listen_address(extra: Sequence[str], preferred: int | None = None) -> tuple[
     return ["--host", HOST, "--port", str(port)], f"http://{HOST}:{port}"
 
 
-def tracking_uri() -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
-
-
 def ui_steps(extra: Sequence[str]) -> Steps:
+    """The MLflow UI over the project's store (:func:`tasks.tracking.tracking_uri`, the one
+    recipe every entry point uses). A tracking server has a UI of its own: it is named, and
+    nothing starts."""
+    uri = tracking.tracking_uri()
+    if urlsplit(uri).scheme in ("http", "https"):
+        print(f"MLflow UI: {tracking.redact(uri)} (the tracking server's own)", flush=True)
+        return []
     # MLFLOW_UI_URL's port first: the run links a local store's runs carry open there.
     address, url = listen_address(extra, preferred=urlsplit(MLFLOW_UI_URL).port)
     print(f"MLflow UI: {url}", flush=True)
-    return [module("mlflow", "ui", "--backend-store-uri", tracking_uri(), *address, *extra)]
+    # The store goes by the environment (main() passes it on), never on the command line,
+    # which every user of the machine can read (ps).
+    os.environ["MLFLOW_BACKEND_STORE_URI"] = uri
+    return [module("mlflow", "ui", *address, *extra)]
 
 
 def serve_model_steps(extra: Sequence[str]) -> Steps:
@@ -115,8 +121,9 @@ def serve_model_steps(extra: Sequence[str]) -> Steps:
     from tasks.params import load_params
 
     # tasks.serve reads the store from MLFLOW_TRACKING_URI (main() passes this process's
-    # environment on), absolute so its workers find the same file.
-    os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{Path.cwd() / 'mlflow.db'}")
+    # environment on): absolute, so its workers find the same file, and a server's
+    # credentials in MLflow's own variables, never in a URI or on a command line.
+    os.environ["MLFLOW_TRACKING_URI"] = tracking.tracking_uri()
     model = f"models:/{load_params().evaluate.model_name}@champion"
     address, _ = listen_address(extra)  # tasks.serve prints the address it serves
     limits = [item for limit in SERVE_LIMITS.items() if limit[0] not in extra for item in limit]

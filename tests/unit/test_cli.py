@@ -96,16 +96,49 @@ def test_run_stops_at_the_first_failing_step(
     assert "flows.server ensure` exited 3" in capsys.readouterr().err
 
 
-def test_ui_uses_the_tracking_uri_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ui_finds_the_store_as_every_entry_point_does(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """One recipe (tasks.tracking.tracking_uri): the store named in the environment, else the
+    repository's mlflow.db as an absolute URI, given to `mlflow ui` by its environment."""
     recorder = Recorder()
     monkeypatch.setattr(cli, "run_step", recorder.step)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_BACKEND_STORE_URI", "stale")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:////tmp/elsewhere.db")
     cli.main(["ui"])
-    step = recorder.steps[0]
-    assert step[step.index("--backend-store-uri") + 1] == "sqlite:////tmp/elsewhere.db"
+    assert recorder.envs[0]["MLFLOW_BACKEND_STORE_URI"] == "sqlite:////tmp/elsewhere.db"
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     cli.main(["ui"])
-    assert "sqlite:///mlflow.db" in recorder.steps[1]
+    assert recorder.envs[1]["MLFLOW_BACKEND_STORE_URI"] == f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert not any("sqlite" in arg for step in recorder.steps for arg in step)
+
+
+@pytest.mark.parametrize("command", ["ui", "serve-model"])
+def test_no_credential_reaches_a_childs_command_line(
+    command: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A server's user:password@ moves to MLflow's variables; the child's argv (readable by
+    every user through ps) and what is printed hold neither."""
+    recorder = Recorder()
+    monkeypatch.setattr(cli, "run_step", recorder.step)
+    monkeypatch.chdir(ROOT)
+    for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://alice:s3cret@mlflow.example:5000")
+    assert cli.main([command]) == 0
+    printed = capsys.readouterr().out
+    assert "s3cret" not in printed and "alice" not in printed
+    assert all("s3cret" not in arg and "alice" not in arg for s in recorder.steps for arg in s)
+    if command == "ui":  # a server has its own UI: named, nothing started
+        assert recorder.steps == [] and "https://mlflow.example:5000" in printed
+    else:
+        (env,) = recorder.envs
+        assert env["MLFLOW_TRACKING_URI"] == "https://mlflow.example:5000"
+        assert (env["MLFLOW_TRACKING_USERNAME"], env["MLFLOW_TRACKING_PASSWORD"]) == (
+            "alice",
+            "s3cret",
+        )
 
 
 def no_tracking_uri(monkeypatch: pytest.MonkeyPatch) -> None:
