@@ -103,13 +103,15 @@ def ui_steps(extra: Sequence[str]) -> Steps:
 
 def serve_model_steps(extra: Sequence[str]) -> Steps:
     """``python -m tasks.serve`` (MLflow's scoring app behind request limits) for the
-    champion of ``evaluate.model_name``; a limit given in ``extra`` replaces its default."""
+    champion of the current dataset's registered model (``evaluate.model_name``, else named
+    after the dataset); a limit given in ``extra`` replaces its default."""
+    from tasks.dataset_identity import model_name_for
     from tasks.params import load_params
 
     # tasks.serve reads the store from MLFLOW_TRACKING_URI (main() passes this process's
     # environment on), absolute so its workers find the same file.
     os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{Path.cwd() / 'mlflow.db'}")
-    model = f"models:/{load_params().evaluate.model_name}@champion"
+    model = f"models:/{model_name_for(load_params(), Path.cwd())}@champion"
     address, _ = listen_address(extra)  # tasks.serve prints the address it serves
     limits = [item for limit in SERVE_LIMITS.items() if limit[0] not in extra for item in limit]
     return [module("tasks.serve", model, *address, *limits, *extra)]
@@ -121,6 +123,10 @@ def team_demo_steps(extra: Sequence[str]) -> Steps:
 
 def team_deploy_steps(extra: Sequence[str]) -> Steps:
     return [module("flows.team", "deploy", *extra)]
+
+
+def promote_steps(extra: Sequence[str]) -> Steps:
+    return [module("flows.promote", *extra)]
 
 
 def stop_steps(extra: Sequence[str]) -> Steps:
@@ -142,6 +148,10 @@ COMMANDS: dict[str, tuple[str, Callable[[Sequence[str]], Steps]]] = {
         "the champion over HTTP, within request limits, on a free port",
         serve_model_steps,
     ),
+    "promote": (
+        "move the champion alias by hand, recorded: --version N --reason R (same task only)",
+        promote_steps,
+    ),
     "stop": ("stop the Prefect server that this clone's run/serve/bench started", stop_steps),
     "team-deploy": (
         "prefect deploy --all of prefect.yaml's team deployments: --cpu-pool P --gpu-pool P "
@@ -154,6 +164,10 @@ COMMANDS: dict[str, tuple[str, Callable[[Sequence[str]], Steps]]] = {
         team_demo_steps,
     ),
 }
+
+
+# Subcommands whose `--help` is their module's: it lists the options they take.
+OWN_HELP = ("promote",)
 
 
 def prefect_ui() -> str:
@@ -172,7 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (help_line, _) in COMMANDS.items():
-        commands.add_parser(name, help=help_line, description=help_line)
+        # Their --help goes to the command they run, which lists its own options.
+        own_help = name not in OWN_HELP
+        commands.add_parser(name, help=help_line, description=help_line, add_help=own_help)
     return parser
 
 

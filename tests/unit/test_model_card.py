@@ -108,7 +108,10 @@ def card(**changes: Any) -> str:
 
 def test_the_card_holds_data_generations_sources_review_metrics_and_comparison() -> None:
     text = card()
-    assert text.startswith("# shardflow v3\n")
+    assert text.startswith(
+        "Version 3 of the registered model shardflow scored test accuracy 0.7000 on 10 test "
+        "images; the champion was kept.\n"
+    )
     assert "64x64 jpeg, resize `pad`, preprocessing version `abc123`" in text
     assert "| class | train | val | test |" in text
     assert "| cat | 40 | 5 | 6 |" in text and "| **all** | 78 | 10 | 10 |" in text

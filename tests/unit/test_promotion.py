@@ -23,11 +23,13 @@ from tasks.evaluate import run_evaluate
 from tasks.gate import ModelNotFromTheseShards, ShardsNotValidated
 from tasks.layout import Layout
 from tasks.params import default_params
+from tasks.evidence import Answers
 from tasks.promotion import (
     LOCK_SUFFIX,
     ChampionMoved,
     Figure,
     Rescored,
+    Rules,
     apply_decision,
     decide,
     lock_holder,
@@ -38,6 +40,29 @@ from tasks.promotion import (
 from tasks.tracking import CHAMPION, champion_version
 
 TEST_SET = "a" * 64
+RECORDS = 200  # test records of the paired answers below
+AUTO = "re-score the champion as its recorded figure, with answers"
+
+
+def answers(value: float, records: int = RECORDS) -> Answers:
+    """Answers right on the first ``value`` share of the records: two such sets disagree
+    only where the better one is right, so their paired test is as clear as it gets."""
+    import numpy as np
+
+    labels = np.zeros(records, np.int64)
+    predicted = (np.arange(records) >= round(value * records)).astype(np.int64)
+    return Answers(labels, predicted, predicted == labels, 2)
+
+
+def rules(
+    margin: float = 0.0, allow_incomparable: bool = False, alpha: float = 0.05, share: float = 0.5
+) -> Rules:
+    return Rules(
+        margin=margin,
+        alpha=alpha,
+        min_shared_class_share=share,
+        allow_incomparable=allow_incomparable,
+    )
 
 
 @dataclass
@@ -54,21 +79,43 @@ class Registry:
         allow_incomparable: bool = False,
         metric: str = "accuracy",
         definition: str = "accuracy",
-        rescore: Any = None,
+        rescore: Any = AUTO,
+        classes: tuple[str, ...] = ("a", "b"),
+        paired: Answers | None | str = AUTO,
+        experiment: str | None = None,
     ) -> Any:
         source = str(Path(self.client.tracking_uri.removeprefix("sqlite:///")).parent)
         version = str(self.client.create_model_version(self.name, source=source).version)
+        if rescore == AUTO:
+            rescore = self.rescored_as_recorded(metric)
         decision = decide(
             self.client,
             self.name,
             version,
-            Figure(metric, definition, value, test_set),
-            margin=margin,
-            allow_incomparable=allow_incomparable,
+            Figure(
+                metric,
+                definition,
+                value,
+                test_set,
+                classes,
+                answers(value) if paired == AUTO else paired,  # type: ignore[arg-type]
+            ),
+            rules=rules(margin, allow_incomparable),
             rescore=rescore,
+            experiment=experiment,
         )
         apply_decision(self.client, self.name, decision)  # as run_evaluate does, after writing
         return decision
+
+    def rescored_as_recorded(self, metric: str) -> Any:
+        """A champion re-scored on the candidate's records as its recorded figure."""
+
+        def rescore(version: str) -> Rescored:
+            tags = self.client.get_model_version(self.name, version).tags
+            value = float(tags[f"eval.{metric}"])
+            return Rescored(value, answers=answers(value))
+
+        return rescore
 
     @property
     def champion(self) -> str:
@@ -119,7 +166,7 @@ def test_champion_on_another_test_set_is_kept_not_silently_compared(
     registry: Registry,
 ) -> None:
     registry.decide(0.7)
-    decision = registry.decide(0.9, test_set="b" * 64)
+    decision = registry.decide(0.9, test_set="b" * 64, rescore=None)
     assert decision["comparable"] is False and decision["promoted"] is False
     assert decision["decision"] == "not comparable: champion kept"
     assert "evaluate.allow_incomparable_promotion" in decision["reason"]
@@ -128,7 +175,7 @@ def test_champion_on_another_test_set_is_kept_not_silently_compared(
 
 def test_incomparable_promotion_only_when_the_param_allows_it(registry: Registry) -> None:
     registry.decide(0.7)
-    decision = registry.decide(0.9, test_set="b" * 64, allow_incomparable=True)
+    decision = registry.decide(0.9, test_set="b" * 64, allow_incomparable=True, rescore=None)
     assert decision["comparable"] is False and decision["promoted"] is True
     assert "NOT COMPARABLE" in decision["reason"]
     assert registry.champion == "2"
@@ -137,7 +184,7 @@ def test_incomparable_promotion_only_when_the_param_allows_it(registry: Registry
 def test_champion_without_a_figure_is_not_comparable(registry: Registry) -> None:
     registry.decide(0.7)
     registry.client.delete_model_version_tag(registry.name, "1", "eval.accuracy")
-    decision = registry.decide(0.9)
+    decision = registry.decide(0.9, rescore=None)
     assert decision["comparable"] is False and decision["promoted"] is False
     assert decision["champion_value"] is None
     assert registry.champion == "1"
@@ -157,12 +204,10 @@ def racing_promotion(
     client, name = registry.client, registry.name
     source = str(Path(client.tracking_uri.removeprefix("sqlite:///")).parent)
     version = str(client.create_model_version(name, source=source).version)
-    figure = Figure("accuracy", "accuracy", value, "b" * 64)
+    figure = Figure("accuracy", "accuracy", value, "b" * 64, ("a", "b"), answers(value))
 
     def choose() -> dict[str, Any]:
-        return decide(
-            client, name, version, figure, margin=0.0, allow_incomparable=False, rescore=rescore
-        )
+        return decide(client, name, version, figure, rules=rules(), rescore=rescore)
 
     return version, lambda: promote(client, name, choose, lambda decision: None)
 
@@ -180,10 +225,12 @@ def test_a_promotion_whose_comparison_another_run_invalidated_never_moves_the_al
     def slow_rescore(version: str) -> Rescored:
         comparing.set()
         better_done.wait(timeout=3)  # under the lock the better one cannot finish meanwhile
-        return Rescored(0.5)
+        return Rescored(0.5, answers=answers(0.5))
 
     weaker, run_weaker = racing_promotion(registry, 0.7, slow_rescore)
-    better, run_better = racing_promotion(registry, 0.9, lambda version: Rescored(0.5))
+    better, run_better = racing_promotion(
+        registry, 0.9, lambda version: Rescored(0.5, answers=answers(0.5))
+    )
     outcomes: dict[str, Any] = {}
 
     def run(version: str, promotion: Callable[[], dict[str, Any]], done: threading.Event) -> None:
@@ -591,7 +638,7 @@ def test_top_k_change_rescores_the_champion_rather_than_comparing(registry: Regi
 def test_top_k_change_without_a_rescore_is_not_comparable(registry: Registry) -> None:
     registry.decide(0.533, metric="top_k_accuracy", definition="top_k_accuracy(top_k=1)")
     decision = registry.decide(
-        0.8174, metric="top_k_accuracy", definition="top_k_accuracy(top_k=5)"
+        0.8174, metric="top_k_accuracy", definition="top_k_accuracy(top_k=5)", rescore=None
     )
     assert decision["comparable"] is False and decision["promoted"] is False
     assert "top_k_accuracy(top_k=1)" in decision["reason"]
@@ -600,7 +647,9 @@ def test_top_k_change_without_a_rescore_is_not_comparable(registry: Registry) ->
 
 def test_champion_on_another_test_set_is_rescored_on_this_one(registry: Registry) -> None:
     registry.decide(0.95)  # on test set a: a figure the candidate cannot be held to
-    decision = registry.decide(0.9, test_set="b" * 64, rescore=lambda version: Rescored(0.6))
+    decision = registry.decide(
+        0.9, test_set="b" * 64, rescore=lambda version: Rescored(0.6, answers=answers(0.6))
+    )
     assert decision["comparable"] is True and decision["promoted"] is True
     assert decision["champion_value"] == 0.6 and decision["champion_recorded_value"] == 0.95
     assert "re-scored on the current test set bbbbbbbbbbbb" in decision["champion_value_how"]
@@ -617,18 +666,44 @@ def test_a_rescore_or_figure_of_another_type_is_refused_naming_the_type(
     with pytest.raises(TypeError, match=r"rescore\('1'\) returned float 0\.6: it must return a "):
         registry.decide(0.9, test_set="b" * 64, rescore=lambda version: 0.6)
     with pytest.raises(TypeError, match=r"figure must be a tasks\.promotion\.Figure .*got float"):
-        decide(registry.client, registry.name, "1", 0.9, margin=0.0, allow_incomparable=False)
+        decide(registry.client, registry.name, "1", 0.9, rules=rules())  # type: ignore[arg-type]
     assert registry.champion == "1"
 
 
-def test_same_test_set_and_definition_uses_the_recorded_figure(registry: Registry) -> None:
+def test_the_champion_is_rescored_even_on_the_same_test_set_for_paired_answers(
+    registry: Registry,
+) -> None:
+    """Its recorded figure on the same test set is a number, not answers per record: the
+    champion is re-scored anyway, so the paired test has both models' answers."""
     registry.decide(0.7)
+    asked: list[str] = []
 
-    def never(version: str) -> Rescored:
-        raise AssertionError("re-scored a champion whose figure is comparable")
+    def rescore(version: str) -> Rescored:
+        asked.append(version)
+        return Rescored(0.7, answers=answers(0.7))
 
-    decision = registry.decide(0.8, rescore=never)
-    assert decision["champion_value_source"] == "recorded" and decision["promoted"] is True
+    decision = registry.decide(0.8, rescore=rescore)
+    assert asked == ["1"]
+    assert decision["champion_value_source"] == "rescored" and decision["promoted"] is True
+    assert decision["evidence"]["test_records"] == RECORDS
+
+
+def test_a_champion_that_cannot_be_rescored_on_the_same_test_set_keeps_the_alias(
+    registry: Registry,
+) -> None:
+    """The recorded figure is comparable, but without the champion's answers on these
+    records no advantage is evidence: inconclusive, champion kept."""
+    from tasks.promotion import NotComparable
+
+    def unloadable(version: str) -> Rescored:
+        raise NotComparable("its model could not be loaded")
+
+    registry.decide(0.7)
+    decision = registry.decide(0.9, rescore=unloadable)
+    assert decision["champion_value_source"] == "recorded" and decision["comparable"] is True
+    assert decision["decision"] == "inconclusive: champion kept"
+    assert "could not be loaded" in decision["champion_value_how"]
+    assert registry.champion == "1"
 
 
 def test_a_champion_that_cannot_be_rescored_is_not_comparable_and_says_why(
