@@ -162,6 +162,93 @@ def test_gain_within_the_margin_is_not_enough(registry: Registry) -> None:
     assert registry.champion == "1"
 
 
+def test_an_advantage_within_chance_is_inconclusive_and_the_champion_stays(
+    registry: Registry,
+) -> None:
+    """The bug: a challenger one test image better took the alias. On the same 200 records
+    one more right is one discordant record (p = 0.5): inconclusive, champion kept, and
+    the record gives the method, the p-value, the interval and the test-set size."""
+    registry.decide(0.700)
+    decision = registry.decide(0.705)
+    assert decision["promoted"] is False and decision["decision"] == "inconclusive: champion kept"
+    evidence = decision["evidence"]
+    assert evidence["p_value"] == pytest.approx(0.5) and evidence["test_records"] == RECORDS
+    assert "McNemar on 1 discordant records" in evidence["method"]
+    assert evidence["ci_low"] < 0 < evidence["ci_high"]
+    assert "within chance" in decision["reason"] and "promotion_alpha 0.05" in decision["reason"]
+    assert registry.champion == "1"
+
+
+def test_a_macro_figure_is_decided_by_a_seeded_paired_bootstrap(registry: Registry) -> None:
+    import numpy as np
+
+    labels = np.arange(RECORDS) % 2
+    perfect = Answers(labels, labels, np.ones(RECORDS, bool), 2)
+    coin = Answers(labels, np.zeros(RECORDS, np.int64), labels == 0, 2)
+
+    def rescore(version: str) -> Rescored:
+        return Rescored(1 / 3, answers=coin)
+
+    registry.decide(1 / 3, metric="macro_f1", definition="macro_f1", paired=coin)
+    decision = registry.decide(
+        1.0, metric="macro_f1", definition="macro_f1", paired=perfect, rescore=rescore
+    )
+    assert decision["promoted"] is True
+    assert "paired bootstrap" in decision["evidence"]["method"]
+    assert decision["evidence"]["p_value"] < 0.001 and decision["evidence"]["ci_low"] > 0
+    assert registry.champion == "2"
+
+
+@pytest.mark.parametrize("allow_incomparable", [False, True])
+def test_a_challenger_of_another_task_is_never_compared(
+    registry: Registry, allow_incomparable: bool
+) -> None:
+    """The bug: a cat/coffee/rocket model took the shapes model's alias (re-scored 0.0 on
+    classes it never knew). With under half of the champion's classes it is another task:
+    not comparable, champion kept, whatever evaluate.allow_incomparable_promotion says."""
+    registry.decide(0.9, classes=("circle", "square", "triangle"))
+    decision = registry.decide(
+        0.99,
+        classes=("cat", "coffee", "triangle"),
+        allow_incomparable=allow_incomparable,
+    )
+    assert decision["comparable"] is False and decision["same_task"] is False
+    assert decision["promoted"] is False and decision["decision"] == "not comparable: champion kept"
+    assert decision["shared_class_share"] == pytest.approx(1 / 3)
+    assert (
+        "another task" in decision["reason"] and "min_shared_class_share=0.5" in decision["reason"]
+    )
+    assert registry.champion == "1"
+
+
+def test_a_class_added_to_the_same_task_still_compares(registry: Registry) -> None:
+    registry.decide(0.7, classes=("circle", "square"))
+    decision = registry.decide(0.9, classes=("circle", "square", "star"))
+    assert decision["same_task"] is True and decision["shared_class_share"] == 1.0
+    assert decision["promoted"] is True and registry.champion == "2"
+    # two of the champion's three classes (one dropped, one new): the same task still
+    renamed = registry.decide(0.99, classes=("circle", "star", "blob"))
+    assert renamed["shared_class_share"] == pytest.approx(2 / 3) and renamed["comparable"] is True
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["no-champion-yet", "over-a-champion"])
+def test_a_dvc_experiment_s_version_becomes_the_challenger_never_the_champion(
+    registry: Registry, first: bool
+) -> None:
+    from tasks.tracking import CHALLENGER
+
+    if not first:
+        registry.decide(0.5)
+    decision = registry.decide(0.95, experiment="lr-high")
+    version = decision["candidate_version"]
+    assert decision["promoted"] is False and decision["would_have_promoted"] is True
+    assert decision["decision"] == f"{CHALLENGER} (experiment; main line: promoted)"
+    assert "shardflow promote --version" in decision["reason"]
+    assert champion_version(registry.client, registry.name) == (None if first else "1")
+    aliased = registry.client.get_model_version_by_alias(registry.name, CHALLENGER)
+    assert str(aliased.version) == version
+
+
 def test_champion_on_another_test_set_is_kept_not_silently_compared(
     registry: Registry,
 ) -> None:
@@ -879,6 +966,43 @@ def test_a_champion_without_the_new_class_is_rescored_by_name_and_the_better_one
     assert "does not know yellow" in layout.model_card.read_text()
     champion = str(client.get_model_version_by_alias("m", CHAMPION).version)
     assert champion == (result["model_version"] if promoted else old)
+    if promoted:  # 10 yellow records only the candidate gets right: p = 2**-10
+        evidence = decision["evidence"]
+        assert evidence["p_value"] == pytest.approx(2**-10) and evidence["test_records"] == 40
+        # the decision record: the version's tags, the evaluation run's, the card
+        run_tags = client.get_run(result["eval_run_id"]).data.tags
+        version_tags = client.get_model_version("m", result["model_version"]).tags
+        for tags in (run_tags, version_tags):
+            assert "McNemar on 10 discordant records" in tags["promotion.method"]
+            assert float(tags["promotion.p_value"]) == pytest.approx(2**-10)
+            assert tags["promotion.ci"].startswith("90% CI +")
+            assert tags["promotion.test_records"] == "40"
+        assert "p-value 0.0009766" in layout.model_card.read_text()
+
+
+def test_a_new_dataset_starts_its_own_lineage_and_the_demo_champion_is_untouched(
+    tmp_path: Path, mlflow_uri: str
+) -> None:
+    """The bug: after switching ingest.source_dir to another photo set, its first model took
+    `shardflow@champion` from the demo's. With evaluate.model_name null it goes to the
+    registered model named after its dataset, whose first version it becomes."""
+    from tasks.dataset_identity import dataset_identity, dataset_slug
+
+    classes = ["red", "green", "blue"]
+    layout = project(tmp_path, classes, colour_model(classes))
+    client = MlflowClient(mlflow_uri, mlflow_uri)
+    register_colour_champion(client, layout, tmp_path / "demo", classes)
+    client.rename_registered_model("m", "shardflow")  # the demo's lineage, champion v1
+
+    params = default_params(ingest={"source_dir": "data/photos"})
+    result = run_evaluate(params, layout)
+
+    own = f"shardflow-{dataset_slug(dataset_identity('data/photos', None, tmp_path))}"
+    decision = result["promotion"]
+    assert decision["model_name"] == own and decision["promoted"] is True
+    assert champion_version(client, own) == result["model_version"] == "1"
+    assert champion_version(client, "shardflow") == "1"
+    assert len(client.search_model_versions("name = 'shardflow'")) == 1
 
 
 def test_the_same_classes_in_another_order_are_comparable_and_the_better_champion_stays(
