@@ -20,10 +20,10 @@ from mlflow import MlflowClient
 from tasks.atomic import write_json
 from tasks.eval_tracking import TrainingRunNotInStore
 from tasks.evaluate import run_evaluate
+from tasks.evidence import Answers
 from tasks.gate import ModelNotFromTheseShards, ShardsNotValidated
 from tasks.layout import Layout
 from tasks.params import default_params
-from tasks.evidence import Answers
 from tasks.promotion import (
     LOCK_SUFFIX,
     ChampionMoved,
@@ -81,7 +81,7 @@ class Registry:
         definition: str = "accuracy",
         rescore: Any = AUTO,
         classes: tuple[str, ...] = ("a", "b"),
-        paired: Answers | None | str = AUTO,
+        paired: Answers | str | None = AUTO,
         experiment: str | None = None,
     ) -> Any:
         source = str(Path(self.client.tracking_uri.removeprefix("sqlite:///")).parent)
