@@ -2,9 +2,11 @@
 
 Needs a finished run (``make run``) and Debian's ``chromium`` (``apt-get install chromium``).
 Starts what it needs and stops what it started: ``mlflow ui`` on a free port of 127.0.0.1
-and, unless one answers, the local Prefect server. Writes ``docs/mlflow-run.png`` (the latest
-run of the ``shardflow`` experiment) and ``docs/prefect-artifacts.png`` (the artifacts tab of
-the Prefect flow run recorded on that MLflow run). Not part of the test suite.
+and, unless one answers, the local Prefect server. Writes ``docs/mlflow-runs.png`` (the
+``shardflow`` experiment as the UI opens it: its runs table), ``docs/mlflow-run.png`` (the
+latest training run's evaluation run: its description ends with the promotion decision) and
+``docs/prefect-artifacts.png`` (the artifacts tab of the Prefect flow run recorded on the
+training run). Not part of the test suite.
 """
 
 from __future__ import annotations
@@ -56,20 +58,22 @@ def wait_for(url: str, timeout: float = 90.0) -> None:
 
 
 def latest_run() -> tuple[str, str, str | None]:
-    """(experiment id, run id, Prefect flow run id or None) of the newest shardflow run."""
+    """(experiment id, the run to show, Prefect flow run id or None): the newest training
+    run's latest evaluation run (else the training run) and the training run's flow run."""
     mlflow_client = client()
     experiment = mlflow_client.get_experiment_by_name(EXPERIMENT_NAME)
-    runs = (
-        mlflow_client.search_runs(
-            [experiment.experiment_id], order_by=["start_time DESC"], max_results=1
-        )
+    found = (
+        mlflow_client.search_runs([experiment.experiment_id], order_by=["start_time DESC"])
         if experiment
         else []
     )
+    runs = [run for run in found if "mlflow.parentRunId" not in run.data.tags]  # training
     if experiment is None or not runs:
         raise SystemExit(f"no run in MLflow experiment {EXPERIMENT_NAME!r}: run `make run` first")
-    flow_run = runs[0].data.tags.get("prefect.flow_run_id")
-    return experiment.experiment_id, runs[0].info.run_id, None if flow_run == "none" else flow_run
+    training = runs[0]
+    shown = training.data.tags.get("eval.latest_run_id", training.info.run_id)
+    flow_run = training.data.tags.get("prefect.flow_run_id")
+    return experiment.experiment_id, shown, None if flow_run == "none" else flow_run
 
 
 def screenshot(url: str, out: Path) -> None:
@@ -95,6 +99,7 @@ def main() -> None:
     started_prefect = server.running_url() is None
     try:
         wait_for(f"http://127.0.0.1:{port}/health")
+        screenshot(f"http://127.0.0.1:{port}/#/experiments/{experiment}", DOCS / "mlflow-runs.png")
         screenshot(
             f"http://127.0.0.1:{port}/#/experiments/{experiment}/runs/{run_id}",
             DOCS / "mlflow-run.png",

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 PER_CLASS_TABLE = "eval/per_class_table.json"  # an MLflow table (not eval/per_class.json)
 EVALUATES_TAG = "shardflow.evaluates"  # on an evaluation run: the training run it evaluates
+# Evaluation's numbers that are counts and settings, not figures: tags (test.records, test.top_k)
+COUNTS = {"num_test_records": "records", "top_k": "top_k"}
 MAX_TAG_CHARS = 5000  # MLflow refuses a version tag over 5,000 characters
 
 
@@ -91,7 +93,7 @@ def log_test_results(
     registered version's logged model (``model_id``) and that dataset, so the model's page
     in MLflow shows them. The per-class table becomes an MLflow table.
     """
-    from mlflow.entities import Metric
+    from mlflow.entities import Metric, RunTag
 
     from tasks import tracking
 
@@ -99,12 +101,18 @@ def log_test_results(
         client, runs["evaluation"], manifest, shards_dir=shards_dir, split="test", context="test"
     )
     now = tracking.timestamp_ms()
-    figures = [(f"test_{k}", float(v)) for k, v in metrics.items() if is_number(v)]
+    figures = [
+        (f"test_{k}", float(v)) for k, v in metrics.items() if is_number(v) and k not in COUNTS
+    ]
+    counts = [RunTag(f"test.{tag}", str(metrics[k])) for k, tag in COUNTS.items() if k in metrics]
     client.log_batch(
         runs["evaluation"],
         metrics=[Metric(k, v, now, 0, model_id, dataset_name, digest) for k, v in figures],
+        tags=counts,
     )
-    client.log_batch(runs["training"], metrics=[Metric(k, v, now, 0) for k, v in figures])
+    client.log_batch(
+        runs["training"], metrics=[Metric(k, v, now, 0) for k, v in figures], tags=counts
+    )
     client.log_table(runs["evaluation"], per_class_table(metrics["per_class"]), PER_CLASS_TABLE)
 
 
@@ -160,10 +168,17 @@ def log_decision(
         "promotion.p_value": evidence.get("p_value"),
     }
     tags = decision_tags(decision)
+    # The run's description (the MLflow run page opens on it) ends with the decision.
+    opening = client.get_run(run_id).data.tags.get(tracking.NOTE_TAG, "").split("\n\n")[0]
+    note = (
+        f"{opening}\n\n{model_name} v{version}: **{tags['promotion.decision']}**. "
+        + tags["promotion.reason"]
+    )
+    run_tags = {**tags, "registry.version": version, tracking.NOTE_TAG: note}
     client.log_batch(
         run_id,
         metrics=[Metric(k, float(v), now, 0) for k, v in figures.items() if v is not None],
-        tags=[RunTag(k, v) for k, v in {**tags, "registry.version": version}.items()],
+        tags=[RunTag(k, v) for k, v in run_tags.items()],
     )
     for key, value in tags.items():
         client.set_model_version_tag(model_name, version, key, value)

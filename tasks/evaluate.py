@@ -32,7 +32,7 @@ from tasks.eval_tracking import (
     training_run,
     write_card,
 )
-from tasks.evidence import answers_of
+from tasks.evidence import Answers, answers_of
 from tasks.gate import (
     check_model_matches,
     check_validated,
@@ -65,6 +65,8 @@ from tasks.promotion import (
     metric_definition,
     pending_decision,
     promote,
+    recorded_classes,
+    recorded_definition,
     spec_differences,
 )
 from tasks.reader import read_split
@@ -347,14 +349,16 @@ def champion_scorer(
     spec: ServingSpec,
     shards_dir: Path,
     *,
-    metric: str,
+    figure: Figure,
     top_k: int,
     store: ShardStore | None = None,
 ) -> Callable[[str], Rescored]:
     """``rescore(version)``: that version's ``metric`` on the current test shards (read
     from ``store`` when there is one), its classes matched to today's by name
     (:func:`metrics_by_name`), how they differed, and its answers on each record (the
-    records in the order the candidate's were read: :func:`predict_split`'s).
+    records in the order the candidate's were read: :func:`predict_split`'s). A version
+    measured as ``figure`` on the same test set has its answers recorded already
+    (:func:`recorded_answers`): they are used, and no model is loaded.
 
     Loads the version's Keras model from the registry (never a source image: the shards are
     the input) after checking that its serving spec describes the current shards' pixels;
@@ -362,6 +366,9 @@ def champion_scorer(
     """
 
     def rescore(version: str) -> Rescored:
+        kept = recorded_answers(client, model_name, version, figure)
+        if kept is not None:
+            return kept
         with tempfile.TemporaryDirectory() as tmp:
             model_file, recorded = download_registered(client, model_name, version, Path(tmp))
             classes = scorable_classes(recorded, spec)
@@ -379,13 +386,57 @@ def champion_scorer(
         figures = metrics_by_name(labels, probs, classes, spec.classes, top_k=top_k)
         columns = class_columns(classes, spec.classes)
         return Rescored(
-            float(figures[metric]),
+            float(figures[figure.metric]),
             class_differences(classes, spec.classes),
             answers_of(labels, probs, figures["top_k"], len(spec.classes), columns),
             tuple(classes),
         )
 
     return rescore
+
+
+ANSWERS_ARTIFACT = "eval/answers.json"  # on an evaluation run: each test record's answers
+ANSWERS_RUN_TAG = "eval.answers_run_id"  # on a version: the evaluation run that holds them
+
+
+def record_answers(
+    client: MlflowClient, model_name: str, version: str, run_id: str, answers: Answers
+) -> None:
+    """Keep the version's answers on each test record (an artifact of its evaluation run,
+    named by a version tag): a later candidate on the same test set compares with them
+    without loading this model again."""
+    client.log_dict(run_id, answers.to_dict(), ANSWERS_ARTIFACT)
+    client.set_model_version_tag(model_name, version, ANSWERS_RUN_TAG, run_id)
+
+
+def recorded_answers(
+    client: MlflowClient, model_name: str, version: str, figure: Figure
+) -> Rescored | None:
+    """The champion's recorded figure with its recorded answers, when it was measured as
+    ``figure`` (the same definition) on the same test set, so on the same records in the
+    same order; else None (it must be re-scored)."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    from tasks.tracking import using_store
+
+    tags = client.get_model_version(model_name, version).tags
+    run_id, value = tags.get(ANSWERS_RUN_TAG), tags.get(f"eval.{figure.metric}")
+    same = tags.get("eval.test_fingerprint") == figure.test_fingerprint and (
+        recorded_definition(tags, figure.metric) == figure.definition
+    )
+    if not (same and run_id and value):
+        return None
+    try:
+        with using_store(client.tracking_uri):
+            data = mlflow.artifacts.load_dict(f"runs:/{run_id}/{ANSWERS_ARTIFACT}")
+    except (MlflowException, OSError, ValueError):
+        return None  # deleted or unreadable: re-scoring still can
+    answers = Answers.from_dict(data)
+    if figure.answers is None or not np.array_equal(answers.labels, figure.answers.labels):
+        return None
+    where = f"{ANSWERS_ARTIFACT} of evaluation run {run_id}"
+    return Rescored(float(value), None, answers, recorded_classes(tags), recorded=where)
 
 
 def scorable_classes(recorded: dict[str, Any], spec: ServingSpec) -> list[str]:
@@ -567,6 +618,7 @@ def track_evaluation(
         write_json(layout.eval_metrics, {k: v for k, v in result.items() if is_number(v)})
         write_json(layout.eval_summary, summary_record(result))
         log_decision(client, runs["evaluation"], model_name, version, decision)
+        record_answers(client, model_name, version, runs["evaluation"], metrics["answers"])
         write_card(client, runs, layout, manifest, result)
 
     # Read the champion, compare, record and move the alias under the registry's lock.
@@ -618,7 +670,7 @@ def promotion_decision(
         model_name,
         spec,
         layout.shards_dir,
-        metric=metric,
+        figure=figure,
         top_k=metrics["top_k"],
         store=store,
     )

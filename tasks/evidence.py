@@ -34,6 +34,24 @@ class Answers:
     top_k_hit: np.ndarray
     num_classes: int
 
+    def to_dict(self) -> dict[str, Any]:
+        """As JSON holds it (an evaluation run's ``eval/answers.json``)."""
+        return {
+            "labels": self.labels.tolist(),
+            "predicted": self.predicted.tolist(),
+            "top_k_hit": self.top_k_hit.astype(int).tolist(),
+            "num_classes": self.num_classes,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Answers:
+        return cls(
+            np.asarray(data["labels"], np.int64),
+            np.asarray(data["predicted"], np.int64),
+            np.asarray(data["top_k_hit"], bool),
+            int(data["num_classes"]),
+        )
+
     def hits(self, metric: str) -> np.ndarray:
         """Per record, whether it counts as right for ``metric`` (accuracy or top-k)."""
         return self.top_k_hit if metric == "top_k_accuracy" else self.predicted == self.labels

@@ -153,6 +153,9 @@ class Rescored:
     class_differences: dict[str, Any] | None = None
     answers: Answers | None = None  # its answers on each current test record, for evidence
     classes: tuple[str, ...] = ()  # its own classes (from its serving spec)
+    # where the answers came from when the model was not run again: the answers its own
+    # evaluation recorded on the same test set, measured the same way
+    recorded: str | None = None
 
 
 @dataclass(frozen=True)
@@ -387,13 +390,18 @@ def rescored_figure(
         f"re-scored on the current test set {figure.test_fingerprint[:12]} as "
         f"{figure.definition}{by_name}, because {because}"
     )
+    if scored.recorded:
+        how = (
+            f"recorded {figure.definition} on the same test set {figure.test_fingerprint[:12]}, "
+            f"with its answers per record ({scored.recorded})"
+        )
     evidence = None
     if scored.answers is not None and figure.answers is not None:
         found = paired_evidence(figure.answers, scored.answers, figure.metric, alpha=rules.alpha)
         evidence = found.to_dict()
     return {
         "champion_value": scored.value,
-        "champion_value_source": RESCORED,
+        "champion_value_source": RECORDED if scored.recorded else RESCORED,
         "champion_value_how": how,
         "class_differences": classes,
         "evidence": evidence,

@@ -641,6 +641,9 @@ def test_incomparable_champion_is_kept_and_the_record_says_so(
     tags = client.get_run(result["eval_run_id"]).data.tags
     assert tags["promotion.decision"] == "not comparable: champion kept"
     assert tags["promotion.comparable"] == "false"
+    # the run page opens on its description, which ends with the decision
+    note = f"m v{result['model_version']}: **not comparable: champion kept**."
+    assert note in tags["mlflow.note.content"]
     assert client.get_model_version_by_alias("m", CHAMPION).version == old
 
 
@@ -1068,6 +1071,10 @@ def test_changed_evaluate_params_reevaluate_the_same_training_run(
         run = client.get_run(result["eval_run_id"])
         assert run.info.status == "FINISHED"
         assert run.data.params["evaluate.top_k"] == top_k
+        # counts and settings are tags, never metrics to chart
+        assert run.data.tags["test.records"] == "30" and run.data.tags["test.top_k"] == top_k
+        assert "test_num_test_records" not in run.data.metrics
+        assert "test_top_k" not in run.data.metrics and "test_accuracy" in run.data.metrics
         assert run.data.tags["mlflow.parentRunId"] == train_run_id
     training = client.get_run(train_run_id)
     assert training.info.status == "FINISHED"
