@@ -224,7 +224,31 @@ def decide(
     check_margin(rules.margin)
     tag_figure(client, model_name, version, figure)
     current = champion_version(client, model_name)
-    decision: dict[str, Any] = {
+    decision = blank_record(version, figure, rules, current, experiment)
+    if current is None:
+        reason = f"no {CHAMPION} yet: version {version} becomes it"
+        decision.update(promoted=True, decision="promoted", reason=reason)
+    elif current == version:
+        decision.update(
+            champion_value=figure.value,
+            champion_value_source=RECORDED,
+            champion_value_how="the candidate itself",
+            promoted=True,
+            decision="promoted",
+            reason=f"version {version} already is {CHAMPION}",
+        )
+    else:
+        decision.update(champion_figure(client, model_name, current, figure, rules, rescore))
+        decision.update(outcome(decision, rules))
+    return as_experiment(decision, experiment) if experiment else decision
+
+
+def blank_record(
+    version: str, figure: Figure, rules: Rules, current: str | None, experiment: str | None
+) -> dict[str, Any]:
+    """The decision record before the comparison fills it in: what is compared, by which
+    rules, with which champion."""
+    return {
         "metric": figure.metric,
         "definition": figure.definition,
         "test_fingerprint": figure.test_fingerprint,
@@ -247,22 +271,6 @@ def decide(
         "allow_incomparable": rules.allow_incomparable,
         "experiment": experiment,
     }
-    if current is None:
-        reason = f"no {CHAMPION} yet: version {version} becomes it"
-        decision.update(promoted=True, decision="promoted", reason=reason)
-    elif current == version:
-        decision.update(
-            champion_value=figure.value,
-            champion_value_source=RECORDED,
-            champion_value_how="the candidate itself",
-            promoted=True,
-            decision="promoted",
-            reason=f"version {version} already is {CHAMPION}",
-        )
-    else:
-        decision.update(champion_figure(client, model_name, current, figure, rules, rescore))
-        decision.update(outcome(decision, rules))
-    return as_experiment(decision, experiment) if experiment else decision
 
 
 def as_experiment(decision: dict[str, Any], experiment: str) -> dict[str, Any]:
