@@ -119,11 +119,12 @@ def measure_lineage(
     """Build (or reuse) the project, then time lineage in this process and as a command."""
     from mlflow import MlflowClient
 
+    from tasks.dataset_identity import model_name_for
     from tasks.lineage import lineages
     from tasks.params import load_params
 
     root = work / f"lineage-{images}-{runs}"
-    model_name = load_params(REPO_ROOT / "params.yaml").evaluate.model_name
+    model_name = model_name_for(load_params(REPO_ROOT / "params.yaml"), REPO_ROOT)
     started = time.perf_counter()
     uri = make_project(root, images, runs, model_name)
     log(f"   lineage project ready in {time.perf_counter() - started:.1f} s")

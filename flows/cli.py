@@ -117,14 +117,16 @@ def ui_steps(extra: Sequence[str]) -> Steps:
 
 def serve_model_steps(extra: Sequence[str]) -> Steps:
     """``python -m tasks.serve`` (MLflow's scoring app behind request limits) for the
-    champion of ``evaluate.model_name``; a limit given in ``extra`` replaces its default."""
+    champion of the current dataset's registered model (``evaluate.model_name``, else named
+    after the dataset); a limit given in ``extra`` replaces its default."""
+    from tasks.dataset_identity import model_name_for
     from tasks.params import load_params
 
     # tasks.serve reads the store from MLFLOW_TRACKING_URI (main() passes this process's
     # environment on): absolute, so its workers find the same file, and a server's
     # credentials in MLflow's own variables, never in a URI or on a command line.
     os.environ["MLFLOW_TRACKING_URI"] = tracking.tracking_uri()
-    model = f"models:/{load_params().evaluate.model_name}@champion"
+    model = f"models:/{model_name_for(load_params(), Path.cwd())}@champion"
     address, _ = listen_address(extra)  # tasks.serve prints the address it serves
     limits = [item for limit in SERVE_LIMITS.items() if limit[0] not in extra for item in limit]
     return [module("tasks.serve", model, *address, *limits, *extra)]
@@ -145,6 +147,10 @@ def team_demo_steps(extra: Sequence[str]) -> Steps:
 
 def team_deploy_steps(extra: Sequence[str]) -> Steps:
     return [module("flows.team", "deploy", *extra)]
+
+
+def promote_steps(extra: Sequence[str]) -> Steps:
+    return [module("flows.promote", *extra)]
 
 
 def stop_steps(extra: Sequence[str]) -> Steps:
@@ -178,6 +184,10 @@ COMMANDS: dict[str, tuple[str, Callable[[Sequence[str]], Steps]]] = {
     "serve-model": (
         "the champion over HTTP, within request limits, on a free port",
         serve_model_steps,
+    ),
+    "promote": (
+        "move the champion alias by hand, recorded: --version N --reason R (same task only)",
+        promote_steps,
     ),
     "stop": ("stop the Prefect server that this clone's run/serve/bench started", stop_steps),
     "team-deploy": (
@@ -221,6 +231,7 @@ OPTIONS: dict[str, list[str] | str] = {
     "team-demo": NO_OPTIONS,
     "lineage": ["flows.lineage", "--help"],
     "forget": ["flows.forget", "--help"],
+    "promote": ["flows.promote", "--help"],
 }
 
 

@@ -76,7 +76,7 @@ def evaluate_task(params: Params, layout: Layout) -> dict[str, Any]:
         result.get("macro_f1", float("nan")),
         promotion.get("model_name"),
         result.get("model_version"),
-        "promoted to champion" if promotion.get("promoted") else "champion kept",
+        "promoted to champion" if promotion.get("promoted") else promotion.get("decision"),
         promotion.get("reason"),
         url,
         result.get("eval_run_url"),

@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tasks.dataset_identity import model_name_for
 from tasks.layout import Layout
 
 if TYPE_CHECKING:
@@ -161,7 +162,7 @@ def step_models(job: Job) -> None:
     from tasks.retraction import retract_versions, runs_that_held
 
     client = tracking.client(job.layout.root)
-    model_name = job.params.evaluate.model_name
+    model_name = model_name_for(job.params, job.layout.root)
     runs = TrackedRuns.read(client, model_name)
     sets = {fp for sha in job.erasure.sha256 for fp in find_in(membership_files(job.layout), sha)}
     held, versions = runs_that_held(runs, sets)
@@ -313,7 +314,9 @@ def step_tracking(job: Job) -> None:
 
     client = tracking.client(job.layout.root)
     marks = [*job.erasure.sha256, *job.names]
-    changed = scrub_tracking(client, marks, set(job.held_runs), job.params.evaluate.model_name)
+    changed = scrub_tracking(
+        client, marks, set(job.held_runs), model_name_for(job.params, job.layout.root)
+    )
     compact_sqlite(tracking.tracking_uri(job.layout.root))
     job.done("tracking", tracking_store=changed)
 

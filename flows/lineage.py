@@ -40,6 +40,7 @@ def parser() -> argparse.ArgumentParser:
 def lineages(images: Sequence[str], layout: Layout) -> list[ImageLineage]:
     """The lineage of each image named, in the order named."""
     from tasks import lineage, tracking
+    from tasks.dataset_identity import model_name_for
     from tasks.params import load_params
 
     params = load_params(layout.params)
@@ -48,7 +49,7 @@ def lineages(images: Sequence[str], layout: Layout) -> list[ImageLineage]:
         layout,
         tracking.client(layout.root),
         source_dir=layout.root / params.ingest.source_dir,
-        model_name=params.evaluate.model_name,
+        model_name=model_name_for(params, layout.root),
         distance=params.ingest.near_duplicate_distance,
     )
 

@@ -33,6 +33,7 @@ from flows.common import (
 )
 from flows.parameters import ModelName, ModelReference, RepoPath
 from tasks import predict, tracking
+from tasks.dataset_identity import model_name_for
 from tasks.params import inside, load_params
 
 ARTIFACT_ROWS = 500  # the Prefect table shows the first rows; the CSV holds them all
@@ -104,7 +105,8 @@ def predict_flow(
 ) -> dict[str, Any]:
     """Predict every image under ``source`` with ``model`` (alias, version, run id or URI).
 
-    ``model_name`` defaults to ``evaluate.model_name`` in params.yaml; relative ``source``
+    ``model_name`` defaults to the current dataset's registered model
+    (:func:`tasks.dataset_identity.model_name_for`); relative ``source``
     and ``output`` paths are taken from ``root``. A deployment run reads and writes inside
     the repository only (each parameter was checked alone; here joined to ``root``, and
     every file ``source`` lists), and writes a CSV outside hidden folders (.git, .dvc).
@@ -117,7 +119,8 @@ def predict_flow(
         source_path = inside("source", source, base, repository)
         output_path = deployed_output(output, inside("output", output, base, repository))
     paths = predict.list_sources(source_path, within=repository)
-    model_name = model_name or load_params(params_file).evaluate.model_name
+    # the current dataset's registered model (evaluate.model_name, else named after the data)
+    model_name = model_name or model_name_for(load_params(params_file), base)
     client = tracking.client(root)
     ref = predict.resolve_model(client, model, model_name)
     print(f"Predicting {source_path} with {ref.uri} (version {ref.version or '-'})")

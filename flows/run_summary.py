@@ -93,7 +93,8 @@ def _figure(value: object) -> str:
 def _decision(promotion: dict[str, Any]) -> str:
     if not promotion:
         return "-"
-    version = promotion.get("candidate_version", "?")
-    if promotion.get("promoted"):
-        return f"v{version} promoted: {promotion.get('reason', '')}".rstrip(": ")
-    return f"v{version} not promoted: {promotion.get('reason', '')}".rstrip(": ")
+    version = f"v{promotion.get('candidate_version', '?')}"
+    if name := promotion.get("model_name"):  # the current dataset's registered model
+        version = f"{name} {version}"
+    outcome = "promoted" if promotion.get("promoted") else "not promoted"
+    return f"{version} {outcome}: {promotion.get('reason', '')}".rstrip(": ")

@@ -139,7 +139,7 @@ def summary_markdown(
             ),
             "",
             f"- registered `{promotion['model_name']}` v{evaluated['model_version']}: "
-            f"{'**promoted** to champion' if promotion['promoted'] else 'champion kept'} "
+            f"{'**promoted** to champion' if promotion['promoted'] else promotion['decision']} "
             f"({promotion['reason']})",
         ]
     return "\n".join(lines) + "\n"

@@ -12,6 +12,10 @@ import hashlib
 import os
 import re
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tasks.params import Params
 
 
 def dataset_identity(source_dir: str, labels_csv: str | None, root: str | Path = ".") -> str:
@@ -39,3 +43,30 @@ def dataset_slug(identity: str) -> str:
     words = re.sub(r"[^a-z0-9]+", "-", words.lower()).strip("-") or "data"
     digest = hashlib.sha256(identity.encode()).hexdigest()[:6]
     return f"{words[:40]}-{digest}"
+
+
+# The demo's source folder: its registered model keeps the project's own name, so the
+# demo's lineage (and every `models:/shardflow@champion` already in use) stays where it was.
+DEMO_SOURCE = "data/demo"
+DEMO_MODEL_NAME = "shardflow"
+
+
+def registered_model_name(
+    model_name: str | None, source_dir: str, labels_csv: str | None, root: str | Path = "."
+) -> str:
+    """The registered model a dataset's versions go to: ``evaluate.model_name`` when set;
+    else ``shardflow`` for the demo's data and ``shardflow-<dataset_slug>`` for any other,
+    so a new dataset (a new task) starts a lineage of its own and never competes with the
+    demo's champion."""
+    if model_name:
+        return model_name
+    identity = dataset_identity(source_dir, labels_csv, root)
+    return DEMO_MODEL_NAME if identity == DEMO_SOURCE else f"shardflow-{dataset_slug(identity)}"
+
+
+def model_name_for(params: Params, root: str | Path = ".") -> str:
+    """:func:`registered_model_name` of the dataset ``params`` name (the current one)."""
+    ingest = params.ingest
+    return registered_model_name(
+        params.evaluate.model_name, ingest.source_dir, ingest.labels_csv, root
+    )

@@ -95,6 +95,12 @@ def metrics_by_name(
     re-ranked after dropping one: predicting a class ``classes`` lacks is an error, and so is
     every record of a class the model does not know. The macro figures are over ``classes``.
     """
-    position = {name: index for index, name in enumerate(classes)}
-    columns = np.array([position.get(name, len(classes)) for name in model_classes], np.int64)
+    columns = class_columns(model_classes, classes)
     return classification_metrics(labels, probs, classes, top_k=top_k, columns=columns)
+
+
+def class_columns(model_classes: list[str], classes: list[str]) -> np.ndarray:
+    """For each output of a model of ``model_classes``, the index of its class in
+    ``classes`` (``len(classes)``: a class ``classes`` lacks)."""
+    position = {name: index for index, name in enumerate(classes)}
+    return np.array([position.get(name, len(classes)) for name in model_classes], np.int64)

@@ -14,6 +14,7 @@ from tasks.gate import ShardsNotValidated
 from tasks.layout import Layout
 from tasks.metrics_files import is_number
 from tasks.params import EvaluateParams, flatten
+from tasks.tracking import redact, source_tags
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -23,6 +24,9 @@ if TYPE_CHECKING:
 
 PER_CLASS_TABLE = "eval/per_class_table.json"  # an MLflow table (not eval/per_class.json)
 EVALUATES_TAG = "shardflow.evaluates"  # on an evaluation run: the training run it evaluates
+# Evaluation's numbers that are counts and settings, not figures: tags (test.records, test.top_k)
+COUNTS = {"num_test_records": "records", "top_k": "top_k"}
+MAX_TAG_CHARS = 5000  # MLflow refuses a version tag over 5,000 characters
 
 
 def per_class_table(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
@@ -48,6 +52,7 @@ def start_evaluation_run(client: MlflowClient, train_run_id: str, settings: Eval
         train.info.experiment_id,
         run_name=f"eval-{train.info.run_name}",
         tags={
+            **source_tags("evaluate"),
             "mlflow.parentRunId": train_run_id,
             EVALUATES_TAG: train_run_id,
             NOTE_TAG: f"Evaluation of training run {train.info.run_name} ({train_run_id}).",
@@ -88,7 +93,7 @@ def log_test_results(
     registered version's logged model (``model_id``) and that dataset, so the model's page
     in MLflow shows them. The per-class table becomes an MLflow table.
     """
-    from mlflow.entities import Metric
+    from mlflow.entities import Metric, RunTag
 
     from tasks import tracking
 
@@ -96,43 +101,87 @@ def log_test_results(
         client, runs["evaluation"], manifest, shards_dir=shards_dir, split="test", context="test"
     )
     now = tracking.timestamp_ms()
-    figures = [(f"test_{k}", float(v)) for k, v in metrics.items() if is_number(v)]
+    figures = [
+        (f"test_{k}", float(v)) for k, v in metrics.items() if is_number(v) and k not in COUNTS
+    ]
+    counts = [RunTag(f"test.{tag}", str(metrics[k])) for k, tag in COUNTS.items() if k in metrics]
     client.log_batch(
         runs["evaluation"],
         metrics=[Metric(k, v, now, 0, model_id, dataset_name, digest) for k, v in figures],
+        tags=counts,
     )
-    client.log_batch(runs["training"], metrics=[Metric(k, v, now, 0) for k, v in figures])
+    client.log_batch(
+        runs["training"], metrics=[Metric(k, v, now, 0) for k, v in figures], tags=counts
+    )
     client.log_table(runs["evaluation"], per_class_table(metrics["per_class"]), PER_CLASS_TABLE)
 
 
-def log_decision(client: MlflowClient, run_id: str, version: str, decision: dict[str, Any]) -> None:
-    """The promotion decision and both figures onto the evaluation run."""
+def decision_tags(decision: dict[str, Any]) -> dict[str, str]:
+    """The decision in words, as tags: on the evaluation run and on the version it is about.
+    With evidence: its method, the p-value, the interval of the difference, the test-set
+    size."""
+    tags = {
+        "promotion.decision": decision["decision"],
+        "promotion.promoted": str(decision["promoted"]).lower(),
+        "promotion.reason": decision["reason"],
+        "promotion.comparable": str(decision["comparable"]).lower(),
+        "promotion.definition": decision.get("definition", decision["metric"]),
+        "promotion.champion_version": str(decision.get("champion_version")),
+        "promotion.champion_value_source": str(decision.get("champion_value_source")),
+        "promotion.champion_value_how": str(decision.get("champion_value_how")),
+    }
+    if decision.get("class_differences"):
+        tags["promotion.class_differences"] = decision["class_differences"]["in_words"]
+    if decision.get("shared_class_share") is not None:
+        tags["promotion.shared_class_share"] = f"{decision['shared_class_share']:.4f}"
+    if decision.get("experiment"):
+        tags["promotion.experiment"] = decision["experiment"]
+    evidence = decision.get("evidence")
+    if evidence:
+        tags.update(
+            {
+                "promotion.method": evidence["method"],
+                "promotion.p_value": f"{evidence['p_value']:.6g}",
+                "promotion.difference": f"{evidence['difference']:+.6f}",
+                "promotion.ci": f"{evidence['confidence']:.0%} CI {evidence['ci_low']:+.6f} "
+                f"to {evidence['ci_high']:+.6f}",
+                "promotion.test_records": str(evidence["test_records"]),
+            }
+        )
+    return {key: redact(value)[:MAX_TAG_CHARS] for key, value in tags.items()}
+
+
+def log_decision(
+    client: MlflowClient, run_id: str, model_name: str, version: str, decision: dict[str, Any]
+) -> None:
+    """The promotion decision onto the evaluation run (its words as tags, its figures as
+    metrics) and, as tags, onto the registered version it decides about."""
     from mlflow.entities import Metric, RunTag
 
     from tasks import tracking
 
     now = tracking.timestamp_ms()
+    evidence = decision.get("evidence") or {}
     figures = {
-        "promotion.promoted": float(decision["promoted"]),
         "promotion.champion_value": decision["champion_value"],
         "promotion.champion_recorded_value": decision.get("champion_recorded_value"),
+        "promotion.p_value": evidence.get("p_value"),
     }
-    tags = {
-        "promotion.decision": decision["decision"],
-        "promotion.reason": decision["reason"],
-        "promotion.comparable": str(decision["comparable"]).lower(),
-        "promotion.definition": decision.get("definition", decision["metric"]),
-        "promotion.champion_value_source": str(decision.get("champion_value_source")),
-        "promotion.champion_value_how": str(decision.get("champion_value_how")),
-        "registry.version": version,
-    }
-    if decision.get("class_differences"):
-        tags["promotion.class_differences"] = decision["class_differences"]["in_words"]
+    tags = decision_tags(decision)
+    # The run's description (the MLflow run page opens on it) ends with the decision.
+    opening = client.get_run(run_id).data.tags.get(tracking.NOTE_TAG, "").split("\n\n")[0]
+    note = (
+        f"{opening}\n\n{model_name} v{version}: **{tags['promotion.decision']}**. "
+        + tags["promotion.reason"]
+    )
+    run_tags = {**tags, "registry.version": version, tracking.NOTE_TAG: note}
     client.log_batch(
         run_id,
         metrics=[Metric(k, float(v), now, 0) for k, v in figures.items() if v is not None],
-        tags=[RunTag(k, v) for k, v in tags.items()],
+        tags=[RunTag(k, v) for k, v in run_tags.items()],
     )
+    for key, value in tags.items():
+        client.set_model_version_tag(model_name, version, key, value)
 
 
 class TrainingRunNotInStore(ShardsNotValidated):

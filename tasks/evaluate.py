@@ -23,7 +23,8 @@ import numpy as np
 
 from tasks import processes
 from tasks.atomic import write_json
-from tasks.eval_metrics import classification_metrics, metrics_by_name
+from tasks.dataset_identity import model_name_for
+from tasks.eval_metrics import class_columns, classification_metrics, metrics_by_name
 from tasks.eval_tracking import (
     log_decision,
     log_test_results,
@@ -31,6 +32,7 @@ from tasks.eval_tracking import (
     training_run,
     write_card,
 )
+from tasks.evidence import Answers, answers_of
 from tasks.gate import (
     check_model_matches,
     check_validated,
@@ -50,18 +52,21 @@ from tasks.label_review import (
 from tasks.layout import Layout
 from tasks.manifest import load_manifest
 from tasks.metrics_files import is_number
-from tasks.params import EvaluateParams, Params
+from tasks.params import Params
 from tasks.processes import Later
 from tasks.promotion import (
     Figure,
     NotComparable,
     Rescored,
+    Rules,
     check_margin,
     class_differences,
     decide,
     metric_definition,
     pending_decision,
     promote,
+    recorded_classes,
+    recorded_definition,
     spec_differences,
 )
 from tasks.reader import read_split
@@ -77,7 +82,7 @@ from tasks.registry import (
 from tasks.schema import IMAGE_KEY, LABEL_KEY, SOURCE_KEY
 from tasks.shard_store import open_store
 from tasks.sheets import plot_image_sheet
-from tasks.tracking import champion_version
+from tasks.tracking import champion_version, dvc_experiment
 
 if TYPE_CHECKING:
     import keras
@@ -201,6 +206,8 @@ def evaluate_model(
         write_test_predictions(predictions_file, sources, labels, probs, manifest.classes)
     metrics = classification_metrics(labels, probs, manifest.classes, top_k=top_k)
     metrics["test_fingerprint"] = manifest.fingerprint
+    # each record's answers: what a paired comparison with the champion needs
+    metrics["answers"] = answers_of(labels, probs, metrics["top_k"], len(manifest.classes))
     out_dir.mkdir(parents=True, exist_ok=True)
     if label_issues_file is not None:
         if label_error_confidence is None:
@@ -348,13 +355,16 @@ def champion_scorer(
     spec: ServingSpec,
     shards_dir: Path,
     *,
-    metric: str,
+    figure: Figure,
     top_k: int,
     store: ShardStore | None = None,
 ) -> Callable[[str], Rescored]:
     """``rescore(version)``: that version's ``metric`` on the current test shards (read
     from ``store`` when there is one), its classes matched to today's by name
-    (:func:`metrics_by_name`), and how they differed.
+    (:func:`metrics_by_name`), how they differed, and its answers on each record (the
+    records in the order the candidate's were read: :func:`predict_split`'s). A version
+    measured as ``figure`` on the same test set has its answers recorded already
+    (:func:`recorded_answers`): they are used, and no model is loaded.
 
     Loads the version's Keras model from the registry (never a source image: the shards are
     the input) after checking that its serving spec describes the current shards' pixels;
@@ -362,6 +372,9 @@ def champion_scorer(
     """
 
     def rescore(version: str) -> Rescored:
+        kept = recorded_answers(client, model_name, version, figure)
+        if kept is not None:
+            return kept
         with tempfile.TemporaryDirectory() as tmp:
             model_file, recorded = download_registered(client, model_name, version, Path(tmp))
             classes = scorable_classes(recorded, spec)
@@ -377,9 +390,59 @@ def champion_scorer(
                 )
             labels, probs, _ = predict_split(model, shards_dir, store=store)
         figures = metrics_by_name(labels, probs, classes, spec.classes, top_k=top_k)
-        return Rescored(float(figures[metric]), class_differences(classes, spec.classes))
+        columns = class_columns(classes, spec.classes)
+        return Rescored(
+            float(figures[figure.metric]),
+            class_differences(classes, spec.classes),
+            answers_of(labels, probs, figures["top_k"], len(spec.classes), columns),
+            tuple(classes),
+        )
 
     return rescore
+
+
+ANSWERS_ARTIFACT = "eval/answers.json"  # on an evaluation run: each test record's answers
+ANSWERS_RUN_TAG = "eval.answers_run_id"  # on a version: the evaluation run that holds them
+
+
+def record_answers(
+    client: MlflowClient, model_name: str, version: str, run_id: str, answers: Answers
+) -> None:
+    """Keep the version's answers on each test record (an artifact of its evaluation run,
+    named by a version tag): a later candidate on the same test set compares with them
+    without loading this model again."""
+    client.log_dict(run_id, answers.to_dict(), ANSWERS_ARTIFACT)
+    client.set_model_version_tag(model_name, version, ANSWERS_RUN_TAG, run_id)
+
+
+def recorded_answers(
+    client: MlflowClient, model_name: str, version: str, figure: Figure
+) -> Rescored | None:
+    """The champion's recorded figure with its recorded answers, when it was measured as
+    ``figure`` (the same definition) on the same test set, so on the same records in the
+    same order; else None (it must be re-scored)."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    from tasks.tracking import using_store
+
+    tags = client.get_model_version(model_name, version).tags
+    run_id, value = tags.get(ANSWERS_RUN_TAG), tags.get(f"eval.{figure.metric}")
+    same = tags.get("eval.test_fingerprint") == figure.test_fingerprint and (
+        recorded_definition(tags, figure.metric) == figure.definition
+    )
+    if not (same and run_id and value):
+        return None
+    try:
+        with using_store(client.tracking_uri):
+            data = mlflow.artifacts.load_dict(f"runs:/{run_id}/{ANSWERS_ARTIFACT}")
+    except (MlflowException, OSError, ValueError):
+        return None  # deleted or unreadable: re-scoring still can
+    answers = Answers.from_dict(data)
+    if figure.answers is None or not np.array_equal(answers.labels, figure.answers.labels):
+        return None
+    where = f"{ANSWERS_ARTIFACT} of evaluation run {run_id}"
+    return Rescored(float(value), None, answers, recorded_classes(tags), recorded=where)
 
 
 def scorable_classes(recorded: dict[str, Any], spec: ServingSpec) -> list[str]:
@@ -468,6 +531,7 @@ def run_evaluate(
     """
     settings = params.evaluate
     check_margin(settings.promotion_margin)
+    model_name = model_name_for(params, layout.root)
     store = open_store(layout.root, params.storage)  # SHARDFLOW_SHARDS_URL, else data/shards
     if store:
         manifest = check_validated_store(store, layout.validation_report)
@@ -489,7 +553,7 @@ def run_evaluate(
             client,
             runs["training"],
             layout.model_file,
-            settings.model_name,
+            model_name,
             spec,
             workspace_id(layout.root),
         )
@@ -541,15 +605,16 @@ def track_evaluation(
     champion where needed), record, then move the alias, the last three under the registry's
     promotion lock. The decision reaches ``reports/eval_summary.json`` and the evaluation run
     before the alias moves, so a crash in between leaves a record the rerun completes."""
-    settings = params.evaluate
+    model_name = model_name_for(params, layout.root)
     version = register_model(
-        client, runs["training"], layout.model_file, settings.model_name, spec, logged_uri
+        client, runs["training"], layout.model_file, model_name, spec, logged_uri
     )
-    model_id = logged_model_id(client, runs["training"], settings.model_name, version)
+    model_id = logged_model_id(client, runs["training"], model_name, version)
     client.log_artifacts(runs["evaluation"], str(layout.eval_dir), "eval")
     source = store.url if store else layout.shards_dir
     log_test_results(client, runs, model_id, metrics, manifest, source)
-    result = {key: value for key, value in metrics.items() if key != "confusion_matrix"}
+    # per-record answers and the matrix stay here: the record, the flow's result are summaries
+    result = {k: v for k, v in metrics.items() if k not in ("confusion_matrix", "answers")}
 
     def record(decision: dict[str, Any]) -> None:
         """The record before the alias moves: a crash after it is resumable."""
@@ -559,15 +624,16 @@ def track_evaluation(
         # DVC metrics take the numbers only.
         write_json(layout.eval_metrics, {k: v for k, v in result.items() if is_number(v)})
         write_json(layout.eval_summary, summary_record(result))
-        log_decision(client, runs["evaluation"], version, decision)
+        log_decision(client, runs["evaluation"], model_name, version, decision)
+        record_answers(client, model_name, version, runs["evaluation"], metrics["answers"])
         write_card(client, runs, layout, manifest, result)
 
     # Read the champion, compare, record and move the alias under the registry's lock.
     promote(
         client,
-        settings.model_name,
+        model_name,
         lambda: promotion_decision(
-            client, runs["training"], version, settings, layout, spec, metrics, store
+            client, runs["training"], version, params, layout, spec, metrics, store
         ),
         record,
     )
@@ -582,37 +648,53 @@ def promotion_decision(
     client: MlflowClient,
     run_id: str,
     version: str,
-    settings: EvaluateParams,
+    params: Params,
     layout: Layout,
     spec: ServingSpec,
     metrics: dict[str, Any],
     store: ShardStore | None = None,
 ) -> dict[str, Any]:
     """A decision recorded but not applied for this run and version, else a new one."""
+    settings, model_name = params.evaluate, model_name_for(params, layout.root)
     metric = settings.promotion_metric
     definition = metric_definition(metric, metrics)
+    figure = Figure(
+        metric,
+        definition,
+        float(metrics[metric]),
+        metrics["test_fingerprint"],
+        tuple(spec.classes),
+        metrics.get("answers"),
+    )
+    rules = Rules(
+        margin=settings.promotion_margin,
+        alpha=settings.promotion_alpha,
+        min_shared_class_share=settings.min_shared_class_share,
+        allow_incomparable=settings.allow_incomparable_promotion,
+    )
+    rescore = champion_scorer(
+        client,
+        model_name,
+        spec,
+        layout.shards_dir,
+        figure=figure,
+        top_k=metrics["top_k"],
+        store=store,
+    )
     decision = pending_decision(
         layout.eval_summary,
         run_id=run_id,
         version=version,
         metric=metric,
         definition=definition,
-        champion=champion_version(client, settings.model_name),
+        champion=champion_version(client, model_name),
     ) or decide(
         client,
-        settings.model_name,
+        model_name,
         version,
-        Figure(metric, definition, float(metrics[metric]), metrics["test_fingerprint"]),
-        margin=settings.promotion_margin,
-        allow_incomparable=settings.allow_incomparable_promotion,
-        rescore=champion_scorer(
-            client,
-            settings.model_name,
-            spec,
-            layout.shards_dir,
-            metric=metric,
-            top_k=metrics["top_k"],
-            store=store,
-        ),
+        figure,
+        rules=rules,
+        rescore=rescore,
+        experiment=dvc_experiment(),
     )
-    return {**decision, "model_name": settings.model_name}
+    return {**decision, "model_name": model_name}

@@ -31,9 +31,10 @@ def model_card(
     label_review: Mapping[str, Any],
     ingest_report: Mapping[str, Any] | None,
 ) -> str:
-    """The card as Markdown (sections: model, data, evaluation, comparison, known limits)."""
+    """The card as Markdown: a paragraph in prose (what the registry shows first, as the
+    version's description), then sections: model, data, evaluation, comparison, limits."""
     sections = [
-        [f"# {model_name} v{version}"],
+        [summary_paragraph(model_name, version, metrics, decision)],
         model_section(run_ids, metrics),
         data_section(manifest),
         source_section(ingest_report),
@@ -43,6 +44,20 @@ def model_card(
         limits_section(manifest, metrics, decision, label_review),
     ]
     return "\n".join(line for section in sections for line in [*section, ""]).rstrip() + "\n"
+
+
+def summary_paragraph(
+    model_name: str, version: str, metrics: Mapping[str, Any], decision: Mapping[str, Any]
+) -> str:
+    """One paragraph: which version, how good on how many test images, and the decision."""
+    outcome = {
+        "promoted": f"it became the {decision.get('model_name', model_name)} champion",
+        "kept": "the champion was kept",
+    }.get(str(decision["decision"]), f"decision: {decision['decision']}")
+    return (
+        f"Version {version} of the registered model {model_name} scored test accuracy "
+        f"{metrics['accuracy']:.4f} on {metrics['num_test_records']} test images; {outcome}."
+    )
 
 
 def model_section(run_ids: Mapping[str, str], metrics: Mapping[str, Any]) -> list[str]:
@@ -152,6 +167,20 @@ def comparison_section(decision: Mapping[str, Any]) -> list[str]:
     ]
     if decision.get("champion_value_how"):
         lines.append(f"- the champion's figure: {decision['champion_value_how']}")
+    evidence = decision.get("evidence")
+    if evidence:
+        lines.append(
+            f"- evidence: {evidence['method']}; p-value {evidence['p_value']:.4g} (promoted "
+            f"only below evaluate.promotion_alpha {decision.get('alpha')}); difference "
+            f"{evidence['difference']:+.4f}, {evidence['confidence']:.0%} CI "
+            f"{evidence['ci_low']:+.4f} to {evidence['ci_high']:+.4f}, on "
+            f"{evidence['test_records']} test records"
+        )
+    if decision.get("experiment"):
+        lines.append(
+            f"- made by the DVC experiment `{decision['experiment']}`: a challenger, never "
+            "the champion (`shardflow promote` moves the champion by hand)"
+        )
     classes = decision.get("class_differences")
     if classes:
         lines.append(

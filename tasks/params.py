@@ -156,7 +156,12 @@ class EvaluateParams(_Strict):
     top_k: int = Field(ge=1)
     promotion_metric: PromotionMetric
     promotion_margin: float = Field(ge=0)
-    model_name: str = Field(pattern=MODEL_NAME_PATTERN)
+    # the one-sided paired test's level: a smaller advantage's p-value keeps the champion
+    promotion_alpha: float = Field(gt=0, lt=1)
+    # a challenger of another task (sharing fewer of the champion's classes) is never compared
+    min_shared_class_share: float = Field(ge=0, le=1)
+    # None: named after the dataset (tasks.dataset_identity.registered_model_name)
+    model_name: Annotated[str, Field(pattern=MODEL_NAME_PATTERN)] | None
     # Promote even when the champion was measured on different test data (not comparable).
     allow_incomparable_promotion: bool
     # The label review's line between a likely label error and a model confusion: the

@@ -1,16 +1,21 @@
-"""Promotion: whether a registered version takes the ``champion`` alias, on a fair comparison.
+"""Promotion: whether a registered version takes the ``champion`` alias, on evidence.
 
 Each version carries its figure as tags: the value (``eval.<metric>``), the metric's
 definition (``eval.definition.<metric>``: its name and the params it depends on, such as
-``top_k``) and the test set it was measured on (``eval.test_fingerprint``). When the
-champion's recorded figure was measured the same way on the same test set, it is compared
-as recorded. Otherwise the champion is re-scored on the current test set (a ``rescore``
-callable the evaluate stage supplies, which loads the champion's model and refuses when the
-pixels its serving spec describes are not the current shards'); only when that is impossible
-is the comparison "not comparable". Classes are no such obstacle: the champion is scored by
-class name (a class added since, or the same classes in another order), and the record says
-how its classes differed (:func:`class_differences`). :func:`decide` moves no alias
-(:func:`apply_decision` does), so the decision is recorded first.
+``top_k``), the test set it was measured on (``eval.test_fingerprint``) and its classes
+(``eval.classes``). A challenger is compared with the champion only when it is of the same
+task: it has at least ``evaluate.min_shared_class_share`` of the champion's classes (a class
+added since is the same task; a dataset of other classes is not, and is never compared,
+whatever ``allow_incomparable_promotion`` says). The champion is then re-scored on the current
+test records (a ``rescore`` callable the evaluate stage supplies, which loads the champion's
+model and scores it by class name, :func:`class_differences`), so both models' answers on the
+same records are at hand: the challenger takes the alias only when its figure beats the
+champion's by more than the margin *and* a one-sided paired test (:mod:`tasks.evidence`) gives
+p below ``evaluate.promotion_alpha``; a smaller advantage is "inconclusive: champion kept".
+When the champion cannot be scored on these records the comparison is "not comparable".
+:func:`decide` moves no alias (:func:`apply_decision` does), so the decision is recorded
+first. A version registered under ``dvc exp run`` (:func:`tasks.tracking.dvc_experiment`)
+gets the decision it would have had and the ``challenger`` alias, never ``champion``.
 
 Moving the alias is guarded on the registry itself, whichever way the evaluation was started
 (a DVC stage, a deployment, another clone on the same tracking server): :func:`promote`
@@ -31,7 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tasks.tracking import CHAMPION, champion_version
+from tasks.evidence import Answers, Evidence, paired_evidence
+from tasks.tracking import CHALLENGER, CHAMPION, champion_version
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -48,8 +54,11 @@ SPEC_FIELDS = {
     "draft_decode": "draft JPEG decoding",
     "preprocessing_version": "preprocessing version",
 }
+CLASSES_TAG = "eval.classes"  # a version's classes, as a JSON list
 RECORDED = "recorded"  # the champion's figure as its version tags hold it
 RESCORED = "rescored"  # the champion's model scored on the current test set
+INCONCLUSIVE = "inconclusive: champion kept"
+NOT_COMPARABLE = "not comparable: champion kept"
 
 
 class NotComparable(Exception):
@@ -142,17 +151,35 @@ class Rescored:
 
     value: float
     class_differences: dict[str, Any] | None = None
+    answers: Answers | None = None  # its answers on each current test record, for evidence
+    classes: tuple[str, ...] = ()  # its own classes (from its serving spec)
+    # where the answers came from when the model was not run again: the answers its own
+    # evaluation recorded on the same test set, measured the same way
+    recorded: str | None = None
 
 
 @dataclass(frozen=True)
 class Figure:
     """A version's figure: the value of ``metric``, measured as ``definition`` (the metric
-    and the params it depends on) on the test set ``test_fingerprint``."""
+    and the params it depends on) on the test set ``test_fingerprint``; the version's
+    ``classes`` and its ``answers`` on each test record (what a paired test compares)."""
 
     metric: str
     definition: str
     value: float
     test_fingerprint: str
+    classes: tuple[str, ...] = ()
+    answers: Answers | None = None
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What a challenger must show (``evaluate.*`` in params.yaml)."""
+
+    margin: float
+    alpha: float
+    min_shared_class_share: float
+    allow_incomparable: bool
 
 
 def tag_figure(client: MlflowClient, model_name: str, version: str, figure: Figure) -> None:
@@ -162,6 +189,8 @@ def tag_figure(client: MlflowClient, model_name: str, version: str, figure: Figu
         f"eval.definition.{figure.metric}": figure.definition,
         "eval.test_fingerprint": figure.test_fingerprint,
     }
+    if figure.classes:
+        tags[CLASSES_TAG] = json.dumps(list(figure.classes))
     for key, value in tags.items():
         client.set_model_version_tag(model_name, version, key, value)
 
@@ -172,103 +201,191 @@ def decide(
     version: str,
     figure: Figure,
     *,
-    margin: float,
-    allow_incomparable: bool,
+    rules: Rules,
     rescore: Callable[[str], Rescored] | None = None,
+    experiment: str | None = None,
 ) -> dict[str, Any]:
-    """Whether ``version`` should take ``champion``: it must beat it by more than ``margin``
-    on the same test set, measured the same way.
+    """Whether ``version`` should take ``champion``: of the champion's task, it must beat it
+    by more than ``rules.margin`` on the same test records, measured the same way, and a
+    one-sided paired test must give p below ``rules.alpha``.
 
-    The champion's recorded figure is used when it was measured with ``definition`` on
-    ``test_fingerprint``; otherwise ``rescore(champion_version)`` scores it on the current
-    test set, by class name (raising :class:`NotComparable` when it cannot). Without a fair
-    figure the champion is kept unless ``allow_incomparable``. The record says which figure
-    was used and how it was obtained, and how the champion's classes differed.
+    ``rescore(champion_version)`` scores the champion on the current test records, by class
+    name (raising :class:`NotComparable` when it cannot); without it, or when it cannot,
+    the champion's recorded figure is the only one, and without paired answers no advantage
+    is evidence. The record says which figure was used, how it was obtained, how the
+    champion's classes differed and the evidence. Under a DVC ``experiment`` the decision
+    is the one the main line would have had, and the version becomes the ``challenger``.
     """
     if not isinstance(figure, Figure):
         raise TypeError(
             f"decide: figure must be a tasks.promotion.Figure (metric, definition, value, "
             f"test set), got {type(figure).__name__} {figure!r}"
         )
-    check_margin(margin)
+    check_margin(rules.margin)
     tag_figure(client, model_name, version, figure)
-    metric, definition, value = figure.metric, figure.definition, figure.value
     current = champion_version(client, model_name)
-    decision: dict[str, Any] = {
-        "metric": metric,
-        "definition": definition,
+    decision = blank_record(version, figure, rules, current, experiment)
+    if current is None:
+        reason = f"no {CHAMPION} yet: version {version} becomes it"
+        decision.update(promoted=True, decision="promoted", reason=reason)
+    elif current == version:
+        decision.update(
+            champion_value=figure.value,
+            champion_value_source=RECORDED,
+            champion_value_how="the candidate itself",
+            promoted=True,
+            decision="promoted",
+            reason=f"version {version} already is {CHAMPION}",
+        )
+    else:
+        decision.update(champion_figure(client, model_name, current, figure, rules, rescore))
+        decision.update(outcome(decision, rules))
+    return as_experiment(decision, experiment) if experiment else decision
+
+
+def blank_record(
+    version: str, figure: Figure, rules: Rules, current: str | None, experiment: str | None
+) -> dict[str, Any]:
+    """The decision record before the comparison fills it in: what is compared, by which
+    rules, with which champion."""
+    return {
+        "metric": figure.metric,
+        "definition": figure.definition,
         "test_fingerprint": figure.test_fingerprint,
+        "test_records": None if figure.answers is None else len(figure.answers.labels),
         "candidate_version": version,
-        "candidate_value": value,
-        "margin": margin,
+        "candidate_value": figure.value,
+        "margin": rules.margin,
+        "alpha": rules.alpha,
+        "min_shared_class_share": rules.min_shared_class_share,
         "champion_version": current,
         "champion_value": None,
         "champion_recorded_value": None,
         "champion_value_source": None,
         "champion_value_how": None,
         "class_differences": None,
+        "shared_class_share": None,
+        "evidence": None,
         "comparable": True,
-        "allow_incomparable": allow_incomparable,
+        "same_task": True,
+        "allow_incomparable": rules.allow_incomparable,
+        "experiment": experiment,
     }
-    if current is None:
-        reason = f"no {CHAMPION} yet: version {version} becomes it"
-        return {**decision, "promoted": True, "decision": "promoted", "reason": reason}
-    if current == version:
-        reason = f"version {version} already is {CHAMPION}"
-        how = "the candidate itself"
-        same = {"champion_value": value, "champion_value_source": RECORDED}
-        return {
-            **decision,
-            **same,
-            "champion_value_how": how,
-            "promoted": True,
-            "decision": "promoted",
-            "reason": reason,
-        }
-    decision.update(champion_figure(client, model_name, current, decision, rescore))
-    return {**decision, **outcome(decision, allow_incomparable)}
+
+
+def as_experiment(decision: dict[str, Any], experiment: str) -> dict[str, Any]:
+    """The decision of a version made by ``dvc exp run``: never promoted; it becomes the
+    ``challenger`` and the record keeps what the main line would have decided."""
+    would = "promoted" if decision["promoted"] else decision["decision"]
+    reason = (
+        f"DVC experiment {experiment!r}: the version becomes {CHALLENGER}, never {CHAMPION} "
+        f"(on the main line: {would}: {decision['reason']}); `shardflow promote --version "
+        f"{decision['candidate_version']} --reason R` moves {CHAMPION} to it by hand"
+    )
+    return {
+        **decision,
+        "promoted": False,
+        "would_have_promoted": decision["promoted"],
+        "decision": f"{CHALLENGER} (experiment; main line: {would})",
+        "reason": reason,
+    }
+
+
+def shared_class_share(champion: Sequence[str], candidate: Sequence[str]) -> float:
+    """The share of the champion's classes the candidate also has (1.0 when the champion
+    names none: nothing to tell the tasks apart by)."""
+    if not champion:
+        return 1.0
+    return sum(name in set(candidate) for name in champion) / len(champion)
+
+
+def recorded_classes(tags: Mapping[str, str]) -> tuple[str, ...]:
+    """A version's classes as tagged (none for versions tagged before classes were)."""
+    raw = tags.get(CLASSES_TAG)
+    return tuple(json.loads(raw)) if raw else ()
 
 
 def champion_figure(
     client: MlflowClient,
     model_name: str,
     champion: str,
-    candidate: Mapping[str, Any],
+    figure: Figure,
+    rules: Rules,
     rescore: Callable[[str], Rescored] | None,
 ) -> dict[str, Any]:
-    """The champion's figure to compare with, and how it was obtained (recorded or
-    re-scored, and how its classes differed), or why there is none (``comparable: False``)."""
+    """The champion's figure to compare with, how it was obtained (re-scored on the current
+    test records, else recorded), how its classes differed, the share of them the candidate
+    has, and the paired evidence; or why there is no figure (``comparable: False``)."""
     tags = client.get_model_version(model_name, champion).tags
-    metric, definition = candidate["metric"], candidate["definition"]
+    metric, definition = figure.metric, figure.definition
     recorded = float(tags.get(f"eval.{metric}", "nan"))
+    found: dict[str, Any] = {"champion_recorded_value": None if math.isnan(recorded) else recorded}
+    found.update(task_share(recorded_classes(tags), figure, rules))
+    if not found["same_task"]:
+        return {**found, "comparable": False, "champion_value_how": found["task_words"]}
+    differs = recorded_differences(tags, figure, recorded)
+    failed = None
+    if rescore is not None:
+        try:
+            scored = rescore(champion)
+        except NotComparable as exc:
+            failed = str(exc)
+        else:
+            if not recorded_classes(tags) and isinstance(scored, Rescored):
+                found.update(task_share(scored.classes, figure, rules))  # an untagged champion
+            if not found["same_task"]:
+                return {**found, "comparable": False, "champion_value_how": found["task_words"]}
+            return {**found, **rescored_figure(champion, scored, figure, rules, differs)}
+    if differs:
+        because = "; ".join(differs) + (f"; {failed}" if failed else "")
+        return {**found, "comparable": False, "champion_value_how": because}
+    how = f"recorded {definition} on the same test set {figure.test_fingerprint[:12]}"
+    if failed:
+        how += f" (not re-scored: {failed})"
+    return {
+        **found,
+        "champion_value": recorded,
+        "champion_value_source": RECORDED,
+        "champion_value_how": how,
+    }
+
+
+def recorded_differences(tags: Mapping[str, str], figure: Figure, recorded: float) -> list[str]:
+    """Why the champion's recorded figure cannot stand beside the candidate's, in words."""
     recorded_set = tags.get("eval.test_fingerprint", "unknown")
-    recorded_as = recorded_definition(tags, metric)
-    found = {"champion_recorded_value": None if math.isnan(recorded) else recorded}
+    recorded_as = recorded_definition(tags, figure.metric)
     differs = []
     if math.isnan(recorded):
-        differs.append(f"it has no recorded {metric}")
-    if recorded_set != candidate["test_fingerprint"]:
+        differs.append(f"it has no recorded {figure.metric}")
+    if recorded_set != figure.test_fingerprint:
         differs.append(
             f"it was evaluated on test set {recorded_set[:12]}, the candidate on "
-            f"{candidate['test_fingerprint'][:12]}"
+            f"{figure.test_fingerprint[:12]}"
         )
-    if recorded_as != definition:
-        differs.append(f"its figure is {recorded_as}, the candidate's {definition}")
-    if not differs:
-        how = f"recorded {definition} on the same test set {recorded_set[:12]}"
-        return {
-            **found,
-            "champion_value": recorded,
-            "champion_value_source": RECORDED,
-            "champion_value_how": how,
-        }
-    because = "; ".join(differs)
-    if rescore is None:
-        return {**found, "comparable": False, "champion_value_how": because}
-    try:
-        scored = rescore(champion)
-    except NotComparable as exc:
-        return {**found, "comparable": False, "champion_value_how": f"{because}; {exc}"}
+    if recorded_as != figure.definition:
+        differs.append(f"its figure is {recorded_as}, the candidate's {figure.definition}")
+    return differs
+
+
+def task_share(champion: Sequence[str], figure: Figure, rules: Rules) -> dict[str, Any]:
+    """Whether the candidate is of the champion's task: the share of the champion's classes
+    it has, against ``rules.min_shared_class_share`` (unknown classes: the same task)."""
+    if not champion or not figure.classes:
+        return {"same_task": True, "task_words": None}
+    share = shared_class_share(champion, figure.classes)
+    same = share >= rules.min_shared_class_share
+    words = (
+        f"another task: the candidate has {share:.0%} of the {CHAMPION}'s classes "
+        f"({', '.join(champion)}), below evaluate.min_shared_class_share="
+        f"{rules.min_shared_class_share}"
+    )
+    return {"shared_class_share": share, "same_task": same, "task_words": None if same else words}
+
+
+def rescored_figure(
+    champion: str, scored: Rescored, figure: Figure, rules: Rules, differs: list[str]
+) -> dict[str, Any]:
+    """The re-scored champion's figure, how it was obtained, and the paired evidence."""
     if not isinstance(scored, Rescored):
         raise TypeError(
             f"rescore({champion!r}) returned {type(scored).__name__} {scored!r}: it must "
@@ -276,35 +393,73 @@ def champion_figure(
         )
     classes = scored.class_differences
     by_name = f" by class name ({classes['in_words']})" if classes else ""
+    because = "; ".join(differs) if differs else "a paired comparison needs both on one set"
     how = (
-        f"re-scored on the current test set {candidate['test_fingerprint'][:12]} as "
-        f"{definition}{by_name}, because {because}"
+        f"re-scored on the current test set {figure.test_fingerprint[:12]} as "
+        f"{figure.definition}{by_name}, because {because}"
     )
-    rescored = {"champion_value": scored.value, "champion_value_source": RESCORED}
-    return {**found, **rescored, "champion_value_how": how, "class_differences": classes}
+    if scored.recorded:
+        how = (
+            f"recorded {figure.definition} on the same test set {figure.test_fingerprint[:12]}, "
+            f"with its answers per record ({scored.recorded})"
+        )
+    evidence = None
+    if scored.answers is not None and figure.answers is not None:
+        found = paired_evidence(figure.answers, scored.answers, figure.metric, alpha=rules.alpha)
+        evidence = found.to_dict()
+    return {
+        "champion_value": scored.value,
+        "champion_value_source": RECORDED if scored.recorded else RESCORED,
+        "champion_value_how": how,
+        "class_differences": classes,
+        "evidence": evidence,
+    }
 
 
-def outcome(decision: Mapping[str, Any], allow_incomparable: bool) -> dict[str, Any]:
-    """Promoted or kept, and the reason in words, from the two figures."""
-    metric, value, margin = decision["metric"], decision["candidate_value"], decision["margin"]
+def outcome(decision: Mapping[str, Any], rules: Rules) -> dict[str, Any]:
+    """Promoted, kept or inconclusive, and the reason in words, from the two figures and
+    the evidence."""
+    metric, value, margin = decision["metric"], decision["candidate_value"], rules.margin
     current, champion_value = decision["champion_version"], decision["champion_value"]
     if not decision["comparable"]:
         reason = f"NOT COMPARABLE with {CHAMPION} v{current}: {decision['champion_value_how']}"
-        if allow_incomparable:
+        if not decision["same_task"]:
+            reason += (
+                "; a model of another task never replaces it (a new task gets a "
+                "registered model of its own: leave evaluate.model_name null)"
+            )
+            return {"promoted": False, "decision": NOT_COMPARABLE, "reason": reason}
+        if rules.allow_incomparable:
             reason += "; evaluate.allow_incomparable_promotion is true: promoted anyway"
             return {"promoted": True, "decision": "promoted", "reason": reason}
-        decision_text = "not comparable: champion kept"
         reason = (
-            f"{decision_text} ({reason}); set evaluate.allow_incomparable_promotion to "
+            f"{NOT_COMPARABLE} ({reason}); set evaluate.allow_incomparable_promotion to "
             "promote anyway"
         )
-        return {"promoted": False, "decision": decision_text, "reason": reason}
+        return {"promoted": False, "decision": NOT_COMPARABLE, "reason": reason}
     beats = value > champion_value + margin
-    reason = (
+    figures = (
         f"{metric} {value:.4f} {'beats' if beats else 'does not beat'} {CHAMPION} v{current} "
         f"({champion_value:.4f}, {decision['champion_value_how']}) by more than margin {margin}"
     )
-    return {"promoted": beats, "decision": "promoted" if beats else "kept", "reason": reason}
+    if not beats:
+        return {"promoted": False, "decision": "kept", "reason": figures}
+    evidence = decision.get("evidence")
+    if evidence is None:
+        reason = (
+            f"{figures}, but without both models' answers on the same records there is "
+            "no evidence the difference is more than chance"
+        )
+        return {"promoted": False, "decision": INCONCLUSIVE, "reason": reason}
+    words = Evidence(**evidence).in_words()
+    if evidence["p_value"] >= rules.alpha:
+        reason = (
+            f"{figures}, but within chance ({words}; not below evaluate.promotion_alpha "
+            f"{rules.alpha})"
+        )
+        return {"promoted": False, "decision": INCONCLUSIVE, "reason": reason}
+    reason = f"{figures}, beyond chance ({words}; below evaluate.promotion_alpha {rules.alpha})"
+    return {"promoted": True, "decision": "promoted", "reason": reason}
 
 
 class ChampionMoved(RuntimeError):
@@ -314,7 +469,11 @@ class ChampionMoved(RuntimeError):
 def apply_decision(client: MlflowClient, model_name: str, decision: Mapping[str, Any]) -> None:
     """Move ``champion`` to the candidate if the decision says so (idempotent), and only
     while it still points at the version the decision compared with (a compare-and-set:
-    raises :class:`ChampionMoved` otherwise, leaving the alias where it is)."""
+    raises :class:`ChampionMoved` otherwise, leaving the alias where it is). A DVC
+    experiment's version takes ``challenger`` instead, whatever the decision."""
+    if decision.get("experiment"):
+        client.set_registered_model_alias(model_name, CHALLENGER, decision["candidate_version"])
+        return
     if not decision["promoted"]:
         return
     candidate = decision["candidate_version"]

@@ -22,6 +22,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 import yaml
 
+from tasks.dataset_identity import model_name_for
 from tasks.layout import shared_root
 from tasks.manifest import ShardManifest
 from tasks.params import Params, flatten
@@ -40,9 +41,13 @@ CODE_DIRS = ("tasks", "flows")  # the code a run runs: its changes since the com
 MODIFIED_CODE_CHARS = 2000  # git.modified_code's length: the first files, then a count
 MLFLOW_UI_URL = "http://127.0.0.1:5000"  # where `make ui` serves the local store while free
 CHAMPION = "champion"  # the registry alias of the model in service
+CHALLENGER = "challenger"  # the alias of a DVC experiment's version: never served by default
 # DVC sets these for the stages of `dvc exp run` (queued or not): the run names its experiment.
 DVC_EXP_ENV = {"DVC_EXP_NAME": "dvc.experiment", "DVC_EXP_BASELINE_REV": "dvc.baseline_rev"}
 NOTE_TAG = "mlflow.note.content"  # the run description the MLflow UI shows
+# The experiment's kind: MLflow's UI opens a custom-model experiment on its runs table (an
+# experiment without the tag opens on the GenAI overview of traces).
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 # Seconds between system-metric samples (MLflow's MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL
 # overrides it): a few samples per epoch of the demo, few enough rows for long runs.
 SYSTEM_METRICS_INTERVAL_S = 5.0
@@ -169,6 +174,9 @@ def experiment_id(mlflow_client: MlflowClient, name: str = EXPERIMENT_NAME) -> s
     """Id of experiment ``name``, created on first use (artifacts beside a SQLite store)."""
     experiment = mlflow_client.get_experiment_by_name(name)
     if experiment is not None:
+        for key, value in EXPERIMENT_KIND.items():
+            if experiment.tags.get(key) != value:  # an experiment made before the tag was set
+                mlflow_client.set_experiment_tag(experiment.experiment_id, key, value)
         return str(experiment.experiment_id)
     uri = mlflow_client.tracking_uri
     location = None
@@ -177,7 +185,9 @@ def experiment_id(mlflow_client: MlflowClient, name: str = EXPERIMENT_NAME) -> s
         # (a relative path would be that directory's: make it absolute, as tracking_uri does).
         database = Path(uri.removeprefix(SQLITE)).resolve()
         location = (database.parent / ARTIFACTS_NAME).as_uri()
-    return str(mlflow_client.create_experiment(name, artifact_location=location))
+    return str(
+        mlflow_client.create_experiment(name, artifact_location=location, tags=EXPERIMENT_KIND)
+    )
 
 
 def run_name(params: Params, fingerprint: str) -> str:
@@ -205,7 +215,7 @@ def start_train_run(
     ``run_tags`` name the orchestrator's run (the flow passes its Prefect flow run's);
     ``inputs``, logged beside the params, what else it starts from (the weights file's
     sha256, :func:`tasks.models.weights_lineage`)."""
-    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.entities import Param, RunTag
 
     logged = {
         **flatten(params.train, "train"),
@@ -218,6 +228,7 @@ def start_train_run(
         **lineage_tags(manifest, root=root),
         **(device_tags or {}),
         **dvc_experiment_tags(),
+        **source_tags("train"),
         "prefect.flow_run_id": "none",
         "prefect.flow_run_url": "none",
         **(run_tags or {}),
@@ -225,7 +236,7 @@ def start_train_run(
     tags[NOTE_TAG] = run_description(
         {key: str(value) for key, value in logged.items()},
         manifest.fingerprint,
-        champion_run(mlflow_client, params.evaluate.model_name),
+        champion_run(mlflow_client, model_name_for(params, root)),
         experiment=tags.get(DVC_EXP_ENV["DVC_EXP_NAME"]),
     )
     tags = {key: redact(value) for key, value in tags.items()}
@@ -235,13 +246,10 @@ def start_train_run(
         tags=tags,
     )
     run_id = str(run.info.run_id)
-    counts = [
-        Metric(f"data.{split}_records", info.num_records, timestamp_ms(), 0)
-        for split, info in manifest.splits.items()
-    ]
+    # The record counts are tags (lineage_tags), not metrics: a constant plotted as a
+    # metric fills the compare view's charts with nothing to compare.
     mlflow_client.log_batch(
         run_id,
-        metrics=counts,
         params=[Param(key, redact(str(value))) for key, value in logged.items()],
         tags=[RunTag(key, value) for key, value in tags.items()],
     )
@@ -254,6 +262,38 @@ def dvc_experiment_tags(environ: Mapping[str, str] | None = None) -> dict[str, s
     """The DVC experiment this run belongs to (``dvc exp run`` sets DVC_EXP_NAME), if any."""
     environ = os.environ if environ is None else environ
     return {tag: environ[var] for var, tag in DVC_EXP_ENV.items() if environ.get(var)}
+
+
+def source_tags(stage: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What the MLflow UI's Source and User columns show: the stage's entry point and what
+    ran it (``dvc exp run NAME``, ``dvc repro`` or a direct call), and the user."""
+    import getpass
+
+    environ = os.environ if environ is None else environ
+    if experiment := dvc_experiment(environ):
+        runner = f"dvc exp run {experiment}"
+    else:
+        runner = "dvc repro" if environ.get("DVC_STAGE") else "python"
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry nor USER in a bare container
+        user = "unknown"
+    return {
+        "mlflow.source.name": f"python -m flows.{stage} ({runner})",
+        "mlflow.source.type": "LOCAL",
+        "mlflow.user": user,
+    }
+
+
+def dvc_experiment(environ: Mapping[str, str] | None = None) -> str | None:
+    """The name of the DVC experiment this process runs in, None on the main line.
+
+    DVC sets ``DVC_EXP_NAME`` (with ``DVC_EXP_BASELINE_REV``) in the environment of every
+    stage of ``dvc exp run``, in the workspace or queued (dvc/repo/experiments/queue/base.py
+    packs them into each run's ``run_env``); ``dvc repro`` sets neither (only ``DVC_ROOT``
+    and ``DVC_STAGE``, which every stage gets). A run elsewhere is on the main line."""
+    environ = os.environ if environ is None else environ
+    return environ.get("DVC_EXP_NAME") or None
 
 
 def champion_version(mlflow_client: MlflowClient, model_name: str) -> str | None:

@@ -90,8 +90,21 @@ class MlflowEpochMetrics(keras.callbacks.Callback):
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        metrics = [Metric(key, float(value), now, epoch) for key, value in (logs or {}).items()]
+        metrics = [
+            Metric(mlflow_epoch_name(key), float(value), now, epoch)
+            for key, value in (logs or {}).items()
+        ]
         self.client.log_batch(self.run_id, metrics=metrics)
+
+
+# Keras names the training split's figures bare (``loss``, ``accuracy``); in MLflow's runs
+# table, beside ``val_*`` and the evaluation's ``test_*``, they say which split they are of.
+TRAIN_FIGURES = {"loss": "train_loss", "accuracy": "train_accuracy"}
+
+
+def mlflow_epoch_name(key: str) -> str:
+    """The MLflow metric name of a Keras epoch figure: the training split's prefixed."""
+    return TRAIN_FIGURES.get(key, key)
 
 
 class EpochReport(keras.callbacks.Callback):

@@ -127,6 +127,13 @@ def test_metrics_and_plots_diff_between_commits_and_experiments_show(project: Pr
         )
         run_ids.add(run_id)
     assert len(run_ids) == 2
+    # Experiments never move production: the champion is a main-line version, and an
+    # experiment's version holds `challenger`, its decision saying so.
+    assert client.get_model_version_by_alias("shardflow", "champion").run_id not in run_ids
+    challenger = client.get_model_version_by_alias("shardflow", "challenger")
+    assert challenger.run_id in run_ids
+    assert challenger.tags["promotion.experiment"] in {"lr-high", "one-epoch"}
+    assert challenger.tags["promotion.promoted"] == "false"
     assert not list((project.root / ".dvc" / "tmp").rglob("mlflow.db"))
     # The workspace is untouched by the experiments' params.
     assert yaml.safe_load((project.root / "params.yaml").read_text())["train"]["epochs"] == 2

@@ -115,6 +115,11 @@ def test_the_model_is_measured_in_the_child_while_the_store_opens(
     # register it, before or after the measuring.
     assert events == ["measuring started", "store opened", "pyfunc logged", "measured"]
     assert result["model_version"] == "2"
+    # v1, measured the same way on the same test set, is compared through the answers its
+    # evaluation recorded: evidence without loading its model
+    decision = result["promotion"]
+    assert decision["champion_value_source"] == "recorded" and decision["evidence"]
+    assert "eval/answers.json" in decision["champion_value_how"]
 
     class Failing(Watched):
         def result(self) -> Any:

@@ -120,7 +120,7 @@ def test_fine_tuning_resumes_in_either_phase_and_unfreezes_the_top(
     assert rates[2:] == [pytest.approx(PARAMS.train.learning_rate * FINE_TUNE_LR_FACTOR)] * 2
     assert summary["run_id"] == run_id  # one MLflow run across three kills
     client = MlflowClient(mlflow_uri)
-    steps = [m.step for m in client.get_metric_history(run_id, "loss")]
+    steps = [m.step for m in client.get_metric_history(run_id, "train_loss")]
     assert sorted(steps) == list(range(total))
     assert not layout.backup_dir.exists()
 

@@ -19,7 +19,7 @@ from flows import cli
 ROOT = Path(__file__).resolve().parents[2]
 COMMANDS = [
     *["run", "accept-data", "lineage", "forget", "serve", "predict", "bench", "ui"],
-    *["serve-model", "stop"],
+    *["serve-model", "promote", "stop"],
     *["team-deploy", "team-demo"],
 ]
 
@@ -211,7 +211,8 @@ def test_serve_model_serves_the_champion_of_params_with_its_limits(
     no_tracking_uri(monkeypatch)
     cli.main(["serve-model"])
     cli.main(["serve-model", "--max-request-rows", "8"])
-    name = load_params(ROOT / "params.yaml").evaluate.model_name
+    assert load_params(ROOT / "params.yaml").evaluate.model_name is None
+    name = "shardflow"  # the demo's data keeps the project's name
     first, second = recorder.steps
     assert first[2:4] == ["tasks.serve", f"models:/{name}@champion"]
     assert recorder.envs[0]["MLFLOW_TRACKING_URI"] == f"sqlite:///{ROOT / 'mlflow.db'}"
@@ -220,6 +221,25 @@ def test_serve_model_serves_the_champion_of_params_with_its_limits(
     flag = "--max-request-rows"
     assert second.count(flag) == 1 and second[second.index(flag) + 1] == "8"
     assert "--max-request-mb" in second and "--max-concurrent-requests" in second
+
+
+def test_serve_model_follows_the_current_dataset_s_registered_model(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """After switching ingest.source_dir to one's own photos, serve-model serves that
+    dataset's champion (named after it), never the demo's."""
+    from tasks.dataset_identity import dataset_identity, dataset_slug
+    from tasks.params import apply_overrides
+
+    recorder = Recorder()
+    monkeypatch.setattr(cli.subprocess, "run", recorder)
+    monkeypatch.chdir(tmp_path)
+    no_tracking_uri(monkeypatch)
+    (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
+    apply_overrides(tmp_path / "params.yaml", {"ingest": {"source_dir": "data/photos"}})
+    cli.main(["serve-model"])
+    slug = dataset_slug(dataset_identity("data/photos", None, tmp_path))
+    assert recorder.steps[0][3] == f"models:/shardflow-{slug}@champion"
 
 
 def test_unknown_subcommand_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
@@ -333,6 +353,7 @@ OPTIONS_SHOWN = {
     "bench": ["--quick"],
     "lineage": ["--json", "IMAGE"],
     "forget": ["--reason", "--exact", "--models"],
+    "promote": ["--version", "--reason", "--by", "--params"],
     **{name: ["options: none"] for name in ("serve", "stop", "team-demo")},
 }
 

@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -41,3 +42,19 @@ def test_refusal_carries_its_fix() -> None:
         raise Refused("shards not validated", fix="run `make run`")
     assert str(caught.value) == "shards not validated" and caught.value.fix == "run `make run`"
     assert Refused("plain").fix is None
+
+
+def test_a_new_dataset_gets_a_registered_model_of_its_own(tmp_path: Path) -> None:
+    """evaluate.model_name: null names the model after the dataset; the demo's data keeps
+    `shardflow` (its champion stays where it was), and a name that is set wins."""
+    from tasks.dataset_identity import registered_model_name
+    from tasks.params import MODEL_NAME_PATTERN
+
+    assert registered_model_name(None, "data/demo", None, tmp_path) == "shardflow"
+    assert registered_model_name(None, "./data/demo/", None, tmp_path) == "shardflow"
+    photos = registered_model_name(None, "data/photos", None, tmp_path)
+    assert photos == f"shardflow-{dataset_slug('data/photos')}"
+    with_csv = registered_model_name(None, "data/demo", "labels.csv", tmp_path)
+    assert with_csv not in ("shardflow", photos)
+    assert re.match(MODEL_NAME_PATTERN, photos) and re.match(MODEL_NAME_PATTERN, with_csv)
+    assert registered_model_name("team-model", "data/photos", None, tmp_path) == "team-model"

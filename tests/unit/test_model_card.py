@@ -108,7 +108,10 @@ def card(**changes: Any) -> str:
 
 def test_the_card_holds_data_generations_sources_review_metrics_and_comparison() -> None:
     text = card()
-    assert text.startswith("# shardflow v3\n")
+    assert text.startswith(
+        "Version 3 of the registered model shardflow scored test accuracy 0.7000 on 10 test "
+        "images; the champion was kept.\n"
+    )
     assert "64x64 jpeg, resize `pad`, preprocessing version `abc123`" in text
     assert "| class | train | val | test |" in text
     assert "| cat | 40 | 5 | 6 |" in text and "| **all** | 78 | 10 | 10 |" in text
@@ -157,3 +160,30 @@ def test_a_card_says_how_the_champion_s_classes_differed() -> None:
     assert "it does not know dog: each test record of it is an error" in text
     assert class_differences(["cat", "dog"], ["cat", "dog"]) is None
     assert "classes differ" not in card()
+
+
+def test_a_card_gives_the_evidence_the_decision_rests_on() -> None:
+    decision = {
+        "decision": "inconclusive: champion kept",
+        "metric": "accuracy",
+        "reason": "accuracy 0.7000 beats champion v2 (0.6000, ...), but within chance",
+        "comparable": True,
+        "alpha": 0.05,
+        "evidence": {
+            "method": "exact one-sided McNemar on 3 discordant records (2 won, 1 lost)",
+            "p_value": 0.5,
+            "difference": 0.1,
+            "ci_low": -0.2,
+            "ci_high": 0.3,
+            "confidence": 0.9,
+            "test_records": 10,
+        },
+    }
+    text = card(decision=decision)
+    assert text.startswith("Version 3 of the registered model shardflow scored test accuracy")
+    assert "decision: inconclusive: champion kept" in text.split("\n")[0]
+    assert (
+        "- evidence: exact one-sided McNemar on 3 discordant records (2 won, 1 lost); p-value "
+        "0.5 (promoted only below evaluate.promotion_alpha 0.05); difference +0.1000, 90% CI "
+        "-0.2000 to +0.3000, on 10 test records" in text
+    )

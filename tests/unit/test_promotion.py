@@ -20,6 +20,7 @@ from mlflow import MlflowClient
 from tasks.atomic import write_json
 from tasks.eval_tracking import TrainingRunNotInStore
 from tasks.evaluate import run_evaluate
+from tasks.evidence import Answers
 from tasks.gate import ModelNotFromTheseShards, ShardsNotValidated
 from tasks.layout import Layout
 from tasks.params import default_params
@@ -28,6 +29,7 @@ from tasks.promotion import (
     ChampionMoved,
     Figure,
     Rescored,
+    Rules,
     apply_decision,
     decide,
     lock_holder,
@@ -38,6 +40,29 @@ from tasks.promotion import (
 from tasks.tracking import CHAMPION, champion_version
 
 TEST_SET = "a" * 64
+RECORDS = 200  # test records of the paired answers below
+AUTO = "re-score the champion as its recorded figure, with answers"
+
+
+def answers(value: float, records: int = RECORDS) -> Answers:
+    """Answers right on the first ``value`` share of the records: two such sets disagree
+    only where the better one is right, so their paired test is as clear as it gets."""
+    import numpy as np
+
+    labels = np.zeros(records, np.int64)
+    predicted = (np.arange(records) >= round(value * records)).astype(np.int64)
+    return Answers(labels, predicted, predicted == labels, 2)
+
+
+def rules(
+    margin: float = 0.0, allow_incomparable: bool = False, alpha: float = 0.05, share: float = 0.5
+) -> Rules:
+    return Rules(
+        margin=margin,
+        alpha=alpha,
+        min_shared_class_share=share,
+        allow_incomparable=allow_incomparable,
+    )
 
 
 @dataclass
@@ -54,21 +79,43 @@ class Registry:
         allow_incomparable: bool = False,
         metric: str = "accuracy",
         definition: str = "accuracy",
-        rescore: Any = None,
+        rescore: Any = AUTO,
+        classes: tuple[str, ...] = ("a", "b"),
+        paired: Answers | str | None = AUTO,
+        experiment: str | None = None,
     ) -> Any:
         source = str(Path(self.client.tracking_uri.removeprefix("sqlite:///")).parent)
         version = str(self.client.create_model_version(self.name, source=source).version)
+        if rescore == AUTO:
+            rescore = self.rescored_as_recorded(metric)
         decision = decide(
             self.client,
             self.name,
             version,
-            Figure(metric, definition, value, test_set),
-            margin=margin,
-            allow_incomparable=allow_incomparable,
+            Figure(
+                metric,
+                definition,
+                value,
+                test_set,
+                classes,
+                answers(value) if paired == AUTO else paired,  # type: ignore[arg-type]
+            ),
+            rules=rules(margin, allow_incomparable),
             rescore=rescore,
+            experiment=experiment,
         )
         apply_decision(self.client, self.name, decision)  # as run_evaluate does, after writing
         return decision
+
+    def rescored_as_recorded(self, metric: str) -> Any:
+        """A champion re-scored on the candidate's records as its recorded figure."""
+
+        def rescore(version: str) -> Rescored:
+            tags = self.client.get_model_version(self.name, version).tags
+            value = float(tags[f"eval.{metric}"])
+            return Rescored(value, answers=answers(value))
+
+        return rescore
 
     @property
     def champion(self) -> str:
@@ -115,11 +162,98 @@ def test_gain_within_the_margin_is_not_enough(registry: Registry) -> None:
     assert registry.champion == "1"
 
 
+def test_an_advantage_within_chance_is_inconclusive_and_the_champion_stays(
+    registry: Registry,
+) -> None:
+    """The bug: a challenger one test image better took the alias. On the same 200 records
+    one more right is one discordant record (p = 0.5): inconclusive, champion kept, and
+    the record gives the method, the p-value, the interval and the test-set size."""
+    registry.decide(0.700)
+    decision = registry.decide(0.705)
+    assert decision["promoted"] is False and decision["decision"] == "inconclusive: champion kept"
+    evidence = decision["evidence"]
+    assert evidence["p_value"] == pytest.approx(0.5) and evidence["test_records"] == RECORDS
+    assert "McNemar on 1 discordant records" in evidence["method"]
+    assert evidence["ci_low"] < 0 < evidence["ci_high"]
+    assert "within chance" in decision["reason"] and "promotion_alpha 0.05" in decision["reason"]
+    assert registry.champion == "1"
+
+
+def test_a_macro_figure_is_decided_by_a_seeded_paired_bootstrap(registry: Registry) -> None:
+    import numpy as np
+
+    labels = np.arange(RECORDS) % 2
+    perfect = Answers(labels, labels, np.ones(RECORDS, bool), 2)
+    coin = Answers(labels, np.zeros(RECORDS, np.int64), labels == 0, 2)
+
+    def rescore(version: str) -> Rescored:
+        return Rescored(1 / 3, answers=coin)
+
+    registry.decide(1 / 3, metric="macro_f1", definition="macro_f1", paired=coin)
+    decision = registry.decide(
+        1.0, metric="macro_f1", definition="macro_f1", paired=perfect, rescore=rescore
+    )
+    assert decision["promoted"] is True
+    assert "paired bootstrap" in decision["evidence"]["method"]
+    assert decision["evidence"]["p_value"] < 0.001 and decision["evidence"]["ci_low"] > 0
+    assert registry.champion == "2"
+
+
+@pytest.mark.parametrize("allow_incomparable", [False, True])
+def test_a_challenger_of_another_task_is_never_compared(
+    registry: Registry, allow_incomparable: bool
+) -> None:
+    """The bug: a cat/coffee/rocket model took the shapes model's alias (re-scored 0.0 on
+    classes it never knew). With under half of the champion's classes it is another task:
+    not comparable, champion kept, whatever evaluate.allow_incomparable_promotion says."""
+    registry.decide(0.9, classes=("circle", "square", "triangle"))
+    decision = registry.decide(
+        0.99,
+        classes=("cat", "coffee", "triangle"),
+        allow_incomparable=allow_incomparable,
+    )
+    assert decision["comparable"] is False and decision["same_task"] is False
+    assert decision["promoted"] is False and decision["decision"] == "not comparable: champion kept"
+    assert decision["shared_class_share"] == pytest.approx(1 / 3)
+    assert (
+        "another task" in decision["reason"] and "min_shared_class_share=0.5" in decision["reason"]
+    )
+    assert registry.champion == "1"
+
+
+def test_a_class_added_to_the_same_task_still_compares(registry: Registry) -> None:
+    registry.decide(0.7, classes=("circle", "square"))
+    decision = registry.decide(0.9, classes=("circle", "square", "star"))
+    assert decision["same_task"] is True and decision["shared_class_share"] == 1.0
+    assert decision["promoted"] is True and registry.champion == "2"
+    # two of the champion's three classes (one dropped, one new): the same task still
+    renamed = registry.decide(0.99, classes=("circle", "star", "blob"))
+    assert renamed["shared_class_share"] == pytest.approx(2 / 3) and renamed["comparable"] is True
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["no-champion-yet", "over-a-champion"])
+def test_a_dvc_experiment_s_version_becomes_the_challenger_never_the_champion(
+    registry: Registry, first: bool
+) -> None:
+    from tasks.tracking import CHALLENGER
+
+    if not first:
+        registry.decide(0.5)
+    decision = registry.decide(0.95, experiment="lr-high")
+    version = decision["candidate_version"]
+    assert decision["promoted"] is False and decision["would_have_promoted"] is True
+    assert decision["decision"] == f"{CHALLENGER} (experiment; main line: promoted)"
+    assert "shardflow promote --version" in decision["reason"]
+    assert champion_version(registry.client, registry.name) == (None if first else "1")
+    aliased = registry.client.get_model_version_by_alias(registry.name, CHALLENGER)
+    assert str(aliased.version) == version
+
+
 def test_champion_on_another_test_set_is_kept_not_silently_compared(
     registry: Registry,
 ) -> None:
     registry.decide(0.7)
-    decision = registry.decide(0.9, test_set="b" * 64)
+    decision = registry.decide(0.9, test_set="b" * 64, rescore=None)
     assert decision["comparable"] is False and decision["promoted"] is False
     assert decision["decision"] == "not comparable: champion kept"
     assert "evaluate.allow_incomparable_promotion" in decision["reason"]
@@ -128,7 +262,7 @@ def test_champion_on_another_test_set_is_kept_not_silently_compared(
 
 def test_incomparable_promotion_only_when_the_param_allows_it(registry: Registry) -> None:
     registry.decide(0.7)
-    decision = registry.decide(0.9, test_set="b" * 64, allow_incomparable=True)
+    decision = registry.decide(0.9, test_set="b" * 64, allow_incomparable=True, rescore=None)
     assert decision["comparable"] is False and decision["promoted"] is True
     assert "NOT COMPARABLE" in decision["reason"]
     assert registry.champion == "2"
@@ -137,7 +271,7 @@ def test_incomparable_promotion_only_when_the_param_allows_it(registry: Registry
 def test_champion_without_a_figure_is_not_comparable(registry: Registry) -> None:
     registry.decide(0.7)
     registry.client.delete_model_version_tag(registry.name, "1", "eval.accuracy")
-    decision = registry.decide(0.9)
+    decision = registry.decide(0.9, rescore=None)
     assert decision["comparable"] is False and decision["promoted"] is False
     assert decision["champion_value"] is None
     assert registry.champion == "1"
@@ -157,12 +291,10 @@ def racing_promotion(
     client, name = registry.client, registry.name
     source = str(Path(client.tracking_uri.removeprefix("sqlite:///")).parent)
     version = str(client.create_model_version(name, source=source).version)
-    figure = Figure("accuracy", "accuracy", value, "b" * 64)
+    figure = Figure("accuracy", "accuracy", value, "b" * 64, ("a", "b"), answers(value))
 
     def choose() -> dict[str, Any]:
-        return decide(
-            client, name, version, figure, margin=0.0, allow_incomparable=False, rescore=rescore
-        )
+        return decide(client, name, version, figure, rules=rules(), rescore=rescore)
 
     return version, lambda: promote(client, name, choose, lambda decision: None)
 
@@ -180,10 +312,12 @@ def test_a_promotion_whose_comparison_another_run_invalidated_never_moves_the_al
     def slow_rescore(version: str) -> Rescored:
         comparing.set()
         better_done.wait(timeout=3)  # under the lock the better one cannot finish meanwhile
-        return Rescored(0.5)
+        return Rescored(0.5, answers=answers(0.5))
 
     weaker, run_weaker = racing_promotion(registry, 0.7, slow_rescore)
-    better, run_better = racing_promotion(registry, 0.9, lambda version: Rescored(0.5))
+    better, run_better = racing_promotion(
+        registry, 0.9, lambda version: Rescored(0.5, answers=answers(0.5))
+    )
     outcomes: dict[str, Any] = {}
 
     def run(version: str, promotion: Callable[[], dict[str, Any]], done: threading.Event) -> None:
@@ -507,6 +641,9 @@ def test_incomparable_champion_is_kept_and_the_record_says_so(
     tags = client.get_run(result["eval_run_id"]).data.tags
     assert tags["promotion.decision"] == "not comparable: champion kept"
     assert tags["promotion.comparable"] == "false"
+    # the run page opens on its description, which ends with the decision
+    note = f"m v{result['model_version']}: **not comparable: champion kept**."
+    assert note in tags["mlflow.note.content"]
     assert client.get_model_version_by_alias("m", CHAMPION).version == old
 
 
@@ -591,7 +728,7 @@ def test_top_k_change_rescores_the_champion_rather_than_comparing(registry: Regi
 def test_top_k_change_without_a_rescore_is_not_comparable(registry: Registry) -> None:
     registry.decide(0.533, metric="top_k_accuracy", definition="top_k_accuracy(top_k=1)")
     decision = registry.decide(
-        0.8174, metric="top_k_accuracy", definition="top_k_accuracy(top_k=5)"
+        0.8174, metric="top_k_accuracy", definition="top_k_accuracy(top_k=5)", rescore=None
     )
     assert decision["comparable"] is False and decision["promoted"] is False
     assert "top_k_accuracy(top_k=1)" in decision["reason"]
@@ -600,7 +737,9 @@ def test_top_k_change_without_a_rescore_is_not_comparable(registry: Registry) ->
 
 def test_champion_on_another_test_set_is_rescored_on_this_one(registry: Registry) -> None:
     registry.decide(0.95)  # on test set a: a figure the candidate cannot be held to
-    decision = registry.decide(0.9, test_set="b" * 64, rescore=lambda version: Rescored(0.6))
+    decision = registry.decide(
+        0.9, test_set="b" * 64, rescore=lambda version: Rescored(0.6, answers=answers(0.6))
+    )
     assert decision["comparable"] is True and decision["promoted"] is True
     assert decision["champion_value"] == 0.6 and decision["champion_recorded_value"] == 0.95
     assert "re-scored on the current test set bbbbbbbbbbbb" in decision["champion_value_how"]
@@ -617,18 +756,44 @@ def test_a_rescore_or_figure_of_another_type_is_refused_naming_the_type(
     with pytest.raises(TypeError, match=r"rescore\('1'\) returned float 0\.6: it must return a "):
         registry.decide(0.9, test_set="b" * 64, rescore=lambda version: 0.6)
     with pytest.raises(TypeError, match=r"figure must be a tasks\.promotion\.Figure .*got float"):
-        decide(registry.client, registry.name, "1", 0.9, margin=0.0, allow_incomparable=False)
+        decide(registry.client, registry.name, "1", 0.9, rules=rules())  # type: ignore[arg-type]
     assert registry.champion == "1"
 
 
-def test_same_test_set_and_definition_uses_the_recorded_figure(registry: Registry) -> None:
+def test_the_champion_is_rescored_even_on_the_same_test_set_for_paired_answers(
+    registry: Registry,
+) -> None:
+    """Its recorded figure on the same test set is a number, not answers per record: the
+    champion is re-scored anyway, so the paired test has both models' answers."""
     registry.decide(0.7)
+    asked: list[str] = []
 
-    def never(version: str) -> Rescored:
-        raise AssertionError("re-scored a champion whose figure is comparable")
+    def rescore(version: str) -> Rescored:
+        asked.append(version)
+        return Rescored(0.7, answers=answers(0.7))
 
-    decision = registry.decide(0.8, rescore=never)
-    assert decision["champion_value_source"] == "recorded" and decision["promoted"] is True
+    decision = registry.decide(0.8, rescore=rescore)
+    assert asked == ["1"]
+    assert decision["champion_value_source"] == "rescored" and decision["promoted"] is True
+    assert decision["evidence"]["test_records"] == RECORDS
+
+
+def test_a_champion_that_cannot_be_rescored_on_the_same_test_set_keeps_the_alias(
+    registry: Registry,
+) -> None:
+    """The recorded figure is comparable, but without the champion's answers on these
+    records no advantage is evidence: inconclusive, champion kept."""
+    from tasks.promotion import NotComparable
+
+    def unloadable(version: str) -> Rescored:
+        raise NotComparable("its model could not be loaded")
+
+    registry.decide(0.7)
+    decision = registry.decide(0.9, rescore=unloadable)
+    assert decision["champion_value_source"] == "recorded" and decision["comparable"] is True
+    assert decision["decision"] == "inconclusive: champion kept"
+    assert "could not be loaded" in decision["champion_value_how"]
+    assert registry.champion == "1"
 
 
 def test_a_champion_that_cannot_be_rescored_is_not_comparable_and_says_why(
@@ -804,6 +969,43 @@ def test_a_champion_without_the_new_class_is_rescored_by_name_and_the_better_one
     assert "does not know yellow" in layout.model_card.read_text()
     champion = str(client.get_model_version_by_alias("m", CHAMPION).version)
     assert champion == (result["model_version"] if promoted else old)
+    if promoted:  # 10 yellow records only the candidate gets right: p = 2**-10
+        evidence = decision["evidence"]
+        assert evidence["p_value"] == pytest.approx(2**-10) and evidence["test_records"] == 40
+        # the decision record: the version's tags, the evaluation run's, the card
+        run_tags = client.get_run(result["eval_run_id"]).data.tags
+        version_tags = client.get_model_version("m", result["model_version"]).tags
+        for tags in (run_tags, version_tags):
+            assert "McNemar on 10 discordant records" in tags["promotion.method"]
+            assert float(tags["promotion.p_value"]) == pytest.approx(2**-10)
+            assert tags["promotion.ci"].startswith("90% CI +")
+            assert tags["promotion.test_records"] == "40"
+        assert "p-value 0.0009766" in layout.model_card.read_text()
+
+
+def test_a_new_dataset_starts_its_own_lineage_and_the_demo_champion_is_untouched(
+    tmp_path: Path, mlflow_uri: str
+) -> None:
+    """The bug: after switching ingest.source_dir to another photo set, its first model took
+    `shardflow@champion` from the demo's. With evaluate.model_name null it goes to the
+    registered model named after its dataset, whose first version it becomes."""
+    from tasks.dataset_identity import dataset_identity, dataset_slug
+
+    classes = ["red", "green", "blue"]
+    layout = project(tmp_path, classes, colour_model(classes))
+    client = MlflowClient(mlflow_uri, mlflow_uri)
+    register_colour_champion(client, layout, tmp_path / "demo", classes)
+    client.rename_registered_model("m", "shardflow")  # the demo's lineage, champion v1
+
+    params = default_params(ingest={"source_dir": "data/photos"})
+    result = run_evaluate(params, layout)
+
+    own = f"shardflow-{dataset_slug(dataset_identity('data/photos', None, tmp_path))}"
+    decision = result["promotion"]
+    assert decision["model_name"] == own and decision["promoted"] is True
+    assert champion_version(client, own) == result["model_version"] == "1"
+    assert champion_version(client, "shardflow") == "1"
+    assert len(client.search_model_versions("name = 'shardflow'")) == 1
 
 
 def test_the_same_classes_in_another_order_are_comparable_and_the_better_champion_stays(
@@ -869,6 +1071,10 @@ def test_changed_evaluate_params_reevaluate_the_same_training_run(
         run = client.get_run(result["eval_run_id"])
         assert run.info.status == "FINISHED"
         assert run.data.params["evaluate.top_k"] == top_k
+        # counts and settings are tags, never metrics to chart
+        assert run.data.tags["test.records"] == "30" and run.data.tags["test.top_k"] == top_k
+        assert "test_num_test_records" not in run.data.metrics
+        assert "test_top_k" not in run.data.metrics and "test_accuracy" in run.data.metrics
         assert run.data.tags["mlflow.parentRunId"] == train_run_id
     training = client.get_run(train_run_id)
     assert training.info.status == "FINISHED"

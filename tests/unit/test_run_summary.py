@@ -68,6 +68,19 @@ def test_a_promotion_and_missing_outputs_are_said_plainly(tmp_path: Path) -> Non
     assert "champion: -" in empty and "records per split: -; validation -" in empty
 
 
+def test_the_summary_names_the_current_dataset_s_model(tmp_path: Path) -> None:
+    """After a switch to one's own photos the champion line names their registered model,
+    not the demo's."""
+    outputs(tmp_path, promoted=True)
+    summary = json.loads((tmp_path / "reports/eval_summary.json").read_text())
+    summary["promotion"]["model_name"] = "shardflow-photos-1a2b3c"
+    write(tmp_path, "reports/eval_summary.json", summary)
+    assert any(
+        line.startswith("champion: shardflow-photos-1a2b3c v2 promoted: accuracy 0.9551")
+        for line in summary_lines(tmp_path, DVC_OUTPUT)
+    )
+
+
 def test_teed_shows_and_keeps_the_output_and_the_exit_code(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

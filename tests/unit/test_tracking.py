@@ -48,7 +48,7 @@ def test_run_description_names_what_differs_from_the_champion(
     first = tracking.start_train_run(client, default_params(), manifest, shards_dir=shards)
     note = client.get_run(first).data.tags[tracking.NOTE_TAG]
     assert "no champion yet" in note
-    name = default_params().evaluate.model_name
+    name = "shardflow"  # the demo data's registered model (evaluate.model_name: null)
     client.create_registered_model(name)
     version = client.create_model_version(name, f"runs:/{first}/model", run_id=first)
     client.set_registered_model_alias(name, tracking.CHAMPION, version.version)
@@ -88,6 +88,30 @@ def test_system_metrics_leave_a_sample_even_for_a_short_block(
     assert metrics["system/system_memory_usage_megabytes"] > 0
 
 
+def test_an_experiment_made_before_its_kind_was_tagged_opens_on_the_runs_table(
+    mlflow_uri: str,
+) -> None:
+    """Without mlflow.experimentKind MLflow's UI opens an experiment on its GenAI overview."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(mlflow_uri, mlflow_uri)
+    made = client.create_experiment(tracking.EXPERIMENT_NAME)
+    assert "mlflow.experimentKind" not in client.get_experiment(made).tags
+    assert tracking.experiment_id(client) == made
+    assert client.get_experiment(made).tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_the_source_names_the_stage_and_what_ran_it() -> None:
+    experiment = {"DVC_EXP_NAME": "lr-high", "DVC_STAGE": "train"}
+    assert tracking.source_tags("train", experiment)["mlflow.source.name"] == (
+        "python -m flows.train (dvc exp run lr-high)"
+    )
+    repro = tracking.source_tags("evaluate", {"DVC_STAGE": "evaluate", "DVC_ROOT": "/r"})
+    assert repro["mlflow.source.name"] == "python -m flows.evaluate (dvc repro)"
+    assert tracking.dvc_experiment({"DVC_STAGE": "train", "DVC_ROOT": "/r"}) is None
+    assert tracking.dvc_experiment(experiment) == "lr-high"
+
+
 def test_dvc_hash_comes_from_the_shard_stage_outs(tmp_path: Path) -> None:
     assert tracking.dvc_shards_md5(tmp_path) == "untracked"
     lock = {
@@ -123,13 +147,19 @@ def test_train_run_records_params_lineage_and_dataset(tiny_shards: Path, mlflow_
     assert run.data.tags["data.fingerprint"] == manifest.fingerprint
     assert run.data.tags["data.dvc_md5"] == "untracked"
     assert run.data.tags["device.type"] == "cpu"
-    assert run.data.metrics["data.test_records"] == 30
+    # counts are tags (and params), never metrics: nothing constant to chart
+    assert run.data.tags["data.test_records"] == "30"
+    assert not [key for key in run.data.metrics if key.startswith("data.")]
+    # the Source and User columns: the entry point, what ran it, and who
+    assert run.data.tags["mlflow.source.name"] == "python -m flows.train (python)"
+    assert run.data.tags["mlflow.source.type"] == "LOCAL" and run.data.tags["mlflow.user"]
     assert run.inputs is not None
     [dataset] = run.inputs.dataset_inputs
     assert dataset.dataset.name == f"shards@{manifest.fingerprint[:12]}"
     assert manifest.fingerprint.startswith(dataset.dataset.digest)
     experiment = client.get_experiment(run.info.experiment_id)
     assert experiment.name == tracking.EXPERIMENT_NAME
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     assert experiment.artifact_location.startswith((tiny_shards / "mlartifacts").as_uri())
 
 

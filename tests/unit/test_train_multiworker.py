@@ -179,7 +179,7 @@ def test_the_stage_launches_local_workers_and_only_the_chief_records(
     experiments = [e.experiment_id for e in client.search_experiments()]
     runs = client.search_runs(experiments)
     assert [run.info.run_id for run in runs] == [summary["run_id"]]  # one run, the chief's
-    steps = [m.step for m in client.get_metric_history(summary["run_id"], "loss")]
+    steps = [m.step for m in client.get_metric_history(summary["run_id"], "train_loss")]
     assert sorted(steps) == list(range(PARAMS.epochs))  # logged by the chief alone
     assert client.get_run(summary["run_id"]).data.tags["device.num_workers"] == "2"
     assert Layout(tiny_shards).model_file.exists()

@@ -237,7 +237,7 @@ def test_rerun_with_another_learning_rate_starts_over_in_a_new_run(
     assert run.info.status == "FINISHED"
     assert run.data.params["train.learning_rate"] == str(LR_B)
     assert "train.learning_rate changed" in run.data.tags["resume.backup_discarded"]
-    steps = [m.step for m in client.get_metric_history(summary["run_id"], "loss")]
+    steps = [m.step for m in client.get_metric_history(summary["run_id"], "train_loss")]
     assert sorted(steps) == [0, 1, 2]
 
 
@@ -252,7 +252,7 @@ def test_rerun_with_the_same_params_resumes_in_the_same_run(
     assert summary["run_id"] == killed
     client = MlflowClient(mlflow_uri)
     assert client.get_run(killed).info.status == "FINISHED"
-    steps = [m.step for m in client.get_metric_history(killed, "loss")]
+    steps = [m.step for m in client.get_metric_history(killed, "train_loss")]
     assert sorted(steps) == [0, 1, 2]  # one point per epoch across the kill
     assert not layout.backup_dir.exists()
 

@@ -1,0 +1,65 @@
+"""``shardflow promote`` (``python -m flows.promote``): move the champion alias by hand.
+
+    shardflow promote --version 7 --reason "v7 holds up on the March photos; agreed by Ana"
+
+The one recorded manual step: who (``--by``, default the git user, else the login name),
+when and why go onto the version's tags (:func:`tasks.manual_promotion.promote_by_hand`). The
+registered model is the current dataset's (``evaluate.model_name``, else named after
+``ingest.source_dir``); a version of another task is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from flows.accept_data import git_user
+from tasks import tracking
+from tasks.dataset_identity import model_name_for
+from tasks.manual_promotion import promote_by_hand
+from tasks.params import load_params
+from tasks.refusals import Refused
+
+
+def parser() -> argparse.ArgumentParser:
+    made = argparse.ArgumentParser(prog="shardflow promote", description=__doc__.split("\n\n")[0])
+    made.add_argument("--version", required=True, help="the registered version to promote")
+    made.add_argument("--reason", required=True, help="why, recorded on the version")
+    made.add_argument("--by", help="who promotes it (default: git user.name, else login)")
+    made.add_argument("--root", default=".", help="the project root (default: .)")
+    made.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
+    return made
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    root = Path(args.root)
+    try:
+        params = load_params(root / args.params)
+        model_name = model_name_for(params, root)
+        done = promote_by_hand(
+            tracking.client(root),
+            model_name,
+            args.version,
+            reason=args.reason,
+            by=args.by or git_user(root) or getpass.getuser(),
+            min_shared_class_share=params.evaluate.min_shared_class_share,
+        )
+    except Refused as refused:
+        print(f"promote: {refused}", file=sys.stderr)
+        if refused.fix:
+            print(f"  fix: {refused.fix}", file=sys.stderr)
+        return 2
+    print(
+        f"{done.model_name}@champion is v{done.version} (was "
+        f"{'v' + done.previous if done.previous else 'none'}), by {done.by} at {done.at}: "
+        f"{done.reason}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
