@@ -232,7 +232,7 @@ def test_serve_model_follows_the_current_dataset_s_registered_model(
     from tasks.params import apply_overrides
 
     recorder = Recorder()
-    monkeypatch.setattr(cli.subprocess, "run", recorder)
+    monkeypatch.setattr(cli, "run_step", recorder.step)
     monkeypatch.chdir(tmp_path)
     no_tracking_uri(monkeypatch)
     (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
