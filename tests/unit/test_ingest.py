@@ -282,6 +282,28 @@ def test_symlink_leaving_a_class_folder_is_quarantined(tmp_path: Path) -> None:
     assert report["accepted"] == 9
 
 
+def test_a_folder_checked_out_as_links_into_the_projects_dvc_cache_is_ingested(
+    tmp_path: Path,
+) -> None:
+    # `cache.type symlink`: every file of a DVC-tracked folder is a link into .dvc/cache
+    project = tmp_path / "project"
+    (project / ".dvc").mkdir(parents=True)
+    src = write_image_folder(project / "photos", per_class=3)
+    copied, _ = ingest(src, tmp_path / "copied")
+    cache = project / ".dvc" / "cache" / "files" / "md5"
+    for number, path in enumerate(sorted(p for p in src.rglob("*") if p.is_file())):
+        cached = cache / f"{number:02d}" / "content"
+        cached.parent.mkdir(parents=True)
+        path.rename(cached)
+        path.symlink_to(cached)
+    linked, index = ingest(src, tmp_path / "linked")
+    assert linked["accepted"] == copied["accepted"] == 9
+    assert not linked["quarantined"]
+    assert sorted(r["path"] for r in index["records"]) == sorted(
+        str(p.relative_to(src)) for p in src.rglob("*") if p.is_symlink()
+    )
+
+
 def test_special_files_and_oversized_files_are_quarantined_unread(tmp_path: Path) -> None:
     src = write_image_folder(tmp_path / "src", per_class=2)
     os.mkfifo(src / "red" / "pipe.png")  # reading it would block the stage forever
