@@ -73,6 +73,16 @@ def end_abandoned_evaluations(client: MlflowClient, train: Run) -> None:
         client.set_terminated(run.info.run_id, status="KILLED")
 
 
+def end_abandoned_model_logging(client: MlflowClient, train: Run) -> None:
+    """Mark FINISHED the training run a killed evaluation left RUNNING. MLflow logs a model
+    only onto the active run, so logging the pyfunc reopens the training run
+    (:func:`tasks.predict.log_pyfunc`) until its ``end_run`` puts the status back; a kill in
+    between left it RUNNING for good, and the next logging "restored" that. An evaluated
+    training run is always one the train stage finished: it wrote ``models/run.json``."""
+    if train.info.status == "RUNNING":
+        client.set_terminated(train.info.run_id, status="FINISHED")
+
+
 def log_test_results(
     client: MlflowClient,
     runs: dict[str, str],

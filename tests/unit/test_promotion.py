@@ -965,6 +965,23 @@ def test_an_evaluation_killed_before_it_could_end_its_run_is_marked_killed(
     assert client.get_run(result["eval_run_id"]).info.status == "FINISHED"
 
 
+def test_no_run_stays_running_after_an_evaluation_killed_while_logging_the_model(
+    trained: Layout, mlflow_uri: str
+) -> None:
+    """Logging the pyfunc reopens the training run (``mlflow.start_run(run_id=...)``); a
+    kill before it is ended again leaves it RUNNING in the store, as here. The next
+    evaluation leaves no run of the experiment RUNNING."""
+    client = MlflowClient(mlflow_uri, mlflow_uri)
+    train_run_id = json.loads(trained.train_run.read_text())["run_id"]
+    client.update_run(train_run_id, status="RUNNING")  # the store after that kill
+    assert client.get_run(train_run_id).info.status == "RUNNING"
+    evaluate(trained)
+    experiment = client.get_run(train_run_id).info.experiment_id
+    statuses = {r.info.run_id: r.info.status for r in client.search_runs([experiment])}
+    assert statuses[train_run_id] == "FINISHED"
+    assert "RUNNING" not in statuses.values()
+
+
 # -- the card and the label review, per registered version ---------------------------------
 
 
