@@ -119,10 +119,10 @@ def check_source(source_dir: str) -> None:
     lines = [f"  {p.path}: {p.reason}" for p in problems[:SHOWN]]
     if len(problems) > SHOWN:
         lines.append(f"  ... and {len(problems) - SHOWN} more")
+    count = f"{len(problems)} entr{'y' if len(problems) == 1 else 'ies'}"
     raise SourceRefused(
-        f"{KEY}={source_dir!r}: DVC cannot hash {len(problems)} entr"
-        f"{'y' if len(problems) == 1 else 'ies'} of the folder (special files and links "
-        "that do not lead to a file inside it would hang or fail `dvc repro`):\n"
-        + "\n".join(lines),
+        f"{KEY}={source_dir!r} holds {count} that `dvc repro` would hang or fail on, or read "
+        "outside the folder to hash (special files, and links that lead to no file inside "
+        "it):\n" + "\n".join(lines),
         fix=f"remove or replace them, or point {KEY} in params.yaml at another folder",
     )
