@@ -201,6 +201,20 @@ def teed(step: list[str], env: dict[str, str]) -> tuple[int, list[str]]:
     return process.returncode, kept
 
 
+def store_refusal() -> int:
+    """1 after saying so when the tracking store lost the runs the reports name (stale
+    reports a skipped evaluation would summarise as the champion), else 0."""
+    from tasks.refusals import Refused
+    from tasks.store_check import check_store
+
+    try:
+        check_store(Path.cwd())
+    except Refused as error:
+        print(f"shardflow run: refused: {error}\nfix: {error.fix}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a subcommand's steps in order; the exit code is the first failing step's. ``run``
     ends with a summary read from the outputs (:mod:`flows.run_summary`)."""
@@ -218,7 +232,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"shardflow {args.command}: `{' '.join(step)}` exited {code}", file=sys.stderr)
             return code
     if args.command == "run":
-        from flows.run_summary import summary_lines
+        from flows.run_summary import stage_outcomes, summary_lines
+
+        if "evaluate" not in stage_outcomes(output)[0] and (refusal := store_refusal()):
+            return refusal
 
         print("\nShardflow run done:")
         for line in summary_lines(Path.cwd(), output):

@@ -14,6 +14,7 @@ from tasks.gate import ShardsNotValidated
 from tasks.layout import Layout
 from tasks.metrics_files import is_number
 from tasks.params import EvaluateParams, flatten
+from tasks.store_check import REBUILD
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -163,7 +164,7 @@ def training_run(client: MlflowClient, run_id: str, layout: Layout) -> Run:
         raise TrainingRunNotInStore(
             f"{layout.train_run} names the MLflow run {run_id}, which this tracking store "
             "(MLFLOW_TRACKING_URI, else mlflow.db) does not hold: it was made against another "
-            "store or deleted; train again into this one with `dvc repro -f train`"
+            f"store or deleted; train and evaluate again into this one with `{REBUILD}`"
         ) from None
 
 
