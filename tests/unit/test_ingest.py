@@ -18,6 +18,7 @@ from tasks.images import ImageRejected, decode_rgb
 from tasks.index import load_index
 from tasks.ingest import SetWouldBeLost, assign_split, run_ingest
 from tasks.params import SplitFractions, default_params
+from tasks.refusals import Refused
 from tests.conftest import write_image_folder
 
 
@@ -302,6 +303,34 @@ def test_a_folder_checked_out_as_links_into_the_projects_dvc_cache_is_ingested(
     assert sorted(r["path"] for r in index["records"]) == sorted(
         str(p.relative_to(src)) for p in src.rglob("*") if p.is_symlink()
     )
+
+
+def test_a_file_rewritten_while_ingest_runs_fails_the_stage_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DVC hashes the folder after the stage: an index of the old content under a dvc.lock
+    of the new jammed every later run. The stage fails instead, and writes nothing."""
+    import tasks.ingest
+
+    src = write_image_folder(tmp_path / "src", per_class=2)
+    new = (
+        write_image_folder(tmp_path / "new", per_class=2, seed=9) / "red" / "001.png"
+    ).read_bytes()
+    inspect_all = tasks.ingest.inspect_all
+
+    def rewritten_after_reading(*args: object, **kwargs: object) -> object:
+        inspected = inspect_all(*args, **kwargs)  # type: ignore[arg-type]
+        (src / "red" / "001.png").write_bytes(new)
+        return inspected
+
+    monkeypatch.setattr(tasks.ingest, "inspect_all", rewritten_after_reading)
+    with pytest.raises(Refused, match=r"changed while ingest read them: red/001\.png"):
+        ingest(src, tmp_path)
+    assert not (tmp_path / "index.json").exists()
+    monkeypatch.undo()
+    report, index = ingest(src, tmp_path)  # the next run reads it anew
+    assert report["accepted"] == 6
+    assert hashlib.sha256(new).hexdigest() in {r["sha256"] for r in index["records"]}
 
 
 def test_special_files_and_oversized_files_are_quarantined_unread(tmp_path: Path) -> None:
