@@ -244,6 +244,27 @@ def declared_pixels(data: bytes, spec: ServingSpec) -> int:
         return 0
 
 
+class RequestAbandoned(Exception):
+    """A served request's time is up: its client got HTTP 504, so no row is decoded more."""
+
+
+def serving_deadline() -> float | None:
+    """When a request the scoring server hands the model now is past its time: MLflow
+    answers HTTP 504 after ``MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT`` but cannot stop the
+    thread predicting it, which went on decoding every row while holding a decode thread
+    and the cores. None outside the scoring server (batch prediction has no deadline)."""
+    import time
+
+    from mlflow.environment_variables import (
+        _MLFLOW_IS_IN_SERVING_ENVIRONMENT,
+        MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT,
+    )
+
+    if not _MLFLOW_IS_IN_SERVING_ENVIRONMENT.get():
+        return None
+    return time.monotonic() + float(MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT.get())
+
+
 def predict_images(
     model: keras.Model,
     images: Sequence[object],
@@ -251,14 +272,18 @@ def predict_images(
     *,
     batch_size: int = BATCH_SIZE,
     threads: int | None = None,
+    deadline: float | None = None,
 ) -> pd.DataFrame:
     """Predict image files (bytes, or base64 strings); a row that cannot be used gets its error.
 
     Rows are decoded and predicted ``batch_size`` at a time, so memory holds one batch of
     decoded pixels however many rows a request has; a batch's rows are decoded on
     ``threads`` threads (default :func:`decode_threads`) within a :class:`PixelBudget`, each
-    row's pixels the same.
+    row's pixels the same. Past ``deadline`` (``time.monotonic()``) no row starts decoding:
+    :class:`RequestAbandoned` is raised instead.
     """
+    import time
+
     probs: list[np.ndarray] = []
     ok_rows: list[int] = []
     errors: dict[int, str] = {}
@@ -267,6 +292,8 @@ def predict_images(
     budget = PixelBudget(spec.max_pixels)
 
     def decoded(row: int) -> np.ndarray | ImageRejected:
+        if deadline is not None and time.monotonic() >= deadline:
+            raise RequestAbandoned(f"request past its time limit at row {row} of {len(images)}")
         try:
             data = as_bytes(images[row])
             if threads == 1:
@@ -334,7 +361,8 @@ class ShardflowModel(PythonModel):
                 f"input has columns {list(model_input.columns)}; send a column "
                 f"{IMAGE_COLUMN!r} of image file bytes"
             )
-        return predict_images(self.model, list(model_input[IMAGE_COLUMN]), self.spec)
+        rows = list(model_input[IMAGE_COLUMN])
+        return predict_images(self.model, rows, self.spec, deadline=serving_deadline())
 
 
 def signature(classes: Sequence[str]) -> ModelSignature:

@@ -89,6 +89,45 @@ def test_rows_are_decoded_and_predicted_a_batch_at_a_time(
     assert list(frame["label"]) == ["green" if row != 7 else "" for row in range(25)]
 
 
+def test_a_served_request_past_its_time_decodes_no_more_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """MLflow answers HTTP 504 at its request timeout but cannot stop the thread predicting
+    the request: the model stops decoding rows instead of holding the decode threads and
+    the cores for every one of them. Batch prediction, outside the server, has no deadline."""
+    import pandas as pd
+
+    from tasks import predict
+
+    decodes = 0
+    real_model_input = predict.model_input
+
+    def counting_model_input(data: bytes, spec: ServingSpec) -> np.ndarray:
+        nonlocal decodes
+        decodes += 1
+        return real_model_input(data, spec)
+
+    class Model:  # what tasks.inference.predict_batch uses of a Keras model
+        predict_function = None
+        jit_compile = True
+
+        def predict_on_batch(self, batch: np.ndarray) -> np.ndarray:
+            return np.tile([0.2, 0.5, 0.3], (len(batch), 1))
+
+    monkeypatch.setattr(predict, "model_input", counting_model_input)
+    served = predict.ShardflowModel()
+    served.spec, served.model = spec_for(), Model()
+    rows = pd.DataFrame({"image": [png_bytes(np.full((20, 20, 3), 90, np.uint8))] * 40})
+    monkeypatch.setenv("_MLFLOW_IS_IN_SERVING_ENVIRONMENT", "true")
+    monkeypatch.setenv("MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT", "0")  # its time is up at once
+    with pytest.raises(predict.RequestAbandoned, match="past its time limit"):
+        served.predict(None, rows)
+    assert decodes == 0
+    monkeypatch.delenv("_MLFLOW_IS_IN_SERVING_ENVIRONMENT")
+    assert list(served.predict(None, rows)["label"]) == ["green"] * 40
+    assert decodes == 40
+
+
 def test_a_batchs_rows_are_decoded_on_threads_and_answered_in_their_order(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
