@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ import httpx
 import numpy as np
 import pytest
 
+from tasks.store_check import REBUILD, StoreLostRuns, check_store
 from tests.e2e.conftest import REPO, Project, api_post, free_port
 
 pytestmark = pytest.mark.slow
@@ -49,7 +51,9 @@ def flow_run_names(api_url: str) -> dict[str, list[str]]:
     return runs
 
 
-def test_dvc_repro_end_to_end(project_without_server: Project) -> None:
+def test_dvc_repro_end_to_end(
+    project_without_server: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
     project = project_without_server
     api_url = project.env["PREFECT_API_URL"]
     first = project.dvc("repro")
@@ -95,6 +99,18 @@ def test_dvc_repro_end_to_end(project_without_server: Project) -> None:
     second = project.dvc("repro")
     assert ran_stages(second.stdout) == set()
     assert "up to date" in project.dvc("status").stdout
+
+    # A lost tracking store is found from the reports' runs, and the one command its refusal
+    # names reruns train and evaluate only (dry here: a full rebuild trains again for minutes
+    # on shared cores; training into the store it finds is the train stage's own behaviour).
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", project.env["MLFLOW_TRACKING_URI"])
+    (project.root / "mlflow.db").rename(project.root / "lost.db")
+    with pytest.raises(StoreLostRuns) as refused:
+        check_store(project.root)
+    assert refused.value.fix is not None and REBUILD in refused.value.fix
+    planned = project.dvc(*shlex.split(REBUILD)[1:], "--dry")
+    assert ran_stages(planned.stdout) == {"train", "evaluate"}
+    (project.root / "lost.db").rename(project.root / "mlflow.db")
 
     # A training param reruns train and evaluate only: the shards are not rebuilt.
     project.set_params(train={"learning_rate": 0.005})
