@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 from flows.common import configure_environment
 from flows.server import api_url, free_port
 from tasks.layout import keep_dvc_site_cache_in_repository
+from tasks.refusals import Refused
 from tasks.tracking import MLFLOW_UI_URL
 
 DEMO_DIR = "data/demo"
@@ -105,11 +106,15 @@ def serve_model_steps(extra: Sequence[str]) -> Steps:
     """``python -m tasks.serve`` (MLflow's scoring app behind request limits) for the
     champion of ``evaluate.model_name``; a limit given in ``extra`` replaces its default."""
     from tasks.params import load_params
+    from tasks.store_check import check_store
 
     # tasks.serve reads the store from MLFLOW_TRACKING_URI (main() passes this process's
     # environment on), absolute so its workers find the same file.
     os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{Path.cwd() / 'mlflow.db'}")
     model = f"models:/{load_params().evaluate.model_name}@champion"
+    # a store that lost the project's runs has no champion: say so, and the one rebuild,
+    # before MLflow fails inside the server with its traceback
+    check_store(Path.cwd())
     address, _ = listen_address(extra)  # tasks.serve prints the address it serves
     limits = [item for limit in SERVE_LIMITS.items() if limit[0] not in extra for item in limit]
     return [module("tasks.serve", model, *address, *limits, *extra)]
@@ -201,17 +206,20 @@ def teed(step: list[str], env: dict[str, str]) -> tuple[int, list[str]]:
     return process.returncode, kept
 
 
+def refused(command: str, error: Refused) -> int:
+    print(f"shardflow {command}: refused: {error}\nfix: {error.fix}", file=sys.stderr)
+    return 1
+
+
 def store_refusal() -> int:
     """1 after saying so when the tracking store lost the runs the reports name (stale
     reports a skipped evaluation would summarise as the champion), else 0."""
-    from tasks.refusals import Refused
     from tasks.store_check import check_store
 
     try:
         check_store(Path.cwd())
     except Refused as error:
-        print(f"shardflow run: refused: {error}\nfix: {error.fix}", file=sys.stderr)
-        return 1
+        return refused("run", error)
     return 0
 
 
@@ -220,7 +228,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ends with a summary read from the outputs (:mod:`flows.run_summary`)."""
     args, extra = build_parser().parse_known_args(argv)
     keep_dvc_site_cache_in_repository(Path.cwd())  # for the `dvc` a user types here, too
-    steps = COMMANDS[args.command][1](extra)
+    try:
+        steps = COMMANDS[args.command][1](extra)
+    except Refused as error:  # a check a command makes before it starts (serve-model's store)
+        return refused(args.command, error)
     env = environment()
     output: list[str] = []
     for i, step in enumerate(steps):

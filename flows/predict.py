@@ -34,6 +34,7 @@ from flows.common import (
 from flows.parameters import ModelName, ModelReference, RepoPath
 from tasks import predict, tracking
 from tasks.params import inside, load_params
+from tasks.store_check import check_store
 
 ARTIFACT_ROWS = 500  # the Prefect table shows the first rows; the CSV holds them all
 
@@ -119,7 +120,13 @@ def predict_flow(
     paths = predict.list_sources(source_path, within=repository)
     model_name = model_name or load_params(params_file).evaluate.model_name
     client = tracking.client(root)
-    ref = predict.resolve_model(client, model, model_name)
+    try:
+        ref = predict.resolve_model(client, model, model_name)
+    except LookupError:
+        # a store that lost the project's runs: the rebuild it names, not "train first",
+        # which `dvc repro` would skip as unchanged
+        check_store(base)
+        raise
     print(f"Predicting {source_path} with {ref.uri} (version {ref.version or '-'})")
     start = time.perf_counter()
     rows = predict_task(ref.uri, paths, root)

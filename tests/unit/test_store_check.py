@@ -84,3 +84,29 @@ def test_make_run_refuses_a_skipped_evaluation_whose_runs_the_store_lost(
     out, err = capsys.readouterr()
     assert "refused: the tracking store" in err and f"fix: `{REBUILD}`" in err
     assert "Shardflow run done" not in out
+
+
+def test_predict_and_serve_model_on_a_store_that_lost_the_runs_name_the_rebuild(
+    tmp_path: Path,
+    mlflow_uri: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from flows.predict import predict_flow
+    from tests.conftest import write_image_folder
+
+    reports_naming(tmp_path, "f" * 32, "e" * 32)
+    write_image_folder(tmp_path / "photos", per_class=1)
+    (tmp_path / "params.yaml").write_bytes((Path(__file__).parents[2] / "params.yaml").read_bytes())
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(StoreLostRuns) as refused:
+        predict_flow.fn(source="photos", root=str(tmp_path))
+    assert refused.value.fix is not None and REBUILD in refused.value.fix
+
+    started: list[list[str]] = []
+    monkeypatch.setattr(cli.subprocess, "run", lambda step, **_: started.append(step))
+    assert cli.main(["serve-model"]) == 1
+    assert not started  # no server that would fail with MLflow's traceback
+    err = capsys.readouterr().err
+    assert "shardflow serve-model: refused: the tracking store" in err
+    assert f"fix: `{REBUILD}`" in err
