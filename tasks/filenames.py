@@ -10,8 +10,9 @@ Shardflow's ingest quarantines such a file, but under DVC the run never gets tha
 FOLDER defaults to ``ingest.source_dir`` from ``params.yaml``. The rename is lossless: in a
 renamed name every byte that is not valid UTF-8, and every ``%``, becomes ``%XX`` (its hex
 value), so :func:`original_name` recovers the exact original bytes. Names that are valid UTF-8
-are never touched. `make run` runs ``check`` before `dvc repro`; without a FOLDER it also
-refuses what else DVC cannot hash under ``ingest.source_dir`` (:mod:`tasks.source_check`).
+are never touched. `make run` runs ``check`` before `dvc repro`, and refuses a ``source_dir``
+no folder can be called. Special files and stray links are quarantined by ingest: DVC depends
+on a listing of the folder, never on its bytes (:mod:`tasks.source_check`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import sys
 from pathlib import Path
 
 from tasks.refusals import Refused
-from tasks.source_check import check_source, refuse_unnamable
+from tasks.source_check import refuse_unnamable
 
 
 def is_valid(name: bytes) -> bool:
@@ -129,10 +130,6 @@ def _check(folder: Path) -> int:
             file=sys.stderr,
         )
         return 1
-    try:
-        check_source(os.fspath(folder))  # the names first: DVC fails on them before the rest
-    except Refused as error:
-        return _refusal(error)
     return 0
 
 

@@ -495,11 +495,10 @@ class SourceChangedDuringIngest(Refused):
 
 
 def refuse_files_changed_since_read(source_dir: Path, inspected: list[Inspected]) -> None:
-    """Refuse the run when a file's stat differs from the one taken as it was read: DVC
-    hashes the folder after the stage ends, so ``dvc.lock`` would hold the new content and
-    the index the old, and the shard stage would refuse it on every later run while DVC
-    skipped ingest as unchanged. Failing here leaves DVC nothing recorded: the next run
-    ingests again."""
+    """Refuse the run when a file's stat differs from the one taken as it was read: the
+    index would hold the old content and the folder the new, which the shard stage refuses.
+    Failing here writes no index, and DVC records nothing; the listing it compares
+    (:mod:`tasks.source_check`) was taken before the stage, so the next run ingests again."""
     changed = []
     for item in inspected:
         if item.signature is None:

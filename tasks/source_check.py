@@ -1,12 +1,15 @@
-"""What DVC cannot hash under ``ingest.source_dir``, found before `dvc repro` runs.
+"""The source folder as `dvc repro` sees it: a listing, never the folder's bytes.
 
-DVC hashes the source folder (a dependency of ingest and shard) before any stage runs: a FIFO
-hangs it with the workspace lock held, a link to ``/dev/zero`` hangs ``dvc status``, a broken
-link or a link loop fails with DVC's own errno naming no key, and a link that leads out of the
-folder is read to hash it. Ingest quarantines each of these, but under DVC the run never gets
-that far, so `make run` checks the folder first (``python -m tasks.filenames check``) and
-refuses naming each file and ``ingest.source_dir``. Nothing outside the folder is read: links
-are resolved, never opened.
+Were ``ingest.source_dir`` itself a DVC dependency, DVC would hash it before any stage runs: a
+FIFO hangs that with the workspace lock held, a link to ``/dev/zero`` hangs ``dvc status``, a
+broken link or a link loop fails with DVC's own errno naming no key, and a link out of the
+folder is read to hash it. Ingest quarantines each of these with its reason, so the ``source``
+stage (``always_changed``, ``python -m tasks.source_check``) writes :data:`LISTING` instead:
+every entry's name and kind, a regular file's sha256 (a link's: its target's, resolved inside
+the folder), and what is wrong with the rest, which is never opened. Ingest depends on the
+listing, so DVC reruns it exactly when an entry's content changed, on any clone: the listing
+holds no times. A file whose stat (size, times, inode) is the one it was hashed under is not
+read again (:data:`HASHES`, this machine's, as DVC keeps its own).
 
 A link into the project's own DVC cache is the folder's file: that is how a DVC-tracked folder
 is checked out under ``cache.type symlink`` (or ``hardlink``, which needs no link at all).
@@ -14,26 +17,48 @@ is checked out under ``cache.type symlink`` (or ``hardlink``, which needs no lin
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import stat
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from tasks.atomic import write_json
 from tasks.content import file_kind
 from tasks.refusals import Refused
 
 KEY = "ingest.source_dir"
-SHOWN = 20  # problems listed in the refusal; the count says how many more
+LISTING = Path("data") / "ingest" / "source_listing.json"
+HASHES = Path(".shardflow") / "source_hashes.json"  # real path -> [stat signature, sha256]
+CHUNK = 1 << 20
+
+Hashes = dict[str, list[Any]]
+
+
+@dataclass
+class HashCache:
+    """Content hashes by real path and the stat signature each was taken under: ``known``
+    from the last listing, ``seen`` this one's (the next run's ``known``)."""
+
+    known: Hashes = field(default_factory=dict)
+    seen: Hashes = field(default_factory=dict)
 
 
 class SourceRefused(Refused):
-    """``ingest.source_dir`` holds what DVC cannot hash, or cannot be a folder's path."""
+    """``ingest.source_dir`` cannot be a folder's path."""
 
 
 @dataclass(frozen=True)
-class SourceProblem:
-    path: str  # as found under the folder
-    reason: str
+class SourceEntry:
+    """One entry under the folder: what DVC reruns ingest on when it changes."""
+
+    path: str  # relative to the folder
+    kind: str  # file | dir | link | the reason ingest quarantines it
+    sha256: str = ""  # a file's, or a link's target's
+    target: str = ""  # a link's target, relative to the folder
 
 
 def dvc_cache(folder: str | Path) -> str | None:
@@ -50,52 +75,81 @@ def inside(real: str, folder: str) -> bool:
     return real == folder or real.startswith(folder.rstrip("/") + "/")
 
 
-def _link_problem(path: str, roots: tuple[str, ...]) -> str | None:
-    """Why the link ``path`` is one DVC cannot hash, or None; its target is never opened."""
+def content_sha256(real: str, status: os.stat_result, hashes: HashCache) -> str:
+    """sha256 of the regular file ``real`` whose ``stat`` is ``status``: the known one when
+    taken under the same stat signature, else read."""
+    signature = [status.st_size, status.st_mtime_ns, status.st_ctime_ns, status.st_ino]
+    known = hashes.known.get(real)
+    if known is not None and known[0] == signature:
+        hashes.seen[real] = known
+        return str(known[1])
+    # a file swapped for a FIFO or a link since its stat is neither waited on nor followed
+    handle = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    with os.fdopen(handle, "rb") as file:
+        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+            raise OSError(f"{real}: no longer a regular file")
+        digest = hashlib.sha256()
+        while block := file.read(CHUNK):
+            digest.update(block)
+    hashes.seen[real] = [signature, digest.hexdigest()]
+    return digest.hexdigest()
+
+
+def _link(path: str, rel: str, roots: tuple[str, ...], hashes: HashCache) -> SourceEntry:
+    """The link ``path`` as its target (hashed only when a regular file inside the folder),
+    or why it leads to no file inside the folder."""
     try:
         real = os.fspath(Path(path).resolve(strict=True))
     except FileNotFoundError:
-        return "a broken link (its target does not exist)"
+        return SourceEntry(rel, "a broken link (its target does not exist)")
     except (OSError, RuntimeError) as error:  # a loop, a folder it may not enter
-        return f"a link that cannot be followed ({error.__class__.__name__}: {error})"
-    if not any(inside(real, root) for root in roots):
-        return f"a link to {real}, outside the folder"
-    mode = os.stat(real).st_mode
-    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-        return f"a link to {file_kind(mode)}"
-    return None
+        return SourceEntry(rel, f"a link that cannot be followed ({error.__class__.__name__})")
+    root = next((root for root in roots if inside(real, root)), None)
+    if root is None:
+        return SourceEntry(rel, f"a link to {real}, outside the folder")
+    status = os.stat(real)
+    if not (stat.S_ISREG(status.st_mode) or stat.S_ISDIR(status.st_mode)):
+        return SourceEntry(rel, f"a link to {file_kind(status.st_mode)}")
+    digest = content_sha256(real, status, hashes) if stat.S_ISREG(status.st_mode) else ""
+    if root != roots[0]:  # the DVC cache: a file of the folder under any cache.type
+        return SourceEntry(rel, "file", digest)
+    return SourceEntry(rel, "link", digest, os.path.relpath(real, root))
 
 
-def _entry_problem(path: str, roots: tuple[str, ...]) -> str | None:
-    mode = os.lstat(path).st_mode
-    if stat.S_ISLNK(mode):
-        return _link_problem(path, roots)
-    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
-        return None
-    return file_kind(mode)
+def _entry(path: str, rel: str, roots: tuple[str, ...], hashes: HashCache) -> SourceEntry:
+    status = os.lstat(path)
+    if stat.S_ISLNK(status.st_mode):
+        return _link(path, rel, roots, hashes)
+    if stat.S_ISDIR(status.st_mode):
+        return SourceEntry(rel, "dir")
+    if stat.S_ISREG(status.st_mode):
+        return SourceEntry(rel, "file", content_sha256(path, status, hashes))
+    return SourceEntry(rel, file_kind(status.st_mode))
 
 
-def find_problems(folder: str | Path) -> list[SourceProblem]:
-    """Every entry under ``folder`` DVC cannot hash: special files (FIFO, socket, device),
-    broken links, link loops, links out of the folder (other than into the project's DVC
-    cache), and folders that cannot be listed. Links to folders are not walked into."""
+def listing(folder: str | Path, hashes: HashCache | None = None) -> list[SourceEntry]:
+    """Every entry under ``folder``, sorted: a regular file (or a link to one inside the
+    folder) with its sha256; a special file, or a link out of the folder (other than into the
+    project's DVC cache), with its reason, never opened. Links to folders are not walked
+    into. ``hashes`` spares re-reading files whose stat is unchanged."""
+    hashes = HashCache() if hashes is None else hashes
     top = os.fspath(folder)
     roots = (os.fspath(Path(top).resolve()), *filter(None, [dvc_cache(top)]))
-    found: list[SourceProblem] = []
+    found: list[SourceEntry] = []
 
     def unreadable(error: OSError) -> None:
-        found.append(SourceProblem(os.fspath(error.filename), f"cannot be listed: {error}"))
+        rel = os.path.relpath(os.fspath(error.filename), top)
+        found.append(SourceEntry(rel, f"cannot be listed ({error.strerror})"))
 
     for current, dirs, files in os.walk(top, onerror=unreadable):
-        for name in sorted([*dirs, *files]):
+        for name in [*dirs, *files]:
             path = os.path.join(current, name)
+            rel = os.path.relpath(path, top)
             try:
-                reason = _entry_problem(path, roots)
-            except OSError as error:
-                reason = f"cannot be read: {error}"
-            if reason:
-                found.append(SourceProblem(path, reason))
-    return found
+                found.append(_entry(path, rel, roots, hashes))
+            except OSError as error:  # gone or unreadable between the listing and the stat
+                found.append(SourceEntry(rel, f"cannot be read ({error})"))
+    return sorted(found, key=lambda entry: entry.path)
 
 
 def refuse_unnamable(source_dir: str) -> None:
@@ -107,22 +161,41 @@ def refuse_unnamable(source_dir: str) -> None:
         )
 
 
-def check_source(source_dir: str) -> None:
-    """Refuse (:class:`SourceRefused`) a ``source_dir`` DVC cannot hash; a missing folder
-    passes (ingest reports it)."""
+def source_record(source_dir: str, hashes: HashCache | None = None) -> dict[str, Any]:
+    """What :data:`LISTING` holds for ``source_dir``: a missing folder is listed as missing
+    (ingest reports it); names that are not UTF-8 keep their bytes as JSON escapes."""
     refuse_unnamable(source_dir)
     if not os.path.isdir(source_dir):
-        return
-    problems = find_problems(source_dir)
-    if not problems:
-        return
-    lines = [f"  {p.path}: {p.reason}" for p in problems[:SHOWN]]
-    if len(problems) > SHOWN:
-        lines.append(f"  ... and {len(problems) - SHOWN} more")
-    count = f"{len(problems)} entr{'y' if len(problems) == 1 else 'ies'}"
-    raise SourceRefused(
-        f"{KEY}={source_dir!r} holds {count} that `dvc repro` would hang or fail on, or read "
-        "outside the folder to hash (special files, and links that lead to no file inside "
-        "it):\n" + "\n".join(lines),
-        fix=f"remove or replace them, or point {KEY} in params.yaml at another folder",
-    )
+        return {"source_dir": source_dir, "missing": True, "entries": []}
+    found = listing(source_dir, hashes)
+    entries = [[e.path, e.kind, e.sha256, e.target] for e in found]
+    return {"source_dir": source_dir, "missing": False, "entries": entries}
+
+
+def _known_hashes() -> Hashes:
+    try:
+        known = json.loads(HASHES.read_text())
+    except (OSError, ValueError):
+        return {}
+    return known if isinstance(known, dict) else {}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The ``source`` stage: write :data:`LISTING` for ``ingest.source_dir``."""
+    from tasks.params import load_params
+
+    del argv
+    hashes = HashCache(known=_known_hashes())
+    try:
+        record = source_record(load_params().ingest.source_dir, hashes)
+    except Refused as error:
+        print(f"refused: {error}\nfix: {error.fix}", file=sys.stderr)
+        return 1
+    write_json(LISTING, record)
+    if hashes.seen != hashes.known:
+        write_json(HASHES, hashes.seen)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

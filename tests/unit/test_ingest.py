@@ -308,8 +308,8 @@ def test_a_folder_checked_out_as_links_into_the_projects_dvc_cache_is_ingested(
 def test_a_file_rewritten_while_ingest_runs_fails_the_stage_naming_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """DVC hashes the folder after the stage: an index of the old content under a dvc.lock
-    of the new jammed every later run. The stage fails instead, and writes nothing."""
+    """An index of the old content beside a folder of the new would be refused by the shard
+    stage: the stage fails instead, and writes nothing."""
     import tasks.ingest
 
     src = write_image_folder(tmp_path / "src", per_class=2)

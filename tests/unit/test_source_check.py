@@ -1,4 +1,5 @@
-"""What DVC cannot hash under ingest.source_dir is refused before `dvc repro`, naming it."""
+"""DVC depends on a listing of ingest.source_dir, never on its bytes: special files and stray
+links are listed with their reason (ingest quarantines them), never opened."""
 
 from __future__ import annotations
 
@@ -6,16 +7,20 @@ import os
 from pathlib import Path
 
 import pytest
+import yaml
 
+from tasks.content import file_sha256
 from tasks.filenames import main
-from tasks.source_check import SourceRefused, check_source, find_problems
+from tasks.source_check import HashCache, SourceRefused, listing, source_record
 from tests.conftest import write_image_folder
 
+REPO = Path(__file__).resolve().parents[2]
 
-# a FIFO that were opened would block the check for good: fail instead of hanging the suite
+
+# a FIFO that were opened would block the listing for good: fail instead of hanging the suite
 @pytest.mark.timeout(60, method="thread")
-def test_special_files_and_stray_links_are_refused_naming_each_and_the_key(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_special_files_and_stray_links_are_listed_with_their_reason_never_opened(
+    tmp_path: Path,
 ) -> None:
     src = write_image_folder(tmp_path / "src", per_class=2)
     (tmp_path / "secret.txt").write_text("outside")
@@ -27,22 +32,39 @@ def test_special_files_and_stray_links_are_refused_naming_each_and_the_key(
     (src / "blue" / "passwd.png").symlink_to("/etc/passwd")
     (src / "blue" / "secret.png").symlink_to(tmp_path / "secret.txt")
     (src / "blue" / "fine.jpg").symlink_to(src / "red" / "000.jpg")  # inside: a file of it
-    assert main(["check", str(src)]) == 1
-    err = capsys.readouterr().err
-    assert "ingest.source_dir" in err and "fix: remove or replace them" in err
-    reasons = {Path(p.path).name: p.reason for p in find_problems(src)}
-    assert reasons == {
-        "pipe.png": "a FIFO",
-        "zero.png": "a link to /dev/zero, outside the folder",
-        "gone.png": "a broken link (its target does not exist)",
-        "loop_a.png": reasons["loop_a.png"],
-        "loop_b.png": reasons["loop_b.png"],
-        "passwd.png": "a link to /etc/passwd, outside the folder",
-        "secret.png": f"a link to {(tmp_path / 'secret.txt').resolve()}, outside the folder",
-    }
-    assert reasons["loop_a.png"].startswith("a link that cannot be followed")
-    for name in reasons:
-        assert name in err
+    kinds = {Path(e.path).name: e.kind for e in listing(src)}
+    assert kinds["pipe.png"] == "a FIFO"
+    assert kinds["zero.png"] == "a link to /dev/zero, outside the folder"
+    assert kinds["gone.png"] == "a broken link (its target does not exist)"
+    assert kinds["loop_a.png"].startswith("a link that cannot be followed")
+    assert kinds["passwd.png"] == "a link to /etc/passwd, outside the folder"
+    secret = (tmp_path / "secret.txt").resolve()
+    assert kinds["secret.png"] == f"a link to {secret}, outside the folder"
+    fine = next(e for e in listing(src) if e.path == "blue/fine.jpg")
+    assert (fine.kind, fine.target) == ("link", "red/000.jpg")
+    assert fine.sha256 == file_sha256(src / "red" / "000.jpg")
+    assert kinds["red"] == "dir" and kinds["001.png"] == "file"
+    assert main(["check", str(src)]) == 0  # ingest quarantines them: nothing to refuse
+
+
+def test_the_listing_changes_exactly_when_a_files_content_does(tmp_path: Path) -> None:
+    src = write_image_folder(tmp_path / "src", per_class=2)
+    hashes = HashCache()
+    first = source_record(str(src), hashes)
+    image = src / "red" / "001.png"
+    assert hashes.seen[str(image.resolve())][1] == file_sha256(image)
+    # unchanged: the same listing, from the hashes known under the same stat (none read)
+    again = HashCache(known=hashes.seen)
+    assert source_record(str(src), again) == first and again.seen == hashes.seen
+    stat = image.stat()
+    image.write_bytes(bytes(reversed(image.read_bytes())))  # same size, other content
+    os.utime(image, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # even under the same mtime
+    assert source_record(str(src), HashCache(known=hashes.seen)) != first
+    image.write_bytes(bytes(reversed(image.read_bytes())))  # the old bytes, a new mtime
+    assert source_record(str(src), HashCache(known=hashes.seen)) == first
+    (src / "red" / "new.png").write_bytes(b"x")
+    assert source_record(str(src)) != first
+    assert source_record(str(tmp_path / "absent"))["missing"] is True
 
 
 def test_a_source_dir_no_folder_can_be_called_is_refused_naming_the_key(
@@ -50,6 +72,18 @@ def test_a_source_dir_no_folder_can_be_called_is_refused_naming_the_key(
 ) -> None:
     assert main(["check", "data/x\0"]) == 1
     assert "refused: ingest.source_dir='data/x\\x00' holds a NUL byte" in capsys.readouterr().err
+    with pytest.raises(SourceRefused, match=r"ingest\.source_dir"):
+        source_record("data/x\0")
+
+
+def test_no_stage_depends_on_the_source_folder_itself() -> None:
+    """DVC hashes a folder dep before any stage runs (and hangs on a FIFO in it): ingest
+    depends on the always-rewritten listing instead."""
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    for name, stage in stages.items():
+        assert "${ingest.source_dir}" not in stage.get("deps", []), name
+    assert stages["source"]["always_changed"] is True
+    assert "data/ingest/source_listing.json" in stages["ingest"]["deps"]
 
 
 def test_links_into_the_projects_own_dvc_cache_are_the_folders_files(tmp_path: Path) -> None:
@@ -60,8 +94,10 @@ def test_links_into_the_projects_own_dvc_cache_are_the_folders_files(tmp_path: P
     cached.parent.mkdir(parents=True)
     (src / "red" / "000.jpg").rename(cached)
     (src / "red" / "000.jpg").symlink_to(cached)
-    check_source(str(src))
     other = write_image_folder(tmp_path / "other" / ".dvc" / "cache", per_class=1)
     (src / "red" / "001.jpg").symlink_to(other / "red" / "000.jpg")  # another project's cache
-    with pytest.raises(SourceRefused, match=r"001.jpg: a link to .*, outside the folder"):
-        check_source(str(src))
+    found = {e.path: e for e in listing(src)}
+    # the same entry as the plain file a hardlink or copy cache leaves
+    assert (found["red/000.jpg"].kind, found["red/000.jpg"].target) == ("file", "")
+    assert found["red/000.jpg"].sha256 == file_sha256(cached)
+    assert found["red/001.jpg"].kind.endswith("outside the folder")
