@@ -172,12 +172,23 @@ def source_record(source_dir: str, hashes: HashCache | None = None) -> dict[str,
     return {"source_dir": source_dir, "missing": False, "entries": entries}
 
 
-def _known_hashes() -> Hashes:
+def _known_hashes(path: Path) -> Hashes:
     try:
-        known = json.loads(HASHES.read_text())
+        known = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
     return known if isinstance(known, dict) else {}
+
+
+def write_listing(root: Path, source_dir: str) -> None:
+    """Write :data:`LISTING` under ``root`` for ``source_dir`` (relative to ``root``), with
+    the hashes known from the last listing (:class:`SourceRefused` for an unnamable one)."""
+    hashes_path = root / HASHES
+    hashes = HashCache(known=_known_hashes(hashes_path))
+    record = source_record(os.fspath(root / source_dir), hashes)
+    write_json(root / LISTING, {**record, "source_dir": source_dir})
+    if hashes.seen != hashes.known:
+        write_json(hashes_path, hashes.seen)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -185,15 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     from tasks.params import load_params
 
     del argv
-    hashes = HashCache(known=_known_hashes())
     try:
-        record = source_record(load_params().ingest.source_dir, hashes)
+        write_listing(Path("."), load_params().ingest.source_dir)
     except Refused as error:
         print(f"refused: {error}\nfix: {error.fix}", file=sys.stderr)
         return 1
-    write_json(LISTING, record)
-    if hashes.seen != hashes.known:
-        write_json(HASHES, hashes.seen)
     return 0
 
 

@@ -101,3 +101,31 @@ def test_links_into_the_projects_own_dvc_cache_are_the_folders_files(tmp_path: P
     assert (found["red/000.jpg"].kind, found["red/000.jpg"].target) == ("file", "")
     assert found["red/000.jpg"].sha256 == file_sha256(cached)
     assert found["red/001.jpg"].kind.endswith("outside the folder")
+
+
+def test_a_deployment_run_lists_the_source_before_dvc_judges_ingest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Deployment runs ask DVC whether ingest is current, without `dvc repro` running the
+    source stage first: the data flow lists the folder and records it itself."""
+    import json
+
+    from flows import data
+    from tasks.source_check import LISTING
+
+    (tmp_path / "params.yaml").write_bytes((REPO / "params.yaml").read_bytes())
+    write_image_folder(tmp_path / "data" / "demo", per_class=1)
+    events: list[tuple[str, str, bool]] = []
+
+    def record(stage: str, root: Path) -> None:
+        events.append(("record", stage, (root / LISTING).is_file()))
+
+    def run(name: str, root: Path, step: object, *, dvc_bookkeeping: bool) -> None:
+        events.append(("run", name, dvc_bookkeeping))
+
+    monkeypatch.setattr(data, "record_stage", record)
+    monkeypatch.setattr(data, "run_stage", run)
+    data.data_flow.fn(root=str(tmp_path), stages=["ingest"], dvc_bookkeeping=True)
+    assert events == [("record", "source", True), ("run", "ingest", True)]
+    listed = json.loads((tmp_path / LISTING).read_text())
+    assert listed["source_dir"] == "data/demo" and len(listed["entries"]) == 3 + 3
