@@ -3,6 +3,7 @@ links are listed with their reason (ingest quarantines them), never opened."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -64,6 +65,10 @@ def test_the_listing_changes_exactly_when_a_files_content_does(tmp_path: Path) -
     assert source_record(str(src), HashCache(known=hashes.seen)) == first
     (src / "red" / "new.png").write_bytes(b"x")
     assert source_record(str(src)) != first
+    # a name that is not UTF-8 (DVC fails on one in a folder it hashes) is listed, escaped
+    with open(os.path.join(os.fsencode(src / "red"), b"caf\xe9.png"), "wb") as handle:
+        handle.write(b"y")
+    assert "red/caf\\udce9.png" in json.dumps(source_record(str(src)))
     assert source_record(str(tmp_path / "absent"))["missing"] is True
 
 
@@ -108,8 +113,6 @@ def test_a_deployment_run_lists_the_source_before_dvc_judges_ingest(
 ) -> None:
     """Deployment runs ask DVC whether ingest is current, without `dvc repro` running the
     source stage first: the data flow lists the folder and records it itself."""
-    import json
-
     from flows import data
     from tasks.source_check import LISTING
 
