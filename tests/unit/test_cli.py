@@ -102,6 +102,12 @@ def test_ui_uses_the_tracking_uri_from_the_environment(monkeypatch: pytest.Monke
     assert "sqlite:///mlflow.db" in recorder.steps[1]
 
 
+def store_holds_the_reports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """serve-model's store check passes (the check itself: tests/unit/test_store_check.py):
+    these tests run in the repository, whose reports name runs of a store not here."""
+    monkeypatch.setattr("tasks.store_check.check_store", lambda root: None)
+
+
 def no_tracking_uri(monkeypatch: pytest.MonkeyPatch) -> None:
     """MLFLOW_TRACKING_URI unset, and unset again afterwards even if serve-model sets it."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "unset afterwards")
@@ -146,6 +152,7 @@ def test_ui_and_serve_model_listen_on_a_free_port_they_print(
     monkeypatch.setattr(cli.subprocess, "run", recorder)
     monkeypatch.chdir(ROOT)
     no_tracking_uri(monkeypatch)
+    store_holds_the_reports(monkeypatch)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -170,6 +177,7 @@ def test_serve_model_serves_the_champion_of_params_with_its_limits(
     monkeypatch.setattr(cli.subprocess, "run", recorder)
     monkeypatch.chdir(ROOT)
     no_tracking_uri(monkeypatch)
+    store_holds_the_reports(monkeypatch)
     cli.main(["serve-model"])
     cli.main(["serve-model", "--max-request-rows", "8"])
     name = load_params(ROOT / "params.yaml").evaluate.model_name
