@@ -121,12 +121,16 @@ def serve_model_steps(extra: Sequence[str]) -> Steps:
     after the dataset); a limit given in ``extra`` replaces its default."""
     from tasks.dataset_identity import model_name_for
     from tasks.params import load_params
+    from tasks.store_check import check_store
 
     # tasks.serve reads the store from MLFLOW_TRACKING_URI (main() passes this process's
     # environment on): absolute, so its workers find the same file, and a server's
     # credentials in MLflow's own variables, never in a URI or on a command line.
     os.environ["MLFLOW_TRACKING_URI"] = tracking.tracking_uri()
     model = f"models:/{model_name_for(load_params(), Path.cwd())}@champion"
+    # a store that lost the project's runs has no champion: say so, and the one rebuild,
+    # before MLflow fails inside the server with its traceback
+    check_store(Path.cwd())
     address, _ = listen_address(extra)  # tasks.serve prints the address it serves
     limits = [item for limit in SERVE_LIMITS.items() if limit[0] not in extra for item in limit]
     return [module("tasks.serve", model, *address, *limits, *extra)]
@@ -383,7 +387,7 @@ def run_command(argv: Sequence[str] | None) -> int:
     if {"-h", "--help"} & set(extra):
         return show_help(args.command, environment())
     keep_dvc_site_cache_in_repository(Path.cwd())  # for the `dvc` a user types here, too
-    steps = COMMANDS[args.command][1](extra)
+    steps = COMMANDS[args.command][1](extra)  # a refusal here is main()'s block too
     env = environment()
     output: list[str] = []
     for i, step in enumerate(steps):
@@ -398,7 +402,12 @@ def run_command(argv: Sequence[str] | None) -> int:
                 )
             return code
     if args.command == "run":
-        from flows.run_summary import summary_lines
+        from flows.run_summary import stage_outcomes, summary_lines
+        from tasks.store_check import check_store
+
+        if "evaluate" not in stage_outcomes(output)[0]:
+            # stale reports would summarise a champion the store no longer holds
+            check_store(Path.cwd())
 
         print("\nShardflow run done:")
         for line in summary_lines(Path.cwd(), output):

@@ -8,13 +8,16 @@ code, and this flow composes the same tasks for deployment runs.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal, get_args
 
 from prefect import flow
 
 from flows import ingest, shard, validate
 from flows.common import (
+    hold_workspace,
     naming,
+    record_stage,
     run_parameter,
     run_params_path,
     run_stage,
@@ -24,6 +27,7 @@ from flows.common import (
 from flows.parameters import RepoPath
 from tasks.layout import Layout
 from tasks.params import load_params
+from tasks.source_check import write_listing
 
 DataStage = Literal["ingest", "shard", "validate"]  # a run's `stages` are checked names
 DATA_STAGES: tuple[DataStage, ...] = get_args(DataStage)
@@ -54,11 +58,21 @@ def data_flow(
         "shard": lambda: shard.run(shard.stage_params(params.shard), layout),
         "validate": lambda: validate.validate_task(layout, params),
     }
+    if dvc_bookkeeping and "ingest" in stages:
+        list_source(layout.root, params.ingest.source_dir)
     return {
         name: run_stage(name, layout.root, steps[name], dvc_bookkeeping=dvc_bookkeeping)
         for name in DATA_STAGES
         if name in stages
     }
+
+
+def list_source(root: Path, source_dir: str) -> None:
+    """The source stage's work, recorded: DVC judges ingest current against the source
+    folder's listing, which only that stage rewrites (`dvc repro` runs it first)."""
+    with hold_workspace(root):
+        write_listing(root, source_dir)
+        record_stage("source", root)
 
 
 def main() -> None:

@@ -199,10 +199,13 @@ def step_index(job: Job) -> None:
     from tasks.exclusions import load_excluded
     from tasks.forget import rewrite_index
     from tasks.ingest import run_ingest
+    from tasks.source_check import write_listing
 
     layout = Layout(job.layout.root.resolve())
     if is_dvc_project(layout):
         excluded = load_excluded(layout.excluded)
+        # the source stage's listing first: it named the images and their hashes
+        write_listing(layout.root, job.params.ingest.source_dir)
         with contextlib.chdir(layout.root):  # source_dir is relative to the project root
             run_ingest(job.params.ingest, layout.index, layout.ingest_report, excluded=excluded)
     dropped = rewrite_index(layout.index, set(job.erasure.sha256))
@@ -216,7 +219,7 @@ def step_shards(job: Job) -> None:
     hashes = set(job.erasure.sha256)
     manifest = rewrite_shards(job.layout.shards_dir, hashes, diff_path=job.layout.shard_changes)
     if is_dvc_project(job.layout):
-        run_steps(job.layout, [dvc("commit", "-f", "ingest", "shard")])
+        run_steps(job.layout, [dvc("commit", "-f", "source", "ingest", "shard")])
     job.done("shards", shards=[f"now {manifest.fingerprint}"])
 
 

@@ -35,6 +35,7 @@ from flows.parameters import ModelName, ModelReference, RepoPath
 from tasks import predict, tracking
 from tasks.dataset_identity import model_name_for
 from tasks.params import inside, load_params
+from tasks.store_check import check_store
 
 ARTIFACT_ROWS = 500  # the Prefect table shows the first rows; the CSV holds them all
 
@@ -122,7 +123,13 @@ def predict_flow(
     # the current dataset's registered model (evaluate.model_name, else named after the data)
     model_name = model_name or model_name_for(load_params(params_file), base)
     client = tracking.client(root)
-    ref = predict.resolve_model(client, model, model_name)
+    try:
+        ref = predict.resolve_model(client, model, model_name)
+    except LookupError:
+        # a store that lost the project's runs: the rebuild it names, not "train first",
+        # which `dvc repro` would skip as unchanged
+        check_store(base)
+        raise
     print(f"Predicting {source_path} with {ref.uri} (version {ref.version or '-'})")
     start = time.perf_counter()
     rows = predict_task(ref.uri, paths, root)

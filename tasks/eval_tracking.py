@@ -14,6 +14,7 @@ from tasks.gate import ShardsNotValidated
 from tasks.layout import Layout
 from tasks.metrics_files import is_number
 from tasks.params import EvaluateParams, flatten
+from tasks.store_check import REBUILD
 from tasks.tracking import redact, source_tags
 
 if TYPE_CHECKING:
@@ -76,6 +77,16 @@ def end_abandoned_evaluations(client: MlflowClient, train: Run) -> None:
     )
     for run in stale:
         client.set_terminated(run.info.run_id, status="KILLED")
+
+
+def end_abandoned_model_logging(client: MlflowClient, train: Run) -> None:
+    """Mark FINISHED the training run a killed evaluation left RUNNING. MLflow logs a model
+    only onto the active run, so logging the pyfunc reopens the training run
+    (:func:`tasks.predict.log_pyfunc`) until its ``end_run`` puts the status back; a kill in
+    between left it RUNNING for good, and the next logging "restored" that. An evaluated
+    training run is always one the train stage finished: it wrote ``models/run.json``."""
+    if train.info.status == "RUNNING":
+        client.set_terminated(train.info.run_id, status="FINISHED")
 
 
 def log_test_results(
@@ -204,7 +215,7 @@ def training_run(client: MlflowClient, run_id: str, layout: Layout) -> Run:
         raise TrainingRunNotInStore(
             f"{layout.train_run} names the MLflow run {run_id}, which this tracking store "
             "(MLFLOW_TRACKING_URI, else mlflow.db) does not hold: it was made against another "
-            "store or deleted; train again into this one with `dvc repro -f train`"
+            f"store or deleted; train and evaluate again into this one with `{REBUILD}`"
         ) from None
 
 

@@ -26,6 +26,7 @@ from tasks.atomic import write_json
 from tasks.dataset_identity import model_name_for
 from tasks.eval_metrics import class_columns, classification_metrics, metrics_by_name
 from tasks.eval_tracking import (
+    end_abandoned_model_logging,
     log_decision,
     log_test_results,
     start_evaluation_run,
@@ -547,7 +548,8 @@ def run_evaluate(
     try:
         client = tracking.client(layout.root)
         runs = {"training": record["run_id"]}
-        training_run(client, runs["training"], layout)  # the store opens meanwhile
+        # the store opens meanwhile
+        end_abandoned_model_logging(client, training_run(client, runs["training"], layout))
         spec = ServingSpec.from_manifest(manifest, params.ingest)
         logged = log_due_pyfunc(
             client,

@@ -10,7 +10,9 @@ Shardflow's ingest quarantines such a file, but under DVC the run never gets tha
 FOLDER defaults to ``ingest.source_dir`` from ``params.yaml``. The rename is lossless: in a
 renamed name every byte that is not valid UTF-8, and every ``%``, becomes ``%XX`` (its hex
 value), so :func:`original_name` recovers the exact original bytes. Names that are valid UTF-8
-are never touched. `make run` runs ``check`` before `dvc repro`.
+are never touched. `make run` runs ``check`` before `dvc repro`, and refuses a ``source_dir``
+no folder can be called. Special files and stray links are quarantined by ingest: DVC depends
+on a listing of the folder, never on its bytes (:mod:`tasks.source_check`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ import codecs
 import os
 import sys
 from pathlib import Path
+
+from tasks.refusals import Refused
+from tasks.source_check import refuse_unnamable
 
 
 def is_valid(name: bytes) -> bool:
@@ -82,10 +87,17 @@ def fix(folder: Path) -> list[tuple[bytes, bytes]]:
     return moves
 
 
-def _source_dir() -> Path:
+def _source_dir() -> str:
     from tasks.params import load_params
 
-    return Path(load_params().ingest.source_dir)
+    return load_params().ingest.source_dir
+
+
+def _refusal(error: Refused) -> int:
+    print(f"refused: {error}", file=sys.stderr)
+    if error.fix:
+        print(f"fix: {error.fix}", file=sys.stderr)
+    return 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,13 +105,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=("check", "fix"))
     parser.add_argument("folder", nargs="?", help="default: ingest.source_dir from params.yaml")
     args = parser.parse_args(argv)
-    folder = Path(args.folder) if args.folder else _source_dir()
-    if not folder.is_dir():
+    try:
+        folder = args.folder or _source_dir()
+        refuse_unnamable(folder)
+    except Refused as error:
+        return _refusal(error)
+    if not os.path.isdir(folder):
         return 0  # nothing to check yet; ingest reports a missing folder itself
     if args.command == "fix":
-        for old, new in fix(folder):
+        for old, new in fix(Path(folder)):
             print(f"renamed {old.decode('utf-8', 'backslashreplace')} -> {os.fsdecode(new)}")
         return 0
+    return _check(Path(folder))
+
+
+def _check(folder: Path) -> int:
     invalid = find_invalid(folder)
     for path in invalid:
         print(f"not valid UTF-8: {path.decode('utf-8', 'backslashreplace')}", file=sys.stderr)

@@ -27,7 +27,14 @@ from tasks.discovery import Candidate, Discovered, discover
 from tasks.gc_pause import paused_gc
 from tasks.handoff import HandoffWriter, Target
 from tasks.index import INDEX_VERSION, iter_records, iter_verdicts, read_header, write_index
-from tasks.inspection import Inspected, Locator, Signature, inspect_chunk, inspect_file
+from tasks.inspection import (
+    Inspected,
+    Locator,
+    Signature,
+    inspect_chunk,
+    inspect_file,
+    signature,
+)
 from tasks.near_duplicates import Item, hash_version, place
 from tasks.params import IngestParams, SplitFractions
 from tasks.processes import capped_workers, spawn_pool
@@ -413,6 +420,7 @@ def run_ingest(
         if target is not None:
             kept = (handoff_store.folder_for(handoff, preprocessing_version()), target)
     inspected = inspect_all(source_dir, candidates, params, known, progress, trusted, kept)
+    refuse_files_changed_since_read(source_dir, inspected)  # before the index changes
     inspected, excluded_count = drop_excluded(inspected, excluded, kept)
     sorted_out = build_index(inspected, classes, params, placed)
     records = sorted_out["records"]
@@ -510,6 +518,36 @@ def classes_dropped(discovered: Discovered, present: Iterable[str]) -> list[dict
             reason = "no files in its folder"
         dropped.append({"class": display_name(label), "reason": reason})
     return dropped
+
+
+class SourceChangedDuringIngest(Refused):
+    """A source file changed after ingest read it, while the stage still ran."""
+
+
+def refuse_files_changed_since_read(source_dir: Path, inspected: list[Inspected]) -> None:
+    """Refuse the run when a file's stat differs from the one taken as it was read: the
+    index would hold the old content and the folder the new, which the shard stage refuses.
+    Failing here writes no index, and DVC records nothing; the listing it compares
+    (:mod:`tasks.source_check`) was taken before the stage, so the next run ingests again."""
+    changed = []
+    for item in inspected:
+        if item.signature is None:
+            continue
+        try:
+            now: Signature | None = signature(os.stat(source_dir / item.path))
+        except OSError:
+            now = None
+        if now != item.signature:
+            changed.append(item.path)
+    if changed:
+        shown = ", ".join(changed[:10]) + (
+            f" and {len(changed) - 10} more" if len(changed) > 10 else ""
+        )
+        raise SourceChangedDuringIngest(
+            f"{len(changed)} file(s) of ingest.source_dir={str(source_dir)!r} changed while "
+            f"ingest read them: {shown}. Nothing was written (the ingest index is as it was)",
+            fix="run again once nothing writes into the folder (`make run`): ingest reads anew",
+        )
 
 
 class SetWouldBeLost(Refused, ValueError):

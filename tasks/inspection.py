@@ -22,6 +22,7 @@ from tasks.discovery import Candidate
 from tasks.handoff import HandoffWriter, Target, decode_key, header_bytes
 from tasks.images import ImageRejected, finish_decode, open_checked, oriented_size
 from tasks.near_duplicates import HASH_SIDE, perceptual_hash
+from tasks.source_check import dvc_cache
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -61,9 +62,10 @@ class Locator:
 
     Refuses (:class:`Rejected`, message = quarantine reason) a name that is not valid
     UTF-8, a path that leaves ``source_dir`` (absolute, ``..``, or a symlink pointing
-    outside), anything that is not a regular file (FIFO, socket, device, folder), and a file
-    over ``ingest.max_file_mb``. Reading a FIFO would block the stage; a huge file would
-    fill memory: both are stopped here.
+    outside, other than into the project's own DVC cache: a DVC-tracked folder checked out
+    with ``cache.type symlink``), anything that is not a regular file (FIFO, socket,
+    device, folder), and a file over ``ingest.max_file_mb``. Reading a FIFO would block the
+    stage; a huge file would fill memory: both are stopped here.
 
     Each folder is resolved once: ``realpath(folder/name)`` is ``realpath(folder)/name``
     whenever ``name`` itself is not a symlink, so a plain file costs one ``lstat`` instead of
@@ -78,6 +80,8 @@ class Locator:
         self.max_bytes = max_bytes
         self._root_prefix = self.root.rstrip("/") + "/"
         self._source = os.fspath(self.source_dir).rstrip("/") or "/"
+        cache = dvc_cache(self.source_dir)
+        self._cache_prefix = cache.rstrip("/") + "/" if cache else None
         self._folders: dict[str, str | Rejected] = {}  # folder -> its real path
 
     def __call__(self, relative: str) -> tuple[str, os.stat_result]:
@@ -101,13 +105,15 @@ class Locator:
             raise Rejected("unreadable: no such file (or a broken symlink)") from None
         except OSError as exc:
             raise Rejected(f"unreadable: {exc}") from None
+        cached = False
         if stat.S_ISLNK(info.st_mode):
             real = _resolve(path)
             info = os.stat(real)
+            cached = self._cache_prefix is not None and real.startswith(self._cache_prefix)
         else:
             folder, name = path.rsplit("/", 1)
             real = f"{self._folder(folder)}/{name}"
-        if not (real == self.root or real.startswith(self._root_prefix)):
+        if not (cached or real == self.root or real.startswith(self._root_prefix)):
             raise Rejected(
                 f"outside source_dir: {relative!r} resolves to a path outside {self.root}"
             )

@@ -7,10 +7,20 @@ partial file is an error instead of a silent fallback to values the code made up
 from __future__ import annotations
 
 import io
+import reprlib
 from pathlib import Path, PurePath
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from ruamel.yaml import YAML, YAMLError
 
 from tasks import atomic
@@ -29,6 +39,33 @@ Side = Annotated[int, Field(ge=8)]  # smaller images carry too little signal to 
 # keras.applications' backbones refuse a smaller input side (small_cnn takes any Side)
 BACKBONE_MIN_SIDE = 32
 Fraction = Annotated[float, Field(ge=0, lt=1)]
+# The largest shard.image_size side: a record of 4096x4096 8-bit RGB is 48 MiB, its float32
+# training input four times that; past it a shard worker's record alone needs gigabytes.
+MAX_SIDE = 4096
+# The largest input batch training may hold (float32 pixels), in bytes.
+MAX_BATCH_BYTES = 16 * 2**30
+MIB = 2**20
+
+
+def _bytes(count: float) -> str:
+    """``count`` bytes in the unit a person reads (MiB up to a GiB, then GiB)."""
+    return f"{count / 2**30:,.1f} GiB" if count >= 2**30 else f"{count / MIB:,.1f} MiB"
+
+
+def at_most(limit: int, bytes_each: float, what: str) -> AfterValidator:
+    """A bound on a size param whose refusal names what the value would need: ``value *
+    bytes_each`` bytes of ``what``."""
+
+    def check(value: float) -> float:
+        if value > limit:
+            raise ValueError(
+                f"at most {limit:,}: this value needs {_bytes(value * bytes_each)} of {what} "
+                f"({_bytes(limit * bytes_each)} at the bound)"
+            )
+        return value
+
+    return AfterValidator(check)
+
 
 # Where code runs comes from the repository's params.yaml only, never from a run's overrides.
 FILE_ONLY_KEYS = ("shard.runner", "shard.dask_address", "shard.staging_url")
@@ -51,6 +88,62 @@ class ParamsError(Refused, ValueError):
     """
 
     fix = "edit what it names in params.yaml (every key is listed there), then rerun"
+
+
+# A params file holds a few hundred values; YAML aliases let a few lines stand for billions
+# (an alias bomb: each level repeats the one before), which validating or formatting an error
+# would walk for good. The expanded size is counted over shared nodes first, in linear time.
+MAX_EXPANDED_VALUES = 100_000
+
+
+def _value_repr() -> reprlib.Repr:
+    """An error message shows at most this much of a bad value."""
+    shown = reprlib.Repr()
+    shown.maxstring = shown.maxother = 120
+    shown.maxlist = shown.maxtuple = shown.maxdict = 8
+    shown.maxlevel = 3
+    return shown
+
+
+_VALUE_REPR = _value_repr()
+
+
+def _expanded_size(node: Any, seen: dict[int, int]) -> int:
+    """How many values ``node`` holds once every alias is expanded (shared nodes counted once
+    per use, each computed once)."""
+    if not isinstance(node, dict | list):
+        return 1
+    if id(node) not in seen:
+        seen[id(node)] = 0  # a recursive alias counts as one value, not forever
+        items = [*node.keys(), *node.values()] if isinstance(node, dict) else node
+        seen[id(node)] = 1 + sum(_expanded_size(item, seen) for item in items)
+    return seen[id(node)]
+
+
+def _oversized_keys(node: dict[Any, Any], prefix: str, seen: dict[int, int]) -> list[str]:
+    """The deepest keys whose values alone expand past :data:`MAX_EXPANDED_VALUES`."""
+    found: list[str] = []
+    for key, value in node.items():
+        if _expanded_size(value, seen) > MAX_EXPANDED_VALUES:
+            name = f"{prefix}{key}"
+            inner = _oversized_keys(value, f"{name}.", seen) if isinstance(value, dict) else []
+            found += inner or [name]
+    return found
+
+
+def refuse_alias_bombs(raw: dict[Any, Any], source: str) -> None:
+    """Refuse a document whose aliases expand past :data:`MAX_EXPANDED_VALUES`, naming its
+    keys, before anything walks the expansion."""
+    seen: dict[int, int] = {}
+    total = _expanded_size(raw, seen)
+    if total <= MAX_EXPANDED_VALUES:
+        return
+    keys = _oversized_keys(raw, "", seen) or [str(key) for key in raw]
+    raise ParamsError(
+        f"{source}: {', '.join(keys)} expand(s) to {total:,} values through YAML aliases "
+        f"(a params file holds at most {MAX_EXPANDED_VALUES:,})",
+        fix=f"write the value(s) of {', '.join(keys)} out in {source} without nested aliases",
+    )
 
 
 # Strict types: lax coercion read `batch_size: true` as 1, `"3"` as 3 and `1.5` for an int as
@@ -83,9 +176,17 @@ class IngestParams(_Strict):
     labels_csv: str | None  # CSV of `path,label` (paths relative to source_dir)
     splits: SplitFractions
     seed: int
-    max_pixels: int = Field(ge=1)  # larger images are quarantined as "absurd dimensions"
+    # larger images are quarantined as "absurd dimensions"
+    max_pixels: Annotated[
+        int,
+        Field(ge=1),
+        at_most(200_000_000, 3, "memory per worker to decode one image (8-bit RGB)"),
+    ]
     min_side: int = Field(ge=1)
-    max_file_mb: float = Field(gt=0)  # larger files are quarantined before they are read
+    # larger files are quarantined before they are read
+    max_file_mb: Annotated[
+        float, Field(gt=0), at_most(1024, MIB, "memory per worker (a file is read whole)")
+    ]
     draft_check: bool  # check JPEGs with a 1/8-scale decode (still reads every byte)
     # images whose 64-bit perceptual hashes differ in at most this many bits are
     # near-duplicates and share a split (chosen by `python -m bench --only near_duplicates`)
@@ -94,7 +195,7 @@ class IngestParams(_Strict):
     trust_file_stat: bool
     workers: int = Field(ge=1)
     # MiB of decoded images ingest keeps for the shard stage (tasks/handoff.py); 0: none
-    handoff_mb: float = Field(ge=0)
+    handoff_mb: Annotated[float, Field(ge=0), at_most(65536, MIB, "disk in .shardflow/handoff")]
 
 
 class ShardParams(_Strict):
@@ -104,7 +205,10 @@ class ShardParams(_Strict):
     draft_decode: bool  # reduced-size JPEG decoding when the target is <= 1/2 the source
     encoding: Literal["raw", "jpeg", "png"]
     jpeg_quality: int = Field(ge=1, le=100)
-    target_shard_mb: float = Field(gt=0)
+    # the object-storage cache holds 2 * storage.prefetch_shards + 1 shards at once
+    target_shard_mb: Annotated[
+        float, Field(gt=0), at_most(4096, 9 * MIB, "shard cache at the default prefetch")
+    ]
     compression: Literal["none", "gzip"]
     seed: int
     workers: int = Field(ge=1)
@@ -115,6 +219,18 @@ class ShardParams(_Strict):
     staging_url: str | None = Field(pattern=r"^s3://[^/]+(/.*)?$")
     # rebuild: one generation from the index; append: keep the current shards, add a generation
     mode: Literal["rebuild", "append"]
+
+    @field_validator("image_size")
+    @classmethod
+    def _records_fit_in_memory(cls, size: tuple[int, int]) -> tuple[int, int]:
+        height, width = size
+        if max(height, width) > MAX_SIDE:
+            raise ValueError(
+                f"at most {MAX_SIDE} px a side: one record of {height}x{width} needs "
+                f"{_bytes(height * width * 3)} of memory (8-bit RGB) in each shard worker and "
+                f"{_bytes(height * width * 12)} as a float32 training input"
+            )
+        return size
 
     @model_validator(mode="after")
     def _dask_needs_address(self) -> ShardParams:
@@ -139,7 +255,7 @@ class TrainParams(_Strict):
     fine_tune_layers: int = Field(ge=0)  # top backbone layers unfrozen after the frozen phase
     fine_tune_epochs: int = Field(ge=0)
     epochs: int = Field(ge=1)
-    batch_size: int = Field(ge=1)
+    batch_size: int = Field(ge=1)  # bounded by the memory it needs: Params._batch_fits
     learning_rate: float = Field(gt=0)
     lr_schedule: Literal["constant", "cosine"]
     early_stopping_patience: int = Field(ge=0)  # 0 disables early stopping
@@ -179,8 +295,14 @@ class StorageParams(_Strict):
     Where shards are read from never changes what is computed, so no stage depends on these.
     """
 
-    cache_mb: float = Field(gt=0)  # the local shard cache's bound (.shardflow/shard_cache)
-    prefetch_shards: int = Field(ge=1)  # shards downloaded in parallel ahead of the reader
+    # the local shard cache's bound (.shardflow/shard_cache)
+    cache_mb: Annotated[
+        float, Field(gt=0), at_most(1_048_576, MIB, "disk in .shardflow/shard_cache")
+    ]
+    # shards downloaded in parallel ahead of the reader; the cache holds twice as many plus one
+    prefetch_shards: Annotated[
+        int, Field(ge=1), at_most(64, 2 * 4 * MIB, "shard cache at the default shard size")
+    ]
 
 
 class ClusterParams(_Strict):
@@ -252,6 +374,20 @@ class Params(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _batch_fits(self) -> Params:
+        """A batch of float32 inputs past :data:`MAX_BATCH_BYTES` is refused naming the bytes
+        it needs, before a run allocates it and is killed for memory."""
+        height, width = self.shard.image_size
+        needed = self.train.batch_size * height * width * 3 * 4
+        if needed > MAX_BATCH_BYTES:
+            raise ValueError(
+                f"train.batch_size {self.train.batch_size} of shard.image_size [{height}, "
+                f"{width}] needs {_bytes(needed)} of memory for one float32 input batch (at "
+                f"most {_bytes(MAX_BATCH_BYTES)}): lower train.batch_size or shard.image_size"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _backbone_fits_the_images(self) -> Params:
         """A backbone model on shards it cannot take failed in Keras, naming no param, only
         once ingest, shard and validate had run."""
@@ -281,6 +417,7 @@ def load_params(
         raise ParamsError(f"{path}: not valid YAML: {error}") from error
     if not raw or not isinstance(raw, dict):
         raise ParamsError(f"{path}: empty or not a mapping of sections (ingest, shard, ...)")
+    refuse_alias_bombs(raw, str(path))
     if overrides:
         raw = deep_merge(raw, overrides)
     return validate_params(raw, source=str(path))
@@ -310,9 +447,10 @@ def _describe(problem: Any) -> str:
         return message
     if problem["type"] == "missing":
         return f"{key}: missing (every key must be set in the params file)"
+    value = _VALUE_REPR.repr(problem["input"])
     if problem["type"] == "extra_forbidden":
-        return f"{key} = {problem['input']!r}: unknown key"
-    return f"{key} = {problem['input']!r}: {message}"
+        return f"{key} = {value}: unknown key"
+    return f"{key} = {value}: {message}"
 
 
 def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:

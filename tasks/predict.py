@@ -78,6 +78,11 @@ KERAS_ARTIFACT = "keras_model"
 SPEC_ARTIFACT = "serving_spec"
 BATCH_SIZE = 64
 MAX_DECODE_THREADS = 16  # a request's rows decoded at once, at most
+# Pixels one served request may decode in all, counted from each row's header before any is
+# decoded: the bound on a request's decode time (the pixel budget below bounds its memory).
+# 1024 phone photos drafted for a 224 px model are a fifth of it; a thousand 40 Mpx images,
+# each under ingest.max_pixels, are forty times it.
+MAX_REQUEST_PIXELS = 1 << 30
 
 
 class PreprocessingMismatch(UserWarning):
@@ -245,6 +250,48 @@ def declared_pixels(data: bytes, spec: ServingSpec) -> int:
         return 0
 
 
+class RequestTooLarge(Refused):
+    """A served request whose rows would decode to more than its pixel budget in all."""
+
+
+def refuse_past_the_pixel_budget(images: Sequence[object], spec: ServingSpec, budget: int) -> None:
+    """Refuse a request whose rows' headers declare more than ``budget`` pixels to decode
+    (a JPEG at the size it is drafted to), before a single row is decoded."""
+    total = 0
+    for row, image in enumerate(images):
+        try:
+            total += declared_pixels(as_bytes(image), spec)
+        except ImageRejected:
+            continue  # its row gets its error
+        if total > budget:
+            raise RequestTooLarge(
+                f"request would decode more than {budget:,} pixels (its first {row + 1} rows "
+                f"declare {total:,}): the bound on one request's decode time",
+                fix="send fewer or smaller images per request",
+            )
+
+
+class RequestAbandoned(Exception):
+    """A served request's time is up: its client got HTTP 504, so no row is decoded more."""
+
+
+def serving_deadline() -> float | None:
+    """When a request the scoring server hands the model now is past its time: MLflow
+    answers HTTP 504 after ``MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT`` but cannot stop the
+    thread predicting it, which went on decoding every row while holding a decode thread
+    and the cores. None outside the scoring server (batch prediction has no deadline)."""
+    import time
+
+    from mlflow.environment_variables import (
+        _MLFLOW_IS_IN_SERVING_ENVIRONMENT,
+        MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT,
+    )
+
+    if not _MLFLOW_IS_IN_SERVING_ENVIRONMENT.get():
+        return None
+    return time.monotonic() + float(MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT.get())
+
+
 def predict_images(
     model: keras.Model,
     images: Sequence[object],
@@ -252,14 +299,23 @@ def predict_images(
     *,
     batch_size: int = BATCH_SIZE,
     threads: int | None = None,
+    deadline: float | None = None,
+    max_request_pixels: int | None = None,
 ) -> pd.DataFrame:
     """Predict image files (bytes, or base64 strings); a row that cannot be used gets its error.
 
     Rows are decoded and predicted ``batch_size`` at a time, so memory holds one batch of
     decoded pixels however many rows a request has; a batch's rows are decoded on
     ``threads`` threads (default :func:`decode_threads`) within a :class:`PixelBudget`, each
-    row's pixels the same.
+    row's pixels the same. Past ``deadline`` (``time.monotonic()``) no row starts decoding:
+    :class:`RequestAbandoned` is raised instead. Rows declaring more than
+    ``max_request_pixels`` in all are refused before any is decoded.
     """
+    import time
+
+    if max_request_pixels is not None:
+        refuse_past_the_pixel_budget(images, spec, max_request_pixels)
+
     probs: list[np.ndarray] = []
     ok_rows: list[int] = []
     errors: dict[int, str] = {}
@@ -268,6 +324,8 @@ def predict_images(
     budget = PixelBudget(spec.max_pixels)
 
     def decoded(row: int) -> np.ndarray | ImageRejected:
+        if deadline is not None and time.monotonic() >= deadline:
+            raise RequestAbandoned(f"request past its time limit at row {row} of {len(images)}")
         try:
             data = as_bytes(images[row])
             if threads == 1:
@@ -335,7 +393,12 @@ class ShardflowModel(PythonModel):
                 f"input has columns {list(model_input.columns)}; send a column "
                 f"{IMAGE_COLUMN!r} of image file bytes"
             )
-        return predict_images(self.model, list(model_input[IMAGE_COLUMN]), self.spec)
+        rows = list(model_input[IMAGE_COLUMN])
+        deadline = serving_deadline()
+        budget = MAX_REQUEST_PIXELS if deadline is not None else None  # batch runs: none
+        return predict_images(
+            self.model, rows, self.spec, deadline=deadline, max_request_pixels=budget
+        )
 
 
 def signature(classes: Sequence[str]) -> ModelSignature:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ import httpx
 import numpy as np
 import pytest
 
+from tasks.store_check import REBUILD, StoreLostRuns, check_store
 from tests.e2e.conftest import REPO, Project, api_post, free_port
 
 pytestmark = pytest.mark.slow
@@ -49,11 +51,14 @@ def flow_run_names(api_url: str) -> dict[str, list[str]]:
     return runs
 
 
-def test_dvc_repro_end_to_end(project_without_server: Project) -> None:
+def test_dvc_repro_end_to_end(
+    project_without_server: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
     project = project_without_server
     api_url = project.env["PREFECT_API_URL"]
     first = project.dvc("repro")
-    assert ran_stages(first.stdout) == {"ingest", "shard", "validate", "train", "evaluate"}
+    every = {"source", "ingest", "shard", "validate", "train", "evaluate"}
+    assert ran_stages(first.stdout) == every
     # The first stage started the server (one, not one per stage); the runs are in its UI.
     assert first.stdout.count("Prefect server started at") == 1, first.stdout
     assert f"UI: {api_url.removesuffix('/api')}" in first.stdout
@@ -91,20 +96,47 @@ def test_dvc_repro_end_to_end(project_without_server: Project) -> None:
     assert run.data.metrics["test_accuracy"] == pytest.approx(evaluation["accuracy"], abs=1e-9)
     assert run.info.status == "FINISHED"
 
-    # Nothing changed: no stage runs and DVC reports the pipeline up to date.
+    # Nothing changed: no stage runs but the source folder's listing, and DVC reports the
+    # pipeline up to date but for that always-changed listing.
     second = project.dvc("repro")
-    assert ran_stages(second.stdout) == set()
-    assert "up to date" in project.dvc("status").stdout
+    assert ran_stages(second.stdout) == {"source"}
+    assert project.dvc("status").stdout.split() == ["source:", "always", "changed"]
+
+    # DVC never hashes the source folder: a FIFO and a link to /dev/zero in it hang neither
+    # `dvc status` nor the listing, which changes, so ingest (which quarantines them) would
+    # rerun; removed again, the listing is the one ingest ran on and nothing would rerun.
+    demo = project.root / "data" / "demo"
+    os.mkfifo(demo / "circle" / "pipe.png")
+    (demo / "circle" / "zero.png").symlink_to("/dev/zero")
+    project.run(sys.executable, "-m", "dvc", "status", timeout=120)
+    project.run(sys.executable, "-m", "dvc", "repro", "--single-item", "source", timeout=120)
+    assert "source_listing.json" in project.dvc("status", "ingest").stdout
+    os.remove(demo / "circle" / "pipe.png")
+    os.remove(demo / "circle" / "zero.png")
+    project.dvc("repro", "--single-item", "source")
+    assert "up to date" in project.dvc("status", "ingest").stdout
+
+    # A lost tracking store is found from the reports' runs, and the one command its refusal
+    # names reruns train and evaluate only (dry here: a full rebuild trains again for minutes
+    # on shared cores; training into the store it finds is the train stage's own behaviour).
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", project.env["MLFLOW_TRACKING_URI"])
+    (project.root / "mlflow.db").rename(project.root / "lost.db")
+    with pytest.raises(StoreLostRuns) as refused:
+        check_store(project.root)
+    assert refused.value.fix is not None and REBUILD in refused.value.fix
+    planned = project.dvc(*shlex.split(REBUILD)[1:], "--dry")
+    assert ran_stages(planned.stdout) == {"train", "evaluate"}
+    (project.root / "lost.db").rename(project.root / "mlflow.db")
 
     # A training param reruns train and evaluate only: the shards are not rebuilt.
     project.set_params(train={"learning_rate": 0.005})
     third = project.dvc("repro")
-    assert ran_stages(third.stdout) == {"train", "evaluate"}
+    assert ran_stages(third.stdout) == {"source", "train", "evaluate"}
 
     # A shard param reshards, revalidates and retrains, but does not re-ingest.
     project.set_params(shard={"encoding": "png"})
     fourth = project.dvc("repro")
-    assert ran_stages(fourth.stdout) == {"shard", "validate", "train", "evaluate"}
+    assert ran_stages(fourth.stdout) == {"source", "shard", "validate", "train", "evaluate"}
 
     # Shards travel through the local DVC remote.
     project.dvc("push")

@@ -184,7 +184,8 @@ def test_killed_stages_rerun_to_the_uninterrupted_result(project: Project) -> No
     final = project.dvc("repro")
     assert "Running stage 'evaluate'" in final.stdout
     root = project.root
-    assert "up to date" in project.dvc("status").stdout
+    # up to date but for the source folder's listing, which runs on every repro
+    assert project.dvc("status").stdout.split() == ["source:", "always", "changed"]
 
     # The shards are whole and validated, and nothing unlisted lies among them.
     manifest = json.loads((root / "data/shards/manifest.json").read_text())

@@ -1,5 +1,6 @@
-"""Raw images under DVC: push from one clone, pull into another, `dvc repro` rebuilds the same
-shards (same fingerprint) and leaves `dvc status` clean."""
+"""Raw images under DVC: push from one clone, pull into another (its files links into its DVC
+cache: `cache.type symlink`), `dvc repro` rebuilds the same shards (same fingerprint) and
+leaves `dvc status` clean."""
 
 from __future__ import annotations
 
@@ -34,8 +35,10 @@ def test_raw_data_round_trip_rebuilds_identical_shards(project: Project, tmp_pat
     clone = Project(tmp_path / "clone", {**project.env, "PYTHONPATH": str(tmp_path / "clone")})
     project.run("git", "clone", "-q", str(project.root), str(clone.root))
     assert not (clone.root / "data" / "raw").exists()
+    clone.dvc("config", "--local", "cache.type", "symlink")
     clone.dvc("pull", "data/raw.dvc")  # only the raw images: the shards are rebuilt here
     assert not (clone.root / "data" / "shards").exists()
+    assert all(p.is_symlink() for p in (clone.root / "data" / "raw").rglob("*.*"))
     clone.dvc("repro", DATA_STAGES)
     rebuilt = json.loads((clone.root / "data/shards/manifest.json").read_text())["fingerprint"]
     assert rebuilt == fingerprint

@@ -18,6 +18,7 @@ from tasks.images import ImageRejected, decode_rgb
 from tasks.index import load_index
 from tasks.ingest import SetWouldBeLost, assign_split, run_ingest
 from tasks.params import SplitFractions, default_params
+from tasks.refusals import Refused
 from tests.conftest import write_image_folder
 
 
@@ -280,6 +281,56 @@ def test_symlink_leaving_a_class_folder_is_quarantined(tmp_path: Path) -> None:
     assert reasons["red/escape.png"].startswith("outside source_dir")
     assert reasons["blue/folder_link"].startswith("outside source_dir")
     assert report["accepted"] == 9
+
+
+def test_a_folder_checked_out_as_links_into_the_projects_dvc_cache_is_ingested(
+    tmp_path: Path,
+) -> None:
+    # `cache.type symlink`: every file of a DVC-tracked folder is a link into .dvc/cache
+    project = tmp_path / "project"
+    (project / ".dvc").mkdir(parents=True)
+    src = write_image_folder(project / "photos", per_class=3)
+    copied, _ = ingest(src, tmp_path / "copied")
+    cache = project / ".dvc" / "cache" / "files" / "md5"
+    for number, path in enumerate(sorted(p for p in src.rglob("*") if p.is_file())):
+        cached = cache / f"{number:02d}" / "content"
+        cached.parent.mkdir(parents=True)
+        path.rename(cached)
+        path.symlink_to(cached)
+    linked, index = ingest(src, tmp_path / "linked")
+    assert linked["accepted"] == copied["accepted"] == 9
+    assert not linked["quarantined"]
+    assert sorted(r["path"] for r in index["records"]) == sorted(
+        str(p.relative_to(src)) for p in src.rglob("*") if p.is_symlink()
+    )
+
+
+def test_a_file_rewritten_while_ingest_runs_fails_the_stage_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An index of the old content beside a folder of the new would be refused by the shard
+    stage: the stage fails instead, and writes nothing."""
+    import tasks.ingest
+
+    src = write_image_folder(tmp_path / "src", per_class=2)
+    new = (
+        write_image_folder(tmp_path / "new", per_class=2, seed=9) / "red" / "001.png"
+    ).read_bytes()
+    inspect_all = tasks.ingest.inspect_all
+
+    def rewritten_after_reading(*args: object, **kwargs: object) -> object:
+        inspected = inspect_all(*args, **kwargs)  # type: ignore[arg-type]
+        (src / "red" / "001.png").write_bytes(new)
+        return inspected
+
+    monkeypatch.setattr(tasks.ingest, "inspect_all", rewritten_after_reading)
+    with pytest.raises(Refused, match=r"changed while ingest read them: red/001\.png"):
+        ingest(src, tmp_path)
+    assert not (tmp_path / "index.json").exists()
+    monkeypatch.undo()
+    report, index = ingest(src, tmp_path)  # the next run reads it anew
+    assert report["accepted"] == 6
+    assert hashlib.sha256(new).hexdigest() in {r["sha256"] for r in index["records"]}
 
 
 def test_special_files_and_oversized_files_are_quarantined_unread(tmp_path: Path) -> None:

@@ -409,3 +409,67 @@ def test_staging_url_must_name_an_s3_prefix(tmp_path: Path, url: str) -> None:
     with pytest.raises(ParamsError, match=re.escape(f"shard.staging_url = {url!r}: ")):
         load_params(path)
     assert load_params(write(tmp_path, with_value("shard.staging_url", "s3://b/p"))).shard
+
+
+# -- hostile params: alias bombs and sizes past memory ---------------------------------------
+
+
+# the thread method: the walk that hung runs in pydantic's compiled core, deaf to signals
+@pytest.mark.timeout(60, method="thread")
+def test_an_alias_bomb_is_refused_at_once_naming_its_keys(tmp_path: Path) -> None:
+    # nine levels of nine aliases: under a billion values from ten lines, which validating
+    # or formatting the error walked for good
+    levels = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for level in range(1, 9):
+        before, name = chr(ord("a") + level - 1), chr(ord("a") + level)
+        levels.append(f"{name}: &{name} [" + ", ".join([f"*{before}"] * 9) + "]")
+    text = REPO_PARAMS_PATH.read_text().replace("source_dir: data/demo", "source_dir: *i")
+    path = tmp_path / "params.yaml"
+    path.write_text("lols:\n" + "".join(f"  {line}\n" for line in levels) + text)
+    with pytest.raises(ParamsError) as error:
+        load_params(path)
+    message = str(error.value)
+    assert "lols.i" in message and "ingest.source_dir" in message
+    expanded = re.search(r"expand\(s\) to ([\d,]+) values", message)
+    assert expanded and int(expanded.group(1).replace(",", "")) > 9**9  # the bomb, counted
+    assert error.value.fix is not None and "ingest.source_dir" in error.value.fix
+
+
+def test_aliases_within_the_bound_still_load(tmp_path: Path) -> None:
+    text = REPO_PARAMS_PATH.read_text().replace("seed: 1337", "seed: &s 7", 1)
+    text = text.replace("seed: 1337", "seed: *s", 1)
+    path = tmp_path / "params.yaml"
+    path.write_text(text)
+    params = load_params(path)
+    assert params.ingest.seed == params.shard.seed == 7
+
+
+def test_a_long_bad_value_is_shown_shortened(tmp_path: Path) -> None:
+    path = write(tmp_path, with_value("shard.resize", "x" * 100_000))
+    with pytest.raises(ParamsError) as error:
+        load_params(path)
+    assert "shard.resize = 'xxx" in str(error.value)
+    assert len(str(error.value)) < 1_000
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "memory"),
+    [
+        ("shard.image_size", [100000, 100000], "27.9 GiB of memory (8-bit RGB) in each shard"),
+        ("ingest.max_pixels", 10**12, "2,794.0 GiB of memory per worker to decode one image"),
+        ("ingest.max_file_mb", 1e6, "976.6 GiB of memory per worker (a file is read whole)"),
+        ("ingest.handoff_mb", 1e9, "976,562.5 GiB of disk in .shardflow/handoff"),
+        ("shard.target_shard_mb", 1e6, "8,789.1 GiB of shard cache"),
+        ("storage.cache_mb", 1e9, "976,562.5 GiB of disk in .shardflow/shard_cache"),
+        ("storage.prefetch_shards", 1000, "7.8 GiB of shard cache"),
+        ("train.batch_size", 10**6, "45.8 GiB of memory for one float32 input batch"),
+    ],
+)
+def test_every_size_param_has_a_bound_naming_what_it_would_need(
+    tmp_path: Path, key: str, value: Any, memory: str
+) -> None:
+    path = write(tmp_path, with_value(key, value))
+    with pytest.raises(ParamsError) as error:
+        load_params(path)
+    message = str(error.value)
+    assert key in message and memory in message

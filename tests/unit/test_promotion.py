@@ -37,6 +37,7 @@ from tasks.promotion import (
     promote,
     promotion_lock,
 )
+from tasks.store_check import REBUILD
 from tasks.tracking import CHAMPION, champion_version
 
 TEST_SET = "a" * 64
@@ -594,7 +595,8 @@ def test_a_training_run_the_store_does_not_hold_is_refused_naming_the_fix(
     record = json.loads(model_root.train_run.read_text())
     write_json(model_root.train_run, {**record, "run_id": "0" * 32})
     with pytest.raises(
-        TrainingRunNotInStore, match=r"run\.json names the MLflow run 0{32}.*dvc repro -f train"
+        TrainingRunNotInStore,
+        match=rf"run\.json names the MLflow run 0{{32}}.*{re.escape(REBUILD)}",
     ):
         evaluate(model_root)
     assert not model_root.eval_metrics.exists()
@@ -1169,6 +1171,23 @@ def test_an_evaluation_killed_before_it_could_end_its_run_is_marked_killed(
     result = evaluate(trained)
     assert client.get_run(killed).info.status == "KILLED"
     assert client.get_run(result["eval_run_id"]).info.status == "FINISHED"
+
+
+def test_no_run_stays_running_after_an_evaluation_killed_while_logging_the_model(
+    trained: Layout, mlflow_uri: str
+) -> None:
+    """Logging the pyfunc reopens the training run (``mlflow.start_run(run_id=...)``); a
+    kill before it is ended again leaves it RUNNING in the store, as here. The next
+    evaluation leaves no run of the experiment RUNNING."""
+    client = MlflowClient(mlflow_uri, mlflow_uri)
+    train_run_id = json.loads(trained.train_run.read_text())["run_id"]
+    client.update_run(train_run_id, status="RUNNING")  # the store after that kill
+    assert client.get_run(train_run_id).info.status == "RUNNING"
+    evaluate(trained)
+    experiment = client.get_run(train_run_id).info.experiment_id
+    statuses = {r.info.run_id: r.info.status for r in client.search_runs([experiment])}
+    assert statuses[train_run_id] == "FINISHED"
+    assert "RUNNING" not in statuses.values()
 
 
 # -- the card and the label review, per registered version ---------------------------------

@@ -12,6 +12,8 @@ from flows.cli import teed
 from flows.run_summary import stage_outcomes, summary_lines
 
 DVC_OUTPUT = [
+    "Running stage 'source':\n",  # always_changed: it runs every time, so it is not reported
+    "> python -m tasks.source_check\n",
     "Stage 'ingest' didn't change, skipping\n",
     "Running stage 'shard':\n",
     "> python -m flows.shard\n",

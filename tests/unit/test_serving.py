@@ -26,6 +26,7 @@ import pytest
 from fastapi import FastAPI, Request
 from PIL import Image
 
+from tasks import predict
 from tasks.predict import ServingSpec, log_pyfunc, predict_images
 from tasks.serve import RequestLimits
 from tests.e2e.conftest import free_port
@@ -87,6 +88,76 @@ def test_rows_are_decoded_and_predicted_a_batch_at_a_time(
     assert most_waiting <= 4
     assert list(frame["error"] != "") == [row == 7 for row in range(25)]
     assert list(frame["label"]) == ["green" if row != 7 else "" for row in range(25)]
+
+
+class FixedModel:  # what tasks.inference.predict_batch uses of a Keras model
+    predict_function = None
+    jit_compile = True
+
+    def predict_on_batch(self, batch: np.ndarray) -> np.ndarray:
+        return np.tile([0.2, 0.5, 0.3], (len(batch), 1))
+
+
+@pytest.fixture
+def served_decodes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[predict.ShardflowModel, list[bytes]]:
+    """The served pyfunc over :class:`FixedModel` in the scoring server's environment, and
+    the list of the rows it decoded."""
+    from tasks import predict
+
+    decoded: list[bytes] = []
+    real_model_input = predict.model_input
+
+    def counting_model_input(data: bytes, spec: ServingSpec) -> np.ndarray:
+        decoded.append(data)
+        return real_model_input(data, spec)
+
+    monkeypatch.setattr(predict, "model_input", counting_model_input)
+    monkeypatch.setenv("_MLFLOW_IS_IN_SERVING_ENVIRONMENT", "true")
+    served = predict.ShardflowModel()
+    served.spec, served.model = spec_for(), FixedModel()
+    return served, decoded
+
+
+def test_a_served_request_past_its_time_decodes_no_more_rows(
+    served_decodes: tuple[predict.ShardflowModel, list[bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MLflow answers HTTP 504 at its request timeout but cannot stop the thread predicting
+    the request: the model stops decoding rows instead of holding the decode threads and
+    the cores for every one of them. Batch prediction, outside the server, has no deadline."""
+    import pandas as pd
+
+    served, decoded = served_decodes
+    rows = pd.DataFrame({"image": [png_bytes(np.full((20, 20, 3), 90, np.uint8))] * 40})
+    monkeypatch.setenv("MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT", "0")  # its time is up at once
+    with pytest.raises(predict.RequestAbandoned, match="past its time limit"):
+        served.predict(None, rows)
+    assert not decoded
+    monkeypatch.delenv("_MLFLOW_IS_IN_SERVING_ENVIRONMENT")
+    assert list(served.predict(None, rows)["label"]) == ["green"] * 40
+    assert len(decoded) == 40
+
+
+def test_a_served_request_declaring_more_pixels_than_its_budget_is_refused_undecoded(
+    served_decodes: tuple[predict.ShardflowModel, list[bytes]],
+) -> None:
+    """A few KB of 1-bit PNG declare 40 Mpx, under ingest.max_pixels: thirty of them decoded
+    for minutes. Their headers are counted first, and the request refused, nothing decoded."""
+    import pandas as pd
+
+    served, decoded = served_decodes
+    big = io.BytesIO()
+    Image.new("1", (6320, 6320)).save(big, "PNG")
+    assert len(big.getvalue()) < 10_000
+    small = png_bytes(np.full((20, 20, 3), 90, np.uint8))
+    with pytest.raises(predict.RequestTooLarge, match="more than 1,073,741,824 pixels") as refused:
+        served.predict(None, pd.DataFrame({"image": [small] + [big.getvalue()] * 30}))
+    assert refused.value.fix == "send fewer or smaller images per request"
+    assert not decoded
+    assert (
+        list(served.predict(None, pd.DataFrame({"image": [small] * 3}))["label"]) == ["green"] * 3
+    )
 
 
 def test_a_batchs_rows_are_decoded_on_threads_and_answered_in_their_order(
