@@ -7,11 +7,12 @@ that is missing (a stage that never ran) shows as ``-``, never as an error.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from tasks.store_check import read_report
 
 STAGES = ("ingest", "shard", "validate", "train", "evaluate")
 # runs on every `dvc repro` (always_changed: it lists the source folder), so it says nothing
@@ -41,21 +42,13 @@ def stage_outcomes(dvc_lines: Iterable[str]) -> tuple[list[str], list[str]]:
     return [s for s in ordered if s in ran], [s for s in ordered if s in skipped - ran]
 
 
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
 def summary_lines(root: Path, dvc_lines: Iterable[str]) -> list[str]:
     """The summary, one line a fact, read from the outputs under ``root``."""
     ran, skipped = stage_outcomes(dvc_lines)
-    ingest = _read(root / "reports" / "ingest.json")
-    validation = _read(root / "reports" / "validation.json")
-    evaluation = _read(root / "metrics" / "eval.json")
-    promotion = _read(root / "reports" / "eval_summary.json").get("promotion") or {}
+    ingest = read_report(root / "reports" / "ingest.json")
+    validation = read_report(root / "reports" / "validation.json")
+    evaluation = read_report(root / "metrics" / "eval.json")
+    promotion = read_report(root / "reports" / "eval_summary.json").get("promotion") or {}
     splits = validation.get("num_records") or ingest.get("split_counts") or {}
     records = ", ".join(f"{name} {count}" for name, count in splits.items()) or "-"
     passed = validation.get("passed")
@@ -79,7 +72,7 @@ def summary_lines(root: Path, dvc_lines: Iterable[str]) -> list[str]:
 def baseline_lines(root: Path, ran: list[str], passed: object) -> list[str]:
     """A line when this run's validation made its shards the first baseline of a dataset
     (``reports/data_diff.json``: nothing accepted to compare against); none otherwise."""
-    diff = _read(root / "reports" / "data_diff.json")
+    diff = read_report(root / "reports" / "data_diff.json")
     if "validate" not in ran or passed is not True or "accepted_fingerprint" not in diff:
         return []
     if diff["accepted_fingerprint"] is not None:

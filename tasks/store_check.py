@@ -41,7 +41,8 @@ class Recorded:
     version: str
 
 
-def _read(path: Path) -> dict[str, Any]:
+def read_report(path: Path) -> dict[str, Any]:
+    """A JSON report's object, or empty when it is missing or not one (nothing recorded)."""
     try:
         value = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -50,8 +51,8 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 def recorded(root: Path) -> Recorded:
-    run = _read(root / TRAIN_RUN)
-    summary = _read(root / EVAL_SUMMARY)
+    run = read_report(root / TRAIN_RUN)
+    summary = read_report(root / EVAL_SUMMARY)
     promotion = summary.get("promotion") or {}
     return Recorded(
         train_run=str(run.get("run_id") or ""),
