@@ -61,6 +61,7 @@ def build_in_process(project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every stage's work done by its plain function in this process (what `dvc repro`
     runs, without a process and a Prefect flow a stage), then recorded in dvc.lock by
     `dvc commit` and pushed: the state `dvc repro && dvc push` leaves."""
+    from tasks.dataset_identity import dataset_identity
     from tasks.evaluate import run_evaluate
     from tasks.ingest import run_ingest
     from tasks.membership import archive_membership
@@ -78,7 +79,8 @@ def build_in_process(project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
         params.shard, layout.index, layout.shards_dir, diff_path=layout.shard_changes
     ).manifest
     archive_membership(layout.shards_dir, layout.membership_archive, manifest.fingerprint)
-    assert validate_layout(layout, params.validate_)["passed"]
+    dataset = dataset_identity(params.ingest.source_dir, params.ingest.labels_csv, layout.root)
+    assert validate_layout(layout, params.validate_, dataset)["passed"]
     run_train(params, layout)
     run_evaluate(params, layout)
     project.dvc("commit", "-f")
