@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from tasks.index import load_index
-from tasks.manifest import MANIFEST_NAME, records_file_name
+from tasks.manifest import MANIFEST_NAME, MEMBERSHIP_NAME, records_file_name
 from tasks.records import OFFSETS_NAME
 from tasks.shard_swap import rebuild_folder, trash_folder
 from tasks.tfds_metadata import DATASET_INFO_NAME, FEATURES_NAME, LABELS_NAME
@@ -53,6 +53,7 @@ SIDECARS = {
     DATASET_INFO_NAME,
     FEATURES_NAME,
     LABELS_NAME,
+    MEMBERSHIP_NAME,
 }
 MAX_DELAY_S = {"ingest": 3.0, "shard": 1.0, "validate": 3.0, "train": 1.5}
 
