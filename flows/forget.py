@@ -196,9 +196,11 @@ def step_index(job: Job) -> None:
     """The ingest index and report without them. Where DVC runs the stages, ingest reruns
     here (the stage's own function, the exclusion list applied) and the shards step records
     it with the shard stage in one ``dvc commit``."""
+    from tasks.atomic import write_json
     from tasks.exclusions import load_excluded
     from tasks.forget import rewrite_index
     from tasks.ingest import run_ingest
+    from tasks.metrics_files import INGEST_FIGURES, split_figures
     from tasks.source_check import write_listing
 
     layout = Layout(job.layout.root.resolve())
@@ -207,7 +209,11 @@ def step_index(job: Job) -> None:
         # the source stage's listing first: it named the images and their hashes
         write_listing(layout.root, job.params.ingest.source_dir)
         with contextlib.chdir(layout.root):  # source_dir is relative to the project root
-            run_ingest(job.params.ingest, layout.index, layout.ingest_report, excluded=excluded)
+            report = run_ingest(
+                job.params.ingest, layout.index, layout.ingest_report, excluded=excluded
+            )
+        # the stage's metrics file too, as flows.ingest writes it: dvc commit records both
+        write_json(layout.ingest_metrics, split_figures(report, INGEST_FIGURES)[0])
     dropped = rewrite_index(layout.index, set(job.erasure.sha256))
     job.done("index", ingest_index=[f"{dropped} record(s)"])
 

@@ -6,6 +6,9 @@ in training) and scaling, so the input pipeline and the saved model agree on wha
 
 from __future__ import annotations
 
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,11 +31,38 @@ def build_model(
     """Uncompiled classifier for ``params.model``: augmentation -> features -> softmax.
 
     The softmax runs in float32 even under a mixed-precision policy, so losses stay stable.
+    Its initial weights follow ``params.seed`` alone (``seeds_of_their_own``).
     """
-    import keras
-
     if params.model not in MODELS:
         raise ValueError(f"train.model={params.model!r} is unknown; choose one of {MODELS}")
+    with seeds_of_their_own(params.seed):
+        return assemble(params, num_classes, image_shape)
+
+
+@contextmanager
+def seeds_of_their_own(seed: int) -> Iterator[None]:
+    """Keras objects made inside draw their unset seeds from a generator of their own, seeded
+    ``seed``. Keras draws them from Python's shared ``random``, and any thread of the process
+    that draws from it too (a client's retry jitter) shifted every initial weight of a run
+    between ``keras.utils.set_random_seed`` and the model's last layer: a repeated
+    deterministic run ended with other weights.
+    """
+    from keras.src.random import seed_generator
+
+    shared = seed_generator.python_random
+    seed_generator.python_random = random.Random(seed)
+    try:
+        yield
+    finally:
+        seed_generator.python_random = shared
+
+
+def assemble(
+    params: TrainParams, num_classes: int, image_shape: tuple[int, int, int]
+) -> keras.Model:
+    """The layers of ``build_model``'s classifier, drawing seeds as they are made."""
+    import keras
+
     inputs = keras.Input(shape=image_shape, name="image")
     # The functional model casts the uint8 batches to the input's float32 on the way in.
     augment = augmentation(params.augment, seed=params.seed)

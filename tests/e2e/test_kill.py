@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from tasks.index import load_index
-from tasks.manifest import MANIFEST_NAME, records_file_name
+from tasks.manifest import MANIFEST_NAME, MEMBERSHIP_NAME, records_file_name
 from tasks.records import OFFSETS_NAME
 from tasks.shard_swap import rebuild_folder, trash_folder
 from tasks.tfds_metadata import DATASET_INFO_NAME, FEATURES_NAME, LABELS_NAME
@@ -53,6 +53,7 @@ SIDECARS = {
     DATASET_INFO_NAME,
     FEATURES_NAME,
     LABELS_NAME,
+    MEMBERSHIP_NAME,
 }
 MAX_DELAY_S = {"ingest": 3.0, "shard": 1.0, "validate": 3.0, "train": 1.5}
 
@@ -193,7 +194,8 @@ def test_killed_stages_rerun_to_the_uninterrupted_result(project: Project) -> No
     assert validation["passed"] and validation["fingerprint"] == manifest["fingerprint"]
     listed = {shard["file"] for split in manifest["splits"].values() for shard in split["shards"]}
     on_disk = {p.name for p in (root / "data/shards").iterdir() if not p.name.startswith(".")}
-    assert on_disk == listed | SIDECARS
+    dali = {f"{name}.idx" for name in listed}  # uncompressed shards carry DALI indexes
+    assert on_disk == listed | dali | SIDECARS
     assert not list((root / "data/shards").glob(".*.tmp-*"))
     assert not rebuild_folder(root / "data/shards").exists()
     assert not trash_folder(root / "data/shards").exists()

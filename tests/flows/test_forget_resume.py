@@ -41,6 +41,7 @@ def test_a_forget_killed_at_a_step_is_finished_by_the_same_command(tmp_path: Pat
     fingerprint = shard_set(project, layout)
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["ingest"]["source_dir"] = "images"
+    params["evaluate"]["model_name"] = "shardflow"  # the registered model made below
     layout.params.write_text(yaml.safe_dump(params))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri, uri)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import keras
@@ -23,6 +24,20 @@ def test_augmentation_is_active_in_training_only() -> None:
     np.testing.assert_allclose(model.predict(IMAGES, verbose=0), inference[0], rtol=1e-5)
     augmented = model.get_layer("augment")(IMAGES.astype("float32"), training=True)
     assert not np.allclose(augmented, IMAGES)
+
+
+def test_initial_weights_follow_the_seed_param_not_the_processs_shared_random() -> None:
+    """Another thread's draws from Python's ``random`` (a client's retry jitter) between the
+    seeding and the last layer gave a repeated deterministic run other weights."""
+    params = default_params().train
+    weights = []
+    for shared_state in (1, 2):
+        random.seed(shared_state)  # what other draws leave the shared generator at
+        weights.append(build_model(params, 3, (32, 32, 3)).get_weights())
+    other_seed = build_model(params.model_copy(update={"seed": params.seed + 1}), 3, (32, 32, 3))
+    for first, second in zip(*weights, strict=True):
+        np.testing.assert_array_equal(first, second)
+    assert not np.array_equal(weights[0][0], other_seed.get_weights()[0])
 
 
 def test_softmax_stays_float32_under_mixed_precision() -> None:

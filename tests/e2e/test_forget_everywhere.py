@@ -61,9 +61,12 @@ def build_in_process(project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every stage's work done by its plain function in this process (what `dvc repro`
     runs, without a process and a Prefect flow a stage), then recorded in dvc.lock by
     `dvc commit` and pushed: the state `dvc repro && dvc push` leaves."""
+    from tasks.atomic import write_json
+    from tasks.dataset_identity import dataset_identity
     from tasks.evaluate import run_evaluate
     from tasks.ingest import run_ingest
     from tasks.membership import archive_membership
+    from tasks.metrics_files import INGEST_FIGURES, split_figures
     from tasks.params import load_params
     from tasks.shard import shard_stage
     from tasks.train import run_train
@@ -73,12 +76,14 @@ def build_in_process(project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", project.env["MLFLOW_TRACKING_URI"])
     layout = Layout(project.root)
     params = load_params(layout.params)
-    run_ingest(params.ingest, layout.index, layout.ingest_report)
+    report = run_ingest(params.ingest, layout.index, layout.ingest_report)
+    write_json(layout.ingest_metrics, split_figures(report, INGEST_FIGURES)[0])
     manifest = shard_stage(
         params.shard, layout.index, layout.shards_dir, diff_path=layout.shard_changes
     ).manifest
     archive_membership(layout.shards_dir, layout.membership_archive, manifest.fingerprint)
-    assert validate_layout(layout, params.validate_)["passed"]
+    dataset = dataset_identity(params.ingest.source_dir, params.ingest.labels_csv, layout.root)
+    assert validate_layout(layout, params.validate_, dataset)["passed"]
     run_train(params, layout)
     run_evaluate(params, layout)
     project.dvc("commit", "-f")
