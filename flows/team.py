@@ -50,7 +50,7 @@ POOL_ENV = {"cpu": "SHARDFLOW_CPU_POOL", "gpu": "SHARDFLOW_GPU_POOL"}
 # How often a pipeline run asks whether its part's run has ended: Prefect's default (5 s) let
 # each of the two parts end up to 5 s late; one small read a second is nothing to a server.
 PART_POLL_S = 1.0
-DATA_STAGES = ("ingest", "shard", "validate")
+DATA_STAGES = ("source", "ingest", "shard", "validate")  # the listing pushed too: clones pull it
 TRAINING_STAGES = ("train", "evaluate")
 # What each part pulls before it runs: the data part its sources and the persisted outputs
 # its stages resume from (``--with-deps``); the training part the shards and the models only.
@@ -206,7 +206,8 @@ def run_part(
     logger.info(
         "code from %s and %s", Path(__file__).resolve(), Path(tasks.params.__file__).resolve()
     )
-    dvc(root, "pull", "--allow-missing", *dvc_remote_args(), *PULLS[part])
+    sources = source_outputs(root) if part == "data" else []
+    dvc(root, "pull", "--allow-missing", *dvc_remote_args(), *PULLS[part], *sources)
     repro = ["repro", *(["--single-item"] if part == "training" else []), *stages]
     run_checked(
         [sys.executable, "-m", "tasks.workspace_lock", "--", sys.executable, "-m", "dvc", *repro],
@@ -225,6 +226,24 @@ def run_part(
         pushed[:12],
     )
     return {"part": part, "commit": sha, "ref": ref, "pushed": pushed, "clone": str(root)}
+
+
+def source_outputs(root: Path) -> list[str]:
+    """The DVC outputs that hold ``ingest.source_dir`` (the folder, one it lies in, or ones
+    inside it), as paths from ``root``: the data part pulls them itself, since ingest depends
+    on the folder's listing, not on the folder, and ``--with-deps`` stops at the listing."""
+    from dvc.exceptions import OutputNotFoundError
+    from dvc.repo import Repo
+
+    from tasks.params import load_params
+
+    source = root / load_params(root / "params.yaml").ingest.source_dir
+    with Repo(str(root)) as repo:
+        try:
+            outs = repo.find_outs_by_path(str(source), strict=False, recursive=True)
+        except OutputNotFoundError:
+            return []
+    return sorted({os.path.relpath(out.fs_path, root) for out in outs})
 
 
 def check_out(commit: str | None) -> tuple[Path, str]:

@@ -36,10 +36,11 @@ def test_editing_a_label_makes_ingest_and_later_stages_stale(project: Project) -
     position = rows.index(f"{first_image},{old_label}")
     rows[position] = f"{first_image},{new_label}"
     csv_path.write_text("\n".join(rows) + "\n")
-    stale = json.loads(project.dvc("status", "--json").stdout)
-    assert "ingest" in stale  # through its source_dir dependency
+    # The source stage lists the folder the CSV lies in: the new listing makes ingest stale.
+    project.dvc("repro", "--single-item", "source")
+    stale = json.loads(project.dvc("status", "--json", "ingest").stdout)
     changed = [entry for entry in stale["ingest"] if "changed deps" in entry]
-    assert changed and "data/demo" in changed[0]["changed deps"]
+    assert changed and "data/ingest/source_listing.json" in changed[0]["changed deps"]
     project.dvc("repro", "ingest")
     labels = {record["path"]: record["label"] for record in load_index(index_path)["records"]}
     assert labels[first_image] == new_label
