@@ -4,8 +4,8 @@ A model is trained for one epoch on shards of the bench images, logged and regis
 image-bytes pyfunc (``tasks.predict.log_pyfunc``, what evaluation registers) in a throwaway
 SQLite store, then measured two ways:
 
-- ``predict.images_per_s``: ``tasks.predict.predict_files`` (the batch flow's core) over the
-  bench's source JPEGs, median of the timed passes;
+- ``predict.images_per_s``: ``tasks.batch_prediction.predict_files`` (the batch flow's core)
+  over the bench's source JPEGs, median of the timed passes;
 - ``serve.p50_ms`` / ``serve.p95_ms``: one image per POST to ``mlflow models serve`` on
   127.0.0.1, sequential requests after a warm-up.
 """
@@ -71,7 +71,7 @@ def batch_throughput(
     import mlflow
 
     from bench.stats import timed_passes
-    from tasks.predict import predict_files
+    from tasks.batch_prediction import predict_files
     from tasks.tracking import using_store
 
     with using_store(tracking_uri):
@@ -171,7 +171,7 @@ def measure_serving(
     log: Callable[[str], None],
 ) -> dict[str, Any]:
     """All serving figures; keys ``predict.images_per_s``, ``serve.p50_ms``, ``serve.p95_ms``."""
-    from tasks.predict import list_sources
+    from tasks.batch_prediction import list_sources
 
     model_uri, tracking_uri, max_bytes = registered_model(params, shards, work)
     files = list_sources(images)

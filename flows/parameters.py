@@ -63,7 +63,7 @@ def _run_ref(value: str) -> str:
 def _model_reference(value: str) -> str:
     # Imported here: the data and training flows type their paths from this module, and
     # need not import prediction (MLflow's pyfunc, the preprocessing) to do so.
-    from tasks.predict import check_model_reference
+    from tasks.batch_prediction import check_model_reference
 
     return check_model_reference(value)
 

@@ -32,7 +32,7 @@ from flows.common import (
     run_then_exit,
 )
 from flows.parameters import ModelName, ModelReference, RepoPath
-from tasks import predict, tracking
+from tasks import batch_prediction, predict, tracking
 from tasks.dataset_identity import model_name_for
 from tasks.params import inside, load_params
 from tasks.store_check import check_store
@@ -49,7 +49,7 @@ def predict_task(model_uri: str, paths: list[Path], root: str) -> list[dict[str,
         loaded = mlflow.pyfunc.load_model(model_uri)
     spec = predict.ServingSpec.from_dict(loaded.metadata.metadata["preprocessing"])
     progress = Progress("predict-progress", f"files predicted of {len(paths)}")
-    rows = predict.predict_files(loaded, paths, spec.max_file_bytes, progress=progress)
+    rows = batch_prediction.predict_files(loaded, paths, spec.max_file_bytes, progress=progress)
     progress(1, 1)  # no files to predict is done too
     return rows
 
@@ -62,7 +62,7 @@ def predict_task(model_uri: str, paths: list[Path], root: str) -> list[dict[str,
     retry_delay_seconds=exponential_backoff(backoff_factor=5),
 )
 def record_task(
-    root: str, ref: predict.ModelRef, source: str, output: str, metrics: dict[str, float]
+    root: str, ref: batch_prediction.ModelRef, source: str, output: str, metrics: dict[str, float]
 ) -> str:
     """An MLflow run for this batch, linked by tags to the model version and run it used."""
     from mlflow.entities import Metric, RunTag
@@ -79,7 +79,7 @@ def record_task(
     }
     tags = {key: tracking.redact(value) for key, value in tags.items()}
     run = client.create_run(
-        tracking.experiment_id(client, predict.PREDICT_EXPERIMENT),
+        tracking.experiment_id(client, batch_prediction.PREDICT_EXPERIMENT),
         run_name=f"predict-{ref.name or 'run'}-v{ref.version or ref.run_id[:8]}",
         tags=tags,
     )
@@ -99,7 +99,7 @@ def record_task(
 def predict_flow(
     source: RepoPath,
     output: RepoPath = "reports/predictions.csv",
-    model: ModelReference = predict.DEFAULT_MODEL,
+    model: ModelReference = batch_prediction.DEFAULT_MODEL,
     model_name: ModelName | None = None,
     root: RepoPath = ".",
     params_path: RepoPath = "params.yaml",
@@ -119,12 +119,12 @@ def predict_flow(
     if repository is not None:
         source_path = inside("source", source, base, repository)
         output_path = deployed_output(output, inside("output", output, base, repository))
-    paths = predict.list_sources(source_path, within=repository)
+    paths = batch_prediction.list_sources(source_path, within=repository)
     # the current dataset's registered model (evaluate.model_name, else named after the data)
     model_name = model_name or model_name_for(load_params(params_file), base)
     client = tracking.client(root)
     try:
-        ref = predict.resolve_model(client, model, model_name)
+        ref = batch_prediction.resolve_model(client, model, model_name)
     except LookupError:
         # a store that lost the project's runs: the rebuild it names, not "train first",
         # which `dvc repro` would skip as unchanged
@@ -134,10 +134,10 @@ def predict_flow(
     start = time.perf_counter()
     rows = predict_task(ref.uri, paths, root)
     seconds = time.perf_counter() - start
-    predict.write_predictions_csv(output_path, rows)
+    batch_prediction.write_predictions_csv(output_path, rows)
     errors = sum(1 for row in rows if row["error"])
     create_table_artifact(
-        [{key: row[key] for key in predict.BATCH_COLUMNS} for row in rows[:ARTIFACT_ROWS]],
+        [{key: row[key] for key in batch_prediction.BATCH_COLUMNS} for row in rows[:ARTIFACT_ROWS]],
         key="predictions",
         description=(
             f"{len(rows)} files from {source} by {ref.uri} (v{ref.version or '-'}), "
@@ -186,7 +186,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--output", default="reports/predictions.csv", help="the CSV to write")
     parser.add_argument(
         "--model",
-        default=predict.DEFAULT_MODEL,
+        default=batch_prediction.DEFAULT_MODEL,
         help="alias (default champion), version number, run id, or a models:/ or runs:/ URI",
     )
     parser.add_argument("--model-name", default=None, help="default: evaluate.model_name")

@@ -135,7 +135,7 @@ def test_two_team_pipeline_runs_come_back_through_git_dvc_and_mlflow(
     predicting = watch(proj, {"source": "data/demo/circle"}, "predict/team")
     output = predicting.communicate(timeout=900)[0]
     assert predicting.returncode == 0, f"{output}\n{servers.log_tail('worker-gpu')}"
-    from tasks.predict import PREDICT_EXPERIMENT, list_sources
+    from tasks.batch_prediction import PREDICT_EXPERIMENT, list_sources
 
     predict_runs = client.search_runs(
         [client.get_experiment_by_name(PREDICT_EXPERIMENT).experiment_id]

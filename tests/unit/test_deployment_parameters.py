@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from flows.parameters import CONFINED
-from tasks.predict import check_model_reference, list_sources
+from tasks.batch_prediction import check_model_reference, list_sources
 
 # Object parameters are typed models with their own checks, proven elsewhere.
 TYPED_ELSEWHERE = {"overrides": "tests/unit/test_deployment_overrides.py"}

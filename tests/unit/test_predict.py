@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tasks.batch_prediction import list_sources, predict_files, resolve_model, write_predictions_csv
 from tasks.images import preprocess_bytes, preprocessing_version
 from tasks.manifest import load_manifest
 from tasks.params import default_params
@@ -22,14 +23,10 @@ from tasks.predict import (
     PreprocessingMismatch,
     ServingSpec,
     ShardflowModel,
-    list_sources,
     model_input,
-    predict_files,
     predict_images,
     prediction_frame,
-    resolve_model,
     version_warning,
-    write_predictions_csv,
 )
 from tasks.refusals import Refused
 

@@ -119,7 +119,7 @@ class Failed:
 def test_train_and_evaluate_never_retry_a_refusal() -> None:
     """A refusal fails alike when rerun as it is; a failed write to the store may not."""
     from flows.model_runs import retry_unless_refused
-    from tasks.predict import ModelNotFound
+    from tasks.batch_prediction import ModelNotFound
 
     for refusal in (ModelNotFound("no champion"), WorkspaceLocked("held"), ParamsError("x")):
         assert not retry_unless_refused(None, None, Failed(refusal))
