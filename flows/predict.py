@@ -32,7 +32,7 @@ from flows.common import (
     run_then_exit,
 )
 from flows.parameters import ModelName, ModelReference, RepoPath
-from tasks import batch_prediction, predict, tracking
+from tasks import batch_prediction, predict, run_records, tracking
 from tasks.dataset_identity import model_name_for
 from tasks.params import inside, load_params
 from tasks.store_check import check_store
@@ -84,7 +84,7 @@ def record_task(
         tags=tags,
     )
     run_id = str(run.info.run_id)
-    now = tracking.timestamp_ms()
+    now = run_records.timestamp_ms()
     client.log_batch(
         run_id,
         metrics=[Metric(key, float(value), now, 0) for key, value in metrics.items()],

@@ -44,7 +44,7 @@ from flows.common import (
     untagged_task_runs,
 )
 from flows.model_runs import REFUSALS, link_mlflow_run, retry_unless
-from tasks import manifest, tracking, train_child
+from tasks import manifest, run_records, train_child
 from tasks.layout import Layout
 from tasks.params import Params, TrainParams, load_params
 from tasks.train_cluster import ClusterIncomplete, config_is_chief, requested_workers
@@ -87,7 +87,7 @@ def model_run_details() -> Sequence[object]:
     root = run_parameter("root", ".")
     params = load_params(run_params_path(root, run_parameter("params_path", "params.yaml")))
     fingerprint = manifest.load_manifest(Layout(root).shards_dir).fingerprint
-    return [tracking.run_name(params, fingerprint)]
+    return [run_records.run_name(params, fingerprint)]
 
 
 # A retry resumes from the BackupAndRestore state, so it costs at most one epoch.

@@ -14,8 +14,9 @@ from tasks.gate import ShardsNotValidated
 from tasks.layout import Layout
 from tasks.metrics_files import is_number
 from tasks.params import EvaluateParams, flatten
+from tasks.run_records import source_tags
 from tasks.store_check import REBUILD
-from tasks.tracking import redact, source_tags
+from tasks.tracking import redact
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -45,7 +46,7 @@ def start_evaluation_run(client: MlflowClient, train_run_id: str, settings: Eval
     """
     from mlflow.entities import Param
 
-    from tasks.tracking import NOTE_TAG
+    from tasks.run_records import NOTE_TAG
 
     train = client.get_run(train_run_id)
     end_abandoned_evaluations(client, train)
@@ -106,12 +107,12 @@ def log_test_results(
     """
     from mlflow.entities import Metric, RunTag
 
-    from tasks import tracking
+    from tasks import run_records
 
-    dataset_name, digest = tracking.log_dataset(
+    dataset_name, digest = run_records.log_dataset(
         client, runs["evaluation"], manifest, shards_dir=shards_dir, split="test", context="test"
     )
-    now = tracking.timestamp_ms()
+    now = run_records.timestamp_ms()
     figures = [
         (f"test_{k}", float(v)) for k, v in metrics.items() if is_number(v) and k not in COUNTS
     ]
@@ -169,9 +170,9 @@ def log_decision(
     metrics) and, as tags, onto the registered version it decides about."""
     from mlflow.entities import Metric, RunTag
 
-    from tasks import tracking
+    from tasks import run_records
 
-    now = tracking.timestamp_ms()
+    now = run_records.timestamp_ms()
     evidence = decision.get("evidence") or {}
     figures = {
         "promotion.champion_value": decision["champion_value"],
@@ -180,12 +181,12 @@ def log_decision(
     }
     tags = decision_tags(decision)
     # The run's description (the MLflow run page opens on it) ends with the decision.
-    opening = client.get_run(run_id).data.tags.get(tracking.NOTE_TAG, "").split("\n\n")[0]
+    opening = client.get_run(run_id).data.tags.get(run_records.NOTE_TAG, "").split("\n\n")[0]
     note = (
         f"{opening}\n\n{model_name} v{version}: **{tags['promotion.decision']}**. "
         + tags["promotion.reason"]
     )
-    run_tags = {**tags, "registry.version": version, tracking.NOTE_TAG: note}
+    run_tags = {**tags, "registry.version": version, run_records.NOTE_TAG: note}
     client.log_batch(
         run_id,
         metrics=[Metric(k, float(v), now, 0) for k, v in figures.items() if v is not None],

@@ -80,10 +80,11 @@ from tasks.registry import (
     registered_sources,
     workspace_id,
 )
+from tasks.run_records import dvc_experiment
 from tasks.schema import IMAGE_KEY, LABEL_KEY, SOURCE_KEY
 from tasks.shard_store import open_store
 from tasks.sheets import plot_image_sheet
-from tasks.tracking import champion_version, dvc_experiment
+from tasks.tracking import champion_version
 
 if TYPE_CHECKING:
     import keras

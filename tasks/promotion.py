@@ -14,7 +14,7 @@ champion's by more than the margin *and* a one-sided paired test (:mod:`tasks.ev
 p below ``evaluate.promotion_alpha``; a smaller advantage is "inconclusive: champion kept".
 When the champion cannot be scored on these records the comparison is "not comparable".
 :func:`decide` moves no alias (:func:`apply_decision` does), so the decision is recorded
-first. A version registered under ``dvc exp run`` (:func:`tasks.tracking.dvc_experiment`)
+first. A version registered under ``dvc exp run`` (:func:`tasks.run_records.dvc_experiment`)
 gets the decision it would have had and the ``challenger`` alias, never ``champion``.
 
 Moving the alias is guarded on the registry itself, whichever way the evaluation was started

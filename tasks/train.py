@@ -416,7 +416,7 @@ def run_train(
 ) -> dict[str, Any]:
     """Gate on validation, open (or resume) an MLflow run, train, record the run for evaluate.
     Every worker runs this; the chief alone tracks (``run_tags`` on a new MLflow run)."""
-    from tasks import tracking
+    from tasks import run_records, tracking
 
     keras_without_extras()  # Keras's config held at its defaults, whatever keras.json says
     if strategy is None:
@@ -453,7 +453,7 @@ def run_train(
     run_id = resume_run_id(client, (stored or {}).get("mlflow_run_id"))
     resumed = run_id is not None
     if run_id is None:
-        run_id = tracking.start_train_run(
+        run_id = run_records.start_train_run(
             client,
             params,
             manifest,
@@ -467,7 +467,7 @@ def run_train(
             client.set_tag(run_id, "resume.backup_discarded", "; ".join(discarded)[:5000])
     write_identity(layout.backup_dir, identity, run_id)
     try:
-        with tracking.system_metrics(client, run_id, resume=resumed):
+        with run_records.system_metrics(client, run_id, resume=resumed):
             summary = train(
                 params.train,
                 layout.shards_dir,

@@ -338,12 +338,12 @@ def test_unchanged_files_are_not_read_again_and_any_rewrite_is(
 def test_train_run_records_the_generation_list(
     grown: tuple[Project, dict[str, str], list[str]], mlflow_uri: str
 ) -> None:
-    from tasks import tracking
+    from tasks import run_records, tracking
 
     project, _, _ = grown
     manifest = load_manifest(project.shards)
     client = tracking.client(project.root)
-    run_id = tracking.start_train_run(
+    run_id = run_records.start_train_run(
         client, default_params(), manifest, shards_dir=project.shards, root=project.root
     )
     path = client.download_artifacts(run_id, "data/generations.json", str(project.root))

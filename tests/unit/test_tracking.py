@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks import tracking
+from tasks import run_records, tracking
 from tasks.manifest import load_manifest
 from tasks.params import default_params
 
@@ -32,11 +32,11 @@ def test_queued_dvc_experiment_logs_to_the_repository_store(
 
 def test_dvc_experiment_tags_name_the_experiment() -> None:
     environ = {"DVC_EXP_NAME": "lr-high", "DVC_EXP_BASELINE_REV": "abc123", "DVC_ROOT": "/r"}
-    assert tracking.dvc_experiment_tags(environ) == {
+    assert run_records.dvc_experiment_tags(environ) == {
         "dvc.experiment": "lr-high",
         "dvc.baseline_rev": "abc123",
     }
-    assert tracking.dvc_experiment_tags({}) == {}
+    assert run_records.dvc_experiment_tags({}) == {}
 
 
 def test_run_description_names_what_differs_from_the_champion(
@@ -45,8 +45,8 @@ def test_run_description_names_what_differs_from_the_champion(
     manifest = load_manifest(tiny_shards / "data" / "shards")
     client = tracking.client(tiny_shards)
     shards = tiny_shards / "data" / "shards"
-    first = tracking.start_train_run(client, default_params(), manifest, shards_dir=shards)
-    note = client.get_run(first).data.tags[tracking.NOTE_TAG]
+    first = run_records.start_train_run(client, default_params(), manifest, shards_dir=shards)
+    note = client.get_run(first).data.tags[run_records.NOTE_TAG]
     assert "no champion yet" in note
     name = "shardflow"  # the demo data's registered model (evaluate.model_name: null)
     client.create_registered_model(name)
@@ -55,9 +55,9 @@ def test_run_description_names_what_differs_from_the_champion(
 
     monkeypatch.setenv("DVC_EXP_NAME", "lr-high")
     params = default_params(train={"learning_rate": 0.01, "epochs": 3})
-    second = tracking.start_train_run(client, params, manifest, shards_dir=shards)
+    second = run_records.start_train_run(client, params, manifest, shards_dir=shards)
     run = client.get_run(second)
-    note = run.data.tags[tracking.NOTE_TAG]
+    note = run.data.tags[run_records.NOTE_TAG]
     assert run.data.tags["dvc.experiment"] == "lr-high"
     assert "DVC experiment `lr-high`" in note
     assert f"{name} v{version.version}" in note and first in note
@@ -68,8 +68,8 @@ def test_run_description_names_what_differs_from_the_champion(
     assert note.count("\n- ") == 2  # nothing else differs: same shard params, same data
 
     monkeypatch.delenv("DVC_EXP_NAME")
-    again = tracking.start_train_run(client, default_params(), manifest, shards_dir=shards)
-    assert "nothing changed" in client.get_run(again).data.tags[tracking.NOTE_TAG]
+    again = run_records.start_train_run(client, default_params(), manifest, shards_dir=shards)
+    assert "nothing changed" in client.get_run(again).data.tags[run_records.NOTE_TAG]
 
 
 def test_system_metrics_leave_a_sample_even_for_a_short_block(
@@ -79,9 +79,9 @@ def test_system_metrics_leave_a_sample_even_for_a_short_block(
     manifest = load_manifest(tiny_shards / "data" / "shards")
     client = tracking.client(tiny_shards)
     shards = tiny_shards / "data" / "shards"
-    run_id = tracking.start_train_run(client, default_params(), manifest, shards_dir=shards)
-    assert tracking.SYSTEM_METRICS_INTERVAL_S >= 1  # far longer than the block below
-    with tracking.system_metrics(client, run_id, resume=False):
+    run_id = run_records.start_train_run(client, default_params(), manifest, shards_dir=shards)
+    assert run_records.SYSTEM_METRICS_INTERVAL_S >= 1  # far longer than the block below
+    with run_records.system_metrics(client, run_id, resume=False):
         pass
     metrics = client.get_run(run_id).data.metrics
     assert metrics["system/cpu_utilization_percentage"] >= 0
@@ -103,17 +103,17 @@ def test_an_experiment_made_before_its_kind_was_tagged_opens_on_the_runs_table(
 
 def test_the_source_names_the_stage_and_what_ran_it() -> None:
     experiment = {"DVC_EXP_NAME": "lr-high", "DVC_STAGE": "train"}
-    assert tracking.source_tags("train", experiment)["mlflow.source.name"] == (
+    assert run_records.source_tags("train", experiment)["mlflow.source.name"] == (
         "python -m flows.train (dvc exp run lr-high)"
     )
-    repro = tracking.source_tags("evaluate", {"DVC_STAGE": "evaluate", "DVC_ROOT": "/r"})
+    repro = run_records.source_tags("evaluate", {"DVC_STAGE": "evaluate", "DVC_ROOT": "/r"})
     assert repro["mlflow.source.name"] == "python -m flows.evaluate (dvc repro)"
-    assert tracking.dvc_experiment({"DVC_STAGE": "train", "DVC_ROOT": "/r"}) is None
-    assert tracking.dvc_experiment(experiment) == "lr-high"
+    assert run_records.dvc_experiment({"DVC_STAGE": "train", "DVC_ROOT": "/r"}) is None
+    assert run_records.dvc_experiment(experiment) == "lr-high"
 
 
 def test_dvc_hash_comes_from_the_shard_stage_outs(tmp_path: Path) -> None:
-    assert tracking.dvc_shards_md5(tmp_path) == "untracked"
+    assert run_records.dvc_shards_md5(tmp_path) == "untracked"
     lock = {
         "schema": "2.0",
         "stages": {
@@ -123,14 +123,14 @@ def test_dvc_hash_comes_from_the_shard_stage_outs(tmp_path: Path) -> None:
         },
     }
     (tmp_path / "dvc.lock").write_text(yaml.safe_dump(lock))
-    assert tracking.dvc_shards_md5(tmp_path) == "abc123.dir"
+    assert run_records.dvc_shards_md5(tmp_path) == "abc123.dir"
 
 
 def test_train_run_records_params_lineage_and_dataset(tiny_shards: Path, mlflow_uri: str) -> None:
     manifest = load_manifest(tiny_shards / "data" / "shards")
     params = default_params(train={"epochs": 4, "batch_size": 8, "learning_rate": 0.01})
     client = tracking.client(tiny_shards)
-    run_id = tracking.start_train_run(
+    run_id = run_records.start_train_run(
         client,
         params,
         manifest,
@@ -176,12 +176,12 @@ def test_the_code_a_run_ran_is_named_beside_its_commit(tiny_shards: Path, tmp_pa
     subprocess.run([*git, "add", "-A"], check=True)
     subprocess.run([*git, "commit", "-qm", "code"], check=True)
     manifest = load_manifest(tiny_shards / "data" / "shards")
-    assert tracking.lineage_tags(manifest, root=repo)["git.modified_code"] == "none"
+    assert run_records.lineage_tags(manifest, root=repo)["git.modified_code"] == "none"
     (repo / "reports/eval.json").write_text("v2\n")  # a stage's output, not code
     (repo / "tasks/models.py").write_text("v2\n")
     (repo / "tasks/new.py").write_text("v1\n")
     subprocess.run([*git, "mv", "tasks/old name.py", "tasks/renamed.py"], check=True)
-    tags = tracking.lineage_tags(manifest, root=repo)
+    tags = run_records.lineage_tags(manifest, root=repo)
     assert tags["git.modified_code"] == "tasks/models.py,tasks/new.py,tasks/renamed.py"
     assert (
         tags["git.commit"]
@@ -189,11 +189,11 @@ def test_the_code_a_run_ran_is_named_beside_its_commit(tiny_shards: Path, tmp_pa
             [*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
         ).stdout.strip()
     )
-    assert tracking.modified_code(tmp_path / "nowhere") == "unknown"
+    assert run_records.modified_code(tmp_path / "nowhere") == "unknown"
     for i in range(400):  # a new package of many files: the tag stays short enough to set
         (repo / "tasks" / f"module_{i:03d}.py").write_text("v1\n")
-    many = tracking.modified_code(repo)
-    assert len(many) <= tracking.MODIFIED_CODE_CHARS
+    many = run_records.modified_code(repo)
+    assert len(many) <= run_records.MODIFIED_CODE_CHARS
     shown = many.split(",... ")[0].split(",")
     assert shown[:2] == ["tasks/models.py", "tasks/module_000.py"]
     assert many.endswith(f",... {403 - len(shown)} more")
@@ -202,7 +202,7 @@ def test_the_code_a_run_ran_is_named_beside_its_commit(tiny_shards: Path, tmp_pa
 def test_run_url_links_the_ui_page_of_the_run(tiny_shards: Path, mlflow_uri: str) -> None:
     manifest = load_manifest(tiny_shards / "data" / "shards")
     client = tracking.client(tiny_shards)
-    run_id = tracking.start_train_run(
+    run_id = run_records.start_train_run(
         client,
         default_params(),
         manifest,
@@ -304,7 +304,7 @@ def test_train_run_params_and_tags_are_redacted(tiny_shards: Path, mlflow_uri: s
     manifest = load_manifest(tiny_shards / "data" / "shards")
     params = default_params(shard={"dask_address": f"tcp://alice:{TOKEN}@scheduler:8786"})
     client = tracking.client(tiny_shards)
-    run_id = tracking.start_train_run(
+    run_id = run_records.start_train_run(
         client, params, manifest, shards_dir=tiny_shards / "data" / "shards"
     )
     run = client.get_run(run_id)
