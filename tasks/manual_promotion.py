@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from tasks.promotion import promotion_lock, recorded_classes, shared_class_share
+from tasks.promotion import recorded_classes, shared_class_share
+from tasks.promotion_lock import promotion_lock
 from tasks.refusals import Refused
 from tasks.tracking import CHAMPION, champion_version
 

@@ -25,18 +25,16 @@ from tasks.gate import ModelNotFromTheseShards, ShardsNotValidated
 from tasks.layout import Layout
 from tasks.params import default_params
 from tasks.promotion import (
-    LOCK_SUFFIX,
     ChampionMoved,
     Figure,
     Rescored,
     Rules,
     apply_decision,
     decide,
-    lock_holder,
     pending_decision,
     promote,
-    promotion_lock,
 )
+from tasks.promotion_lock import LOCK_SUFFIX, lock_holder, promotion_lock
 from tasks.store_check import REBUILD
 from tasks.tracking import CHAMPION, champion_version
 
@@ -387,7 +385,7 @@ def test_two_processes_finding_the_same_dead_lock_never_both_hold_it(
     once the first holds the lock anew (the interleaving is forced): it waits for the lock
     instead of deleting it from under the first. Two live holders (this process and its
     parent) stand for two processes."""
-    import tasks.promotion as promotion
+    import tasks.promotion_lock as promotion_lock_module
 
     client, lock = registry.client, f"{registry.name}{LOCK_SUFFIX}"
     gone = subprocess.Popen(["true"])
@@ -395,9 +393,9 @@ def test_two_processes_finding_the_same_dead_lock_never_both_hold_it(
     dead = f"{socket.gethostname()}:{gone.pid}"
     client.create_registered_model(lock, tags={"holder": dead})
     me = threading.local()
-    monkeypatch.setattr(promotion, "lock_holder", lambda: me.holder)
+    monkeypatch.setattr(promotion_lock_module, "lock_holder", lambda: me.holder)
     both_saw_it = threading.Barrier(2, timeout=20)
-    read_holder = promotion._lock_holder_tag
+    read_holder = promotion_lock_module._lock_holder_tag
 
     def slow_reader(client: MlflowClient, name: str) -> str | None:
         held_by = read_holder(client, name)
@@ -408,7 +406,7 @@ def test_two_processes_finding_the_same_dead_lock_never_both_hold_it(
                 threading.Event().wait(0.7)
         return held_by
 
-    monkeypatch.setattr(promotion, "_lock_holder_tag", slow_reader)
+    monkeypatch.setattr(promotion_lock_module, "_lock_holder_tag", slow_reader)
     inside, most_inside, errors = [0], [0], []
     count = threading.Lock()
 
