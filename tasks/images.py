@@ -442,7 +442,7 @@ def resample(
     box = whole if box is None else box
     if size == buffer.size and box == whole:  # what Image.resize returns: a copy
         small = buffer.copy()
-    else:
+    else:  # Image.resize's own last step, which Pillow has no public name for
         small = buffer._new(buffer.im.resize(size, RESAMPLE, box))
     return Image.merge(image.raw_mode, small.split()).convert("RGB")
 
