@@ -140,6 +140,8 @@ def every_mode(width: int, height: int, seed: int) -> dict[str, bytes]:
         "RGBA webp": encoded(Image.fromarray(rgba, mode="RGBA"), "WEBP", lossless=True),
         "P keyed gif": encoded(palette, "GIF", transparency=5),
         "RGB rotated jpeg": encoded(rgb, "JPEG", quality=90, exif=orientation),
+        "RGBA rotated png": encoded(Image.fromarray(rgba, mode="RGBA"), "PNG", exif=orientation),
+        "CMYK rotated jpeg": encoded(Image.fromarray(rgba, mode="CMYK"), "JPEG", exif=orientation),
         "L jpeg": encoded(rgb.convert("L"), "JPEG", quality=90),
     }
 
