@@ -28,6 +28,8 @@ import itertools
 import math
 import tokenize
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -165,12 +167,32 @@ def finish_decode(image: Image.Image) -> Image.Image:
 
     The result is ``L`` for a grey source and ``RGB`` otherwise (see :func:`to_8bit`).
     """
+    with decode_errors(image):
+        return to_8bit(image, load_oriented(image))
+
+
+def decode_for_resize(image: Image.Image) -> Image.Image | RgbBuffer:
+    """:func:`finish_decode`'s pixels, for :func:`resize_image` only: an image Pillow stores
+    in four bytes a pixel is converted within its own buffer (:func:`to_8bit_in_place`)."""
+    with decode_errors(image):
+        return to_8bit_in_place(image, load_oriented(image))
+
+
+def load_oriented(image: Image.Image) -> float:
+    """Decode an opened image's pixels and apply EXIF orientation; returns its
+    :func:`integer_peak`, read from the file's header before the transpose."""
+    image.load()
+    peak = integer_peak(image)
+    # In place: without an orientation to apply, exif_transpose would return a full copy.
+    ImageOps.exif_transpose(image, in_place=True)
+    return peak
+
+
+@contextmanager
+def decode_errors(image: Image.Image) -> Iterator[None]:
+    """Any failure to decode or convert ``image`` as the :class:`ImageRejected` reason."""
     try:
-        image.load()
-        peak = integer_peak(image)  # from the file's header, read before the transpose
-        # In place: without an orientation to apply, exif_transpose would return a full copy.
-        ImageOps.exif_transpose(image, in_place=True)
-        return to_8bit(image, peak)
+        yield
     except Exception as exc:
         raise ImageRejected(f"truncated or corrupt {image.format} data: {exc}") from None
 
@@ -222,6 +244,25 @@ def as_rgb(image: Image.Image) -> Image.Image:
 
 
 GREY_INTEGER_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
+# Grey with alpha: composited over black, every channel is the grey's.
+GREY_ALPHA_MODES = ("LA", "La")
+# Modes a decoder can give that Pillow stores in four bytes a pixel, as it stores RGB:
+# converted within their own buffer by to_8bit_in_place.
+IN_PLACE_MODES = ("RGBA", "RGBa", "RGBX", "CMYK", "YCbCr", "LAB", "HSV")
+
+
+@dataclass(frozen=True)
+class RgbBuffer:
+    """A decoded image whose buffer holds 8-bit RGB samples, whatever its mode says: an image
+    in one of :data:`IN_PLACE_MODES` after :func:`to_8bit_in_place`. Only
+    :func:`resize_image` reads it."""
+
+    image: Image.Image
+
+    @property
+    def raw_mode(self) -> str:
+        """The mode whose bands the buffer's are: RGBA (R, G, B, 255) for four bands."""
+        return "RGBA" if len(self.image.getbands()) == 4 else "RGB"
 
 
 def to_8bit(image: Image.Image, peak: float = 65535.0) -> Image.Image:
@@ -233,22 +274,45 @@ def to_8bit(image: Image.Image, peak: float = 65535.0) -> Image.Image:
     (:func:`integer_peak`), never from the image's own values. Float images are scaled
     from their own finite range (no format declares one; :func:`float_range`); NaN is black.
 
-    A grey source stays ``L``: the resize is the same per channel, so resizing first and
-    replicating after gives the same pixels from a third of the memory. Other modes are
-    converted a strip of rows at a time (:data:`STRIP_PIXELS`), so the temporaries stay
-    small whatever the image's size and bit depth: the full-size buffers are the decoded
-    image and the 8-bit result only.
+    A grey source stays ``L``, grey with alpha too (composited over black, its channels are
+    equal): the resize is the same per channel, so resizing first and replicating after
+    gives the same pixels from a third of the memory. Other modes are converted a strip of
+    rows at a time (:data:`STRIP_PIXELS`), so the temporaries stay small whatever the image's
+    size and bit depth: the full-size buffers are the decoded image and the 8-bit result
+    only (the decoded image alone, for the modes :func:`to_8bit_in_place` converts there).
     """
     mode = image.mode
     keyed = mode in ("1", "L", "RGB") and image.info.get("transparency") is not None
     if mode in ("L", "RGB") and not keyed:
         return image
-    grey = not keyed and mode in (*GREY_INTEGER_MODES, "F", "1")
+    grey = not keyed and mode in (*GREY_INTEGER_MODES, *GREY_ALPHA_MODES, "F", "1")
     value_range = float_range(image) if mode == "F" else (0.0, 0.0)
     out = Image.new("L" if grey else "RGB", image.size)
     for top, strip in strips(image):
         out.paste(strip_to_8bit(strip, peak, value_range), (0, top))
     return out
+
+
+def to_8bit_in_place(image: Image.Image, peak: float = 65535.0) -> Image.Image | RgbBuffer:
+    """:func:`to_8bit`'s samples without a second full-size buffer where the image has room
+    for them.
+
+    An RGB result takes four bytes a pixel, as much again as an image in
+    :data:`IN_PLACE_MODES` or a colour-keyed RGB image: each of their converted strips is
+    written back into the image's own buffer instead, as RGB bytes under the image's own mode
+    (an :class:`RgbBuffer`; a keyed RGB image stays a plain RGB one). Other modes go through
+    :func:`to_8bit`, whose result is smaller than them (or is them).
+    """
+    mode = image.mode
+    keyed = mode == "RGB" and image.info.get("transparency") is not None
+    if mode not in IN_PLACE_MODES and not keyed:
+        return to_8bit(image, peak)
+    buffer = RgbBuffer(image)
+    for top, strip in strips(image):
+        rgb = strip_to_8bit(strip, peak, (0.0, 0.0)).convert(buffer.raw_mode)
+        image.paste(Image.merge(mode, rgb.split()), (0, top))  # bands as they are
+    image.info.pop("transparency", None)  # the key is applied: its pixels are black now
+    return image if keyed else buffer
 
 
 def strips(image: Image.Image) -> Iterator[tuple[int, Image.Image]]:
@@ -299,10 +363,11 @@ def strip_to_8bit(image: Image.Image, peak: float, value_range: tuple[float, flo
     if mode in ("P", "PA"):
         image = image.convert("RGBA")
         mode = "RGBA"
-    if mode in ("RGBA", "LA", "La", "RGBa"):
+    if mode in ("RGBA", "RGBa", *GREY_ALPHA_MODES):
         rgba = image.convert("RGBA")
         background = Image.new("RGBA", rgba.size, (0, 0, 0, 255))
-        return Image.alpha_composite(background, rgba).convert("RGB")
+        composite = Image.alpha_composite(background, rgba)
+        return composite.convert("L" if mode in GREY_ALPHA_MODES else "RGB")
     return image.convert("RGB")  # CMYK, YCbCr, LAB, HSV
 
 
@@ -323,9 +388,9 @@ def integer_peak(image: Image.Image) -> float:
     return 65535.0
 
 
-def resize_image(image: Image.Image, size: tuple[int, int], policy: str) -> np.ndarray:
-    """Resize an ``RGB`` or ``L`` image to ``size`` = (height, width) under a policy; uint8
-    HxWx3 (grey is replicated after the resize).
+def resize_image(image: Image.Image | RgbBuffer, size: tuple[int, int], policy: str) -> np.ndarray:
+    """Resize an ``RGB`` or ``L`` image (or an :class:`RgbBuffer`) to ``size`` = (height,
+    width) under a policy; uint8 HxWx3 (grey is replicated after the resize).
 
     ``pad`` fits inside and letterboxes on black (centred), ``crop`` covers then
     centre-crops, ``stretch`` ignores the aspect ratio. ``BILINEAR``, antialiased when
@@ -333,9 +398,9 @@ def resize_image(image: Image.Image, size: tuple[int, int], policy: str) -> np.n
     depend on how the decoder was configured.
     """
     height, width = size
-    src_w, src_h = image.size
+    src_w, src_h = (image.image if isinstance(image, RgbBuffer) else image).size
     if policy == "stretch":
-        out = image.resize((width, height), RESAMPLE, reducing_gap=None)
+        out = resample(image, (width, height))
     elif policy == "crop":
         # Resize only the centred source box with the target's aspect ratio: one resample.
         scale = max(width / src_w, height / src_h)
@@ -343,19 +408,43 @@ def resize_image(image: Image.Image, size: tuple[int, int], policy: str) -> np.n
         # Clamped: float rounding can put a centred box a hair outside the source.
         left, top = max(0.0, (src_w - box_w) / 2), max(0.0, (src_h - box_h) / 2)
         box = (left, top, min(float(src_w), left + box_w), min(float(src_h), top + box_h))
-        out = image.resize((width, height), RESAMPLE, box=box, reducing_gap=None)
+        out = resample(image, (width, height), box)
     elif policy == "pad":
         scale = min(width / src_w, height / src_h)
         new_w = min(width, max(1, round(src_w * scale)))
         new_h = min(height, max(1, round(src_h * scale)))
-        fitted = image.resize((new_w, new_h), RESAMPLE, reducing_gap=None)
-        out = Image.new(image.mode, (width, height), 0)
+        fitted = resample(image, (new_w, new_h))
+        out = Image.new(fitted.mode, (width, height), 0)
         out.paste(fitted, ((width - new_w) // 2, (height - new_h) // 2))
     else:
         raise ValueError(
             f"unknown resize policy {policy!r} (shard.resize: {' | '.join(RESIZE_POLICIES)})"
         )
     return np.asarray(as_rgb(out), dtype=np.uint8)
+
+
+def resample(
+    image: Image.Image | RgbBuffer,
+    size: tuple[int, int],
+    box: tuple[float, float, float, float] | None = None,
+) -> Image.Image:
+    """``image.resize(size, RESAMPLE, box, reducing_gap=None)``, as ``L`` or ``RGB``.
+
+    An :class:`RgbBuffer` is resampled by Pillow's core, each byte channel on its own as an
+    RGB image's are (``Image.resize`` would first copy an RGBA buffer into premultiplied
+    RGBa, a second full-size buffer, and would read a CMYK one's bytes as CMYK); only the
+    small result is then read as RGB.
+    """
+    if not isinstance(image, RgbBuffer):
+        return image.resize(size, RESAMPLE, box=box, reducing_gap=None)
+    buffer = image.image
+    whole = (0.0, 0.0, float(buffer.width), float(buffer.height))
+    box = whole if box is None else box
+    if size == buffer.size and box == whole:  # what Image.resize returns: a copy
+        small = buffer.copy()
+    else:  # Image.resize's own last step, which Pillow has no public name for
+        small = buffer._new(buffer.im.resize(size, RESAMPLE, box))
+    return Image.merge(image.raw_mode, small.split()).convert("RGB")
 
 
 def preprocess_bytes(
@@ -375,7 +464,7 @@ def preprocess_bytes(
     image = open_checked(data, max_pixels=max_pixels, min_side=min_side)
     if draft:
         draft_for(image, size, policy)
-    return resize_image(finish_decode(image), size, policy)
+    return resize_image(decode_for_resize(image), size, policy)
 
 
 def preprocessing_version() -> str:

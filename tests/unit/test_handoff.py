@@ -92,16 +92,17 @@ def entries(root: Path) -> list[Path]:
 
 @pytest.fixture
 def counted_decodes(monkeypatch: pytest.MonkeyPatch) -> Callable[[], int]:
-    """How many full decodes (tasks.images.finish_decode) ran since the fixture started."""
+    """How many full decodes (tasks.images.load_oriented, the step of ingest's and the shard
+    stage's) ran since the fixture started."""
     images.preprocessing_version()  # its probe decodes: done before counting
     calls = [0]
-    real = images.finish_decode
+    real = images.load_oriented
 
-    def counting(image: Image.Image) -> Image.Image:
+    def counting(image: Image.Image) -> float:
         calls[0] += 1
         return real(image)
 
-    monkeypatch.setattr(images, "finish_decode", counting)
+    monkeypatch.setattr(images, "load_oriented", counting)
     return lambda: calls[0]
 
 
