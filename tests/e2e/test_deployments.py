@@ -127,7 +127,10 @@ def test_pipeline_deployment_end_to_end(served: Project) -> None:
         assert f"Stage '{stage}' is up to date" in log
     assert len(training_runs(client)) == 1  # no new training run
 
-    # A failing stage fails the flow run with its message, and no training starts.
+    # A failing stage fails the flow run with its message, and no training starts. A
+    # refusal reads as its block (what, why, fix), without a traceback, in the serving
+    # process's output and in the run's log that --watch shows; its full text is the state's.
+    served_before = len((project.root / "serve.log").read_text())
     bad = deployment_run(
         project,
         "--param",
@@ -135,7 +138,16 @@ def test_pipeline_deployment_end_to_end(served: Project) -> None:
         check=False,
     )
     assert bad.returncode != 0 or "Failed" in bad.stdout
-    assert "data/missing" in (project.root / "serve.log").read_text()
+    served_log = (project.root / "serve.log").read_text()[served_before:]
+    for said in (served_log, bad.stdout):
+        assert "Traceback" not in said, said
+        assert "(SourceNotFound)" in said and "data/missing: source folder not found" in said
+        assert "fix: set ingest.source_dir in params.yaml" in said
+    assert served_log.count("Refused: ") == 1, served_log
+    failed = re.search(r"UUID: ([0-9a-f-]{36})", bad.stdout)
+    assert failed, bad.stdout
+    [failed_run] = flow_runs(project.env["PREFECT_API_URL"], id={"any_": [failed.group(1)]})
+    assert "SourceNotFound: data/missing: source folder not found" in failed_run["state"]["message"]
     assert len(training_runs(client)) == 1
 
 
