@@ -187,8 +187,8 @@ class RefusalsAsBlocks(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         refusal = find_refusal(record.exc_info[1] if record.exc_info else None)
         if refusal is not None:
-            record.refusal_key = refusal_key(refusal)
-            self.seen.append(record.refusal_key)
+            record.refusal_key = key = refusal_key(refusal)
+            self.seen.append(key)
             record.msg, record.args = refusal_block(run_what(record), refusal), ()
             record.exc_info, record.exc_text = None, None
             record.refusal = "block"
@@ -217,7 +217,7 @@ class QuietRefusals(RefusalsAsBlocks):
         super().filter(record)
         kind = getattr(record, "refusal", None)
         if kind == "block":
-            self.seen.append(record.refusal_key)
+            self.seen.append(str(record.__dict__["refusal_key"]))  # set with "block"
             show, self.shown = self.show_first and not self.shown, True
             return show
         if kind is not None:
