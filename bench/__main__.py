@@ -33,7 +33,15 @@ QUICK = {
     "feed_models": ["small_cnn"],
     "feed_batch": 16,
 }
-SELF_CONTAINED = {"append", "photos", "plan_rss", "worker_start", "near_duplicates", "lineage"}
+SELF_CONTAINED = {
+    "append",
+    "photos",
+    "plan_rss",
+    "worker_start",
+    "near_duplicates",
+    "lineage",
+    "label_review",
+}
 
 
 def _int_list(text: str) -> list[int]:
@@ -247,6 +255,9 @@ class Run:
             "near_duplicates.place_s": None,
             "near_duplicates.look_alike_place_s": None,
             "near_duplicates.peak_rss_mb": None,
+            "label_review.chosen": None,
+            "label_review.precision": None,
+            "label_review.recall": None,
             "machine": machine_info(),
             "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "details": {},
@@ -728,6 +739,19 @@ def lineage(b: Bench) -> None:
     b.run.figures["details"]["lineage"] = result
 
 
+def label_review(b: Bench) -> None:
+    from bench.label_review import measure_label_review
+
+    result = measure_label_review()
+    default = b.base.evaluate.label_error_confidence
+    at_default = [r for r in result["thresholds"] if r["threshold"] == default]
+    f = b.run.figures
+    f["label_review.chosen"] = result["chosen"]
+    f["label_review.precision"] = at_default[0]["precision"] if at_default else None
+    f["label_review.recall"] = at_default[0]["recall"] if at_default else None
+    f["details"]["label_review"] = result
+
+
 # The sections, in the order they run (`--only` names them; `--skip-*` drops two).
 SECTIONS: dict[str, Callable[[Bench], None]] = {
     "worker_start": worker_start,
@@ -743,6 +767,7 @@ SECTIONS: dict[str, Callable[[Bench], None]] = {
     "plan_rss": plan_rss,
     "near_duplicates": near_duplicates,
     "lineage": lineage,
+    "label_review": label_review,
 }
 
 

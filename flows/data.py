@@ -18,6 +18,7 @@ from flows.common import (
     hold_workspace,
     naming,
     record_stage,
+    refusals_as_blocks,
     run_parameter,
     run_params_path,
     run_stage,
@@ -50,6 +51,7 @@ def data_flow(
     With ``dvc_bookkeeping`` (deployment runs) a stage that DVC reports up to date is
     skipped and a stage that ran is recorded in ``dvc.lock``.
     """
+    refusals_as_blocks(show_first=True)  # a deployment run's; a stage's entry point set its own
     params = load_params(run_params_path(root, params_path))  # inside the repo if deployed
     layout = Layout(root)
     stages = stages or list(DATA_STAGES)

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +147,10 @@ def main() -> None:
     for name, (owner, _) in others.items():
         print(f"{name}: taking over from {owner}, which no longer serves it", flush=True)
     record = serving_file(shared_root())
+    # SIGTERM (a service manager's, `shardflow serve` passing one on) ends this process by
+    # SystemExit, so the record goes whenever it comes: Python's default would end it at
+    # once, and Prefect's runner catches it only once it has started.
+    signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
     record.parent.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps({"pid": os.getpid(), "url": api_url()}) + "\n")
     try:

@@ -14,7 +14,13 @@ from typing import Any
 
 from prefect import flow, get_run_logger, tags
 
-from flows.common import configure_environment, hold_workspace, pipeline_id, run_params_path
+from flows.common import (
+    configure_environment,
+    hold_workspace,
+    pipeline_id,
+    refusals_as_blocks,
+    run_params_path,
+)
 from flows.data import data_flow
 from flows.parameters import RepoPath
 from flows.server import require_server
@@ -29,6 +35,7 @@ def pipeline(
     root: RepoPath = ".",
 ) -> dict[str, Any]:
     """ingest -> shard -> validate | train -> evaluate; stages DVC finds current are skipped."""
+    refusals_as_blocks(show_first=True)  # no entry point of ours prints a deployment's
     logger = get_run_logger()
     params_file = run_params_path(root, params_path)  # refused outside the repository
     changes = overrides.as_dict() if overrides else {}

@@ -28,6 +28,7 @@ from flows.common import (
     configure_environment,
     flow_run_tags,
     in_deployment_run,
+    refusals_as_blocks,
     run_params_path,
     run_then_exit,
 )
@@ -112,6 +113,7 @@ def predict_flow(
     the repository only (each parameter was checked alone; here joined to ``root``, and
     every file ``source`` lists), and writes a CSV outside hidden folders (.git, .dvc).
     """
+    refusals_as_blocks(show_first=True)  # a deployment run's; the entry point set its own
     base = Path(root)
     source_path, output_path = base / source, base / output
     params_file = run_params_path(root, params_path)  # refused outside the repository

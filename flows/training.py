@@ -22,6 +22,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from flows.common import (
     naming,
+    refusals_as_blocks,
     run_params_path,
     run_stage,
     run_then_exit,
@@ -50,6 +51,7 @@ def training_flow(
     With ``dvc_bookkeeping`` (deployment runs) a stage DVC reports up to date is skipped
     and a stage that ran is recorded in ``dvc.lock``.
     """
+    refusals_as_blocks(show_first=True)  # a deployment run's; a stage's entry point set its own
     stages = list(stages or STAGES)  # Prefect refused any other name (TrainingStage)
     layout = Layout(root)
     params = load_params(run_params_path(root, params_path))  # inside the repo if deployed

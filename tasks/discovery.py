@@ -11,6 +11,19 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from tasks.content import class_label, class_name_problem, csv_rows, display_name
+from tasks.refusals import Refused
+
+
+class SourceNotFound(Refused, FileNotFoundError):
+    """``ingest.source_dir`` (or ``ingest.labels_csv``) names nothing ingest can read."""
+
+    fix = "set ingest.source_dir in params.yaml to a folder of class folders (or: make demo-data)"
+
+
+class SourceRefused(Refused, ValueError):
+    """The source names no file, or its labels CSV cannot say which class each file is."""
+
+    fix = "correct the folder or the CSV named (ingest.source_dir, ingest.labels_csv)"
 
 
 @dataclass(frozen=True)
@@ -38,11 +51,11 @@ def discover(source_dir: Path, labels_csv: Path | None = None) -> Discovered:
     """
     if labels_csv is not None:
         if not labels_csv.exists():
-            raise FileNotFoundError(f"{labels_csv}: labels CSV not found (ingest.labels_csv)")
+            raise SourceNotFound(f"{labels_csv}: labels CSV not found (ingest.labels_csv)")
         if not labels_csv.resolve().is_relative_to(source_dir.resolve()):
             # dvc.yaml tracks the CSV through the ingest stage's source_dir dependency: a
             # CSV elsewhere could change without DVC noticing, so labels would go stale.
-            raise ValueError(
+            raise SourceRefused(
                 f"ingest.labels_csv={labels_csv} is outside ingest.source_dir={source_dir}: "
                 "move the CSV into the source folder (DVC tracks it there, so editing a "
                 "label reruns ingest)"
@@ -54,7 +67,7 @@ def discover(source_dir: Path, labels_csv: Path | None = None) -> Discovered:
         )
     if not source_dir.is_dir():
         what = "not a folder" if source_dir.exists() else "source folder not found"
-        raise FileNotFoundError(
+        raise SourceNotFound(
             f"{source_dir}: {what} (ingest.source_dir names the folder of class folders); "
             "for the demo dataset run `make demo-data`"
         )
@@ -74,7 +87,7 @@ def discover(source_dir: Path, labels_csv: Path | None = None) -> Discovered:
             labels.append(class_label(entry.name))
             found.extend(_class_files(source_dir, entry, skipped))
     if not found:
-        raise ValueError(f"{source_dir}: no files found in class sub-folders")
+        raise SourceRefused(f"{source_dir}: no files found in class sub-folders")
     return Discovered(found, skipped, labels)
 
 
@@ -87,20 +100,20 @@ def read_labels_csv(labels_csv: Path) -> list[Candidate]:
     for line, row in csv_rows(labels_csv, ("path", "label"), "ingest.labels_csv"):
         listed, label = row["path"], class_label(row["label"])
         if not listed or not label:
-            raise ValueError(f"{labels_csv}, line {line}: empty `path` or `label`")
+            raise SourceRefused(f"{labels_csv}, line {line}: empty `path` or `label`")
         if problem := class_name_problem(label):
-            raise ValueError(f"{labels_csv}, line {line}: label {label!r}: {problem}")
+            raise SourceRefused(f"{labels_csv}, line {line}: label {label!r}: {problem}")
         path = _inside_path(listed)
         if path in lines:
             spelled = f"{listed!r}" + (f" ({path!r})" if path != listed else "")
-            raise ValueError(
+            raise SourceRefused(
                 f"{labels_csv}, line {line}: {spelled} is listed already on line {lines[path]}; "
                 "list each file once, with its one label"
             )
         lines[path] = line
         rows.append(Candidate(path, label))
     if not rows:
-        raise ValueError(f"{labels_csv}: lists no files (ingest.labels_csv)")
+        raise SourceRefused(f"{labels_csv}: lists no files (ingest.labels_csv)")
     return rows
 
 

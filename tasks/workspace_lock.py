@@ -14,10 +14,12 @@ under their parent's lock instead of waiting for it forever.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -186,6 +188,25 @@ def workspace_lock(
         handle.close()
 
 
+def run_to_the_end(command: list[str]) -> int:
+    """``command``'s exit status (128+signal when a signal ended it). SIGTERM to this
+    process is passed on to it and waited for: the lock and its holder file are released
+    once the command has stopped, never while it still writes (Python's default would end
+    this process at once and leave the holder file behind)."""
+    child = subprocess.Popen(command)
+
+    def pass_on(signum: int, _: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            child.send_signal(signum)
+
+    previous = signal.signal(signal.SIGTERM, pass_on)
+    try:
+        code = child.wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return 128 - code if code < 0 else code
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m tasks.workspace_lock [--params FILE] -- CMD ...``: run CMD under the lock."""
     import argparse
@@ -200,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     timeout_s = lock_timeout_s(args.params)
     try:
         with workspace_lock(".", timeout_s=timeout_s, command=shlex.join(command)):
-            return subprocess.run(command, check=False).returncode
+            return run_to_the_end(command)
     except WorkspaceLocked as error:
         print(refusal_block(shlex.join(command), error), file=sys.stderr)
         return 75  # EX_TEMPFAIL: try again later

@@ -127,7 +127,10 @@ def test_pipeline_deployment_end_to_end(served: Project) -> None:
         assert f"Stage '{stage}' is up to date" in log
     assert len(training_runs(client)) == 1  # no new training run
 
-    # A failing stage fails the flow run with its message, and no training starts.
+    # A failing stage fails the flow run with its message, and no training starts. A
+    # refusal reads as its block (what, why, fix), without a traceback, in the serving
+    # process's output (once) and in the run's log; its full text is the run's state.
+    served_before = len((project.root / "serve.log").read_text())
     bad = deployment_run(
         project,
         "--param",
@@ -135,7 +138,19 @@ def test_pipeline_deployment_end_to_end(served: Project) -> None:
         check=False,
     )
     assert bad.returncode != 0 or "Failed" in bad.stdout
-    assert "data/missing" in (project.root / "serve.log").read_text()
+    assert "Traceback" not in bad.stdout
+    failed = re.search(r"UUID: ([0-9a-f-]{36})", bad.stdout)
+    assert failed, bad.stdout
+    logs = api_post(api_url, "/logs/filter", {"logs": {"flow_run_id": {"any_": [failed[1]]}}})
+    run_log = "\n".join(entry["message"] for entry in logs)
+    served_log = (project.root / "serve.log").read_text()[served_before:]
+    for said in (served_log, run_log):
+        assert "Traceback" not in said, said
+        assert "(SourceNotFound)" in said and "data/missing: source folder not found" in said
+        assert "fix: set ingest.source_dir in params.yaml" in said
+    assert served_log.count("Refused: ") == 1, served_log
+    [failed_run] = flow_runs(api_url, id={"any_": [failed[1]]})
+    assert "SourceNotFound: data/missing: source folder not found" in failed_run["state"]["message"]
     assert len(training_runs(client)) == 1
 
 

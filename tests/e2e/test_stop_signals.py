@@ -17,7 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.e2e.conftest import free_port
+from tests.e2e.conftest import Project, free_port
+from tests.trained_model import TrainedProject
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -38,37 +39,137 @@ def wait_for(condition: object, timeout: float) -> bool:
     return False
 
 
+def shardflow(command: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """``shardflow COMMAND`` in its own session, as a service manager starts it: only the
+    signal sent reaches it."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", *command],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def alive(processes: list[psutil.Process]) -> list[str]:
+    """The command lines of ``processes`` still running (a zombie has ended)."""
+    return [
+        " ".join(p.cmdline())
+        for p in processes
+        if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    ]
+
+
+def sigterm_stops_all(cli: subprocess.Popen[bytes], started: list[psutil.Process]) -> None:
+    """SIGTERM to ``cli`` alone: it exits 128+SIGTERM within seconds, and nothing it started
+    (``started``) is left."""
+    os.kill(cli.pid, signal.SIGTERM)
+    assert cli.wait(timeout=30) == 128 + signal.SIGTERM
+    assert wait_for(lambda: not alive(started), timeout=5), alive(started)
+
+
+def cleanup(cli: subprocess.Popen[bytes], started: list[psutil.Process]) -> None:
+    """Nothing of a test left running, whatever it found."""
+    if cli.poll() is None:
+        os.killpg(cli.pid, signal.SIGKILL)
+    for process in started:
+        if process.is_running():
+            process.kill()
+
+
 def test_sigterm_to_shardflow_ui_stops_the_mlflow_ui_it_started(tmp_path: Path) -> None:
     """SIGINT takes the same path (flows.cli.stopping_with)."""
-    signum = signal.SIGTERM
     port = free_port()
     env = {
         **os.environ,
         "PYTHONPATH": str(REPO),
         "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
     }
-    # its own session, as a service manager starts it: only the signal sent reaches it
-    cli = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "ui", "--port", str(port)],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    cli = shardflow(["ui", "--port", str(port)], tmp_path, env)
     started: list[psutil.Process] = []
     try:
         assert wait_for(lambda: answers(port), timeout=180), "mlflow ui never answered"
         started = psutil.Process(cli.pid).children(recursive=True)
         assert started  # mlflow ui and its server processes
-        os.kill(cli.pid, signum)
-        assert cli.wait(timeout=30) == 128 + signum
+        sigterm_stops_all(cli, started)
         assert wait_for(lambda: not answers(port), timeout=10), "the UI still answers"
-        left = [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-        assert not left, [" ".join(p.cmdline()) for p in left]
-    finally:  # nothing of this test left running, whatever it found
-        if cli.poll() is None:
-            os.killpg(cli.pid, signal.SIGKILL)
-        for process in started:
-            if process.is_running():
-                process.kill()
+    finally:
+        cleanup(cli, started)
+
+
+def test_sigterm_to_shardflow_serve_model_stops_the_model_server(
+    trained_project: TrainedProject,
+) -> None:
+    port = free_port()
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "MLFLOW_TRACKING_URI": trained_project.tracking_uri,
+    }
+    cli = shardflow(["serve-model", "--port", str(port)], trained_project.root, env)
+    started: list[psutil.Process] = []
+    try:
+        assert wait_for(lambda: answers(port), timeout=180), "the model server never answered"
+        started = psutil.Process(cli.pid).children(recursive=True)
+        assert started  # tasks.serve and its uvicorn
+        sigterm_stops_all(cli, started)
+        assert not answers(port), "the model server still answers"
+    finally:
+        cleanup(cli, started)
+
+
+def test_sigterm_to_shardflow_serve_stops_serving_and_removes_its_record(
+    project: Project,
+) -> None:
+    """The deployments' runner stops and `.prefect/serving.json` goes, also when SIGTERM
+    comes as serving begins; the Prefect server, which `shardflow serve` did not start
+    here (the project names one), still answers."""
+    from flows.server import wait_healthy
+
+    record = project.root / ".prefect" / "serving.json"
+    cli = shardflow(["serve"], project.root, project.env)
+    started: list[psutil.Process] = []
+    try:
+        assert wait_for(record.exists, timeout=180), "the deployments were never served"
+        started = psutil.Process(cli.pid).children(recursive=True)
+        assert any("flows.deployments" in " ".join(p.cmdline()) for p in started)
+        sigterm_stops_all(cli, started)
+        assert not record.exists()
+        wait_healthy(project.env["PREFECT_API_URL"], timeout=10)
+    finally:
+        cleanup(cli, started)
+
+
+def test_sigterm_to_shardflow_run_stops_its_stages_and_records_none_half_done(
+    project_without_server: Project,
+) -> None:
+    """SIGTERM while a stage runs: the stage stops, `dvc.lock` records no stage that did
+    not finish, the workspace lock is free, and the clone's Prefect server, which `run`
+    started detached (as Ctrl-C leaves it), still answers."""
+    from flows.server import wait_healthy
+
+    project = project_without_server
+    cli = shardflow(["run"], project.root, project.env)
+    started: list[psutil.Process] = []
+    try:
+
+        def a_stage_runs() -> str | None:
+            for process in psutil.Process(cli.pid).children(recursive=True):
+                with_stage = [a for a in process.cmdline() if a.startswith("flows.")]
+                if with_stage and with_stage[0] != "flows.server":
+                    return with_stage[0].removeprefix("flows.")
+            return None
+
+        assert wait_for(a_stage_runs, timeout=240), "no stage started"
+        stage = a_stage_runs()
+        started = psutil.Process(cli.pid).children(recursive=True)
+        sigterm_stops_all(cli, started)
+        lock = project.root / "dvc.lock"
+        recorded = lock.read_text() if lock.exists() else ""
+        assert f"\n  {stage}:" not in recorded, (stage, recorded)
+        assert not (project.root / ".shardflow" / "workspace.lock.json").exists()
+        wait_healthy(project.env["PREFECT_API_URL"], timeout=10)
+        assert project.dvc("status", check=False).returncode == 0  # no lock of DVC's left
+    finally:
+        cleanup(cli, started)

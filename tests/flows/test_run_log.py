@@ -67,3 +67,28 @@ def test_the_shard_stage_and_the_data_flow_run_capped_workers_and_say_so(
     apply_overrides(tmp_path / "params.yaml", {"shard": {"workers": 64}})
     data_flow(root=str(tmp_path), stages=["shard"])
     assert ran == [2]
+
+
+def test_a_refusal_in_a_flow_run_is_its_block_in_the_runs_log_and_whole_in_its_state(
+    prefect_harness: None, tmp_path: Path
+) -> None:
+    """A deployment's data flow on a missing source folder logged three tracebacks (task,
+    flow, engine) into the run's log and `prefect deployment run --watch`; the log now has
+    the refusal's block (what, why, fix) and no traceback, the state message its full text."""
+    import shutil
+
+    from flows.data import data_flow
+    from tasks.params import REPO_PARAMS_PATH, apply_overrides
+    from tests.prefect_story import log_lines
+
+    shutil.copy(REPO_PARAMS_PATH, tmp_path / "params.yaml")
+    apply_overrides(tmp_path / "params.yaml", {"ingest": {"source_dir": "data/missing"}})
+    state = data_flow(root=str(tmp_path), stages=["ingest"], return_state=True)
+    assert state.is_failed()
+    assert "SourceNotFound: data/missing: source folder not found" in (state.message or "")
+    text = "\n".join(log_lines(state.state_details.flow_run_id))
+    assert "Traceback" not in text
+    blocks = [line for line in text.splitlines() if line.startswith("Refused: ")]
+    assert blocks and all(line.endswith("(SourceNotFound)") for line in blocks), text
+    assert "  fix: set ingest.source_dir in params.yaml" in text
+    assert "Finished in state Failed: refused (the block above says why)" in text

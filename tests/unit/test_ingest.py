@@ -216,14 +216,23 @@ def test_parallel_ingest_matches_serial(tmp_path: Path, monkeypatch: pytest.Monk
         tmp_path / "i1.json",
         tmp_path / "r1.json",
     )
+    told: list[tuple[int, int]] = []
     parallel = run_ingest(
         default_params(ingest={"source_dir": str(src), "workers": 2}).ingest,
         tmp_path / "i2.json",
         tmp_path / "r2.json",
+        progress=lambda done, total: told.append((done, total)),
     )
     assert started == [2]  # the serial run started none, the parallel one two workers
     assert serial == parallel
     assert (tmp_path / "i1.json").read_bytes() == (tmp_path / "i2.json").read_bytes()
+    # A first ingest, every file decoded by the workers, reports its progress as each chunk
+    # comes back, as a rerun that reuses every verdict does: not only once it is done.
+    total = parallel["files_found"]
+    assert parallel["decoded_count"] == total and parallel["reused_count"] == 0
+    chunk = ingest_module.CHUNK
+    assert told == [(min(n, total), total) for n in range(chunk, total + chunk, chunk)]
+    assert len(told) >= 3
 
 
 def test_demo_dataset_is_byte_identical_across_runs(tmp_path: Path) -> None:

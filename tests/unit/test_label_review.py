@@ -140,3 +140,23 @@ def test_evaluation_finds_labels_flipped_in_the_test_shards(tmp_path: Path) -> N
 # write_tiny_shards(flipped={"test": 4}) flips records 0, 7, 15 and 22 of the test split,
 # made class by class, 10 a class: red 0, red 7, green 5, blue 2.
 FLIPPED_TEST = (("red", 0), ("red", 7), ("green", 5), ("blue", 2))
+
+
+def test_the_label_review_bench_counts_by_kind_and_chooses_the_first_precise_threshold() -> None:
+    """`python -m bench.label_review` sets the default: what the review calls a likely
+    label error at each threshold, counted as planted, hard or clear, and the lowest
+    threshold at which nine in ten of those are planted errors."""
+    from bench.label_review import CLASSES, PRECISION, chosen_threshold, counted
+
+    known = [0.8, 0.1, 0.05, 0.05]  # clear images of class 0
+    probs = np.array([known] * 36 + [[0.96, 0.02, 0.01, 0.01]] * 4 + [[0.85, 0.15, 0, 0]] * 2)
+    probs[:18] = probs[:18][:, [1, 0, 2, 3]]  # ... and of class 1
+    labels = np.array([1] * 18 + [0] * 18 + [1] * 4 + [1] * 2)  # planted: 4; hard: 2
+    kinds = np.array(["clear"] * 36 + ["planted"] * 4 + ["hard"] * 2, dtype=object)
+    held = {"labels": labels, "probs": probs, "kinds": kinds}
+    low, high = counted(0.8, [held]), counted(0.9, [held])
+    assert (low.planted_called, low.hard_called, low.clear_called) == (4, 2, 0)
+    assert low.precision == round(4 / 6, 3) and low.recall == 1.0
+    assert (high.called, high.precision, high.recall) == (4, 1.0, 1.0)
+    assert chosen_threshold([low, high]) == 0.9 and PRECISION == 0.9 and len(CLASSES) == 4
+    assert chosen_threshold([low]) == 0.8  # none precise enough: the highest measured

@@ -11,6 +11,7 @@ import pytest
 
 from flows.common import QuietRefusals
 from tasks import data_gate
+from tasks.discovery import SourceNotFound, SourceRefused
 from tasks.gate import ShardsNotValidated
 from tasks.ingest import SetWouldBeLost
 from tasks.params import ParamsError
@@ -33,6 +34,8 @@ REPO = Path(__file__).resolve().parents[2]
         RebuildNeeded,
         data_gate.AcceptedRecordError,
         data_gate.AcceptRefused,
+        SourceNotFound,
+        SourceRefused,
     ],
 )
 def test_every_user_caused_error_is_a_refusal_with_a_fix(kind: type[Exception]) -> None:
@@ -124,3 +127,32 @@ def test_train_and_evaluate_never_retry_a_refusal() -> None:
     for refusal in (ModelNotFound("no champion"), WorkspaceLocked("held"), ParamsError("x")):
         assert not retry_unless_refused(None, None, Failed(refusal))
     assert retry_unless_refused(None, None, Failed(OSError("the store blipped")))
+
+
+def test_a_deployment_runs_terminal_shows_the_block_once_and_its_log_keeps_one_per_run() -> None:
+    """In a deployment run's process no entry point prints the refusal: the terminal shows
+    the first record's block (no traceback) and drops the repeats; each run's log record
+    (Prefect's run loggers) becomes the block too, its final-state line a pointer to it."""
+    from flows.common import RefusalsAsBlocks
+
+    refusal = ValidationFailed("shard validation failed for data/shards", fix="shardflow x")
+    runs, console = RefusalsAsBlocks(), QuietRefusals(show_first=True)
+    task = record("Task run failed with exception", refusal)
+    task.task_run_name = "validate-1a2"
+    assert runs.filter(task) and console.filter(task)
+    assert task.exc_info is None and task.getMessage() == (
+        "Refused: task run 'validate-1a2' (ValidationFailed)\n"
+        "  shard validation failed for data/shards\n"
+        "  fix: shardflow x"
+    )
+    flow = record("Encountered exception during execution", refusal)
+    assert runs.filter(flow) and not console.filter(flow)
+    assert flow.exc_info is None and flow.getMessage().startswith("Refused: prefect.flow_runs")
+    state = record(
+        "Finished in state Failed('Flow run encountered an exception: ValidationFailed: "
+        "shard validation failed for data/shards')"
+    )
+    assert runs.filter(state) and not console.filter(state)
+    assert state.getMessage() == "Finished in state Failed: refused (the block above says why)"
+    bug = record("Task run failed", RuntimeError("a bug"))
+    assert runs.filter(bug) and console.filter(bug) and bug.exc_info is not None
