@@ -28,6 +28,8 @@ from tasks.tfrecord import open_records, read_framed
 from tests.e2e.conftest import Project, api_post
 from tests.s3_server import add_dvc_remote
 
+pytestmark = pytest.mark.slow
+
 
 def records(shards: Path) -> dict[str, tuple[bytes, bytes]]:
     """content hash -> (the record's bytes, its pixels), over every shard of the set."""
