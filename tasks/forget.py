@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,17 +71,19 @@ def plan_forget(
         if not exact:
             for sha in asked:
                 hashes.update(index.group(sha, distance))
-    wanted = set(hashes)
-    sources = sorted(
-        record["path"] for _, record in _index_records(layout.index) if record["sha256"] in wanted
-    )
-    return ForgetPlan(asked, sorted(hashes), sources)
+    return ForgetPlan(asked, sorted(hashes), sorted(_files_holding(layout.index, hashes)))
 
 
-def _index_records(index_path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    from tasks.index import iter_records
+def _files_holding(index_path: Path, hashes: set[str]) -> set[str]:
+    """Every source file the index knows with one of ``hashes`` as its content: the
+    records, and the files read but not admitted (a byte-identical copy filed as a
+    duplicate, a copy quarantined under another label), whose verdicts hold their hash."""
+    from tasks.index import iter_records, iter_verdicts
 
-    return iter_records(index_path) if Path(index_path).exists() else iter(())
+    if not Path(index_path).exists():
+        return set()
+    found = {record["path"] for _, record in iter_records(index_path) if record["sha256"] in hashes}
+    return found | {path for path, verdict in iter_verdicts(index_path) if verdict[0] in hashes}
 
 
 def may_write(folder: Path, root: Path) -> bool:

@@ -1,6 +1,10 @@
 """`shardflow forget` on a real project: after it, no file of the clone, its DVC cache and
 remote or its tracking store holds the image's bytes, its record's pixels or its name; the
-other records are unchanged; the champion never saw it; `lineage` says only when it went."""
+other records are unchanged; the champion never saw it; `lineage` says only when it went.
+
+Twice: a project of one machine (a DVC remote in a folder, a SQLite tracking store in the
+clone), and a team's (the DVC remote on S3, `mlflow server` with its artifacts on S3, started
+as `shardflow team-demo` starts them: flows/team_demo.py)."""
 
 from __future__ import annotations
 
@@ -8,16 +12,23 @@ import contextlib
 import io
 import json
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from flows.s3_server import S3Server
+from flows.team_demo import started_team
 from tasks.layout import Layout
 from tasks.manifest import load_manifest
 from tasks.schema import HASH_KEY, IMAGE_KEY
 from tasks.tfrecord import open_records, read_framed
 from tests.e2e.conftest import Project, api_post
+from tests.s3_server import add_dvc_remote
+
+pytestmark = pytest.mark.slow
 
 
 def records(shards: Path) -> dict[str, tuple[bytes, bytes]]:
@@ -34,12 +45,64 @@ def records(shards: Path) -> dict[str, tuple[bytes, bytes]]:
 
 
 def files_holding(roots: list[Path], marks: list[bytes]) -> list[str]:
+    """The files under ``roots`` (or the files named) that hold any of ``marks``."""
     return sorted(
         str(path)
         for root in roots
-        for path in root.rglob("*")
+        for path in ([root] if root.is_file() else root.rglob("*"))
         if path.is_file() and not path.is_symlink() and any(m in path.read_bytes() for m in marks)
     )
+
+
+def objects_holding(s3: S3Server, marks: list[bytes]) -> list[str]:
+    """The objects of the bucket whose key or bytes hold any of ``marks``."""
+    client: Any = s3.client()
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=s3.bucket)
+    keys = [item["Key"] for page in pages for item in page.get("Contents", [])]
+    assert keys, f"nothing in s3://{s3.bucket}: the searched store is not the one used"
+    return sorted(
+        key
+        for key in keys
+        if any(
+            m in key.encode() or m in client.get_object(Bucket=s3.bucket, Key=key)["Body"].read()
+            for m in marks
+        )
+    )
+
+
+@dataclass(frozen=True)
+class Stores:
+    """Where a project keeps its data and runs outside the clone: files (a DVC remote in a
+    folder, a tracking server's backend store) and an S3 bucket (a DVC remote, a tracking
+    server's artifacts)."""
+
+    files: list[Path]
+    s3: S3Server | None = None
+
+    def holding(self, marks: list[bytes]) -> list[str]:
+        found = files_holding(self.files, marks)
+        return found + (objects_holding(self.s3, marks) if self.s3 else [])
+
+
+@pytest.fixture(params=["one-machine", "team"])
+def stores(
+    request: pytest.FixtureRequest,
+    project: Project,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Stores]:
+    """The project's stores: its own (the folder remote, mlflow.db in the clone), or a
+    team's S3 server (the DVC remote) and `mlflow server` (artifacts on that S3 server)."""
+    if request.param == "one-machine":
+        yield Stores([tmp_path / "dvc-remote"])
+        return
+    with started_team(tmp_path / "team", prefect_url=project.env["PREFECT_API_URL"]) as team:
+        assert team.s3 is not None
+        project.env.update({**team.s3_env, "MLFLOW_TRACKING_URI": team.tracking_url})
+        for name, value in team.s3_env.items():
+            monkeypatch.setenv(name, value)
+        add_dvc_remote(project.dvc, team.s3)
+        yield Stores([team.base / "tracking.db"], team.s3)
 
 
 def shardflow(project: Project, *args: str, check: bool = True) -> str:
@@ -101,17 +164,34 @@ def prefect_records_naming(api: str, path: str) -> tuple[str, str]:
     return api_post(api, "/artifacts/", sheet)["id"], run["id"]
 
 
+def pictures(client: Any, run_id: str) -> list[str]:
+    """A run's artifacts that are pictures (a sheet of images may show the image's pixels,
+    which no byte search finds in a compressed file)."""
+    from tasks.retraction import PICTURES
+
+    found: list[str] = []
+    folders: list[str | None] = [None]
+    while folders:
+        for info in client.list_artifacts(run_id, folders.pop()):
+            if info.is_dir:
+                folders.append(info.path)
+            elif info.path.lower().endswith(PICTURES):
+                found.append(info.path)
+    return found
+
+
 def test_forget_leaves_no_copy_and_a_champion_that_never_saw_it(
-    project: Project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    project: Project, stores: Stores, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     project.set_params(train={"epochs": 1})
     build_in_process(project, monkeypatch)
-    project.run("git", "add", "dvc.lock")
+    project.run("git", "add", "dvc.lock", ".dvc/config")
     project.run("git", "commit", "-qm", "the data with the image")
     with_image = project.run("git", "rev-parse", "HEAD").stdout.strip()
     root, shards = project.root, project.root / "data" / "shards"
     index = [json.loads(line) for line in (root / "data/ingest/index.json").open()][1:]
-    record = next(r for r in index if isinstance(r, dict) and r.get("split") == "train")
+    # a test image: the evaluation's predictions and label review (its artifacts) name it
+    record = next(r for r in index if isinstance(r, dict) and r.get("split") == "test")
     path, sha = record["path"], record["sha256"]
     source = root / "data" / "demo" / path
     before, source_bytes = records(shards), source.read_bytes()
@@ -119,6 +199,15 @@ def test_forget_leaves_no_copy_and_a_champion_that_never_saw_it(
     assert seen["sha256"] == sha and seen["champion_saw_it"] and seen["runs"]
     api = project.env["PREFECT_API_URL"]
     naming = prefect_records_naming(api, path)
+    held = stores.holding([source_bytes, before[sha][1], Path(path).name.encode()])
+    assert any("dvc" in h for h in held)  # the searches reach the copies the build made
+    assert stores.s3 is None or any(h.startswith("mlartifacts/") for h in held)
+    from mlflow import MlflowClient
+
+    client = MlflowClient(project.env["MLFLOW_TRACKING_URI"], project.env["MLFLOW_TRACKING_URI"])
+    trained = client.get_run(str(client.get_model_version("shardflow", "1").run_id))
+    evaluation = trained.data.tags["eval.latest_run_id"]
+    assert pictures(client, evaluation)  # its evaluation's sheets, which may show it
 
     out = shardflow(project, "forget", f"data/demo/{path}", "--reason", "erasure request")
     erasure = json.loads(out[out.index("{") :])
@@ -131,8 +220,10 @@ def test_forget_leaves_no_copy_and_a_champion_that_never_saw_it(
     assert all(after[h] == before[h] for h in after)
     pixels = [before[h][1] for h in gone]
     names = [path.encode(), Path(path).name.encode()]
-    roots = [root, tmp_path / "dvc-remote"]
-    assert files_holding(roots, [source_bytes, *pixels, *names]) == []
+    marks = [source_bytes, *pixels, *names]
+    assert files_holding([root], marks) == []
+    project.dvc("push")  # what the data is now, for the clones: still nothing of it
+    assert stores.holding(marks) == []
 
     assert api_post(api, "/artifacts/filter", {"artifacts": {"id": {"any_": [naming[0]]}}}) == []
     assert api_post(api, "/flow_runs/filter", {"flow_runs": {"id": {"any_": [naming[1]]}}}) == []
@@ -140,13 +231,11 @@ def test_forget_leaves_no_copy_and_a_champion_that_never_saw_it(
     assert sha in forgotten and Path(path).stem not in forgotten
     told = lineage(sha)
     assert told == [{"sha256": sha, "forgotten_at": erasure["at"]}]
-    from mlflow import MlflowClient
-
-    client = MlflowClient(project.env["MLFLOW_TRACKING_URI"], project.env["MLFLOW_TRACKING_URI"])
+    assert pictures(client, evaluation) == []
     champion = client.get_model_version_by_alias("shardflow", "champion")
     assert str(champion.version) == "2"
     assert (
-        client.get_run(champion.run_id).data.tags["data.fingerprint"]
+        client.get_run(str(champion.run_id)).data.tags["data.fingerprint"]
         == load_manifest(shards).fingerprint
     )
     assert "shardflow.retracted" in client.get_model_version("shardflow", "1").tags

@@ -40,11 +40,13 @@ Built = tuple[Layout, Path, str, str]
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
-    """A shard set holding ``red/001.png`` and a resized copy of it (its near-duplicate); a
-    pristine copy of the project is kept for each test to start from."""
+    """A shard set holding ``red/001.png`` and a resized copy of it (its near-duplicate),
+    its byte-identical copy ``red/001_copy.png`` left out as a duplicate; a pristine copy of
+    the project is kept for each test to start from."""
     root = tmp_path_factory.mktemp("forget")
     project, layout = layout_project(root)
     original = project.source / "red" / "001.png"
+    shutil.copy2(original, project.source / "red" / "001_copy.png")
     with Image.open(original) as image:
         image.resize((image.width * 2, image.height * 2), Image.Resampling.NEAREST).save(
             project.source / "red" / "001-large.png"
@@ -79,9 +81,10 @@ def test_the_plan_takes_the_near_duplicate_group_unless_exact(fresh: Built) -> N
         ["red/001.png"], layout=layout, source_dir=source, distance=DISTANCE, exact=False
     )
     assert group.asked == [sha] and set(group.hashes) == {sha, copy}
-    assert sorted(group.sources) == ["red/001-large.png", "red/001.png"]
+    # the byte-identical copy too: ingest filed it as a duplicate, it holds the same bytes
+    assert group.sources == ["red/001-large.png", "red/001.png", "red/001_copy.png"]
     exact = plan_forget([sha], layout=layout, source_dir=source, distance=DISTANCE, exact=True)
-    assert exact.hashes == [sha] and exact.sources == ["red/001.png"]
+    assert exact.hashes == [sha] and exact.sources == ["red/001.png", "red/001_copy.png"]
 
 
 def test_forget_rewrites_only_the_shards_that_held_the_images(fresh: Built) -> None:
@@ -178,9 +181,9 @@ def test_a_source_the_project_may_not_write_keeps_the_image_out_by_the_exclusion
         target=target,
         excluded=excluded,
     )
-    assert report["excluded_count"] == 1
+    assert report["excluded_count"] == 2  # the image and its byte-identical copy
     assert sha not in {r["sha256"] for r in load_index(layout.index)["records"]}
     written = [layout.index, layout.ingest_report, signatures_path(layout.index)]
-    assert not [p for p in written if "red/001.png" in p.read_text()]
+    assert not [p for p in written if "red/001" in p.read_text().replace("red/001-", "")]
     assert [p for p in handoff.rglob("*") if sha in p.name] == []
     assert json.loads(layout.excluded.read_text()) == {"sha256": [sha]}
