@@ -37,6 +37,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
+from flows.common import refusals_as_blocks
 from flows.parameters import GitCommit, ModelName, ModelReference, RepoPath, RunRef
 from tasks.params import ParamOverrides
 from tasks.tracking import CHAMPION
@@ -87,13 +88,21 @@ def git_outputs(root: Path) -> list[str]:
 
 
 def run_checked(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
-    """``cmd``'s output; a failure raises with the command, folder and the output's tail."""
+    """``cmd``'s output; a failure raises with the command, folder and the output's tail, and
+    a stage's refusal (its block in the output) as that refusal, whose full record stays in
+    the stage's report and the error's cause."""
+    from tasks.refusals import read_refusal
+
     result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
     if result.returncode != 0:
-        raise RuntimeError(
+        failed = RuntimeError(
             f"`{' '.join(cmd)}` failed in {cwd} (exit {result.returncode}):\n"
             f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
         )
+        refusal = read_refusal(result.stdout + "\n" + result.stderr)
+        if refusal is not None:
+            raise refusal from failed
+        raise failed
     return result.stdout
 
 
@@ -195,6 +204,7 @@ def run_part(
     overrides: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """One team part in this flow run's clone (the working directory the pull steps set)."""
+    refusals_as_blocks(show_first=True)  # a stage's refusal, relayed, reads as its block
     logger = get_run_logger()
     root, sha = check_out(commit)
     ref = ref or run_ref(flow_run.get_name() or "run")

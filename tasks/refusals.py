@@ -8,6 +8,7 @@ error derives from :class:`Refused`; anything else is a bug and keeps its traceb
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable
 
@@ -46,11 +47,49 @@ def refusal_block(what: str, error: Refused) -> str:
     if len(why) > MAX_MESSAGE_LINES:
         cut = "... (the full text is in the report and the run's log)"
         why = [*why[: MAX_MESSAGE_LINES - 1], cut]
-    lines = [f"Refused: {what} ({type(error).__name__})", *(f"  {line}" for line in why)]
+    kind = getattr(error, "kind", None) or type(error).__name__
+    lines = [f"Refused: {what} ({kind})", *(f"  {line}" for line in why)]
     if error.fix:
         fix = textwrap.wrap(error.fix, WIDTH - 9)
         lines += [f"  fix: {fix[0]}", *(f"       {line}" for line in fix[1:3])]
     return "\n".join(lines)
+
+
+class RelayedRefusal(Refused):
+    """A refusal another process printed as its block (a stage under ``dvc repro`` in a
+    team's clone), read back so the flow that ran it refuses the same way: ``what`` and
+    ``kind`` are the block's."""
+
+    def __init__(self, message: str, *, fix: str | None, what: str, kind: str) -> None:
+        super().__init__(message, fix=fix)
+        self.what, self.kind = what, kind
+
+
+BLOCK_HEAD = re.compile(r"^Refused: (?P<what>.*) \((?P<kind>\w+)\)$")
+
+
+def read_refusal(output: str) -> RelayedRefusal | None:
+    """The last refusal block (:func:`refusal_block`) in a process's ``output``, or None."""
+    lines = output.splitlines()
+    heads = [i for i, line in enumerate(lines) if BLOCK_HEAD.match(line)]
+    if not heads:
+        return None
+    head = BLOCK_HEAD.match(lines[heads[-1]])
+    assert head is not None
+    why: list[str] = []
+    fix: list[str] = []
+    for line in lines[heads[-1] + 1 :]:
+        if line.startswith("  fix: "):
+            fix.append(line[len("  fix: ") :])
+        elif fix and line.startswith("       "):
+            fix.append(line.strip())
+        elif line.startswith("  ") and not fix:
+            why.append(line[2:])
+        else:
+            break
+    return RelayedRefusal(
+        "\n".join(why), fix=" ".join(fix) or None, what=head["what"], kind=head["kind"]
+    )
 
 
 def find_refusal(error: BaseException | None) -> Refused | None:

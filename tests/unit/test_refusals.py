@@ -156,3 +156,31 @@ def test_a_deployment_runs_terminal_shows_the_block_once_and_its_log_keeps_one_p
     assert state.getMessage() == "Finished in state Failed: refused (the block above says why)"
     bug = record("Task run failed", RuntimeError("a bug"))
     assert runs.filter(bug) and console.filter(bug) and bug.exc_info is not None
+
+
+def test_a_block_read_back_from_another_processs_output_is_the_same_refusal() -> None:
+    """A team's part runs its stages under ``dvc repro`` in a clone: a stage's refusal reaches
+    the flow only as the block in the output, and must read as that block again."""
+    from tasks.refusals import read_refusal
+
+    message = "ingest.source_dir 'data/x' is not a folder\n" + "a long reason " * 20
+    refused = SourceNotFound(message, fix="set ingest.source_dir in params.yaml " * 4)
+    block = refusal_block("ingest", refused)
+    output = f"Running stage 'ingest':\n> python -m flows.ingest\n{block}\nERROR: failed\n"
+    relayed = read_refusal(output)
+    assert relayed is not None and isinstance(relayed, Refused)
+    assert refusal_block(relayed.what, relayed) == block
+    assert read_refusal("ERROR: failed to reproduce 'ingest'\nTraceback (most recent ...") is None
+
+
+def test_a_team_part_refuses_with_its_stages_refusal_and_fails_otherwise(tmp_path: Path) -> None:
+    from flows.team import run_checked
+
+    block = refusal_block("shard", RebuildNeeded("the shard layout changed", fix="make compact"))
+    printing = f"import sys; print({block!r}, file=sys.stderr); sys.exit(255)"
+    with pytest.raises(Refused) as refused:
+        run_checked([sys.executable, "-c", printing], tmp_path)
+    assert refusal_block("shard", refused.value) == block
+    assert "exit 255" in str(refused.value.__cause__)  # the whole output stays the cause
+    with pytest.raises(RuntimeError, match="exit 3"):
+        run_checked([sys.executable, "-c", "import sys; sys.exit(3)"], tmp_path)
