@@ -49,12 +49,12 @@ else
 	$(BIN)/python -m pip uninstall --quiet --yes $(GPU_PACKAGES) 2>/dev/null
 endif
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation --editable .
-	$(BIN)/python -c 'import tasks.layout as l; l.keep_dvc_site_cache_in_repository()'
+	$(BIN)/python -c 'import tasks.runtime.layout as l; l.keep_dvc_site_cache_in_repository()'
 	rm -f $(VENV)/.installed-*
 	touch $@
 
 demo-data: install  ## generate the demo dataset into data/demo unless it exists
-	$(BIN)/python -m tasks.demo_data data/demo --if-missing
+	$(BIN)/python -m tasks.ingest.demo_data data/demo --if-missing
 
 # run, serve, stop, ui and bench are `shardflow <target>` (flows/cli.py), the installed entry point.
 run: install  ## params.yaml checked, demo data if it reads data/demo and it is missing, then the whole pipeline with `dvc repro` under the workspace lock
@@ -62,7 +62,7 @@ run: install  ## params.yaml checked, demo data if it reads data/demo and it is 
 
 compact: install  ## ingest if the sources changed, fold every shard generation into one (a rebuild), record it, rerun what follows
 	$(BIN)/python -m flows.server ensure
-	$(BIN)/python -m tasks.workspace_lock -- bash -c \
+	$(BIN)/python -m tasks.runtime.workspace_lock -- bash -c \
 	  '$(BIN)/dvc repro ingest && $(BIN)/python -m flows.shard compact && $(BIN)/dvc commit --force shard && $(BIN)/dvc repro'
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tasks.params import Params
+    from tasks.runtime.params import Params
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 QUICK = {
@@ -346,7 +346,8 @@ def worker_start(b: Bench) -> None:
     b.run.figures["details"]["workers"] = result["details"]
     log(
         f"   workers start in {result['start_s']} s: break-even {result['break_even_s']} s "
-        f"of one core's work (tasks.worker_cost holds {result['details']['constant_start_s']})"
+        "of one core's work (tasks.runtime.worker_cost holds "
+        f"{result['details']['constant_start_s']})"
     )
     entry = measure_handoff_entry(b.work / "handoff-entries", passes=max(3, b.args.passes))
     for key in ("entry_ms", "break_even_mp"):
@@ -354,7 +355,8 @@ def worker_start(b: Bench) -> None:
     b.run.figures["details"]["handoff"] = entry["details"]
     log(
         f"   a small image's hand-off entry costs the data side {entry['entry_ms']} ms "
-        f"(tasks.worker_cost holds {entry['details']['constant_entry_ms']} ms): entries are "
+        "(tasks.runtime.worker_cost holds "
+        f"{entry['details']['constant_entry_ms']} ms): entries are "
         f"kept from {entry['break_even_mp']} MP"
     )
 
@@ -401,7 +403,7 @@ def _with_s3_reads(b: Bench, datasets: dict[str, Any], raw_shards: Path) -> dict
     from bench import read as r
     from bench.s3_link import LimitedLink
     from flows.s3_server import start_s3_server, stop_s3_server
-    from tasks.shard_store import publish
+    from tasks.contracts.shard_store import publish
 
     args = b.args
     s3 = start_s3_server(b.work / "moto_server.log")
@@ -538,7 +540,7 @@ def feeds(b: Bench) -> None:
     from bench.datasets import fresh_shards
     from bench.feeds import FEEDS, FeedSet, feed_batch, measure_model
     from bench.train_step import input_params
-    from tasks.manifest import load_manifest
+    from tasks.contracts.manifest import load_manifest
 
     args, size, tag = b.args, b.size, b.tag
     shards = {
@@ -783,12 +785,12 @@ def wanted(args: argparse.Namespace) -> list[str]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    from tasks.layout import keep_library_files_in
+    from tasks.runtime.layout import keep_library_files_in
 
     keep_library_files_in(os.environ, REPO_ROOT)  # the report plots, sections import Keras
     from bench.report import format_table, plot
     from bench.stats import evaluate_targets
-    from tasks.params import load_params
+    from tasks.runtime.params import load_params
 
     run = Run(args)
     base = load_params(REPO_ROOT / "params.yaml")

@@ -11,9 +11,9 @@ Two workspaces share one generated image set (hard links, so no image is stored 
   Finally ``dvc add`` + ``dvc push`` again, and the objects that reach the remote are
   matched to the files they hold.
 
-Every stage goes through the code the pipeline runs: :func:`tasks.ingest.run_ingest`,
+Every stage goes through the code the pipeline runs: :func:`tasks.ingest.stage.run_ingest`,
 :func:`flows.shard.run` (the shard flow and its task runner: it needs a Prefect API, which
-``make bench`` starts) and :func:`tasks.validate.run_validate` with the data-diff limits.
+``make bench`` starts) and :func:`tasks.validate.stage.run_validate` with the data-diff limits.
 Bytes written are the sizes of the files in the shard folder that are new or replaced
 (size, mtime or inode changed), so a shard rewritten with the same bytes still counts.
 """
@@ -28,8 +28,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from tasks.layout import Layout
-from tasks.params import Params
+from tasks.runtime.layout import Layout
+from tasks.runtime.params import Params
 
 _IMAGE_INDEX = re.compile(r"_(\d+)\.jpg$")
 _PUSHED = re.compile(r"(\d+) files? pushed")
@@ -185,8 +185,8 @@ def link_images(source: Path, dest: Path, names: Iterable[str]) -> int:
 
 
 def run_ingest(params: Params, layout: Layout, source: Path) -> dict[str, Any]:
-    from tasks.handoff import Target
-    from tasks.ingest import run_ingest as ingest
+    from tasks.contracts.handoff import Target
+    from tasks.ingest.stage import run_ingest as ingest
 
     settings = params.ingest.model_copy(update={"source_dir": str(source)})
     target = Target.of(params.shard)
@@ -205,8 +205,8 @@ def run_shard(params: Params, layout: Layout, mode: str) -> dict[str, Any]:
 
 
 def run_validate(params: Params, layout: Layout) -> dict[str, Any]:
-    from tasks import validate
-    from tasks.dataset_identity import dataset_identity
+    from tasks.runtime.dataset_identity import dataset_identity
+    from tasks.validate import stage as validate
 
     dataset = dataset_identity(params.ingest.source_dir, params.ingest.labels_csv, layout.root)
     report = validate.validate_layout(layout, params.validate_, dataset)
@@ -301,7 +301,7 @@ def measure_append(
     """Figures (``append.*``) and details of one append of ``fraction`` new images to a set
     of ``images``, against building the grown set from scratch."""
     from bench.images import generate_images
-    from tasks.manifest import load_manifest
+    from tasks.contracts.manifest import load_manifest
 
     total = images + new_image_count(images, fraction)
     source = work / f"append-images-{total}-{min_size}-{max_size}"
@@ -362,7 +362,7 @@ def stage_workspaces(
     ingest. The pause lets the last links age past ingest's race margin, as a user's files
     have long before their next ingest.
     """
-    from tasks.ingest import RACE_MARGIN_NS
+    from tasks.ingest.stage import RACE_MARGIN_NS
 
     shutil.rmtree(root, ignore_errors=True)
     full, grow = Layout(root / "full"), Layout(root / "grow")

@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tasks.ingest import run_ingest, signatures_path
-from tasks.layout import Layout
-from tasks.params import ShardParams, SplitFractions, default_params
+from tasks.ingest.stage import run_ingest, signatures_path
+from tasks.runtime.layout import Layout
+from tasks.runtime.params import ShardParams, SplitFractions, default_params
 
 # Bench only: every image in train. params.yaml needs all three splits non-empty, so this
 # one is built unchecked (model_construct) and never reaches a pipeline run.

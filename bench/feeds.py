@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench import read as r
-from tasks.params import TrainParams
+from tasks.runtime.params import TrainParams
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -110,8 +110,8 @@ def _measure_model(
     import keras
     import tensorflow as tf
 
-    from tasks.models import build_model
-    from tasks.train import compile_model, precision_policy, seed_everything
+    from tasks.train.models import build_model
+    from tasks.train.stage import compile_model, precision_policy, seed_everything
 
     gpus = len(tf.config.list_physical_devices("GPU"))
     policy = precision_policy(params, gpu=bool(gpus))

@@ -67,7 +67,7 @@ def devices() -> dict[str, Any]:
     """The GPUs the driver lists and those TensorFlow sees, with its CUDA build."""
     import tensorflow as tf
 
-    from tasks.accelerator import listed_gpus
+    from tasks.runtime.accelerator import listed_gpus
 
     build = tf.sysconfig.get_build_info()
     return {

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from tasks.demo_data import shaded_background
+from tasks.ingest.demo_data import shaded_background
 
 CLASSES = ("circle", "cross", "ring", "square", "triangle")
 MARKER = ".bench-images.json"

@@ -1,9 +1,9 @@
 """Label review: where ``evaluate.label_error_confidence`` separates wrong labels from hard images.
 
 ``python -m bench.label_review`` (or ``python -m bench --only label_review``) draws the
-demo's shapes (:func:`tasks.demo_data.draw_shape`, 32 px), trains the project's
+demo's shapes (:func:`tasks.ingest.demo_data.draw_shape`, 32 px), trains the project's
 ``small_cnn`` on correctly labelled images, clear ones and hard ones, and has the stage's
-review (:func:`tasks.label_review.review_labels`, cleanlab) read its probabilities on a
+review (:func:`tasks.evaluate.label_review.review_labels`, cleanlab) read its probabilities on a
 held-out set of three kinds of record:
 
 - clear images with their own label;
@@ -64,7 +64,7 @@ class Threshold:
 
 
 def drawing(rng: np.random.Generator, label: int) -> np.ndarray:
-    from tasks.demo_data import draw_shape
+    from tasks.ingest.demo_data import draw_shape
 
     return np.asarray(draw_shape(rng, CLASSES[label], (SIZE, SIZE)), dtype=np.uint8)
 
@@ -110,8 +110,8 @@ def trained_probabilities(
     ``pixels`` it never saw."""
     import keras
 
-    from tasks.models import build_model
-    from tasks.params import default_params
+    from tasks.runtime.params import default_params
+    from tasks.train.models import build_model
 
     clear, clear_labels = images(rng, scale.train, hard=False)
     hard, hard_labels = images(rng, scale.train_hard, hard=True)
@@ -128,7 +128,7 @@ def trained_probabilities(
 
 def called(threshold: float, labels: np.ndarray, probs: np.ndarray, kinds: np.ndarray) -> list[str]:
     """The kinds of the records the stage's review calls likely label errors at ``threshold``."""
-    from tasks.label_review import LABEL_ERROR, HeldOut, review_labels
+    from tasks.evaluate.label_review import LABEL_ERROR, HeldOut, review_labels
 
     sources = [f"{i:05d}" for i in range(len(labels))]
     rows = review_labels([HeldOut("test", sources, labels, probs)], CLASSES, threshold)

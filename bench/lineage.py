@@ -5,7 +5,7 @@ index of N records (fake content hashes, paths and perceptual hashes), the curre
 set's membership and four older sets' (the last of them without the image looked up), and
 a tracking store with R training runs spread over the five sets, each with an evaluation
 run and a registered version, the last one the champion. Then it times
-:func:`tasks.lineage.lineages` on one image, named by its path (the scan of the index, the
+:func:`tasks.erasure.lineage.lineages` on one image, named by its path (the scan of the index, the
 membership lookups, the run and registry searches), as ``shardflow lineage`` does after its
 imports: ``lineage.lookup_s``, the median of three, target under 5 s; and the whole
 command in a fresh interpreter (imports included) as ``lineage.command_s``.
@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from tasks.index import write_index
-from tasks.layout import Layout
-from tasks.manifest import MEMBERSHIP_NAME
-from tasks.membership import write_membership_file
+from tasks.contracts.index import write_index
+from tasks.contracts.manifest import MEMBERSHIP_NAME
+from tasks.contracts.membership import write_membership_file
+from tasks.runtime.layout import Layout
 
 CLASSES = ("cat", "dog", "fox")
 SETS = 5
@@ -119,9 +119,9 @@ def measure_lineage(
     """Build (or reuse) the project, then time lineage in this process and as a command."""
     from mlflow import MlflowClient
 
-    from tasks.dataset_identity import model_name_for
-    from tasks.lineage import lineages
-    from tasks.params import load_params
+    from tasks.erasure.lineage import lineages
+    from tasks.runtime.dataset_identity import model_name_for
+    from tasks.runtime.params import load_params
 
     root = work / f"lineage-{images}-{runs}"
     model_name = model_name_for(load_params(REPO_ROOT / "params.yaml"), REPO_ROOT)

@@ -3,7 +3,8 @@
 ``python -m bench --only near_duplicates`` measures two things:
 
 - ``threshold``: perceptual-hash distances (bits of 64), through ingest's own check
-  (:func:`tasks.inspection.check_image`, JPEGs at its 1/8 draft decode), on scikit-image's sample
+  (:func:`tasks.ingest.inspection.check_image`, JPEGs at its 1/8 draft decode), on scikit-image's
+  sample
   photos (shipped with the package, offline). Light edits of a photo (resized to 1/2 and 3/4,
   re-encoded as JPEG at quality 30 and 50 and as PNG, cropped by 2% a side or 3% off one
   side) must group with it; crops of other parts of it (its halves, stretched back to full
@@ -106,7 +107,7 @@ def other_positions(image: Image.Image) -> dict[str, bytes]:
 
 def ingest_hash(data: bytes) -> str:
     """The hash ingest stores for these bytes (its own check and decode)."""
-    from tasks.inspection import check_image
+    from tasks.ingest.inspection import check_image
 
     return check_image(data, max_pixels=10**9, min_side=1, draft=True)[3]
 
@@ -114,7 +115,7 @@ def ingest_hash(data: bytes) -> str:
 def measure_threshold() -> dict[str, Any]:
     """Distances from each photo (as a quality-95 JPEG) to its light edits, to crops of its
     other parts, and between different photos; the summary gives each kind's extreme."""
-    from tasks.near_duplicates import hamming
+    from tasks.contracts.near_duplicates import hamming
 
     light: dict[str, dict[str, int]] = {}
     other: dict[str, dict[str, int]] = {}
@@ -182,9 +183,15 @@ def measure_search(hashes_path: Path, distance: int) -> dict[str, Any]:
     """In this process: neighbour search and placement of the hashes in ``hashes_path``."""
     import psutil
 
-    from tasks.ingest import assign_split
-    from tasks.near_duplicates import Item, hash_values, near_components, near_pairs, place
-    from tasks.params import SplitFractions
+    from tasks.contracts.near_duplicates import (
+        Item,
+        hash_values,
+        near_components,
+        near_pairs,
+        place,
+    )
+    from tasks.ingest.stage import assign_split
+    from tasks.runtime.params import SplitFractions
 
     hashes = json.loads(hashes_path.read_text())
     fractions = SplitFractions(train=0.8, val=0.1, test=0.1)
@@ -223,7 +230,7 @@ def measure_search(hashes_path: Path, distance: int) -> dict[str, Any]:
 def measure_look_alikes(count: int, distance: int) -> dict[str, Any]:
     """In this process: ``count`` look-alike hashes (:func:`look_alike_hashes`, one group)
     placed as ingest places them, then checked as validation checks the shards' splits."""
-    from tasks.near_duplicates import Item, place, straddling_pairs
+    from tasks.contracts.near_duplicates import Item, place, straddling_pairs
 
     hashes = [f"{int(h):016x}" for h in look_alike_hashes(count)]
     items = [Item(f"{i:064x}", f"c/{i}.jpg", "c", h) for i, h in enumerate(hashes)]

@@ -26,13 +26,13 @@ from typing import Any
 
 import yaml
 
-from tasks.layout import Layout
-from tasks.params import Params, deep_merge, load_params
+from tasks.runtime.layout import Layout
+from tasks.runtime.params import Params, deep_merge, load_params
 
 
 def _ingest(params: Params, layout: Layout) -> None:
-    from tasks.handoff import Target
-    from tasks.ingest import run_ingest
+    from tasks.contracts.handoff import Target
+    from tasks.ingest.stage import run_ingest
 
     target = Target.of(params.shard)
     run_ingest(
@@ -41,13 +41,13 @@ def _ingest(params: Params, layout: Layout) -> None:
 
 
 def _shard(params: Params, layout: Layout) -> None:
-    from tasks.shard import shard_stage
+    from tasks.shard.stage import shard_stage
 
     shard_stage(params.shard, layout.index, layout.shards_dir, handoff=layout.handoff)
 
 
 def _validate(params: Params, layout: Layout) -> None:
-    from tasks import validate
+    from tasks.validate import stage as validate
 
     report = validate.run_validate(
         layout.shards_dir,
@@ -59,13 +59,13 @@ def _validate(params: Params, layout: Layout) -> None:
 
 
 def _train(params: Params, layout: Layout) -> None:
-    from tasks.train import run_train
+    from tasks.train.stage import run_train
 
     run_train(params, layout)  # MLflow logging is the stage's own work, so it stays in
 
 
 def _evaluate(params: Params, layout: Layout) -> None:
-    from tasks.evaluate import run_evaluate
+    from tasks.evaluate.stage import run_evaluate
 
     run_evaluate(params, layout)
 
@@ -394,7 +394,7 @@ def _direct(root: str, *stages: str) -> None:
     """One interpreter, the stage functions in order: the pipeline without orchestration.
     Prints the seconds of each stage and the checkout whose code it ran."""
     import tasks
-    from tasks.tf_imports import keras_without_extras
+    from tasks.runtime.tf_imports import keras_without_extras
 
     keras_without_extras()  # Keras imported as the stages import it: not orchestration
     os.chdir(root)

@@ -170,9 +170,10 @@ def ceiling_decode_resize(files: list[Path], size: int, workers: int) -> float:
 
 def decode_ratio(files: list[Path], size: int) -> dict[str, float]:
     """(ingest check + shard decode) over one full decode, summed over ``files``; the check
-    is ingest's own (:func:`tasks.inspection.check_image`: the near-duplicate hash included)."""
+    is ingest's own (:func:`tasks.ingest.inspection.check_image`: the near-duplicate hash
+    included)."""
     from tasks.images import decode_rgb, preprocess_bytes
-    from tasks.inspection import check_image
+    from tasks.ingest.inspection import check_image
 
     full = check = shard = 0.0
     if files:  # the hash imports scipy.fftpack on first use: once per process, not per photo
@@ -204,7 +205,7 @@ def progressive_data_side(
     of the same pictures; the two taken in turns, photo by photo, so a slow spell of the
     machine falls on both."""
     from tasks.images import preprocess_bytes
-    from tasks.inspection import check_image
+    from tasks.ingest.inspection import check_image
 
     if len(baseline) != len(progressive) or not baseline:
         raise ValueError(f"{len(baseline)} baseline and {len(progressive)} progressive photos")
@@ -264,8 +265,8 @@ def data_side_points(
     they do its wall time (the wall-clock slope is kept beside it). The Prefect server's own
     CPU is not in it: it is a fixed cost a run, not a photo's."""
     from bench.append import link_images
-    from tasks.ingest import RACE_MARGIN_NS
-    from tasks.params import default_params
+    from tasks.ingest.stage import RACE_MARGIN_NS
+    from tasks.runtime.params import default_params
 
     counts = sorted({max(1, len(files) * k // 3) for k in (1, 2, 3)})
     settings = {"handoff": handoff_mb, "no_handoff": 0.0}
@@ -276,7 +277,7 @@ def data_side_points(
             names = [f"{p.parent.name}/{p.name}" for p in files[:n]]
             link_images(files[0].parent.parent, source, names)
     # A link changes its file's ctime: ingest trusts a file's stat only once it is older than
-    # a margin (tasks.ingest.RACE_MARGIN_NS), as a user's photos copied a while ago are.
+    # a margin (tasks.ingest.stage.RACE_MARGIN_NS), as a user's photos copied a while ago are.
     newest = max(p.stat().st_ctime_ns for p in files)
     time.sleep(max(0.0, (newest + RACE_MARGIN_NS - time.time_ns()) / 1e9 + 0.1))
     for i, (number, n) in enumerate((p, n) for p in range(max(1, passes)) for n in counts):
@@ -342,7 +343,7 @@ def _data_side_child(root: str) -> None:
     from flows.common import configure_environment, stage_settings
     from flows.ingest import ingest_flow
     from flows.shard import shard_flow
-    from tasks.params import load_params
+    from tasks.runtime.params import load_params
 
     configure_environment()
     params = load_params(Path(root) / "params.yaml")
@@ -383,7 +384,7 @@ def shard_stage_seconds(
 
 def _shard_child(index_path: str, root: str, params_json: str, workers: str) -> None:
     from bench.scaling import flow_shard
-    from tasks.params import ShardParams
+    from tasks.runtime.params import ShardParams
 
     params = ShardParams.model_validate_json(params_json).model_copy(
         update={"workers": int(workers)}

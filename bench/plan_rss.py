@@ -8,7 +8,7 @@ every shard's records back once. Figures: ``plan_rss.records_10k_mb`` and
 ``plan_rss.records_1m_mb``; the target is their ratio.
 
 ``python -m bench.plan_rss stage INDEX DIR [MODE]`` runs the whole shard stage
-(:func:`tasks.shard.shard_stage`) on the same index; :func:`measure_plan_rss` runs it three
+(:func:`tasks.shard.stage.shard_stage`) on the same index; :func:`measure_plan_rss` runs it three
 times: a first build into an empty folder, a rebuild over it (whose data diff compares
 against every record of the first), then an append of 1% more records (an index of
 ``N + N // 100`` records, the first ``N`` the same) as a new generation. Only the pixels
@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench.measured import child_rusage, run_measured
-from tasks.index import write_index
+from tasks.contracts.index import write_index
 
 if TYPE_CHECKING:
-    from tasks.manifest import ShardFile
+    from tasks.contracts.manifest import ShardFile
 
 SIZES = {"records_10k_mb": 10_000, "records_1m_mb": 1_000_000}
 CLASSES = ("cat", "dog", "fox")
@@ -120,7 +120,7 @@ def measure_plan_rss(
 
 
 def _child(index_path: str) -> None:
-    from tasks.params import default_params
+    from tasks.runtime.params import default_params
     from tasks.shard.planning import plan_hash, plan_shards
 
     params = default_params(shard={"encoding": "raw", "workers": 1}).shard
@@ -143,9 +143,11 @@ def _child(index_path: str) -> None:
 
 
 def _stage_child(index_path: str, root: str, mode: str = "rebuild") -> None:
-    from tasks.layout import Layout
-    from tasks.params import default_params
-    from tasks.shard import ShardSpec, describe_shard, shard_stage
+    from tasks.runtime.layout import Layout
+    from tasks.runtime.params import default_params
+    from tasks.shard.spec import ShardSpec
+    from tasks.shard.stage import shard_stage
+    from tasks.shard.writing import describe_shard
     from tasks.tfrecord import TFRecordWriter
 
     def placeholders(specs: Iterable[ShardSpec], shards_dir: Path) -> Iterator[ShardFile]:

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 from bench.images import list_images
 from bench.stats import alternating_passes, for_at_least
-from tasks.manifest import load_manifest
-from tasks.reader import read_split, shard_records
+from tasks.contracts.manifest import load_manifest
+from tasks.contracts.shard_store import SHARD_READ_CHUNK
+from tasks.contracts.tf_reader import read_split, shard_records
 from tasks.schema import IMAGE_KEY
-from tasks.shard_store import SHARD_READ_CHUNK
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -140,8 +140,9 @@ def shardflow_dataset(shards_dir: Path, *, batch: int) -> tf.data.Dataset:
 def bytes_dataset(shards_dir: Path, *, batch: int, split: str = "train") -> tf.data.Dataset:
     """The physical limit of ``read.raw``: the same shard files as bare serialized records.
 
-    Read (:func:`tasks.reader.shard_records`) and interleaved like
-    :func:`tasks.reader.read_split` reads them, batched, never parsed or decoded: what is
+    Read (:func:`tasks.contracts.tf_reader.shard_records`) and interleaved like
+    :func:`tasks.contracts.tf_reader.read_split` reads them, batched, never parsed or decoded: what
+    is
     left of a read once every copy after the file read is gone.
     """
     import tensorflow as tf
@@ -160,12 +161,12 @@ def bytes_dataset(shards_dir: Path, *, batch: int, split: str = "train") -> tf.d
 
 class ColdS3Read:
     """``read.s3``: each epoch reads the raw train split from an S3 server through an emptied
-    shard cache (:class:`tasks.shard_store.ShardStore`), exactly as training reads it: one
+    shard cache (:class:`tasks.contracts.shard_store.ShardStore`), exactly as training reads it: one
     store and one pipeline for the run, as in training, cold for every epoch. Iterating it
     yields one cold epoch's batches, so :func:`measure_reads` times it beside the others."""
 
     def __init__(self, url: str, root: Path, *, batch: int, prefetch: int) -> None:
-        from tasks.shard_store import ShardStore
+        from tasks.contracts.shard_store import ShardStore
 
         self.store = ShardStore(url, root, max_bytes=2**40, prefetch=prefetch)
         self.ds = read_split(
@@ -187,7 +188,7 @@ class S3BytesCeiling:
     def __init__(self, url: str, shards_dir: Path, *, prefetch: int) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
-        from tasks.shard_store import s3_client, split_url
+        from tasks.contracts.shard_store import s3_client, split_url
 
         self.bucket, self.prefix = split_url(url)
         self.shards = load_manifest(shards_dir).split("train").shards

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.measured import child_rusage, run_measured
-from tasks.index import load_index, write_index
-from tasks.layout import Layout
-from tasks.params import ShardParams
+from tasks.contracts.index import load_index, write_index
+from tasks.runtime.layout import Layout
+from tasks.runtime.params import ShardParams
 
 _INDEX_RE = re.compile(r"_(\d+)\.jpg$")
 
@@ -42,7 +42,7 @@ def flow_shard(params: ShardParams, index_path: Path, root: Path) -> dict[str, A
     """
     import shutil
 
-    from tasks.shard import prestart_workers
+    from tasks.shard.workers import prestart_workers
 
     prestart_workers(params)  # before the Prefect import, as `python -m flows.shard` does
     from flows.common import configure_environment, stage_settings

@@ -4,7 +4,7 @@ A model is trained for one epoch on shards of the bench images, logged and regis
 image-bytes pyfunc (``tasks.predict.log_pyfunc``, what evaluation registers) in a throwaway
 SQLite store, then measured two ways:
 
-- ``predict.images_per_s``: ``tasks.batch_prediction.predict_files`` (the batch flow's core)
+- ``predict.images_per_s``: ``tasks.serve.batch_prediction.predict_files`` (the batch flow's core)
   over the bench's source JPEGs, median of the timed passes;
 - ``serve.p50_ms`` / ``serve.p95_ms``: one image per POST to ``mlflow models serve`` on
   127.0.0.1, sequential requests after a warm-up.
@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from tasks.params import Params
+from tasks.runtime.params import Params
 
 
 def free_port() -> int:
@@ -40,11 +40,11 @@ def registered_model(params: Params, shards: Path, work: Path) -> tuple[str, str
     """Train one epoch, log the pyfunc to a run; (model URI, tracking URI, max bytes)."""
     from mlflow import MlflowClient
 
-    from tasks import tracking
-    from tasks.manifest import load_manifest
-    from tasks.models import build_model
+    from tasks.contracts.manifest import load_manifest
+    from tasks.contracts.tf_reader import read_split
     from tasks.predict import ServingSpec, log_pyfunc
-    from tasks.reader import read_split
+    from tasks.runtime import tracking
+    from tasks.train.models import build_model
 
     work.mkdir(parents=True, exist_ok=True)
     model_file = work / "model.keras"
@@ -71,8 +71,8 @@ def batch_throughput(
     import mlflow
 
     from bench.stats import timed_passes
-    from tasks.batch_prediction import predict_files
-    from tasks.tracking import using_store
+    from tasks.runtime.tracking import using_store
+    from tasks.serve.batch_prediction import predict_files
 
     with using_store(tracking_uri):
         model = mlflow.pyfunc.load_model(model_uri)
@@ -171,7 +171,7 @@ def measure_serving(
     log: Callable[[str], None],
 ) -> dict[str, Any]:
     """All serving figures; keys ``predict.images_per_s``, ``serve.p50_ms``, ``serve.p95_ms``."""
-    from tasks.batch_prediction import list_sources
+    from tasks.serve.batch_prediction import list_sources
 
     model_uri, tracking_uri, max_bytes = registered_model(params, shards, work)
     files = list_sources(images)

@@ -1,8 +1,8 @@
 """Is training input-bound? The production training run's own probe, one spawned run per model.
 
-``tasks.train.train`` trains for one epoch on the shards, then times its compiled step fed by
+``tasks.train.stage.train`` trains for one epoch on the shards, then times its compiled step fed by
 the shard reader against the same step fed one batch already in memory
-(``tasks.train_loop.probe_input_bound``): the figure every MLflow run logs. The bench runs that
+(``tasks.train.loop.probe_input_bound``): the figure every MLflow run logs. The bench runs that
 code, not a copy of it, in a fresh spawned process per run, because op determinism, the
 precision policy and XLA are process-wide in TensorFlow.
 """
@@ -15,7 +15,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from tasks.params import TrainParams
+from tasks.runtime.params import TrainParams
 
 # One epoch is enough: the probe times steps after training, on the traced step.
 EPOCHS = 1
@@ -67,7 +67,7 @@ def measure_input_bound(shards_dir: Path, params: TrainParams, work: Path) -> di
 def _train_and_probe(shards_dir: Path, params: TrainParams, work: Path) -> dict[str, Any]:
     import tensorflow as tf
 
-    from tasks.train import train
+    from tasks.train.stage import train
 
     work.mkdir(parents=True, exist_ok=True)
     summary = train(params, shards_dir, model_file=work / "model.keras", backup_dir=work / "backup")

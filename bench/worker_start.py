@@ -1,11 +1,11 @@
 """How long a stage's spawned workers take to be ready, and what a hand-off entry costs: the
-constants of tasks.worker_cost.
+constants of tasks.runtime.worker_cost.
 
 A pool of ``workers`` spawned processes is started the way each stage starts its own (the
-shard pool warms up with :func:`tasks.shard.warm_worker`; an ingest worker imports
-:mod:`tasks.ingest` when its first job arrives), and timed until every worker has run a job.
-The slower stage's median is the start-up :data:`tasks.worker_cost.WORKER_START_S` should
-hold; the break-even follows from it (:func:`tasks.worker_cost.break_even_s`).
+shard pool warms up with :func:`tasks.shard.workers.warm_worker`; an ingest worker imports
+:mod:`tasks.ingest.stage` when its first job arrives), and timed until every worker has run a job.
+The slower stage's median is the start-up :data:`tasks.runtime.worker_cost.WORKER_START_S` should
+hold; the break-even follows from it (:func:`tasks.runtime.worker_cost.break_even_s`).
 """
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ def _ready() -> tuple[int, float]:
 
 def import_ingest() -> None:
     """An ingest worker's start-up: its stage module, imported by its first job."""
-    import tasks.ingest  # noqa: F401
+    import tasks.ingest.stage  # noqa: F401
 
 
 def time_pool_start(workers: int, warm: Callable[[], object]) -> float:
     """Seconds from starting a pool to the moment its last worker ran its first job."""
-    from tasks.processes import spawn_pool
+    from tasks.runtime.processes import spawn_pool
 
     start = time.time()
     first: dict[int, float] = {}
@@ -49,8 +49,8 @@ def time_pool_start(workers: int, warm: Callable[[], object]) -> float:
 
 def measure_worker_start(workers: int = 2, passes: int = 3) -> dict[str, Any]:
     """Median pool start-up per stage, the slower one, and its break-even for ``workers``."""
-    from tasks.shard import warm_worker
-    from tasks.worker_cost import WORKER_START_S, break_even_s
+    from tasks.runtime.worker_cost import WORKER_START_S, break_even_s
+    from tasks.shard.workers import warm_worker
 
     kinds: dict[str, Callable[[], object]] = {"shard": warm_worker, "ingest": import_ingest}
     runs = {
@@ -74,7 +74,7 @@ def measure_worker_start(workers: int = 2, passes: int = 3) -> dict[str, Any]:
 def every_decode_kept() -> Iterator[None]:
     """Ingest keeps every decode for the shard stage inside, small images too (the cost of
     a hand-off entry is taken as nothing): the alternative the cost model is measured against."""
-    from tasks import worker_cost
+    from tasks.runtime import worker_cost
 
     saved = worker_cost.HANDOFF_ENTRY_S, worker_cost.HANDOFF_SECONDS_PER_BYTE
     worker_cost.HANDOFF_ENTRY_S = worker_cost.HANDOFF_SECONDS_PER_BYTE = 0.0
@@ -88,10 +88,10 @@ def data_side_s(source: Path, root: Path, *, handoff: bool) -> float:
     """Seconds of ingest then the shard stage over ``source`` in a fresh ``root`` (one process,
     no workers: the entries' cost is not hidden by a second core), with or without the
     hand-off."""
-    from tasks.handoff import Target
-    from tasks.ingest import run_ingest
-    from tasks.params import default_params
-    from tasks.shard import shard_stage
+    from tasks.contracts.handoff import Target
+    from tasks.ingest.stage import run_ingest
+    from tasks.runtime.params import default_params
+    from tasks.shard.stage import shard_stage
 
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
@@ -113,10 +113,10 @@ def measure_handoff_entry(work: Path, images: int = 1000, passes: int = 3) -> di
     """What a hand-off entry of a small image costs the data side (ingest + shard) where it
     saves next to no decode: per image, every decode kept less none kept, on ``images`` JPEGs
     of 200-400 px (the bench's own set), median of ``passes`` alternating pairs; beside the
-    constant :func:`tasks.worker_cost.worth_handing_off` uses and the source megapixels from
+    constant :func:`tasks.runtime.worker_cost.worth_handing_off` uses and the source megapixels from
     which, with that constant, an entry saves more than it costs."""
     from bench.images import generate_images
-    from tasks.worker_cost import (
+    from tasks.runtime.worker_cost import (
         HANDED_OFF_PIXEL_FRACTION,
         HANDOFF_ENTRY_S,
         SHARD_SECONDS_PER_PIXEL,

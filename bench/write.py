@@ -14,7 +14,7 @@ from pathlib import Path
 from bench.images import list_images
 from bench.measured import run_measured
 from bench.scaling import measure_shard_run
-from tasks.params import ShardParams
+from tasks.runtime.params import ShardParams
 
 
 def seed_write(source_dir: Path, path: Path, *, size: tuple[int, int], encoding: str) -> int:
@@ -57,8 +57,8 @@ def shardflow_write_measured(
     """(images, seconds) of one full shard stage (the flow) from an existing index, in a
     fresh interpreter; the shards land in ``Layout(root).shards_dir``."""
     result = measure_shard_run(params, index_path, root, workers=workers)
-    from tasks.layout import Layout
-    from tasks.manifest import load_manifest
+    from tasks.contracts.manifest import load_manifest
+    from tasks.runtime.layout import Layout
 
     manifest = load_manifest(Layout(root).shards_dir)
     records = manifest.total_records

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from flows import server
-from tasks.tracking import EXPERIMENT_NAME, client, tracking_uri
+from tasks.runtime.tracking import EXPERIMENT_NAME, client, tracking_uri
 
 DOCS = Path("docs")
 CHROMIUM_FLAGS = [

@@ -3,7 +3,7 @@
 import os
 from pathlib import Path
 
-from tasks.layout import shared_root
+from tasks.runtime.layout import shared_root
 
 # A queued `dvc exp run` runs the stages in a temporary copy of the repo ($DVC_ROOT names the
 # real one). prefect.toml's `home` and `profiles_path` are relative, so there they would name

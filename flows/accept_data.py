@@ -7,7 +7,7 @@ first validated shard set becomes its baseline).
 
 The fingerprint is the one the validation error names; who (``--by``, default the git user,
 else the login name), when and why are recorded in ``data/accepted.json``
-(:func:`tasks.data_gate.accept`). The limits in ``params.yaml`` stay as they are. Commit
+(:func:`tasks.validate.data_gate.accept`). The limits in ``params.yaml`` stay as they are. Commit
 ``data/accepted.json`` with ``dvc.lock`` after the run that follows.
 """
 
@@ -20,11 +20,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from flows.common import hold_workspace
-from tasks import data_gate
-from tasks.dataset_identity import dataset_identity
-from tasks.layout import Layout
-from tasks.params import load_params
-from tasks.refusals import Refused, refusal_block
+from tasks.runtime.dataset_identity import dataset_identity
+from tasks.runtime.layout import Layout
+from tasks.runtime.params import load_params
+from tasks.runtime.refusals import Refused, refusal_block
+from tasks.validate import data_gate
 
 
 def git_user(root: Path) -> str | None:

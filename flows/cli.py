@@ -25,10 +25,10 @@ from urllib.parse import urlsplit
 
 from flows.common import configure_environment
 from flows.server import api_url, free_port
-from tasks import tracking
-from tasks.layout import keep_dvc_site_cache_in_repository
-from tasks.refusals import REFUSED_EXIT, refusing
-from tasks.tracking import MLFLOW_UI_URL
+from tasks.runtime import tracking
+from tasks.runtime.layout import keep_dvc_site_cache_in_repository
+from tasks.runtime.refusals import REFUSED_EXIT, refusing
+from tasks.runtime.tracking import MLFLOW_UI_URL
 
 DEMO_DIR = "data/demo"
 HOST = "127.0.0.1"
@@ -52,14 +52,16 @@ def module(name: str, *args: str) -> list[str]:
 
 def run_steps(extra: Sequence[str]) -> Steps:
     return [
-        module("tasks.params", "check", "params.yaml"),  # a bad key: refused naming it first
+        module(
+            "tasks.runtime.params", "check", "params.yaml"
+        ),  # a bad key: refused naming it first
         # the demo set only where params.yaml reads it, and only once
-        module("tasks.demo_data", DEMO_DIR, "--if-missing", "--if-source", "params.yaml"),
+        module("tasks.ingest.demo_data", DEMO_DIR, "--if-missing", "--if-source", "params.yaml"),
         # DVC cannot hash a folder holding a file name that is not UTF-8: say which, first.
-        module("tasks.filenames", "check"),
+        module("tasks.ingest.filenames", "check"),
         module("flows.server", "ensure"),
         # One writer: the whole repro holds the workspace lock (its stages pass under it).
-        module("tasks.workspace_lock", "--", sys.executable, "-m", "dvc", "repro", *extra),
+        module("tasks.runtime.workspace_lock", "--", sys.executable, "-m", "dvc", "repro", *extra),
     ]
 
 
@@ -99,7 +101,7 @@ def listen_address(extra: Sequence[str], preferred: int | None = None) -> tuple[
 
 
 def ui_steps(extra: Sequence[str]) -> Steps:
-    """The MLflow UI over the project's store (:func:`tasks.tracking.tracking_uri`, the one
+    """The MLflow UI over the project's store (:func:`tasks.runtime.tracking.tracking_uri`, the one
     recipe every entry point uses). A tracking server has a UI of its own: it is named, and
     nothing starts."""
     uri = tracking.tracking_uri()
@@ -116,14 +118,14 @@ def ui_steps(extra: Sequence[str]) -> Steps:
 
 
 def serve_model_steps(extra: Sequence[str]) -> Steps:
-    """``python -m tasks.serve`` (MLflow's scoring app behind request limits) for the
+    """``python -m tasks.serve.server`` (MLflow's scoring app behind request limits) for the
     champion of the current dataset's registered model (``evaluate.model_name``, else named
     after the dataset); a limit given in ``extra`` replaces its default."""
-    from tasks.dataset_identity import model_name_for
-    from tasks.params import load_params
-    from tasks.store_check import check_store
+    from tasks.evaluate.store_check import check_store
+    from tasks.runtime.dataset_identity import model_name_for
+    from tasks.runtime.params import load_params
 
-    # tasks.serve reads the store from MLFLOW_TRACKING_URI (main() passes this process's
+    # tasks.serve.server reads the store from MLFLOW_TRACKING_URI (main() passes this process's
     # environment on): absolute, so its workers find the same file, and a server's
     # credentials in MLflow's own variables, never in a URI or on a command line.
     os.environ["MLFLOW_TRACKING_URI"] = tracking.tracking_uri()
@@ -131,9 +133,9 @@ def serve_model_steps(extra: Sequence[str]) -> Steps:
     # a store that lost the project's runs has no champion: say so, and the one rebuild,
     # before MLflow fails inside the server with its traceback
     check_store(Path.cwd())
-    address, _ = listen_address(extra)  # tasks.serve prints the address it serves
+    address, _ = listen_address(extra)  # tasks.serve.server prints the address it serves
     limits = [item for limit in SERVE_LIMITS.items() if limit[0] not in extra for item in limit]
-    return [module("tasks.serve", model, *address, *limits, *extra)]
+    return [module("tasks.serve.server", model, *address, *limits, *extra)]
 
 
 def lineage_steps(extra: Sequence[str]) -> Steps:
@@ -403,7 +405,7 @@ def run_command(argv: Sequence[str] | None) -> int:
             return code
     if args.command == "run":
         from flows.run_summary import stage_outcomes, summary_lines
-        from tasks.store_check import check_store
+        from tasks.evaluate.store_check import check_store
 
         if "evaluate" not in stage_outcomes(output)[0]:
             # stale reports would summarise a champion the store no longer holds

@@ -15,8 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
-from tasks.code_version import code_version as code_version  # task versions, re-exported
-from tasks.refusals import find_refusal, refusal_block, refusing
+from tasks.runtime.code_version import code_version as code_version  # task versions, re-exported
+from tasks.runtime.refusals import find_refusal, refusal_block, refusing
 
 T = TypeVar("T")
 
@@ -32,7 +32,7 @@ OFFLINE_ENV = {
     "DVC_NO_ANALYTICS": "1",
     "TF_CPP_MIN_LOG_LEVEL": "3",  # C++ errors too: "failed call to cuInit" on a CPU-only machine
     # MLflow prints "View run at <tracking URI>/..." as a run ends on a server, credentials
-    # in the URI included; the flows log their own link, redacted (tasks.tracking.redact).
+    # in the URI included; the flows log their own link, redacted (tasks.runtime.tracking.redact).
     "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
     # `mlflow server` and `mlflow ui` otherwise start a job runner and seven huey consumer
     # processes for MLflow's GenAI jobs, which Shardflow never submits (about 30 s of CPU a
@@ -51,10 +51,10 @@ OFFLINE_ENV = {
 
 def configure_environment(env: MutableMapping[str, str] = os.environ) -> None:
     """Analytics off, quiet TensorFlow, no unredacted MLflow links, Keras's and Matplotlib's
-    files in the repository (:func:`tasks.layout.keep_library_files_in`), in ``env`` (this
+    files in the repository (:func:`tasks.runtime.layout.keep_library_files_in`), in ``env`` (this
     process's, or a command's); called by entry points before anything imports those
     libraries, never at import."""
-    from tasks.layout import keep_library_files_in
+    from tasks.runtime.layout import keep_library_files_in
 
     for key, value in OFFLINE_ENV.items():
         env.setdefault(key, value)
@@ -64,9 +64,10 @@ def configure_environment(env: MutableMapping[str, str] = os.environ) -> None:
 def prestart_stage_child(warm: Callable[[], object]) -> None:
     """What a stage's ``python -m`` entry point does first when its task runs in a child:
     the offline settings, then the child, warming up with ``warm`` while the stage goes on
-    to import Prefect (:func:`tasks.processes.prestart_child`). In that order: the child takes
+    to import Prefect (:func:`tasks.runtime.processes.prestart_child`). In that order: the child
+    takes
     the environment as it is at spawn."""
-    from tasks.processes import prestart_child
+    from tasks.runtime.processes import prestart_child
 
     configure_environment()
     prestart_child(warm)
@@ -74,9 +75,9 @@ def prestart_stage_child(warm: Callable[[], object]) -> None:
 
 def _started_in_child(warm: Callable[[], object], fn: Callable[..., T], args: tuple) -> Any:
     """``fn(*args)`` started in the child the stage's entry point prestarted with ``warm``:
-    its :class:`~tasks.processes.ChildResult`, or None when there is no such child (a
+    its :class:`~tasks.runtime.processes.ChildResult`, or None when there is no such child (a
     deployment run's process, a retry) or it is gone."""
-    from tasks.processes import standby_child
+    from tasks.runtime.processes import standby_child
 
     child = standby_child(warm)
     if child is not None:
@@ -109,8 +110,8 @@ def start_where_warm(
     ``warm``, for this process to go on meanwhile; its value from ``.result()``, which hands
     each message it reports (a tuple) to ``report(*message)``. Without such a child,
     ``fn(*args, report)`` runs here when ``.result()`` asks for it
-    (:class:`tasks.processes.Later`)."""
-    from tasks.processes import Later
+    (:class:`tasks.runtime.processes.Later`)."""
+    from tasks.runtime.processes import Later
 
     job = _started_in_child(warm, fn, args)
     if job is None:
@@ -130,7 +131,7 @@ def run_then_exit(main: Callable[[], object]) -> NoReturn:
     run) and the standard streams flush. What is skipped is the interpreter's teardown,
     freeing every module and TensorFlow's static destructors: measured here at 1-3 s per
     stage process after its flow had finished (2.6 s for evaluate), paid by every stage
-    `dvc repro` runs. A refusal (:class:`tasks.refusals.Refused`) is printed as one short
+    `dvc repro` runs. A refusal (:class:`tasks.runtime.refusals.Refused`) is printed as one short
     block (exit status 2); any other exception propagates as usual (traceback, status 1).
     """
     import atexit
@@ -172,7 +173,8 @@ def run_what(record: logging.LogRecord) -> str:
 
 
 class RefusalsAsBlocks(logging.Filter):
-    """A record that carries a refusal reads as its block (:func:`tasks.refusals.refusal_block`),
+    """A record that carries a refusal reads as its block
+    (:func:`tasks.runtime.refusals.refusal_block`),
     without the traceback; a run's final-state line that quotes one names the refusal instead
     of repeating its full text, which stays in the run's state message and the report.
 
@@ -204,7 +206,7 @@ class RefusalsAsBlocks(logging.Filter):
 class QuietRefusals(RefusalsAsBlocks):
     """On the terminal, a refusal is said once: the block of the first record that carries
     it (``show_first``: a deployment run's process, where no entry point prints it) or none
-    (the entry point prints it, :func:`tasks.refusals.refusing`); its other records, its
+    (the entry point prints it, :func:`tasks.runtime.refusals.refusing`); its other records, its
     final-state lines and repeats of its text are dropped. The record Prefect sends to its
     server keeps its block. Anything else passes as it is."""
 
@@ -288,9 +290,9 @@ def record_stage(stage: str, root: Path) -> None:
 
 @contextmanager
 def hold_workspace(root: Path, params_path: Path | None = None) -> Iterator[None]:
-    """The workspace lock of ``root`` (see tasks.workspace_lock), waiting at most
+    """The workspace lock of ``root`` (see tasks.runtime.workspace_lock), waiting at most
     ``workspace.lock_timeout_s`` from the params file; reentrant under a holder."""
-    from tasks.workspace_lock import lock_timeout_s, workspace_lock
+    from tasks.runtime.workspace_lock import lock_timeout_s, workspace_lock
 
     timeout_s = lock_timeout_s(params_path or root / "params.yaml")
     with workspace_lock(root, timeout_s=timeout_s):
@@ -334,7 +336,7 @@ def run_stage(
 
 def pipeline_id() -> str | None:
     """The id every stage process of one pipeline execution shares (see ``PIPELINE_ENV``)."""
-    from tasks.workspace_lock import LOCK_ENV
+    from tasks.runtime.workspace_lock import LOCK_ENV
 
     token = os.environ.get(LOCK_ENV)
     return os.environ.get(PIPELINE_ENV) or (token[:8] if token else None)
@@ -441,7 +443,7 @@ def run_params_path(root: str, params_path: str) -> Path:
     Deployments are served from the repository root (the working directory); direct calls
     (DVC stages, tests) name their own project root.
     """
-    from tasks.params import resolve_inside  # here: entry points import this module first
+    from tasks.runtime.params import resolve_inside  # here: entry points import this module first
 
     if not in_deployment_run():
         return Path(root) / params_path

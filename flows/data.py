@@ -26,9 +26,9 @@ from flows.common import (
     stage_main,
 )
 from flows.parameters import RepoPath
-from tasks.layout import Layout
-from tasks.params import load_params
-from tasks.source_check import write_listing
+from tasks.ingest.source_check import write_listing
+from tasks.runtime.layout import Layout
+from tasks.runtime.params import load_params
 
 DataStage = Literal["ingest", "shard", "validate"]  # a run's `stages` are checked names
 DATA_STAGES: tuple[DataStage, ...] = get_args(DataStage)

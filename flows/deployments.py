@@ -31,7 +31,7 @@ from flows.pipeline import pipeline
 from flows.predict import predict_flow
 from flows.server import api_url, clone_id, require_server
 from flows.training import training_flow
-from tasks.layout import shared_root
+from tasks.runtime.layout import shared_root
 
 CLONE_TAG = "clone:"
 # How often `make serve` asks its server for runs to start. Prefect's default (10 s) kept a

@@ -12,7 +12,7 @@ if __name__ == "__main__":
     # below (about 1.3 s) and starts its flow; the evaluate task then measures the model in
     # that child while this process opens the tracking store (MLflow: about 1.5 s).
     from flows.common import prestart_stage_child
-    from tasks import evaluate as _evaluate
+    from tasks.evaluate import stage as _evaluate
 
     prestart_stage_child(_evaluate.warm_up)
 
@@ -36,10 +36,10 @@ from flows.common import (
     untagged_task_runs,
 )
 from flows.model_runs import link_mlflow_run, recorded_run_name, retry_unless_refused
-from tasks import evaluate
-from tasks.evaluate import run_evaluate
-from tasks.layout import Layout
-from tasks.params import Params, load_params
+from tasks.evaluate import stage as evaluate
+from tasks.evaluate.stage import run_evaluate
+from tasks.runtime.layout import Layout
+from tasks.runtime.params import Params, load_params
 
 
 def evaluated_run_details() -> Sequence[object]:

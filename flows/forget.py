@@ -27,12 +27,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tasks.dataset_identity import model_name_for
-from tasks.layout import Layout
+from tasks.runtime.dataset_identity import model_name_for
+from tasks.runtime.layout import Layout
 
 if TYPE_CHECKING:
-    from tasks.forgotten import Erasure, ForgottenRecord
-    from tasks.params import Params
+    from tasks.contracts.forgotten import Erasure, ForgottenRecord
+    from tasks.runtime.params import Params
 
 STEPS = (
     "models",
@@ -100,7 +100,7 @@ class Job:
         return sorted({*self.sources, *(Path(s).name for s in self.sources)})
 
     def save(self) -> None:
-        from tasks.forgotten import save_forgotten
+        from tasks.contracts.forgotten import save_forgotten
 
         self.intent.parent.mkdir(parents=True, exist_ok=True)
         private = {
@@ -120,9 +120,9 @@ class Job:
 def start(args: argparse.Namespace, layout: Layout, params: Params) -> Job:
     """The unfinished erasure, resumed as it was recorded; else a new one, planned."""
     from flows.accept_data import git_user
-    from tasks.data_gate import current_user
-    from tasks.forget import plan_forget
-    from tasks.forgotten import Erasure, load_forgotten
+    from tasks.contracts.forgotten import Erasure, load_forgotten
+    from tasks.erasure.forget import plan_forget
+    from tasks.validate.data_gate import current_user
 
     record = load_forgotten(layout.forgotten)
     intent = layout.root / ".shardflow" / "forget" / "intent.json"
@@ -156,10 +156,10 @@ def start(args: argparse.Namespace, layout: Layout, params: Params) -> Job:
 
 def step_models(job: Job) -> None:
     """Versions that saw the images lose the champion alias at once (tagged, or deleted)."""
-    from tasks import tracking
-    from tasks.lineage import TrackedRuns, membership_files
-    from tasks.membership import find_in
-    from tasks.retraction import retract_versions, runs_that_held
+    from tasks.contracts.membership import find_in
+    from tasks.erasure.lineage import TrackedRuns, membership_files
+    from tasks.erasure.retraction import retract_versions, runs_that_held
+    from tasks.runtime import tracking
 
     client = tracking.client(job.layout.root)
     model_name = model_name_for(job.params, job.layout.root)
@@ -178,8 +178,8 @@ def step_sources(job: Job) -> None:
     """The hashes join the exclusion list (an ingest dependency: no rebuild brings them
     back, whatever source_dir or a clone still holds); the files go where the project may
     write."""
-    from tasks.exclusions import add_excluded
-    from tasks.forget import ForgetPlan, remove_sources
+    from tasks.contracts.exclusions import add_excluded
+    from tasks.erasure.forget import ForgetPlan, remove_sources
 
     add_excluded(job.layout.excluded, job.erasure.sha256)
     plan = ForgetPlan(job.erasure.asked, job.erasure.sha256, job.sources)
@@ -196,12 +196,12 @@ def step_index(job: Job) -> None:
     """The ingest index and report without them. Where DVC runs the stages, ingest reruns
     here (the stage's own function, the exclusion list applied) and the shards step records
     it with the shard stage in one ``dvc commit``."""
-    from tasks.atomic import write_json
-    from tasks.exclusions import load_excluded
-    from tasks.forget import rewrite_index
-    from tasks.ingest import run_ingest
-    from tasks.metrics_files import INGEST_FIGURES, split_figures
-    from tasks.source_check import write_listing
+    from tasks.contracts.exclusions import load_excluded
+    from tasks.erasure.forget import rewrite_index
+    from tasks.ingest.source_check import write_listing
+    from tasks.ingest.stage import run_ingest
+    from tasks.runtime.atomic import write_json
+    from tasks.runtime.metrics_files import INGEST_FIGURES, split_figures
 
     layout = Layout(job.layout.root.resolve())
     if is_dvc_project(layout):
@@ -220,7 +220,7 @@ def step_index(job: Job) -> None:
 
 def step_shards(job: Job) -> None:
     """Only the shard files that held them are rewritten; DVC records the stage as it is."""
-    from tasks.forget import rewrite_shards
+    from tasks.erasure.forget import rewrite_shards
 
     hashes = set(job.erasure.sha256)
     manifest = rewrite_shards(job.layout.shards_dir, hashes, diff_path=job.layout.shard_changes)
@@ -231,9 +231,9 @@ def step_shards(job: Job) -> None:
 
 def step_accept(job: Job) -> None:
     """The new set is the accepted baseline, for this reason: the data gate lets it pass."""
-    from tasks import data_gate
-    from tasks.dataset_identity import dataset_identity
-    from tasks.manifest import load_manifest
+    from tasks.contracts.manifest import load_manifest
+    from tasks.runtime.dataset_identity import dataset_identity
+    from tasks.validate import data_gate
 
     fingerprint = load_manifest(job.layout.shards_dir).fingerprint
     reason = f"forget (data/forgotten.json, {job.erasure.at}): {job.erasure.reason}"
@@ -279,8 +279,8 @@ def rerun_stale(layout: Layout, *, retrain: bool) -> list[str]:
 
 def step_scrub(job: Job) -> None:
     """Every file of the project's caches, DVC cache and remote, and outputs holding them."""
-    from tasks.forget import scrub_files
-    from tasks.lost_revisions import object_id
+    from tasks.erasure.forget import scrub_files
+    from tasks.erasure.lost_revisions import object_id
 
     root = job.layout.root
     folders = [root / ".dvc" / "cache", root / ".dvc" / "tmp", *local_remotes(job.layout)]
@@ -294,9 +294,9 @@ def step_objects(job: Job) -> None:
     """Objects in S3 that hold or name them: the DVC remotes on S3 (each with its own
     config), Dask staging (``shard.staging_url``) and a published set (SHARDFLOW_SHARDS_URL);
     then the commits and experiments whose data is gone with the DVC objects."""
-    from tasks.lost_revisions import broken_objects, lost_revisions, object_id
-    from tasks.object_scrub import Bucket, dvc_s3_remotes, scrub_bucket
-    from tasks.shard_store import SHARDS_URL_ENV, s3_client
+    from tasks.contracts.shard_store import SHARDS_URL_ENV, s3_client
+    from tasks.erasure.lost_revisions import broken_objects, lost_revisions, object_id
+    from tasks.erasure.object_scrub import Bucket, dvc_s3_remotes, scrub_bucket
 
     stores = dvc_s3_remotes(job.layout.root / ".dvc") if is_dvc_project(job.layout) else []
     others = [job.params.shard.staging_url, os.environ.get(SHARDS_URL_ENV)]
@@ -318,8 +318,8 @@ def _nameless(path: str, job: Job) -> bool:
 
 def step_tracking(job: Job) -> None:
     """Tags, descriptions and artifacts that name or show them; the SQLite store compacted."""
-    from tasks import tracking
-    from tasks.retraction import compact_sqlite, scrub_tracking
+    from tasks.erasure.retraction import compact_sqlite, scrub_tracking
+    from tasks.runtime import tracking
 
     client = tracking.client(job.layout.root)
     marks = [*job.erasure.sha256, *job.names]
@@ -336,7 +336,7 @@ def step_prefect(job: Job) -> None:
     from prefect.client.orchestration import get_client
     from prefect.settings import get_current_settings
 
-    from tasks.object_scrub import scrub_prefect
+    from tasks.erasure.object_scrub import scrub_prefect
 
     if is_dvc_project(job.layout):
         run_steps(job.layout, [["-m", "flows.server", "ensure"]])
@@ -372,7 +372,7 @@ def dvc(*args: str) -> list[str]:
 
 def run_steps(layout: Layout, steps: list[list[str]]) -> None:
     """Each ``python ...`` step in the project root (under this process's workspace lock)."""
-    from tasks.refusals import Refused
+    from tasks.runtime.refusals import Refused
 
     for step in steps:
         done = subprocess.run([sys.executable, *step], cwd=layout.root, check=False)
@@ -417,9 +417,9 @@ def forget(job: Job) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from flows.common import configure_environment
-    from tasks.params import load_params
-    from tasks.refusals import Refused
-    from tasks.workspace_lock import lock_timeout_s, workspace_lock
+    from tasks.runtime.params import load_params
+    from tasks.runtime.refusals import Refused
+    from tasks.runtime.workspace_lock import lock_timeout_s, workspace_lock
 
     args = parser().parse_args(argv)
     configure_environment()

@@ -24,12 +24,13 @@ from flows.common import (
     stage_main,
     untagged_task_runs,
 )
-from tasks import handoff, ingest
-from tasks.atomic import write_json
-from tasks.exclusions import load_excluded
-from tasks.layout import Layout
-from tasks.metrics_files import INGEST_FIGURES, split_figures
-from tasks.params import IngestParams, load_params
+from tasks.contracts import handoff
+from tasks.contracts.exclusions import load_excluded
+from tasks.ingest import stage as ingest
+from tasks.runtime.atomic import write_json
+from tasks.runtime.layout import Layout
+from tasks.runtime.metrics_files import INGEST_FIGURES, split_figures
+from tasks.runtime.params import IngestParams, load_params
 
 
 @task(name="ingest", version=code_version(ingest), cache_policy=NO_CACHE)
@@ -37,7 +38,7 @@ def ingest_task(
     params: IngestParams, layout: Layout, target: handoff.Target | None = None
 ) -> dict[str, Any]:
     """Ingest; ``target``: what the shard stage makes of an image (its params), for which
-    ingest keeps the pixels of the photos it decodes (:mod:`tasks.handoff`)."""
+    ingest keeps the pixels of the photos it decodes (:mod:`tasks.contracts.handoff`)."""
     progress = Progress("ingest-progress", f"files inspected in {params.source_dir}")
     with run_log():  # ingest's own warnings (workers capped at the cores) in this run's log
         report = ingest.run_ingest(

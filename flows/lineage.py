@@ -17,10 +17,10 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from tasks.layout import Layout
+from tasks.runtime.layout import Layout
 
 if TYPE_CHECKING:
-    from tasks.lineage import ImageLineage
+    from tasks.erasure.lineage import ImageLineage
 
 
 def parser() -> argparse.ArgumentParser:
@@ -39,9 +39,10 @@ def parser() -> argparse.ArgumentParser:
 
 def lineages(images: Sequence[str], layout: Layout) -> list[ImageLineage]:
     """The lineage of each image named, in the order named."""
-    from tasks import lineage, tracking
-    from tasks.dataset_identity import model_name_for
-    from tasks.params import load_params
+    from tasks.erasure import lineage
+    from tasks.runtime import tracking
+    from tasks.runtime.dataset_identity import model_name_for
+    from tasks.runtime.params import load_params
 
     params = load_params(layout.params)
     return lineage.lineages(
@@ -77,7 +78,7 @@ def describe(lineage: ImageLineage) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from flows.common import configure_environment
-    from tasks.refusals import Refused
+    from tasks.runtime.refusals import Refused
 
     args = parser().parse_args(argv)
     configure_environment()

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tasks.layout import Layout
-from tasks.refusals import Refused
+from tasks.runtime.layout import Layout
+from tasks.runtime.refusals import Refused
 
 # What a rerun as it is fails alike: every refusal (unvalidated shards stay unvalidated, a
 # param the run cannot use stays unusable, a missing champion stays missing) until the user
@@ -43,7 +43,7 @@ def recorded_run_name(layout: Layout) -> str:
 def link_mlflow_run(run_url: str, run_name: str, what: str) -> str:
     """A link artifact (``mlflow-run``) to the run's page in the MLflow UI; returns the URL.
 
-    ``run_url`` is :func:`tasks.tracking.run_url`'s: for a local store it appends which
+    ``run_url`` is :func:`tasks.runtime.tracking.run_url`'s: for a local store it appends which
     store `make ui` must serve, kept as a note.
     """
     from prefect.artifacts import create_link_artifact

@@ -28,7 +28,7 @@ from typing import Annotated
 from pydantic import AfterValidator, Field, ValidationInfo
 
 from flows.common import in_deployment_run
-from tasks.params import MODEL_NAME_PATTERN, inside
+from tasks.runtime.params import MODEL_NAME_PATTERN, inside
 
 CONFINED = "x-confined"  # the mark these types leave in a deployment's parameter schema
 
@@ -63,7 +63,7 @@ def _run_ref(value: str) -> str:
 def _model_reference(value: str) -> str:
     # Imported here: the data and training flows type their paths from this module, and
     # need not import prediction (MLflow's pyfunc, the preprocessing) to do so.
-    from tasks.batch_prediction import check_model_reference
+    from tasks.serve.batch_prediction import check_model_reference
 
     return check_model_reference(value)
 

@@ -25,7 +25,7 @@ from flows.data import data_flow
 from flows.parameters import RepoPath
 from flows.server import require_server
 from flows.training import training_flow
-from tasks.params import ParamOverrides, apply_overrides
+from tasks.runtime.params import ParamOverrides, apply_overrides
 
 
 @flow(name="pipeline", log_prints=True)

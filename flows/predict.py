@@ -33,10 +33,13 @@ from flows.common import (
     run_then_exit,
 )
 from flows.parameters import ModelName, ModelReference, RepoPath
-from tasks import batch_prediction, predict, run_records, tracking
-from tasks.dataset_identity import model_name_for
-from tasks.params import inside, load_params
-from tasks.store_check import check_store
+from tasks import predict
+from tasks.contracts import run_records
+from tasks.evaluate.store_check import check_store
+from tasks.runtime import tracking
+from tasks.runtime.dataset_identity import model_name_for
+from tasks.runtime.params import inside, load_params
+from tasks.serve import batch_prediction
 
 ARTIFACT_ROWS = 500  # the Prefect table shows the first rows; the CSV holds them all
 
@@ -108,7 +111,7 @@ def predict_flow(
     """Predict every image under ``source`` with ``model`` (alias, version, run id or URI).
 
     ``model_name`` defaults to the current dataset's registered model
-    (:func:`tasks.dataset_identity.model_name_for`); relative ``source``
+    (:func:`tasks.runtime.dataset_identity.model_name_for`); relative ``source``
     and ``output`` paths are taken from ``root``. A deployment run reads and writes inside
     the repository only (each parameter was checked alone; here joined to ``root``, and
     every file ``source`` lists), and writes a CSV outside hidden folders (.git, .dvc).

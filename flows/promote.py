@@ -3,7 +3,8 @@
     shardflow promote --version 7 --reason "v7 holds up on the March photos; agreed by Ana"
 
 The one recorded manual step: who (``--by``, default the git user, else the login name),
-when and why go onto the version's tags (:func:`tasks.manual_promotion.promote_by_hand`). The
+when and why go onto the version's tags (:func:`tasks.evaluate.manual_promotion.promote_by_hand`).
+The
 registered model is the current dataset's (``evaluate.model_name``, else named after
 ``ingest.source_dir``); a version of another task is refused.
 """
@@ -17,11 +18,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from flows.accept_data import git_user
-from tasks import tracking
-from tasks.dataset_identity import model_name_for
-from tasks.manual_promotion import promote_by_hand
-from tasks.params import load_params
-from tasks.refusals import Refused
+from tasks.evaluate.manual_promotion import promote_by_hand
+from tasks.runtime import tracking
+from tasks.runtime.dataset_identity import model_name_for
+from tasks.runtime.params import load_params
+from tasks.runtime.refusals import Refused
 
 
 def parser() -> argparse.ArgumentParser:

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from tasks.store_check import read_report
+from tasks.evaluate.store_check import read_report
 
 STAGES = ("ingest", "shard", "validate", "train", "evaluate")
 # runs on every `dvc repro` (always_changed: it lists the source folder), so it says nothing

@@ -42,7 +42,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from tasks.layout import shared_root
+from tasks.runtime.layout import shared_root
 
 HOST = "127.0.0.1"
 LOCAL_HOSTS = (HOST, "localhost", "::1")

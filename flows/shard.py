@@ -13,8 +13,8 @@ if __name__ == "__main__":
     # imports Prefect below (about 1.3 s), instead of after its flow has started. Params
     # that do not load start none: the run below reports them.
     from flows.common import configure_environment, parse_stage_args
-    from tasks.params import load_params
-    from tasks.shard import prestart_stage_workers
+    from tasks.runtime.params import load_params
+    from tasks.shard.workers import prestart_stage_workers
 
     configure_environment()  # the workers take this environment as it is now
     _stages, _params_path = parse_stage_args(STAGES, "flows.shard")
@@ -37,6 +37,12 @@ from prefect.cache_policies import NO_CACHE
 from prefect.futures import PrefectFuture, as_completed
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
+import tasks.shard as shard_package
+import tasks.shard.spec as shard_spec
+import tasks.shard.stage as shard_stage
+import tasks.shard.staging as shard_staging
+import tasks.shard.workers as shard_workers
+import tasks.shard.writing as shard_writing
 from flows.common import (
     Progress,
     code_version,
@@ -50,13 +56,12 @@ from flows.common import (
     stage_main,
     untagged_task_runs,
 )
-from tasks import shard
-from tasks.layout import Layout
-from tasks.manifest import ShardFile
-from tasks.membership import archive_membership
-from tasks.params import ShardParams, load_params
-from tasks.processes import dismiss_prestarted
-from tasks.shard_store import s3_client
+from tasks.contracts.manifest import ShardFile
+from tasks.contracts.membership import archive_membership
+from tasks.contracts.shard_store import s3_client
+from tasks.runtime.layout import Layout
+from tasks.runtime.params import ShardParams, load_params
+from tasks.runtime.processes import dismiss_prestarted
 
 # Shards per Prefect task: each task run costs a run record and state events that the
 # Prefect server processes (about 40 ms of its CPU, taken from the workers on a small
@@ -69,12 +74,12 @@ TASKS_PER_WORKER = 2
 MAX_SHARDS_PER_TASK = 16
 
 
-@task(name="write-shards", version=code_version(shard), cache_policy=NO_CACHE)
+@task(name="write-shards", version=code_version(shard_package), cache_policy=NO_CACHE)
 def write_shards_task(
-    specs: list[shard.ShardSpec],
+    specs: list[shard_spec.ShardSpec],
     shards_dir: Path,
     pool: Executor | None = None,
-    staging: shard.Staging | None = None,
+    staging: shard_staging.Staging | None = None,
 ) -> list[ShardFile]:
     """A batch of shards: each an independent unit of work, byte-identical on whichever
     worker runs it.
@@ -86,12 +91,12 @@ def write_shards_task(
     the sources come from, and the shards go to, object storage, never ``shards_dir``.
     """
     if staging is not None:
-        return shard.write_staged_batch(specs, staging)
+        return shard_staging.write_staged_batch(specs, staging)
     if pool is None:
-        return shard.write_batch(specs, shards_dir)
+        return shard_writing.write_batch(specs, shards_dir)
     # One pool job a shard: the pool's queue holds the shards of every running task, so a
     # worker goes from one shard to the next without waiting for a task run to start.
-    jobs = [pool.submit(shard.write_shard, spec, shards_dir) for spec in specs]
+    jobs = [pool.submit(shard_writing.write_shard, spec, shards_dir) for spec in specs]
     try:
         return [job.result() for job in jobs]
     finally:
@@ -112,14 +117,14 @@ def result_details(result: dict[str, Any]) -> list[object]:
 
 def runner_writer(
     workers: int,
-    local: shard.LocalWorkers | None = None,
-    staging: shard.Staging | None = None,
-) -> shard.WriteMany:
+    local: shard_workers.LocalWorkers | None = None,
+    staging: shard_staging.Staging | None = None,
+) -> shard_writing.WriteMany:
     """A writer that sends batches of shards to the flow's task runner, a few at a time
     (each task computing in ``local``'s worker processes when it has them for these
     shards, see :func:`write_shards_task`). With ``staging``, the sources the shards need
     are uploaded first and each finished shard is downloaded into the folder the stage
-    names (a rebuild's own folder, :mod:`tasks.shard_swap`; :mod:`tasks.shard.staging`).
+    names (a rebuild's own folder, :mod:`tasks.contracts.shard_swap`; :mod:`tasks.shard.staging`).
 
     Specs are materialised (their records read from the index) only as they are submitted,
     and at most two batches per worker are in flight, so the parent's memory stays flat
@@ -128,21 +133,22 @@ def runner_writer(
     """
     window = 2 * max(1, workers)
 
-    def write_many(specs: Iterable[shard.ShardSpec], folder: Path) -> Iterator[ShardFile]:
+    def write_many(specs: Iterable[shard_spec.ShardSpec], folder: Path) -> Iterator[ShardFile]:
         logger = get_run_logger()
         total = len(specs) if isinstance(specs, Sized) else 0
         progress = Progress("shard-progress", f"shards written of {total or '?'} to write")
         pool = local.for_shards(specs) if local is not None else None
         client = s3_client() if staging is not None else None  # one for every transfer
         if staging is not None:
-            uploaded, needed = shard.upload_sources(staging, specs, client=client)
+            uploaded, needed = shard_staging.upload_sources(staging, specs, client=client)
             logger.info(
                 "%d of %d source images uploaded to %s (the rest were there)",
                 uploaded,
                 needed,
                 staging.url,
             )
-        # Shards not worth the workers (below tasks.worker_cost's break-even) go as one task:
+        # Shards not worth the workers (below tasks.runtime.worker_cost's break-even) go as one
+        # task:
         # the flow's threads would only share the GIL and add task runs.
         small = local is not None and local.enabled and pool is None
         size = max(1, total) if small else batch_size(total, workers)
@@ -154,13 +160,13 @@ def runner_writer(
             results = _first_done(pending)
             if staging is not None:  # into the folder, each checked against its entry
                 for result in results:
-                    shard.fetch_shard(staging, result, folder, client=client)
+                    shard_staging.fetch_shard(staging, result, folder, client=client)
             done += len(results)
             progress(done, total)
             logger.info("shard %d/%s written: %s", done, total or "?", results[-1].file)
             return results
 
-        batch: list[shard.ShardSpec] = []
+        batch: list[shard_spec.ShardSpec] = []
         try:
             for spec in specs:
                 batch.append(spec)
@@ -192,17 +198,17 @@ def _first_done(pending: list[PrefectFuture[list[ShardFile]]]) -> list[ShardFile
 
 @flow(name="write-shards", flow_run_name="write-shards")
 def write_shards_flow(params: ShardParams, layout: Layout) -> dict[str, Any]:
-    """The shard stage (:func:`tasks.shard.shard_stage`: plan a rebuild or a new generation,
+    """The shard stage (:func:`tasks.shard.stage.shard_stage`: plan a rebuild or a new generation,
     write the missing shards, the manifest, what the run changed) writing through this
     flow's task runner; what it changed also becomes a Prefect artifact."""
     logger = get_run_logger()
     # A rebuild's workers start now (if its entry point has not started them), while it plans.
     with (
         untagged_task_runs(),
-        shard.LocalWorkers(params) as local,
-        shard.staged_run(params) as staging,
+        shard_workers.LocalWorkers(params) as local,
+        shard_staging.staged_run(params) as staging,
     ):
-        stage = shard.shard_stage(
+        stage = shard_stage.shard_stage(
             params,
             layout.index,
             layout.shards_dir,
@@ -270,10 +276,10 @@ def shard_task_runner(params: ShardParams) -> TaskRunner[Any]:
 
 def stage_params(params: ShardParams, *, compact: bool = False) -> ShardParams:
     """The params a run of the stage (its DVC stage, the data flow) uses
-    (:func:`tasks.shard.run_params`), and in this run's log why they differ from the file's
+    (:func:`tasks.shard.workers.run_params`), and in this run's log why they differ from the file's
     (workers capped at this machine's cores)."""
     with run_log():
-        return shard.run_params(params, compact=compact)
+        return shard_workers.run_params(params, compact=compact)
 
 
 def run(params: ShardParams, layout: Layout) -> dict[str, Any]:

@@ -17,7 +17,7 @@ deployment's pull steps (``git clone`` of ``$SHARDFLOW_GIT_REMOTE``). It then
 ``pipeline/team`` runs ``data/team`` (work pool ``cpu``) then ``training/team`` (work pool
 ``gpu``) on one run ref; its deployment's concurrency limit of 1 queues a second pipeline run
 until the first has finished, so runs never share a ``dvc.lock``. (Promotions are one at a
-time however runs start: evaluation holds the registry's lock, :mod:`tasks.promotion`.)
+time however runs start: evaluation holds the registry's lock, :mod:`tasks.evaluate.promotion`.)
 Credentials (git, S3, tracking server) come from the worker's environment only.
 
 ``python -m flows.team deploy [--cpu-pool P] [--gpu-pool P]`` (``shardflow team-deploy``)
@@ -39,8 +39,8 @@ from prefect.runtime import flow_run
 
 from flows.common import refusals_as_blocks
 from flows.parameters import GitCommit, ModelName, ModelReference, RepoPath, RunRef
-from tasks.params import ParamOverrides
-from tasks.tracking import CHAMPION
+from tasks.runtime.params import ParamOverrides
+from tasks.runtime.tracking import CHAMPION
 
 REMOTE_ENV = "SHARDFLOW_GIT_REMOTE"  # the git remote workers clone and push to
 BRANCH_ENV = "SHARDFLOW_GIT_BRANCH"  # the branch an empty ``commit`` resolves to
@@ -91,7 +91,7 @@ def run_checked(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) ->
     """``cmd``'s output; a failure raises with the command, folder and the output's tail, and
     a stage's refusal (its block in the output) as that refusal, whose full record stays in
     the stage's report and the error's cause."""
-    from tasks.refusals import read_refusal
+    from tasks.runtime.refusals import read_refusal
 
     result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
     if result.returncode != 0:
@@ -210,17 +210,28 @@ def run_part(
     ref = ref or run_ref(flow_run.get_name() or "run")
     if overrides:
         _apply_overrides(root, overrides)
-    import tasks.params
+    import tasks.runtime.params
 
     # Where the code this run executes comes from (the e2e test checks it is this clone).
     logger.info(
-        "code from %s and %s", Path(__file__).resolve(), Path(tasks.params.__file__).resolve()
+        "code from %s and %s",
+        Path(__file__).resolve(),
+        Path(tasks.runtime.params.__file__).resolve(),
     )
     sources = source_outputs(root) if part == "data" else []
     dvc(root, "pull", "--allow-missing", *dvc_remote_args(), *PULLS[part], *sources)
     repro = ["repro", *(["--single-item"] if part == "training" else []), *stages]
     run_checked(
-        [sys.executable, "-m", "tasks.workspace_lock", "--", sys.executable, "-m", "dvc", *repro],
+        [
+            sys.executable,
+            "-m",
+            "tasks.runtime.workspace_lock",
+            "--",
+            sys.executable,
+            "-m",
+            "dvc",
+            *repro,
+        ],
         root,
         stage_env(root),
     )
@@ -245,7 +256,7 @@ def source_outputs(root: Path) -> list[str]:
     from dvc.exceptions import OutputNotFoundError
     from dvc.repo import Repo
 
-    from tasks.params import load_params
+    from tasks.runtime.params import load_params
 
     source = root / load_params(root / "params.yaml").ingest.source_dir
     with Repo(str(root)) as repo:
@@ -262,7 +273,7 @@ def check_out(commit: str | None) -> tuple[Path, str]:
     files in it (``predict/team`` loads the model in this process, the worker's, which no
     entry point of ours started), no git credentials in its files
     (:func:`credentials_out_of_the_clone`); the clone and the commit."""
-    from tasks.layout import keep_library_files_in
+    from tasks.runtime.layout import keep_library_files_in
 
     root = Path.cwd()
     if str(root) not in sys.path:
@@ -277,7 +288,7 @@ def check_out(commit: str | None) -> tuple[Path, str]:
 def _apply_overrides(root: Path, overrides: dict[str, Any]) -> None:
     """Write the overrides into the clone's params.yaml (refusing unknown keys): with the
     checked-out commit's own params code, imported after the checkout."""
-    from tasks.params import apply_overrides
+    from tasks.runtime.params import apply_overrides
 
     apply_overrides(root / "params.yaml", overrides)
 

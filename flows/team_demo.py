@@ -268,7 +268,11 @@ def main() -> int:
             ["git", "checkout", "-q", "-B", "main", head], clone, env
         )  # the commit, not uncommitted edits
         shutil.copy2(repo / "prefect.yaml", clone / "prefect.yaml")  # also when not committed
-        run([sys.executable, "-m", "tasks.demo_data", "data/demo", "--per-class", "30"], clone, env)
+        run(
+            [sys.executable, "-m", "tasks.ingest.demo_data", "data/demo", "--per-class", "30"],
+            clone,
+            env,
+        )
         publish(team, clone, env)
         start_workers(team)
         where = ", ".join(map(str, team.workers.values()))

@@ -14,9 +14,9 @@ if __name__ == "__main__":
     # epoch back.
     # Not for local workers (spawned by this process) nor another worker of a cluster.
     from flows.common import prestart_stage_child
-    from tasks import train_child as _train_child
-    from tasks.train_cluster import config_is_chief as _chief
-    from tasks.train_cluster import requested_workers as _workers
+    from tasks.train import child as _train_child
+    from tasks.train.cluster import config_is_chief as _chief
+    from tasks.train.cluster import requested_workers as _workers
 
     if _chief() and _workers() == 1:
         prestart_stage_child(_train_child.warm_up)
@@ -44,10 +44,11 @@ from flows.common import (
     untagged_task_runs,
 )
 from flows.model_runs import REFUSALS, link_mlflow_run, retry_unless
-from tasks import manifest, run_records, train_child
-from tasks.layout import Layout
-from tasks.params import Params, TrainParams, load_params
-from tasks.train_cluster import ClusterIncomplete, config_is_chief, requested_workers
+from tasks.contracts import manifest, run_records
+from tasks.runtime.layout import Layout
+from tasks.runtime.params import Params, TrainParams, load_params
+from tasks.train import child as train_child
+from tasks.train.cluster import ClusterIncomplete, config_is_chief, requested_workers
 
 EPOCH_FIGURES = ("loss", "accuracy", "val_loss", "val_accuracy")
 
@@ -95,7 +96,7 @@ def model_run_details() -> Sequence[object]:
     name="train",
     # Named, not imported: this process only versions the training code (the launcher and
     # every module it imports); the child (or the task, when no child stands by) imports it.
-    version=code_version("tasks.train_child"),
+    version=code_version("tasks.train.child"),
     cache_policy=NO_CACHE,  # DVC decides what is current (content hashes), see run_stage
     retries=1,
     retry_delay_seconds=10,
@@ -128,7 +129,7 @@ def train_task(params: Params, layout: Layout) -> dict[str, Any]:
 
 
 def train_where_warm(params: Params, layout: Layout, report: train_child.Report) -> dict[str, Any]:
-    """:func:`tasks.train_child.train`, in the prestarted child when one stands by, each
+    """:func:`tasks.train.child.train`, in the prestarted child when one stands by, each
     epoch reported back here. Local workers are spawned from this process instead (a
     prestarted child is a daemon, and a daemon has no children)."""
     tags = flow_run_tags()

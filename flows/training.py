@@ -31,9 +31,9 @@ from flows.common import (
 from flows.evaluate import evaluate_task
 from flows.parameters import RepoPath
 from flows.train import model_run_details, train_task
-from tasks import tracking
-from tasks.layout import Layout
-from tasks.params import deep_merge, load_params
+from tasks.runtime import tracking
+from tasks.runtime.layout import Layout
+from tasks.runtime.params import deep_merge, load_params
 
 TrainingStage = Literal["train", "evaluate"]  # a run's `stages` are checked names
 STAGES: tuple[TrainingStage, ...] = get_args(TrainingStage)

@@ -8,7 +8,7 @@ if __name__ == "__main__":
     # on an append that import is validation's critical path. The offline settings first:
     # the child takes this environment as it is now.
     from flows.common import configure_environment
-    from tasks import tf_cross_check
+    from tasks.validate import tf_cross_check
 
     configure_environment()
     tf_cross_check.prestart()
@@ -28,10 +28,11 @@ from flows.common import (
     stage_main,
     untagged_task_runs,
 )
-from tasks import manifest, validate
-from tasks.dataset_identity import dataset_identity
-from tasks.layout import Layout
-from tasks.params import Params, load_params
+from tasks.contracts import manifest
+from tasks.runtime.dataset_identity import dataset_identity
+from tasks.runtime.layout import Layout
+from tasks.runtime.params import Params, load_params
+from tasks.validate import stage as validate
 
 
 @task(

@@ -1,5 +1,5 @@
 """Image bytes in, class out: the MLflow pyfunc model (batch prediction over files is
-``tasks.batch_prediction``).
+``tasks.serve.batch_prediction``).
 
 The registered model is an MLflow ``PythonModel`` that carries the Keras model plus the
 :class:`ServingSpec` read from the shard manifest (image size, resize policy, encoding,
@@ -41,6 +41,8 @@ import numpy as np
 import pandas as pd  # at run time: MLflow resolves predict's type hints (mlflow imports it)
 from mlflow.pyfunc import PythonModel
 
+from tasks.contracts.inference import predict_batch
+from tasks.contracts.manifest import ShardManifest
 from tasks.images import (
     ImageRejected,
     draft_for,
@@ -48,10 +50,8 @@ from tasks.images import (
     preprocess_bytes,
     preprocessing_version,
 )
-from tasks.inference import predict_batch
-from tasks.manifest import ShardManifest
-from tasks.processes import usable_cores
-from tasks.refusals import Refused
+from tasks.runtime.processes import usable_cores
+from tasks.runtime.refusals import Refused
 from tasks.schema import RecordSchema
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from mlflow import MlflowClient
     from mlflow.models import ModelSignature
 
-    from tasks.params import IngestParams
+    from tasks.runtime.params import IngestParams
 
 log = logging.getLogger(__name__)
 
@@ -364,7 +364,7 @@ class ShardflowModel(PythonModel):
     """Raw image bytes (column ``image``) -> label, label_index, score, p_<class>, error."""
 
     def load_context(self, context: Any) -> None:
-        from tasks.tf_imports import keras_without_extras
+        from tasks.runtime.tf_imports import keras_without_extras
 
         keras = keras_without_extras()
         self.spec = ServingSpec.from_dict(
@@ -445,7 +445,7 @@ def log_pyfunc(
     import mlflow
 
     import tasks
-    from tasks.tracking import using_store
+    from tasks.runtime.tracking import using_store
 
     status = client.get_run(run_id).info.status
     with tempfile.TemporaryDirectory() as tmp, using_store(client.tracking_uri):
@@ -460,8 +460,8 @@ def log_pyfunc(
                 )
                 info = mlflow.pyfunc.log_model(
                     name=MODEL_NAME_IN_RUN,
-                    # The model from code (tasks/serving_model.py), not a pickled object.
-                    python_model=str(Path(tasks.__file__).with_name("serving_model.py")),
+                    # The model from code (tasks/serve/serving_model.py), not a pickled object.
+                    python_model=str(Path(tasks.__file__).parent / "serve" / "serving_model.py"),
                     artifacts={KERAS_ARTIFACT: str(model_file), SPEC_ARTIFACT: str(spec_file)},
                     code_paths=[str(Path(tasks.__file__).parent)],
                     signature=signature(spec.classes),

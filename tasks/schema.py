@@ -1,6 +1,7 @@
 """The record schema: one object that yields both the serializer and the parse spec.
 
-Writer (``tasks.shard``) and every reader (``tasks.reader``, validation, benchmarks) build
+Writer (``tasks.shard``) and every reader (``tasks.contracts.tf_reader``, validation, benchmarks)
+build
 their view of a ``tf.train.Example`` from the same :class:`RecordSchema`, so a key or dtype
 drift between them cannot happen silently.
 
@@ -226,7 +227,7 @@ class RecordSchema:
             }
         )
 
-    # -- reading without TensorFlow (tasks.records) -----------------------------------------
+    # -- reading without TensorFlow (tasks.contracts.numpy_reader) ---
 
     def parse(self, serialized: bytes) -> dict[str, Any]:
         """The mirror of :meth:`serialize`: one record's features, image decoded, no TensorFlow.
@@ -272,7 +273,7 @@ class RecordSchema:
             raise SchemaError(f"image has shape {pixels.shape}, schema wants {self.image_shape}")
         return pixels
 
-    # -- reading with TensorFlow (tasks.reader, validation) --------------------------------
+    # -- reading with TensorFlow (tasks.contracts.tf_reader, validation) ---
 
     def parse_spec(self) -> dict[str, Any]:
         import tensorflow as tf

@@ -5,8 +5,9 @@ costs seconds and ~750 MB. This module writes the same bytes TensorFlow would: t
 wire format with map entries sorted by key (what ``SerializeToString(deterministic=True)``
 does) and the TFRecord framing (length, masked CRC32C, data, masked CRC32C). Tests check both
 byte-for-byte against TensorFlow. The reading half (framing with CRC checks, Example decoding)
-serves readers without TensorFlow (``tasks.records``); Shardflow's own training reads with
-``tf.data`` (``tasks.reader``).
+serves readers without TensorFlow (``tasks.contracts.numpy_reader``); Shardflow's own training
+reads with
+``tf.data`` (``tasks.contracts.tf_reader``).
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ class TFRecordWriter:
 # -- reading ---------------------------------------------------------------------------------
 #
 # The mirror image of the writer above, for readers that must not import TensorFlow
-# (``tasks.records``: PyTorch, JAX and NumPy users). Every length and CRC is checked.
+# (``tasks.contracts.numpy_reader``: PyTorch, JAX and NumPy users). Every length and CRC is checked.
 
 HEADER_BYTES = 12  # uint64 length + masked CRC32C of the length
 FOOTER_BYTES = 4  # masked CRC32C of the data

@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 if TYPE_CHECKING:
-    from tasks.params import Params
+    from tasks.runtime.params import Params
 
 TINY_CLASSES = {"blue": (40, 40, 200), "green": (40, 200, 40), "red": (200, 40, 40)}
 
@@ -47,7 +47,7 @@ def dvc_site_cache_in_the_sessions_folder(
 ) -> Iterator[None]:
     """The DVC commands tests run by hand keep their site caches in the session's temporary
     folder, not /var/tmp/dvc, where hundreds of test repositories' stayed after the suite
-    (what `shardflow` runs keeps its own in its repository: tasks.layout.LIBRARY_HOMES)."""
+    (what `shardflow` runs keeps its own in its repository: tasks.runtime.layout.LIBRARY_HOMES)."""
     patch = pytest.MonkeyPatch()
     patch.setenv("DVC_SITE_CACHE_DIR", str(tmp_path_factory.mktemp("dvc-site-cache")))
     yield
@@ -79,7 +79,7 @@ def tiny_params(source: Path, **shard: object) -> Params:
     """The repository's params for a tiny folder at ``source``: splits 0.5/0.25/0.25 (none
     left empty), one ingest worker, 16 px shards of about two records, one shard worker;
     ``shard`` changes shard keys."""
-    from tasks.params import default_params
+    from tasks.runtime.params import default_params
 
     return default_params(
         ingest={
@@ -94,7 +94,7 @@ def tiny_params(source: Path, **shard: object) -> Params:
 @pytest.fixture(scope="session")
 def tiny_index(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Ingest index of a tiny dataset (splits 0.5/0.25/0.25, none empty); shared, read-only."""
-    from tasks.ingest import run_ingest
+    from tasks.ingest.stage import run_ingest
 
     root = tmp_path_factory.mktemp("tiny_index")
     source = write_image_folder(root / "images")
@@ -130,7 +130,7 @@ def prefect_harness() -> Iterator[None]:
 def every_decode_handed_off() -> Iterator[None]:
     """Ingest keeps every decode for the shard stage, small images too: tests of the hand-off
     itself use images far smaller than the photos it pays for
-    (:func:`tasks.worker_cost.worth_handing_off`). The bench's alternative
+    (:func:`tasks.runtime.worker_cost.worth_handing_off`). The bench's alternative
     (:func:`bench.worker_start.every_decode_kept`), in this process only: ingest must run
     without spawned workers."""
     from bench.worker_start import every_decode_kept

@@ -14,7 +14,13 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.manifest import MANIFEST_NAME, ShardFile, SplitInfo, build_manifest, file_sha256
+from tasks.contracts.manifest import (
+    MANIFEST_NAME,
+    ShardFile,
+    SplitInfo,
+    build_manifest,
+    file_sha256,
+)
 from tasks.schema import RecordSchema
 
 CLASSES = ("red", "green", "blue")

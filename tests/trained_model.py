@@ -27,18 +27,18 @@ class TrainedProject:
 
     @property
     def test_predictions(self) -> Path:
-        from tasks.layout import Layout
+        from tasks.runtime.layout import Layout
 
         return Layout(self.root).test_predictions
 
 
 def build_trained_project(root: Path) -> TrainedProject:
-    from tasks.evaluate import run_evaluate
-    from tasks.ingest import run_ingest
-    from tasks.layout import Layout
-    from tasks.params import default_params
-    from tasks.shard import shard_stage
-    from tasks.train import run_train
+    from tasks.evaluate.stage import run_evaluate
+    from tasks.ingest.stage import run_ingest
+    from tasks.runtime.layout import Layout
+    from tasks.runtime.params import default_params
+    from tasks.shard.stage import shard_stage
+    from tasks.train.stage import run_train
     from tests.conftest import write_image_folder
     from tests.tiny_shards import write_validation_report
 

@@ -12,12 +12,18 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks import data_diff
+from tasks.contracts import shard_changes as data_diff
+from tasks.contracts.index import iter_records
+from tasks.contracts.manifest import (
+    MANIFEST_NAME,
+    SPLITS,
+    ShardManifest,
+    load_manifest,
+    stream_records,
+)
 from tasks.images import preprocessing_version
-from tasks.index import iter_records
-from tasks.manifest import MANIFEST_NAME, SPLITS, ShardManifest, load_manifest, stream_records
-from tasks.params import ShardParams
-from tasks.refusals import Refused
+from tasks.runtime.params import ShardParams
+from tasks.runtime.refusals import Refused
 from tasks.shard.spec import schema_from_params
 
 REBUILD_HINT = "set shard.mode: rebuild in params.yaml (or run `make compact`)"

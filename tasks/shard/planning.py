@@ -6,7 +6,7 @@ inputs and params give byte-identical shards and ``manifest.json`` whatever the 
 workers. Each shard is an independent work unit (:class:`ShardSpec` ->
 :func:`tasks.shard.writing.write_shard`).
 
-Memory: the index is read as a stream (JSON Lines, :mod:`tasks.index`); the plan keeps 8
+Memory: the index is read as a stream (JSON Lines, :mod:`tasks.contracts.index`); the plan keeps 8
 bytes a record (order key prefix + byte offset into the index, :class:`ShardPlan`) and reads
 a shard's records back only when that shard is dispatched, hashed or listed, so planning a
 million images costs about what planning ten thousand does.
@@ -27,11 +27,11 @@ from typing import IO, Any, overload
 
 import numpy as np
 
-from tasks import data_diff
+from tasks.contracts import shard_changes as data_diff
+from tasks.contracts.index import iter_records, read_header, read_records_at
+from tasks.contracts.manifest import SPLITS, ShardManifest
 from tasks.images import preprocessing_version
-from tasks.index import iter_records, read_header, read_records_at
-from tasks.manifest import SPLITS, ShardManifest
-from tasks.params import ShardParams
+from tasks.runtime.params import ShardParams
 from tasks.shard.spec import ShardRecord, ShardSpec, preprocess, schema_from_params
 
 PLAN_VERSION = 2
@@ -334,7 +334,7 @@ def cut_shards(
     handoff: str | None = None,
 ) -> ShardPlan:
     """Cut ordered records into shard slots whose files live under ``folder`` (a generation);
-    ``handoff``: where the writers find ingest's kept decodes (:mod:`tasks.handoff`)."""
+    ``handoff``: where the writers find ingest's kept decodes (:mod:`tasks.contracts.handoff`)."""
     source_dir = str(header["source_dir"])
     common = {
         "source_dir": source_dir,

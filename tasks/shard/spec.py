@@ -4,7 +4,7 @@ and the preprocessing of one record.
 Preprocessing: :func:`tasks.images.preprocess_bytes` (decode, EXIF, RGB, resize policy: the
 code prediction reuses), then the record schema's encoder; or, for an image ingest decoded at
 the scale this record needs, the pixels ingest made of that decode the same way
-(:mod:`tasks.handoff`).
+(:mod:`tasks.contracts.handoff`).
 Its version (:func:`tasks.images.preprocessing_version`) is part of every spec, so the plan
 hash, and with it every shard, follows the code and the pixel libraries.
 """
@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tasks import handoff as handoff_store
+from tasks.contracts import handoff as handoff_store
 from tasks.images import preprocess_bytes
-from tasks.params import ShardParams
+from tasks.runtime.params import ShardParams
 from tasks.schema import RecordSchema
 
 
@@ -48,7 +48,8 @@ class ShardSpec:
     compression: str  # "none" | "gzip"
     preprocessing_version: str  # tasks.images.preprocessing_version() when planned
     draft: bool  # reduced-size JPEG decoding (shard.draft_decode)
-    # the folder of ingest's kept decodes (tasks.handoff), or None; like source_dir, not in
+    # the folder of ingest's kept decodes (tasks.contracts.handoff), or None; like source_dir, not
+    # in
     # the plan hash: the shard's bytes are the same with or without it
     handoff: str | None = None
 
@@ -87,7 +88,8 @@ def preprocess(
     The bytes come from ``source_dir`` unless ``read`` fetches them (checked either way).
     With ``handoff`` (the hand-off folder of the plan's preprocessing version), the pixels
     ingest made of the image for this very record size, policy and decoding are encoded
-    instead (:func:`tasks.handoff.take`). The file is read and its sha256 checked unless the
+    instead (:func:`tasks.contracts.handoff.take`). The file is read and its sha256 checked unless
+    the
     entry holds its stat signature, taken when ingest hashed it, and that still matches
     (what ``ingest.trust_file_stat`` trusts).
     """

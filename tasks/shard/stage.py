@@ -4,7 +4,7 @@
 writer that runs each shard on its Prefect task runner. The finalize step writes the
 generation's record list, the manifest (last, atomically) and the data diff. A rebuild does
 all of it in a folder of its own, which replaces the shard folder once finished
-(:mod:`tasks.shard_swap`): a rebuild that fails part way loses nothing.
+(:mod:`tasks.contracts.shard_swap`): a rebuild that fails part way loses nothing.
 """
 
 from __future__ import annotations
@@ -16,14 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tasks import data_diff
-from tasks import handoff as handoff_store
-from tasks.atomic import write_text
-from tasks.content import check_class_names
-from tasks.gc_pause import paused_gc
-from tasks.images import preprocessing_version
-from tasks.index import read_header
-from tasks.manifest import (
+from tasks.contracts import handoff as handoff_store
+from tasks.contracts import shard_changes as data_diff
+from tasks.contracts.content import check_class_names
+from tasks.contracts.index import read_header
+from tasks.contracts.manifest import (
     MANIFEST_NAME,
     MEMBERSHIP_NAME,
     SPLITS,
@@ -38,9 +35,14 @@ from tasks.manifest import (
     records_file_name,
     stream_records,
 )
-from tasks.membership import write_membership
-from tasks.params import ShardParams
-from tasks.records import write_record_index
+from tasks.contracts.membership import write_membership
+from tasks.contracts.numpy_reader import write_record_index
+from tasks.contracts.shard_swap import discard_rebuild, finish_swap, rebuild_folder, swap_in
+from tasks.contracts.tfds_metadata import write_tfds_metadata
+from tasks.images import preprocessing_version
+from tasks.runtime.atomic import write_text
+from tasks.runtime.gc_pause import paused_gc
+from tasks.runtime.params import ShardParams
 from tasks.shard.append import (
     REBUILD_HINT,
     RebuildNeeded,
@@ -52,8 +54,6 @@ from tasks.shard.append import (
 from tasks.shard.planning import StagePlan, cut_shards, scan_index, shard_record
 from tasks.shard.spec import schema_from_params
 from tasks.shard.writing import WriteMany, describe_shard, prepare, write_inline
-from tasks.shard_swap import discard_rebuild, finish_swap, rebuild_folder, swap_in
-from tasks.tfds_metadata import write_tfds_metadata
 
 
 @dataclass(frozen=True)
@@ -282,7 +282,7 @@ def write_generation_records(plan: StagePlan, shards_dir: Path) -> dict[str, Cou
 
     The record lists let an append see the base's records, validation check old shards
     by hash, and the data diff compare versions, all without re-reading a shard. Written
-    shard by shard (the bytes :func:`tasks.atomic.write_json` would write for the whole
+    shard by shard (the bytes :func:`tasks.runtime.atomic.write_json` would write for the whole
     document), so a million records never sit in memory at once.
     """
     counts: dict[str, Counter[int]] = {split: Counter() for split in SPLITS}

@@ -6,7 +6,7 @@ uploads the source images its missing shards need, content-addressed by their in
 each worker reads a record's bytes from there (checked against that sha256), writes its shards
 into a temporary folder of its own, uploads each under this run's prefix and returns its
 manifest entry; the stage downloads each shard into the folder it writes (a rebuild's own,
-:mod:`tasks.shard_swap`), checked against that entry, and removes this run's shard objects
+:mod:`tasks.contracts.shard_swap`), checked against that entry, and removes this run's shard objects
 when it ends, failed or not. Bytes are those of a local run: the same specs, the same checked
 source bytes, the same :func:`write_shard`.
 
@@ -34,11 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tasks.manifest import ShardFile
-from tasks.params import ShardParams
+from tasks.contracts.manifest import ShardFile
+from tasks.contracts.shard_store import s3_client, split_url
+from tasks.runtime.params import ShardParams
 from tasks.shard.spec import ShardRecord, ShardSpec, read_source
 from tasks.shard.writing import write_shard
-from tasks.shard_store import s3_client, split_url
 
 UPLOAD_THREADS = 8  # source uploads in flight: small files are bound by round trips, not bytes
 READ_AHEAD = 8  # a worker's source GETs in flight (and sources held), per Dask thread

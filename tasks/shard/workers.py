@@ -1,5 +1,6 @@
 """The shard stage's local worker processes: how many, when they start, their warm-up, and
-whether an append's new shards are worth them (the cost model of :mod:`tasks.worker_cost`)."""
+whether an append's new shards are worth them (the cost model of
+:mod:`tasks.runtime.worker_cost`)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ from concurrent.futures import Executor
 from contextlib import ExitStack
 from pathlib import Path
 
-from tasks.handoff import entry_path
+from tasks.contracts.handoff import entry_path
 from tasks.images import preprocessing_version
-from tasks.params import ShardParams
-from tasks.processes import capped_workers, prestart_pool, spawn_pool
+from tasks.runtime.params import ShardParams
+from tasks.runtime.processes import capped_workers, prestart_pool, spawn_pool
+from tasks.runtime.worker_cost import shard_seconds, worth_workers
 from tasks.shard.planning import ShardPlan
 from tasks.shard.spec import ShardSpec
-from tasks.worker_cost import shard_seconds, worth_workers
 
 
 def warm_worker() -> None:
@@ -33,7 +34,7 @@ def pool_workers(params: ShardParams) -> int:
 def run_params(params: ShardParams, *, compact: bool, say: bool = True) -> ShardParams:
     """The params a shard run uses: ``compact`` rebuilds (every generation folds into one)
     whatever ``shard.mode`` says; the local runner's ``shard.workers`` is capped at this
-    process's cores (:func:`tasks.processes.capped_workers`: the shards are the same bytes
+    process's cores (:func:`tasks.runtime.processes.capped_workers`: the shards are the same bytes
     whatever the count; ``say``: log when it caps them). Dask's workers are the cluster's, not
     this machine's."""
     update: dict[str, object] = {"mode": "rebuild"} if compact else {}
@@ -57,13 +58,14 @@ def prestart_stage_workers(params: ShardParams, *, compact: bool) -> None:
 
 def prestart_workers(params: ShardParams) -> None:
     """Start a rebuild's workers before the stage's own imports (see
-    :func:`tasks.processes.prestart_pool`); the stage's pool takes them."""
+    :func:`tasks.runtime.processes.prestart_pool`); the stage's pool takes them."""
     if workers_from_the_start(params):
         prestart_pool(params.workers, warm=warm_worker)
 
 
 def shard_estimates(specs: Iterable[ShardSpec]) -> Iterator[float]:
-    """Estimated seconds of each record of ``specs`` (:func:`tasks.worker_cost.shard_seconds`),
+    """Estimated seconds of each record of ``specs``
+    (:func:`tasks.runtime.worker_cost.shard_seconds`),
     its size read from the index as the estimate goes, and whether ingest handed its decode
     off (an entry in the plan's hand-off folder); specs that are not a plan (sizes unknown)
     count as worth any workers."""
@@ -82,7 +84,8 @@ class LocalWorkers:
     """The local runner's worker processes (``shard.workers`` of them, spawned and warmed
     together), started when they pay off: a rebuild starts them with the stage, so they warm
     up while it plans; an append starts them on its first shards, and only when those are
-    worth it (:func:`tasks.worker_cost.worth_workers`). With one worker or Dask it has no pool.
+    worth it (:func:`tasks.runtime.worker_cost.worth_workers`). With one worker or Dask it has no
+    pool.
 
     Plain processes rather than Prefect's process runner: a worker imports only the shard
     code (NumPy, Pillow, no Prefect, no TensorFlow), so it starts in a fraction of the time

@@ -3,7 +3,7 @@
 Crash safety: a shard is written to ``.{name}.tmp-{pid}``, fsynced and renamed; a plan file
 (``.plan.json``) lets a rerun of the same plan keep finished shards; ``manifest.json`` is
 written last (:mod:`tasks.shard.stage`), so a killed run never looks complete. A rebuild
-writes into its own folder (:func:`tasks.shard_swap.rebuild_folder`), never into the shard
+writes into its own folder (:func:`tasks.contracts.shard_swap.rebuild_folder`), never into the shard
 folder it replaces, and takes the finished shards of the same plan from either. A worker
 whose preprocessing version differs from the plan's refuses to write.
 """
@@ -16,9 +16,7 @@ import shutil
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from tasks.atomic import write_json
-from tasks.images import preprocessing_version
-from tasks.manifest import (
+from tasks.contracts.manifest import (
     MANIFEST_NAME,
     PLAN_NAME,
     ShardFile,
@@ -26,6 +24,8 @@ from tasks.manifest import (
     generation_folder,
     load_manifest,
 )
+from tasks.images import preprocessing_version
+from tasks.runtime.atomic import write_json
 from tasks.shard.planning import ShardPlan, StagePlan, plan_hash
 from tasks.shard.spec import ShardSpec, SourceReader, preprocess
 from tasks.tfrecord import TFRecordWriter

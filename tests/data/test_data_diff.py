@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from tasks.index import load_index
-from tasks.params import ValidateParams, default_params
-from tasks.train import ShardsNotValidated, check_validated
-from tasks.validate import run_validate
+from tasks.contracts.index import load_index
+from tasks.runtime.params import ValidateParams, default_params
+from tasks.train.stage import ShardsNotValidated, check_validated
+from tasks.validate.stage import run_validate
 from tests.unit.test_append import Project, add_images
 
 

@@ -15,16 +15,17 @@ from typing import Any
 import pytest
 
 from flows import accept_data
-from tasks import data_gate
-from tasks.dataset_identity import dataset_identity
-from tasks.demo_data import generate
-from tasks.layout import Layout
-from tasks.manifest import ShardFile, load_manifest
-from tasks.params import ValidateParams, default_params
-from tasks.shard import ShardSpec, run_params, shard_stage
+from tasks.contracts.manifest import ShardFile, load_manifest
+from tasks.ingest.demo_data import generate
+from tasks.runtime.dataset_identity import dataset_identity
+from tasks.runtime.layout import Layout
+from tasks.runtime.params import ValidateParams, default_params
+from tasks.shard.spec import ShardSpec
+from tasks.shard.stage import shard_stage
+from tasks.shard.workers import run_params
 from tasks.shard.writing import write_inline
-from tasks.train import ShardsNotValidated, check_validated
-from tasks.validate import ValidationFailed, raise_if_failed, run_validate
+from tasks.train.stage import ShardsNotValidated, check_validated
+from tasks.validate.stage import ValidationFailed, data_gate, raise_if_failed, run_validate
 from tests.data.test_data_diff import limits
 from tests.unit.test_append import Project, add_images
 

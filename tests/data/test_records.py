@@ -1,4 +1,5 @@
-"""The TensorFlow-free reader (tasks.records) against read_split, on shards the stage wrote."""
+"""The TensorFlow-free reader (tasks.contracts.numpy_reader) against read_split, on shards the
+stage wrote."""
 
 from __future__ import annotations
 
@@ -14,12 +15,18 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tasks import records
-from tasks.manifest import SPLITS, load_manifest
-from tasks.params import default_params
-from tasks.reader import read_split
-from tasks.records import OFFSETS_NAME, SplitReader, iter_split, read_record, worker_range
-from tasks.shard import shard_stage
+from tasks.contracts import numpy_reader as records
+from tasks.contracts.manifest import SPLITS, load_manifest
+from tasks.contracts.numpy_reader import (
+    OFFSETS_NAME,
+    SplitReader,
+    iter_split,
+    read_record,
+    worker_range,
+)
+from tasks.contracts.tf_reader import read_split
+from tasks.runtime.params import default_params
+from tasks.shard.stage import shard_stage
 from tasks.tfrecord import CorruptRecord
 
 # About two 16x16 raw records per shard: every split has several shards.
@@ -83,7 +90,8 @@ def test_jpeg_pixels_are_the_accurate_idct_decode(tiny_index: Path, tmp_path: Pa
 
 
 def count_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Count the records tasks.records reads off disk (each read_framed call is one record)."""
+    """Count the records tasks.contracts.numpy_reader reads off disk (each read_framed call is
+    one record)."""
     calls: list[int] = []
     real = records.read_framed
 
@@ -226,7 +234,7 @@ def test_resharding_reindexes_and_keeps_shard_globs_clean(tiny_index: Path, tmp_
 def test_reading_never_loads_tensorflow(raw_shards: Path) -> None:
     """What a PyTorch data-loader worker runs: TensorFlow must not end up in the process."""
     code = (
-        "import sys; from tasks.records import iter_split, read_record\n"
+        "import sys; from tasks.contracts.numpy_reader import iter_split, read_record\n"
         f"n = sum(1 for _ in iter_split({str(raw_shards)!r}, 'test', worker=1, num_workers=2))\n"
         f"read_record({str(raw_shards)!r}, 'val', 0)\n"
         "print(n, sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras')))"

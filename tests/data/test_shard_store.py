@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tasks.manifest import load_manifest
-from tasks.reader import read_split, shard_records
-from tasks.shard_store import CACHE_DIR, ShardStore, ShardStoreError, publish
+from tasks.contracts.manifest import load_manifest
+from tasks.contracts.shard_store import CACHE_DIR, ShardStore, ShardStoreError, publish
+from tasks.contracts.tf_reader import read_split, shard_records
 from tests.conftest import tf_op_determinism
 from tests.s3_server import S3Server
 
@@ -31,7 +31,7 @@ def hashes(ds: Any) -> list[bytes]:
 @pytest.fixture(params=[False, True], ids=["op-nondeterministic", "op-deterministic"])
 def op_determinism(request: pytest.FixtureRequest) -> Iterator[bool]:
     """TensorFlow's op determinism off, then on (training's default, set process-wide by
-    ``tasks.train.seed_everything``)."""
+    ``tasks.train.stage.seed_everything``)."""
     with tf_op_determinism(request.param):
         yield request.param
 
@@ -194,7 +194,7 @@ def test_a_cache_too_small_for_the_prefetch_is_refused(
 def test_the_gate_refuses_a_store_holding_other_shards(
     tiny_shards: Path, s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    from tasks.gate import ShardsNotValidated, check_validated_store
+    from tasks.contracts.validated_shards import ShardsNotValidated, check_validated_store
     from tests.tiny_shards import write_tiny_shards
 
     other = write_tiny_shards(tmp_path_factory.mktemp("other"), seed=1, validated=False)
@@ -224,11 +224,11 @@ def test_training_and_evaluation_from_object_storage_compute_what_a_local_run_co
     import json
     import shutil
 
-    from tasks.evaluate import run_evaluate
-    from tasks.layout import Layout
-    from tasks.params import default_params
-    from tasks.shard_store import SHARDS_URL_ENV
-    from tasks.train import run_train
+    from tasks.contracts.shard_store import SHARDS_URL_ENV
+    from tasks.evaluate.stage import run_evaluate
+    from tasks.runtime.layout import Layout
+    from tasks.runtime.params import default_params
+    from tasks.train.stage import run_train
 
     params = default_params(
         train={"epochs": 1, "batch_size": 16, "early_stopping_patience": 0},
@@ -274,8 +274,8 @@ def test_a_shards_url_that_is_not_s3_is_refused_naming_the_variable(
 ) -> None:
     """A refusal names SHARDFLOW_SHARDS_URL and is a ParamsError, which the train and
     evaluate tasks never retry (the same setting fails alike)."""
-    from tasks.params import ParamsError, default_params
-    from tasks.shard_store import SHARDS_URL_ENV, open_store
+    from tasks.contracts.shard_store import SHARDS_URL_ENV, open_store
+    from tasks.runtime.params import ParamsError, default_params
 
     monkeypatch.setenv(SHARDS_URL_ENV, url)
     with pytest.raises(ParamsError, match=f"{SHARDS_URL_ENV}='{url}'"):

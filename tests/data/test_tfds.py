@@ -10,12 +10,9 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from tasks.atomic import write_json, write_text
-from tasks.manifest import SPLITS, load_manifest
-from tasks.params import default_params
-from tasks.reader import read_split
-from tasks.shard import shard_name, shard_stage
-from tasks.tfds_metadata import (
+from tasks.contracts.manifest import SPLITS, load_manifest
+from tasks.contracts.tf_reader import read_split
+from tasks.contracts.tfds_metadata import (
     DATASET_INFO_NAME,
     FEATURES_NAME,
     FILE_TEMPLATE,
@@ -24,6 +21,10 @@ from tasks.tfds_metadata import (
     features_json,
     labels_text,
 )
+from tasks.runtime.atomic import write_json, write_text
+from tasks.runtime.params import default_params
+from tasks.shard.planning import shard_name
+from tasks.shard.stage import shard_stage
 
 PARAMS = {"image_size": (16, 16), "target_shard_mb": 0.002, "workers": 1}
 

@@ -9,13 +9,19 @@ from typing import Any
 
 import pytest
 
-from tasks.index import load_index, write_index
-from tasks.manifest import MANIFEST_NAME, ShardFile, ShardManifest, build_manifest, file_sha256
-from tasks.params import default_params
-from tasks.records import iter_split, write_dali_index
-from tasks.shard import shard_stage
+from tasks.contracts.index import load_index, write_index
+from tasks.contracts.manifest import (
+    MANIFEST_NAME,
+    ShardFile,
+    ShardManifest,
+    build_manifest,
+    file_sha256,
+)
+from tasks.contracts.numpy_reader import iter_split, write_dali_index
+from tasks.runtime.params import default_params
+from tasks.shard.stage import shard_stage
 from tasks.tfrecord import CorruptRecord, record_offsets
-from tasks.validate import ValidationFailed, raise_if_failed, run_validate
+from tasks.validate.stage import ValidationFailed, raise_if_failed, run_validate
 
 ALL_CHECKS = [
     "manifest",
@@ -87,8 +93,8 @@ def test_clean_set_passes_every_check(shards: Path, tiny_index: Path) -> None:
 def test_a_split_left_empty_fails_validation_and_names_the_param(tmp_path: Path) -> None:
     """Each image's split is drawn from its content hash: 36 images at 0.98/0.01/0.01 leave
     val and test empty, which training and evaluation cannot use."""
-    from tasks.ingest import run_ingest
-    from tasks.reader import read_split
+    from tasks.contracts.tf_reader import read_split
+    from tasks.ingest.stage import run_ingest
     from tests.conftest import write_image_folder
 
     source = write_image_folder(tmp_path / "images")
@@ -121,7 +127,7 @@ def test_a_split_left_empty_fails_validation_and_names_the_param(tmp_path: Path)
 
 
 def test_a_class_with_no_train_records_fails_validation(tmp_path: Path) -> None:
-    from tasks.ingest import run_ingest
+    from tasks.ingest.stage import run_ingest
     from tests.conftest import write_image_folder
 
     source = write_image_folder(tmp_path / "images")
@@ -150,7 +156,7 @@ def test_a_class_with_no_train_records_fails_validation(tmp_path: Path) -> None:
 
 def test_a_single_class_fails_validation(tiny_dataset: Path, tmp_path: Path) -> None:
     """One class folder used to train a model that always answers it."""
-    from tasks.ingest import run_ingest
+    from tasks.ingest.stage import run_ingest
 
     for name in ("green", "red"):
         shutil.rmtree(tiny_dataset / name)
@@ -394,7 +400,7 @@ def test_an_appended_set_passes_with_every_generations_own_files(
 ) -> None:
     """Generation folders, their record lists and plan records are the set's own; TFDS files
     are not (several generations): left over from generation 0, they fail."""
-    from tasks.ingest import run_ingest
+    from tasks.ingest.stage import run_ingest
     from tests.unit.test_append import add_images
 
     source = tiny_dataset  # a private folder: images are added to it
@@ -487,7 +493,7 @@ def test_tensorflow_cross_check_fails_when_the_parsers_disagree(shards: Path) ->
     """The cross-check compares for real: a sample TensorFlow read differently fails it."""
     from concurrent.futures import Future
 
-    from tasks.validate import cross_check_with_tensorflow, read_shards
+    from tasks.validate.stage import cross_check_with_tensorflow, read_shards
 
     manifest = load(shards)
     contents = read_shards(manifest, shards)
@@ -516,7 +522,7 @@ def _tensorflow_sample_and_keras(*args: object) -> tuple[dict[str, object], list
     """The cross-check child's work, and which of Keras and its imports it loaded."""
     import sys
 
-    from tasks.tf_cross_check import tensorflow_sample
+    from tasks.validate.tf_cross_check import tensorflow_sample
 
     sampled = tensorflow_sample(*args)  # type: ignore[arg-type]
     return sampled, [m for m in ("keras", "sklearn", "matplotlib") if m in sys.modules]
@@ -527,8 +533,8 @@ def test_the_cross_check_child_reads_with_tensorflow_and_never_loads_keras(
 ) -> None:
     """TensorFlow's parser in a fresh process agrees with the schema reader on every sampled
     record, and that process never imports Keras (1.5 s of its import, unused)."""
-    from tasks.processes import run_in_child
-    from tasks.validate import CROSS_CHECK_PER_SHARD, read_shards
+    from tasks.runtime.processes import run_in_child
+    from tasks.validate.stage import CROSS_CHECK_PER_SHARD, read_shards
 
     manifest = load(shards)
     contents = read_shards(manifest, shards)
@@ -549,8 +555,8 @@ def test_the_cross_check_child_reads_with_tensorflow_and_never_loads_keras(
 def test_a_prestarted_cross_check_child_takes_the_job(shards: Path, tmp_path: Path) -> None:
     """`python -m flows.validate` starts the cross-check's child before its own imports;
     the validation that follows sends its job there, once, and TensorFlow still reads."""
-    from tasks import processes, tf_cross_check
-    from tasks.validate import run_validate
+    from tasks.runtime import processes
+    from tasks.validate.stage import run_validate, tf_cross_check
 
     tf_cross_check.prestart()
     child = processes._standing_by.get(tf_cross_check.tensorflow_without_keras)
@@ -569,7 +575,7 @@ def test_a_near_duplicate_pair_across_splits_fails_and_a_rebuild_fixes_it(tmp_pa
     import io
 
     from bench.near_duplicates import sample_photo
-    from tasks.ingest import assign_split, run_ingest
+    from tasks.ingest.stage import assign_split, run_ingest
     from tests.conftest import write_image_folder
 
     source = write_image_folder(tmp_path / "images")

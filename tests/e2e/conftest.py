@@ -109,7 +109,7 @@ class Project:
 
 def make_project(tmp_path: Path, api_url: str) -> Project:
     """The project copied under ``tmp_path`` with its flows pointed at ``api_url``."""
-    from tasks.demo_data import generate
+    from tasks.ingest.demo_data import generate
 
     root = tmp_path / "project"
     root.mkdir()

@@ -16,7 +16,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tasks.store_check import REBUILD, StoreLostRuns, check_store
+from tasks.evaluate.store_check import REBUILD, StoreLostRuns, check_store
 from tests.e2e.conftest import REPO, Project, api_post, free_port
 
 pytestmark = pytest.mark.slow
@@ -30,7 +30,7 @@ def recomputed_test_accuracy(root: Path) -> tuple[float, int]:
     """Accuracy of models/model.keras over the test shards, counted here, and the count."""
     import keras
 
-    from tasks.reader import read_split
+    from tasks.contracts.tf_reader import read_split
 
     model = keras.saving.load_model(root / "models/model.keras")
     correct = total = 0
@@ -182,7 +182,7 @@ def test_stages_wait_for_the_workspace_lock_and_pass_under_their_holder(
     """A stage beside another writer waits, names it, and gives up after lock_timeout_s; a
     stage under the lock's holder (`make run` wraps `dvc repro` so) runs without waiting."""
     project.set_params(workspace={"lock_timeout_s": 2})
-    locked = [sys.executable, "-m", "tasks.workspace_lock", "--"]
+    locked = [sys.executable, "-m", "tasks.runtime.workspace_lock", "--"]
     wait_for_release = "import os, time\nwhile not os.path.exists('release'): time.sleep(0.05)"
     holder = subprocess.Popen(
         [*locked, sys.executable, "-c", wait_for_release], cwd=project.root, env=project.env

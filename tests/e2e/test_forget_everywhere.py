@@ -21,8 +21,8 @@ import pytest
 
 from flows.s3_server import S3Server
 from flows.team_demo import started_team
-from tasks.layout import Layout
-from tasks.manifest import load_manifest
+from tasks.contracts.manifest import load_manifest
+from tasks.runtime.layout import Layout
 from tasks.schema import HASH_KEY, IMAGE_KEY
 from tasks.tfrecord import open_records, read_framed
 from tests.e2e.conftest import Project, api_post
@@ -124,16 +124,16 @@ def build_in_process(project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every stage's work done by its plain function in this process (what `dvc repro`
     runs, without a process and a Prefect flow a stage), then recorded in dvc.lock by
     `dvc commit` and pushed: the state `dvc repro && dvc push` leaves."""
-    from tasks.atomic import write_json
-    from tasks.dataset_identity import dataset_identity
-    from tasks.evaluate import run_evaluate
-    from tasks.ingest import run_ingest
-    from tasks.membership import archive_membership
-    from tasks.metrics_files import INGEST_FIGURES, split_figures
-    from tasks.params import load_params
-    from tasks.shard import shard_stage
-    from tasks.train import run_train
-    from tasks.validate import validate_layout
+    from tasks.contracts.membership import archive_membership
+    from tasks.evaluate.stage import run_evaluate
+    from tasks.ingest.stage import run_ingest
+    from tasks.runtime.atomic import write_json
+    from tasks.runtime.dataset_identity import dataset_identity
+    from tasks.runtime.metrics_files import INGEST_FIGURES, split_figures
+    from tasks.runtime.params import load_params
+    from tasks.shard.stage import shard_stage
+    from tasks.train.stage import run_train
+    from tasks.validate.stage import validate_layout
 
     monkeypatch.chdir(project.root)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", project.env["MLFLOW_TRACKING_URI"])
@@ -167,7 +167,7 @@ def prefect_records_naming(api: str, path: str) -> tuple[str, str]:
 def pictures(client: Any, run_id: str) -> list[str]:
     """A run's artifacts that are pictures (a sheet of images may show the image's pixels,
     which no byte search finds in a compressed file)."""
-    from tasks.retraction import PICTURES
+    from tasks.erasure.retraction import PICTURES
 
     found: list[str] = []
     folders: list[str | None] = [None]

@@ -19,12 +19,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tasks.index import load_index
-from tasks.manifest import MANIFEST_NAME, MEMBERSHIP_NAME, records_file_name
-from tasks.records import OFFSETS_NAME
-from tasks.shard_swap import rebuild_folder, trash_folder
-from tasks.tfds_metadata import DATASET_INFO_NAME, FEATURES_NAME, LABELS_NAME
-from tasks.train import IDENTITY_NAME
+from tasks.contracts.index import load_index
+from tasks.contracts.manifest import MANIFEST_NAME, MEMBERSHIP_NAME, records_file_name
+from tasks.contracts.numpy_reader import OFFSETS_NAME
+from tasks.contracts.shard_swap import rebuild_folder, trash_folder
+from tasks.contracts.tfds_metadata import DATASET_INFO_NAME, FEATURES_NAME, LABELS_NAME
+from tasks.train.stage import IDENTITY_NAME
 from tests.e2e.conftest import Project
 
 pytestmark = pytest.mark.slow

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tasks.index import load_index
+from tasks.contracts.index import load_index
 from tests.e2e.conftest import Project
 
 pytestmark = pytest.mark.slow

@@ -112,7 +112,7 @@ def test_sigterm_to_shardflow_serve_model_stops_the_model_server(
     try:
         assert wait_for(lambda: answers(port), timeout=180), "the model server never answered"
         started = psutil.Process(cli.pid).children(recursive=True)
-        assert started  # tasks.serve and its uvicorn
+        assert started  # tasks.serve.server and its uvicorn
         sigterm_stops_all(cli, started)
         assert not answers(port), "the model server still answers"
     finally:

@@ -99,7 +99,7 @@ def test_two_team_pipeline_runs_come_back_through_git_dvc_and_mlflow(
     run(["git", "clone", "-q", str(servers.bare), str(local_root)], tmp_path, proj.env)
     local = Project(local_root, {**proj.env, "PYTHONPATH": str(local_root)})
     local.dvc("pull", "data/demo.dvc")
-    lock = [sys.executable, "-m", "tasks.workspace_lock", "--"]
+    lock = [sys.executable, "-m", "tasks.runtime.workspace_lock", "--"]
     local.run(*lock, sys.executable, "-m", "dvc", "repro", "validate")
     local_fp = json.loads((local_root / "data/shards/manifest.json").read_text())["fingerprint"]
 
@@ -135,7 +135,7 @@ def test_two_team_pipeline_runs_come_back_through_git_dvc_and_mlflow(
     predicting = watch(proj, {"source": "data/demo/circle"}, "predict/team")
     output = predicting.communicate(timeout=900)[0]
     assert predicting.returncode == 0, f"{output}\n{servers.log_tail('worker-gpu')}"
-    from tasks.batch_prediction import PREDICT_EXPERIMENT, list_sources
+    from tasks.serve.batch_prediction import PREDICT_EXPERIMENT, list_sources
 
     predict_runs = client.search_runs(
         [client.get_experiment_by_name(PREDICT_EXPERIMENT).experiment_id]

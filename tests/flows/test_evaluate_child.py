@@ -11,11 +11,14 @@ import pytest
 from mlflow.entities import Param
 
 from flows.common import start_where_warm
-from tasks import evaluate, predict, processes, registry, tf_imports, tracking
-from tasks.layout import Layout
-from tasks.manifest import load_manifest
-from tasks.params import load_params
-from tasks.processes import prestart_child
+from tasks import predict
+from tasks.contracts.manifest import load_manifest
+from tasks.evaluate import registry
+from tasks.evaluate import stage as evaluate
+from tasks.runtime import processes, tf_imports, tracking
+from tasks.runtime.layout import Layout
+from tasks.runtime.params import load_params
+from tasks.runtime.processes import prestart_child
 from tests.trained_model import build_trained_project
 
 pytestmark = pytest.mark.slow

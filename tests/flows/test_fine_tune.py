@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from mlflow import MlflowClient
 
-from tasks.layout import Layout
-from tasks.models import backbone_of
-from tasks.params import default_params
-from tasks.train import FINE_TUNE_LR_FACTOR, IDENTITY_NAME, read_epoch_log, run_train
+from tasks.runtime.layout import Layout
+from tasks.runtime.params import default_params
+from tasks.train.models import backbone_of
+from tasks.train.stage import FINE_TUNE_LR_FACTOR, IDENTITY_NAME, read_epoch_log, run_train
 from tests.tiny_shards import write_tiny_shards
 
 pytestmark = pytest.mark.slow

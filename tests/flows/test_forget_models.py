@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from flows.forget import rerun_stale
-from tasks.layout import Layout
+from tasks.runtime.layout import Layout
 
 
 def copy_stage(src: str, dst: str) -> dict[str, object]:

@@ -13,11 +13,11 @@ import yaml
 from mlflow import MlflowClient
 
 from flows.forget import KILL_ENV, STEPS
-from tasks.content import file_sha256
-from tasks.forgotten import load_forgotten
-from tasks.layout import Layout
-from tasks.manifest import MEMBERSHIP_NAME
-from tasks.membership import Membership
+from tasks.contracts.content import file_sha256
+from tasks.contracts.forgotten import load_forgotten
+from tasks.contracts.manifest import MEMBERSHIP_NAME
+from tasks.contracts.membership import Membership
+from tasks.runtime.layout import Layout
 from tests.unit.test_lineage import layout_project, shard_set
 
 REPO = Path(__file__).resolve().parents[2]

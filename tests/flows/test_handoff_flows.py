@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tasks.images import preprocessing_version
-from tasks.layout import Layout
+from tasks.runtime.layout import Layout
 from tests.conftest import tiny_params, write_image_folder
 
 pytestmark = pytest.mark.slow
@@ -31,7 +31,7 @@ def test_the_ingest_flow_hands_decodes_to_the_shard_flow_which_leaves_none(
     nothing there, and writes the shards the inline stage writes with no hand-off."""
     from flows.ingest import ingest_flow
     from flows.shard import shard_flow
-    from tasks.shard import shard_stage
+    from tasks.shard.stage import shard_stage
 
     root = tmp_path / "project"
     source = write_image_folder(root / "images")

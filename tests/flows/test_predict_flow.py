@@ -14,9 +14,9 @@ import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
+from tasks.contracts.manifest import load_manifest
 from tasks.images import preprocessing_version
-from tasks.manifest import load_manifest
-from tasks.tracking import using_store
+from tasks.runtime.tracking import using_store
 from tests.prefect_story import artifacts
 from tests.trained_model import MODEL_NAME, TrainedProject
 

@@ -21,8 +21,8 @@ def test_tasks_log_lines_reach_the_flow_run_log_only_inside_run_log(
     @flow(name="run-log-check")
     def check() -> tuple[Any, dict[str, str]]:
         with run_log():
-            logging.getLogger("tasks.train").warning("backup discarded: shown in the run")
-        logging.getLogger("tasks.train").warning("said outside run_log")
+            logging.getLogger("tasks.train.stage").warning("backup discarded: shown in the run")
+        logging.getLogger("tasks.train.stage").warning("said outside run_log")
         return flow_run.id, flow_run_tags()
 
     run_id, tags = check()
@@ -47,10 +47,10 @@ def test_the_shard_stage_and_the_data_flow_run_capped_workers_and_say_so(
 
     import flows.shard
     from flows.data import data_flow
-    from tasks.params import REPO_PARAMS_PATH, apply_overrides, default_params
+    from tasks.runtime.params import REPO_PARAMS_PATH, apply_overrides, default_params
     from tests.prefect_story import log_lines
 
-    monkeypatch.setattr("tasks.processes.usable_cores", lambda: 2, raising=False)
+    monkeypatch.setattr("tasks.runtime.processes.usable_cores", lambda: 2, raising=False)
     said = "shard.workers is 64 but this process may use 2 cores: running 2 workers"
 
     @flow(name="capped-workers-check")
@@ -78,7 +78,7 @@ def test_a_refusal_in_a_flow_run_is_its_block_in_the_runs_log_and_whole_in_its_s
     import shutil
 
     from flows.data import data_flow
-    from tasks.params import REPO_PARAMS_PATH, apply_overrides
+    from tasks.runtime.params import REPO_PARAMS_PATH, apply_overrides
     from tests.prefect_story import log_lines
 
     shutil.copy(REPO_PARAMS_PATH, tmp_path / "params.yaml")

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.layout import Layout
-from tasks.params import default_params
+from tasks.runtime.layout import Layout
+from tasks.runtime.params import default_params
 from tests.prefect_story import artifacts, flow_runs_tagged, log_lines, task_run_tags
 
 # Every test here runs its flows on the session's Prefect server (tests/conftest.py).
@@ -52,7 +52,7 @@ def test_one_pipeline_execution_reads_as_one_story(
 ) -> None:
     """The data stages run under one workspace lock (what `make run` holds around `dvc repro`)
     share its pipeline tag; each run is named after its data and shows its progress."""
-    from tasks.workspace_lock import LOCK_ENV, workspace_lock
+    from tasks.runtime.workspace_lock import LOCK_ENV, workspace_lock
 
     with workspace_lock(project, timeout_s=5):
         pipeline = f"pipeline:{os.environ[LOCK_ENV][:8]}"

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from tasks.layout import Layout
-from tasks.params import ShardParams, default_params
+from tasks.runtime.layout import Layout
+from tasks.runtime.params import ShardParams, default_params
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -64,7 +64,7 @@ def test_flow_at_two_workers_writes_what_the_inline_stage_writes(
     prefect_harness: None, tiny_index: Path, tmp_path: Path
 ) -> None:
     """The flow's process-pool runner and the inline writer: same shards, same manifest."""
-    from tasks.shard import shard_stage
+    from tasks.shard.stage import shard_stage
 
     params = default_params(
         shard={"image_size": [16, 16], "target_shard_mb": 0.002, "workers": 2}
@@ -109,8 +109,8 @@ def test_an_append_starts_workers_only_when_its_new_shards_are_worth_them(
     import shutil
 
     import flows.shard as shard_flow
-    from tasks.ingest import run_ingest
-    from tasks.shard import shard_stage
+    from tasks.ingest.stage import run_ingest
+    from tasks.shard.stage import shard_stage
     from tests.conftest import write_image_folder
     from tests.unit.test_append import add_images
 
@@ -127,7 +127,7 @@ def test_an_append_starts_workers_only_when_its_new_shards_are_worth_them(
     run_ingest(ingest.ingest, index, tmp_path / "ingest.json")
 
     started: list[int] = []
-    from tasks import worker_cost
+    from tasks.runtime import worker_cost
     from tasks.shard import workers as shard_workers
 
     real = shard_workers.spawn_pool
@@ -175,8 +175,9 @@ def test_the_stage_takes_the_workers_its_entry_point_started(
     """`python -m flows.shard` starts a rebuild's workers before importing Prefect: the run
     takes them (no second spawn) and writes the same bytes; a run that has no use for them
     (one worker) leaves none behind."""
+    import tasks.shard.workers as shard
     from flows import shard as shard_flow
-    from tasks import processes, shard
+    from tasks.runtime import processes
 
     spawned: list[int] = []
     real = processes._new_pool
@@ -211,7 +212,8 @@ def test_a_batch_goes_to_the_pool_a_shard_at_a_time(tiny_index: Path, tmp_path: 
     from concurrent.futures import Future
 
     from flows.shard import write_shards_task
-    from tasks.shard import plan_shards, write_shard
+    from tasks.shard.planning import plan_shards
+    from tasks.shard.writing import write_shard
 
     params = default_params(shard={"image_size": [16, 16], "target_shard_mb": 0.002}).shard
     plan = plan_shards(params, tiny_index)

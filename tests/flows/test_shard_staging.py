@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from tasks.layout import Layout
-from tasks.manifest import ShardFile
-from tasks.params import ShardParams, default_params
+from tasks.contracts.manifest import ShardFile
+from tasks.runtime.layout import Layout
+from tasks.runtime.params import ShardParams, default_params
 from tests.flows.test_shard_runners import REPO, run_flow, shard_bytes
 from tests.s3_server import S3Server
 
@@ -35,9 +35,9 @@ def test_dask_workers_without_the_source_folder_write_a_local_runs_bytes_through
     its file, and the run's shard objects are gone then too."""
     from distributed import LocalCluster
 
-    import tasks.shard
-    from tasks.index import iter_records
-    from tasks.ingest import run_ingest
+    import tasks.shard.staging
+    from tasks.contracts.index import iter_records
+    from tasks.ingest.stage import run_ingest
     from tests.conftest import write_image_folder
 
     source = write_image_folder(tmp_path / "images", per_class=8)
@@ -55,7 +55,7 @@ def test_dask_workers_without_the_source_folder_write_a_local_runs_bytes_through
     moved = tmp_path / "moved-away"
     uploads: list[tuple[int, int]] = []
     after_upload: list[Callable[[], None]] = []
-    real_upload = tasks.shard.upload_sources
+    real_upload = tasks.shard.staging.upload_sources
 
     def upload_then_hide_sources(*args: Any, **kwargs: Any) -> tuple[int, int]:
         counts = real_upload(*args, **kwargs)
@@ -66,14 +66,14 @@ def test_dask_workers_without_the_source_folder_write_a_local_runs_bytes_through
         return counts
 
     fetched: list[str] = []
-    real_fetch = tasks.shard.fetch_shard
+    real_fetch = tasks.shard.staging.fetch_shard
 
     def fetch(staging: Any, result: ShardFile, shards_dir: Path, **kwargs: Any) -> None:
         fetched.append(result.file)
         real_fetch(staging, result, shards_dir, **kwargs)
 
-    monkeypatch.setattr(tasks.shard, "upload_sources", upload_then_hide_sources)
-    monkeypatch.setattr(tasks.shard, "fetch_shard", fetch)
+    monkeypatch.setattr(tasks.shard.staging, "upload_sources", upload_then_hide_sources)
+    monkeypatch.setattr(tasks.shard.staging, "fetch_shard", fetch)
     # The workers import the project's code (that much they share), nothing else of it: their
     # working and scratch folders are empty folders elsewhere.
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
@@ -136,8 +136,8 @@ def test_a_staged_shard_with_other_bytes_than_its_entry_is_refused(
 ) -> None:
     """The stage keeps a downloaded shard only when its size and sha256 are the ones its
     worker returned; otherwise nothing lands in the shard folder and the error names it."""
-    from tasks.manifest import file_sha256
-    from tasks.shard import Staging, StagingError, fetch_shard
+    from tasks.contracts.manifest import file_sha256
+    from tasks.shard.staging import Staging, StagingError, fetch_shard
 
     staging = Staging(s3_server.url("staging"), "run-1")
     good = tmp_path / "good.tfrecord-00000-of-00001"
@@ -167,7 +167,7 @@ def test_staged_runs_remove_their_shard_objects_and_keep_the_sources(
 ) -> None:
     """On exit, failed or not, a staged run leaves nothing under its own shard prefix; another
     run's shards and the content-addressed sources stay."""
-    from tasks.shard import staged_run
+    from tasks.shard.staging import staged_run
 
     params = default_params(
         shard={"runner": "dask", "dask_address": "tcp://x:8786", "staging_url": s3_server.url("st")}
@@ -201,9 +201,9 @@ def test_sources_go_up_once_each_and_a_file_changed_since_ingest_is_refused(
     """Each needed source is uploaded once (a second run finds them all there) and read back
     by sha256; a source file whose bytes changed since ingest is refused naming its path,
     and a source the prefix lacks is an error naming the file."""
-    from tasks.ingest import run_ingest
-    from tasks.shard import Staging, StagingError, plan_shards, upload_sources
-    from tasks.shard.staging import staged_source_reader
+    from tasks.ingest.stage import run_ingest
+    from tasks.shard.planning import plan_shards
+    from tasks.shard.staging import Staging, StagingError, staged_source_reader, upload_sources
     from tests.conftest import write_image_folder
 
     source = write_image_folder(tmp_path / "images", per_class=3)
@@ -237,7 +237,7 @@ def test_a_worker_fetches_the_next_sources_while_it_decodes_one() -> None:
     for out of order is refused."""
     from concurrent.futures import Future, ThreadPoolExecutor
 
-    from tasks.shard import ShardRecord
+    from tasks.shard.spec import ShardRecord
     from tasks.shard.staging import READ_AHEAD, read_ahead
 
     records = [ShardRecord(f"c/{i}.png", 0, f"{i:064x}") for i in range(3 * READ_AHEAD)]

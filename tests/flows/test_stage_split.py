@@ -10,7 +10,12 @@ import yaml
 from tests.unit.test_stage_deps import entry_module, project_files
 
 REPO = Path(__file__).resolve().parents[2]
-EVALUATION_CODE = {"tasks/evaluate.py", "tasks/predict.py", "tasks/images.py", "flows/evaluate.py"}
+EVALUATION_CODE = {
+    "tasks/evaluate/stage.py",
+    "tasks/predict.py",
+    "tasks/images.py",
+    "flows/evaluate.py",
+}
 
 
 def stage(name: str) -> dict[str, object]:

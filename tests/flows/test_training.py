@@ -12,15 +12,16 @@ import yaml
 from mlflow import MlflowClient
 
 from flows.training import training_flow
-from tasks import evaluate as tasks_evaluate
-from tasks import processes, tracking, train_child
-from tasks.eval_tracking import PER_CLASS_TABLE
-from tasks.layout import Layout
-from tasks.params import default_params
-from tasks.processes import prestart_child
-from tasks.registry import logged_model_id
-from tasks.tracking import CHAMPION
-from tasks.train import cpu_isa
+from tasks.evaluate import stage as tasks_evaluate
+from tasks.evaluate.registry import logged_model_id
+from tasks.evaluate.tracking import PER_CLASS_TABLE
+from tasks.runtime import processes, tracking
+from tasks.runtime.layout import Layout
+from tasks.runtime.params import default_params
+from tasks.runtime.processes import prestart_child
+from tasks.runtime.tracking import CHAMPION
+from tasks.train import child as train_child
+from tasks.train.stage import cpu_isa
 from tests.prefect_story import artifacts, flow_runs_tagged, log_lines
 
 # Every test here runs its flows on the session's Prefect server (tests/conftest.py).
@@ -277,7 +278,7 @@ def test_a_refused_param_fails_the_train_task_at_once_and_io_is_retried(
     from prefect import flow
 
     from flows.train import train_task
-    from tasks.params import ParamsError
+    from tasks.runtime.params import ParamsError
 
     real_train = train_child.train
     tried: list[int] = []
@@ -313,7 +314,7 @@ def test_a_cluster_that_did_not_come_together_is_not_retried(
     from prefect import flow
 
     from flows.train import train_task
-    from tasks.train_cluster import ClusterIncomplete
+    from tasks.train.cluster import ClusterIncomplete
 
     tried: list[int] = []
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
-from tasks.accelerator import (
+from tasks.runtime.accelerator import (
     GPU_INSTALL,
     AcceleratorRefused,
     DeviceRecord,
@@ -20,10 +20,10 @@ from tasks.accelerator import (
     listed_gpus,
     select_accelerator,
 )
-from tasks.layout import Layout
-from tasks.params import default_params
-from tasks.refusals import Refused
-from tasks.train import device_tags, run_train
+from tasks.runtime.layout import Layout
+from tasks.runtime.params import default_params
+from tasks.runtime.refusals import Refused
+from tasks.train.stage import device_tags, run_train
 from tests.nvidia_smi import H100, stand_in_nvidia_smi
 
 

@@ -12,14 +12,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tasks.index import load_index
-from tasks.ingest import run_ingest
-from tasks.manifest import load_manifest
-from tasks.params import SplitFractions, default_params
-from tasks.reader import read_split
+from tasks.contracts.index import load_index
+from tasks.contracts.manifest import load_manifest
+from tasks.contracts.tf_reader import read_split
+from tasks.ingest.stage import run_ingest
+from tasks.runtime.params import SplitFractions, default_params
 from tasks.schema import HASH_KEY, LABEL_KEY
-from tasks.shard import RebuildNeeded, shard_stage
-from tasks.validate import run_validate
+from tasks.shard.append import RebuildNeeded
+from tasks.shard.stage import shard_stage
+from tasks.validate.stage import run_validate
 from tests.conftest import write_image_folder
 
 SPLITS = SplitFractions(train=0.5, val=0.25, test=0.25)
@@ -155,7 +156,7 @@ def test_read_split_and_validation_cover_every_generation(
     assert checks["generations"]["details"]["new_shards"] == len(manifest.generations[1].shards)
     # TensorFlow's parser read the new generation's shards (gen-00001/...) and agreed on the
     # first records of each: the append's bytes are what training will read.
-    from tasks.validate import CROSS_CHECK_PER_SHARD
+    from tasks.validate.stage import CROSS_CHECK_PER_SHARD
 
     sizes = {s.file: s.num_records for info in manifest.splits.values() for s in info.shards}
     sampled = sum(min(CROSS_CHECK_PER_SHARD, sizes[f]) for f in manifest.generations[1].shards)
@@ -290,8 +291,8 @@ def test_unchanged_files_are_not_read_again_and_any_rewrite_is(
 ) -> None:
     """A file whose size, mtime, ctime and inode match the last ingest keeps its hash
     unread; a rewrite that keeps size and mtime still moves ctime, so it is read again."""
-    from tasks import ingest
-    from tasks.ingest import signatures_path
+    from tasks.ingest import stage as ingest
+    from tasks.ingest.stage import signatures_path
 
     project = Project(tmp_path)
     project.ingest()
@@ -338,7 +339,8 @@ def test_unchanged_files_are_not_read_again_and_any_rewrite_is(
 def test_train_run_records_the_generation_list(
     grown: tuple[Project, dict[str, str], list[str]], mlflow_uri: str
 ) -> None:
-    from tasks import run_records, tracking
+    from tasks.contracts import run_records
+    from tasks.runtime import tracking
 
     project, _, _ = grown
     manifest = load_manifest(project.shards)
@@ -361,7 +363,7 @@ def test_append_reads_only_new_headers_for_the_offset_index(
 ) -> None:
     """An append takes the base's record offsets from its checked offset index; a stale
     one is not trusted and every header is read again. Either way the index is exact."""
-    import tasks.records as records
+    import tasks.contracts.numpy_reader as records
 
     project = Project(tmp_path)
     project.update("rebuild")
@@ -459,7 +461,7 @@ def test_the_stage_spills_beside_the_shards_and_leaves_nothing_there(
     """The data diff's tables go to disk inside the shard folder while the stage runs
     (memory flat in the number of records) and are gone when it ends; a killed run's
     leftovers are removed by the next run."""
-    from tasks import data_diff
+    from tasks.contracts import shard_changes as data_diff
 
     project = Project(tmp_path)
     project.update("rebuild")
@@ -487,7 +489,7 @@ def test_an_append_rereads_only_the_base_shards_whose_offsets_are_stale(
 ) -> None:
     """The base's offset index is read an entry at a time; one entry that does not match
     the base manifest is read again from its shard's headers, the rest are taken."""
-    import tasks.records as records
+    import tasks.contracts.numpy_reader as records
 
     project = Project(tmp_path)
     project.update("rebuild")

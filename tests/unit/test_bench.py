@@ -23,7 +23,7 @@ from bench.stats import (
     scaling_ratios,
     timed_passes,
 )
-from tasks.index import load_index, write_index
+from tasks.contracts.index import load_index, write_index
 from tests.s3_server import S3Server
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -342,9 +342,9 @@ def test_the_stage_memory_run_builds_a_real_set_then_diffs_against_it(
     import json
 
     from bench.plan_rss import _stage_child, synthetic_index
-    from tasks.layout import Layout
-    from tasks.manifest import load_manifest
-    from tasks.records import SplitReader
+    from tasks.contracts.manifest import load_manifest
+    from tasks.contracts.numpy_reader import SplitReader
+    from tasks.runtime.layout import Layout
 
     index = synthetic_index(tmp_path / "index.jsonl", 300)
     grown = synthetic_index(tmp_path / "grown.jsonl", 303)
@@ -474,7 +474,7 @@ def test_bench_drawings_are_rarely_near_duplicates_of_each_other() -> None:
     from PIL import Image
 
     from bench.images import draw_image
-    from tasks.params import load_params
+    from tasks.runtime.params import load_params
 
     distance = load_params().ingest.near_duplicate_distance
     hashes = np.array(
@@ -504,7 +504,7 @@ def test_the_input_section_trains_params_yaml_with_only_what_it_was_asked_to_cha
     determinism off (Keras would silently compile without XLA under it)."""
     from bench.__main__ import parse_args
     from bench.train_step import input_params
-    from tasks.params import default_params
+    from tasks.runtime.params import default_params
 
     base = default_params().train.model_copy(update={"deterministic": True, "xla": False})
     plain = input_params(base, "small_cnn", mixed_precision=None, xla=None)
@@ -544,7 +544,7 @@ def test_the_input_section_shards_at_params_yamls_shape_unless_asked_for_a_squar
     import bench.datasets
     import bench.train_step
     from bench.__main__ import Bench, Run, input_bound, parse_args
-    from tasks.params import default_params
+    from tasks.runtime.params import default_params
 
     sharded: list[tuple[int, int]] = []
     monkeypatch.setattr(bench.datasets, "ingest_folder", lambda *a, **k: tmp_path / "index")
@@ -620,7 +620,12 @@ def test_both_orchestration_passes_run_their_own_copys_compiled_code(tmp_path: P
     images = tmp_path / "images"
     (images / "circle").mkdir(parents=True)
     root = copy_repo(REPO_ROOT, tmp_path / "direct", images=images, overrides={})
-    for module in ("tasks/ingest.py", "tasks/shard/stage.py", "flows/train.py", "bench/stats.py"):
+    for module in (
+        "tasks/ingest/stage.py",
+        "tasks/shard/stage.py",
+        "flows/train.py",
+        "bench/stats.py",
+    ):
         assert Path(cache_from_source(str(root / module))).is_file(), module
     seconds = _run_direct(root, [])  # raises when the pass ran other code than its copy's
     assert seconds["total"] >= seconds["(imports and exit)"] > 0
@@ -630,7 +635,7 @@ def test_the_hand_off_bench_keeps_every_decode_only_inside_its_alternative() -> 
     """The bench's alternative keeps a small image's decode, and the cost model decides
     again as it ships once the bench leaves it."""
     from bench.worker_start import every_decode_kept
-    from tasks.worker_cost import worth_handing_off
+    from tasks.runtime.worker_cost import worth_handing_off
 
     assert not worth_handing_off(300 * 200, 300 * 200 * 3)
     with every_decode_kept():

@@ -158,8 +158,8 @@ def test_cli_append_options_and_defaults() -> None:
 @pytest.mark.slow
 def test_measure_append_at_tiny_size(prefect_harness: None, tmp_path: Path) -> None:
     from bench.append import measure_append
-    from tasks.manifest import load_manifest
-    from tasks.params import default_params
+    from tasks.contracts.manifest import load_manifest
+    from tasks.runtime.params import default_params
 
     params = default_params(
         ingest={"workers": 1},

@@ -13,9 +13,9 @@ from bench.feeds import FEEDS, FeedSet, feed_batch, measure_model
 from bench.gpu_check import MODELS, Step, main, plan, run_step
 from bench.read import write_seed_tfrecord
 from bench.train_step import input_params
-from tasks.manifest import load_manifest
-from tasks.params import default_params
-from tasks.shard import shard_stage
+from tasks.contracts.manifest import load_manifest
+from tasks.runtime.params import default_params
+from tasks.shard.stage import shard_stage
 
 SIZE = (32, 32)
 BATCH = 4

@@ -88,9 +88,9 @@ def test_run_stops_at_the_first_failing_step(
     monkeypatch.setattr(cli, "run_step", recorder.step)
     assert cli.main(["run"]) == 3
     assert [step[2] for step in recorder.steps] == [
-        "tasks.params",
-        "tasks.demo_data",
-        "tasks.filenames",
+        "tasks.runtime.params",
+        "tasks.ingest.demo_data",
+        "tasks.ingest.filenames",
         "flows.server",
     ]
     assert "flows.server ensure` exited 3" in capsys.readouterr().err
@@ -99,7 +99,8 @@ def test_run_stops_at_the_first_failing_step(
 def test_ui_finds_the_store_as_every_entry_point_does(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """One recipe (tasks.tracking.tracking_uri): the store named in the environment, else the
+    """One recipe (tasks.runtime.tracking.tracking_uri): the store named in the environment, else
+    the
     repository's mlflow.db as an absolute URI, given to `mlflow ui` by its environment."""
     recorder = Recorder()
     monkeypatch.setattr(cli, "run_step", recorder.step)
@@ -145,7 +146,7 @@ def test_no_credential_reaches_a_childs_command_line(
 def store_holds_the_reports(monkeypatch: pytest.MonkeyPatch) -> None:
     """serve-model's store check passes (the check itself: tests/unit/test_store_check.py):
     these tests run in the repository, whose reports name runs of a store not here."""
-    monkeypatch.setattr("tasks.store_check.check_store", lambda root: None)
+    monkeypatch.setattr("tasks.evaluate.store_check.check_store", lambda root: None)
 
 
 def no_tracking_uri(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -168,16 +169,17 @@ def is_free(port: int) -> bool:
 
 
 def serve_model_prints(step: list[str], monkeypatch: pytest.MonkeyPatch) -> str:
-    """What `python -m tasks.serve` (the step) prints before it becomes the uvicorn server."""
-    import tasks.serve
+    """What `python -m tasks.serve.server` (the step) prints before it becomes the uvicorn
+    server."""
+    import tasks.serve.server
 
     def become(*_: Any) -> None:
         raise SystemExit(0)
 
-    monkeypatch.setattr(tasks.serve.os, "execve", become)
+    monkeypatch.setattr(tasks.serve.server.os, "execve", become)
     output = io.StringIO()
     with pytest.raises(SystemExit), contextlib.redirect_stdout(output):
-        tasks.serve.main(step[3:])
+        tasks.serve.server.main(step[3:])
     return output.getvalue()
 
 
@@ -211,7 +213,7 @@ def test_ui_and_serve_model_listen_on_a_free_port_they_print(
 def test_serve_model_serves_the_champion_of_params_with_its_limits(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from tasks.params import load_params
+    from tasks.runtime.params import load_params
 
     recorder = Recorder()
     monkeypatch.setattr(cli, "run_step", recorder.step)
@@ -223,7 +225,7 @@ def test_serve_model_serves_the_champion_of_params_with_its_limits(
     assert load_params(ROOT / "params.yaml").evaluate.model_name is None
     name = "shardflow"  # the demo's data keeps the project's name
     first, second = recorder.steps
-    assert first[2:4] == ["tasks.serve", f"models:/{name}@champion"]
+    assert first[2:4] == ["tasks.serve.server", f"models:/{name}@champion"]
     assert recorder.envs[0]["MLFLOW_TRACKING_URI"] == f"sqlite:///{ROOT / 'mlflow.db'}"
     for flag, default in cli.SERVE_LIMITS.items():  # every limit has its default
         assert first.count(flag) == 1 and first[first.index(flag) + 1] == default
@@ -237,8 +239,8 @@ def test_serve_model_follows_the_current_dataset_s_registered_model(
 ) -> None:
     """After switching ingest.source_dir to one's own photos, serve-model serves that
     dataset's champion (named after it), never the demo's."""
-    from tasks.dataset_identity import dataset_identity, dataset_slug
-    from tasks.params import apply_overrides
+    from tasks.runtime.dataset_identity import dataset_identity, dataset_slug
+    from tasks.runtime.params import apply_overrides
 
     recorder = Recorder()
     monkeypatch.setattr(cli, "run_step", recorder.step)
@@ -334,9 +336,9 @@ def test_run_generates_the_demo_set_only_where_params_read_it(
 ) -> None:
     """`shardflow run` wrote the 3,007-file demo set whatever ingest.source_dir said, and
     said "data/demo exists; keeping it" on every run."""
-    from tasks import demo_data
+    from tasks.ingest import demo_data
 
-    step = next(s for s in cli.run_steps([]) if s[2] == "tasks.demo_data")
+    step = next(s for s in cli.run_steps([]) if s[2] == "tasks.ingest.demo_data")
     monkeypatch.chdir(tmp_path)
     text = (ROOT / "params.yaml").read_text()
     (tmp_path / "params.yaml").write_text(text.replace("source_dir: data/demo", "source_dir: mine"))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.code_version import code_version
+from tasks.runtime.code_version import code_version
 
 
 def test_a_package_version_follows_every_module_in_it(
@@ -37,17 +37,17 @@ def test_a_package_version_follows_every_module_in_it(
 
 
 def test_a_module_version_follows_its_own_file_only() -> None:
-    from tasks import atomic, gc_pause
+    from tasks.runtime import atomic, gc_pause
 
     assert code_version(atomic) != code_version(gc_pause)
-    assert code_version(atomic) == code_version("tasks.atomic")
+    assert code_version(atomic) == code_version("tasks.runtime.atomic")
 
 
 @pytest.fixture
 def project_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A copy of the project's packages that code versions read instead of the repository's,
     so a test may edit a module."""
-    from tasks import code_version as versions
+    from tasks.runtime import code_version as versions
 
     for package in versions.PACKAGES:
         shutil.copytree(
@@ -67,9 +67,9 @@ def test_the_backup_code_version_follows_every_module_training_imports(
     project_copy: Path,
 ) -> None:
     """``tasks.tfrecord`` (how records are read) is imported by the reader, not by
-    ``tasks.train``: an edit to it still changes the code a backup was made with, so the
+    ``tasks.train.stage``: an edit to it still changes the code a backup was made with, so the
     backup is not resumed. A hand-kept list of training modules missed it."""
-    from tasks.train import training_code_version
+    from tasks.train.stage import training_code_version
 
     before = training_code_version()
     edit(project_copy / "tasks" / "tfrecord.py")
@@ -79,13 +79,13 @@ def test_the_backup_code_version_follows_every_module_training_imports(
 def test_a_task_version_follows_function_level_imports_and_nothing_unrelated(
     project_copy: Path,
 ) -> None:
-    """The train task's version (``tasks.train_child``, named, not imported) follows a module
+    """The train task's version (``tasks.train.child``, named, not imported) follows a module
     only the training run imports; an edit to the ingest stage leaves it as it was."""
-    before = code_version("tasks.train_child")
-    edit(project_copy / "tasks" / "ingest.py")
-    assert code_version("tasks.train_child") == before
-    edit(project_copy / "tasks" / "train_callbacks.py")
-    assert code_version("tasks.train_child") != before
+    before = code_version("tasks.train.child")
+    edit(project_copy / "tasks" / "ingest" / "stage.py")
+    assert code_version("tasks.train.child") == before
+    edit(project_copy / "tasks" / "train" / "callbacks.py")
+    assert code_version("tasks.train.child") != before
 
 
 def test_moving_code_between_files_changes_the_version(
@@ -105,14 +105,14 @@ def test_moving_code_between_files_changes_the_version(
 
 
 def test_a_module_run_as_main_is_versioned_with_what_it_imports() -> None:
-    """`python -m tasks.train_child` names the module "__main__": its spec still names it,
+    """`python -m tasks.train.child` names the module "__main__": its spec still names it,
     and its version covers the modules it imports, as when it is imported."""
-    spec = importlib.util.find_spec("tasks.train_child")
+    spec = importlib.util.find_spec("tasks.train.child")
     assert spec is not None and spec.origin is not None
     main = types.ModuleType("__main__")
     main.__spec__ = spec
     main.__file__ = spec.origin
-    assert code_version(main) == code_version("tasks.train_child")
+    assert code_version(main) == code_version("tasks.train.child")
 
 
 def test_the_same_code_in_two_clones_has_one_version(
@@ -120,7 +120,7 @@ def test_the_same_code_in_two_clones_has_one_version(
 ) -> None:
     """Workers on other machines run other clones: a backup's code version must not name the
     clone's own folder, or no worker would ever resume another's backup."""
-    from tasks import code_version as versions
+    from tasks.runtime import code_version as versions
 
     seen = []
     for clone in ("one", "two/deeper"):
@@ -131,7 +131,7 @@ def test_the_same_code_in_two_clones_has_one_version(
                 ignore=shutil.ignore_patterns("__pycache__"),
             )
         monkeypatch.setattr(versions, "ROOT", tmp_path / clone)
-        seen.append(versions.code_version("tasks.train_child"))
+        seen.append(versions.code_version("tasks.train.child"))
     assert seen[0] == seen[1]
-    edit(tmp_path / "two/deeper" / "tasks" / "reader.py")
-    assert versions.code_version("tasks.train_child") != seen[1]
+    edit(tmp_path / "two/deeper" / "tasks" / "contracts" / "tf_reader.py")
+    assert versions.code_version("tasks.train.child") != seen[1]

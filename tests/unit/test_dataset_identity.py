@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.dataset_identity import dataset_identity, dataset_slug
-from tasks.refusals import Refused
+from tasks.runtime.dataset_identity import dataset_identity, dataset_slug
+from tasks.runtime.refusals import Refused
 
 
 def test_identity_is_repository_relative_whatever_the_spelling(tmp_path: Path) -> None:
@@ -47,8 +47,8 @@ def test_refusal_carries_its_fix() -> None:
 def test_a_new_dataset_gets_a_registered_model_of_its_own(tmp_path: Path) -> None:
     """evaluate.model_name: null names the model after the dataset; the demo's data keeps
     `shardflow` (its champion stays where it was), and a name that is set wins."""
-    from tasks.dataset_identity import registered_model_name
-    from tasks.params import MODEL_NAME_PATTERN
+    from tasks.runtime.dataset_identity import registered_model_name
+    from tasks.runtime.params import MODEL_NAME_PATTERN
 
     assert registered_model_name(None, "data/demo", None, tmp_path) == "shardflow"
     assert registered_model_name(None, "./data/demo/", None, tmp_path) == "shardflow"

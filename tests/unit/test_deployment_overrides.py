@@ -16,7 +16,7 @@ import pytest
 from pydantic import ValidationError
 
 from flows.common import run_params_path
-from tasks.params import (
+from tasks.runtime.params import (
     REPO_PARAMS_PATH,
     ParamOverrides,
     apply_overrides,

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from flows.parameters import CONFINED
-from tasks.batch_prediction import check_model_reference, list_sources
+from tasks.serve.batch_prediction import check_model_reference, list_sources
 
 # Object parameters are typed models with their own checks, proven elsewhere.
 TYPED_ELSEWHERE = {"overrides": "tests/unit/test_deployment_overrides.py"}
@@ -212,7 +212,7 @@ def test_model_names_follow_the_registry_rule(model_name: str) -> None:
     from pydantic import ValidationError
 
     from flows.predict import predict_flow
-    from tasks.params import EvaluateParams
+    from tasks.runtime.params import EvaluateParams
 
     with pytest.raises(ParameterTypeError, match="model_name"):
         predict_flow.validate_parameters({"source": "x", "model_name": model_name})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.eval_metrics import classification_metrics, top_k_accuracy
+from tasks.evaluate.metrics import classification_metrics, top_k_accuracy
 
 CLASSES = ["a", "b", "c"]
 

@@ -1,12 +1,12 @@
-"""The paired tests promotion asks for evidence (tasks/evidence.py): pure functions on answers."""
+"""The paired tests promotion asks for evidence (tasks/evaluate/evidence.py): pure functions on
+answers."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from tasks.eval_metrics import classification_metrics
-from tasks.evidence import (
+from tasks.evaluate.evidence import (
     Answers,
     answers_of,
     macro_figures,
@@ -14,6 +14,7 @@ from tasks.evidence import (
     paired_bootstrap,
     paired_evidence,
 )
+from tasks.evaluate.metrics import classification_metrics
 
 
 def hits(pattern: str) -> np.ndarray:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.filenames import escaped_name, find_invalid, fix, main, original_name
+from tasks.ingest.filenames import escaped_name, find_invalid, fix, main, original_name
 
 
 @pytest.mark.parametrize(
@@ -31,7 +31,7 @@ def test_check_names_the_files_and_fix_renames_them(
     (tmp_path / "red" / "fine %.png").write_bytes(b"x")
     assert main(["check", str(tmp_path)]) == 1
     err = capsys.readouterr().err
-    assert "bl\\xe9u/ph\\xf6to.png" in err and "python -m tasks.filenames fix" in err
+    assert "bl\\xe9u/ph\\xf6to.png" in err and "python -m tasks.ingest.filenames fix" in err
     moves = fix(tmp_path)
     assert len(moves) == 2 and not find_invalid(tmp_path)
     assert (tmp_path / "bl%E9u" / "ph%F6to.png").read_bytes() == b"pixels"

@@ -11,9 +11,14 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from tasks.content import file_sha256
-from tasks.exclusions import add_excluded, load_excluded
-from tasks.forget import (
+from tasks.contracts.content import file_sha256
+from tasks.contracts.exclusions import add_excluded, load_excluded
+from tasks.contracts.handoff import Target
+from tasks.contracts.index import load_index
+from tasks.contracts.manifest import MEMBERSHIP_NAME, load_manifest, stream_records
+from tasks.contracts.membership import Membership
+from tasks.contracts.numpy_reader import iter_split
+from tasks.erasure.forget import (
     affected_shards,
     filter_shard,
     needles,
@@ -23,14 +28,9 @@ from tasks.forget import (
     rewrite_shards,
     scrub_files,
 )
-from tasks.handoff import Target
-from tasks.index import load_index
-from tasks.ingest import run_ingest, signatures_path
-from tasks.layout import Layout
-from tasks.manifest import MEMBERSHIP_NAME, load_manifest, stream_records
-from tasks.membership import Membership
-from tasks.params import default_params
-from tasks.records import iter_split
+from tasks.ingest.stage import run_ingest, signatures_path
+from tasks.runtime.layout import Layout
+from tasks.runtime.params import default_params
 from tasks.tfrecord import open_records, read_framed
 from tests.unit.test_append import ingest_params
 from tests.unit.test_lineage import DISTANCE, layout_project

@@ -1,9 +1,9 @@
 """Every prediction (evaluation's, the served model's) runs the model as one traced graph.
 
 A Keras model called eagerly runs its layers from Python on every batch; through
-``tasks.inference.predict_batch`` the layers' Python runs only while the graph is traced (for
-the first batch's size, then once more for any size), and the probabilities are those of
-the eager call.
+``tasks.contracts.inference.predict_batch`` the layers' Python runs only while the graph is
+traced (for the first batch's size, then once more for any size), and the probabilities are
+those of the eager call.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tasks import evaluate
+from tasks.evaluate import stage as evaluate
 from tasks.predict import model_input, predict_images
 from tests.unit.test_predict import png_bytes, spec_for
 

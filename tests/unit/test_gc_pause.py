@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from tasks.gc_pause import paused_gc
+from tasks.runtime.gc_pause import paused_gc
 
 
 def test_the_collector_is_paused_inside_and_back_after_an_error() -> None:

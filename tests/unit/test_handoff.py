@@ -11,12 +11,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tasks import handoff, images, ingest, worker_cost
-from tasks.index import load_index
-from tasks.ingest import handoff_shares, run_ingest
-from tasks.params import IngestParams, ShardParams, default_params
-from tasks.shard import shard_stage, spec
-from tasks.shard.stage import plan_stage
+from tasks import images
+from tasks.contracts import handoff
+from tasks.contracts.index import load_index
+from tasks.ingest import stage as ingest
+from tasks.ingest.stage import handoff_shares, run_ingest
+from tasks.runtime import worker_cost
+from tasks.runtime.params import IngestParams, ShardParams, default_params
+from tasks.shard import spec
+from tasks.shard.stage import plan_stage, shard_stage
 from tasks.shard.workers import shard_estimates
 
 CLASSES = ("sea", "wood")
@@ -109,7 +112,7 @@ def counted_decodes(monkeypatch: pytest.MonkeyPatch) -> Callable[[], int]:
 @pytest.fixture
 def counted_resizes(monkeypatch: pytest.MonkeyPatch) -> Callable[[], int]:
     """How many resizes (tasks.images.resize_image) the shard stage ran since the fixture
-    started (ingest's, made through tasks.handoff, are not counted)."""
+    started (ingest's, made through tasks.contracts.handoff, are not counted)."""
     calls = [0]
     real = images.resize_image
 

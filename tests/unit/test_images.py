@@ -327,8 +327,8 @@ def test_unlisted_formats_are_refused_from_their_first_bytes(
 def test_ingest_quarantines_unlisted_formats_with_the_reason(
     tmp_path: Path, plugins_never_opened: list[str]
 ) -> None:
-    from tasks.ingest import run_ingest
-    from tasks.params import default_params
+    from tasks.ingest.stage import run_ingest
+    from tasks.runtime.params import default_params
 
     source = tmp_path / "src"
     for label in ("a", "b"):

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-import tasks.index as index
-from tasks.index import iter_records, write_index
+import tasks.contracts.index as index
+from tasks.contracts.index import iter_records, write_index
 
 
 def sample_index(count: int) -> dict[str, Any]:

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tasks.demo_data import _exif_rotated_jpeg, _png_header_only, draw_shape, generate
+from tasks.contracts.index import load_index
 from tasks.images import ImageRejected, decode_rgb
-from tasks.index import load_index
-from tasks.ingest import SetWouldBeLost, assign_split, run_ingest
-from tasks.params import SplitFractions, default_params
-from tasks.refusals import Refused
+from tasks.ingest.demo_data import _exif_rotated_jpeg, _png_header_only, draw_shape, generate
+from tasks.ingest.stage import SetWouldBeLost, assign_split, run_ingest
+from tasks.runtime.params import SplitFractions, default_params
+from tasks.runtime.refusals import Refused
 from tests.conftest import write_image_folder
 
 
@@ -191,8 +191,8 @@ def test_missing_source_dir_names_it(tmp_path: Path) -> None:
 def test_new_files_are_estimated_from_their_size_and_gone_files_count_nothing(
     tmp_path: Path,
 ) -> None:
-    from tasks import ingest as ingest_module
-    from tasks.worker_cost import check_seconds
+    from tasks.ingest import stage as ingest_module
+    from tasks.runtime.worker_cost import check_seconds
 
     src = tmp_path / "src"
     generate(src, per_class=3, classes=("circle", "square"), min_size=16, max_size=24)
@@ -202,8 +202,8 @@ def test_new_files_are_estimated_from_their_size_and_gone_files_count_nothing(
 
 
 def test_parallel_ingest_matches_serial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tasks import ingest as ingest_module
-    from tasks import worker_cost
+    from tasks.ingest import stage as ingest_module
+    from tasks.runtime import worker_cost
 
     monkeypatch.setattr(worker_cost, "WORKER_START_S", 0.0)  # tiny files: workers all the same
     started = []
@@ -319,20 +319,20 @@ def test_a_file_rewritten_while_ingest_runs_fails_the_stage_naming_it(
 ) -> None:
     """An index of the old content beside a folder of the new would be refused by the shard
     stage: the stage fails instead, and writes nothing."""
-    import tasks.ingest
+    import tasks.ingest.stage
 
     src = write_image_folder(tmp_path / "src", per_class=2)
     new = (
         write_image_folder(tmp_path / "new", per_class=2, seed=9) / "red" / "001.png"
     ).read_bytes()
-    inspect_all = tasks.ingest.inspect_all
+    inspect_all = tasks.ingest.stage.inspect_all
 
     def rewritten_after_reading(*args: object, **kwargs: object) -> object:
         inspected = inspect_all(*args, **kwargs)  # type: ignore[arg-type]
         (src / "red" / "001.png").write_bytes(new)
         return inspected
 
-    monkeypatch.setattr(tasks.ingest, "inspect_all", rewritten_after_reading)
+    monkeypatch.setattr(tasks.ingest.stage, "inspect_all", rewritten_after_reading)
     with pytest.raises(Refused, match=r"changed while ingest read them: red/001\.png"):
         ingest(src, tmp_path)
     assert not (tmp_path / "index.json").exists()
@@ -416,19 +416,19 @@ def test_ingest_workers_past_the_cores_are_capped_and_the_log_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """`ingest.workers: 64` on 2 cores asked for a pool of one worker a chunk, up to 64."""
-    import tasks.ingest
+    import tasks.ingest.stage
 
-    monkeypatch.setattr("tasks.processes.usable_cores", lambda: 2, raising=False)
-    monkeypatch.setattr(tasks.ingest, "CHUNK", 1)  # a chunk per file: 12 chunks
+    monkeypatch.setattr("tasks.runtime.processes.usable_cores", lambda: 2, raising=False)
+    monkeypatch.setattr(tasks.ingest.stage, "CHUNK", 1)  # a chunk per file: 12 chunks
     asked: list[int] = []
 
     def worth(estimates: object, workers: int) -> bool:
         asked.append(workers)
         return False  # decoded here: the count asked for is what this test is about
 
-    monkeypatch.setattr(tasks.ingest, "worth_workers", worth)
+    monkeypatch.setattr(tasks.ingest.stage, "worth_workers", worth)
     src = write_image_folder(tmp_path / "src", per_class=4)
-    with caplog.at_level("WARNING", logger="tasks.processes"):
+    with caplog.at_level("WARNING", logger="tasks.runtime.processes"):
         report, _ = ingest(src, tmp_path, workers=64)
     assert asked == [2] and report["accepted"] == 12
     assert caplog.messages == [
@@ -480,7 +480,7 @@ def test_a_limit_that_would_drop_a_class_is_refused_naming_it(tmp_path: Path) ->
 
 
 def test_decompression_bomb_guard_stays_on() -> None:
-    import tasks.ingest  # noqa: F401  (importing the stage must not switch the guard off)
+    import tasks.ingest.stage  # noqa: F401  (importing the stage must not switch the guard off)
 
     assert Image.MAX_IMAGE_PIXELS is not None
     with pytest.raises(ImageRejected, match="decompression-bomb guard"):
@@ -710,8 +710,8 @@ def test_the_check_feeds_the_decoder_the_whole_file_at_once(
     """A JPEG of several 64 KiB blocks is decoded from one piece (a decoder suspended at
     each of Pillow's reads starts its MCU again), a larger file in bounded pieces; the
     check's verdict and hash are those of the chunked decode, and a cut file is refused."""
-    from tasks.inspection import check_image
-    from tasks.near_duplicates import perceptual_hash
+    from tasks.contracts.near_duplicates import perceptual_hash
+    from tasks.ingest.inspection import check_image
 
     noise = np.random.default_rng(4).integers(0, 256, (600, 800, 3), dtype=np.uint8)
     data = encode(Image.fromarray(noise), "JPEG", quality=95)
@@ -735,7 +735,7 @@ def test_the_check_feeds_the_decoder_the_whole_file_at_once(
     assert (fmt, width, height) == ("JPEG", 800, 600)
     assert len(feeds) == 1 and feeds[0] > 4 * 65536
     feeds.clear()  # a file past the block (8 MiB) goes in blocks: one copy of at most that
-    monkeypatch.setattr("tasks.inspection.DECODER_BLOCK", 100_000)
+    monkeypatch.setattr("tasks.ingest.inspection.DECODER_BLOCK", 100_000)
     check_image(data, max_pixels=10**7, min_side=8, draft=True)
     assert len(feeds) > 1 and 100_000 <= max(feeds) < 2 * 100_000  # (+ what the last left)
     monkeypatch.setattr(Image, "_getdecoder", getdecoder)

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 import tensorflow as tf
 
-from tasks.layout import Layout
-from tasks.manifest import load_manifest
-from tasks.params import ParamsError, default_params
-from tasks.reader import read_split
-from tasks.train_loop import InputTuning, input_options, input_threads, read_data, steps_per_epoch
+from tasks.contracts.manifest import load_manifest
+from tasks.contracts.tf_reader import read_split
+from tasks.runtime.layout import Layout
+from tasks.runtime.params import ParamsError, default_params
+from tasks.train.loop import InputTuning, input_options, input_threads, read_data, steps_per_epoch
 
 
 def determinism_flags(ds: tf.data.Dataset) -> set[bytes]:

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.label_review import LABEL_ISSUE_COLUMNS, HeldOut, review_labels, review_summary
-from tasks.params import default_params
+from tasks.evaluate.label_review import LABEL_ISSUE_COLUMNS, HeldOut, review_labels, review_summary
+from tasks.runtime.params import default_params
 
 CLASSES = ["red", "green", "blue"]
 
@@ -91,9 +91,9 @@ def test_evaluation_finds_labels_flipped_in_the_test_shards(tmp_path: Path) -> N
     """The real path: a small CNN trained on tiny shards, evaluated with the stage's core,
     ranks the test records whose labels were flipped first, in reports/label_issues.csv,
     and draws the thumbnail sheet from the shard pixels."""
-    from tasks.evaluate import LABEL_SHEET, evaluate_model
-    from tasks.layout import Layout
-    from tasks.train import train
+    from tasks.evaluate.stage import LABEL_SHEET, evaluate_model
+    from tasks.runtime.layout import Layout
+    from tasks.train.stage import train
     from tests.tiny_shards import write_tiny_shards
 
     write_tiny_shards(tmp_path, flipped={"val": 2, "test": 4})

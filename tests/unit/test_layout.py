@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.layout import Layout
+from tasks.runtime.layout import Layout
 
 
 def test_a_root_given_as_a_string_or_a_path_is_the_same_layout() -> None:
@@ -24,7 +24,7 @@ def test_library_files_go_to_the_repository_whatever_the_environment_said(
     """A user's KERAS_HOME, MPLCONFIGDIR or MATPLOTLIBRC named folders and files outside the
     repository, and DVC's site cache and the CUDA kernel cache went to /var/tmp and the
     home; inside a queued DVC experiment the repository is $DVC_ROOT's."""
-    from tasks.layout import keep_library_files_in
+    from tasks.runtime.layout import keep_library_files_in
 
     monkeypatch.delenv("DVC_ROOT", raising=False)
     env = {"KERAS_HOME": "/home/ana/.keras", "MPLCONFIGDIR": "/home/ana/mpl"}
@@ -55,7 +55,7 @@ def test_a_dvc_typed_by_hand_keeps_its_site_cache_in_the_repository(
 
     from dvc.config import Config
 
-    from tasks.layout import keep_dvc_site_cache_in_repository
+    from tasks.runtime.layout import keep_dvc_site_cache_in_repository
 
     monkeypatch.delenv("DVC_ROOT", raising=False)
     clone = tmp_path / "clone"

@@ -8,13 +8,13 @@ import pytest
 from mlflow import MlflowClient
 from PIL import Image
 
-from tasks.content import file_sha256
-from tasks.eval_tracking import EVALUATES_TAG
-from tasks.forgotten import Erasure, ForgottenRecord, save_forgotten
-from tasks.layout import Layout
-from tasks.lineage import IndexView, TrackedRuns, UnknownImage, image_lineage, resolve
-from tasks.membership import archive_membership
-from tasks.refusals import Refused
+from tasks.contracts.content import file_sha256
+from tasks.contracts.forgotten import Erasure, ForgottenRecord, save_forgotten
+from tasks.contracts.membership import archive_membership
+from tasks.erasure.lineage import IndexView, TrackedRuns, UnknownImage, image_lineage, resolve
+from tasks.evaluate.tracking import EVALUATES_TAG
+from tasks.runtime.layout import Layout
+from tasks.runtime.refusals import Refused
 from tests.unit.test_append import Project, add_images
 
 DISTANCE = 10  # params.yaml's ingest.near_duplicate_distance
@@ -153,7 +153,7 @@ def test_an_unknown_image_is_refused_naming_it(tmp_path: Path) -> None:
 
 def test_the_index_scan_finds_every_record_and_its_perceptual_hash(two_sets: Sets) -> None:
     """The scan reads the index's bytes, not its JSON: it must agree with the parse."""
-    from tasks.index import iter_records
+    from tasks.contracts.index import iter_records
 
     layout, _, _ = two_sets
     records = [record for _, record in iter_records(layout.index)]

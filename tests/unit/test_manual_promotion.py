@@ -9,10 +9,10 @@ import pytest
 from mlflow import MlflowClient
 
 from flows import promote as promote_command
-from tasks.manual_promotion import PromotionRefused, promote_by_hand
-from tasks.promotion import CLASSES_TAG
-from tasks.refusals import Refused
-from tasks.tracking import CHAMPION, champion_version
+from tasks.evaluate.manual_promotion import PromotionRefused, promote_by_hand
+from tasks.evaluate.promotion import CLASSES_TAG
+from tasks.runtime.refusals import Refused
+from tasks.runtime.tracking import CHAMPION, champion_version
 
 
 @pytest.fixture

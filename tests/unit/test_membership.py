@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks.manifest import MEMBERSHIP_NAME, load_manifest, own_files
-from tasks.membership import Membership, archive_membership, find_in
+from tasks.contracts.manifest import MEMBERSHIP_NAME, load_manifest, own_files
+from tasks.contracts.membership import Membership, archive_membership, find_in
 from tasks.schema import HASH_KEY
 from tasks.tfrecord import open_records, read_framed
 from tests.unit.test_append import Project, add_images

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import yaml
 
-from tasks.metrics_files import INGEST_FIGURES, TRAIN_FIGURES, split_figures
-from tasks.params import deep_merge
+from tasks.runtime.metrics_files import INGEST_FIGURES, TRAIN_FIGURES, split_figures
+from tasks.runtime.params import deep_merge
 
 REPO = Path(__file__).resolve().parents[2]
 

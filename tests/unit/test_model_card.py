@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.manifest import Generation, SplitInfo, build_manifest
-from tasks.model_card import model_card
+from tasks.contracts.manifest import Generation, SplitInfo, build_manifest
+from tasks.evaluate.model_card import model_card
 from tasks.schema import RecordSchema
 
 COUNTS = {
@@ -145,7 +145,7 @@ def test_a_card_without_an_ingest_report_or_a_fair_comparison_says_so() -> None:
 def test_a_card_says_how_the_champion_s_classes_differed() -> None:
     """A champion re-scored by class name: the card names both class lists and what the
     champion was scored with (a class it does not know counts as its error)."""
-    from tasks.promotion import class_differences
+    from tasks.evaluate.promotion import class_differences
 
     differences = class_differences(["cat"], ["cat", "dog"])
     decision = {

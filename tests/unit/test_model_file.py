@@ -12,9 +12,9 @@ from pathlib import Path
 import keras
 import numpy as np
 
-from tasks.model_file import CONFIG_ENTRY, METADATA_ENTRY, renumber_shared_ids, save_model
-from tasks.models import build_model
-from tasks.params import default_params
+from tasks.runtime.params import default_params
+from tasks.train.model_file import CONFIG_ENTRY, METADATA_ENTRY, renumber_shared_ids, save_model
+from tasks.train.models import build_model
 
 
 def seeded_model(seed: int = 7) -> keras.Model:
@@ -44,7 +44,7 @@ def shared_ids(path: Path) -> list[object]:
 SAVE_IN_A_PROCESS = """
 import sys
 from tests.unit.test_model_file import seeded_model
-from tasks.model_file import save_model
+from tasks.train.model_file import save_model
 model = seeded_model()
 model.save(sys.argv[1] + "/plain.keras")
 save_model(model, sys.argv[1] + "/model.keras")

@@ -14,10 +14,8 @@ from PIL import Image
 
 from bench.near_duplicates import look_alike_hashes as look_alikes
 from bench.near_duplicates import measure_threshold, sample_photo
-from tasks.demo_data import generate
-from tasks.index import load_index
-from tasks.ingest import assign_split, run_ingest
-from tasks.near_duplicates import (
+from tasks.contracts.index import load_index
+from tasks.contracts.near_duplicates import (
     Item,
     hamming,
     near_components,
@@ -25,7 +23,9 @@ from tasks.near_duplicates import (
     place,
     straddling_pairs,
 )
-from tasks.params import SplitFractions, default_params
+from tasks.ingest.demo_data import generate
+from tasks.ingest.stage import assign_split, run_ingest
+from tasks.runtime.params import SplitFractions, default_params
 
 # Three even splits: a copy's own hash split differs from the original's two times in three.
 EVEN = {"train": 0.34, "val": 0.33, "test": 0.33}
@@ -240,7 +240,7 @@ def test_the_first_near_duplicate_a_run_finds_loads_no_more_code() -> None:
 
     script = (
         "import sys, numpy as np\n"
-        "from tasks.near_duplicates import near_components\n"
+        "from tasks.contracts.near_duplicates import near_components\n"
         "before = set(sys.modules)\n"
         "groups = near_components(np.array([5, 7, 2**64 - 1], dtype=np.uint64), 3)\n"
         "assert groups.tolist() == [0, 0, 2], groups\n"

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from tasks.lost_revisions import broken_objects, lost_revisions, object_id
-from tasks.object_scrub import dvc_s3_remotes, scrub_bucket, scrub_prefect
+from tasks.erasure.lost_revisions import broken_objects, lost_revisions, object_id
+from tasks.erasure.object_scrub import dvc_s3_remotes, scrub_bucket, scrub_prefect
 from tests.s3_server import S3Server
 
 SHA = hashlib.sha256(b"the photo").hexdigest()

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from tasks.params import (
+from tasks.runtime.params import (
     REPO_PARAMS_PATH,
     AugmentParams,
     EvaluateParams,

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks import processes as processes_module
-from tasks.processes import dismiss_prestarted, prestart_pool, run_in_child, spawn_pool
+from tasks.runtime import processes as processes_module
+from tasks.runtime.processes import dismiss_prestarted, prestart_pool, run_in_child, spawn_pool
 
 WARM_DIR = "SHARDFLOW_TEST_WARM_DIR"
 
@@ -126,7 +126,7 @@ MAIN_MODULE = """
 import sys
 import heavy_marker  # stands for Prefect: what a stage's flow module imports
 from probe import loaded
-from tasks.processes import run_in_child, spawn_pool
+from tasks.runtime.processes import run_in_child, spawn_pool
 
 if __name__ == "__main__":
     with spawn_pool(1) as pool:
@@ -172,7 +172,7 @@ def _failing_warm() -> None:
 def test_a_standby_child_warms_first_then_runs_the_job_sent_later(tmp_path: Path) -> None:
     import functools
 
-    from tasks.processes import StandbyChild
+    from tasks.runtime.processes import StandbyChild
 
     marker = tmp_path / "warmed"
     child = StandbyChild(functools.partial(_warm_then_record, str(marker)))
@@ -184,7 +184,7 @@ def test_a_standby_child_warms_first_then_runs_the_job_sent_later(tmp_path: Path
 
 
 def _count_aloud(n: int) -> int:
-    from tasks.processes import report
+    from tasks.runtime.processes import report
 
     for i in range(n):
         report(("step", i, os.getpid()))
@@ -193,7 +193,7 @@ def _count_aloud(n: int) -> int:
 
 def test_a_childs_job_reports_to_the_parent_while_it_runs() -> None:
     """Messages a job sends with report() reach on_report in order, before its value."""
-    from tasks.processes import StandbyChild
+    from tasks.runtime.processes import StandbyChild
 
     seen: list[object] = []
     value = StandbyChild(_started_noop).run(_count_aloud, 3).result(60, on_report=seen.append)
@@ -211,21 +211,21 @@ def test_a_failing_report_handler_does_not_stop_the_job() -> None:
 
 
 def test_report_outside_a_childs_job_says_so() -> None:
-    from tasks.processes import report
+    from tasks.runtime.processes import report
 
     with pytest.raises(RuntimeError, match="job running in a child"):
         report("hello")
 
 
 def test_a_standby_childs_failed_warm_up_is_reported_on_its_job() -> None:
-    from tasks.processes import StandbyChild
+    from tasks.runtime.processes import StandbyChild
 
     with pytest.raises(RuntimeError, match="warm-up failed: ImportError: no such library"):
         StandbyChild(_failing_warm).run(_square_and_pid, 2).result(timeout=60)
 
 
 def test_a_standby_child_that_gets_no_job_ends() -> None:
-    from tasks.processes import StandbyChild
+    from tasks.runtime.processes import StandbyChild
 
     child = StandbyChild(_started_noop)
     child.close()
@@ -248,7 +248,7 @@ def hold_lock():
 LOCK_MAIN = """
 import time
 from lock_holder import hold_lock
-from tasks.processes import StandbyChild, run_in_child
+from tasks.runtime.processes import StandbyChild, run_in_child
 if __name__ == "__main__":
     print(StandbyChild(time.time).run(hold_lock).result(60), run_in_child(hold_lock).result(60))
 """
@@ -266,7 +266,7 @@ def test_a_childs_semaphores_are_released_when_it_ends(tmp_path: Path) -> None:
 
 KILLED_PARENT = """
 import sys, time
-from tasks.processes import StandbyChild, prestart_pool, run_in_child, _prestarted
+from tasks.runtime.processes import StandbyChild, prestart_pool, run_in_child, _prestarted
 job = run_in_child(time.sleep, 120)
 standby = StandbyChild(time.time)
 standby.run(time.sleep, 120)

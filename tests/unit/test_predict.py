@@ -15,10 +15,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tasks.batch_prediction import list_sources, predict_files, resolve_model, write_predictions_csv
+from tasks.contracts.manifest import load_manifest
 from tasks.images import preprocess_bytes, preprocessing_version
-from tasks.manifest import load_manifest
-from tasks.params import default_params
 from tasks.predict import (
     PreprocessingMismatch,
     ServingSpec,
@@ -28,7 +26,14 @@ from tasks.predict import (
     prediction_frame,
     version_warning,
 )
-from tasks.refusals import Refused
+from tasks.runtime.params import default_params
+from tasks.runtime.refusals import Refused
+from tasks.serve.batch_prediction import (
+    list_sources,
+    predict_files,
+    resolve_model,
+    write_predictions_csv,
+)
 
 CLASSES = ["blue", "green", "red"]
 
@@ -74,8 +79,8 @@ def test_model_input_from_source_bytes_equals_the_shard_pixels(
     tiny_index: Path, tmp_path: Path, encoding: str, draft: bool
 ) -> None:
     """Every record of real shards decodes to exactly what prediction makes from its file."""
-    from tasks.reader import read_split
-    from tasks.shard import shard_stage
+    from tasks.contracts.tf_reader import read_split
+    from tasks.shard.stage import shard_stage
 
     source_dir = tiny_index.parent / "images"
     params = default_params(

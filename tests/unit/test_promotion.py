@@ -17,14 +17,9 @@ from typing import Any
 import pytest
 from mlflow import MlflowClient
 
-from tasks.atomic import write_json
-from tasks.eval_tracking import TrainingRunNotInStore
-from tasks.evaluate import run_evaluate
-from tasks.evidence import Answers
-from tasks.gate import ModelNotFromTheseShards, ShardsNotValidated
-from tasks.layout import Layout
-from tasks.params import default_params
-from tasks.promotion import (
+from tasks.contracts.validated_shards import ModelNotFromTheseShards, ShardsNotValidated
+from tasks.evaluate.evidence import Answers
+from tasks.evaluate.promotion import (
     ChampionMoved,
     Figure,
     Rescored,
@@ -34,9 +29,14 @@ from tasks.promotion import (
     pending_decision,
     promote,
 )
-from tasks.promotion_lock import LOCK_SUFFIX, lock_holder, promotion_lock
-from tasks.store_check import REBUILD
-from tasks.tracking import CHAMPION, champion_version
+from tasks.evaluate.promotion_lock import LOCK_SUFFIX, lock_holder, promotion_lock
+from tasks.evaluate.stage import run_evaluate
+from tasks.evaluate.store_check import REBUILD
+from tasks.evaluate.tracking import TrainingRunNotInStore
+from tasks.runtime.atomic import write_json
+from tasks.runtime.layout import Layout
+from tasks.runtime.params import default_params
+from tasks.runtime.tracking import CHAMPION, champion_version
 
 TEST_SET = "a" * 64
 RECORDS = 200  # test records of the paired answers below
@@ -234,7 +234,7 @@ def test_a_class_added_to_the_same_task_still_compares(registry: Registry) -> No
 def test_a_dvc_experiment_s_version_becomes_the_challenger_never_the_champion(
     registry: Registry, first: bool
 ) -> None:
-    from tasks.tracking import CHALLENGER
+    from tasks.runtime.tracking import CHALLENGER
 
     if not first:
         registry.decide(0.5)
@@ -385,7 +385,7 @@ def test_two_processes_finding_the_same_dead_lock_never_both_hold_it(
     once the first holds the lock anew (the interleaving is forced): it waits for the lock
     instead of deleting it from under the first. Two live holders (this process and its
     parent) stand for two processes."""
-    import tasks.promotion_lock as promotion_lock_module
+    import tasks.evaluate.promotion_lock as promotion_lock_module
 
     client, lock = registry.client, f"{registry.name}{LOCK_SUFFIX}"
     gone = subprocess.Popen(["true"])
@@ -465,7 +465,7 @@ def test_registering_the_same_run_twice_reuses_its_version(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A retried or repeated evaluation must not add a duplicate registry version."""
-    from tasks.registry import register_model
+    from tasks.evaluate.registry import register_model
 
     client, runs = store_with_runs(tmp_path, "mlflow.db", 2)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)
@@ -482,7 +482,7 @@ def test_a_pyfunc_logged_early_is_deleted_when_another_evaluation_registered_fir
     """Two evaluations of one training run, both logging their pyfunc while measuring: the
     one that registers second reuses the first one's version and must not leave its own
     pyfunc behind, unregistered, on the run."""
-    from tasks.registry import log_due_pyfunc, register_model
+    from tasks.evaluate.registry import log_due_pyfunc, register_model
 
     client, runs = store_with_runs(tmp_path, "mlflow.db", 1)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)
@@ -511,7 +511,7 @@ def test_registering_leaves_the_process_and_the_run_as_they_were(
     the run that evaluation is still logging to."""
     import mlflow
 
-    from tasks.registry import register_model
+    from tasks.evaluate.registry import register_model
 
     client, runs = store_with_runs(tmp_path, "project.db", 1)
     own = f"sqlite:///{tmp_path / 'own.db'}"  # the store this process is configured for
@@ -540,8 +540,8 @@ def model_root(tiny_shards: Path, mlflow_uri: str) -> Layout:
 
     The model is untrained (evaluation does not care how good it is), which keeps this fast.
     """
-    from tasks.manifest import load_manifest
-    from tasks.models import build_model
+    from tasks.contracts.manifest import load_manifest
+    from tasks.train.models import build_model
 
     layout = Layout(tiny_shards)
     manifest = load_manifest(layout.shards_dir)
@@ -554,7 +554,7 @@ def model_root(tiny_shards: Path, mlflow_uri: str) -> Layout:
 @pytest.fixture
 def trained(model_root: Layout) -> Layout:
     """``model_root`` plus the finished training run its run.json names, in a real store."""
-    from tasks import tracking
+    from tasks.runtime import tracking
 
     client = tracking.client(model_root.root)
     run_id = client.create_run(tracking.experiment_id(client)).info.run_id
@@ -755,7 +755,8 @@ def test_a_rescore_or_figure_of_another_type_is_refused_naming_the_type(
     registry.decide(0.7)
     with pytest.raises(TypeError, match=r"rescore\('1'\) returned float 0\.6: it must return a "):
         registry.decide(0.9, test_set="b" * 64, rescore=lambda version: 0.6)
-    with pytest.raises(TypeError, match=r"figure must be a tasks\.promotion\.Figure .*got float"):
+    wrong_type = r"figure must be a tasks\.evaluate\.promotion\.Figure .*got float"
+    with pytest.raises(TypeError, match=wrong_type):
         decide(registry.client, registry.name, "1", 0.9, rules=rules())  # type: ignore[arg-type]
     assert registry.champion == "1"
 
@@ -783,7 +784,7 @@ def test_a_champion_that_cannot_be_rescored_on_the_same_test_set_keeps_the_alias
 ) -> None:
     """The recorded figure is comparable, but without the champion's answers on these
     records no advantage is evidence: inconclusive, champion kept."""
-    from tasks.promotion import NotComparable
+    from tasks.evaluate.promotion import NotComparable
 
     def unloadable(version: str) -> Rescored:
         raise NotComparable("its model could not be loaded")
@@ -799,7 +800,7 @@ def test_a_champion_that_cannot_be_rescored_on_the_same_test_set_keeps_the_alias
 def test_a_champion_that_cannot_be_rescored_is_not_comparable_and_says_why(
     registry: Registry,
 ) -> None:
-    from tasks.promotion import NotComparable
+    from tasks.evaluate.promotion import NotComparable
 
     def other_spec(version: str) -> Rescored:
         raise NotComparable("its serving spec differs (image size and encoding: 8x8 vs 16x16)")
@@ -816,8 +817,8 @@ def register_champion(
 ) -> str:
     """The model of ``layout`` registered from a run of its own as ``m@champion``, with a
     recorded figure measured on test set ``fingerprint``."""
-    from tasks import tracking
-    from tasks.registry import register_model
+    from tasks.evaluate.registry import register_model
+    from tasks.runtime import tracking
 
     run_id = client.create_run(tracking.experiment_id(client)).info.run_id
     version = register_model(client, run_id, layout.model_file, "m", spec)
@@ -829,7 +830,7 @@ def register_champion(
 
 
 def current_spec(layout: Layout) -> Any:
-    from tasks.manifest import load_manifest
+    from tasks.contracts.manifest import load_manifest
     from tasks.predict import ServingSpec
 
     ingest = default_params().ingest
@@ -907,8 +908,8 @@ def colour_model(outputs: Sequence[str], colours: Sequence[str] | None = None) -
 def project(root: Path, classes: Sequence[str], candidate: Any) -> Layout:
     """Validated test shards of ``classes`` (in that order) under ``root``, ``candidate`` as
     the trained model and its finished training run in the tracking store."""
-    from tasks import tracking
-    from tasks.manifest import load_manifest
+    from tasks.contracts.manifest import load_manifest
+    from tasks.runtime import tracking
     from tests.tiny_shards import write_tiny_shards
 
     write_tiny_shards(root, classes=classes, per_class={"train": 2, "val": 2, "test": 10})
@@ -989,7 +990,7 @@ def test_a_new_dataset_starts_its_own_lineage_and_the_demo_champion_is_untouched
     """The bug: after switching ingest.source_dir to another photo set, its first model took
     `shardflow@champion` from the demo's. With evaluate.model_name null it goes to the
     registered model named after its dataset, whose first version it becomes."""
-    from tasks.dataset_identity import dataset_identity, dataset_slug
+    from tasks.runtime.dataset_identity import dataset_identity, dataset_slug
 
     classes = ["red", "green", "blue"]
     layout = project(tmp_path, classes, colour_model(classes))
@@ -1040,7 +1041,7 @@ def test_a_champion_is_scored_by_its_own_ranking_of_names() -> None:
     the macro figures are over today's two classes."""
     import numpy as np
 
-    from tasks.eval_metrics import metrics_by_name
+    from tasks.evaluate.metrics import metrics_by_name
 
     probs = np.array([[0.5, 0.3, 0.2], [0.1, 0.7, 0.2], [0.2, 0.1, 0.7]], np.float32)
     labels = np.array([0, 1, 0])  # a, b, a
@@ -1085,12 +1086,12 @@ def test_changed_evaluate_params_reevaluate_the_same_training_run(
 def test_a_failed_evaluation_marks_its_run_failed(
     trained: Layout, mlflow_uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import tasks.evaluate
+    import tasks.evaluate.stage
 
     def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("registry unreachable")
 
-    monkeypatch.setattr(tasks.evaluate, "register_model", broken)
+    monkeypatch.setattr(tasks.evaluate.stage, "register_model", broken)
     with pytest.raises(RuntimeError, match="registry unreachable"):
         evaluate(trained)
     client = MlflowClient(mlflow_uri, mlflow_uri)
@@ -1109,12 +1110,12 @@ def test_a_failed_evaluation_marks_its_run_failed(
 def test_a_failure_after_registering_keeps_the_versions_model(
     trained: Layout, mlflow_uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import tasks.evaluate
+    import tasks.evaluate.stage
 
     def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("store went away")
 
-    monkeypatch.setattr(tasks.evaluate, "log_test_results", broken)
+    monkeypatch.setattr(tasks.evaluate.stage, "log_test_results", broken)
     with pytest.raises(RuntimeError, match="store went away"):
         evaluate(trained)
     client = MlflowClient(mlflow_uri, mlflow_uri)
@@ -1135,9 +1136,9 @@ def test_the_pyfunc_a_killed_evaluation_logged_is_deleted_by_the_next_one_of_its
     pyfunc on the training run. The next evaluation in the same workspace (the workspace
     lock lets no other one run there) deletes it; another workspace's, which may be an
     evaluation still running elsewhere, is left alone."""
-    from tasks.manifest import load_manifest
+    from tasks.contracts.manifest import load_manifest
+    from tasks.evaluate.registry import log_due_pyfunc, workspace_id
     from tasks.predict import ServingSpec
-    from tasks.registry import log_due_pyfunc, workspace_id
 
     client = MlflowClient(mlflow_uri, mlflow_uri)
     train_run_id = json.loads(trained.train_run.read_text())["run_id"]
@@ -1161,7 +1162,7 @@ def test_an_evaluation_killed_before_it_could_end_its_run_is_marked_killed(
 ) -> None:
     """A SIGKILLed evaluation leaves its run RUNNING; the next evaluation of the same
     training run ends it KILLED, so no run stays RUNNING for ever."""
-    from tasks.eval_tracking import start_evaluation_run
+    from tasks.evaluate.tracking import start_evaluation_run
 
     client = MlflowClient(mlflow_uri, mlflow_uri)
     train_run_id = json.loads(trained.train_run.read_text())["run_id"]

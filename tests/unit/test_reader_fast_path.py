@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tasks.reader import read_split
+from tasks.contracts.tf_reader import read_split
 from tasks.schema import HASH_KEY, IMAGE_KEY, LABEL_KEY, SOURCE_KEY, RecordSchema, raw_layout
 from tasks.tfrecord import decode_example, encode_example
 from tests.tiny_shards import write_tiny_shards

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks import data_diff
-from tasks.manifest import _JsonStream, load_manifest, load_records, stream_records
+from tasks.contracts import shard_changes as data_diff
+from tasks.contracts.manifest import _JsonStream, load_manifest, load_records, stream_records
 from tests.unit.test_append import Project, add_images
 
 

@@ -10,15 +10,14 @@ from pathlib import Path
 import pytest
 
 from flows.common import QuietRefusals
-from tasks import data_gate
-from tasks.discovery import SourceNotFound, SourceRefused
-from tasks.gate import ShardsNotValidated
-from tasks.ingest import SetWouldBeLost
-from tasks.params import ParamsError
-from tasks.refusals import MAX_MESSAGE_LINES, Refused, refusal_block, refusing
+from tasks.contracts.validated_shards import ShardsNotValidated
+from tasks.ingest.discovery import SourceNotFound, SourceRefused
+from tasks.ingest.stage import SetWouldBeLost
+from tasks.runtime.params import ParamsError
+from tasks.runtime.refusals import MAX_MESSAGE_LINES, Refused, refusal_block, refusing
+from tasks.runtime.workspace_lock import WorkspaceLocked
 from tasks.shard.append import RebuildNeeded
-from tasks.validate import ValidationFailed
-from tasks.workspace_lock import WorkspaceLocked
+from tasks.validate.stage import ValidationFailed, data_gate
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -93,11 +92,11 @@ def test_the_console_drops_a_refusals_tracebacks_and_repeats_only() -> None:
 
 
 def test_a_params_typo_is_refused_naming_params_yaml(tmp_path: Path) -> None:
-    """`make run` on a typo ended in a traceback blaming `tasks.filenames check`."""
+    """`make run` on a typo ended in a traceback blaming `tasks.ingest.filenames check`."""
     text = (REPO / "params.yaml").read_text().replace("\n  epochs: ", "\n  epochs: -", 1)
     (tmp_path / "params.yaml").write_text(text)
     done = subprocess.run(
-        [sys.executable, "-m", "tasks.params", "check"],
+        [sys.executable, "-m", "tasks.runtime.params", "check"],
         cwd=tmp_path,
         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
         capture_output=True,
@@ -122,7 +121,7 @@ class Failed:
 def test_train_and_evaluate_never_retry_a_refusal() -> None:
     """A refusal fails alike when rerun as it is; a failed write to the store may not."""
     from flows.model_runs import retry_unless_refused
-    from tasks.batch_prediction import ModelNotFound
+    from tasks.serve.batch_prediction import ModelNotFound
 
     for refusal in (ModelNotFound("no champion"), WorkspaceLocked("held"), ParamsError("x")):
         assert not retry_unless_refused(None, None, Failed(refusal))
@@ -161,7 +160,7 @@ def test_a_deployment_runs_terminal_shows_the_block_once_and_its_log_keeps_one_p
 def test_a_block_read_back_from_another_processs_output_is_the_same_refusal() -> None:
     """A team's part runs its stages under ``dvc repro`` in a clone: a stage's refusal reaches
     the flow only as the block in the output, and must read as that block again."""
-    from tasks.refusals import read_refusal
+    from tasks.runtime.refusals import read_refusal
 
     message = "ingest.source_dir 'data/x' is not a folder\n" + "a long reason " * 20
     refused = SourceNotFound(message, fix="set ingest.source_dir in params.yaml " * 4)

@@ -13,7 +13,7 @@ from flows.run_summary import stage_outcomes, summary_lines
 
 DVC_OUTPUT = [
     "Running stage 'source':\n",  # always_changed: it runs every time, so it is not reported
-    "> python -m tasks.source_check\n",
+    "> python -m tasks.ingest.source_check\n",
     "Stage 'ingest' didn't change, skipping\n",
     "Running stage 'shard':\n",
     "> python -m flows.shard\n",

@@ -28,7 +28,7 @@ from PIL import Image
 
 from tasks import predict
 from tasks.predict import ServingSpec, log_pyfunc, predict_images
-from tasks.serve import RequestLimits
+from tasks.serve.server import RequestLimits
 from tests.e2e.conftest import free_port
 from tests.unit.test_images import EPS
 from tests.unit.test_predict import png_bytes, spec_for, tiny_keras_model
@@ -71,7 +71,7 @@ def test_rows_are_decoded_and_predicted_a_batch_at_a_time(
         most_waiting = max(most_waiting, waiting)
         return pixels
 
-    class Model:  # what tasks.inference.predict_batch uses of a Keras model
+    class Model:  # what tasks.contracts.inference.predict_batch uses of a Keras model
         predict_function = None
         jit_compile = True
 
@@ -90,7 +90,7 @@ def test_rows_are_decoded_and_predicted_a_batch_at_a_time(
     assert list(frame["label"]) == ["green" if row != 7 else "" for row in range(25)]
 
 
-class FixedModel:  # what tasks.inference.predict_batch uses of a Keras model
+class FixedModel:  # what tasks.contracts.inference.predict_batch uses of a Keras model
     predict_function = None
     jit_compile = True
 
@@ -307,7 +307,7 @@ def test_the_server_starts_without_credentials_in_its_uri_or_telemetry(
 ) -> None:
     """`make serve-model` against a server named with user:password@ printed the password
     in MLflow's error when that server did not answer; they go to MLflow's variables."""
-    from tasks import serve
+    from tasks.serve import server as serve
 
     started: list[dict[str, str]] = []
     monkeypatch.setattr(serve.os, "execve", lambda path, argv, env: started.append(env))
@@ -331,7 +331,7 @@ def test_the_server_keeps_keras_and_matplotlib_files_in_the_repository(
 ) -> None:
     """The served model imports Keras (and Keras Matplotlib): keras.json, the font cache
     and matplotlibrc are the repository's, never the user's home's."""
-    from tasks import serve
+    from tasks.serve import server as serve
 
     started: list[dict[str, str]] = []
     monkeypatch.setattr(serve.os, "execve", lambda path, argv, env: started.append(env))
@@ -404,7 +404,7 @@ def test_connections_that_never_send_a_whole_request_head_are_closed(
     """uvicorn held a connection that sent nothing, or a head a byte at a time, for good: a
     client could hold every connection the server may open. Past MLflow's request timeout
     each is closed, a kept-alive one's next head too, and the server goes on answering."""
-    from tasks.serve import HeadDeadline
+    from tasks.serve.server import HeadDeadline
 
     monkeypatch.setenv("MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT", "1")
     with uvicorn_serving(echo_app(), HeadDeadline) as port:
@@ -441,12 +441,12 @@ def post(url: str, body: bytes) -> tuple[int, dict[str, object]]:
 def served(
     model_uri: str, mlflow_uri: str, log: Path, *limits: str, **environment: str
 ) -> Iterator[str]:
-    """`python -m tasks.serve` (what `make serve-model` runs), a real uvicorn server, with
+    """`python -m tasks.serve.server` (what `make serve-model` runs), a real uvicorn server, with
     ``limits`` (flag, value, ...) and ``environment``; its address once it answers, the
     server still running when the block ends (else the log's tail)."""
     port = free_port()
     env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_uri, **environment}
-    command = [sys.executable, "-m", "tasks.serve", model_uri, "--port", str(port), *limits]
+    command = [sys.executable, "-m", "tasks.serve.server", model_uri, "--port", str(port), *limits]
     with log.open("w") as handle:
         process = subprocess.Popen(
             command,
@@ -559,7 +559,7 @@ def test_bodies_sent_too_slowly_are_refused_and_free_their_places(
 ) -> None:
     """Clients that never finish their bodies held every place (--max-concurrent-requests)
     for ever: no other request was answered. Past MLflow's request timeout they get 408, and
-    a connection that never sent a request is closed (:class:`tasks.serve.HeadDeadline`)."""
+    a connection that never sent a request is closed (:class:`tasks.serve.server.HeadDeadline`)."""
     body = split_body(good_rows())
     limits = ("--max-request-mb", "1", "--max-request-rows", "100")
     with served(
@@ -703,7 +703,7 @@ def test_deeply_nested_json_fails_alone_through_the_scoring_app(logged_model: st
 
     from fastapi.testclient import TestClient
 
-    from tasks.serve import scoring_app
+    from tasks.serve.server import scoring_app
 
     app = scoring_app(logged_model, max_bytes=1 << 20, max_rows=100, max_concurrent=2)
     json_type = {"Content-Type": "application/json"}

@@ -13,14 +13,16 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
+from tasks.contracts.index import iter_records, load_index, write_index
+from tasks.contracts.manifest import MANIFEST_NAME, file_sha256, load_manifest
+from tasks.contracts.tf_reader import read_split
 from tasks.images import resize_image
-from tasks.index import iter_records, load_index, write_index
-from tasks.ingest import run_ingest
-from tasks.manifest import MANIFEST_NAME, file_sha256, load_manifest
-from tasks.params import ShardParams, default_params
-from tasks.reader import read_split
+from tasks.ingest.stage import run_ingest
+from tasks.runtime.params import ShardParams, default_params
 from tasks.schema import HASH_KEY, LABEL_KEY
-from tasks.shard import plan_shards, shard_stage, write_shard
+from tasks.shard.planning import plan_shards
+from tasks.shard.stage import shard_stage
+from tasks.shard.writing import write_shard
 from tests.conftest import tiny_params, write_image_folder
 
 SIZE = (16, 16)
@@ -335,7 +337,7 @@ def test_only_a_local_rebuild_with_workers_prestarts_them(
     started: list[int] = []
     monkeypatch.setattr(shard, "prestart_pool", lambda n, warm: started.append(n))
     monkeypatch.setattr(
-        "tasks.processes.usable_cores", lambda: 4, raising=False
+        "tasks.runtime.processes.usable_cores", lambda: 4, raising=False
     )  # whatever runs the test
     base = params().model_copy(update={"workers": 2})
     for update in ({"workers": 1}, {"mode": "append"}, {"runner": "dask"}):
@@ -355,11 +357,11 @@ def test_local_shard_workers_past_the_cores_are_capped_and_the_log_says_so(
     memory); the shards do not depend on the count, so the run takes 2 and says why."""
     from tasks.shard import workers as shard
 
-    monkeypatch.setattr("tasks.processes.usable_cores", lambda: 2, raising=False)
+    monkeypatch.setattr("tasks.runtime.processes.usable_cores", lambda: 2, raising=False)
     started: list[int] = []
     monkeypatch.setattr(shard, "prestart_pool", lambda n, warm: started.append(n))
     many = params().model_copy(update={"workers": 64})
-    with caplog.at_level("WARNING", logger="tasks.processes"):
+    with caplog.at_level("WARNING", logger="tasks.runtime.processes"):
         run = shard.run_params(many, compact=False)
         shard.prestart_workers(run)
     assert run.workers == 2 and started == [2]
@@ -380,11 +382,11 @@ def test_the_stage_commands_prestart_leaves_the_cap_for_its_flow_to_say(
     flow says why they are capped (in its run's log too): the terminal said it twice."""
     from tasks.shard import workers as shard
 
-    monkeypatch.setattr("tasks.processes.usable_cores", lambda: 2, raising=False)
+    monkeypatch.setattr("tasks.runtime.processes.usable_cores", lambda: 2, raising=False)
     started: list[int] = []
     monkeypatch.setattr(shard, "prestart_pool", lambda n, warm: started.append(n))
     many = params().model_copy(update={"workers": 64})
-    with caplog.at_level("WARNING", logger="tasks.processes"):
+    with caplog.at_level("WARNING", logger="tasks.runtime.processes"):
         shard.prestart_stage_workers(many, compact=False)
     assert started == [2] and caplog.messages == []
 
@@ -435,7 +437,7 @@ def test_streamed_plan_keeps_the_documented_order(
     tiny_index: Path, tmp_path: Path, offset_bits: int | None
 ) -> None:
     """62 offset bits leave 2 bits of order key: nearly every record ties and is re-sorted."""
-    from tasks.index import read_records_at
+    from tasks.contracts.index import read_records_at
     from tasks.shard.planning import scan_index
 
     index = load_index(tiny_index)

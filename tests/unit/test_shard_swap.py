@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from tasks.data_diff import SPILL_PREFIX
-from tasks.manifest import ShardFile, load_manifest
-from tasks.shard import ShardSpec, shard_stage
+from tasks.contracts.manifest import ShardFile, load_manifest
+from tasks.contracts.shard_changes import SPILL_PREFIX
+from tasks.contracts.shard_swap import finish_swap, rebuild_folder, trash_folder
 from tasks.shard import stage as stage_module
+from tasks.shard.spec import ShardSpec
+from tasks.shard.stage import shard_stage
 from tasks.shard.writing import write_inline
-from tasks.shard_swap import finish_swap, rebuild_folder, trash_folder
 from tests.unit.test_shard import digests, params
 
 
@@ -169,7 +170,7 @@ def test_validation_finishes_a_swap_cut_between_the_renames(
     """Validation run on its own after the kill (`python -m flows.validate`) found no shard
     folder and only named the missing manifest: it now finishes the swap as the shard stage
     would (the new set when it is complete, else the old one back) and validates that."""
-    from tasks.validate import run_validate
+    from tasks.validate.stage import run_validate
 
     shards = tmp_path / "shards"
     old = shard_stage(params(), tiny_index, shards).manifest

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.content import file_sha256
-from tasks.filenames import main
-from tasks.source_check import HashCache, SourceRefused, listing, source_record
+from tasks.contracts.content import file_sha256
+from tasks.ingest.filenames import main
+from tasks.ingest.source_check import HashCache, SourceRefused, listing, source_record
 from tests.conftest import write_image_folder
 
 REPO = Path(__file__).resolve().parents[2]
@@ -114,7 +114,7 @@ def test_a_deployment_run_lists_the_source_before_dvc_judges_ingest(
     """Deployment runs ask DVC whether ingest is current, without `dvc repro` running the
     source stage first: the data flow lists the folder and records it itself."""
     from flows import data
-    from tasks.source_check import LISTING
+    from tasks.ingest.source_check import LISTING
 
     (tmp_path / "params.yaml").write_bytes((REPO / "params.yaml").read_bytes())
     write_image_folder(tmp_path / "data" / "demo", per_class=1)

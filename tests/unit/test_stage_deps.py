@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.code_version import project_modules
+from tasks.runtime.code_version import project_modules
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def project_files(root: Path, entry: str) -> set[str]:
     """Repo-relative files of ``entry`` and every project module it imports, transitively:
-    read the way code versions read them (:func:`tasks.code_version.project_modules`)."""
+    read the way code versions read them (:func:`tasks.runtime.code_version.project_modules`)."""
     root = root.resolve()
     return {path.relative_to(root).as_posix() for path in project_modules(root, entry).values()}
 

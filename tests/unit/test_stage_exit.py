@@ -32,7 +32,7 @@ def main():
     if sys.argv[2] == "fail":
         raise RuntimeError("stage failed: names the reason")
     if sys.argv[2] == "refuse":
-        from tasks.params import ParamsError
+        from tasks.runtime.params import ParamsError
         try:
             raise ParamsError("params.yaml: train.epochs = 0: must be 1 or more\\n  and more")
         except ParamsError as error:  # as an orchestrator wraps it

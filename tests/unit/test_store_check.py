@@ -8,9 +8,9 @@ import pytest
 from mlflow import MlflowClient
 
 from flows import cli
-from tasks.atomic import write_json
-from tasks.refusals import REFUSED_EXIT
-from tasks.store_check import REBUILD, StoreLostRuns, check_store
+from tasks.evaluate.store_check import REBUILD, StoreLostRuns, check_store
+from tasks.runtime.atomic import write_json
+from tasks.runtime.refusals import REFUSED_EXIT
 
 
 def reports_naming(root: Path, train_run: str, eval_run: str, version: str = "1") -> None:

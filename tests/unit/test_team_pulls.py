@@ -10,7 +10,7 @@ import yaml
 from dvc.repo import Repo
 
 from flows import team
-from tasks.params import default_params
+from tasks.runtime.params import default_params
 
 
 @pytest.fixture

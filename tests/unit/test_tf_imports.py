@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 PROBE = """
 import sys
-from tasks.tf_imports import {helper}
+from tasks.runtime.tf_imports import {helper}
 module = {helper}()
 print(module.__name__, {blocked!r} in sys.modules, {blocked!r} in sys.modules or
       __import__({blocked!r}) is not None)
@@ -42,7 +42,7 @@ def test_keras_loads_without_sklearn_or_matplotlib_which_stay_importable() -> No
 
 def test_a_library_imported_before_keras_is_left_as_it_was() -> None:
     code = (
-        "import sys, matplotlib as m; from tasks.tf_imports import keras_without_extras;"
+        "import sys, matplotlib as m; from tasks.runtime.tf_imports import keras_without_extras;"
         "keras_without_extras(); print(sys.modules.get('matplotlib') is m, 'keras' in sys.modules)"
     )
     done = subprocess.run(
@@ -62,7 +62,7 @@ def test_tensorflow_loads_without_keras_which_stays_importable() -> None:
 def test_the_start_up_notices_are_dropped_and_other_lines_kept(
     capfd: pytest.CaptureFixture[str],
 ) -> None:
-    from tasks.tf_imports import _native_notices_dropped
+    from tasks.runtime.tf_imports import _native_notices_dropped
 
     with _native_notices_dropped():
         os.write(2, b"WARNING: All log messages before absl::InitializeLog() is called are ")
@@ -83,7 +83,8 @@ def test_a_users_keras_json_changes_nothing_shardflow_computes(tmp_path: Path) -
     user["image_data_format"] = "channels_first"
     (tmp_path / ".keras" / "keras.json").write_text(json.dumps(user))
     code = (
-        "from tasks.tf_imports import keras_without_extras; c = keras_without_extras().config;"
+        "from tasks.runtime.tf_imports import keras_without_extras; "
+        "c = keras_without_extras().config;"
         "print(c.backend(), c.floatx(), c.epsilon(), c.image_data_format())"
     )
     env = {key: value for key, value in os.environ.items() if not key.startswith("KERAS_")}
@@ -101,7 +102,7 @@ def test_a_users_keras_json_changes_nothing_shardflow_computes(tmp_path: Path) -
 
 def test_a_first_keras_import_prints_none_of_tensorflows_notices() -> None:
     """TensorFlow's own lines, as this version prints them, are the ones dropped."""
-    code = "from tasks.tf_imports import keras_without_extras; keras_without_extras()"
+    code = "from tasks.runtime.tf_imports import keras_without_extras; keras_without_extras()"
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, env=env
@@ -112,7 +113,7 @@ def test_a_first_keras_import_prints_none_of_tensorflows_notices() -> None:
 FIRST_PREDICTION = """
 import sys, threading
 import keras
-import tasks.evaluate as evaluate
+import tasks.evaluate.stage as evaluate
 
 class Stop(Exception):
     pass

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks import run_records, tracking
-from tasks.manifest import load_manifest
-from tasks.params import default_params
+from tasks.contracts import run_records
+from tasks.contracts.manifest import load_manifest
+from tasks.runtime import tracking
+from tasks.runtime.params import default_params
 
 
 def test_tracking_uri_prefers_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
-from tasks.params import ParamsError
-from tasks.train_cluster import (
+from tasks.runtime.params import ParamsError
+from tasks.train.cluster import (
     TF_CONFIG_ENV,
     WORKERS_ENV,
     WorkerFailed,

@@ -11,10 +11,10 @@ import keras
 import numpy as np
 import pytest
 
-from tasks.evaluate import evaluate_model
-from tasks.layout import Layout
-from tasks.params import TrainParams, default_params
-from tasks.train import cpu_isa, read_epoch_log, train
+from tasks.evaluate.stage import evaluate_model
+from tasks.runtime.layout import Layout
+from tasks.runtime.params import TrainParams, default_params
+from tasks.train.stage import cpu_isa, read_epoch_log, train
 
 pytestmark = pytest.mark.slow
 NO_AUGMENT = {"flip": False, "crop": 0.0, "brightness": 0.0, "contrast": 0.0}
@@ -83,7 +83,7 @@ def test_learnable_data_beats_chance_clearly(tiny_shards: Path) -> None:
 def test_the_figures_reported_for_the_model_are_its_own_epochs(tiny_shards: Path) -> None:
     """Early stopping puts the best epoch's weights back at the end (here a later epoch
     does worse): the run reports that epoch's figures, not the last one's."""
-    from tasks.reader import read_split
+    from tasks.contracts.tf_reader import read_split
 
     params = train_params(
         epochs=6, batch_size=8, learning_rate=0.1, lr_schedule="constant",

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from tasks.gate import ShardsNotValidated, check_validated
-from tasks.layout import Layout
-from tasks.manifest import load_manifest
-from tasks.params import ParamsError, default_params
-from tasks.train import run_train, train
+from tasks.contracts.manifest import load_manifest
+from tasks.contracts.validated_shards import ShardsNotValidated, check_validated
+from tasks.runtime.layout import Layout
+from tasks.runtime.params import ParamsError, default_params
+from tasks.train.stage import run_train, train
 from tests.tiny_shards import write_tiny_shards, write_validation_report
 
 

@@ -10,9 +10,9 @@ import keras
 import numpy as np
 import pytest
 
-import tasks.train as train_module
-from tasks.layout import Layout
-from tasks.models import backbone_of
+import tasks.train.stage as train_module
+from tasks.runtime.layout import Layout
+from tasks.train.models import backbone_of
 from tests.conftest import tf_op_determinism
 from tests.unit.test_train_core import NO_AUGMENT, run, train_params
 

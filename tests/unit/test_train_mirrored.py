@@ -20,9 +20,9 @@ import json, sys
 import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-from tasks.layout import Layout
-from tasks.params import default_params
-from tasks.train import train
+from tasks.runtime.layout import Layout
+from tasks.runtime.params import default_params
+from tasks.train.stage import train
 layout = Layout(sys.argv[1])
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 summary = train(default_params(train={"epochs": 1, "batch_size": 16}).train, layout.shards_dir,

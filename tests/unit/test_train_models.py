@@ -9,9 +9,9 @@ import keras
 import numpy as np
 import pytest
 
-from tasks.models import backbone_of, build_backbone, build_model, unfreeze_top
-from tasks.params import ParamsError, default_params
-from tasks.train import precision_policy
+from tasks.runtime.params import ParamsError, default_params
+from tasks.train.models import backbone_of, build_backbone, build_model, unfreeze_top
+from tasks.train.stage import precision_policy
 
 NO_AUGMENT = {"flip": False, "crop": 0.0, "brightness": 0.0, "contrast": 0.0}
 IMAGES = np.random.default_rng(0).integers(0, 256, (4, 32, 32, 3), dtype=np.uint8)

@@ -2,7 +2,7 @@
 one training loop: identical weights on both, the single-worker accuracy, a dead worker
 failing the run (no hang) and the rerun resuming.
 
-Each worker is a spawned process with its own ``TF_CONFIG`` (tasks.train_cluster's local
+Each worker is a spawned process with its own ``TF_CONFIG`` (tasks.train.cluster's local
 launcher, as ``SHARDFLOW_TRAIN_WORKERS`` runs the stage).
 """
 
@@ -23,13 +23,13 @@ import keras
 import numpy as np
 import pytest
 
-from tasks.evaluate import evaluate_model
-from tasks.layout import Layout
-from tasks.manifest import load_manifest
-from tasks.params import ParamsError, TrainParams, default_params
-from tasks.train import read_epoch_log
-from tasks.train_cluster import WorkerFailed, launch_local_workers
-from tasks.train_loop import check_distributable
+from tasks.contracts.manifest import load_manifest
+from tasks.evaluate.stage import evaluate_model
+from tasks.runtime.layout import Layout
+from tasks.runtime.params import ParamsError, TrainParams, default_params
+from tasks.train.cluster import WorkerFailed, launch_local_workers
+from tasks.train.loop import check_distributable
+from tasks.train.stage import read_epoch_log
 from tests.unit.test_train_core import NO_AUGMENT, run
 
 pytestmark = pytest.mark.slow
@@ -82,7 +82,7 @@ def worker(
     root: str, params_json: str, die_at: int | None, send: Callable[[object], None]
 ) -> dict[str, Any]:
     """What each spawned worker runs: the training core on ``root``'s shards."""
-    from tasks.train_cluster import choose_strategy, is_chief
+    from tasks.train.cluster import choose_strategy, is_chief
 
     strategy = choose_strategy()
     out = Path(root) / "weights"
@@ -159,12 +159,12 @@ def test_fewer_train_files_than_workers_is_refused_naming_the_param(tiny_shards:
 def test_the_stage_launches_local_workers_and_only_the_chief_records(
     tiny_shards: Path, mlflow_uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``SHARDFLOW_TRAIN_WORKERS=2``: what the train stage runs (tasks.train_child.train)."""
+    """``SHARDFLOW_TRAIN_WORKERS=2``: what the train stage runs (tasks.train.child.train)."""
     from mlflow import MlflowClient
 
-    from tasks import train_child
-    from tasks.params import Params
-    from tasks.train_cluster import WORKERS_ENV
+    from tasks.runtime.params import Params
+    from tasks.train import child as train_child
+    from tasks.train.cluster import WORKERS_ENV
 
     monkeypatch.setenv(WORKERS_ENV, "2")
     params = default_params().model_copy(update={"train": PARAMS})
@@ -188,7 +188,7 @@ def test_the_stage_launches_local_workers_and_only_the_chief_records(
 CHIEF_SCRIPT = """
 import sys
 from pathlib import Path
-from tasks.params import TrainParams
+from tasks.runtime.params import TrainParams
 from tests.unit.test_train_core import run
 run(Path(sys.argv[1]), TrainParams.model_validate_json(sys.argv[2]))
 """
@@ -203,7 +203,7 @@ def test_a_platform_worker_runs_the_stage_command_and_records_nothing(
 
     import yaml
 
-    from tasks.train_cluster import local_tf_configs
+    from tasks.train.cluster import local_tf_configs
 
     merged = default_params(train=PARAMS.model_dump(mode="json")).model_dump(mode="json")
     (tiny_shards / "params.yaml").write_text(yaml.safe_dump(merged))
@@ -234,7 +234,7 @@ CHIEF_BEFORE_TRAINING = """
 import sys
 import threading
 import tensorflow  # imported before it says so: the worker's wait starts with the chief there
-from tasks.train_cluster import choose_strategy
+from tasks.train.cluster import choose_strategy
 print("joining", flush=True)
 choose_strategy(600.0)
 if sys.argv[1] == "joins and fails":
@@ -255,7 +255,7 @@ def test_a_worker_whose_chief_never_reaches_training_fails_naming_why(
 
     import yaml
 
-    from tasks.train_cluster import local_tf_configs
+    from tasks.train.cluster import local_tf_configs
 
     merged = default_params(
         train=PARAMS.model_dump(mode="json"), cluster={"join_timeout_s": 2}

@@ -17,12 +17,14 @@ import numpy as np
 import pytest
 from mlflow import MlflowClient
 
-import tasks.train as train_module
-import tasks.train_loop as train_loop
-from tasks.layout import Layout
-from tasks.models import weights_lineage
-from tasks.params import Params, TrainParams, default_params
-from tasks.train import (
+import tasks.train.loop as train_loop
+import tasks.train.stage as train_module
+from tasks.runtime.layout import Layout
+from tasks.runtime.params import Params, TrainParams, default_params
+from tasks.train.backup import BackupDirs
+from tasks.train.callbacks import ResumableEarlyStopping
+from tasks.train.models import weights_lineage
+from tasks.train.stage import (
     IDENTITY_NAME,
     backup_identity,
     claim_backup,
@@ -31,8 +33,6 @@ from tasks.train import (
     run_train,
     write_identity,
 )
-from tasks.train_backup import BackupDirs
-from tasks.train_callbacks import ResumableEarlyStopping
 from tests.unit.test_train_core import NO_AUGMENT, KillAfterEpoch, run
 
 LR_A, LR_B = 0.003, 0.001
@@ -57,7 +57,7 @@ class Lines(logging.Handler):
 
 @pytest.fixture
 def warnings_logged() -> Iterator[Lines]:
-    logger, handler = logging.getLogger("tasks.train"), Lines()
+    logger, handler = logging.getLogger("tasks.train.stage"), Lines()
     logger.addHandler(handler)
     yield handler
     logger.removeHandler(handler)
@@ -101,7 +101,7 @@ def test_a_weights_file_overwritten_with_other_weights_is_a_change_of_its_own(
     """The same ``train.weights`` path holding other weights resumed the backup made from
     the first ones (the identity held the path alone), and the MLflow run logged the same
     params; only a file under models/pretrained/, a train stage dependency, retrains."""
-    from tasks.models import PRETRAINED_DIR, untracked_weights
+    from tasks.train.models import PRETRAINED_DIR, untracked_weights
 
     monkeypatch.chdir(tmp_path)
     weights = Path(PRETRAINED_DIR) / "backbone.weights.h5"
@@ -138,7 +138,7 @@ def test_a_run_hashes_its_weights_file_once(
     """run_train hashed the ``train.weights`` file for the backup identity and for the run's
     inputs, and train a third time: one sha256 now serves the identity, the MLflow run and
     the training core, and they name the same one."""
-    import tasks.models as models_module
+    import tasks.train.models as models_module
 
     monkeypatch.chdir(tiny_shards)
     weights = Path(models_module.PRETRAINED_DIR) / "backbone.weights.h5"
@@ -297,7 +297,7 @@ def test_a_kill_before_the_epochs_commit_resumes_that_epoch_from_the_last_commit
     """Killed after epoch 1's weights were written but before ``epoch.json`` named them:
     the rerun starts at epoch 1 with epoch 0's weights and random state, never with the
     weights of the epoch it is about to train again."""
-    import tasks.train_backup as backup
+    import tasks.train.backup as backup
 
     def model() -> keras.Model:
         keras.utils.set_random_seed(0)
@@ -393,9 +393,9 @@ def test_early_stopping_wait_best_and_best_weights_survive_a_kill(
 SIGKILL_SCRIPT = """
 import os, signal, sys
 import keras
-from tasks.layout import Layout
-from tasks.params import TrainParams
-from tasks.train import train
+from tasks.runtime.layout import Layout
+from tasks.runtime.params import TrainParams
+from tasks.train.stage import train
 
 class Die(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):

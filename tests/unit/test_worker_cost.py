@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tasks import worker_cost
-from tasks.worker_cost import break_even_s, check_seconds, shard_seconds, worth_workers
+from tasks.runtime import worker_cost
+from tasks.runtime.worker_cost import break_even_s, check_seconds, shard_seconds, worth_workers
 
 
 def test_break_even_is_the_start_up_the_workers_win_back() -> None:
@@ -54,7 +54,7 @@ def test_estimates_grow_with_the_work() -> None:
 def test_a_decode_is_handed_off_where_it_saves_more_than_its_entry_costs() -> None:
     """Camera photos (2 and 12 MP, their 1/8 decodes as entries) are kept, thumbnails are
     not; a larger entry for the same pixels needs more saving."""
-    from tasks.worker_cost import worth_handing_off
+    from tasks.runtime.worker_cost import worth_handing_off
 
     assert worth_handing_off(4000 * 3000, 500 * 375 * 3)
     assert worth_handing_off(1600 * 1200, 200 * 150 * 3)

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from tasks.workspace_lock import HOLDER_FILE, LOCK_ENV, lock_timeout_s, read_holder
+from tasks.runtime.workspace_lock import HOLDER_FILE, LOCK_ENV, lock_timeout_s, read_holder
 
 REPO = Path(__file__).resolve().parents[2]
 
 # Holds the lock (as `holder-cmd`), says so in ./ready, and keeps it until ./release exists.
 HOLDER = """
 import pathlib, time
-from tasks.workspace_lock import workspace_lock
+from tasks.runtime.workspace_lock import workspace_lock
 with workspace_lock(".", timeout_s=0, command="holder-cmd"):
     pathlib.Path("ready").write_text("1")
     while not pathlib.Path("release").exists():
@@ -41,7 +41,15 @@ def env(**extra: str) -> dict[str, str]:
 
 
 def locked_cmd(params: Path, *cmd: str) -> list[str]:
-    return [sys.executable, "-m", "tasks.workspace_lock", "--params", str(params), "--", *cmd]
+    return [
+        sys.executable,
+        "-m",
+        "tasks.runtime.workspace_lock",
+        "--params",
+        str(params),
+        "--",
+        *cmd,
+    ]
 
 
 def wait_for(predicate, what: str, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]

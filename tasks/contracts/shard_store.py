@@ -1,0 +1,337 @@
+"""Shards read straight from object storage, through a bounded local cache.
+
+A shard set published under an ``s3://bucket/prefix/`` (the shard directory's files under the
+same relative names, ``manifest.json`` beside them) is read without copying the whole set
+first: each shard is downloaded whole, its sha256 checked against the manifest while it
+streams in, and only then handed to the reader as a local file. The reader's tf.data
+pipeline is the local one, reading local files; it names the next shards ahead of need and
+the store downloads them on threads of its own (``prefetch`` at a time), so the gate checks
+each shard as it arrives, not the whole set up front.
+
+The cache lives in the repository (``.shardflow/shard_cache/``), holds files named by their
+sha256, and never holds more than ``max_bytes``: room for a shard is made (least recently
+used first) before its download starts.
+
+TensorFlow 2.21 has no ``s3://`` file system (tensorflow-io does not load on it), so the
+download is boto3's; the endpoint and credentials are boto3's own environment variables
+(``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``), never a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
+
+from tasks.contracts.manifest import MANIFEST_NAME, ShardFile, ShardManifest, parse_manifest
+from tasks.runtime.params import ParamsError
+
+if TYPE_CHECKING:
+    from tasks.runtime.params import StorageParams
+
+# Where a run's shards live when they are not in data/shards (an s3:// URL). Where data
+# lives never changes what is computed, so it is an environment setting beside the endpoint
+# and credentials, not a train.* param that would retrain.
+SHARDS_URL_ENV = "SHARDFLOW_SHARDS_URL"
+CACHE_DIR = Path(".shardflow") / "shard_cache"
+# Downloads are read, hashed and written in 1 MiB pieces: memory stays bounded per shard.
+SHARD_READ_CHUNK = 1 << 20
+
+
+class ShardStoreError(RuntimeError):
+    """A shard that could not be fetched, or that arrived with other bytes than the manifest's."""
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """``s3://bucket/some/prefix`` -> ``("bucket", "some/prefix/")`` (prefix may be empty)."""
+    parsed = urlparse(url)
+    if parsed.scheme != "s3" or not parsed.netloc:
+        raise ValueError(f"{url!r}: not an s3://bucket/prefix URL")
+    prefix = parsed.path.strip("/")
+    return parsed.netloc, f"{prefix}/" if prefix else ""
+
+
+def s3_client() -> Any:
+    """A boto3 S3 client configured by the environment only (endpoint, keys, region)."""
+    import boto3
+    from botocore.config import Config
+
+    # One connection per prefetching thread at least (urllib3's pool default is 10).
+    return boto3.client("s3", config=Config(max_pool_connections=32))
+
+
+class ShardStore:
+    """A shard set under an ``s3://`` prefix, read through a bounded LRU cache in the repo.
+
+    ``manifest()`` fetches and checks the manifest; ``fetch(shard)`` returns a local path to
+    the shard's verified bytes (downloading it when it is not cached). ``fetch_ahead(shard)``
+    starts that download on the store's own ``prefetch`` threads and returns at once, so a
+    reader names the shards it will read next and ``fetch`` then waits only for the rest.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        root: str | Path,
+        *,
+        max_bytes: int,
+        prefetch: int,
+        client: Any = None,
+    ) -> None:
+        if prefetch < 1:
+            raise ValueError(f"prefetch={prefetch}: must be at least 1")
+        self.url = url.rstrip("/")
+        self.bucket, self.prefix = split_url(url)
+        self.cache_dir = Path(root) / CACHE_DIR
+        self.max_bytes = max_bytes
+        self.prefetch = prefetch
+        self._client = client or s3_client()
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[str, int] = OrderedDict()  # sha256 -> bytes, oldest first
+        self._reserved = 0  # bytes of downloads in flight
+        self._manifest: ShardManifest | None = None
+        # Downloads started ahead, by sha256. They run on threads of their own: a download
+        # waiting on the network in a tf.data map held one of tf.data's threads (as many as
+        # cores), so 2 cores downloaded 2 shards at a time and parsed nothing meanwhile.
+        self._ahead: dict[str, Future[Path]] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        self._adopt_existing()
+
+    # -- public -----------------------------------------------------------------------------
+
+    def manifest(self) -> ShardManifest:
+        """The set's manifest, read from the store (its fingerprint checked)."""
+        if self._manifest is None:
+            key = self.prefix + MANIFEST_NAME
+            body = self._get(key).read()
+            manifest = parse_manifest(body.decode(), where=f"s3://{self.bucket}/{key}")
+            largest = max((s.bytes for i in manifest.splits.values() for s in i.shards), default=0)
+            # Shards downloaded ahead and not yet opened stay cached: room for the ones in
+            # flight, the ones waiting to be read and the one being read.
+            needed = (2 * self.prefetch + 1) * largest
+            if self.max_bytes < needed:
+                raise ValueError(
+                    f"shard cache of {self.max_bytes} bytes cannot hold {2 * self.prefetch + 1} "
+                    f"shards of up to {largest} bytes ({self.url}); raise the cache bound to "
+                    f"{needed} bytes or lower prefetch"
+                )
+            self._manifest = manifest
+        return self._manifest
+
+    def fetch(self, shard: ShardFile) -> Path:
+        """A local path holding exactly ``shard``'s bytes (sha256 checked), else an error
+        naming the shard. A cached copy is re-hashed too: nothing unchecked reaches a model;
+        a download started by ``fetch_ahead`` was checked as it streamed in."""
+        with self._lock:
+            ahead = self._ahead.pop(shard.sha256, None)
+        if ahead is not None:
+            path = ahead.result()  # its error (a refused or missing shard) is raised here
+            with self._lock:
+                if shard.sha256 in self._entries:  # not evicted since it arrived
+                    self._entries.move_to_end(shard.sha256)
+                    return path
+        path = self.cache_dir / shard.sha256
+        with self._lock:
+            cached = shard.sha256 in self._entries
+            if cached:
+                self._entries.move_to_end(shard.sha256)
+        if cached and _sha256_of(path) == shard.sha256:
+            return path
+        return self._download(shard, path)
+
+    def fetch_ahead(self, shard: ShardFile) -> None:
+        """Start downloading ``shard`` (at most ``prefetch`` downloads at a time) unless it is
+        cached or on its way; ``fetch(shard)`` takes the result."""
+        with self._lock:
+            if shard.sha256 in self._entries:
+                return
+            started = self._ahead.get(shard.sha256)
+            if started is not None and not started.done():
+                return  # a finished one that is not cached failed or was evicted: again
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.prefetch, thread_name_prefix="shard-fetch")
+            path = self.cache_dir / shard.sha256
+            self._ahead[shard.sha256] = self._pool.submit(self._download, shard, path)
+
+    def clear(self) -> None:
+        """Empty the cache (a cold start): the next read downloads every shard again."""
+        with self._lock:
+            for sha256 in list(self._entries):
+                (self.cache_dir / sha256).unlink(missing_ok=True)
+            self._entries.clear()
+
+    def cached_bytes(self) -> int:
+        """Bytes the cache directory holds now (files on disk, downloads in flight included)."""
+        return sum(p.stat().st_size for p in self.cache_dir.iterdir() if p.is_file())
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _download(self, shard: ShardFile, path: Path) -> Path:
+        key = self.prefix + shard.file
+        where = f"s3://{self.bucket}/{key}"
+        self._reserve(shard.sha256, shard.bytes)
+        part = path.with_name(f"{path.name}.{threading.get_ident()}.part")
+        try:
+            digest, size = hashlib.sha256(), 0
+            body = self._get(key)
+            with part.open("wb") as out, body:
+                while block := body.read(SHARD_READ_CHUNK):
+                    size += len(block)
+                    if size > shard.bytes:  # a bigger object never fills the cache past its bound
+                        break
+                    digest.update(block)
+                    out.write(block)
+            if size != shard.bytes or digest.hexdigest() != shard.sha256:
+                got = (
+                    f"sha256 {digest.hexdigest()[:12]}"
+                    if size == shard.bytes
+                    else f"{size} bytes"
+                    if size < shard.bytes
+                    else f"more than {shard.bytes} bytes"
+                )
+                raise ShardStoreError(
+                    f"shard {shard.file} ({where}) has {got}, the manifest says "
+                    f"{shard.bytes} bytes with sha256 {shard.sha256[:12]}: refused before any of "
+                    f"its records were read; republish the shard set"
+                )
+            os.replace(part, path)
+        except BaseException:
+            part.unlink(missing_ok=True)
+            with self._lock:
+                self._reserved -= shard.bytes
+            raise
+        with self._lock:
+            self._reserved -= shard.bytes
+            self._entries[shard.sha256] = shard.bytes
+        return path
+
+    def _reserve(self, sha256: str, size: int) -> None:
+        """Make room for ``size`` bytes, evicting the least recently used shards."""
+        with self._lock:
+            self._entries.pop(sha256, None)
+            while self._entries and self._total() + self._reserved + size > self.max_bytes:
+                old, _ = self._entries.popitem(last=False)
+                (self.cache_dir / old).unlink(missing_ok=True)
+            if self._total() + self._reserved + size > self.max_bytes:
+                raise ShardStoreError(
+                    f"shard cache {self.cache_dir} is full with downloads in flight "
+                    f"({self._reserved} bytes); raise its bound above {self.max_bytes} bytes"
+                )
+            self._reserved += size  # counted from now; an entry once the bytes are checked
+
+    def _total(self) -> int:
+        return sum(self._entries.values())
+
+    def _get(self, key: str) -> Any:
+        from botocore.exceptions import ClientError
+
+        try:
+            return self._client.get_object(Bucket=self.bucket, Key=key)["Body"]
+        except ClientError as error:
+            code = error.response.get("Error", {}).get("Code", "")
+            if code in ("NoSuchKey", "404", "NotFound"):
+                raise ShardStoreError(
+                    f"s3://{self.bucket}/{key}: no such object; publish the shard set there "
+                    f"(python -m tasks.contracts.shard_store publish data/shards {self.url})"
+                ) from error
+            raise ShardStoreError(f"s3://{self.bucket}/{key}: {error}") from error
+
+    def _adopt_existing(self) -> None:
+        """Count what an earlier run left in the cache (oldest first), dropping torn parts."""
+        files = sorted(
+            (p for p in self.cache_dir.iterdir() if p.is_file()), key=lambda p: p.stat().st_mtime
+        )
+        for path in files:
+            if path.suffix == ".part":
+                path.unlink(missing_ok=True)
+            else:
+                self._entries[path.name] = path.stat().st_size
+        with self._lock:
+            while self._entries and self._total() > self.max_bytes:
+                old, _ = self._entries.popitem(last=False)
+                (self.cache_dir / old).unlink(missing_ok=True)
+
+
+def _sha256_of(path: Path) -> str | None:
+    try:
+        with path.open("rb") as handle:
+            return hashlib.file_digest(handle, "sha256").hexdigest()
+    except FileNotFoundError:  # evicted between the check and the read
+        return None
+
+
+def publish(shards_dir: str | Path, url: str, *, client: Any = None) -> int:
+    """Upload a shard directory's manifest and shards to ``url``; the manifest goes last, so
+    a reader never sees a manifest whose shards are not all there. Returns files uploaded."""
+    from tasks.contracts.manifest import load_manifest
+
+    shards_dir = Path(shards_dir)
+    manifest = load_manifest(shards_dir)
+    bucket, prefix = split_url(url)
+    client = client or s3_client()
+    files = [s.file for info in manifest.splits.values() for s in info.shards]
+    for name in [*files, MANIFEST_NAME]:
+        client.upload_file(str(shards_dir / name), bucket, prefix + name)
+    return len(files) + 1
+
+
+def shards_url() -> str | None:
+    """The ``s3://`` URL a run reads its shards from, or None for the local shard folder."""
+    return os.environ.get(SHARDS_URL_ENV) or None
+
+
+def open_store(root: str | Path, storage: StorageParams) -> ShardStore | None:
+    """The store ``SHARDFLOW_SHARDS_URL`` names (cache under ``root``), or None when unset."""
+    url = shards_url()
+    if url is None:
+        return None
+    try:
+        split_url(url)
+    except ValueError as error:  # a setting to change, not I/O to retry
+        raise ParamsError(f"{SHARDS_URL_ENV}={url!r}: not an s3://bucket/prefix URL") from error
+    max_bytes = int(storage.cache_mb * 2**20)
+    return ShardStore(url, root, max_bytes=max_bytes, prefetch=storage.prefetch_shards)
+
+
+def local_path_fetcher(store: ShardStore, manifest: ShardManifest) -> Callable[[bytes], bytes]:
+    """Map a shard's name (bytes, as tf.data passes it) to its verified local path."""
+    by_name = _shards_by_name(manifest)
+
+    def fetch(name: bytes) -> bytes:
+        return str(store.fetch(by_name[name.decode()])).encode()
+
+    return fetch
+
+
+def _shards_by_name(manifest: ShardManifest) -> dict[str, ShardFile]:
+    return {s.file: s for info in manifest.splits.values() for s in info.shards}
+
+
+def download_starter(store: ShardStore, manifest: ShardManifest) -> Callable[[bytes], bytes]:
+    """Map a shard's name to itself, its download started (``ShardStore.fetch_ahead``)."""
+    by_name = _shards_by_name(manifest)
+
+    def start(name: bytes) -> bytes:
+        store.fetch_ahead(by_name[name.decode()])
+        return name
+
+    return start
+
+
+if (
+    __name__ == "__main__"
+):  # python -m tasks.contracts.shard_store publish data/shards s3://bucket/prefix
+    import sys
+
+    if len(sys.argv) != 4 or sys.argv[1] != "publish":
+        sys.exit(
+            "usage: python -m tasks.contracts.shard_store publish SHARDS_DIR s3://bucket/prefix"
+        )
+    print(f"{publish(sys.argv[2], sys.argv[3])} files uploaded to {sys.argv[3]}")

@@ -1,0 +1,128 @@
+"""What ``shardflow forget`` does in the tracking store: the versions trained, validated or
+tested on a forgotten image lose the champion alias and are tagged retracted (or deleted),
+and the tags, descriptions and artifacts that name or show it go. Each step is idempotent.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tasks.erasure.lineage import TrackedRuns
+from tasks.evaluate.tracking import EVALUATES_TAG
+from tasks.runtime.tracking import CHAMPION, champion_version
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+RETRACTED_TAG = "shardflow.retracted"  # on a model version: which erasure retracted it, when
+REDACTED = "[forgotten]"
+# Artifacts of an evaluation of a set that held a forgotten image that may show its pixels
+# (the misclassified and label-review sheets): no byte search finds pixels in a PNG.
+PICTURES = (".png", ".jpg", ".jpeg", ".gif", ".webp", ".svg")
+
+
+def runs_that_held(runs: TrackedRuns, fingerprints: Iterable[str]) -> tuple[set[str], set[str]]:
+    """(the training and evaluation runs on the sets, the versions registered from them)."""
+    held, versions = set(), set()
+    for fingerprint in fingerprints:
+        for run_id, _ in runs.training.get(fingerprint, []):
+            held.add(run_id)
+            held.update(e_id for e_id, _ in runs.evaluations.get(run_id, []))
+            versions.update(runs.versions.get(run_id, []))
+    return held, versions
+
+
+def retract_versions(
+    client: MlflowClient, model_name: str, versions: Iterable[str], note: str, *, delete: bool
+) -> list[str]:
+    """Take the champion alias from ``versions`` at once, then tag each retracted (``note``:
+    which erasure, when) or delete it; the versions acted on."""
+    from mlflow.exceptions import MlflowException
+
+    versions = sorted(set(versions), key=int)
+    if champion_version(client, model_name) in versions:
+        client.delete_registered_model_alias(model_name, CHAMPION)
+    done = []
+    for version in versions:
+        try:
+            if delete:
+                client.delete_model_version(model_name, version)
+            else:
+                client.set_model_version_tag(model_name, version, RETRACTED_TAG, note)
+            done.append(version)
+        except MlflowException:  # deleted already (a rerun after a kill)
+            continue
+    return done
+
+
+def redact(text: str, marks: Iterable[str]) -> str:
+    for mark in marks:
+        text = text.replace(mark, REDACTED)
+    return text
+
+
+def scrub_tracking(
+    client: MlflowClient, marks: list[str], held: set[str], model_name: str
+) -> list[str]:
+    """Redact ``marks`` (hashes, file names) from every run's tags and every version's
+    description; delete every artifact that holds one, and the pictures of the ``held``
+    runs. What was changed, as ``run/path`` or ``model/version`` (no mark in it)."""
+    changed = []
+    for experiment in client.search_experiments():
+        for run in client.search_runs([experiment.experiment_id], max_results=50000):
+            run_id = run.info.run_id
+            for key, value in run.data.tags.items():
+                if any(mark in value for mark in marks):
+                    client.set_tag(run_id, key, redact(value, marks))
+                    changed.append(f"{run_id}: tag {key}")
+            # the sheets that show images are an evaluation's
+            pictures = run_id in held and EVALUATES_TAG in run.data.tags
+            changed += _scrub_artifacts(client, run, marks, pictures=pictures)
+    for version in client.search_model_versions(f"name = '{model_name}'"):
+        description = version.description or ""
+        if any(mark in description for mark in marks):
+            client.update_model_version(model_name, version.version, redact(description, marks))
+            changed.append(f"{model_name}/{version.version}: description")
+    return changed
+
+
+def _scrub_artifacts(
+    client: MlflowClient, run: Any, marks: list[str], *, pictures: bool
+) -> list[str]:
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    repository = get_artifact_repository(run.info.artifact_uri)
+    encoded = [mark.encode() for mark in marks]
+    removed = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for path in _artifact_files(client, run.info.run_id):
+            local = Path(client.download_artifacts(run.info.run_id, path, scratch))
+            if (pictures and path.lower().endswith(PICTURES)) or any(
+                mark in local.read_bytes() for mark in encoded
+            ):
+                repository.delete_artifacts(path)
+                removed.append(f"{run.info.run_id}: artifact {path}")
+    return removed
+
+
+def _artifact_files(client: MlflowClient, run_id: str, path: str | None = None) -> list[str]:
+    files = []
+    for info in client.list_artifacts(run_id, path):
+        files += _artifact_files(client, run_id, info.path) if info.is_dir else [info.path]
+    return files
+
+
+def compact_sqlite(uri: str) -> bool:
+    """VACUUM a SQLite tracking store, so the pages freed keep nothing; False for a server."""
+    if not uri.startswith("sqlite:///"):
+        return False
+    connection = sqlite3.connect(uri.removeprefix("sqlite:///"))
+    try:
+        connection.execute("VACUUM")
+    finally:
+        connection.close()
+    return True

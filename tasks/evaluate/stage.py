@@ -1,0 +1,704 @@
+"""Evaluate stage: test-split metrics, label review, reports and plots, then promotion.
+
+``evaluate_model`` is the pure core (model + shards in, metrics and report files out);
+``run_evaluate`` wires it to the layout and to an MLflow run of its own (a child of the
+training run, :mod:`tasks.evaluate.tracking`), behind the same validation gate as training,
+registers the model (:mod:`tasks.evaluate.registry`), writes its card, and lets
+:mod:`tasks.evaluate.promotion` decide on the ``champion`` alias, re-scoring the champion's model on
+the current test shards (:func:`champion_scorer`) when its recorded figure was measured on
+other data or another way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tasks.contracts.inference import predict_batch
+from tasks.contracts.manifest import load_manifest
+from tasks.contracts.run_records import dvc_experiment
+from tasks.contracts.shard_store import open_store
+from tasks.contracts.tf_reader import read_split
+from tasks.contracts.validated_shards import (
+    check_model_matches,
+    check_validated,
+    check_validated_store,
+)
+from tasks.evaluate.evidence import Answers, answers_of
+from tasks.evaluate.label_review import (
+    REVIEWED_SPLITS,
+    SHEET_ROWS_SHOWN,
+    HeldOut,
+    import_cleanlab_meanwhile,
+    plot_label_sheet,
+    review_labels,
+    review_summary,
+    write_label_issues,
+)
+from tasks.evaluate.metrics import class_columns, classification_metrics, metrics_by_name
+from tasks.evaluate.promotion import (
+    Figure,
+    NotComparable,
+    Rescored,
+    Rules,
+    check_margin,
+    class_differences,
+    decide,
+    metric_definition,
+    pending_decision,
+    promote,
+    recorded_classes,
+    recorded_definition,
+    spec_differences,
+)
+from tasks.evaluate.registry import (
+    discard_logged,
+    download_registered,
+    log_due_pyfunc,
+    logged_model_id,
+    register_model,
+    registered_sources,
+    workspace_id,
+)
+from tasks.evaluate.sheets import plot_image_sheet
+from tasks.evaluate.tracking import (
+    end_abandoned_model_logging,
+    log_decision,
+    log_test_results,
+    start_evaluation_run,
+    training_run,
+    write_card,
+)
+from tasks.runtime import processes
+from tasks.runtime.atomic import write_json
+from tasks.runtime.dataset_identity import model_name_for
+from tasks.runtime.layout import Layout
+from tasks.runtime.metrics_files import is_number
+from tasks.runtime.params import Params
+from tasks.runtime.processes import Later
+from tasks.runtime.tracking import champion_version
+from tasks.schema import IMAGE_KEY, LABEL_KEY, SOURCE_KEY
+
+if TYPE_CHECKING:
+    import keras
+    from mlflow import MlflowClient
+
+    from tasks.contracts.manifest import ShardManifest
+    from tasks.contracts.shard_store import ShardStore
+    from tasks.predict import ServingSpec
+
+MAX_MISCLASSIFIED_SHOWN = 16
+BATCH_SIZE = 256
+LABEL_SHEET = "label_issues.png"  # the label review's thumbnail sheet, in the eval plots
+
+
+# -- the core ------------------------------------------------------------------------------
+
+
+def predict_split(
+    model: keras.Model,
+    shards_dir: Path,
+    split: str = "test",
+    sources: list[str] | None = None,
+    store: ShardStore | None = None,
+    predicted: Callable[[int], object] | None = None,
+) -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]]]:
+    """Labels, class probabilities, and the misclassified records (image and source).
+
+    ``sources``, when given, receives every record's source path, in prediction order.
+    With a ``store`` the shards are read from object storage (tasks.contracts.shard_store).
+    ``predicted(n)`` is told each batch's record count once it is predicted.
+    """
+    dataset = read_split(
+        shards_dir, split, batch_size=BATCH_SIZE, training=False, with_metadata=True, store=store
+    )
+    labels: list[np.ndarray] = []
+    probs: list[np.ndarray] = []
+    wrong: list[dict[str, Any]] = []
+    for features in dataset:
+        images = features[IMAGE_KEY]
+        batch_probs = predict_batch(model, images)  # inference: no augmentation
+        batch_labels = features[LABEL_KEY].numpy()
+        labels.append(batch_labels)
+        probs.append(batch_probs)
+        if predicted is not None:
+            predicted(len(batch_labels))
+        if sources is not None:
+            sources.extend(s.decode() for s in features[SOURCE_KEY].numpy())
+        for i in np.flatnonzero(batch_probs.argmax(axis=1) != batch_labels):
+            if len(wrong) < MAX_MISCLASSIFIED_SHOWN:
+                wrong.append(
+                    {
+                        "image": images[i].numpy(),
+                        "label": int(batch_labels[i]),
+                        "predicted": int(batch_probs[i].argmax()),
+                        "source": features[SOURCE_KEY][i].numpy().decode(),
+                    }
+                )
+    num_classes = model.output_shape[-1]
+    if not labels:
+        return np.zeros(0, np.int32), np.zeros((0, num_classes), np.float32), wrong
+    return np.concatenate(labels), np.concatenate(probs), wrong
+
+
+def counter(
+    manifest: ShardManifest, reviewed: bool, progress: Callable[[int, int], object] | None
+) -> Callable[[int], object] | None:
+    """What :func:`predict_split` tells, as ``progress(done, total)``: the records of the
+    test split, and of the other reviewed splits when the labels are ``reviewed``."""
+    if progress is None:
+        return None
+    splits = REVIEWED_SPLITS if reviewed else ("test",)
+    total = sum(manifest.splits[s].num_records for s in splits if s in manifest.splits)
+    done = 0
+
+    def predicted(records: int) -> None:
+        nonlocal done
+        done += records
+        progress(done, total)
+
+    return predicted
+
+
+def evaluate_model(
+    model_file: str | Path,
+    shards_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    top_k: int,
+    predictions_file: str | Path | None = None,
+    store: ShardStore | None = None,
+    label_issues_file: str | Path | None = None,
+    label_error_confidence: float | None = None,
+    progress: Callable[[int, int], object] | None = None,
+) -> dict[str, Any]:
+    """Test-split metrics plus the per-class table (JSON, Markdown) and PNGs in out_dir.
+
+    ``predictions_file`` also gets every test record's prediction (the reference the
+    served model must reproduce from the source files); ``label_issues_file`` the label
+    review of val and test, at ``label_error_confidence`` (``evaluate.label_error_confidence``;
+    and out_dir its thumbnail sheet; ``label_review`` in the result sums it up). With a
+    ``store`` the shards are read from object storage instead of
+    ``shards_dir``. ``progress(done, total)`` is told the records predicted so far, of the
+    test split and, for the label review, the val split.
+    """
+    import keras
+
+    from tasks.runtime.tf_imports import keras_without_extras
+
+    keras_without_extras()  # Keras's config held at its defaults, whatever keras.json says
+    if label_issues_file is not None:
+        import_cleanlab_meanwhile()
+    shards_dir, out_dir = Path(shards_dir), Path(out_dir)
+    manifest = store.manifest() if store else load_manifest(shards_dir)
+    model = keras.saving.load_model(model_file)
+    predicted = counter(manifest, label_issues_file is not None, progress)
+    sources: list[str] = []
+    labels, probs, wrong = predict_split(
+        model, shards_dir, sources=sources, store=store, predicted=predicted
+    )
+    if predictions_file is not None:
+        write_test_predictions(predictions_file, sources, labels, probs, manifest.classes)
+    metrics = classification_metrics(labels, probs, manifest.classes, top_k=top_k)
+    metrics["test_fingerprint"] = manifest.fingerprint
+    # each record's answers: what a paired comparison with the champion needs
+    metrics["answers"] = answers_of(labels, probs, metrics["top_k"], len(manifest.classes))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if label_issues_file is not None:
+        if label_error_confidence is None:
+            raise TypeError("a label review needs evaluate.label_error_confidence")
+        test = HeldOut("test", sources, labels, probs)
+        metrics["label_review"] = label_review(
+            model,
+            shards_dir,
+            manifest.classes,
+            test,
+            (Path(label_issues_file), label_error_confidence),
+            out_dir,
+            store,
+            predicted,
+        )
+    (out_dir / "per_class.json").write_text(json.dumps(metrics["per_class"], indent=2) + "\n")
+    (out_dir / "per_class.md").write_text(per_class_markdown(metrics["per_class"]))
+    plot_confusion(
+        np.asarray(metrics["confusion_matrix"]), manifest.classes, out_dir / "confusion_matrix.png"
+    )
+    plot_misclassified(wrong, manifest.classes, out_dir / "misclassified.png")
+    return metrics
+
+
+TEST_PREDICTION_COLUMNS = ("source", "label", "predicted", "score")
+
+
+def write_test_predictions(
+    path: str | Path,
+    sources: Sequence[str],
+    labels: np.ndarray,
+    probs: np.ndarray,
+    classes: Sequence[str],
+) -> Path:
+    """``source,label,predicted,score`` per test record, as evaluation computed it: the
+    reference the served model must reproduce from the source files."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    predicted = probs.argmax(axis=1) if len(probs) else np.zeros(0, np.int64)
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(TEST_PREDICTION_COLUMNS)
+        for source, label, index, row in zip(sources, labels, predicted, probs, strict=True):
+            writer.writerow([source, classes[label], classes[index], repr(float(row[index]))])
+    return path
+
+
+def label_review(
+    model: keras.Model,
+    shards_dir: Path,
+    classes: list[str],
+    test: HeldOut,
+    review: tuple[Path, float],
+    out_dir: Path,
+    store: ShardStore | None = None,
+    predicted: Callable[[int], object] | None = None,
+) -> dict[str, Any]:
+    """Rank likely label errors and confusions in val and test; write the CSV and the
+    thumbnail sheet. ``review``: the CSV's path and ``evaluate.label_error_confidence``;
+    ``predicted``: as :func:`predict_split`'s."""
+    csv_path, label_error_confidence = review
+    held_out = []
+    for split in REVIEWED_SPLITS:
+        if split == test.split:
+            held_out.append(test)
+            continue
+        sources: list[str] = []
+        labels, probs, _ = predict_split(
+            model, shards_dir, split, sources=sources, store=store, predicted=predicted
+        )
+        held_out.append(HeldOut(split, sources, labels, probs))
+    rows = review_labels(held_out, classes, label_error_confidence)
+    write_label_issues(csv_path, rows)
+    shown = {(row["split"], row["path"]) for row in rows[:SHEET_ROWS_SHOWN]}
+    plot_label_sheet(rows, shard_images(shards_dir, shown, store), out_dir / LABEL_SHEET)
+    return review_summary(rows, held_out, label_error_confidence)
+
+
+def shard_images(
+    shards_dir: Path, wanted: set[tuple[str, str]], store: ShardStore | None = None
+) -> dict[tuple[str, str], Any]:
+    """The decoded shard pixels of the ``(split, source)`` records in ``wanted``."""
+    found: dict[tuple[str, str], Any] = {}
+    for split in sorted({split for split, _ in wanted}):
+        dataset = read_split(
+            shards_dir,
+            split,
+            batch_size=BATCH_SIZE,
+            training=False,
+            with_metadata=True,
+            store=store,
+        )
+        for features in dataset:
+            for image, source in zip(features[IMAGE_KEY], features[SOURCE_KEY], strict=True):
+                key = (split, source.numpy().decode())
+                if key in wanted:
+                    found[key] = image.numpy()
+    return found
+
+
+def per_class_markdown(rows: list[dict[str, Any]]) -> str:
+    lines = ["| class | precision | recall | f1 | support |", "|---|---:|---:|---:|---:|"]
+    lines += [
+        f"| {r['class']} | {r['precision']:.3f} | {r['recall']:.3f} | {r['f1']:.3f} "
+        f"| {r['support']} |"
+        for r in rows
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def plot_confusion(matrix: np.ndarray, classes: list[str], path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    size = max(4.0, 0.5 * len(classes) + 2)
+    figure = Figure(figsize=(size, size))
+    axis = figure.subplots()
+    image = axis.imshow(matrix, cmap="Blues")
+    figure.colorbar(image, ax=axis)
+    axis.set_xticks(range(len(classes)), classes, rotation=90)
+    axis.set_yticks(range(len(classes)), classes)
+    axis.set_xlabel("predicted")
+    axis.set_ylabel("true")
+    if len(classes) <= 20:  # counts stop being legible beyond that
+        for (row, col), count in np.ndenumerate(matrix):
+            axis.text(col, row, str(count), ha="center", va="center", fontsize=8)
+    figure.savefig(path, dpi=100, bbox_inches="tight")
+
+
+def plot_misclassified(wrong: list[dict[str, Any]], classes: list[str], path: Path) -> None:
+    """A grid of misclassified test images, titled true -> predicted (or a 'none' note)."""
+    tiles = [
+        (
+            item["image"],
+            f"{classes[item['label']]} -> {classes[item['predicted']]}\n"
+            f"{Path(item['source']).name}",
+        )
+        for item in wrong
+    ]
+    plot_image_sheet(tiles, "no misclassified test images", path)
+
+
+def champion_scorer(
+    client: MlflowClient,
+    model_name: str,
+    spec: ServingSpec,
+    shards_dir: Path,
+    *,
+    figure: Figure,
+    top_k: int,
+    store: ShardStore | None = None,
+) -> Callable[[str], Rescored]:
+    """``rescore(version)``: that version's ``metric`` on the current test shards (read
+    from ``store`` when there is one), its classes matched to today's by name
+    (:func:`metrics_by_name`), how they differed, and its answers on each record (the
+    records in the order the candidate's were read: :func:`predict_split`'s). A version
+    measured as ``figure`` on the same test set has its answers recorded already
+    (:func:`recorded_answers`): they are used, and no model is loaded.
+
+    Loads the version's Keras model from the registry (never a source image: the shards are
+    the input) after checking that its serving spec describes the current shards' pixels;
+    raises :class:`NotComparable` naming what differs, or why the model could not be loaded.
+    """
+
+    def rescore(version: str) -> Rescored:
+        kept = recorded_answers(client, model_name, version, figure)
+        if kept is not None:
+            return kept
+        with tempfile.TemporaryDirectory() as tmp:
+            model_file, recorded = download_registered(client, model_name, version, Path(tmp))
+            classes = scorable_classes(recorded, spec)
+            from tasks.runtime.tf_imports import keras_without_extras
+
+            try:
+                model = keras_without_extras().saving.load_model(model_file, compile=False)
+            except (ValueError, OSError, TypeError) as exc:
+                raise NotComparable(f"its Keras model does not load here ({exc})") from None
+            if model.output_shape[-1] != len(classes):
+                raise NotComparable(
+                    f"its model has {model.output_shape[-1]} outputs for {len(classes)} classes"
+                )
+            labels, probs, _ = predict_split(model, shards_dir, store=store)
+        figures = metrics_by_name(labels, probs, classes, spec.classes, top_k=top_k)
+        columns = class_columns(classes, spec.classes)
+        return Rescored(
+            float(figures[figure.metric]),
+            class_differences(classes, spec.classes),
+            answers_of(labels, probs, figures["top_k"], len(spec.classes), columns),
+            tuple(classes),
+        )
+
+    return rescore
+
+
+ANSWERS_ARTIFACT = "eval/answers.json"  # on an evaluation run: each test record's answers
+ANSWERS_RUN_TAG = "eval.answers_run_id"  # on a version: the evaluation run that holds them
+
+
+def record_answers(
+    client: MlflowClient, model_name: str, version: str, run_id: str, answers: Answers
+) -> None:
+    """Keep the version's answers on each test record (an artifact of its evaluation run,
+    named by a version tag): a later candidate on the same test set compares with them
+    without loading this model again."""
+    client.log_dict(run_id, answers.to_dict(), ANSWERS_ARTIFACT)
+    client.set_model_version_tag(model_name, version, ANSWERS_RUN_TAG, run_id)
+
+
+def recorded_answers(
+    client: MlflowClient, model_name: str, version: str, figure: Figure
+) -> Rescored | None:
+    """The champion's recorded figure with its recorded answers, when it was measured as
+    ``figure`` (the same definition) on the same test set, so on the same records in the
+    same order; else None (it must be re-scored)."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    from tasks.runtime.tracking import using_store
+
+    tags = client.get_model_version(model_name, version).tags
+    run_id, value = tags.get(ANSWERS_RUN_TAG), tags.get(f"eval.{figure.metric}")
+    same = tags.get("eval.test_fingerprint") == figure.test_fingerprint and (
+        recorded_definition(tags, figure.metric) == figure.definition
+    )
+    if not (same and run_id and value):
+        return None
+    try:
+        with using_store(client.tracking_uri):
+            data = mlflow.artifacts.load_dict(f"runs:/{run_id}/{ANSWERS_ARTIFACT}")
+    except (MlflowException, OSError, ValueError):
+        return None  # deleted or unreadable: re-scoring still can
+    answers = Answers.from_dict(data)
+    if figure.answers is None or not np.array_equal(answers.labels, figure.answers.labels):
+        return None
+    where = f"{ANSWERS_ARTIFACT} of evaluation run {run_id}"
+    return Rescored(float(value), None, answers, recorded_classes(tags), recorded=where)
+
+
+def scorable_classes(recorded: dict[str, Any], spec: ServingSpec) -> list[str]:
+    """The classes of a champion whose serving spec ``recorded`` describes the pixels of
+    ``spec`` (the current shards'); else :class:`NotComparable` naming what differs (and
+    how its classes differ too, when they do)."""
+    classes = recorded.get("classes")
+    if not isinstance(classes, list) or not classes:
+        raise NotComparable("its serving spec names no classes")
+    differences = spec_differences(recorded, spec.to_dict())
+    if differences:
+        also = class_differences(classes, spec.classes)
+        too = f"; its classes differ too: {also['in_words']}" if also else ""
+        raise NotComparable(
+            f"its serving spec differs from the current shards' ({'; '.join(differences)}){too}"
+        )
+    return [str(name) for name in classes]
+
+
+# -- tracking ------------------------------------------------------------------------------
+
+
+def summary_record(result: dict[str, Any]) -> dict[str, Any]:
+    """What ``metrics/eval.json`` cannot hold: runs, version, test data, decision, review."""
+    keys = ("run_id", "eval_run_id", "model_version", "test_fingerprint", "promotion")
+    return {**{key: result[key] for key in keys}, "label_review": result["label_review"]}
+
+
+# -- the stage -----------------------------------------------------------------------------
+
+
+def warm_up() -> None:
+    """What :func:`measure` imports before its work: Keras (TensorFlow with it) and
+    Matplotlib, about 3 s. ``python -m flows.evaluate`` has a child process run this while
+    the stage imports Prefect, then sends it :func:`measure`."""
+    from tasks.runtime.tf_imports import keras_without_extras
+
+    keras_without_extras()
+    from matplotlib.figure import Figure  # noqa: F401
+
+
+def measure(
+    params: Params, layout: Layout, progress: Callable[[int, int], object] | None = None
+) -> dict[str, Any]:
+    """The trained model on the test split: its metrics, the per-class reports and plots,
+    every test prediction and the label review, in the layout's files. TensorFlow, no
+    tracking: :func:`run_evaluate` may start it in another process
+    (:func:`flows.common.start_where_warm`) and open the tracking store meanwhile.
+
+    ``progress(done, total)``: the records predicted (:func:`evaluate_model`); in a child
+    without it, each goes to the parent as ``(done, total)``
+    (:func:`tasks.runtime.processes.report`).
+    """
+    if progress is None and processes.reporting():
+
+        def progress(done: int, total: int) -> None:
+            processes.report((done, total))
+
+    return evaluate_model(
+        layout.model_file,
+        layout.shards_dir,
+        layout.eval_dir,
+        top_k=params.evaluate.top_k,
+        predictions_file=layout.test_predictions,
+        store=open_store(layout.root, params.storage),
+        label_issues_file=layout.label_issues,
+        label_error_confidence=params.evaluate.label_error_confidence,
+        progress=progress,
+    )
+
+
+def run_evaluate(
+    params: Params, layout: Layout, start: Callable[..., Any] = Later
+) -> dict[str, Any]:
+    """Evaluate the trained model in an MLflow run of its own, register it and maybe promote.
+
+    Refuses (before any tracking) shards no passing validation vouches for and a model
+    trained on other shards. The evaluation run is a child of the training run; it ends
+    FAILED (and the error propagates) if anything after its start fails. ``start(measure,
+    params, layout)`` starts the measuring (:func:`measure`), its value from ``.result()``:
+    here by default, when asked; the stage starts it in its prestarted child, and this
+    process opens the tracking store (MLflow's imports, its database) and, when a version is
+    due, logs the pyfunc onto the training run meanwhile
+    (:func:`tasks.evaluate.registry.log_due_pyfunc`; deleted again if the measuring fails). It never
+    imports Keras to register the model (:func:`tasks.predict.log_pyfunc`), only to re-score
+    a champion measured on other data.
+    """
+    settings = params.evaluate
+    check_margin(settings.promotion_margin)
+    model_name = model_name_for(params, layout.root)
+    store = open_store(layout.root, params.storage)  # SHARDFLOW_SHARDS_URL, else data/shards
+    if store:
+        manifest = check_validated_store(store, layout.validation_report)
+    else:
+        manifest = check_validated(layout.shards_dir, layout.validation_report)
+    record = json.loads(layout.train_run.read_text())
+    check_model_matches(record, manifest, layout.train_run)
+    measuring = start(measure, params, layout)
+    from tasks.predict import ServingSpec
+    from tasks.runtime import tracking
+
+    logged = None
+    try:
+        client = tracking.client(layout.root)
+        runs = {"training": record["run_id"]}
+        # the store opens meanwhile
+        end_abandoned_model_logging(client, training_run(client, runs["training"], layout))
+        spec = ServingSpec.from_manifest(manifest, params.ingest)
+        logged = log_due_pyfunc(
+            client,
+            runs["training"],
+            layout.model_file,
+            model_name,
+            spec,
+            workspace_id(layout.root),
+        )
+        metrics = measuring.result()
+        if settings.promotion_metric not in metrics:
+            raise KeyError(
+                f"evaluate.promotion_metric={settings.promotion_metric!r} is not an eval "
+                "metric; choose one of accuracy, top_k_accuracy, macro_f1, macro_precision, "
+                "macro_recall"
+            )
+    except BaseException:
+        measuring.cancel()  # a child still measuring writes no more reports (a retry will)
+        if logged is not None:
+            discard_logged(client, logged)
+        raise
+    try:
+        runs["evaluation"] = start_evaluation_run(client, runs["training"], settings)
+        result = track_evaluation(
+            client, runs, params, layout, manifest, metrics, store, spec, logged
+        )
+    except BaseException as exc:
+        status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
+        with contextlib.suppress(Exception):  # the original error is the one to see
+            if "evaluation" in runs:
+                client.set_terminated(runs["evaluation"], status=status)
+        with contextlib.suppress(Exception):
+            if logged is not None and logged not in registered_sources(client, runs["training"]):
+                discard_logged(client, logged)  # failed before a version was made from it
+        raise
+    client.set_terminated(runs["evaluation"], status="FINISHED")
+    urls = {
+        key: tracking.run_url(client, runs[key], layout.root) for key in ("training", "evaluation")
+    }
+    return {**result, "run_url": urls["training"], "eval_run_url": urls["evaluation"]}
+
+
+def track_evaluation(
+    client: MlflowClient,
+    runs: dict[str, str],
+    params: Params,
+    layout: Layout,
+    manifest: ShardManifest,
+    metrics: dict[str, Any],
+    store: ShardStore | None,
+    spec: ServingSpec,
+    logged_uri: str | None = None,
+) -> dict[str, Any]:
+    """Register (``logged_uri``: the pyfunc logged already), log, decide (re-scoring the
+    champion where needed), record, then move the alias, the last three under the registry's
+    promotion lock. The decision reaches ``reports/eval_summary.json`` and the evaluation run
+    before the alias moves, so a crash in between leaves a record the rerun completes."""
+    model_name = model_name_for(params, layout.root)
+    version = register_model(
+        client, runs["training"], layout.model_file, model_name, spec, logged_uri
+    )
+    model_id = logged_model_id(client, runs["training"], model_name, version)
+    client.log_artifacts(runs["evaluation"], str(layout.eval_dir), "eval")
+    source = store.url if store else layout.shards_dir
+    log_test_results(client, runs, model_id, metrics, manifest, source)
+    # per-record answers and the matrix stay here: the record, the flow's result are summaries
+    result = {k: v for k, v in metrics.items() if k not in ("confusion_matrix", "answers")}
+
+    def record(decision: dict[str, Any]) -> None:
+        """The record before the alias moves: a crash after it is resumable."""
+        result.update(promotion=decision, run_id=runs["training"], eval_run_id=runs["evaluation"])
+        result["model_version"] = version
+        result["label_issues"] = sum(metrics["label_review"]["flagged"].values())  # a DVC metric
+        # DVC metrics take the numbers only.
+        write_json(layout.eval_metrics, {k: v for k, v in result.items() if is_number(v)})
+        write_json(layout.eval_summary, summary_record(result))
+        log_decision(client, runs["evaluation"], model_name, version, decision)
+        record_answers(client, model_name, version, runs["evaluation"], metrics["answers"])
+        write_card(client, runs, layout, manifest, result)
+
+    # Read the champion, compare, record and move the alias under the registry's lock.
+    promote(
+        client,
+        model_name,
+        lambda: promotion_decision(
+            client, runs["training"], version, params, layout, spec, metrics, store
+        ),
+        record,
+    )
+    client.set_tag(runs["training"], "eval.latest_run_id", runs["evaluation"])
+    for path in (layout.eval_metrics, layout.eval_summary, layout.test_predictions):
+        client.log_artifact(runs["evaluation"], str(path), "eval")
+    client.log_artifact(runs["evaluation"], str(layout.label_issues), "label_review")
+    return result
+
+
+def promotion_decision(
+    client: MlflowClient,
+    run_id: str,
+    version: str,
+    params: Params,
+    layout: Layout,
+    spec: ServingSpec,
+    metrics: dict[str, Any],
+    store: ShardStore | None = None,
+) -> dict[str, Any]:
+    """A decision recorded but not applied for this run and version, else a new one."""
+    settings, model_name = params.evaluate, model_name_for(params, layout.root)
+    metric = settings.promotion_metric
+    definition = metric_definition(metric, metrics)
+    figure = Figure(
+        metric,
+        definition,
+        float(metrics[metric]),
+        metrics["test_fingerprint"],
+        tuple(spec.classes),
+        metrics.get("answers"),
+    )
+    rules = Rules(
+        margin=settings.promotion_margin,
+        alpha=settings.promotion_alpha,
+        min_shared_class_share=settings.min_shared_class_share,
+        allow_incomparable=settings.allow_incomparable_promotion,
+    )
+    rescore = champion_scorer(
+        client,
+        model_name,
+        spec,
+        layout.shards_dir,
+        figure=figure,
+        top_k=metrics["top_k"],
+        store=store,
+    )
+    decision = pending_decision(
+        layout.eval_summary,
+        run_id=run_id,
+        version=version,
+        metric=metric,
+        definition=definition,
+        champion=champion_version(client, model_name),
+    ) or decide(
+        client,
+        model_name,
+        version,
+        figure,
+        rules=rules,
+        rescore=rescore,
+        experiment=dvc_experiment(),
+    )
+    return {**decision, "model_name": model_name}

@@ -1,0 +1,442 @@
+"""The training loop every ``tf.distribute`` strategy runs (``tasks.train.stage`` drives it): each
+worker's input, the compiled steps, the epochs of one phase and the input-bound probe.
+
+Keras 3's ``model.fit`` fails under MultiWorkerMirroredStrategy (keras-team/keras#20585), so
+the loop is ours: one step under ``strategy.run``, driving the Keras callbacks ``fit`` would.
+A phase resumes after its last committed epoch (``tasks.train.backup``); every worker reads
+its own train files and the chief alone validates, sending the figures to the others.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import keras
+import tensorflow as tf
+
+from tasks.contracts.manifest import ShardManifest
+from tasks.contracts.shard_store import ShardStore
+from tasks.contracts.tf_reader import read_split
+from tasks.runtime.accelerator import gpu_devices
+from tasks.runtime.params import ParamsError, TrainParams
+from tasks.runtime.processes import usable_cores
+from tasks.train import backup as train_backup
+from tasks.train.backup import BackupDirs
+from tasks.train.callbacks import ResumableEarlyStopping
+from tasks.train.cluster import chief_value, is_chief, num_workers
+
+MOVING_STATISTICS = ("moving_mean", "moving_variance")  # BatchNormalization's, by name
+
+
+# -- the input, per worker -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Data:
+    """What one worker trains and validates on: its share of the train files, as an endless
+    iterator of distributed batches from a given epoch on, and the val split (read by the
+    chief)."""
+
+    batches: Callable[[int], Any]  # first epoch -> iterator over per-replica (images, labels)
+    val: tf.data.Dataset
+    steps_per_epoch: int
+    global_batch: int
+
+
+def steps_per_epoch(params: TrainParams, manifest: ShardManifest, shards_dir: Path) -> int:
+    """Steps of one epoch, from the global record count: the same on every worker, or the
+    collectives of the worker with more steps wait forever."""
+    records = manifest.split("train").num_records
+    if records // params.batch_size == 0:
+        raise ParamsError(
+            f"train.batch_size={params.batch_size} exceeds the {records} train records in "
+            f"{shards_dir}; lower it"
+        )
+    steps = records // params.batch_size
+    if params.steps_per_execution > steps:
+        raise ParamsError(
+            f"train.steps_per_execution={params.steps_per_execution} exceeds the {steps} "
+            f"steps of an epoch ({records} train records in {shards_dir}, batch "
+            f"{params.batch_size}); set at most {steps}"
+        )
+    return steps
+
+
+@dataclass(frozen=True)
+class InputTuning:
+    """How the train input overlaps the step; the defaults are the stage's, the bench varies
+    them one at a time. On the CPU the step and the input share the cores, so none of these
+    shows its effect there: they are for an accelerator."""
+
+    # Batches each replica's device holds ahead of the step (tf.distribute's default is 1:
+    # the copy of the next batch then waits for the step to take the current one).
+    device_buffer: int = 2
+    # Cores a GPU's runtime keeps (its launch and copy threads) out of tf.data's private
+    # pool and autotuning budget, per local GPU, at most half the cores; 0 lets tf.data
+    # take every core as on the CPU.
+    cores_per_gpu: int = 2
+
+
+def input_threads(cores: int, gpus: int, tuning: InputTuning) -> int | None:
+    """tf.data's thread budget beside ``gpus`` local GPUs on ``cores``; None (tf.data's
+    default: every core) without a GPU, where the step runs on those same cores."""
+    if not gpus or not tuning.cores_per_gpu:
+        return None
+    return max(1, cores - min(tuning.cores_per_gpu * gpus, cores // 2))
+
+
+def input_options(threads: int | None) -> tf.data.Options:
+    """A private tf.data thread pool and autotuning CPU budget of ``threads`` (None: the
+    defaults), so the reader does not take the cores the accelerator's runtime runs on."""
+    options = tf.data.Options()
+    if threads is not None:
+        options.threading.private_threadpool_size = threads
+        options.autotune.cpu_budget = threads
+    return options
+
+
+def check_distributable(
+    params: TrainParams, manifest: ShardManifest, strategy: tf.distribute.Strategy
+) -> None:
+    """Refuse what the strategy cannot split: the batch over replicas, the files over workers."""
+    replicas, workers = strategy.num_replicas_in_sync, num_workers(strategy)
+    if params.batch_size % replicas:
+        raise ParamsError(
+            f"train.batch_size={params.batch_size} does not split over {replicas} replicas: "
+            f"set a multiple of {replicas} (it is the global batch)"
+        )
+    files = len(manifest.split("train").shards)
+    if files < workers:
+        raise ParamsError(
+            f"{files} train shard files for {workers} workers: each worker reads its own "
+            "files; lower shard.target_shard_mb so the train split has at least one file "
+            "per worker, and reshard"
+        )
+
+
+def read_data(
+    params: TrainParams,
+    manifest: ShardManifest,
+    shards_dir: Path,
+    strategy: tf.distribute.Strategy,
+    store: ShardStore | None = None,
+    tuning: InputTuning = InputTuning(),
+) -> Data:
+    """The worker's input (see :class:`Data`): its train files read in step-sized epochs,
+    each batch fetched to the device ahead of the step (:class:`InputTuning`), records
+    read out of order only where ``train.deterministic`` is off."""
+    steps = steps_per_epoch(params, manifest, shards_dir)
+    cores = usable_cores()
+    threads = input_threads(cores, len(gpu_devices(strategy)), tuning)
+
+    def batches(first_epoch: int) -> Any:
+        """The batches of every epoch from ``first_epoch`` on, ``steps`` an epoch, each
+        epoch shuffled by a seed of its own: a run resumed at any epoch reads what an
+        uninterrupted run read there (one endless dataset reshuffles by how many passes its
+        process made, and a resumed process starts from the first). One iterator for them
+        all: a dataset built anew each epoch cost 0.35 s of its 1.5 s on the demo."""
+
+        def train_input(context: tf.distribute.InputContext) -> tf.data.Dataset:
+            @tf.autograph.experimental.do_not_convert
+            def epoch(number: tf.Tensor) -> tf.data.Dataset:
+                # Sharded by file: worker i reads train files i, i + n, ... (AutoShardPolicy
+                # FILE, done by the reader so it still knows its record count). Repeated,
+                # then cut: an epoch is a count of steps, and a worker whose files hold
+                # fewer records wraps around within it.
+                return (
+                    read_split(
+                        shards_dir,
+                        "train",
+                        batch_size=context.get_per_replica_batch_size(params.batch_size),
+                        training=True,
+                        seed=epoch_seed(params.seed, number),
+                        manifest=manifest,
+                        file_shard=(context.input_pipeline_id, context.num_input_pipelines),
+                        store=store,
+                        ordered=params.deterministic,
+                    )
+                    .repeat()
+                    .take(steps)
+                )
+
+            epochs = tf.data.Dataset.range(first_epoch, tf.int64.max)
+            ds = epochs.flat_map(epoch).prefetch(tf.data.AUTOTUNE)
+            return ds.with_options(input_options(threads))
+
+        ahead = tf.distribute.InputOptions(
+            experimental_fetch_to_device=True,
+            experimental_per_replica_buffer_size=tuning.device_buffer,
+        )
+        return iter(strategy.distribute_datasets_from_function(train_input, options=ahead))
+
+    val = read_split(
+        shards_dir,
+        "val",
+        batch_size=params.batch_size,
+        training=False,
+        manifest=manifest,
+        store=store,
+    )
+    return Data(batches, val, steps, params.batch_size)
+
+
+EPOCH_SEED_STRIDE = 1_000_003  # a prime: seed s, epoch e and seed s', epoch e' rarely meet
+
+
+def epoch_seed(seed: int, epoch: Any) -> Any:
+    """The reader's shuffle seed for ``epoch`` (an int or an int64 tensor) of a run seeded
+    ``seed``: the same for the same pair, in a resumed process as in the first."""
+    return seed * EPOCH_SEED_STRIDE + epoch
+
+
+# -- one step ------------------------------------------------------------------------------
+
+
+class Steps(NamedTuple):
+    """The compiled steps of one phase (see :func:`step_functions`)."""
+
+    train: Callable[[Any], tf.Tensor]
+    train_calls: Callable[[Any], tf.Tensor]  # per_call steps from an iterator, one call
+    per_call: int
+    evaluate: Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
+    sync_statistics: Callable[[], None]
+
+
+def step_functions(
+    model: keras.Model, strategy: tf.distribute.Strategy, data: Data, per_call: int = 1
+) -> Steps:
+    """``train(batch)`` takes one step on every replica and returns ``[loss sum, correct,
+    images]`` summed over the global batch; ``train_calls(batches)`` takes ``per_call``
+    steps from the iterator ``batches`` in one compiled call (``train.steps_per_execution``:
+    one host round trip for them all) and returns their sum; ``evaluate(images, labels)``
+    the same for one local batch, no step taken; ``sync_statistics()`` averages the BatchNorm moving
+    statistics over the replicas."""
+    optimizer = model.optimizer
+    # XLA as Keras resolved ``train.xla`` at compile: off under op determinism, where not
+    # every op has a deterministic XLA kernel (Keras warns then).
+    xla = bool(model.jit_compile)
+    # Every step function is traced through ``graph``, without AutoGraph: none has Python
+    # control flow on tensors, and AutoGraph writes each function it converts to a file in
+    # the temporary folder that nothing removes.
+    graph = partial(tf.function, autograph=False)
+
+    def gradients(images: tf.Tensor, labels: tf.Tensor) -> tuple[list[tf.Tensor], tf.Tensor]:
+        with tf.GradientTape() as tape:
+            probs = model(images, training=True)
+            per_image = keras.losses.sparse_categorical_crossentropy(labels, probs)
+            # Averaged over the global batch, not this replica's share: the optimizer sums
+            # the replicas' gradients, so the sum is the global batch's mean gradient.
+            loss = tf.nn.compute_average_loss(per_image, global_batch_size=data.global_batch)
+            # Scaled up under mixed_float16 so small gradients survive float16; the optimizer
+            # (a LossScaleOptimizer then) unscales them and skips a step that overflowed.
+            scaled = optimizer.scale_loss(loss)
+        return tape.gradient(scaled, model.trainable_variables), figures(per_image, probs, labels)
+
+    # Under XLA only the forward and backward pass are compiled. The update stays outside, in
+    # the replica context: the loss-scale optimizer's cross-replica step (a merge_call under
+    # a tf.cond) is refused inside an XLA function by MirroredStrategy on GPUs.
+    compute_gradients = graph(gradients, jit_compile=True) if xla else gradients
+
+    def train_step(images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+        grads, step_figures = compute_gradients(images, labels)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return step_figures
+
+    def figures(per_image: tf.Tensor, probs: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+        predicted = tf.argmax(probs, axis=-1, output_type=labels.dtype)
+        return tf.stack(
+            [
+                tf.reduce_sum(tf.cast(per_image, tf.float32)),
+                tf.reduce_sum(tf.cast(predicted == labels, tf.float32)),
+                tf.cast(tf.size(labels), tf.float32),
+            ]
+        )
+
+    replica_step = train_step if xla else graph(train_step)
+
+    def one_step(batch: Any) -> tf.Tensor:
+        per_replica = strategy.run(replica_step, args=batch)
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+    distributed_step = graph(one_step)
+
+    @graph
+    def distributed_steps(batches: Any) -> tf.Tensor:
+        # A graph loop, not per_call traced copies of the step: one step's graph, any count.
+        def body(index: tf.Tensor, totals: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+            return index + 1, totals + one_step(next(batches))
+
+        _, totals = tf.while_loop(
+            lambda index, _: index < per_call, body, (tf.constant(0), tf.zeros(3))
+        )
+        return totals
+
+    @graph(jit_compile=xla)
+    def evaluate_step(images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+        probs = model(images, training=False)
+        per_image = keras.losses.sparse_categorical_crossentropy(labels, probs)
+        return figures(per_image, probs, labels)
+
+    # Each replica updates its own copy of the BatchNorm moving statistics from its own
+    # batches (Keras 3 does not aggregate them). An average of exponential moving averages
+    # is the moving average of the averaged batch statistics, so averaging once an epoch,
+    # before anyone reads them, equals averaging at every step.
+    statistics = [v for v in model.non_trainable_variables if v.path.endswith(MOVING_STATISTICS)]
+
+    @graph
+    def sync_statistics() -> None:
+        def replica_means() -> list[tf.Tensor]:
+            context = tf.distribute.get_replica_context()
+            values = [tf.identity(v.value) for v in statistics]  # this replica's copies
+            return context.all_reduce(tf.distribute.ReduceOp.MEAN, values)
+
+        means = strategy.experimental_local_results(strategy.run(replica_means))[0]
+        for variable, mean in zip(statistics, means, strict=True):
+            variable.assign(mean)
+
+    return Steps(distributed_step, distributed_steps, per_call, evaluate_step, sync_statistics)
+
+
+# -- epochs --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Phase:
+    """Epochs ``[first, end)`` of one training phase, resumable from ``dirs``."""
+
+    first: int
+    end: int
+    dirs: BackupDirs
+
+
+def fit_phase(
+    model: keras.Model,
+    data: Data,
+    phase: Phase,
+    strategy: tf.distribute.Strategy,
+    steps: Steps,
+    *,
+    params: TrainParams,
+    callbacks: Sequence[keras.callbacks.Callback],
+) -> tuple[int, int]:
+    """Train one phase, resuming after its last committed epoch; the epoch it ended at and
+    the epoch whose weights the model holds (early stopping restores its best one's).
+
+    ``callbacks`` start with the epoch log; early stopping follows it, then the rest.
+    """
+    # Every worker restores the same epoch from the chief's backup, or the run is refused:
+    # workers that disagree on where they are would wait on each other's collectives.
+    start = max(train_backup.restore_epoch(model, phase.dirs), phase.first)
+    if chief_value(strategy, start) != start:
+        raise RuntimeError(
+            f"this worker restored epoch {start} from {phase.dirs.read}, the chief another: "
+            "the backup dir must be one path that every worker mounts"
+        )
+    stopping: list[keras.callbacks.Callback] = []
+    if params.early_stopping_patience > 0:
+        stopping.append(
+            ResumableEarlyStopping(
+                phase.dirs,
+                resumed_at=start if start > phase.first else 0,
+                patience=params.early_stopping_patience,
+                restore_best_weights=True,
+            )
+        )
+    hooks = keras.callbacks.CallbackList([*callbacks[:1], *stopping, *callbacks[1:]], model=model)
+    model.stop_training = False
+    hooks.on_train_begin()
+    ended = start
+    batches = data.batches(start)
+    for epoch in range(start, phase.end):
+        hooks.on_epoch_begin(epoch)
+        logs = run_epoch(steps, batches, data.steps_per_epoch)
+        if strategy.num_replicas_in_sync > 1:
+            steps.sync_statistics()  # before validation, the backup and the model read them
+        logs.update(validate(steps.evaluate, data.val, strategy))
+        logs["learning_rate"] = float(keras.ops.convert_to_numpy(model.optimizer.learning_rate))
+        # The backup first: the epoch is committed before any callback can fail.
+        train_backup.save_epoch(model, phase.dirs, epoch)
+        hooks.on_epoch_end(epoch, logs)
+        ended = epoch + 1
+        if model.stop_training:  # early stopping; the same on every worker (same figures)
+            break
+    hooks.on_train_end()
+    best = stopping[0] if stopping else None
+    if isinstance(best, ResumableEarlyStopping) and best.best_weights is not None:
+        return ended, int(best.best_epoch)  # on_train_end put that epoch's weights back
+    return ended, ended - 1
+
+
+def run_epoch(train: Steps, batches: Any, steps: int) -> dict[str, float]:
+    """One epoch of ``steps`` training steps on ``batches``, ``train.per_call`` a compiled
+    call and the rest one by one; loss and accuracy over it, images/s and step time."""
+    start = time.perf_counter()
+    calls, rest = divmod(steps, train.per_call) if train.per_call > 1 else (0, steps)
+    totals = tf.zeros(3)
+    for _ in range(calls):
+        totals += train.train_calls(batches)
+    for _ in range(rest):
+        totals += train.train(next(batches))
+    loss_sum, correct, images = (float(x) for x in totals.numpy())  # waits for the last step
+    seconds = max(time.perf_counter() - start, 1e-9)
+    return {
+        "loss": loss_sum / images,
+        "accuracy": correct / images,
+        "images_per_sec": images / seconds,
+        "step_time_ms": 1000 * seconds / steps,
+    }
+
+
+def validate(
+    evaluate: Callable[[tf.Tensor, tf.Tensor], tf.Tensor],
+    val: tf.data.Dataset,
+    strategy: tf.distribute.Strategy,
+) -> dict[str, float]:
+    """Val loss and accuracy, computed by the chief (the demo has one val file) and sent to
+    every worker, so early stopping decides the same everywhere."""
+    loss_sum = correct = images = 0.0
+    if is_chief(strategy):
+        totals = tf.zeros(3)
+        for batch_images, batch_labels in val:
+            totals += evaluate(batch_images, batch_labels)
+        loss_sum, correct, images = (float(x) for x in totals.numpy())
+    images = chief_value(strategy, images)
+    return {
+        "val_loss": chief_value(strategy, loss_sum) / images,
+        "val_accuracy": chief_value(strategy, correct) / images,
+    }
+
+
+def probe_input_bound(
+    train_step: Callable[[Any], tf.Tensor], data: Data, *, steps: int = 20, warmup: int = 3
+) -> dict[str, float]:
+    """Median train-step time fed by the shard reader over the same fed from memory.
+
+    A ratio near 1 means the accelerator never waits for data; well above 1 means the input
+    pipeline starves it. Logged per run so a starved accelerator shows in the MLflow UI.
+    """
+    batches = data.batches(0)
+    batch = next(batches)
+    real_s = median_step_seconds(lambda: train_step(next(batches)), steps, warmup)
+    in_memory_s = median_step_seconds(lambda: train_step(batch), steps, warmup)
+    return {
+        "input_bound_ratio": real_s / in_memory_s,
+        "step_ms_reader": real_s * 1000,
+        "step_ms_in_memory": in_memory_s * 1000,
+    }
+
+
+def median_step_seconds(step: Callable[[], tf.Tensor], steps: int, warmup: int) -> float:
+    """Median seconds per step, waiting for the next batch and the step's result."""
+    times: list[float] = []
+    for index in range(warmup + steps):
+        start = time.perf_counter()
+        step().numpy()
+        if index >= warmup:
+            times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
