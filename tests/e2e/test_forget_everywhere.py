@@ -132,6 +132,7 @@ def build_in_process(project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
     from tasks.metrics_files import INGEST_FIGURES, split_figures
     from tasks.params import load_params
     from tasks.shard import shard_stage
+    from tasks.source_check import write_listing
     from tasks.train import run_train
     from tasks.validate import validate_layout
 
@@ -139,6 +140,7 @@ def build_in_process(project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", project.env["MLFLOW_TRACKING_URI"])
     layout = Layout(project.root)
     params = load_params(layout.params)
+    write_listing(layout.root, params.ingest.source_dir)  # the source stage's listing
     report = run_ingest(params.ingest, layout.index, layout.ingest_report)
     write_json(layout.ingest_metrics, split_figures(report, INGEST_FIGURES)[0])
     manifest = shard_stage(
