@@ -126,6 +126,7 @@ def build_in_process(project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
     `dvc commit` and pushed: the state `dvc repro && dvc push` leaves."""
     from tasks.contracts.membership import archive_membership
     from tasks.evaluate.stage import run_evaluate
+    from tasks.ingest.source_check import write_listing
     from tasks.ingest.stage import run_ingest
     from tasks.runtime.atomic import write_json
     from tasks.runtime.dataset_identity import dataset_identity
@@ -139,6 +140,7 @@ def build_in_process(project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", project.env["MLFLOW_TRACKING_URI"])
     layout = Layout(project.root)
     params = load_params(layout.params)
+    write_listing(layout.root, params.ingest.source_dir)  # the source stage's listing
     report = run_ingest(params.ingest, layout.index, layout.ingest_report)
     write_json(layout.ingest_metrics, split_figures(report, INGEST_FIGURES)[0])
     manifest = shard_stage(
