@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from flows.common import hold_workspace
+from flows.dvc_steps import hold_workspace
 from tasks.runtime.dataset_identity import dataset_identity
 from tasks.runtime.layout import Layout
 from tasks.runtime.params import load_params

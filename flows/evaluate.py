@@ -24,18 +24,9 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 
-from flows.common import (
-    Progress,
-    code_version,
-    naming,
-    run_parameter,
-    run_params_path,
-    run_then_exit,
-    stage_main,
-    start_where_warm,
-    untagged_task_runs,
-)
+from flows.common import code_version, run_then_exit, stage_main, start_where_warm
 from flows.model_runs import link_mlflow_run, recorded_run_name, retry_unless_refused
+from flows.run_story import Progress, naming, run_parameter, run_params_path, untagged_task_runs
 from tasks.evaluate import stage as evaluate
 from tasks.evaluate.stage import run_evaluate
 from tasks.runtime.layout import Layout

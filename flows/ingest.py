@@ -11,17 +11,15 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import (
+from flows.common import code_version, run_then_exit, stage_main
+from flows.run_story import (
     Progress,
-    code_version,
     naming,
     rename_flow_run,
     run_log,
     run_name,
     run_parameter,
     run_params_path,
-    run_then_exit,
-    stage_main,
     untagged_task_runs,
 )
 from tasks.contracts import handoff

@@ -27,7 +27,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field, ValidationInfo
 
-from flows.common import in_deployment_run
+from flows.run_story import in_deployment_run
 from tasks.runtime.params import MODEL_NAME_PATTERN, inside
 
 CONFINED = "x-confined"  # the mark these types leave in a deployment's parameter schema

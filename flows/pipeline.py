@@ -14,15 +14,12 @@ from typing import Any
 
 from prefect import flow, get_run_logger, tags
 
-from flows.common import (
-    configure_environment,
-    hold_workspace,
-    pipeline_id,
-    refusals_as_blocks,
-    run_params_path,
-)
+from flows.common import configure_environment
 from flows.data import data_flow
+from flows.dvc_steps import hold_workspace
 from flows.parameters import RepoPath
+from flows.refusal_logs import refusals_as_blocks
+from flows.run_story import pipeline_id, run_params_path
 from flows.server import require_server
 from flows.training import training_flow
 from tasks.runtime.params import ParamOverrides, apply_overrides

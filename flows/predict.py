@@ -22,17 +22,10 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 
-from flows.common import (
-    Progress,
-    code_version,
-    configure_environment,
-    flow_run_tags,
-    in_deployment_run,
-    refusals_as_blocks,
-    run_params_path,
-    run_then_exit,
-)
+from flows.common import code_version, configure_environment, run_then_exit
 from flows.parameters import ModelName, ModelReference, RepoPath
+from flows.refusal_logs import refusals_as_blocks
+from flows.run_story import Progress, flow_run_tags, in_deployment_run, run_params_path
 from tasks import predict
 from tasks.contracts import run_records
 from tasks.evaluate.store_check import check_store

@@ -43,17 +43,15 @@ import tasks.shard.stage as shard_stage
 import tasks.shard.staging as shard_staging
 import tasks.shard.workers as shard_workers
 import tasks.shard.writing as shard_writing
-from flows.common import (
+from flows.common import code_version, run_then_exit, stage_main
+from flows.run_story import (
     Progress,
-    code_version,
     naming,
     rename_flow_run,
     run_log,
     run_name,
     run_parameter,
     run_params_path,
-    run_then_exit,
-    stage_main,
     untagged_task_runs,
 )
 from tasks.contracts.manifest import ShardFile

@@ -29,21 +29,23 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.common import (
-    Progress,
     code_version,
     configure_environment,
-    flow_run_tags,
-    naming,
     parse_stage_args,
-    run_log,
-    run_parameter,
-    run_params_path,
     run_then_exit,
     run_where_warm,
     stage_main,
-    untagged_task_runs,
 )
 from flows.model_runs import REFUSALS, link_mlflow_run, retry_unless
+from flows.run_story import (
+    Progress,
+    flow_run_tags,
+    naming,
+    run_log,
+    run_parameter,
+    run_params_path,
+    untagged_task_runs,
+)
 from tasks.contracts import manifest, run_records
 from tasks.runtime.layout import Layout
 from tasks.runtime.params import Params, TrainParams, load_params

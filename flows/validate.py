@@ -20,14 +20,8 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import (
-    code_version,
-    naming,
-    run_parameter,
-    run_then_exit,
-    stage_main,
-    untagged_task_runs,
-)
+from flows.common import code_version, run_then_exit, stage_main
+from flows.run_story import naming, run_parameter, untagged_task_runs
 from tasks.contracts import manifest
 from tasks.runtime.dataset_identity import dataset_identity
 from tasks.runtime.layout import Layout

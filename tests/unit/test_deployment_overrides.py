@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from flows.common import run_params_path
+from flows.run_story import run_params_path
 from tasks.runtime.params import (
     REPO_PARAMS_PATH,
     ParamOverrides,

@@ -10,7 +10,7 @@ def test_updates_are_spaced_in_time_and_the_end_is_always_sent(
 ) -> None:
     import prefect.artifacts
 
-    from flows import common
+    from flows import run_story
 
     sent: list[float] = []
     now = [0.0]
@@ -18,8 +18,8 @@ def test_updates_are_spaced_in_time_and_the_end_is_always_sent(
     monkeypatch.setattr(
         prefect.artifacts, "update_progress_artifact", lambda _id, value: sent.append(value)
     )
-    monkeypatch.setattr(common.time, "monotonic", lambda: now[0])
-    progress = common.Progress("p", "files", interval_s=1.0)
+    monkeypatch.setattr(run_story.time, "monotonic", lambda: now[0])
+    progress = run_story.Progress("p", "files", interval_s=1.0)
     for done in range(1, 1001):  # 1,000 items, 10 ms apart: 10 s of work
         now[0] = done / 100
         progress(done, 1000)
@@ -29,7 +29,7 @@ def test_updates_are_spaced_in_time_and_the_end_is_always_sent(
     progress(1000, 1000)  # 100 is sent once
     assert sent.count(100.0) == 1
 
-    quick = common.Progress("q", "files", interval_s=1.0)
+    quick = run_story.Progress("q", "files", interval_s=1.0)
     sent.clear()
     for done in range(1, 51):  # all within a fraction of a second
         now[0] += 0.001

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.common import QuietRefusals
+from flows.refusal_logs import QuietRefusals
 from tasks.contracts.validated_shards import ShardsNotValidated
 from tasks.ingest.discovery import SourceNotFound, SourceRefused
 from tasks.ingest.stage import SetWouldBeLost
@@ -132,7 +132,7 @@ def test_a_deployment_runs_terminal_shows_the_block_once_and_its_log_keeps_one_p
     """In a deployment run's process no entry point prints the refusal: the terminal shows
     the first record's block (no traceback) and drops the repeats; each run's log record
     (Prefect's run loggers) becomes the block too, its final-state line a pointer to it."""
-    from flows.common import RefusalsAsBlocks
+    from flows.refusal_logs import RefusalsAsBlocks
 
     refusal = ValidationFailed("shard validation failed for data/shards", fix="shardflow x")
     runs, console = RefusalsAsBlocks(), QuietRefusals(show_first=True)
