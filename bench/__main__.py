@@ -509,8 +509,8 @@ def input_bound(b: Bench) -> None:
         )
         if model == "resnet50":  # at the published figures' batch, per GPU
             params = params.model_copy(update={"batch_size": feed_batch(model, b.gpus)})
-        # One ratio per pass, median across passes: on a 2-core VM a single pass swings by
-        # +-10% with the host's load.
+        # One ratio per pass, median across passes: on a small shared machine a single pass
+        # swings with the host's load.
         passes = [
             measure_input_bound(shards, params, b.work / f"input-{model}-{run}")
             for run in range(max(1, args.passes))

@@ -3,7 +3,7 @@
 Two workspaces share one generated image set (hard links, so no image is stored twice):
 
 - ``full``: every image, from scratch: a full ingest, a ``rebuild`` shard stage, a full
-  validation. This is what a data update cost before append-only generations.
+  validation: what a data update costs without append-only generations.
 - ``grow``: the base images are ingested, sharded (``rebuild``) and validated untimed, the
   shard folder goes under DVC (``dvc add``, ``dvc push`` to a local remote); then the new
   images arrive and the timed update runs: an incremental ingest (previous verdicts reused),

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 FEEDS = ("raw", "jpeg", "folder", "seed")
 MODELS = ("small_cnn", "efficientnet_b0", "resnet50")
 # Per-GPU batches: the published ResNet-50 figures (MLPerf, NVIDIA's examples) train at 256
-# per GPU; the other models at the batch of the project's earlier GPU measurement.
+# per GPU; the other models at 64, the batch of the GPU figures in docs/performance.md.
 BATCH_PER_GPU = {"small_cnn": 64, "efficientnet_b0": 64, "resnet50": 256}
 WARMUP_STEPS = 3  # traces the step for this feed's dtypes before the timed epoch
 

@@ -33,7 +33,7 @@ def draw_image(index: int, *, seed: int, min_size: int, max_size: int) -> tuple[
     foreground = tuple(int((b + 128) % 256) for b in background)
     # Under soft light of its own (as the demo's drawings): on a flat ground every drawing of
     # a class is a near-duplicate of the others by perceptual hash, and near-duplicate
-    # placement put 49,253 of 50,000 bench images in two groups (one split).
+    # placement would put nearly every bench image in a few groups (one split).
     image = Image.fromarray(shaded_background(rng, background, width, height), mode="RGB")
     draw = ImageDraw.Draw(image)
     side = min(width, height)

@@ -254,7 +254,7 @@ def tax_spread(direct: list[dict[str, float]], dvc: list[dict[str, float]]) -> d
 
     One pass pair is the unit: both halves run back to back, so a slow spell of the shared
     machine falls on both, and the median of five or more pairs moves less between full
-    runs than any single pair (13% to 27% for the same code, one pair at a time).
+    runs than any single pair of the same code.
     """
     if not direct or len(direct) != len(dvc):
         raise ValueError(f"{len(direct)} direct passes and {len(dvc)} dvc passes: pair them")
@@ -307,10 +307,9 @@ def measure_orchestration(
     """Time ``dvc repro`` vs direct calls over the stages both can run, then a no-op repro.
 
     Each pass runs both from fresh copies, alternating (direct, dvc, direct, dvc, ...),
-    timing every stage on each side. Training is most of either run and, on 2 cores, varies
-    by more than the tax itself (one direct run took 46 s, the next 63 s; the fastest whole
-    runs of two passes each read 12% in one run and 23% in the next), so the figure is the
-    median of the ``passes`` paired taxes with their spread (:func:`tax_spread`). Returns
+    timing every stage on each side. Training is most of either run and, on a small shared
+    machine, varies between passes by more than the tax itself, so the figure is the median
+    of the ``passes`` paired taxes with their spread (:func:`tax_spread`). Returns
     ``orchestration_tax`` (that median: the share of the orchestrated wall time that is
     overhead), ``orchestration_tax_spread`` (median, min, max, IQR, per pass),
     ``dvc_noop_s`` and the details: every pass's seconds per stage, ``fastest_stage_tax``

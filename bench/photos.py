@@ -257,8 +257,8 @@ def data_side_points(
     and intercept (fixed s a run) of the two stages' time through every run, each pass's
     own slope beside it, and the 1/8-decode floor timed in the same runs.
 
-    One pass's slope rests on three runs and moved from 1.18x to 1.30x of the floor between
-    runs of the same code; the line through every pass's runs is the figure.
+    One pass's slope rests on three runs and moves between runs of the same code by more
+    than the target's margin; the line through every pass's runs is the figure.
 
     Time is the run's CPU time: with one worker every decode, hash and write of both stages
     happens in the stage process, and other jobs on a shared machine do not lengthen it as

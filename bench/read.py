@@ -89,8 +89,8 @@ def seed_dataset(path: Path, *, size: tuple[int, int], batch: int) -> tf.data.Da
 
     ds = tf.data.TFRecordDataset(str(path)).map(parse).batch(batch)
     # The recipe's map is serial. Left alone, tf.data's default `map_parallelization` rewrite
-    # sometimes parallelises it, and the baseline flips between ~1.2k and ~2.4k img/s from
-    # run to run on 2 cores; pin it to what the recipe says.
+    # sometimes parallelises it, and the baseline would flip between a serial and a parallel
+    # rate from run to run; pin it to what the recipe says.
     options = tf.data.Options()
     options.experimental_optimization.map_parallelization = False
     return ds.with_options(options)

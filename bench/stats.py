@@ -56,7 +56,7 @@ def alternating_passes(
     """:func:`timed_passes` of several runs, taken in turns: every run's warm-up first,
     then pass 1 of each, pass 2 of each, ... A slow spell of the machine then falls on all
     of them alike instead of on one figure, so ratios between them hold (two read figures
-    timed a minute apart on this VM differed by up to 2x from one run to the next).
+    timed a minute apart on a noisy VM can differ several-fold).
     """
     for run in runs.values():
         for _ in range(warmup):
@@ -83,8 +83,8 @@ def alternating_passes(
 def for_at_least(run: Callable[[], int], seconds: float) -> Callable[[], tuple[int, float]]:
     """``run`` repeated until ``seconds`` have gone by: (items, seconds) of all the calls.
 
-    A read epoch of 3,000 raw images takes 0.3 s here, short enough that one hiccup of the
-    VM halves a pass; a timed pass of a few seconds averages them out.
+    A read epoch of the bench's raw images is short enough that one hiccup of the machine
+    halves a pass; a timed pass of a few seconds averages them out.
     """
 
     def repeated() -> tuple[int, float]:
@@ -165,9 +165,9 @@ def targets_for(default_encoding: str) -> list[Target]:
         Target("write 1 worker vs seed recipe", "write.workers_1", "write.seed", ">=", 5.0),
         Target("write 2 workers vs 1 worker", "write.workers_2", "write.workers_1", ">=", 1.7),
         Target("training is not input-bound", "input_bound_ratio", None, "<=", 1.05),
-        Target("orchestration tax", "orchestration_tax", None, "<=", 0.15),  # issue 12
+        Target("orchestration tax", "orchestration_tax", None, "<=", 0.15),
         Target("dvc repro no-op seconds", "dvc_noop_s", None, "<", 3.0),
-        # issue 54: which runs and models saw an image, at 1M images and 100 training runs
+        # which runs and models saw an image, at 1M images and 100 training runs
         Target("lineage of one image, seconds", "lineage.lookup_s", None, "<", 5.0),
         Target("scaling s/image largest vs smallest", "scaling.s_per_image_ratio", None, "<=", 1.2),
         Target("scaling peak RSS largest vs smallest", "scaling.peak_rss_ratio", None, "<=", 1.3),
@@ -206,7 +206,7 @@ def targets_for(default_encoding: str) -> list[Target]:
             ">=",
             0.8,
         ),
-        Target(  # issue 28: one decode per new photo
+        Target(  # one decode per new photo
             "12 MP photos: data side per photo (flows, 1 worker) vs one 1/8 decode",
             "write_photos.data_side_per_photo_ms",
             "write_photos.decode_floor_ms",
@@ -220,7 +220,7 @@ def targets_for(default_encoding: str) -> list[Target]:
             "<=",
             1.3,
         ),
-        # Appending 1% new images: the update costs what the update is (issue 10).
+        # Appending 1% new images: the update costs what the update is.
         Target(
             "append: shard bytes written vs the set",
             "append.bytes_written_fraction",

@@ -34,8 +34,8 @@ DEMO_DIR = "data/demo"
 HOST = "127.0.0.1"
 # `shardflow serve-model`'s request limits (about 12 MB of image files in base64, and rows
 # a batch at a time): larger requests get HTTP 413 before their body is parsed. Four at once
-# hold at most 64 MB of bodies, about 0.5 GB with their parses (+113 MB measured for one of
-# 14.6 MB); a fifth gets HTTP 503.
+# hold at most 64 MB of bodies, and their parses several times that (docs/performance.md
+# has the measured peak); a fifth gets HTTP 503.
 SERVE_LIMITS = {
     "--max-request-mb": "16",
     "--max-request-rows": "1024",

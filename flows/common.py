@@ -30,8 +30,8 @@ OFFLINE_ENV = {
     # in the URI included; the flows log their own link, redacted (tasks.runtime.tracking.redact).
     "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
     # `mlflow server` and `mlflow ui` otherwise start a job runner and seven huey consumer
-    # processes for MLflow's GenAI jobs, which Shardflow never submits (about 30 s of CPU a
-    # minute between them, measured), and leave their queue's folder in /dev/shm behind.
+    # processes for MLflow's GenAI jobs, which Shardflow never submits (they poll, taking CPU
+    # every minute they run), and leave their queue's folder in /dev/shm behind.
     "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
     # Nothing on the terminal a user cannot act on: MLflow's download bars (a champion's
     # files, fetched to re-score it) and its INFO lines (system metrics started and
@@ -124,10 +124,10 @@ def run_then_exit(main: Callable[[], object]) -> NoReturn:
     repositories keep one for the process's life), non-daemon threads finish, the exit
     handlers run (Prefect's log and event workers drain, logging flushes, MLflow ends its
     run) and the standard streams flush. What is skipped is the interpreter's teardown,
-    freeing every module and TensorFlow's static destructors: measured here at 1-3 s per
-    stage process after its flow had finished (2.6 s for evaluate), paid by every stage
-    `dvc repro` runs. A refusal (:class:`tasks.runtime.refusals.Refused`) is printed as one short
-    block (exit status 2); any other exception propagates as usual (traceback, status 1).
+    freeing every module and TensorFlow's static destructors: seconds per stage process
+    after its flow has finished (docs/performance.md), paid by every stage `dvc repro` runs.
+    A refusal (:class:`tasks.runtime.refusals.Refused`) is printed as one short block (exit
+    status 2); any other exception propagates as usual (traceback, status 1).
     """
     import atexit
     import threading

@@ -34,8 +34,8 @@ from flows.training import training_flow
 from tasks.runtime.layout import shared_root
 
 CLONE_TAG = "clone:"
-# How often `make serve` asks its server for runs to start. Prefect's default (10 s) kept a
-# `prefect deployment run` waiting 5 s on average before anything ran; each ask is one small
+# How often `make serve` asks its server for runs to start. Prefect's default (10 s) keeps a
+# `prefect deployment run` waiting half of it on average before anything runs; each ask is one small
 # read on this clone's server. PREFECT_RUNNER_POLL_FREQUENCY, where set, still decides.
 POLL_S = 2.0
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 if __name__ == "__main__":
     # `python -m flows.evaluate`: a child starts importing what measuring the model needs
-    # (Keras with TensorFlow, Matplotlib: about 3 s) now, while this process imports Prefect
-    # below (about 1.3 s) and starts its flow; the evaluate task then measures the model in
-    # that child while this process opens the tracking store (MLflow: about 1.5 s).
+    # (Keras with TensorFlow, Matplotlib) now, while this process imports Prefect below and
+    # starts its flow; the evaluate task then measures the model in that child while this
+    # process opens the tracking store (MLflow's import).
     from flows.common import prestart_stage_child
     from tasks.evaluate import stage as _evaluate
 

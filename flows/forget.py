@@ -2,7 +2,7 @@
 (``python -m flows.forget``): remove images, and their near-duplicates, from the data, the
 shards, every copy the project made and the models trained on them.
 
-    shardflow forget data/demo/circle/circle_0007.png --reason "erasure request 2026-114"
+    shardflow forget data/demo/circle/circle_0007.png --reason "erasure request #114"
 
 One recorded step under the workspace lock. The audit record (``data/forgotten.json``) gets
 its entry first (``state: started``: the content hashes, who, when, why), so a rerun after a

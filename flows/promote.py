@@ -1,6 +1,6 @@
 """``shardflow promote`` (``python -m flows.promote``): move the champion alias by hand.
 
-    shardflow promote --version 7 --reason "v7 holds up on the March photos; agreed by Ana"
+    shardflow promote --version 7 --reason "v7 holds up on the new photos; agreed by Ana"
 
 The one recorded manual step: who (``--by``, default the git user, else the login name),
 when and why go onto the version's tags (:func:`tasks.evaluate.manual_promotion.promote_by_hand`).

@@ -44,8 +44,8 @@ def untagged_task_runs() -> Iterator[None]:
     """Task runs started inside carry no tags; the flow runs keep theirs (:func:`run_tags`).
 
     Prefect asks its server for tag concurrency slots before every tagged task run. On the
-    SQLite store that request failed about one time in three (SQLITE_BUSY, answered 503)
-    and the client retried it 2 s later: 2 s added to a stage at random. Untagged task runs
+    SQLite store that request often fails (SQLITE_BUSY, answered 503) and the client
+    retries it seconds later: time added to a stage at random. Untagged task runs
     make no such request; a flow run's tags still group its stage and pipeline in the UI.
     """
     from prefect.context import TagsContext
@@ -78,7 +78,7 @@ def in_deployment_run() -> bool:
     come from whoever started the run, and are confined to the repository.
 
     A top-level flow run (every `dvc repro` stage's) knows its deployment: Prefect's
-    ``runtime.deployment.id`` asked the server again whenever there was none (about 40 ms a
+    ``runtime.deployment.id`` asks the server again whenever there is none (a round trip a
     call, several a stage). A nested flow run asks ``runtime.deployment``, which knows its
     ancestors' deployment from the context, and so does any run where
     ``PREFECT__RUNTIME__DEPLOYMENT__ID`` stands in for a deployment (Prefect's runtime
@@ -179,8 +179,7 @@ class Progress:
     An update is sent when the figure has moved by ``step`` percent and ``interval_s`` has
     passed since the last one, and always on reaching 100: a long stage makes at most ~100
     API calls whatever its size, and a short one a few. Each update is a round trip to the
-    server that the work waits for (about 20 ms on 2 cores): a 3,000-image ingest sent 47
-    of them, 1 s of its 2.1 s.
+    server that the work waits for, so a short stage must not send one per item.
     """
 
     def __init__(

@@ -356,7 +356,7 @@ def end(pid: int, url: str, timeout: float = 30.0) -> None:
 
 
 def stop_legacy() -> None:
-    """Stop a server the code before per-clone ports started here (on 4200, its pid in
+    """Stop a server a checkout without per-clone ports started here (on 4200, its pid in
     ``.prefect/server.pid``) if it still runs from this clone's root."""
     path = state_dir() / "server.pid"
     try:

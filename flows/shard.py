@@ -10,7 +10,7 @@ STAGES = ("shard", "compact")
 
 if __name__ == "__main__":
     # `python -m flows.shard`: a rebuild's workers spawn and warm up now, while this process
-    # imports Prefect below (about 1.3 s), instead of after its flow has started. Params
+    # imports Prefect below, instead of after its flow has started. Params
     # that do not load start none: the run below reports them.
     from flows.common import configure_environment, parse_stage_args
     from tasks.runtime.params import load_params
@@ -62,12 +62,12 @@ from tasks.runtime.params import ShardParams, load_params
 from tasks.runtime.processes import dismiss_prestarted
 
 # Shards per Prefect task: each task run costs a run record and state events that the
-# Prefect server processes (about 40 ms of its CPU, taken from the workers on a small
-# machine), so a task carries a batch of shards. The workers take shards, not batches, from
+# Prefect server processes (CPU taken from the workers on a small machine), so a task
+# carries a batch of shards. The workers take shards, not batches, from
 # the pool (see write_shards_task), so batches need not be small to keep them evenly loaded:
 # this many tasks per worker keep the progress moving, and a batch never passes the cap.
-# 200 photos of 12 MP on 2 workers (8 shards): 8 tasks of one shard, each sent to the pool
-# whole, reached 72% of the all-core ceiling; 4 tasks, shards sent one by one, 74-76%.
+# Fewer, larger tasks whose shards go to the pool one by one keep the workers nearer the
+# all-core ceiling than a task a shard (the bench's `write_photos` figures).
 TASKS_PER_WORKER = 2
 MAX_SHARDS_PER_TASK = 16
 

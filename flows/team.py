@@ -48,8 +48,8 @@ DVC_REMOTE_ENV = "SHARDFLOW_DVC_REMOTE"  # the DVC remote name; DVC's default wh
 RUN_REF_PREFIX = "refs/heads/runs/"
 # The variables prefect.yaml's `work_pool.name`s are rendered from, and their defaults.
 POOL_ENV = {"cpu": "SHARDFLOW_CPU_POOL", "gpu": "SHARDFLOW_GPU_POOL"}
-# How often a pipeline run asks whether its part's run has ended: Prefect's default (5 s) let
-# each of the two parts end up to 5 s late; one small read a second is nothing to a server.
+# How often a pipeline run asks whether its part's run has ended: Prefect's default (5 s) lets
+# each of the two parts end up to that late; one small read a second is nothing to a server.
 PART_POLL_S = 1.0
 DATA_STAGES = ("source", "ingest", "shard", "validate")  # the listing pushed too: clones pull it
 TRAINING_STAGES = ("train", "evaluate")

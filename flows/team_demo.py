@@ -37,7 +37,7 @@ from flows.team import run_checked as run
 POOLS = ("cpu", "gpu")
 WORKER_PREFIX = "worker-"  # a worker process is named for its pool: worker-cpu
 # How often each demo worker asks the server for runs to start (Prefect's default, 10 s,
-# kept a queued run waiting 5 s on average, three times a pipeline run).
+# keeps a queued run waiting half of it on average, three times a pipeline run).
 WORKER_QUERY_S = "2"
 # How often `prefect deployment run --watch` looks at the run it waits for (default 5 s).
 WATCH_INTERVAL_S = "1"
@@ -105,9 +105,9 @@ class Team:
         """Stop every process this team started, each by its own group id: the workers
         together, then the servers newest first, then its S3 server.
 
-        A Prefect worker that has run flows outlasted its 30 s grace period after SIGTERM in
-        every team test measured (an idle one stops in 0.3 s), so the workers share one
-        grace period instead of paying one each."""
+        A Prefect worker that has run flows outlasts its grace period after SIGTERM (an idle
+        one stops at once), so the workers share one grace period instead of paying one
+        each."""
         workers = {name for name, _, _ in self.processes if name.startswith(WORKER_PREFIX)}
         stop_together([p for name, p, _ in self.processes if name in workers], grace_s=30)
         for name, process, _ in reversed(self.processes):

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 if __name__ == "__main__":
     # `python -m flows.train`: a child starts importing what training runs (Keras with
-    # TensorFlow, MLflow: about 4-5 s) now, while this process imports Prefect below (about
-    # 1.3 s) and starts its flow; the train task then runs in that child and reports each
-    # epoch back.
+    # TensorFlow, MLflow) now, while this process imports Prefect below and starts its flow;
+    # the train task then runs in that child and reports each epoch back.
     # Not for local workers (spawned by this process) nor another worker of a cluster.
     from flows.common import prestart_stage_child
     from tasks.train import child as _train_child

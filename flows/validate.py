@@ -4,9 +4,9 @@ from __future__ import annotations
 
 if __name__ == "__main__":
     # `python -m flows.validate`: the TensorFlow cross-check's child starts importing
-    # TensorFlow now (about 2 s), while this process imports Prefect below (about 1.5 s);
-    # on an append that import is validation's critical path. The offline settings first:
-    # the child takes this environment as it is now.
+    # TensorFlow now, while this process imports Prefect below; on an append that import is
+    # validation's critical path. The offline settings first: the child takes this
+    # environment as it is now.
     from flows.common import configure_environment
     from tasks.validate import tf_cross_check
 

@@ -13,9 +13,9 @@ def paused_gc() -> Iterator[None]:
 
     Index records, verdicts and record lists are dicts, lists and strings: reference
     counting frees them and they form no cycle, yet the cyclic collector walks the whole
-    growing heap each time allocations pass its thresholds. At 50k images that was 0.5 s of
-    a 3 s incremental ingest. The collector runs again on exit (any cycle made meanwhile is
-    collected then); inside an outer pause this is a no-op. Also a decorator.
+    growing heap each time allocations pass its thresholds, a cost that grows with the heap
+    (docs/performance.md has the saving). The collector runs again on exit (any cycle made
+    meanwhile is collected then); inside an outer pause this is a no-op. Also a decorator.
     """
     if not gc.isenabled():
         yield

@@ -146,11 +146,11 @@ def refuse_alias_bombs(raw: dict[Any, Any], source: str) -> None:
     )
 
 
-# Strict types: lax coercion read `batch_size: true` as 1, `"3"` as 3 and `1.5` for an int as
-# an error but `1.0` as 1, so a typo trained on a value nobody wrote. An int where a float is
+# Strict types: lax coercion reads `batch_size: true` as 1, `"3"` as 3 and `1.5` for an int as
+# an error but `1.0` as 1, so a typo would train on a value nobody wrote. An int where a float is
 # meant (`learning_rate: 1`) still loads; a list where a pair is meant sets `strict=False`
 # on that field only (its items stay strict). Every number finite: `.inf` (YAML's infinity)
-# overflowed where a size became bytes (`int(inf * 2**20)` in ingest) and trained on NaN.
+# overflows where a size becomes bytes (`int(inf * 2**20)` in ingest) and trains on NaN.
 STRICT = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
 
 

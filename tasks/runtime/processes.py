@@ -34,7 +34,7 @@ def _main_module_hidden() -> Iterator[None]:
 
     A spawned child first imports the parent's main module so that functions defined there
     can be unpickled: for ``python -m flows.shard`` that is the flow module, and Prefect with
-    it (about 1.3 s and 100 MB a worker). The work sent to these children lives in
+    it (seconds and a hundred MB a worker). The work sent to these children lives in
     importable modules (``tasks.*``), so they skip it: the main module's spec and file are
     hidden for the moment a child is created. Work defined in ``__main__`` cannot be sent.
     """
@@ -108,7 +108,7 @@ def prestart_pool(workers: int, *, warm: Callable[[], object] | None = None) -> 
     """Start :func:`spawn_pool`'s workers now, for the stage's first ``spawn_pool(workers,
     warm=warm)`` to take.
 
-    A stage's ``python -m`` entry point calls it before importing Prefect (about 1.3 s):
+    A stage's ``python -m`` entry point calls it before importing Prefect:
     the workers spawn, import and warm up meanwhile, instead of after the flow has started.
     A pool nobody takes must be dismissed with :func:`dismiss_prestarted`.
     """
@@ -223,8 +223,8 @@ def run_in_child(fn: Callable[..., T], *args: object) -> ChildResult[T]:
 
     For one-off work that needs a heavy import (TensorFlow) beside TensorFlow-free work in
     the parent. The child sends its value and ends at once: a pool worker instead exits
-    through the interpreter's teardown, and with TensorFlow loaded that took 1.4 s that the
-    parent's own exit waited for.
+    through the interpreter's teardown, which with TensorFlow loaded takes long enough for the
+    parent's own exit to wait on it.
     """
     context = multiprocessing.get_context("spawn")
     receiver, sender = context.Pipe(duplex=False)
@@ -321,8 +321,8 @@ class StandbyChild:
     heavy import already under way.
 
     A stage's entry point starts one before its own imports (validation's TensorFlow
-    cross-check: the child's 2 s TensorFlow import then overlaps the stage's 1.5 s Prefect
-    import). A child that gets no job ends when the parent does: its end of the pipe closes.
+    cross-check: the child's TensorFlow import then overlaps the stage's Prefect import). A
+    child that gets no job ends when the parent does: its end of the pipe closes.
     """
 
     def __init__(self, warm: Callable[[], object]) -> None:
@@ -360,7 +360,7 @@ def prestart_child(warm: Callable[[], object]) -> None:
     """Start a :class:`StandbyChild` warming up with ``warm`` now, for the stage's work to
     take later with :func:`standby_child`.
 
-    A stage's ``python -m`` entry point calls it before importing Prefect (about 1.3 s), so
+    A stage's ``python -m`` entry point calls it before importing Prefect, so
     the child's heavy import (TensorFlow) overlaps the stage's own start-up.
     """
     if warm not in _standing_by:

@@ -35,11 +35,11 @@ NATIVE_NOTICES = re.compile(
 KERAS_EAGER_IMPORT = "keras.src.optimizers"
 # Keras imports these, if installed, for parts Shardflow never uses: scikit-learn (MLflow
 # installs it) for its scikit-learn wrappers, Matplotlib (Shardflow's plots use it) for its
-# image and bounding-box galleries (pyplot alone: 0.4 s of a 2.7 s import).
+# image and bounding-box galleries.
 KERAS_OPTIONAL_IMPORTS = ("sklearn", "matplotlib")
 # What Keras takes from ~/.keras/keras.json ($KERAS_HOME) at its first import, held at its
-# defaults: a user's file (float16, channels_first, another epsilon or backend) changed what
-# training computed and what the served model predicted, from outside the repository.
+# defaults: a user's file (float16, channels_first, another epsilon or backend) would change
+# what training computes and what the served model predicts, from outside the repository.
 KERAS_CONFIG = {"floatx": "float32", "epsilon": 1e-7, "image_data_format": "channels_last"}
 
 
@@ -80,8 +80,8 @@ def _native_notices_dropped() -> Iterator[None]:
 def tensorflow_without_keras() -> ModuleType:
     """``import tensorflow``, minus the Keras import that its ``__init__`` makes eagerly.
 
-    Validation's cross-check needs ``tf.data`` and ``tf.io`` only; Keras was 1.5 s of a 4 s
-    import, and that import is the cross-check's whole critical path.
+    Validation's cross-check needs ``tf.data`` and ``tf.io`` only; Keras is a large part of
+    TensorFlow's import, and that import is the cross-check's whole critical path.
     """
     if "tensorflow" in sys.modules or KERAS_EAGER_IMPORT in sys.modules:
         import tensorflow as tf
@@ -93,8 +93,8 @@ def tensorflow_without_keras() -> ModuleType:
 
 
 def keras_without_extras() -> ModuleType:
-    """``import keras`` (TensorFlow with it), minus scikit-learn and Matplotlib: 0.7-0.8 s
-    and 0.4-0.5 s of a 3.5 s import.
+    """``import keras`` (TensorFlow with it), minus scikit-learn and Matplotlib, a third of
+    its import time (docs/performance.md).
 
     Called where a process first imports Keras (the train stage, evaluation, the serving
     model); Keras's scikit-learn wrappers and plotting galleries then say their library is

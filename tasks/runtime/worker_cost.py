@@ -17,29 +17,26 @@ import math
 from collections.abc import Iterable
 
 # Seconds for a pool of spawned workers to start, import their stage's modules and warm up
-# (the slower of the ingest and shard pools, 2 workers), as `python -m bench --only
-# worker_start` measures it on the idle 2-core reference VM (the latest figure and its
-# break-even are in docs/performance.md; it is longer while other processes hold the cores,
-# when the work itself slows alike).
+# (the slower of the ingest and shard pools), as `python -m bench --only worker_start`
+# measures it on an idle machine: while other processes hold the cores it is longer, but the
+# work itself slows alike, so the break-even holds.
 WORKER_START_S = 0.4
-# Unit costs of the work itself, one core, from the bench's stage figures:
-CHECK_SECONDS_PER_BYTE = 11e-3 / 2**20  # ingest checks a JPEG: ~11 ms a MB (1/8-scale decode)
-# ... and ~0.35 ms a file whatever its size (stat, open, read, hash, header, perceptual hash):
-# 10,000 JPEGs of 64-128 px (38 MB) took one process 4.3 s, two workers 3.4 s.
+# Unit costs of the work itself on one core, from the bench's stage figures (the measurements
+# behind each are in docs/performance.md, "When workers pay"):
+CHECK_SECONDS_PER_BYTE = 11e-3 / 2**20  # ingest checks a JPEG at 1/8 scale: the bytes decoded
+# ... plus a fixed cost per file whatever its size (stat, open, read, hash, header, perceptual
+# hash), which is what sends many small files to the workers when their bytes alone would not.
 CHECK_SECONDS_PER_FILE = 0.35e-3
 SHARD_SECONDS_PER_RECORD = 1e-3  # shard: per record (read, hash, encode, frame)
-SHARD_SECONDS_PER_PIXEL = 2.5e-9  # shard: per source pixel decoded (a 12 MP photo: ~31 ms)
-# A record whose decode ingest handed off (tasks.contracts.handoff) is made by ingest, which resizes
-# its 1/8-scale decode (1/64 of the pixels: a 12 MP photo ~1 ms); the shard stage decodes
-# and resizes none of it, and only encodes and frames the kept pixels.
+SHARD_SECONDS_PER_PIXEL = 2.5e-9  # shard: per source pixel decoded and resized
+# A record whose decode ingest handed off (tasks.contracts.handoff) is made by ingest, which
+# resizes its 1/8-scale decode (1/64 of the pixels); the shard stage decodes and resizes none
+# of it, and only encodes and frames the kept pixels.
 HANDED_OFF_PIXEL_FRACTION = 1 / 64
 # A hand-off entry is a file of its own: ingest checksums, writes and renames it; the shard
-# stage reads, checks and removes it. What that cost the data side (ingest + shard) for an
-# image whose entry saved no decode: 0.3-1.4 ms (entries the shard stage did not use, before
-# they held the record's pixels). The bench's worker_start section now measures it net of
-# the small decodes the entries save (``handoff.entry_ms``: every decode of 1,000 images of
-# 200-400 px kept for 32 px records, against none): 0.03 ms, so the 1 ms held is on the safe
-# side. Plus its pixels, ~3.5 ms a MB (a 224 px record, 0.14 MB: 0.5 ms).
+# stage reads, checks and removes it. The bench's `handoff.entry_ms` measures that cost net of
+# the decodes the entries save; the figure held here sits above it, so a small image is
+# decoded twice rather than handed off at a loss. Plus its pixels, written and read back.
 HANDOFF_ENTRY_S = 1.0e-3
 HANDOFF_SECONDS_PER_BYTE = 3.5e-3 / 2**20
 
@@ -84,10 +81,9 @@ def worth_handing_off(pixels: int, entry_bytes: int) -> bool:
     (:mod:`tasks.contracts.handoff`).
 
     The data side's saving is :func:`shard_seconds`' decode less the resize ingest does
-    instead; the entry's cost is a file written, read back and removed. Photos (a few MP)
-    save 5-30 ms an entry and are kept; small images (under ~0.4 MP) save less than their
-    entry costs and are decoded again: on 3,000 images of 200-400 px, keeping them all took
-    ingest + shard from 4.1 s to 6.8 s.
+    instead; the entry's cost is a file written, read back and removed. Photos (a few MP) save
+    more than their entry costs and are kept; small images save less and are decoded again
+    (the break-even size is the bench's ``handoff.break_even_mp``).
     """
     saved = SHARD_SECONDS_PER_PIXEL * pixels * (1 - HANDED_OFF_PIXEL_FRACTION)
     return saved > HANDOFF_ENTRY_S + HANDOFF_SECONDS_PER_BYTE * entry_bytes

@@ -18,7 +18,8 @@ def sections() -> dict[str, str]:
         heading, _, body = block.partition("\n")
         path = re.search(r"`((?:tasks|flows)/[^`]*)`", heading)
         if path:
-            folder = path.group(1) if path.group(1).endswith("/") else path.group(1).rsplit("/", 1)[0] + "/"
+            named = path.group(1)
+            folder = named if named.endswith("/") else named.rsplit("/", 1)[0] + "/"
             found[folder] = found.get(folder, "") + body
     return found
 
