@@ -16,7 +16,11 @@ HERE = Path(__file__).parent
 ROOT = HERE.parents[2]
 
 ACCEPTANCE = data_gate.Acceptance(
-    how="accepted", by="ana", at="2026-01-02T03:04:05+00:00", reason="more cats", previous_fingerprint=None
+    how="accepted",
+    by="ana",
+    at="2026-01-02T03:04:05+00:00",
+    reason="more cats",
+    previous_fingerprint=None,
 )
 ACCEPTED = data_gate.AcceptedVersion(
     fingerprint="ab" * 32,
@@ -34,7 +38,10 @@ CURRENT = data_gate.DataVersion(
     [("changed", ACCEPTED, CURRENT), ("first", None, CURRENT), ("same", ACCEPTED, ACCEPTED)],
 )
 def test_the_typed_data_diff_writes_the_bytes_the_dict_diff_wrote(
-    tmp_path: Path, name: str, accepted: data_gate.AcceptedVersion | None, current: data_gate.DataVersion
+    tmp_path: Path,
+    name: str,
+    accepted: data_gate.AcceptedVersion | None,
+    current: data_gate.DataVersion,
 ) -> None:
     diff = data_gate.compare(accepted, current, "photos")
     data_gate.write(diff, tmp_path / "data_diff.json")
