@@ -241,7 +241,7 @@ def inspect_all(
     New files are decoded in chunks by spawned workers when there are enough of them. A
     file with a ``known`` verdict (path -> previous verdict) is read and hashed here, while
     the workers decode: when its content still matches, the verdict is reused without a
-    decode, and a round trip to a worker would cost more than the hash (docs/performance.md).
+    decode, and a round trip to a worker would cost more than the hash.
     ``progress(done, total)`` is called as files finish (the flow moves its Prefect progress
     artifact with it).
 
