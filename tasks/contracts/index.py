@@ -28,7 +28,7 @@ from typing import IO, Any
 INDEX_VERSION = 3
 HEADER_KEYS = ("version", "source_dir", "classes", "verdict_key", "num_records", "num_verdicts")
 # Lines read or written a chunk at a time: one JSON parse (as an array) or one write a chunk
-# takes half the time of one a line at 50k records, and memory stays a chunk's worth.
+# costs far less than one a line, and memory stays a chunk's worth.
 CHUNK_LINES = 1024
 
 
@@ -70,7 +70,7 @@ def write_index(index_path: Path, index: dict[str, Any]) -> str:
 
 
 # One encoder for every line. ``json.dumps`` with options builds a new encoder per call, and
-# ``JSONEncoder.encode`` a new C encoder per call: at 50k records each was a third of the
+# ``JSONEncoder.encode`` a new C encoder per call: either would be a large share of the
 # write. The lines hold plain acyclic values, so no circular-reference check is needed.
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), check_circular=False)
 # json's C encoder, built once with the options above: (markers: no circular check,
@@ -180,8 +180,8 @@ def _record(index_path: Path, line: bytes, offset: int) -> dict[str, Any]:
 def iter_verdicts(index_path: Path) -> Iterator[tuple[str, list[Any]]]:
     """(path, [sha256, format, width, height, reason, phash]) of every file ingest read.
 
-    The verdict lines are parsed as one JSON array: one parser call instead of one a line
-    (at 50k files, 0.3 -> 0.1 s). Their caller keeps them all anyway. (``phash`` is last,
+    The verdict lines are parsed as one JSON array: one parser call instead of one a line.
+    Their caller keeps them all anyway. (``phash`` is last,
     in verdicts written since near-duplicate placement.)
     """
     with _open(index_path) as handle:

@@ -15,10 +15,10 @@ def predict_batch(model: keras.Model, images: Any) -> np.ndarray:
 
     Keras's predict function (``predict_on_batch``), cached on the model and traced at most
     twice (``reduce_retracing``: for the first batch's size, then for any size): called
-    eagerly, a Keras model runs layer by layer from Python on every batch (the demo's small
-    CNN on this CPU: 18.8 ms for 64 images against 4.8 through the graph, 9.6 ms for one
-    image against 1.1). Never XLA: XLA compiles anew for every batch size it meets (a
-    serving request of any length), and evaluation and serving then run the same kernels.
+    eagerly, a Keras model runs layer by layer from Python on every batch, several times
+    slower for a small CNN than through the graph. Never XLA: XLA compiles anew for every
+    batch size it meets (a serving request of any length), and evaluation and serving then
+    run the same kernels.
     Inference mode: the model's augmentation layers do not run.
     """
     if model.predict_function is None:  # not yet traced: decide how it will be

@@ -202,11 +202,11 @@ def stream_records(
     """``(shard file, record)`` of every generation's record list (or of ``generations``),
     in file order.
 
-    What :func:`load_records` returns, streamed: a million records parsed as one document
-    hold about 450 MB of dicts, streamed one shard's list at a time (as fast: 1.4 s for a
-    million). Each file's sha256 is checked as it is read; a mismatch raises once the file
-    is read, before the iteration ends, so a consumer that runs it to the end never keeps
-    what an edited list said.
+    What :func:`load_records` returns, streamed: parsed as one document, every record's
+    dict would be in memory at once; streamed one shard's list at a time, as fast. Each
+    file's sha256 is checked as it is read; a mismatch raises once the file is read, before
+    the iteration ends, so a consumer that runs it to the end never keeps what an edited
+    list said.
     """
     if not manifest.generations:
         raise ValueError(

@@ -150,9 +150,9 @@ def _merge(label: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
     its set). Each round hooks every root that an edge still joins to a smaller root and
     flattens the trees; the smallest node of a set is never hooked, so it ends as the set's
     root. In place, on the node array itself: no renumbering of the edges' ends (a sort of
-    every end was most of the grouping of a look-alike set). No graph library: SciPy's
+    every end would be most of the grouping of a look-alike set). No graph library: SciPy's
     ``csgraph`` imports cost more than most runs' whole grouping, and only the runs that
-    find a near pair paid them (docs/performance.md).
+    find a near pair would pay them (docs/performance.md).
     """
     above = np.empty_like(label)
     while True:
@@ -199,52 +199,92 @@ def _expand(
     positions. With ``label``, a query whose bucket (of :data:`SETTLED_BUCKET` hashes or
     more) is already one component with it is dropped before each block (:func:`_settled`),
     where such buckets are large on average (:data:`SETTLED_MEAN`)."""
-    n = len(hashes)
-    counts, starts, order = buckets.counts, buckets.starts, buckets.order
+    pairs = PairCheck(hashes, distance, buckets)
+    per_query = buckets.counts[keys]
+    single = np.flatnonzero(per_query == 1)
+    at = buckets.starts[keys[single]]
+    hit = pairs.near(at, hashes[queries[single]])
+    yield pairs.codes(queries[single[hit]], at[hit])
+    several = np.flatnonzero(per_query > 1)
+    queue = _QueryQueue.of(queries[several], keys[several], per_query[several], label)
+    yield from _expand_blocks(pairs, queue, label)
 
-    def near(at: np.ndarray, asked: np.ndarray) -> np.ndarray:
-        """Where the hash at bucket position ``at[k]`` lies within ``distance`` of
-        ``asked[k]``: one read, an XOR and a bit count a candidate."""
-        found = buckets.hashes[at]
+
+@dataclass(frozen=True)
+class PairCheck:
+    """How :func:`_expand` checks candidates: one read of a hash in bucket order, an XOR and
+    a bit count each; only the pairs found are turned into positions."""
+
+    hashes: np.ndarray
+    distance: int
+    buckets: Buckets
+
+    def near(self, at: np.ndarray, asked: np.ndarray) -> np.ndarray:
+        """Where the hash at bucket position ``at[k]`` lies within the distance of
+        ``asked[k]``."""
+        found = self.buckets.hashes[at]
         found ^= asked
-        return np.flatnonzero(np.bitwise_count(found) <= distance)
+        return np.flatnonzero(np.bitwise_count(found) <= self.distance)
 
-    def codes(i: np.ndarray, at: np.ndarray) -> np.ndarray:
+    def codes(self, i: np.ndarray, at: np.ndarray) -> np.ndarray:
         """Pair codes of the queries ``i`` found near the hashes at bucket positions ``at``."""
-        j = order[at]
+        j = self.buckets.order[at]
         low, high = np.minimum(i, j), np.maximum(i, j)
         keep = low < high
-        return low[keep] * n + high[keep]
+        return low[keep] * len(self.hashes) + high[keep]
 
-    per_query = counts[keys]
-    single = np.flatnonzero(per_query == 1)
-    at = starts[keys[single]]
-    hit = near(at, hashes[queries[single]])
-    yield codes(queries[single[hit]], at[hit])
-    several = np.flatnonzero(per_query > 1)
-    queries, keys, per_query = queries[several], keys[several], per_query[several]
-    from_large = len(queries)  # queries from here on are checked before each block: none yet
-    if label is not None:
-        large = per_query >= SETTLED_BUCKET
-        # Mostly small buckets (random hashes): checking them would cost more than it saves.
-        if per_query[large].sum() >= SETTLED_MEAN * large.sum():
-            small = ~large  # the small first, unchecked; then the large
-            queries, keys, per_query = (
-                np.concatenate([v[small], v[large]]) for v in (queries, keys, per_query)
-            )
-            from_large = int(small.sum())
-    ends = np.cumsum(per_query)
+
+@dataclass
+class _QueryQueue:
+    """The queries whose bucket holds several hashes, with their buckets and candidates:
+    from ``from_large`` on, the large buckets, checked for being settled before each block."""
+
+    queries: np.ndarray
+    keys: np.ndarray
+    per_query: np.ndarray
+    from_large: int
+
+    @classmethod
+    def of(
+        cls, queries: np.ndarray, keys: np.ndarray, per_query: np.ndarray, label: np.ndarray | None
+    ) -> _QueryQueue:
+        """Small buckets first, unchecked, then the large, where they are large on average
+        (:data:`SETTLED_MEAN`); mostly small buckets (random hashes) are never checked:
+        checking them would cost more than it saves."""
+        if label is not None:
+            large = per_query >= SETTLED_BUCKET
+            if per_query[large].sum() >= SETTLED_MEAN * large.sum():
+                small = ~large
+                queries, keys, per_query = (
+                    np.concatenate([v[small], v[large]]) for v in (queries, keys, per_query)
+                )
+                return cls(queries, keys, per_query, int(small.sum()))
+        return cls(queries, keys, per_query, len(queries))
+
+    def keep(self, rest: np.ndarray) -> None:
+        """Keep only the queries at ``rest`` (all of them large: none checked yet)."""
+        self.queries, self.keys = self.queries[rest], self.keys[rest]
+        self.per_query, self.from_large = self.per_query[rest], 0
+
+
+def _expand_blocks(
+    pairs: PairCheck, queue: _QueryQueue, label: np.ndarray | None
+) -> Iterator[np.ndarray]:
+    """The pairs of ``queue``'s queries, a block of at most :data:`CANDIDATE_BLOCK`
+    candidates (at least one query) at a time; large buckets that the blocks so far merged
+    into the asking hash's component are dropped first (:func:`_settled`)."""
+    hashes, starts = pairs.hashes, pairs.buckets.starts
+    ends = np.cumsum(queue.per_query)
     first = 0
     stale = True  # labels may have changed since the last check: pairs were found since
-    while first < len(queries):
-        if label is not None and first >= from_large and stale:
-            # Large buckets: what the blocks so far merged may have settled them.
-            rest = first + np.flatnonzero(~_settled(label, queries[first:], keys[first:], buckets))
-            queries, keys, per_query = queries[rest], keys[rest], per_query[rest]
-            ends, first, from_large, stale = np.cumsum(per_query), 0, 0, False
-            if not len(queries):
+    while first < len(queue.queries):
+        if label is not None and first >= queue.from_large and stale:
+            queries, keys = queue.queries[first:], queue.keys[first:]
+            queue.keep(first + np.flatnonzero(~_settled(label, queries, keys, pairs.buckets)))
+            ends, first, stale = np.cumsum(queue.per_query), 0, False
+            if not len(queue.queries):
                 break
-        # the largest block of queries whose candidates fit CANDIDATE_BLOCK (at least one)
+        queries, keys, per_query = queue.queries, queue.keys, queue.per_query
         base = ends[first - 1] if first else 0
         last = max(first + 1, int(np.searchsorted(ends, base + CANDIDATE_BLOCK, side="right")))
         size = per_query[first:last]
@@ -252,12 +292,12 @@ def _expand(
         # candidate t of query k sits at bucket position starts[keys[k]] + t - before[k]
         at = np.repeat(starts[keys[first:last]] - before, size)
         at += np.arange(len(at))
-        hit = near(at, np.repeat(hashes[queries[first:last]], size))
+        hit = pairs.near(at, np.repeat(hashes[queries[first:last]], size))
         if len(hit) * 16 < len(at):  # few found (random hashes): find who asked
             asking = queries[first + np.searchsorted(before, hit, side="right") - 1]
         else:  # many (a look-alike set): spell the askers out
             asking = np.repeat(queries[first:last], size)[hit]
-        block = codes(asking, at[hit])
+        block = pairs.codes(asking, at[hit])
         yield block
         stale = stale or len(block) > 0
         first = last
@@ -321,66 +361,92 @@ def place(
     """
     ordered = sorted(items, key=lambda item: item.sha256)
     values = hash_values([item.phash for item in ordered])
-    group_of = near_components(values, distance)
-
-    def neighbours(p: int) -> list[int]:  # only a bridge asks: a scan of one hash
-        near = np.bitwise_count(values ^ values[p]) <= distance
-        near[p] = False
-        return np.flatnonzero(near).tolist()
-
     members: dict[int, list[int]] = {}
-    for position, group in enumerate(group_of.tolist()):
+    for position, group in enumerate(near_components(values, distance).tolist()):
         members.setdefault(group, []).append(position)
-
-    splits: dict[str, str] = {}
-    unplaceable: dict[str, str] = {}
+    placer = Placer(ordered, values, placed, distance, hash_split)
     groups, conflicts = [], []
     for group in sorted(members.values(), key=lambda m: m[0]):
+        placer.place_group(group)
+        entry = placer.entry(group)
+        if entry is not None:
+            groups.append(entry)
+            if len(entry["labels"]) > 1:
+                conflicts.append(entry)
+    groups.sort(key=lambda g: g["paths"][0])
+    conflicts.sort(key=lambda g: g["paths"][0])
+    return Placement(placer.splits, groups, conflicts, placer.unplaceable)
+
+
+@dataclass
+class Placer:
+    """:func:`place`'s state: the images by content hash with their perceptual hashes, the
+    splits given so far and the images that cannot be placed without a leak."""
+
+    ordered: Sequence[Item]  # by sha256
+    values: np.ndarray  # their perceptual hashes (uint64)
+    placed: dict[str, str]  # sha256 -> split of images already in shards
+    distance: int
+    hash_split: Callable[[str], str]
+    splits: dict[str, str] = field(default_factory=dict)
+    unplaceable: dict[str, str] = field(default_factory=dict)
+
+    def place_group(self, group: list[int]) -> None:
+        """Give every image of a group (positions in :attr:`ordered`) its split."""
+        ordered, placed = self.ordered, self.placed
         kept = [p for p in group if ordered[p].sha256 in placed]
         kept_splits = {placed[ordered[p].sha256] for p in kept}
-        splits.update({ordered[p].sha256: placed[ordered[p].sha256] for p in kept})
+        self.splits.update({ordered[p].sha256: placed[ordered[p].sha256] for p in kept})
         for p in group:
             sha = ordered[p].sha256
             if sha in placed:
                 continue
             elif len(kept_splits) == 1:
-                splits[sha] = next(iter(kept_splits))
+                self.splits[sha] = next(iter(kept_splits))
             elif not kept_splits:
-                splits[sha] = hash_split(ordered[group[0]].sha256)
-            else:  # a bridge: nearest placed image's split, refused if that still leaks
-                nearest = min(kept, key=lambda q: (int(np.bitwise_count(values[p] ^ values[q])), q))
-                split = placed[ordered[nearest].sha256]
-                across = [
-                    ordered[q]
-                    for q in neighbours(p)
-                    if splits.get(ordered[q].sha256, split) != split
-                ]
-                if across:
-                    unplaceable[sha] = (
-                        f"near-duplicate of images already in two splits: "
-                        f"{', '.join(f'{o.path} ({splits[o.sha256]})' for o in across[:3])} "
-                        f"and {ordered[nearest].path} ({split}); placing it would leak. To "
-                        "keep it, place every image afresh: delete the ingest index and "
-                        "rebuild (shard.mode: rebuild)"
-                    )
-                    continue
-                splits[sha] = split
-        if len(group) < 2:
-            continue
-        shown = [p for p in group if ordered[p].sha256 in splits]
-        labels = sorted({ordered[p].label for p in shown})
-        entry = {
-            "split": "/".join(sorted({splits[ordered[p].sha256] for p in shown})),
-            "paths": sorted(ordered[p].path for p in shown),
-            "labels": labels,
+                self.splits[sha] = self.hash_split(ordered[group[0]].sha256)
+            else:
+                self.place_bridge(p, kept)
+
+    def place_bridge(self, p: int, kept: list[int]) -> None:
+        """An image joining placed images of two splits: its nearest placed image's split,
+        or unplaceable when that still leaves it near an image in another split."""
+        ordered, values = self.ordered, self.values
+        nearest = min(kept, key=lambda q: (int(np.bitwise_count(values[p] ^ values[q])), q))
+        split = self.placed[ordered[nearest].sha256]
+        across = [
+            ordered[q]
+            for q in self.neighbours(p)
+            if self.splits.get(ordered[q].sha256, split) != split
+        ]
+        if not across:
+            self.splits[ordered[p].sha256] = split
+            return
+        self.unplaceable[ordered[p].sha256] = (
+            f"near-duplicate of images already in two splits: "
+            f"{', '.join(f'{o.path} ({self.splits[o.sha256]})' for o in across[:3])} "
+            f"and {ordered[nearest].path} ({split}); placing it would leak. To "
+            "keep it, place every image afresh: delete the ingest index and "
+            "rebuild (shard.mode: rebuild)"
+        )
+
+    def neighbours(self, p: int) -> list[int]:
+        """Positions within the distance of ``p``: only a bridge asks, a scan of one hash."""
+        near = np.bitwise_count(self.values ^ self.values[p]) <= self.distance
+        near[p] = False
+        return np.flatnonzero(near).tolist()
+
+    def entry(self, group: list[int]) -> dict[str, Any] | None:
+        """The report's entry for a group of two or more placed images (split, paths,
+        labels); None for a smaller one."""
+        shown = [p for p in group if self.ordered[p].sha256 in self.splits]
+        if len(shown) < 2:
+            return None
+        return {
+            "split": "/".join(sorted({self.splits[self.ordered[p].sha256] for p in shown})),
+            "paths": sorted(self.ordered[p].path for p in shown),
+            "labels": sorted({self.ordered[p].label for p in shown}),
         }
-        if len(shown) >= 2:
-            groups.append(entry)
-            if len(labels) > 1:
-                conflicts.append(entry)
-    groups.sort(key=lambda g: g["paths"][0])
-    conflicts.sort(key=lambda g: g["paths"][0])
-    return Placement(splits, groups, conflicts, unplaceable)
 
 
 def straddling_pairs(

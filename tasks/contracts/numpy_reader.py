@@ -77,8 +77,8 @@ def write_record_index(
 
     With ``base`` (an append), the base's shards keep the offsets its own index holds when
     that index indexes the base manifest and the shard's entry checks out against it;
-    otherwise, or without a base, the shard's headers are read (at 50k images, 0.25 s of
-    an append). Written a shard at a time, the base's index read the same way, so a
+    otherwise, or without a base, the shard's headers are read (a cost that grows with the
+    base, on every append). Written a shard at a time, the base's index read the same way, so a
     million offsets never sit in memory at once (the bytes ``json.dumps(offsets_json(...),
     sort_keys=True, separators=(",", ":"))`` gives).
     """

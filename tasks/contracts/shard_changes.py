@@ -21,6 +21,7 @@ import tempfile
 from array import array
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from hashlib import blake2b
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -49,8 +50,8 @@ _ROW = np.dtype(
 
 
 class Row(NamedTuple):
-    """One record of a shard set, as the diff sees it (a tuple: 100k of them take 0.06 s to
-    build, as frozen dataclasses 0.11 s)."""
+    """One record of a shard set, as the diff sees it (a tuple: cheaper to build than a
+    frozen dataclass, and a diff builds one a record)."""
 
     sha256: str
     path: str
@@ -84,8 +85,8 @@ class Table:
     """Records as columns: the content hash (32 bytes), split, class, width, height and a
     digest of the path (8 bytes: two paths that differ show; their names are read back
     before anything reports them), 43 bytes a record. What the diff and an append's checks
-    need of a shard set or an index: a million records as parsed dicts held about 450 MB,
-    as rows about 90 MB more; as a table, 43 MB."""
+    need of a shard set or an index: as parsed dicts or rows, a record takes several times
+    those bytes."""
 
     def __init__(self) -> None:
         self.hashes = bytearray()
@@ -106,7 +107,7 @@ class Table:
         return table
 
     def add(self, sha256: str, path: str, split: str, label: str, width: int, height: int) -> None:
-        """One record (a :class:`Row`'s fields; 1.5 us, a million in 1.5 s)."""
+        """One record (a :class:`Row`'s fields)."""
         if len(sha256) != 64:
             raise ValueError(f"{path}: content hash {sha256!r} is not a sha256")
         self.hashes += bytes.fromhex(sha256)
@@ -228,8 +229,8 @@ class SpilledTable:
     """A :class:`Table` kept on disk: its records go to one file per :data:`BUCKETS` bucket
     (the first byte of the content hash), 59 bytes a record, under a fresh folder in
     ``folder`` (the shard folder: nothing is written outside the repository). Two tables
-    are compared a bucket at a time (:meth:`buckets`), so the diff of a million records
-    holds about 4k of them at once, and the stage's memory does not grow with the data.
+    are compared a bucket at a time (:meth:`buckets`), so a diff holds one bucket's records
+    at once, and the stage's memory does not grow with the data.
     :meth:`close` removes the folder."""
 
     def __init__(self, folder: Path) -> None:
@@ -376,29 +377,12 @@ def compute(
     """
     known = previous is not None and before is not None
     before = before if previous is not None and before is not None else Table()
-    # a record is added or removed per class and split: an image moved to another class (or
-    # split) is removed from one and added to the other, and counted as moved
-    added: Counter[tuple[str, str]] = Counter()
-    removed: Counter[tuple[str, str]] = Counter()
-    count_before: Counter[str] = Counter()
-    count_after: Counter[str] = Counter()
-    sizes_before, sizes_after = _SizeCounts(), _SizeCounts()
-    added_total = removed_total = moved_total = 0
+    tally = ChangeTally()
     for (old, _), (new, _) in zip(before.buckets(), after.buckets(), strict=True):
-        found, _, same = locate(new, old)
-        gone = ~locate(old, new)[2]
-        added += new.split_label_counts(~same)
-        removed += old.split_label_counts(gone)
-        added_total += int((~same).sum())
-        removed_total += int(gone.sum())
-        moved_total += int((found & ~same).sum())
-        count_before += old.label_counts()
-        count_after += new.label_counts()
-        sizes_before.add(old)
-        sizes_after.add(new)
-    classes_before = sorted(count_before)
+        tally.add(old, new)
+    classes_before = sorted(tally.count_before)
     classes = list(manifest.classes) + [c for c in classes_before if c not in manifest.classes]
-    shares, largest = class_shares(count_before, count_after, classes)
+    shares, largest = class_shares(tally.count_before, tally.count_after, classes)
     returned = list(duplicates or [])
     return {
         "mode": mode,
@@ -407,18 +391,52 @@ def compute(
         "previous_known": known,
         "generations": len(manifest.generations),
         "records": {"before": len(before), "after": len(after)},
-        "added": _per_split_class(added),
-        "removed": _per_split_class(removed),
-        "added_total": added_total,
-        "removed_total": removed_total,
-        "moved_total": moved_total,
+        "added": _per_split_class(tally.added),
+        "removed": _per_split_class(tally.removed),
+        "added_total": tally.added_total,
+        "removed_total": tally.removed_total,
+        "moved_total": tally.moved_total,
         "new_classes": [c for c in manifest.classes if c not in classes_before] if known else [],
         "class_share": shares,
         "largest_share_shift": largest,
-        "image_size": {"before": sizes_before.quantiles(), "after": sizes_after.quantiles()},
+        "image_size": {
+            "before": tally.sizes_before.quantiles(),
+            "after": tally.sizes_after.quantiles(),
+        },
         "duplicates": returned,
         "duplicate_count": len(returned),
     }
+
+
+@dataclass
+class ChangeTally:
+    """What :func:`compute` adds up a bucket of content hashes at a time. A record is added
+    or removed per class and split: an image moved to another class (or split) is removed
+    from one and added to the other, and counted as moved."""
+
+    added: Counter[tuple[str, str]] = field(default_factory=Counter)
+    removed: Counter[tuple[str, str]] = field(default_factory=Counter)
+    count_before: Counter[str] = field(default_factory=Counter)
+    count_after: Counter[str] = field(default_factory=Counter)
+    sizes_before: _SizeCounts = field(default_factory=lambda: _SizeCounts())
+    sizes_after: _SizeCounts = field(default_factory=lambda: _SizeCounts())
+    added_total: int = 0
+    removed_total: int = 0
+    moved_total: int = 0
+
+    def add(self, old: Table, new: Table) -> None:
+        """One bucket: the records before (``old``) and after (``new``)."""
+        found, _, same = locate(new, old)
+        gone = ~locate(old, new)[2]
+        self.added += new.split_label_counts(~same)
+        self.removed += old.split_label_counts(gone)
+        self.added_total += int((~same).sum())
+        self.removed_total += int(gone.sum())
+        self.moved_total += int((found & ~same).sum())
+        self.count_before += old.label_counts()
+        self.count_after += new.label_counts()
+        self.sizes_before.add(old)
+        self.sizes_after.add(new)
 
 
 def write(diff: dict[str, Any], path: Path) -> None:

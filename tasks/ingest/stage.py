@@ -12,16 +12,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from tasks.contracts import handoff as handoff_store
-from tasks.contracts.content import SPLITS, display_name, file_sha256
+from tasks.contracts.content import file_sha256
 from tasks.contracts.handoff import HandoffWriter, Target
 from tasks.contracts.index import (
     INDEX_VERSION,
@@ -31,20 +31,27 @@ from tasks.contracts.index import (
     write_index,
 )
 from tasks.contracts.near_duplicates import Item, hash_version, place
-from tasks.ingest.discovery import Candidate, Discovered, discover
+from tasks.ingest.discovery import Candidate, discover
 from tasks.ingest.inspection import (
     Inspected,
     Locator,
     Signature,
     inspect_chunk,
     inspect_file,
-    signature,
+)
+from tasks.ingest.refusals import refuse_a_lost_set, refuse_files_changed_since_read
+from tasks.ingest.report import (
+    DuplicateFile,
+    NearDuplicates,
+    QuarantinedFile,
+    SortedFiles,
+    VerdictCounts,
+    build_report,
 )
 from tasks.runtime.atomic import write_json, write_text
 from tasks.runtime.gc_pause import paused_gc
 from tasks.runtime.params import IngestParams, SplitFractions
 from tasks.runtime.processes import capped_workers, spawn_pool
-from tasks.runtime.refusals import Refused
 from tasks.runtime.worker_cost import check_seconds, worth_workers
 
 
@@ -162,6 +169,64 @@ def check_estimates(source_dir: Path, paths: Iterable[str]) -> Iterator[float]:
             continue
 
 
+@dataclass(frozen=True)
+class InspectionPlan:
+    """How a run inspects its candidates: the decode limits, the chunks of new files for
+    workers (when they pay), and each unit of work's share of the hand-off bound."""
+
+    limits: tuple[int, int, int, bool]  # max_pixels, min_side, max_bytes, draft
+    chunks: list[list[int]]  # positions of the candidates without a known verdict
+    workers: int
+    parallel: bool
+    shares: list[int]  # hand-off bytes: one per chunk, then this process's
+    trusted_before: int | None  # files last changed before this may vouch by their stat
+
+    @property
+    def pool_size(self) -> int:
+        return min(self.workers, len(self.chunks))
+
+
+def plan_inspection(
+    source_dir: Path, candidates: list[Candidate], params: IngestParams, known: dict[str, list[Any]]
+) -> InspectionPlan:
+    """Chunk the files without a ``known`` verdict and decide whether workers pay for them."""
+    fresh = [i for i, c in enumerate(candidates) if c.path not in known]
+    chunks = [fresh[i : i + CHUNK] for i in range(0, len(fresh), CHUNK)]
+    workers = capped_workers(params.workers, "ingest.workers") if len(chunks) >= 2 else 1
+    parallel = len(chunks) >= 2 and worth_workers(
+        check_estimates(source_dir, (candidates[i].path for i in fresh)),
+        min(workers, len(chunks)),
+    )
+    budget = int(params.handoff_mb * 2**20)
+    return InspectionPlan(
+        limits=(
+            params.max_pixels,
+            params.min_side,
+            int(params.max_file_mb * 2**20),
+            params.draft_check,
+        ),
+        chunks=chunks,
+        workers=workers,
+        parallel=parallel,
+        shares=handoff_shares(budget, [len(c) for c in chunks], parallel, workers),
+        # files whose stat may vouch for their bytes in the shard stage (write_signatures' rule)
+        trusted_before=time.time_ns() - RACE_MARGIN_NS if params.trust_file_stat else None,
+    )
+
+
+class Tally:
+    """Files inspected so far: moves the bar and tells ``progress(done, total)``."""
+
+    def __init__(self, bar: Any, progress: Callable[[int, int], None] | None, total: int):
+        self.bar, self.progress, self.total, self.done = bar, progress, total, 0
+
+    def __call__(self, count: int) -> None:
+        self.done += count
+        self.bar.update(count)
+        if self.progress:
+            self.progress(self.done, self.total)
+
+
 def inspect_all(
     source_dir: Path,
     candidates: list[Candidate],
@@ -176,10 +241,9 @@ def inspect_all(
     New files are decoded in chunks by spawned workers when there are enough of them. A
     file with a ``known`` verdict (path -> previous verdict) is read and hashed here, while
     the workers decode: when its content still matches, the verdict is reused without a
-    decode, and a round trip to a worker would cost more than the hash (measured: an
-    incremental ingest of 20k files took 1.2-1.5 s in one process, 1.8-2.2 s through two
-    workers). ``progress(done, total)`` is called as files finish (the flow moves its
-    Prefect progress artifact with it).
+    decode, and a round trip to a worker would cost more than the hash.
+    ``progress(done, total)`` is called as files finish (the flow moves its Prefect progress
+    artifact with it).
 
     ``handoff``: the folder where the shard stage's pixels are kept and the shard params'
     target they are made for (:mod:`tasks.contracts.handoff`), ``ingest.handoff_mb`` in all. With
@@ -189,83 +253,77 @@ def inspect_all(
     from tqdm import tqdm
 
     known, trusted = known or {}, trusted or {}
-    limits = (
-        params.max_pixels,
-        params.min_side,
-        int(params.max_file_mb * 2**20),
-        params.draft_check,
-    )
-    max_pixels, min_side, max_bytes, draft = limits
-    fresh = [i for i, c in enumerate(candidates) if c.path not in known]
-    chunks = [fresh[i : i + CHUNK] for i in range(0, len(fresh), CHUNK)]
-    workers = capped_workers(params.workers, "ingest.workers") if len(chunks) >= 2 else 1
-    parallel = len(chunks) >= 2 and worth_workers(
-        check_estimates(source_dir, (candidates[i].path for i in fresh)),
-        min(workers, len(chunks)),
-    )
-    # files whose stat may vouch for their bytes in the shard stage (write_signatures' rule)
-    trusted_before = time.time_ns() - RACE_MARGIN_NS if params.trust_file_stat else None
-    shares = handoff_shares(
-        int(params.handoff_mb * 2**20), [len(c) for c in chunks], parallel, workers
-    )
+    plan = plan_inspection(source_dir, candidates, params, known)
     results: list[Inspected | None] = [None] * len(candidates)
-    done = 0
     with tqdm(total=len(candidates), desc="ingest", unit="img", mininterval=1.0) as bar:
-
-        def finished(count: int) -> None:
-            nonlocal done
-            done += count
-            bar.update(count)
-            if progress:
-                progress(done, len(candidates))
-
-        with spawn_pool(min(workers, len(chunks))) if parallel else nullcontext() as pool:
+        tally = Tally(bar, progress, len(candidates))
+        with spawn_pool(plan.pool_size) if plan.parallel else nullcontext() as pool:
             futures = (
                 [
                     pool.submit(
                         inspect_chunk,
                         str(source_dir),
                         [candidates[i] for i in chunk],
-                        limits,
-                        (str(handoff[0]), share, handoff[1], trusted_before)
+                        plan.limits,
+                        (str(handoff[0]), share, handoff[1], plan.trusted_before)
                         if handoff is not None
                         else None,
                     )
-                    for chunk, share in zip(chunks, shares, strict=False)
+                    for chunk, share in zip(plan.chunks, plan.shares, strict=False)
                 ]
                 if pool is not None
                 else []
             )
             here = [i for i, c in enumerate(candidates) if pool is None or c.path in known]
-            locator = Locator(source_dir, max_bytes)
-            writer = (
-                HandoffWriter(handoff[0], shares[-1], handoff[1], trusted_before)
-                if handoff is not None
-                else None
-            )
-            for start in range(0, len(here), CHUNK):
-                block = here[start : start + CHUNK]
-                for i in block:
-                    candidate = candidates[i]
-                    results[i] = inspect_file(
-                        locator,
-                        candidate,
-                        max_pixels,
-                        min_side,
-                        draft,
-                        known.get(candidate.path),
-                        trusted.get(candidate.path),
-                        writer,
-                    )
-                finished(len(block))
-            for chunk, future in zip(chunks, futures, strict=False):
+            for block in inspect_here(source_dir, candidates, here, plan, known, trusted, handoff):
+                for i, item in block:
+                    results[i] = item
+                tally(len(block))
+            for chunk, future in zip(plan.chunks, futures, strict=False):
                 for i, item in zip(chunk, future.result(), strict=True):
                     results[i] = item
-                finished(len(chunk))
+                tally(len(chunk))
     missing = [candidates[i].path for i, r in enumerate(results) if r is None]
     if missing:  # a bug, never a data problem
         raise AssertionError(f"ingest lost files: {missing[:5]} not inspected")
     return [r for r in results if r is not None]
+
+
+def inspect_here(
+    source_dir: Path,
+    candidates: list[Candidate],
+    here: list[int],
+    plan: InspectionPlan,
+    known: dict[str, list[Any]],
+    trusted: dict[str, Signature],
+    handoff: tuple[Path, Target] | None,
+) -> Iterator[list[tuple[int, Inspected]]]:
+    """Inspect the candidates at positions ``here`` in this process, a chunk at a time
+    (each chunk's ``(position, result)`` pairs, so progress moves as they finish)."""
+    max_pixels, min_side, max_bytes, draft = plan.limits
+    locator = Locator(source_dir, max_bytes)
+    writer = (
+        HandoffWriter(handoff[0], plan.shares[-1], handoff[1], plan.trusted_before)
+        if handoff is not None
+        else None
+    )
+    for start in range(0, len(here), CHUNK):
+        yield [
+            (
+                i,
+                inspect_file(
+                    locator,
+                    candidates[i],
+                    max_pixels,
+                    min_side,
+                    draft,
+                    known.get(candidates[i].path),
+                    trusted.get(candidates[i].path),
+                    writer,
+                ),
+            )
+            for i in here[start : start + CHUNK]
+        ]
 
 
 def handoff_shares(budget: int, chunk_sizes: list[int], parallel: bool, workers: int) -> list[int]:
@@ -309,51 +367,12 @@ def build_index(
     classes: list[str],
     params: IngestParams,
     placed: dict[str, str] | None = None,
-) -> dict[str, Any]:
+) -> SortedFiles:
     """Sort inspected files into accepted / quarantined / duplicate, with splits.
 
     ``placed`` (sha256 -> split, see :func:`previous_placements`) are images already in
     shards; every other image is placed by :func:`tasks.contracts.near_duplicates.place`."""
-    quarantined = [
-        {"path": i.path, "label": i.label, "reason": i.reason} for i in inspected if i.reason
-    ]
-    good = [i for i in inspected if i.reason is None]
-    by_hash: dict[str, list[Inspected]] = defaultdict(list)
-    for item in good:
-        by_hash[str(item.sha256)].append(item)
-
-    records: list[dict[str, Any]] = []
-    duplicates: list[dict[str, Any]] = []
-    for item in good:
-        group = by_hash[str(item.sha256)]
-        labels = sorted({g.label for g in group})
-        if len(labels) > 1:
-            quarantined.append(
-                {
-                    "path": item.path,
-                    "label": item.label,
-                    "reason": f"duplicate content with conflicting labels {labels}: "
-                    + ", ".join(g.path for g in group),
-                }
-            )
-            continue
-        keeper = group[0]  # inputs are sorted by path, so the first path wins
-        if item is not keeper:
-            duplicates.append({"path": item.path, "label": item.label, "duplicate_of": keeper.path})
-            continue
-        records.append(
-            {
-                "path": item.path,
-                "label": item.label,
-                "label_index": classes.index(item.label),
-                "sha256": item.sha256,
-                "split": None,  # placed below, once every image's neighbours are known
-                "format": item.format,
-                "width": item.width,
-                "height": item.height,
-                "phash": item.phash,
-            }
-        )
+    records, quarantined, duplicates = sort_by_content(inspected, classes)
     placement = place(
         [Item(r["sha256"], r["path"], r["label"], r["phash"]) for r in records],
         placed or {},
@@ -363,32 +382,92 @@ def build_index(
     for record in records:
         reason = placement.unplaceable.get(record["sha256"])
         if reason is not None:
-            quarantined.append({"path": record["path"], "label": record["label"], "reason": reason})
+            quarantined.append(
+                QuarantinedFile(path=record["path"], label=record["label"], reason=reason)
+            )
         record["split"] = placement.splits.get(record["sha256"])
-    records = [r for r in records if r["split"] is not None]
-    quarantined.sort(key=lambda q: q["path"])
-    near_duplicates = {
-        "distance": params.near_duplicate_distance,
-        "group_count": len(placement.groups),
-        "images_in_groups": sum(len(g["paths"]) for g in placement.groups),
-        # a chain of near-duplicates is one group: a huge one skews the split fractions
-        "largest_group": max((len(g["paths"]) for g in placement.groups), default=0),
-        "label_conflict_count": len(placement.label_conflicts),
-        "groups": placement.groups,
-        # near-duplicates with different labels: one of them is probably mislabelled
-        "label_conflicts": placement.label_conflicts,
-    }
+    quarantined.sort(key=lambda q: q.path)
+    return SortedFiles(
+        records=[r for r in records if r["split"] is not None],
+        quarantined=quarantined,
+        duplicates=duplicates,
+        near_duplicates=NearDuplicates.of(placement, params.near_duplicate_distance),
+    )
+
+
+def sort_by_content(
+    inspected: list[Inspected], classes: list[str]
+) -> tuple[list[dict[str, Any]], list[QuarantinedFile], list[DuplicateFile]]:
+    """Index records (split not yet placed) of the first path of each content, the files
+    quarantined and the duplicates of an accepted file. Content under two labels is
+    quarantined in every copy: which label is right is the user's call."""
+    quarantined = [
+        QuarantinedFile(path=i.path, label=i.label, reason=i.reason) for i in inspected if i.reason
+    ]
+    good = [i for i in inspected if i.reason is None]
+    by_hash: dict[str, list[Inspected]] = defaultdict(list)
+    for item in good:
+        by_hash[str(item.sha256)].append(item)
+    records: list[dict[str, Any]] = []
+    duplicates: list[DuplicateFile] = []
+    for item in good:
+        group = by_hash[str(item.sha256)]
+        labels = sorted({g.label for g in group})
+        if len(labels) > 1:
+            reason = f"duplicate content with conflicting labels {labels}: " + ", ".join(
+                g.path for g in group
+            )
+            quarantined.append(QuarantinedFile(path=item.path, label=item.label, reason=reason))
+            continue
+        keeper = group[0]  # inputs are sorted by path, so the first path wins
+        if item is not keeper:
+            duplicates.append(
+                DuplicateFile(path=item.path, label=item.label, duplicate_of=keeper.path)
+            )
+            continue
+        records.append(index_record(item, classes.index(item.label)))
+    return records, quarantined, duplicates
+
+
+def index_record(item: Inspected, label_index: int) -> dict[str, Any]:
+    """The index's row (JSON) for an accepted image; its split is placed once every image's
+    neighbours are known."""
     return {
-        "records": records,
-        "quarantined": quarantined,
-        "duplicates": duplicates,
-        "near_duplicates": near_duplicates,
+        "path": item.path,
+        "label": item.label,
+        "label_index": label_index,
+        "sha256": item.sha256,
+        "split": None,
+        "format": item.format,
+        "width": item.width,
+        "height": item.height,
+        "phash": item.phash,
     }
 
 
 # How this run reached its verdicts: in what run_ingest returns (the flow logs it), never in
-# the report file, which evaluate depends on: a rerun that changed no verdict changes no byte.
-RUN_COUNTS = ("reused_count", "decoded_count", "stat_trusted_count")
+# the report file (:class:`tasks.ingest.report.VerdictCounts`).
+RUN_COUNTS = tuple(f.name for f in fields(VerdictCounts))
+
+
+@dataclass(frozen=True)
+class PreviousRun:
+    """What the previous index lets this run reuse: decode verdicts (path -> verdict) made
+    under the same limits, splits (sha256 -> split) placed under the same rule, and stat
+    signatures that vouch for a file's content hash (only with verdicts to reuse)."""
+
+    verdicts: dict[str, list[Any]]
+    placements: dict[str, str]
+    signatures: dict[str, Signature]
+
+    @classmethod
+    def read(cls, index_path: Path, params: IngestParams) -> PreviousRun:
+        verdicts = previous_verdicts(index_path, verdict_key(params))
+        return cls(
+            verdicts=verdicts,
+            placements=previous_placements(index_path, placement_key(params)),
+            signatures=previous_signatures(index_path, params) if verdicts else {},
+        )
 
 
 @paused_gc()
@@ -401,98 +480,68 @@ def run_ingest(
     target: Target | None = None,
     excluded: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
-    """Ingest ``params.source_dir``; write the index and the ingest report; return the report.
+    """Ingest ``params.source_dir``; write the index and the ingest report; return the report
+    as JSON with this run's :class:`~tasks.ingest.report.VerdictCounts` (what the flow logs).
 
     ``progress(done, total)``: files inspected so far, see :func:`inspect_all`. ``handoff``:
     the hand-off root (``Layout.handoff``): emptied, then filled with the shard stage's pixels
     of this run's decodes for ``target`` (:meth:`tasks.contracts.handoff.Target.of` the shard
-    params;
-    none without one), up to ``ingest.handoff_mb`` (:mod:`tasks.contracts.handoff`). ``excluded``:
-    content hashes never admitted (:mod:`tasks.contracts.exclusions`), counted and named nowhere."""
+    params; none without one), up to ``ingest.handoff_mb`` (:mod:`tasks.contracts.handoff`).
+    ``excluded``: content hashes never admitted (:mod:`tasks.contracts.exclusions`), counted
+    and named nowhere."""
     source_dir = Path(params.source_dir)
-    labels_csv = Path(params.labels_csv) if params.labels_csv else None
-    discovered = discover(source_dir, labels_csv)
-    candidates = discovered.candidates
-    classes = sorted({c.label for c in candidates})
-    key = verdict_key(params)
-    known = previous_verdicts(index_path, key)
-    placed = previous_placements(index_path, placement_key(params))
-    trusted = previous_signatures(index_path, params) if known else {}
+    discovered = discover(source_dir, Path(params.labels_csv) if params.labels_csv else None)
+    previous = PreviousRun.read(index_path, params)
     started_ns = time.time_ns()
-    kept = None
-    if handoff is not None:
-        from tasks.images import preprocessing_version
-
-        handoff_store.clear(handoff)  # an earlier run's leftovers: never more than the bound
-        if target is not None:
-            kept = (handoff_store.folder_for(handoff, preprocessing_version()), target)
-    inspected = inspect_all(source_dir, candidates, params, known, progress, trusted, kept)
+    kept = emptied_handoff(handoff, target)
+    inspected = inspect_all(
+        source_dir,
+        discovered.candidates,
+        params,
+        previous.verdicts,
+        progress,
+        previous.signatures,
+        kept,
+    )
     refuse_files_changed_since_read(source_dir, inspected)  # before the index changes
     inspected, excluded_count = drop_excluded(inspected, excluded, kept)
-    sorted_out = build_index(inspected, classes, params, placed)
-    records = sorted_out["records"]
-    present = sorted({r["label"] for r in records})
-    refuse_a_lost_set(inspected, set(present), params)  # before the index or any shard changes
+    classes = sorted({c.label for c in discovered.candidates})
+    sorted_out = build_index(inspected, classes, params, previous.placements)
+    present = {r["label"] for r in sorted_out.records}
+    refuse_a_lost_set(inspected, present, params)  # before the index or any shard changes
     classes = [c for c in classes if c in present]  # a class whose files all failed is dropped
-    dropped = classes_dropped(discovered, present)
-    for record in records:
+    for record in sorted_out.records:
         record["label_index"] = classes.index(record["label"])
-
-    counts = {c: {s: 0 for s in SPLITS} for c in classes}
-    for record in records:
-        counts[record["label"]][record["split"]] += 1
-    report = {
-        "source_dir": params.source_dir,
-        "classes": classes,
-        "classes_dropped": dropped,
-        "files_found": len(candidates) + len(discovered.skipped),
-        "accepted": len(records),
-        "quarantined_count": len(sorted_out["quarantined"]),
-        "duplicate_count": len(sorted_out["duplicates"]),
-        "skipped_count": len(discovered.skipped),
-        # files whose content is on the exclusion list (data/excluded.json): never named
-        "excluded_count": excluded_count,
-        # incremental ingest: verdicts reused from the previous index vs files decoded now
-        "reused_count": sum(1 for i in inspected if i.reused),
-        "decoded_count": sum(1 for i in inspected if i.sha256 is not None and not i.reused),
-        # of the reused: content hash taken on an unchanged stat, the file was not read
-        "stat_trusted_count": sum(1 for i in inspected if i.trusted),
-        "counts": counts,
-        "split_counts": {s: sum(counts[c][s] for c in classes) for s in SPLITS},
-        "formats": dict(sorted(Counter(str(r["format"]) for r in records).items())),
-        "quarantined": sorted_out["quarantined"],
-        "duplicates": sorted_out["duplicates"],
-        "skipped": discovered.skipped,
-        # groups of near-duplicate images, each kept in one split
-        "near_duplicates": sorted_out["near_duplicates"],
-    }
-    accounted = sum(
-        report[k]
-        for k in (
-            "accepted",
-            "quarantined_count",
-            "duplicate_count",
-            "skipped_count",
-            "excluded_count",
-        )
+    report = build_report(params.source_dir, classes, discovered, sorted_out, excluded_count)
+    index_sha256 = write_index(
+        index_path,
+        {
+            "version": INDEX_VERSION,
+            "source_dir": params.source_dir,
+            "classes": classes,
+            "records": sorted_out.records,
+            "verdict_key": verdict_key(params),
+            "placement": placement_key(params),
+            "verdicts": verdicts_of(inspected),
+        },
     )
-    if accounted != report["files_found"]:  # a bug, never a data problem
-        raise AssertionError(
-            f"ingest lost files: {accounted} accounted of {report['files_found']} found"
-        )
-    index = {
-        "version": INDEX_VERSION,
-        "source_dir": params.source_dir,
-        "classes": classes,
-        "records": records,
-        "verdict_key": key,
-        "placement": placement_key(params),
-        "verdicts": verdicts_of(inspected),
-    }
-    index_sha256 = write_index(index_path, index)
     write_signatures(index_path, index_sha256, inspected, started_ns)
-    write_json(report_path, {k: v for k, v in report.items() if k not in RUN_COUNTS})
-    return report
+    written = report.as_json()
+    write_json(report_path, written)
+    return {**written, **asdict(VerdictCounts.of(inspected))}
+
+
+def emptied_handoff(handoff: Path | None, target: Target | None) -> tuple[Path, Target] | None:
+    """Empty the hand-off root (an earlier run's leftovers: never more than the bound) and
+    name the folder this run keeps pixels in for ``target``; None when it keeps none."""
+    if handoff is None:
+        return None
+    from tasks.images import preprocessing_version
+
+    handoff_store.clear(handoff)
+    if target is None:
+        return None
+    return handoff_store.folder_for(handoff, preprocessing_version()), target
 
 
 def drop_excluded(
@@ -511,98 +560,6 @@ def drop_excluded(
         for sha in gone:
             handoff_store.entry_path(handoff[0], sha).unlink(missing_ok=True)
     return kept, len(inspected) - len(kept)
-
-
-def classes_dropped(discovered: Discovered, present: Iterable[str]) -> list[dict[str, str]]:
-    """The classes the source names that have no accepted image, each with why: the model
-    will not know them, which the report must say rather than leave to be noticed."""
-    files = Counter(candidate.label for candidate in discovered.candidates)
-    dropped = []
-    for label in sorted(set(discovered.labels) - set(present)):
-        if files[label]:
-            reason = f"none of its {files[label]} files accepted (quarantined or duplicates)"
-        else:
-            reason = "no files in its folder"
-        dropped.append({"class": display_name(label), "reason": reason})
-    return dropped
-
-
-class SourceChangedDuringIngest(Refused):
-    """A source file changed after ingest read it, while the stage still ran."""
-
-
-def refuse_files_changed_since_read(source_dir: Path, inspected: list[Inspected]) -> None:
-    """Refuse the run when a file's stat differs from the one taken as it was read: the
-    index would hold the old content and the folder the new, which the shard stage refuses.
-    Failing here writes no index, and DVC records nothing; the listing it compares
-    (:mod:`tasks.ingest.source_check`) was taken before the stage, so the next run ingests again."""
-    changed = []
-    for item in inspected:
-        if item.signature is None:
-            continue
-        try:
-            now: Signature | None = signature(os.stat(source_dir / item.path))
-        except OSError:
-            now = None
-        if now != item.signature:
-            changed.append(item.path)
-    if changed:
-        shown = ", ".join(changed[:10]) + (
-            f" and {len(changed) - 10} more" if len(changed) > 10 else ""
-        )
-        raise SourceChangedDuringIngest(
-            f"{len(changed)} file(s) of ingest.source_dir={str(source_dir)!r} changed while "
-            f"ingest read them: {shown}. Nothing was written (the ingest index is as it was)",
-            fix="run again once nothing writes into the folder (`make run`): ingest reads anew",
-        )
-
-
-class SetWouldBeLost(Refused, ValueError):
-    """Ingest would keep no image, or none of a class because of an ``ingest`` limit."""
-
-    fix = "fix the files it names, or the ingest limit it names in params.yaml, then rerun"
-
-
-_DIMENSIONS = re.compile(r"absurd dimensions (\d+)x(\d+) ")
-
-
-def limit_of(reason: str, params: IngestParams) -> str | None:
-    """The ``ingest`` limit (param=value) that quarantined a file for ``reason``, if one did."""
-    if reason.startswith("file too large:"):
-        return f"ingest.max_file_mb={params.max_file_mb:g}"
-    if found := _DIMENSIONS.match(reason):
-        small = min(int(found[1]), int(found[2])) < params.min_side
-        return (
-            f"ingest.min_side={params.min_side}"
-            if small
-            else f"ingest.max_pixels={params.max_pixels}"
-        )
-    return None
-
-
-def refuse_a_lost_set(inspected: list[Inspected], present: set[str], params: IngestParams) -> None:
-    """Refuse, before the index is rewritten, an ingest that keeps no image, or none of a
-    class because a limit quarantined them: the shard stage would replace the set in use by
-    it (an empty set failed validation only once `data/shards` had been rebuilt)."""
-    files: Counter[str] = Counter(i.label for i in inspected)
-    limited: dict[str, Counter[str]] = defaultdict(Counter)  # class -> limit -> files
-    for item in inspected:
-        if item.reason and item.label not in present and (limit := limit_of(item.reason, params)):
-            limited[item.label][limit] += 1
-    lost = sorted(limited) if present else sorted(files)
-    if not lost:
-        return
-    causes = sum((limited[c] for c in lost), Counter[str]())
-    named = ", ".join(f"class {c!r} ({files[c]} files)" for c in lost)
-    what = f"no image of {named}" if present else f"0 of {files.total()} images"
-    examples = "; ".join([f"{i.path}: {i.reason}" for i in inspected if i.reason][:3])
-    why = "; ".join(f"{limit} quarantines {n} of them" for limit, n in causes.items())
-    fix = "; change that limit in params.yaml" if why else ""
-    why = why or f"every file quarantined or a conflicting duplicate, {examples}"
-    raise SetWouldBeLost(
-        f"ingest would keep {what}: {why}. Nothing was rewritten (the ingest index and "
-        f"data/shards are as they were){fix}"
-    )
 
 
 def summary_rows(report: dict[str, Any]) -> list[dict[str, Any]]:

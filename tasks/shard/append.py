@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 
@@ -131,23 +132,38 @@ def check_nothing_removed(
         moved = np.flatnonzero(now.path_digest_array()[match] != old.path_digest_array())
         renamed += [(int(old_at[i]), int(now_at[match[i]])) for i in moved]
     if problems:
-        paths = _paths_at(
-            (entry["path"] for _, entry in stream_records(shards_dir, base)), (i for i, _ in shown)
-        )
-        reasons = [
-            f"{paths[i]} moved from {to}"
-            if to
-            else f"{paths[i]} removed, changed or quarantined (see the ingest report)"
-            for i, to in shown
-        ]
-        raise RebuildNeeded(
-            f"{shards_dir}: {problems} record(s) of the base shard set no longer match "
-            f"the sources ({'; '.join(reasons)}); append only adds records: "
-            f"{REBUILD_HINT}"
-        )
+        refuse_removed(problems, shown, base, shards_dir)
+    return renamed_records(sorted(renamed), base, shards_dir, index_path)
+
+
+def refuse_removed(
+    problems: int, shown: list[tuple[int, str | None]], base: ShardManifest, shards_dir: Path
+) -> NoReturn:
+    """Refuse the append, naming the base records ``shown`` (base position, where it went;
+    None: gone) by path: their paths are read back from the base's record lists."""
+    paths = _paths_at(
+        (entry["path"] for _, entry in stream_records(shards_dir, base)), (i for i, _ in shown)
+    )
+    reasons = [
+        f"{paths[i]} moved from {to}"
+        if to
+        else f"{paths[i]} removed, changed or quarantined (see the ingest report)"
+        for i, to in shown
+    ]
+    raise RebuildNeeded(
+        f"{shards_dir}: {problems} record(s) of the base shard set no longer match "
+        f"the sources ({'; '.join(reasons)}); append only adds records: "
+        f"{REBUILD_HINT}"
+    )
+
+
+def renamed_records(
+    renamed: list[tuple[int, int]], base: ShardManifest, shards_dir: Path, index_path: Path
+) -> list[dict[str, str]]:
+    """The base records (base position, index position, in order) whose content the index
+    holds under another path, each as the diff's duplicate entry (both paths)."""
     if not renamed:
         return []
-    renamed.sort()
     old_paths = _paths_at(
         (entry["path"] for _, entry in stream_records(shards_dir, base)), (i for i, _ in renamed)
     )

@@ -102,71 +102,101 @@ def scan_index(
     ``exclude`` (append), called once the pass ends, gives a mask over the index's records
     (in index order) of those to leave out: the base's, found by ``visit``'s table; each
     record's split is kept (1 byte) until then, which places the mask on each split's
-    records (appended in index order). ``classes`` (append) must
-    name every record's label. ``sample`` keeps the
-    :data:`SIZE_SAMPLE` records with the smallest order keys (for the size estimate).
-    ``visit`` sees every record (excluded ones too) as it streams past.
+    records (appended in index order). ``classes`` (append) must name every record's
+    label. ``sample`` keeps the :data:`SIZE_SAMPLE` records with the smallest order keys
+    (for the size estimate). ``visit`` sees every record (excluded ones too) as it streams.
 
     With ``exclude``, each record's packed order key waits in a temporary file in
     ``spill_dir`` (the stage passes the shard folder; by default the index's: nothing is
     written outside the repository; unlinked from the start, so a killed run leaves
-    nothing), not in memory, until the mask is known:
-    an append leaves out nearly every record, and those 8 bytes a record were its largest
-    growth with the data.
+    nothing), not in memory, until the mask is known: an append leaves out nearly every
+    record, and those 8 bytes a record would be its largest growth with the data.
     """
     bits = pack_bits(index_path.stat().st_size) if offset_bits is None else offset_bits
     packed = {s: array("Q") for s in SPLITS}
-    split_codes = bytearray() if exclude is not None else None
-    waiting = array("Q")
-    code_of = {s: i for i, s in enumerate(SPLITS)}
-    count = path_bytes = 0
-    first: list[tuple[str, int, ShardRecord]] = []
+    figures = ScanFigures(sample)
     with contextlib.ExitStack() as stack:
         pending = (
-            stack.enter_context(tempfile.TemporaryFile(dir=spill_dir or index_path.parent))
+            PendingKeys(
+                stack.enter_context(tempfile.TemporaryFile(dir=spill_dir or index_path.parent))
+            )
             if exclude is not None
             else None
         )
         for offset, rec in iter_records(index_path):
-            if rec["split"] not in packed:
-                raise ValueError(
-                    f"{index_path}: record {rec['path']}: unknown split {rec['split']!r}"
-                )
-            if classes is not None and rec["label"] not in classes:
-                raise ValueError(
-                    f"{index_path}: record {rec['path']}: unknown class {rec['label']!r}"
-                )
+            _refuse_unknown(index_path, rec, classes)
             if visit is not None:
                 visit(rec)
-            count += 1
-            path_bytes += len(rec["path"].encode())
             digest = order_digest(params.seed, rec["sha256"])
-            if sample:
-                first.append((digest.hex(), count, shard_record(rec, None)))
-                if len(first) >= 4 * SIZE_SAMPLE:
-                    first = sorted(first)[:SIZE_SAMPLE]
-            if split_codes is not None:
-                split_codes.append(code_of[rec["split"]])
-            top = int.from_bytes(digest[:8], "big") >> bits
-            value = (top << bits) | offset
+            figures.add(rec, digest)
+            value = ((int.from_bytes(digest[:8], "big") >> bits) << bits) | offset
             if pending is None:
                 packed[rec["split"]].append(value)
-                continue
-            waiting.append(value)
-            if len(waiting) >= PENDING_CHUNK:
-                pending.write(waiting.tobytes())
-                del waiting[:]
-        if pending is not None and split_codes is not None and exclude is not None:
-            pending.write(waiting.tobytes())
-            _take_pending(pending, exclude(), np.frombuffer(split_codes, dtype=np.uint8), packed)
+            else:
+                pending.add(value, rec["split"])
+        if pending is not None and exclude is not None:
+            pending.take(exclude(), packed)
     order = {s: _sorted_split(index_path, params.seed, v, bits) for s, v in packed.items()}
     return IndexScan(
         order=order,
         offset_bits=bits,
-        records=count,
-        mean_path_bytes=path_bytes / count if count else 0.0,
-        sample=tuple(r for *_, r in sorted(first)[:SIZE_SAMPLE]),
+        records=figures.count,
+        mean_path_bytes=figures.path_bytes / figures.count if figures.count else 0.0,
+        sample=tuple(r for *_, r in sorted(figures.first)[:SIZE_SAMPLE]),
     )
+
+
+def _refuse_unknown(index_path: Path, rec: dict[str, Any], classes: list[str] | None) -> None:
+    """A record whose split is none of :data:`SPLITS`, or whose label is not in ``classes``
+    (when given), names itself: the index was edited or comes from elsewhere."""
+    if rec["split"] not in SPLITS:
+        raise ValueError(f"{index_path}: record {rec['path']}: unknown split {rec['split']!r}")
+    if classes is not None and rec["label"] not in classes:
+        raise ValueError(f"{index_path}: record {rec['path']}: unknown class {rec['label']!r}")
+
+
+@dataclass
+class ScanFigures:
+    """What a scan counts as records stream past: how many, their path bytes, and (with
+    ``sample``) those with the smallest order keys, cut back to :data:`SIZE_SAMPLE` once
+    four times that wait: the sample never grows with the index."""
+
+    sample: bool
+    count: int = 0
+    path_bytes: int = 0
+    first: list[tuple[str, int, ShardRecord]] = field(default_factory=list)
+
+    def add(self, rec: dict[str, Any], digest: bytes) -> None:
+        self.count += 1
+        self.path_bytes += len(rec["path"].encode())
+        if self.sample:
+            self.first.append((digest.hex(), self.count, shard_record(rec, None)))
+            if len(self.first) >= 4 * SIZE_SAMPLE:
+                self.first = sorted(self.first)[:SIZE_SAMPLE]
+
+
+class PendingKeys:
+    """Packed order keys waiting in an unlinked temporary file, written a chunk at a time,
+    until the append's exclusion mask is known; each key's split waits beside it (1 byte)."""
+
+    def __init__(self, file: IO[bytes]) -> None:
+        self.file = file
+        self.waiting = array("Q")
+        self.split_codes = bytearray()
+
+    def add(self, value: int, split: str) -> None:
+        self.split_codes.append(SPLITS.index(split))
+        self.waiting.append(value)
+        if len(self.waiting) >= PENDING_CHUNK:
+            self.file.write(self.waiting.tobytes())
+            del self.waiting[:]
+
+    def take(self, leave_out: np.ndarray, packed: dict[str, array[int]]) -> None:
+        """Append to ``packed`` each waiting key but those ``leave_out`` masks."""
+        self.file.write(self.waiting.tobytes())
+        del self.waiting[:]
+        codes = np.frombuffer(self.split_codes, dtype=np.uint8)
+        _take_pending(self.file, leave_out, codes, packed)
 
 
 def _take_pending(

@@ -107,7 +107,7 @@ def shard_stage(
         manifest, written = _write_shards(params, plan, shards_dir, folder, write_many)
         shards = len(plan.specs)
         # The specs' order (8 bytes a record) goes before the diff, which reads the record
-        # lists instead: the stage's peak memory stays what it is at 10k records.
+        # lists instead: the stage's peak memory does not grow with the order.
         plan.specs = plan.specs.subset(())
         diff = write_stage_diff(plan, manifest, folder, diff_path) if diff_path else None
     finally:
@@ -142,7 +142,7 @@ def plan_stage(
 
     An append reads the index once: the same pass that orders the new records notes every
     record's class, split and path, for the check that nothing in the base was removed and
-    for the data diff's duplicates (at 50k images each extra pass cost about 0.3 s). The
+    for the data diff's duplicates (a pass over the index is the plan's largest cost). The
     diff's "before" is kept as a compact table, not as the record lists. ``handoff``: the
     folder of ingest's kept decodes the specs name (:func:`tasks.shard.planning.cut_shards`).
     """
@@ -153,17 +153,36 @@ def plan_stage(
         str(index_path),
         "rerun ingest, which quarantines such a class's files (rename its folder or fix its label)",
     )
-    sample = params.encoding != "raw"
     if params.mode == "rebuild":
-        previous, previous_records = _previous(shards_dir)
-        scan = scan_index(params, index_path, sample=sample)
-        specs = cut_shards(
-            params, index_path, header, scan, folder="", classes=None, handoff=handoff
-        )
-        classes = list(header["classes"])
-        return StagePlan(
-            params.mode, 0, specs, classes, index_path, None, previous, previous_records
-        )
+        return plan_rebuild(params, index_path, shards_dir, header, handoff)
+    return plan_append(params, index_path, shards_dir, header, handoff)
+
+
+def plan_rebuild(
+    params: ShardParams,
+    index_path: Path,
+    shards_dir: Path,
+    header: dict[str, Any],
+    handoff: str | None,
+) -> StagePlan:
+    """Generation 0 from the whole index; the set it replaces is kept for the data diff."""
+    previous, previous_records = _previous(shards_dir)
+    scan = scan_index(params, index_path, sample=params.encoding != "raw")
+    specs = cut_shards(params, index_path, header, scan, folder="", classes=None, handoff=handoff)
+    classes = list(header["classes"])
+    return StagePlan(params.mode, 0, specs, classes, index_path, None, previous, previous_records)
+
+
+def plan_append(
+    params: ShardParams,
+    index_path: Path,
+    shards_dir: Path,
+    header: dict[str, Any],
+    handoff: str | None,
+) -> StagePlan:
+    """A new generation of the index's records the base does not hold, once the check that
+    nothing of the base was removed passed."""
+    sample = params.encoding != "raw"
     base = load_base(shards_dir)
     check_compatible(base, params, shards_dir)
     try:  # the base's records as a table spilled to disk, its lists read a shard at a time

@@ -23,17 +23,19 @@ from __future__ import annotations
 
 import getpass
 import json
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tasks.contracts.manifest import SPLITS, ShardManifest, load_manifest
 from tasks.contracts.shard_changes import class_shares
 from tasks.runtime.atomic import write_json, write_text
 from tasks.runtime.params import ValidateParams
 from tasks.runtime.refusals import Refused
+from tasks.validate.checks import check
 
 # 2: one accepted version per dataset; 1 (still read): a single version with no dataset
 RECORD_FORMAT: Literal[2] = 2
@@ -95,6 +97,66 @@ class LegacyAcceptedVersion(AcceptedVersion):
     format: Literal[1]
 
 
+class BeforeAfter(BaseModel):
+    """A count in the accepted version and in these shards."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    before: int
+    after: int
+
+
+class ShareShift(BaseModel):
+    """A class's share of the records before and after, and its shift (6 places)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    before: float
+    after: float
+    shift: float
+
+
+class LargestShift(BaseModel):
+    """The class whose share moved most, and by how much."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    name: str = Field(alias="class")
+    shift: float
+
+
+class DataDiff(BaseModel):
+    """``reports/data_diff.json``: these shards against their dataset's accepted version."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dataset: str
+    fingerprint: str
+    accepted_fingerprint: str | None  # None: nothing accepted yet, nothing to compare
+    accepted: Acceptance | None
+    unchanged: bool
+    records: BeforeAfter
+    counts: dict[str, dict[str, BeforeAfter]]  # split -> class -> records
+    new_classes: list[str]
+    removed_classes: list[str]
+    class_share: dict[str, ShareShift]
+    largest_share_shift: LargestShift | None
+
+    def as_json(self) -> dict[str, Any]:
+        """The diff as ``reports/data_diff.json`` holds it."""
+        return self.model_dump(mode="json", by_alias=True)
+
+
+@dataclass(frozen=True)
+class Gated:
+    """What one validation's data gate found: the diff it wrote, the version of these
+    shards, and the dataset's accepted version it compared them with (None: none yet)."""
+
+    diff: DataDiff
+    version: DataVersion
+    accepted: AcceptedVersion | None
+
+
 class AcceptedRecordError(Refused, ValueError):
     """``data/accepted.json`` cannot be read: the gate has no baseline it can trust."""
 
@@ -141,7 +203,7 @@ def load_accepted(path: Path, dataset: str) -> AcceptedVersion | None:
     return load_record(path, dataset).datasets.get(dataset)
 
 
-def compare(accepted: AcceptedVersion | None, current: DataVersion, dataset: str) -> dict[str, Any]:
+def compare(accepted: AcceptedVersion | None, current: DataVersion, dataset: str) -> DataDiff:
     """The diff from ``dataset``'s accepted version to ``current``: records per split and
     class before and after (net counts: the baseline keeps no record lists), each class's
     share, new and removed classes. With nothing accepted yet there is nothing to compare."""
@@ -150,55 +212,55 @@ def compare(accepted: AcceptedVersion | None, current: DataVersion, dataset: str
     classes = list(after) + sorted(c for c in before if c not in after)
     shares, largest = class_shares(before, after, classes)
     old = accepted.class_counts if accepted else {}
-    return {
-        "dataset": dataset,
-        "fingerprint": current.fingerprint,
-        "accepted_fingerprint": accepted.fingerprint if accepted else None,
-        "accepted": accepted.acceptance.model_dump() if accepted else None,
-        "unchanged": accepted is not None and accepted.fingerprint == current.fingerprint,
-        "records": {"before": sum(before.values()), "after": sum(after.values())},
-        "counts": {
+    return DataDiff(
+        dataset=dataset,
+        fingerprint=current.fingerprint,
+        accepted_fingerprint=accepted.fingerprint if accepted else None,
+        accepted=accepted.acceptance if accepted else None,
+        unchanged=accepted is not None and accepted.fingerprint == current.fingerprint,
+        records=BeforeAfter(before=sum(before.values()), after=sum(after.values())),
+        counts={
             split: {
-                c: {
-                    "before": old.get(split, {}).get(c, 0),
-                    "after": current.class_counts.get(split, {}).get(c, 0),
-                }
+                c: BeforeAfter(
+                    before=old.get(split, {}).get(c, 0),
+                    after=current.class_counts.get(split, {}).get(c, 0),
+                )
                 for c in classes
             }
             for split in SPLITS
         },
-        "new_classes": [c for c in after if c not in before] if accepted else [],
-        "removed_classes": [c for c in before if c not in after],
-        "class_share": shares,
-        "largest_share_shift": largest,
-    }
+        new_classes=[c for c in after if c not in before] if accepted else [],
+        removed_classes=[c for c in before if c not in after],
+        class_share={name: ShareShift.model_validate(share) for name, share in shares.items()},
+        largest_share_shift=LargestShift.model_validate(largest) if largest else None,
+    )
 
 
-def violations(diff: dict[str, Any], limits: ValidateParams) -> list[str]:
+def violations(diff: DataDiff, limits: ValidateParams) -> list[str]:
     """Why a change from the accepted version is too suspicious to train on, each reason
     naming the param it exceeds. Nothing accepted yet (a first build) never violates."""
-    if diff["accepted_fingerprint"] is None or diff["unchanged"]:
+    if diff.accepted_fingerprint is None or diff.unchanged:
         return []
     problems = []
-    for name, share in diff["class_share"].items():
-        if abs(share["shift"]) > limits.max_class_share_shift:
+    for name, share in diff.class_share.items():
+        if abs(share.shift) > limits.max_class_share_shift:
             problems.append(
-                f"class {name!r} share moved {share['before']:.3f} -> {share['after']:.3f} "
-                f"({share['shift']:+.3f}, limit validate.max_class_share_shift="
+                f"class {name!r} share moved {share.before:.3f} -> {share.after:.3f} "
+                f"({share.shift:+.3f}, limit validate.max_class_share_shift="
                 f"{limits.max_class_share_shift:g})"
             )
-    before, after = diff["records"]["before"], diff["records"]["after"]
+    before, after = diff.records.before, diff.records.after
     # a shrink keeps every class's share: half the sources lost, or a failed sync
     if before and (before - after) / before > limits.max_record_drop:
         problems.append(
             f"records fell {before} -> {after} ({(after - before) / before:+.1%}, limit "
             f"validate.max_record_drop={limits.max_record_drop:g})"
         )
-    if diff["new_classes"] and not limits.allow_new_classes:
-        problems.append(f"new classes {diff['new_classes']} (validate.allow_new_classes is false)")
-    if diff["removed_classes"]:  # a lost source folder or a failed sync, until accepted
+    if diff.new_classes and not limits.allow_new_classes:
+        problems.append(f"new classes {diff.new_classes} (validate.allow_new_classes is false)")
+    if diff.removed_classes:  # a lost source folder or a failed sync, until accepted
         problems.append(
-            f"classes removed {diff['removed_classes']}: the accepted version has records of "
+            f"classes removed {diff.removed_classes}: the accepted version has records of "
             "them, these shards none"
         )
     return problems
@@ -252,24 +314,20 @@ def first_version_reason(dataset: str) -> str:
     return f"the first validated shard set of dataset {dataset!r}: no version of it accepted before"
 
 
-def record_passed(
-    path: Path,
-    version: DataVersion,
-    diff: dict[str, Any],
-    previous: AcceptedVersion | None,
-    dataset: str,
-) -> AcceptedVersion | None:
-    """After validation passed: ``version`` becomes ``dataset``'s baseline unless it already
-    is (an unchanged set leaves the record, and its bytes, as they are)."""
+def record_passed(path: Path, gated: Gated, dataset: str) -> AcceptedVersion | None:
+    """After validation passed: the version ``gated`` compared becomes ``dataset``'s baseline
+    unless it already is (an unchanged set leaves the record, and its bytes, as they are)."""
+    version, previous, diff = gated.version, gated.accepted, gated.diff
     if previous is not None and previous.fingerprint == version.fingerprint:
         return None
     if previous is None:
         reason = first_version_reason(dataset)
         return record(path, version, dataset=dataset, how="first build", reason=reason)
-    largest = diff["largest_share_shift"] or {"class": None, "shift": 0.0}
+    largest = diff.largest_share_shift
+    shift, name = (largest.shift, largest.name) if largest else (0.0, None)
     reason = (
-        f"within validate's limits: {diff['records']['after'] - diff['records']['before']:+d} "
-        f"records net, largest share shift {largest['shift']:+.3f} ({largest['class']})"
+        f"within validate's limits: {diff.records.after - diff.records.before:+d} "
+        f"records net, largest share shift {shift:+.3f} ({name})"
     )
     return record(
         path, version, dataset=dataset, how="validation passed", reason=reason, previous=previous
@@ -347,42 +405,101 @@ def current_user() -> str:
         return "unknown"
 
 
-def write(diff: dict[str, Any], path: Path) -> None:
+def write(diff: DataDiff, path: Path) -> None:
     """``path`` (JSON) and its ``.md`` sibling (the summary a Prefect artifact shows)."""
-    write_json(Path(path), diff)
+    write_json(Path(path), diff.as_json())
     write_text(Path(path).with_suffix(".md"), summary_markdown(diff))
 
 
-def summary_markdown(diff: dict[str, Any]) -> str:
+def summary_markdown(diff: DataDiff) -> str:
     """The baseline and how it was accepted, records per split and class, shares."""
-    accepted = diff["accepted"]
-    base = (diff["accepted_fingerprint"] or "none")[:12]
-    lines = [f"# Data diff: accepted `{base}` -> `{diff['fingerprint'][:12]}`", ""]
-    lines.append(f"- dataset: `{diff['dataset']}` (`ingest.source_dir`, `ingest.labels_csv`)")
+    accepted = diff.accepted
+    base = (diff.accepted_fingerprint or "none")[:12]
+    lines = [f"# Data diff: accepted `{base}` -> `{diff.fingerprint[:12]}`", ""]
+    lines.append(f"- dataset: `{diff.dataset}` (`ingest.source_dir`, `ingest.labels_csv`)")
     if accepted:
-        who = f" by {accepted['by']} at {accepted['at']}" if accepted["by"] else ""
-        lines.append(f"- baseline: {accepted['how']}{who}: {accepted['reason']}")
+        who = f" by {accepted.by} at {accepted.at}" if accepted.by else ""
+        lines.append(f"- baseline: {accepted.how}{who}: {accepted.reason}")
     else:
         lines.append(
             "- baseline: none accepted for this dataset yet: these shards become its baseline "
             "once they pass validation"
         )
     lines += [
-        f"- records: {diff['records']['before']} -> {diff['records']['after']}",
-        f"- new classes: {', '.join(diff['new_classes']) or 'none'}; "
-        f"removed classes: {', '.join(diff['removed_classes']) or 'none'}",
+        f"- records: {diff.records.before} -> {diff.records.after}",
+        f"- new classes: {', '.join(diff.new_classes) or 'none'}; "
+        f"removed classes: {', '.join(diff.removed_classes) or 'none'}",
         "",
         "| class | " + " | ".join(SPLITS) + " | share before | after | shift |",
         "|---|" + "---|" * (len(SPLITS) + 3),
     ]
-    for name, share in diff["class_share"].items():
-        cells = [
-            f"{diff['counts'][s][name]['before']} -> {diff['counts'][s][name]['after']}"
-            for s in SPLITS
-        ]
+    for name, share in diff.class_share.items():
+        cells = [f"{diff.counts[s][name].before} -> {diff.counts[s][name].after}" for s in SPLITS]
         lines.append(
-            f"| {name} | {' | '.join(cells)} | {share['before']:.3f} | {share['after']:.3f} "
-            f"| {share['shift']:+.3f} |"
+            f"| {name} | {' | '.join(cells)} | {share.before:.3f} | {share.after:.3f} "
+            f"| {share.shift:+.3f} |"
         )
     lines += ["", "Changes image by image, and image sizes: `reports/shard_changes.md`."]
     return "\n".join(lines) + "\n"
+
+
+# -- the validate stage's check -----------------------------------------------------------
+
+
+def check_data_diff(diff: DataDiff, limits: ValidateParams) -> dict[str, Any]:
+    """The change from the last accepted data version (:func:`compare`) stays within the
+    params' limits; a refused change names the one step that accepts it.
+
+    A pass reads the same whatever the baseline was: a passing validation makes its set the
+    accepted version, and train and evaluate depend on this report, so a pass worded after
+    the baseline ("N -> M records since ...", then "the accepted version" when the same
+    shards were validated again) would retrain on them. What changed since the baseline is in
+    ``reports/data_diff.{json,md}``, written by the same run.
+    """
+    problems = violations(diff, limits)
+    ok = "within the data gate's limits (reports/data_diff.md: the change from the baseline)"
+    bad = (
+        f"{'; '.join(problems)}: against the accepted data version "
+        f"{str(diff.accepted_fingerprint)[:12]} (see reports/data_diff.md); "
+        + accept_hint(diff.fingerprint)
+    )
+    details: dict[str, Any] = {"diff": "reports/data_diff.json"}
+    if problems:
+        details |= {
+            "accepted_fingerprint": diff.accepted_fingerprint,
+            "records_before": diff.records.before,
+            "records_after": diff.records.after,
+        }
+    return check("data_diff", problems, ok, bad, **details)
+
+
+def gate_diff(manifest: ShardManifest, accepted_path: Path, diff_path: Path, dataset: str) -> Gated:
+    """These shards against ``dataset``'s accepted version at ``accepted_path``, written to
+    ``diff_path`` (JSON and Markdown), with the version and the accepted one."""
+    accepted = load_accepted(accepted_path, dataset)
+    version = describe(manifest)
+    diff = compare(accepted, version, dataset)
+    write(diff, diff_path)
+    return Gated(diff=diff, version=version, accepted=accepted)
+
+
+@dataclass(frozen=True)
+class GateSetup:
+    """Where the data gate reads its baseline and writes its diff, its limits, and the
+    dataset (:func:`tasks.runtime.dataset_identity.dataset_identity`) it gates."""
+
+    accepted_path: Path
+    diff_path: Path
+    limits: ValidateParams
+    dataset: str
+
+
+def check_gate(manifest: ShardManifest, gate: GateSetup) -> tuple[dict[str, Any], Gated | None]:
+    """The ``data_diff`` check of these shards, and what the gate found (None when the
+    accepted record is unreadable: the check fails and names how to restore it)."""
+    try:
+        gated = gate_diff(manifest, gate.accepted_path, gate.diff_path, gate.dataset)
+    except AcceptedRecordError as exc:
+        message = f"{exc}: {exc.fix}"
+        return check("data_diff", [message], "", message), None
+    return check_data_diff(gated.diff, gate.limits), gated

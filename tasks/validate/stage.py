@@ -386,45 +386,6 @@ def read_generations(
     )
 
 
-def check_data_diff(diff: dict[str, Any], limits: ValidateParams) -> dict[str, Any]:
-    """The change from the last accepted data version (:func:`tasks.validate.data_gate.compare`)
-    stays within the params' limits; a refused change names the one step that accepts it.
-
-    A pass reads the same whatever the baseline was: a passing validation makes its set the
-    accepted version, and train and evaluate depend on this report, so a pass worded after
-    the baseline ("N -> M records since ...", then "the accepted version" when the same
-    shards were validated again) retrained on them. What changed since the baseline is in
-    ``reports/data_diff.{json,md}``, written by the same run.
-    """
-    problems = data_gate.violations(diff, limits)
-    ok = "within the data gate's limits (reports/data_diff.md: the change from the baseline)"
-    bad = (
-        f"{'; '.join(problems)}: against the accepted data version "
-        f"{str(diff['accepted_fingerprint'])[:12]} (see reports/data_diff.md); "
-        + data_gate.accept_hint(diff["fingerprint"])
-    )
-    details = {"diff": "reports/data_diff.json"}
-    if problems:
-        details |= {
-            "accepted_fingerprint": diff["accepted_fingerprint"],
-            "records_before": diff["records"]["before"],
-            "records_after": diff["records"]["after"],
-        }
-    return check("data_diff", problems, ok, bad, **details)
-
-
-def gate_diff(
-    manifest: ShardManifest, accepted_path: Path, diff_path: Path, dataset: str
-) -> tuple[dict[str, Any], data_gate.DataVersion, data_gate.AcceptedVersion | None]:
-    """These shards against ``dataset``'s accepted version at ``accepted_path``, written to
-    ``diff_path`` (JSON and Markdown); also returns the version and the accepted one."""
-    accepted = data_gate.load_accepted(accepted_path, dataset)
-    version = data_gate.describe(manifest)
-    diff = data_gate.compare(accepted, version, dataset)
-    data_gate.write(diff, diff_path)
-    return diff, version, accepted
-
-
 # -- the stage -------------------------------------------------------------------------------
 
 
@@ -470,47 +431,14 @@ def run_validate(
     manifest, manifest_check = load_manifest_lenient(shards_dir)
     checks = [manifest_check]
     contents: list[ShardContents] = []
-    gate = None
+    gate = gated = None
     if manifest is not None:
-        full_read = [
-            name
-            for name in (
-                manifest.generations[-1].shards
-                if manifest.generations
-                else [s.file for info in manifest.splits.values() for s in info.shards]
-            )
-            if (shards_dir / name).is_file()
-        ]
-        sample = start_cross_check(manifest, shards_dir, full_read) if full_read else None
-        contents, generations_check = read_generations(manifest, shards_dir)
-        checks += [generations_check] if generations_check else []
-        # Every TensorFlow-free check runs while the cross-check's child imports TensorFlow
-        # (its critical path); the cross-check is collected last, reported in its place.
-        tail = [
-            check_coverage(manifest, contents),
-            check_labels(manifest, contents),
-            check_class_counts(manifest, contents),
-            check_leakage(contents),
-        ]
-        if index_path is not None:
-            tail.append(check_index(Path(index_path), manifest, contents))
-            tail.append(check_near_duplicates(Path(index_path), contents))
         if accepted_path is not None and diff_path is not None and limits is not None:
             if not dataset:
                 raise TypeError("the data gate needs the dataset's identity")
-            try:
-                gate = gate_diff(manifest, Path(accepted_path), Path(diff_path), dataset)
-            except data_gate.AcceptedRecordError as exc:
-                message = f"{exc}: {exc.fix}"
-                tail.append(check("data_diff", [message], "", message))
-            else:
-                tail.append(check_data_diff(gate[0], limits))
-        head = [
-            check_files(manifest, shards_dir),
-            check_extra_files(manifest, shards_dir),
-            check_records(manifest, contents),
-        ]
-        checks += [*head, cross_check_with_tensorflow(sample, contents, set(full_read)), *tail]
+            gate = data_gate.GateSetup(Path(accepted_path), Path(diff_path), limits, dataset)
+        found, contents, gated = check_shard_set(manifest, shards_dir, index_path, gate)
+        checks += found
     report = {
         "passed": all(c["passed"] for c in checks),
         "fingerprint": manifest.fingerprint if manifest else None,
@@ -522,10 +450,56 @@ def run_validate(
     }
     write_json(Path(report_path), report)
     write_text(Path(summary_path), summary_markdown(report))
-    if report["passed"] and gate is not None and accepted_path is not None:
-        diff, version, accepted = gate
-        data_gate.record_passed(Path(accepted_path), version, diff, accepted, dataset)
+    if report["passed"] and gate is not None and gated is not None:
+        data_gate.record_passed(gate.accepted_path, gated, gate.dataset)
     return report
+
+
+def check_shard_set(
+    manifest: ShardManifest,
+    shards_dir: Path,
+    index_path: Path | None,
+    gate: data_gate.GateSetup | None,
+) -> tuple[list[dict[str, Any]], list[ShardContents], data_gate.Gated | None]:
+    """Every check of a shard set whose manifest parsed, in report order; the records read,
+    and what the data gate found (None without a gate or a readable baseline)."""
+    full_read = [
+        name
+        for name in (
+            manifest.generations[-1].shards
+            if manifest.generations
+            else [s.file for info in manifest.splits.values() for s in info.shards]
+        )
+        if (shards_dir / name).is_file()
+    ]
+    sample = start_cross_check(manifest, shards_dir, full_read) if full_read else None
+    contents, generations_check = read_generations(manifest, shards_dir)
+    # Every TensorFlow-free check runs while the cross-check's child imports TensorFlow
+    # (its critical path); the cross-check is collected last, reported in its place.
+    tail = [
+        check_coverage(manifest, contents),
+        check_labels(manifest, contents),
+        check_class_counts(manifest, contents),
+        check_leakage(contents),
+    ]
+    if index_path is not None:
+        tail.append(check_index(Path(index_path), manifest, contents))
+        tail.append(check_near_duplicates(Path(index_path), contents))
+    gated = None
+    if gate is not None:
+        gate_check, gated = data_gate.check_gate(manifest, gate)
+        tail.append(gate_check)
+    head = [
+        check_files(manifest, shards_dir),
+        check_extra_files(manifest, shards_dir),
+        check_records(manifest, contents),
+    ]
+    cross_check = cross_check_with_tensorflow(sample, contents, set(full_read))
+    return (
+        [*([generations_check] if generations_check else []), *head, cross_check, *tail],
+        contents,
+        gated,
+    )
 
 
 def raise_if_failed(report: dict[str, Any]) -> None:

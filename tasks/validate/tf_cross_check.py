@@ -1,8 +1,8 @@
 """TensorFlow's side of validation's cross-check: what its spawned child runs.
 
 A module of its own so the child imports only this, the record schema and TensorFlow:
-unpickling a function of :mod:`tasks.validate.stage` imported pydantic, the manifest and params
-too, 0.1 s more on the cross-check's critical path (the child's TensorFlow import).
+unpickling a function of :mod:`tasks.validate.stage` would import pydantic, the manifest and
+params too, on the cross-check's critical path (the child's TensorFlow import).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ def prestart() -> None:
     """Start the cross-check's child now: it imports TensorFlow while this process goes on.
 
     ``python -m flows.validate`` calls it before importing Prefect, so the child's import
-    (about 2 s, validation's critical path on an append) overlaps the stage's own start-up
-    (about 1.5 s). The validation that follows sends its job with :func:`standby`."""
+    (validation's critical path on an append) overlaps the stage's own start-up. The
+    validation that follows sends its job with :func:`standby`."""
     from tasks.runtime.processes import prestart_child  # here: the child itself never needs it
 
     prestart_child(tensorflow_without_keras)

@@ -16,7 +16,8 @@ from PIL import Image
 from tasks.contracts.index import load_index
 from tasks.images import ImageRejected, decode_rgb
 from tasks.ingest.demo_data import _exif_rotated_jpeg, _png_header_only, draw_shape, generate
-from tasks.ingest.stage import SetWouldBeLost, assign_split, run_ingest
+from tasks.ingest.refusals import SetWouldBeLost
+from tasks.ingest.stage import assign_split, run_ingest
 from tasks.runtime.params import SplitFractions, default_params
 from tasks.runtime.refusals import Refused
 from tests.conftest import write_image_folder

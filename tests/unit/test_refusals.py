@@ -12,7 +12,7 @@ import pytest
 from flows.refusal_logs import QuietRefusals
 from tasks.contracts.validated_shards import ShardsNotValidated
 from tasks.ingest.discovery import SourceNotFound, SourceRefused
-from tasks.ingest.stage import SetWouldBeLost
+from tasks.ingest.refusals import SetWouldBeLost
 from tasks.runtime.params import ParamsError
 from tasks.runtime.refusals import MAX_MESSAGE_LINES, Refused, refusal_block, refusing
 from tasks.runtime.workspace_lock import WorkspaceLocked
