@@ -76,9 +76,11 @@ def train_worker(
     from tasks.train.stage import run_train
 
     callbacks = [EpochReport(report)] if report else []
-    summary = run_train(params, layout, callbacks=callbacks, run_tags=run_tags)
-    if "run_id" in summary:  # the chief's: the others track nothing
+    trained = run_train(params, layout, callbacks=callbacks, run_tags=run_tags)
+    # As JSON: what crosses to the flow (a process boundary, a Prefect task's result).
+    summary = trained.to_json()
+    if trained.record:  # the chief's: the others track nothing
         summary["run_url"] = tracking.run_url(
-            tracking.client(layout.root), summary["run_id"], layout.root
+            tracking.client(layout.root), trained.record.run_id, layout.root
         )
     return summary

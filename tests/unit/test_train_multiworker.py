@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from tasks.contracts.manifest import load_manifest
-from tasks.evaluate.stage import evaluate_model
+from tasks.evaluate.measurement import evaluate_model
 from tasks.runtime.layout import Layout
 from tasks.runtime.params import ParamsError, TrainParams, default_params
 from tasks.train.cluster import WorkerFailed, launch_local_workers
