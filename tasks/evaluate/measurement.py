@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +46,16 @@ BATCH_SIZE = 256
 LABEL_SHEET = "label_issues.png"  # the label review's thumbnail sheet, in the eval plots
 
 
+@dataclass(frozen=True)
+class Misclassified:
+    """A test record the model got wrong, as the misclassified sheet shows it."""
+
+    image: np.ndarray  # the shard's pixels
+    label: int
+    predicted: int
+    source: str
+
+
 def predict_split(
     model: keras.Model,
     shards_dir: Path,
@@ -52,7 +63,7 @@ def predict_split(
     sources: list[str] | None = None,
     store: ShardStore | None = None,
     predicted: Callable[[int], object] | None = None,
-) -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]]]:
+) -> tuple[np.ndarray, np.ndarray, list[Misclassified]]:
     """Labels, class probabilities, and the misclassified records (image and source).
 
     ``sources``, when given, receives every record's source path, in prediction order.
@@ -64,7 +75,7 @@ def predict_split(
     )
     labels: list[np.ndarray] = []
     probs: list[np.ndarray] = []
-    wrong: list[dict[str, Any]] = []
+    wrong: list[Misclassified] = []
     for features in dataset:
         images = features[IMAGE_KEY]
         batch_probs = predict_batch(model, images)  # inference: no augmentation
@@ -78,12 +89,12 @@ def predict_split(
         for i in np.flatnonzero(batch_probs.argmax(axis=1) != batch_labels):
             if len(wrong) < MAX_MISCLASSIFIED_SHOWN:
                 wrong.append(
-                    {
-                        "image": images[i].numpy(),
-                        "label": int(batch_labels[i]),
-                        "predicted": int(batch_probs[i].argmax()),
-                        "source": features[SOURCE_KEY][i].numpy().decode(),
-                    }
+                    Misclassified(
+                        image=images[i].numpy(),
+                        label=int(batch_labels[i]),
+                        predicted=int(batch_probs[i].argmax()),
+                        source=features[SOURCE_KEY][i].numpy().decode(),
+                    )
                 )
     num_classes = model.output_shape[-1]
     if not labels:
@@ -173,7 +184,7 @@ def evaluate_model(
 
 
 def write_reports(
-    metrics: dict[str, Any], wrong: list[dict[str, Any]], classes: list[str], out_dir: Path
+    metrics: dict[str, Any], wrong: list[Misclassified], classes: list[str], out_dir: Path
 ) -> None:
     """The per-class table (JSON, Markdown), the confusion matrix and the misclassified
     test images in ``out_dir``."""
@@ -289,13 +300,12 @@ def plot_confusion(matrix: np.ndarray, classes: list[str], path: Path) -> None:
     figure.savefig(path, dpi=100, bbox_inches="tight")
 
 
-def plot_misclassified(wrong: list[dict[str, Any]], classes: list[str], path: Path) -> None:
+def plot_misclassified(wrong: list[Misclassified], classes: list[str], path: Path) -> None:
     """A grid of misclassified test images, titled true -> predicted (or a 'none' note)."""
     tiles = [
         (
-            item["image"],
-            f"{classes[item['label']]} -> {classes[item['predicted']]}\n"
-            f"{Path(item['source']).name}",
+            item.image,
+            f"{classes[item.label]} -> {classes[item.predicted]}\n{Path(item.source).name}",
         )
         for item in wrong
     ]

@@ -209,7 +209,7 @@ def summary_record(result: dict[str, Any]) -> dict[str, Any]:
 
 def warm_up() -> None:
     """What :func:`measure` imports before its work: Keras (TensorFlow with it) and
-    Matplotlib, about 3 s. ``python -m flows.evaluate`` has a child process run this while
+    Matplotlib, seconds of imports. ``python -m flows.evaluate`` has a child process run this while
     the stage imports Prefect, then sends it :func:`measure`."""
     from tasks.runtime.tf_imports import keras_without_extras
 
