@@ -1,8 +1,8 @@
 """Training in the train stage's prestarted child, named without importing TensorFlow.
 
 ``python -m flows.train`` starts a child that runs :func:`warm_up` (Keras with TensorFlow,
-the training code, MLflow: about 4-5 s) before the stage process imports Prefect (about
-1.3 s) and starts its flow; the train task then sends :func:`train` to that child. Both
+the training code, MLflow: seconds of imports) while the stage process imports Prefect and
+starts its flow; the train task then sends :func:`train` to that child. Both
 functions import the training code only when they run, so the stage process, which only
 names them, stays TensorFlow-free.
 """

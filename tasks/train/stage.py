@@ -106,8 +106,8 @@ def precision_policy(params: TrainParams, *, gpu: bool) -> str:
 
 
 # The x86 instruction sets oneDNN (TensorFlow's CPU kernels) chooses kernels by: a model
-# trained on a CPU with other ones differs in its last bits (this VM with AVX-512 and the same
-# run capped at AVX2 by ONEDNN_MAX_CPU_ISA gave two model files; each repeats exactly).
+# trained on a CPU with other ones differs in its last bits (a run capped at AVX2 by
+# ONEDNN_MAX_CPU_ISA writes another model file than one on AVX-512; each repeats exactly).
 KERNEL_ISA_FLAGS = ("avx", "avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
 
 

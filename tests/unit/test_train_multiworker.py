@@ -95,7 +95,7 @@ def worker(
         TrainParams.model_validate_json(params_json),
         strategy=strategy,
         callbacks=callbacks,
-    )
+    ).to_json()  # as it crosses back from the worker process
 
 
 def two_workers(root: Path, *, die_at: int | None = None) -> dict[str, Any]:
