@@ -17,6 +17,7 @@ from typing import Any
 from tasks.runtime.atomic import write_json
 from tasks.runtime.layout import Layout
 from tasks.runtime.metrics_files import TRAIN_FIGURES, split_figures
+from tasks.runtime.refusals import Refused
 
 
 @dataclass(frozen=True)
@@ -49,22 +50,38 @@ class TrainSummary:
         return cls(**data)
 
 
+class RunRecordIncomplete(Refused):
+    """``models/run.json`` lacks what evaluation needs: the training run or its shards."""
+
+
 @dataclass(frozen=True)
 class TrainRunRecord:
-    """The MLflow run a model was trained in and the shards it saw (``models/run.json``)."""
+    """The MLflow run a model was trained in and the shards it saw (``models/run.json``).
+
+    :func:`tasks.train.stage.run_train` fills every field; read back, a record needs its
+    run and shards (:meth:`load` refuses one without), the rest may be absent (None)."""
 
     run_id: str
-    experiment_id: str
-    tracking_uri: str
     fingerprint: str
-    run_name: str
+    experiment_id: str | None = None
+    tracking_uri: str | None = None
+    run_name: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def load(cls, path: Path) -> TrainRunRecord:
-        return cls(**json.loads(path.read_text()))
+        data = json.loads(path.read_text())
+        missing = [key for key in ("run_id", "fingerprint") if not data.get(key)]
+        if missing:
+            raise RunRecordIncomplete(
+                f"{path} names no {' and no '.join(missing)}: it was not written by a "
+                "completed training run",
+                fix="dvc repro --single-item --force train",
+            )
+        known = {field.name for field in dataclasses.fields(cls)}
+        return cls(**{key: value for key, value in data.items() if key in known})
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tasks.runtime.atomic import write_json
 from tasks.runtime.layout import Layout
 from tasks.runtime.params import deep_merge
 from tasks.train.summary import (
+    RunRecordIncomplete,
     TrainedRun,
     TrainRunRecord,
     TrainSummary,
@@ -65,3 +68,13 @@ def test_a_runs_flat_view_holds_the_summary_and_the_chiefs_record() -> None:
     flat = TrainedRun(summary, record).to_json()
     assert flat["run_id"] == record.run_id and flat["epochs_completed"] == 20
     assert "run_id" not in TrainedRun(summary).to_json()  # another worker tracks nothing
+
+
+def test_a_run_record_without_its_run_or_shards_is_refused_naming_them(tmp_path: Path) -> None:
+    path = tmp_path / "run.json"
+    write_json(path, {"run_id": "a" * 32})
+    with pytest.raises(RunRecordIncomplete, match=r"run\.json names no fingerprint") as refused:
+        TrainRunRecord.load(path)
+    assert refused.value.fix == "dvc repro --single-item --force train"
+    write_json(path, {"run_id": "a" * 32, "fingerprint": "f" * 64, "note": "by hand"})
+    assert TrainRunRecord.load(path) == TrainRunRecord("a" * 32, "f" * 64)  # the rest: None
