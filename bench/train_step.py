@@ -67,11 +67,14 @@ def measure_input_bound(shards_dir: Path, params: TrainParams, work: Path) -> di
 def _train_and_probe(shards_dir: Path, params: TrainParams, work: Path) -> dict[str, Any]:
     import tensorflow as tf
 
+    from tasks.runtime.layout import Layout
     from tasks.train.stage import train
 
-    work.mkdir(parents=True, exist_ok=True)
-    summary = train(params, shards_dir, model_file=work / "model.keras", backup_dir=work / "backup")
-    probe = summary["input_bound"]
+    layout = Layout(work)  # a scratch project whose shard folder is the bench's shards
+    layout.shards_dir.parent.mkdir(parents=True, exist_ok=True)
+    layout.shards_dir.symlink_to(shards_dir.resolve(), target_is_directory=True)
+    summary = train(params, layout)
+    probe = summary.input_bound
     gpus = tf.config.list_physical_devices("GPU")
     return {
         "ratio": probe["input_bound_ratio"],
@@ -79,9 +82,9 @@ def _train_and_probe(shards_dir: Path, params: TrainParams, work: Path) -> dict[
         "step_ms_in_memory": round(probe["step_ms_in_memory"], 3),
         "model": params.model,
         "batch_size": params.batch_size,
-        "precision_policy": summary["precision_policy"],
+        "precision_policy": summary.precision_policy,
         "xla_asked": params.xla,
-        "xla": summary["xla"],  # as Keras resolved it for this model
+        "xla": summary.xla,  # as Keras resolved it for this model
         "deterministic": params.deterministic,
         "augment": params.augment.model_dump(),
         "devices": [

@@ -434,7 +434,7 @@ def log_pyfunc(
 
     No input example goes with it, only the signature: MLflow checks an example by loading
     the logged model, TensorFlow and Keras with it, to predict it, and on failure only logs
-    a warning. The evaluate stage's process would pay that import (about 3 s of CPU, beside
+    a warning. The evaluate stage's process would pay that import (seconds of CPU, beside
     its child measuring) for no gate; what it checked, a logged version loading and
     predicting in a fresh process, is tested on the real thing: the registered version
     reproducing every test prediction from the source files

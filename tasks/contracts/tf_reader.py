@@ -23,7 +23,7 @@ SHUFFLE_BUFFER_BYTES = 64 * 2**20
 MAX_SHUFFLE_RECORDS = 4096
 # Shards are local files: an unbuffered TFRecordDataset reads each record straight into its
 # tensor, where the default 256 KiB buffer copies every record once more on its way there
-# (raw 224x224: 141 -> 108 us of CPU per record on 2 cores; jpeg: no change).
+# (CPU that raw records feel; jpeg records are too small for it to show).
 READ_BUFFER_BYTES = 0
 
 
@@ -49,8 +49,8 @@ def read_split(
     the manifest without a scan. ``with_metadata=True`` yields the parsed feature dict
     instead (adds ``content_hash`` and ``source``), for evaluation reports. With a
     ``store`` (tasks.contracts.shard_store), shards come from object storage instead of
-    ``shards_dir``:
-    each is downloaded whole and sha256-checked as the read reaches it, then read locally.
+    ``shards_dir``: each is downloaded whole and sha256-checked as the read reaches it,
+    then read locally.
     ``file_shard=(i, n)`` reads only files i, i + n, ... of the split (one worker's share).
     ``ordered=False`` lets training take records and batches as they are ready instead of
     in the seed's order (faster where one file or batch lags; training only).
@@ -59,41 +59,13 @@ def read_split(
 
     shards_dir = Path(shards_dir)
     manifest = manifest or (store.manifest() if store else load_manifest(shards_dir))
-    info = manifest.split(split)
-    schema = manifest.record_schema
-    shards = info.shards[file_shard[0] :: file_shard[1]] if file_shard else info.shards
-    # With a store the list holds shard names, each turned into a checked local file below.
-    files = [shard.file if store else str(shards_dir / shard.file) for shard in shards]
-    num_records = sum(shard.num_records for shard in shards)
-    if not info.num_records:
-        raise ValueError(
-            f"{shards_dir}: split {split!r} holds no records; validation fails such a set "
-            "(add images, or raise that split's fraction in ingest.splits)"
-        )
+    files, num_records = split_files(shards_dir, split, manifest, file_shard, store)
     deterministic = not training or (ordered and seed is not None)
     buffer = shuffle_buffer or default_shuffle_buffer(manifest, split)
-
-    # Plain TensorFlow ops with Python-level branches only: AutoGraph's conversion of these
-    # functions found nothing to convert and cost 0.35 s of each process's first read.
-    plain = tf.autograph.experimental.do_not_convert
-
     ds = tf.data.Dataset.from_tensor_slices(files)
     # Shuffle the file order first, then interleave records from several files at once.
     ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True) if training else ds
-    # Object storage: each name starts its shard's download (the store's own `prefetch`
-    # threads) as it enters the buffer, `prefetch` names ahead of the reader; the next map
-    # waits for the shard in file order and passes its path on only once its sha256 matched.
-    # No tf.data thread waits on the network: on 2 cores that left 2 downloads in flight and
-    # no thread to parse the shards already there.
-    if store:
-        ds = ds.map(start_fetch_op(store, manifest)).prefetch(store.prefetch)
-        ds = ds.map(fetch_op(store, manifest))
-        # The two maps run one name at a time, in order, as written: not parallelised by
-        # tf.data's optimiser, which would otherwise take their (stateless) ops for pure ones.
-        # The option holds for the whole pipeline; every other map here sets its own.
-        options = tf.data.Options()
-        options.experimental_optimization.map_parallelization = False
-        ds = ds.with_options(options)
+    ds = fetched_from(store, manifest, ds) if store else ds
     ds = ds.interleave(
         plain(lambda path: shard_records(path, manifest)),
         cycle_length=min(len(files), 8) if training else 1,
@@ -108,19 +80,78 @@ def read_split(
     # is vectorised per batch, and raw pixels are sliced from the record bytes without the
     # copy parse_example makes of each image (RecordSchema.parse_batch). For jpeg/png,
     # decoding inside the batch measured as fast as per-record parallel decode before
-    # batching (5.4-6.1k vs 5.3k img/s at 224x224 on 2 cores). Parsing and picking
-    # (image, label) are one map: training skips the metadata entirely. Raw 224x224, batch
-    # 32, 2 cores: 8.0k -> 9.9k img/s with these two changes; the bytes ceiling (same
-    # unbuffered read, never parsed) is 14.2k. The gap left is decode_raw's copy of each
-    # record plus the slice that drops the header: no stock TF op decodes at an offset.
+    # batching. Parsing and picking (image, label) are one map: training skips the metadata
+    # entirely. What still separates this from reading the bytes alone is decode_raw's copy
+    # of each record plus the slice that drops the header: no stock TF op decodes at an offset.
     ds = ds.batch(batch_size, drop_remainder=training)
+    parse = batch_parser(manifest, with_metadata=with_metadata)
+    ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+    return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def batch_parser(manifest: ShardManifest, *, with_metadata: bool) -> Any:
+    """A tf.data map from a batch of serialized records to ``(images, labels)``, or to the
+    parsed feature dict ``with_metadata``."""
+    schema = manifest.record_schema
 
     def parse(serialized: tf.Tensor) -> Any:
         features = schema.parse_batch(serialized, metadata=with_metadata)
         return features if with_metadata else (features[IMAGE_KEY], features[LABEL_KEY])
 
-    ds = ds.map(plain(parse), num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
-    return ds.prefetch(tf.data.AUTOTUNE)
+    return plain(parse)
+
+
+def plain(function: Any) -> Any:
+    """``function``, kept from AutoGraph: the reader's functions are plain TensorFlow ops
+    with Python-level branches only, so its conversion finds nothing to convert and only
+    slows each process's first read."""
+    import tensorflow as tf
+
+    return tf.autograph.experimental.do_not_convert(function)
+
+
+def split_files(
+    shards_dir: Path,
+    split: str,
+    manifest: ShardManifest,
+    file_shard: tuple[int, int] | None,
+    store: ShardStore | None,
+) -> tuple[list[str], int]:
+    """The files of ``split`` (every one, or ``file_shard``'s share) and their record count.
+    With a ``store`` the list holds shard names, each turned into a checked local file by
+    :func:`fetched_from`. A split without records is refused."""
+    info = manifest.split(split)
+    shards = info.shards[file_shard[0] :: file_shard[1]] if file_shard else info.shards
+    files = [shard.file if store else str(shards_dir / shard.file) for shard in shards]
+    if not info.num_records:
+        raise ValueError(
+            f"{shards_dir}: split {split!r} holds no records; validation fails such a set "
+            "(add images, or raise that split's fraction in ingest.splits)"
+        )
+    return files, sum(shard.num_records for shard in shards)
+
+
+def fetched_from(
+    store: ShardStore, manifest: ShardManifest, names: tf.data.Dataset
+) -> tf.data.Dataset:
+    """Shard ``names`` as verified local paths in ``store``'s cache, in their order.
+
+    Each name starts its shard's download (the store's own ``prefetch`` threads) as it
+    enters the buffer, ``prefetch`` names ahead of the reader; the next map waits for the
+    shard in file order and passes its path on only once its sha256 matched. No tf.data
+    thread waits on the network: threads blocked on downloads would leave none, on few
+    cores, to parse the shards already there.
+    """
+    import tensorflow as tf
+
+    ds = names.map(start_fetch_op(store, manifest)).prefetch(store.prefetch)
+    ds = ds.map(fetch_op(store, manifest))
+    # The two maps run one name at a time, in order, as written: not parallelised by
+    # tf.data's optimiser, which would otherwise take their (stateless) ops for pure ones.
+    # The option holds for the whole pipeline; every other map here sets its own.
+    options = tf.data.Options()
+    options.experimental_optimization.map_parallelization = False
+    return ds.with_options(options)
 
 
 def shard_records(path: tf.Tensor | str, manifest: ShardManifest) -> tf.data.Dataset:
@@ -152,7 +183,7 @@ def _string_op(function: Any) -> Any:
     Declared stateless, though it downloads: under op determinism (training's default,
     ``train.deterministic``) one stateful op anywhere in a pipeline switches off its
     ``prefetch`` and runs every parallel map one element at a time, so a read from object
-    storage downloaded one shard at a time and parsed serially. Order and one call per
+    storage would download one shard at a time and parse serially. Order and one call per
     name are kept by the pipeline itself (sequential maps, see :func:`read_split`).
     """
     import tensorflow as tf

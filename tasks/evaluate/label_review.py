@@ -54,7 +54,7 @@ class HeldOut:
 
 
 def import_cleanlab_meanwhile() -> threading.Thread:
-    """Start importing cleanlab (scikit-learn with it: about 0.75 s once Keras is loaded) in
+    """Start importing cleanlab (scikit-learn with it, slow to import) in
     a thread, for a caller that predicts before it ranks: TensorFlow's kernels release the
     GIL, so the import runs on another core instead of after the predictions. The import in
     :func:`rank_label_issues` then finds the modules loaded, or waits for this one (Python's

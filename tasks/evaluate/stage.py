@@ -1,48 +1,34 @@
 """Evaluate stage: test-split metrics, label review, reports and plots, then promotion.
 
-``evaluate_model`` is the pure core (model + shards in, metrics and report files out);
-``run_evaluate`` wires it to the layout and to an MLflow run of its own (a child of the
-training run, :mod:`tasks.evaluate.tracking`), behind the same validation gate as training,
-registers the model (:mod:`tasks.evaluate.registry`), writes its card, and lets
-:mod:`tasks.evaluate.promotion` decide on the ``champion`` alias, re-scoring the champion's model on
-the current test shards (:func:`champion_scorer`) when its recorded figure was measured on
-other data or another way.
+``tasks.evaluate.measurement.evaluate_model`` is the pure core (model + shards in, metrics
+and report files out); ``run_evaluate`` wires it to the layout and to an MLflow run of its
+own (a child of the training run, :mod:`tasks.evaluate.tracking`), behind the same
+validation gate as training, registers the model (:mod:`tasks.evaluate.registry`), writes
+its card, and lets :mod:`tasks.evaluate.promotion` decide on the ``champion`` alias,
+re-scoring the champion's model on the current test shards (:func:`champion_scorer`) when
+its recorded figure was measured on other data or another way.
 """
 
 from __future__ import annotations
 
 import contextlib
-import csv
-import json
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tasks.contracts.inference import predict_batch
-from tasks.contracts.manifest import load_manifest
 from tasks.contracts.run_records import dvc_experiment
 from tasks.contracts.shard_store import open_store
-from tasks.contracts.tf_reader import read_split
 from tasks.contracts.validated_shards import (
     check_model_matches,
     check_validated,
     check_validated_store,
 )
 from tasks.evaluate.evidence import Answers, answers_of
-from tasks.evaluate.label_review import (
-    REVIEWED_SPLITS,
-    SHEET_ROWS_SHOWN,
-    HeldOut,
-    import_cleanlab_meanwhile,
-    plot_label_sheet,
-    review_labels,
-    review_summary,
-    write_label_issues,
-)
-from tasks.evaluate.metrics import class_columns, classification_metrics, metrics_by_name
+from tasks.evaluate.measurement import evaluate_model, predict_split
+from tasks.evaluate.metrics import class_columns, metrics_by_name
 from tasks.evaluate.promotion import (
     Figure,
     NotComparable,
@@ -67,7 +53,6 @@ from tasks.evaluate.registry import (
     registered_sources,
     workspace_id,
 )
-from tasks.evaluate.sheets import plot_image_sheet
 from tasks.evaluate.tracking import (
     end_abandoned_model_logging,
     log_decision,
@@ -84,271 +69,17 @@ from tasks.runtime.metrics_files import is_number
 from tasks.runtime.params import Params
 from tasks.runtime.processes import Later
 from tasks.runtime.tracking import champion_version
-from tasks.schema import IMAGE_KEY, LABEL_KEY, SOURCE_KEY
+from tasks.train.summary import TrainRunRecord
 
 if TYPE_CHECKING:
-    import keras
     from mlflow import MlflowClient
 
     from tasks.contracts.manifest import ShardManifest
     from tasks.contracts.shard_store import ShardStore
     from tasks.predict import ServingSpec
 
-MAX_MISCLASSIFIED_SHOWN = 16
-BATCH_SIZE = 256
-LABEL_SHEET = "label_issues.png"  # the label review's thumbnail sheet, in the eval plots
 
-
-# -- the core ------------------------------------------------------------------------------
-
-
-def predict_split(
-    model: keras.Model,
-    shards_dir: Path,
-    split: str = "test",
-    sources: list[str] | None = None,
-    store: ShardStore | None = None,
-    predicted: Callable[[int], object] | None = None,
-) -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]]]:
-    """Labels, class probabilities, and the misclassified records (image and source).
-
-    ``sources``, when given, receives every record's source path, in prediction order.
-    With a ``store`` the shards are read from object storage (tasks.contracts.shard_store).
-    ``predicted(n)`` is told each batch's record count once it is predicted.
-    """
-    dataset = read_split(
-        shards_dir, split, batch_size=BATCH_SIZE, training=False, with_metadata=True, store=store
-    )
-    labels: list[np.ndarray] = []
-    probs: list[np.ndarray] = []
-    wrong: list[dict[str, Any]] = []
-    for features in dataset:
-        images = features[IMAGE_KEY]
-        batch_probs = predict_batch(model, images)  # inference: no augmentation
-        batch_labels = features[LABEL_KEY].numpy()
-        labels.append(batch_labels)
-        probs.append(batch_probs)
-        if predicted is not None:
-            predicted(len(batch_labels))
-        if sources is not None:
-            sources.extend(s.decode() for s in features[SOURCE_KEY].numpy())
-        for i in np.flatnonzero(batch_probs.argmax(axis=1) != batch_labels):
-            if len(wrong) < MAX_MISCLASSIFIED_SHOWN:
-                wrong.append(
-                    {
-                        "image": images[i].numpy(),
-                        "label": int(batch_labels[i]),
-                        "predicted": int(batch_probs[i].argmax()),
-                        "source": features[SOURCE_KEY][i].numpy().decode(),
-                    }
-                )
-    num_classes = model.output_shape[-1]
-    if not labels:
-        return np.zeros(0, np.int32), np.zeros((0, num_classes), np.float32), wrong
-    return np.concatenate(labels), np.concatenate(probs), wrong
-
-
-def counter(
-    manifest: ShardManifest, reviewed: bool, progress: Callable[[int, int], object] | None
-) -> Callable[[int], object] | None:
-    """What :func:`predict_split` tells, as ``progress(done, total)``: the records of the
-    test split, and of the other reviewed splits when the labels are ``reviewed``."""
-    if progress is None:
-        return None
-    splits = REVIEWED_SPLITS if reviewed else ("test",)
-    total = sum(manifest.splits[s].num_records for s in splits if s in manifest.splits)
-    done = 0
-
-    def predicted(records: int) -> None:
-        nonlocal done
-        done += records
-        progress(done, total)
-
-    return predicted
-
-
-def evaluate_model(
-    model_file: str | Path,
-    shards_dir: str | Path,
-    out_dir: str | Path,
-    *,
-    top_k: int,
-    predictions_file: str | Path | None = None,
-    store: ShardStore | None = None,
-    label_issues_file: str | Path | None = None,
-    label_error_confidence: float | None = None,
-    progress: Callable[[int, int], object] | None = None,
-) -> dict[str, Any]:
-    """Test-split metrics plus the per-class table (JSON, Markdown) and PNGs in out_dir.
-
-    ``predictions_file`` also gets every test record's prediction (the reference the
-    served model must reproduce from the source files); ``label_issues_file`` the label
-    review of val and test, at ``label_error_confidence`` (``evaluate.label_error_confidence``;
-    and out_dir its thumbnail sheet; ``label_review`` in the result sums it up). With a
-    ``store`` the shards are read from object storage instead of
-    ``shards_dir``. ``progress(done, total)`` is told the records predicted so far, of the
-    test split and, for the label review, the val split.
-    """
-    import keras
-
-    from tasks.runtime.tf_imports import keras_without_extras
-
-    keras_without_extras()  # Keras's config held at its defaults, whatever keras.json says
-    if label_issues_file is not None:
-        import_cleanlab_meanwhile()
-    shards_dir, out_dir = Path(shards_dir), Path(out_dir)
-    manifest = store.manifest() if store else load_manifest(shards_dir)
-    model = keras.saving.load_model(model_file)
-    predicted = counter(manifest, label_issues_file is not None, progress)
-    sources: list[str] = []
-    labels, probs, wrong = predict_split(
-        model, shards_dir, sources=sources, store=store, predicted=predicted
-    )
-    if predictions_file is not None:
-        write_test_predictions(predictions_file, sources, labels, probs, manifest.classes)
-    metrics = classification_metrics(labels, probs, manifest.classes, top_k=top_k)
-    metrics["test_fingerprint"] = manifest.fingerprint
-    # each record's answers: what a paired comparison with the champion needs
-    metrics["answers"] = answers_of(labels, probs, metrics["top_k"], len(manifest.classes))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if label_issues_file is not None:
-        if label_error_confidence is None:
-            raise TypeError("a label review needs evaluate.label_error_confidence")
-        test = HeldOut("test", sources, labels, probs)
-        metrics["label_review"] = label_review(
-            model,
-            shards_dir,
-            manifest.classes,
-            test,
-            (Path(label_issues_file), label_error_confidence),
-            out_dir,
-            store,
-            predicted,
-        )
-    (out_dir / "per_class.json").write_text(json.dumps(metrics["per_class"], indent=2) + "\n")
-    (out_dir / "per_class.md").write_text(per_class_markdown(metrics["per_class"]))
-    plot_confusion(
-        np.asarray(metrics["confusion_matrix"]), manifest.classes, out_dir / "confusion_matrix.png"
-    )
-    plot_misclassified(wrong, manifest.classes, out_dir / "misclassified.png")
-    return metrics
-
-
-TEST_PREDICTION_COLUMNS = ("source", "label", "predicted", "score")
-
-
-def write_test_predictions(
-    path: str | Path,
-    sources: Sequence[str],
-    labels: np.ndarray,
-    probs: np.ndarray,
-    classes: Sequence[str],
-) -> Path:
-    """``source,label,predicted,score`` per test record, as evaluation computed it: the
-    reference the served model must reproduce from the source files."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    predicted = probs.argmax(axis=1) if len(probs) else np.zeros(0, np.int64)
-    with path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(TEST_PREDICTION_COLUMNS)
-        for source, label, index, row in zip(sources, labels, predicted, probs, strict=True):
-            writer.writerow([source, classes[label], classes[index], repr(float(row[index]))])
-    return path
-
-
-def label_review(
-    model: keras.Model,
-    shards_dir: Path,
-    classes: list[str],
-    test: HeldOut,
-    review: tuple[Path, float],
-    out_dir: Path,
-    store: ShardStore | None = None,
-    predicted: Callable[[int], object] | None = None,
-) -> dict[str, Any]:
-    """Rank likely label errors and confusions in val and test; write the CSV and the
-    thumbnail sheet. ``review``: the CSV's path and ``evaluate.label_error_confidence``;
-    ``predicted``: as :func:`predict_split`'s."""
-    csv_path, label_error_confidence = review
-    held_out = []
-    for split in REVIEWED_SPLITS:
-        if split == test.split:
-            held_out.append(test)
-            continue
-        sources: list[str] = []
-        labels, probs, _ = predict_split(
-            model, shards_dir, split, sources=sources, store=store, predicted=predicted
-        )
-        held_out.append(HeldOut(split, sources, labels, probs))
-    rows = review_labels(held_out, classes, label_error_confidence)
-    write_label_issues(csv_path, rows)
-    shown = {(row["split"], row["path"]) for row in rows[:SHEET_ROWS_SHOWN]}
-    plot_label_sheet(rows, shard_images(shards_dir, shown, store), out_dir / LABEL_SHEET)
-    return review_summary(rows, held_out, label_error_confidence)
-
-
-def shard_images(
-    shards_dir: Path, wanted: set[tuple[str, str]], store: ShardStore | None = None
-) -> dict[tuple[str, str], Any]:
-    """The decoded shard pixels of the ``(split, source)`` records in ``wanted``."""
-    found: dict[tuple[str, str], Any] = {}
-    for split in sorted({split for split, _ in wanted}):
-        dataset = read_split(
-            shards_dir,
-            split,
-            batch_size=BATCH_SIZE,
-            training=False,
-            with_metadata=True,
-            store=store,
-        )
-        for features in dataset:
-            for image, source in zip(features[IMAGE_KEY], features[SOURCE_KEY], strict=True):
-                key = (split, source.numpy().decode())
-                if key in wanted:
-                    found[key] = image.numpy()
-    return found
-
-
-def per_class_markdown(rows: list[dict[str, Any]]) -> str:
-    lines = ["| class | precision | recall | f1 | support |", "|---|---:|---:|---:|---:|"]
-    lines += [
-        f"| {r['class']} | {r['precision']:.3f} | {r['recall']:.3f} | {r['f1']:.3f} "
-        f"| {r['support']} |"
-        for r in rows
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def plot_confusion(matrix: np.ndarray, classes: list[str], path: Path) -> None:
-    from matplotlib.figure import Figure
-
-    size = max(4.0, 0.5 * len(classes) + 2)
-    figure = Figure(figsize=(size, size))
-    axis = figure.subplots()
-    image = axis.imshow(matrix, cmap="Blues")
-    figure.colorbar(image, ax=axis)
-    axis.set_xticks(range(len(classes)), classes, rotation=90)
-    axis.set_yticks(range(len(classes)), classes)
-    axis.set_xlabel("predicted")
-    axis.set_ylabel("true")
-    if len(classes) <= 20:  # counts stop being legible beyond that
-        for (row, col), count in np.ndenumerate(matrix):
-            axis.text(col, row, str(count), ha="center", va="center", fontsize=8)
-    figure.savefig(path, dpi=100, bbox_inches="tight")
-
-
-def plot_misclassified(wrong: list[dict[str, Any]], classes: list[str], path: Path) -> None:
-    """A grid of misclassified test images, titled true -> predicted (or a 'none' note)."""
-    tiles = [
-        (
-            item["image"],
-            f"{classes[item['label']]} -> {classes[item['predicted']]}\n"
-            f"{Path(item['source']).name}",
-        )
-        for item in wrong
-    ]
-    plot_image_sheet(tiles, "no misclassified test images", path)
+# -- the champion, re-scored ---------------------------------------------------------------
 
 
 def champion_scorer(
@@ -478,7 +209,7 @@ def summary_record(result: dict[str, Any]) -> dict[str, Any]:
 
 def warm_up() -> None:
     """What :func:`measure` imports before its work: Keras (TensorFlow with it) and
-    Matplotlib, about 3 s. ``python -m flows.evaluate`` has a child process run this while
+    Matplotlib, seconds of imports. ``python -m flows.evaluate`` has a child process run this while
     the stage imports Prefect, then sends it :func:`measure`."""
     from tasks.runtime.tf_imports import keras_without_extras
 
@@ -535,13 +266,7 @@ def run_evaluate(
     settings = params.evaluate
     check_margin(settings.promotion_margin)
     model_name = model_name_for(params, layout.root)
-    store = open_store(layout.root, params.storage)  # SHARDFLOW_SHARDS_URL, else data/shards
-    if store:
-        manifest = check_validated_store(store, layout.validation_report)
-    else:
-        manifest = check_validated(layout.shards_dir, layout.validation_report)
-    record = json.loads(layout.train_run.read_text())
-    check_model_matches(record, manifest, layout.train_run)
+    store, manifest, record = validated_model(params, layout)
     measuring = start(measure, params, layout)
     from tasks.predict import ServingSpec
     from tasks.runtime import tracking
@@ -549,7 +274,7 @@ def run_evaluate(
     logged = None
     try:
         client = tracking.client(layout.root)
-        runs = {"training": record["run_id"]}
+        runs = {"training": record.run_id}
         # the store opens meanwhile
         end_abandoned_model_logging(client, training_run(client, runs["training"], layout))
         spec = ServingSpec.from_manifest(manifest, params.ingest)
@@ -573,8 +298,45 @@ def run_evaluate(
         if logged is not None:
             discard_logged(client, logged)
         raise
+    result = evaluation_run(client, runs, params, layout, manifest, metrics, store, spec, logged)
+    urls = {
+        key: tracking.run_url(client, runs[key], layout.root) for key in ("training", "evaluation")
+    }
+    return {**result, "run_url": urls["training"], "eval_run_url": urls["evaluation"]}
+
+
+def validated_model(
+    params: Params, layout: Layout
+) -> tuple[ShardStore | None, ShardManifest, TrainRunRecord]:
+    """The store the shards are read from (SHARDFLOW_SHARDS_URL, else None: data/shards),
+    their manifest, which a passing validation must vouch for, and the training run's
+    record, whose model must have been trained on those shards."""
+    store = open_store(layout.root, params.storage)
+    if store:
+        manifest = check_validated_store(store, layout.validation_report)
+    else:
+        manifest = check_validated(layout.shards_dir, layout.validation_report)
+    record = TrainRunRecord.load(layout.train_run)
+    check_model_matches(record.to_json(), manifest, layout.train_run)
+    return store, manifest, record
+
+
+def evaluation_run(
+    client: MlflowClient,
+    runs: dict[str, str],
+    params: Params,
+    layout: Layout,
+    manifest: ShardManifest,
+    metrics: dict[str, Any],
+    store: ShardStore | None,
+    spec: ServingSpec,
+    logged: str | None,
+) -> dict[str, Any]:
+    """:func:`track_evaluation` in an evaluation run of its own (added to ``runs``), a child
+    of the training run: FINISHED, else KILLED or FAILED with the error propagated (and the
+    pyfunc ``logged`` for it deleted when no version was made from it)."""
     try:
-        runs["evaluation"] = start_evaluation_run(client, runs["training"], settings)
+        runs["evaluation"] = start_evaluation_run(client, runs["training"], params.evaluate)
         result = track_evaluation(
             client, runs, params, layout, manifest, metrics, store, spec, logged
         )
@@ -588,10 +350,7 @@ def run_evaluate(
                 discard_logged(client, logged)  # failed before a version was made from it
         raise
     client.set_terminated(runs["evaluation"], status="FINISHED")
-    urls = {
-        key: tracking.run_url(client, runs[key], layout.root) for key in ("training", "evaluation")
-    }
-    return {**result, "run_url": urls["training"], "eval_run_url": urls["evaluation"]}
+    return result
 
 
 def track_evaluation(

@@ -29,7 +29,7 @@ PREDICT_EXPERIMENT = "shardflow-predict"
 DEFAULT_MODEL = "champion"
 READ_CHUNK = 256  # files read and predicted at a time: memory stays flat on big folders
 # File bytes read ahead of the model, at most (a file over it goes alone): 256 files of up
-# to ingest.max_file_mb each held 16 GB; 40 scans of 60 MB, 2.4 GB.
+# to ingest.max_file_mb each could hold 16 GB, 40 scans of 60 MB 2.4 GB.
 READ_BYTES = 256 * 2**20
 
 

@@ -313,10 +313,11 @@ def count_rows(body: bytes, content_type: bytes) -> int:
 def unparsable(body: bytes, content_type: bytes) -> str | None:
     """Why MLflow's app could not parse ``body``, said without quoting it; None if it can.
 
-    MLflow's own answer quotes the whole body, and its bytes escaped: 16 MB of invalid
-    UTF-8 was a 160 MB answer, built at a peak of 480 MB. So the body is decoded (a CSV) or
-    parsed (JSON, as MLflow's ``json.loads`` does, after :func:`nests_deeper` bounds its
-    recursion) once here first: about 30 ms for 15 MB, the parse freed before MLflow's."""
+    MLflow's own answer quotes the whole body, and its bytes escaped: invalid UTF-8 makes
+    an answer many times the body's size, built at a peak larger still. So the body is
+    decoded (a CSV) or parsed (JSON, as MLflow's ``json.loads`` does, after
+    :func:`nests_deeper` bounds its recursion) once here first, the parse freed before
+    MLflow's."""
     try:
         if content_type == CSV_TYPE:
             body.decode("utf-8")

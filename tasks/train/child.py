@@ -1,8 +1,8 @@
 """Training in the train stage's prestarted child, named without importing TensorFlow.
 
 ``python -m flows.train`` starts a child that runs :func:`warm_up` (Keras with TensorFlow,
-the training code, MLflow: about 4-5 s) before the stage process imports Prefect (about
-1.3 s) and starts its flow; the train task then sends :func:`train` to that child. Both
+the training code, MLflow: seconds of imports) while the stage process imports Prefect and
+starts its flow; the train task then sends :func:`train` to that child. Both
 functions import the training code only when they run, so the stage process, which only
 names them, stays TensorFlow-free.
 """
@@ -76,9 +76,11 @@ def train_worker(
     from tasks.train.stage import run_train
 
     callbacks = [EpochReport(report)] if report else []
-    summary = run_train(params, layout, callbacks=callbacks, run_tags=run_tags)
-    if "run_id" in summary:  # the chief's: the others track nothing
+    trained = run_train(params, layout, callbacks=callbacks, run_tags=run_tags)
+    # As JSON: what crosses to the flow (a process boundary, a Prefect task's result).
+    summary = trained.to_json()
+    if trained.record:  # the chief's: the others track nothing
         summary["run_url"] = tracking.run_url(
-            tracking.client(layout.root), summary["run_id"], layout.root
+            tracking.client(layout.root), trained.record.run_id, layout.root
         )
     return summary

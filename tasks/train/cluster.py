@@ -21,6 +21,7 @@ import queue
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -311,13 +312,41 @@ def launch_local_workers(
     ]
     for process in processes:
         process.start()
-    results: dict[int, Any] = {}
-    errors: dict[int, str] = {}  # a worker's own exception
-    refusals: dict[int, BaseException] = {}  # of them, the configuration's refusals
-    deaths: dict[int, str] = {}  # a worker gone without one (killed, out of memory)
-    failed_at: float | None = None
+    outcomes = WorkerOutcomes()
     try:
-        while len(results) < workers:
+        outcomes.collect(messages, processes, on_report, grace_s)
+    finally:
+        for process in processes:
+            if process.exitcode is None:
+                process.kill()
+            process.join()
+    outcomes.raise_failure()
+    return outcomes.results[0]
+
+
+@dataclass
+class WorkerOutcomes:
+    """What the workers of one local cluster sent back, or how they ended without a word."""
+
+    results: dict[int, Any] = field(default_factory=dict)
+    errors: dict[int, str] = field(default_factory=dict)  # a worker's own exception
+    # of them, the configuration's refusals
+    refusals: dict[int, BaseException] = field(default_factory=dict)
+    # a worker gone without one (killed, out of memory)
+    deaths: dict[int, str] = field(default_factory=dict)
+
+    def collect(
+        self,
+        messages: Any,
+        processes: list[Any],
+        on_report: Callable[[Any], object],
+        grace_s: float,
+    ) -> None:
+        """Read ``messages`` until every worker has its result, or until ``grace_s`` after
+        the first failure (or every worker has ended): the others get that long to say why
+        they failed too."""
+        failed_at: float | None = None
+        while len(self.results) < len(processes):
             try:
                 kind, index, payload = messages.get(timeout=0.5)
             except queue.Empty:
@@ -325,35 +354,36 @@ def launch_local_workers(
             if kind == "report" and index == 0:
                 on_report(payload)
             elif kind == "result":
-                results[index] = payload
+                self.results[index] = payload
             elif kind == "error":
                 text, refusal = payload
-                errors[index] = f"worker {index} failed: {text}"
+                self.errors[index] = f"worker {index} failed: {text}"
                 if refusal is not None:
-                    refusals[index] = refusal
-            for index, process in enumerate(processes):
-                code = process.exitcode
-                if code not in (None, 0) and index not in errors and index not in deaths:
-                    deaths[index] = f"worker {index} (pid {process.pid}) died, exit code {code}"
-            if failed_at is None and (errors or deaths):
+                    self.refusals[index] = refusal
+            self.note_deaths(processes)
+            if failed_at is None and (self.errors or self.deaths):
                 failed_at = time.monotonic()
             if failed_at is not None and (
                 time.monotonic() - failed_at > grace_s
                 or all(process.exitcode is not None for process in processes)
             ):
-                break
-    finally:
-        for process in processes:
-            if process.exitcode is None:
-                process.kill()
-            process.join()
-    if refusals:  # the params to change, as the worker named them (the chief's first)
-        raise refusals[min(refusals)]
-    # A worker that died explains the others' errors (their collectives lost a peer).
-    failures = [*deaths.values(), *errors.values()]
-    if failures:
-        raise WorkerFailed(
-            f"multi-worker training failed: {failures[0]}; the other workers were stopped. "
-            "Rerun the train stage: it resumes from the last epoch's backup."
-        )
-    return results[0]
+                return
+
+    def note_deaths(self, processes: list[Any]) -> None:
+        """Each worker that ended with a failing exit code and no error of its own."""
+        for index, process in enumerate(processes):
+            code = process.exitcode
+            if code not in (None, 0) and index not in self.errors and index not in self.deaths:
+                self.deaths[index] = f"worker {index} (pid {process.pid}) died, exit code {code}"
+
+    def raise_failure(self) -> None:
+        """The configuration's refusal, else :class:`WorkerFailed`, if any worker failed."""
+        if self.refusals:  # the params to change, as the worker named them (the chief's first)
+            raise self.refusals[min(self.refusals)]
+        # A worker that died explains the others' errors (their collectives lost a peer).
+        failures = [*self.deaths.values(), *self.errors.values()]
+        if failures:
+            raise WorkerFailed(
+                f"multi-worker training failed: {failures[0]}; the other workers were "
+                "stopped. Rerun the train stage: it resumes from the last epoch's backup."
+            )

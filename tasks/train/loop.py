@@ -131,49 +131,8 @@ def read_data(
     each batch fetched to the device ahead of the step (:class:`InputTuning`), records
     read out of order only where ``train.deterministic`` is off."""
     steps = steps_per_epoch(params, manifest, shards_dir)
-    cores = usable_cores()
-    threads = input_threads(cores, len(gpu_devices(strategy)), tuning)
-
-    def batches(first_epoch: int) -> Any:
-        """The batches of every epoch from ``first_epoch`` on, ``steps`` an epoch, each
-        epoch shuffled by a seed of its own: a run resumed at any epoch reads what an
-        uninterrupted run read there (one endless dataset reshuffles by how many passes its
-        process made, and a resumed process starts from the first). One iterator for them
-        all: a dataset built anew each epoch cost 0.35 s of its 1.5 s on the demo."""
-
-        def train_input(context: tf.distribute.InputContext) -> tf.data.Dataset:
-            @tf.autograph.experimental.do_not_convert
-            def epoch(number: tf.Tensor) -> tf.data.Dataset:
-                # Sharded by file: worker i reads train files i, i + n, ... (AutoShardPolicy
-                # FILE, done by the reader so it still knows its record count). Repeated,
-                # then cut: an epoch is a count of steps, and a worker whose files hold
-                # fewer records wraps around within it.
-                return (
-                    read_split(
-                        shards_dir,
-                        "train",
-                        batch_size=context.get_per_replica_batch_size(params.batch_size),
-                        training=True,
-                        seed=epoch_seed(params.seed, number),
-                        manifest=manifest,
-                        file_shard=(context.input_pipeline_id, context.num_input_pipelines),
-                        store=store,
-                        ordered=params.deterministic,
-                    )
-                    .repeat()
-                    .take(steps)
-                )
-
-            epochs = tf.data.Dataset.range(first_epoch, tf.int64.max)
-            ds = epochs.flat_map(epoch).prefetch(tf.data.AUTOTUNE)
-            return ds.with_options(input_options(threads))
-
-        ahead = tf.distribute.InputOptions(
-            experimental_fetch_to_device=True,
-            experimental_per_replica_buffer_size=tuning.device_buffer,
-        )
-        return iter(strategy.distribute_datasets_from_function(train_input, options=ahead))
-
+    threads = input_threads(usable_cores(), len(gpu_devices(strategy)), tuning)
+    train = TrainInput(params, manifest, shards_dir, strategy, store, steps, threads, tuning)
     val = read_split(
         shards_dir,
         "val",
@@ -182,7 +141,70 @@ def read_data(
         manifest=manifest,
         store=store,
     )
-    return Data(batches, val, steps, params.batch_size)
+    return Data(train.batches, val, steps, params.batch_size)
+
+
+@dataclass(frozen=True)
+class TrainInput:
+    """One worker's train split: ``steps`` batches an epoch from its own files, read with
+    ``threads`` tf.data threads (:func:`input_threads`)."""
+
+    params: TrainParams
+    manifest: ShardManifest
+    shards_dir: Path
+    strategy: tf.distribute.Strategy
+    store: ShardStore | None
+    steps: int
+    threads: int | None
+    tuning: InputTuning
+
+    def batches(self, first_epoch: int) -> Any:
+        """The batches of every epoch from ``first_epoch`` on, ``steps`` an epoch, each
+        epoch shuffled by a seed of its own: a run resumed at any epoch reads what an
+        uninterrupted run read there (one endless dataset reshuffles by how many passes its
+        process made, and a resumed process starts from the first). One iterator for them
+        all: building a dataset anew each epoch costs a noticeable share of a short epoch."""
+        ahead = tf.distribute.InputOptions(
+            experimental_fetch_to_device=True,
+            experimental_per_replica_buffer_size=self.tuning.device_buffer,
+        )
+        epochs = partial(self.epochs, first_epoch)
+        return iter(self.strategy.distribute_datasets_from_function(epochs, options=ahead))
+
+    def epochs(self, first_epoch: int, context: tf.distribute.InputContext) -> tf.data.Dataset:
+        """Every epoch from ``first_epoch`` on, as one dataset, for the input pipeline
+        ``context`` names."""
+
+        @tf.autograph.experimental.do_not_convert
+        def epoch(number: tf.Tensor) -> tf.data.Dataset:
+            return self.epoch(context, number)
+
+        epochs = tf.data.Dataset.range(first_epoch, tf.int64.max)
+        ds = epochs.flat_map(epoch).prefetch(tf.data.AUTOTUNE)
+        return ds.with_options(input_options(self.threads))
+
+    def epoch(self, context: tf.distribute.InputContext, number: tf.Tensor) -> tf.data.Dataset:
+        """Epoch ``number`` of the pipeline ``context`` names: ``steps`` per-replica batches."""
+        # Sharded by file: worker i reads train files i, i + n, ... (AutoShardPolicy FILE,
+        # done by the reader so it still knows its record count). Repeated, then cut: an
+        # epoch is a count of steps, and a worker whose files hold fewer records wraps
+        # around within it.
+        params = self.params
+        return (
+            read_split(
+                self.shards_dir,
+                "train",
+                batch_size=context.get_per_replica_batch_size(params.batch_size),
+                training=True,
+                seed=epoch_seed(params.seed, number),
+                manifest=self.manifest,
+                file_shard=(context.input_pipeline_id, context.num_input_pipelines),
+                store=self.store,
+                ordered=params.deterministic,
+            )
+            .repeat()
+            .take(self.steps)
+        )
 
 
 EPOCH_SEED_STRIDE = 1_000_003  # a prime: seed s, epoch e and seed s', epoch e' rarely meet
@@ -207,6 +229,12 @@ class Steps(NamedTuple):
     sync_statistics: Callable[[], None]
 
 
+# Every step function is traced through ``graph``, without AutoGraph: none has Python control
+# flow on tensors, and AutoGraph writes each function it converts to a file in the temporary
+# folder that nothing removes.
+graph = partial(tf.function, autograph=False)
+
+
 def step_functions(
     model: keras.Model, strategy: tf.distribute.Strategy, data: Data, per_call: int = 1
 ) -> Steps:
@@ -216,54 +244,14 @@ def step_functions(
     one host round trip for them all) and returns their sum; ``evaluate(images, labels)``
     the same for one local batch, no step taken; ``sync_statistics()`` averages the BatchNorm moving
     statistics over the replicas."""
-    optimizer = model.optimizer
     # XLA as Keras resolved ``train.xla`` at compile: off under op determinism, where not
     # every op has a deterministic XLA kernel (Keras warns then).
     xla = bool(model.jit_compile)
-    # Every step function is traced through ``graph``, without AutoGraph: none has Python
-    # control flow on tensors, and AutoGraph writes each function it converts to a file in
-    # the temporary folder that nothing removes.
-    graph = partial(tf.function, autograph=False)
-
-    def gradients(images: tf.Tensor, labels: tf.Tensor) -> tuple[list[tf.Tensor], tf.Tensor]:
-        with tf.GradientTape() as tape:
-            probs = model(images, training=True)
-            per_image = keras.losses.sparse_categorical_crossentropy(labels, probs)
-            # Averaged over the global batch, not this replica's share: the optimizer sums
-            # the replicas' gradients, so the sum is the global batch's mean gradient.
-            loss = tf.nn.compute_average_loss(per_image, global_batch_size=data.global_batch)
-            # Scaled up under mixed_float16 so small gradients survive float16; the optimizer
-            # (a LossScaleOptimizer then) unscales them and skips a step that overflowed.
-            scaled = optimizer.scale_loss(loss)
-        return tape.gradient(scaled, model.trainable_variables), figures(per_image, probs, labels)
-
-    # Under XLA only the forward and backward pass are compiled. The update stays outside, in
-    # the replica context: the loss-scale optimizer's cross-replica step (a merge_call under
-    # a tf.cond) is refused inside an XLA function by MirroredStrategy on GPUs.
-    compute_gradients = graph(gradients, jit_compile=True) if xla else gradients
-
-    def train_step(images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
-        grads, step_figures = compute_gradients(images, labels)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-        return step_figures
-
-    def figures(per_image: tf.Tensor, probs: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
-        predicted = tf.argmax(probs, axis=-1, output_type=labels.dtype)
-        return tf.stack(
-            [
-                tf.reduce_sum(tf.cast(per_image, tf.float32)),
-                tf.reduce_sum(tf.cast(predicted == labels, tf.float32)),
-                tf.cast(tf.size(labels), tf.float32),
-            ]
-        )
-
-    replica_step = train_step if xla else graph(train_step)
+    replica_step = replica_train_step(model, data.global_batch, xla=xla)
 
     def one_step(batch: Any) -> tf.Tensor:
         per_replica = strategy.run(replica_step, args=batch)
         return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-
-    distributed_step = graph(one_step)
 
     @graph
     def distributed_steps(batches: Any) -> tf.Tensor:
@@ -280,12 +268,69 @@ def step_functions(
     def evaluate_step(images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
         probs = model(images, training=False)
         per_image = keras.losses.sparse_categorical_crossentropy(labels, probs)
-        return figures(per_image, probs, labels)
+        return step_figures(per_image, probs, labels)
 
-    # Each replica updates its own copy of the BatchNorm moving statistics from its own
-    # batches (Keras 3 does not aggregate them). An average of exponential moving averages
-    # is the moving average of the averaged batch statistics, so averaging once an epoch,
-    # before anyone reads them, equals averaging at every step.
+    return Steps(
+        graph(one_step),
+        distributed_steps,
+        per_call,
+        evaluate_step,
+        statistics_sync(model, strategy),
+    )
+
+
+def step_figures(per_image: tf.Tensor, probs: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+    """``[loss sum, correct, images]`` of one batch."""
+    predicted = tf.argmax(probs, axis=-1, output_type=labels.dtype)
+    return tf.stack(
+        [
+            tf.reduce_sum(tf.cast(per_image, tf.float32)),
+            tf.reduce_sum(tf.cast(predicted == labels, tf.float32)),
+            tf.cast(tf.size(labels), tf.float32),
+        ]
+    )
+
+
+def replica_train_step(
+    model: keras.Model, global_batch: int, *, xla: bool
+) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
+    """One replica's step on its share of the global batch: gradients, the update, and the
+    batch's :func:`step_figures`."""
+    optimizer = model.optimizer
+
+    def gradients(images: tf.Tensor, labels: tf.Tensor) -> tuple[list[tf.Tensor], tf.Tensor]:
+        with tf.GradientTape() as tape:
+            probs = model(images, training=True)
+            per_image = keras.losses.sparse_categorical_crossentropy(labels, probs)
+            # Averaged over the global batch, not this replica's share: the optimizer sums
+            # the replicas' gradients, so the sum is the global batch's mean gradient.
+            loss = tf.nn.compute_average_loss(per_image, global_batch_size=global_batch)
+            # Scaled up under mixed_float16 so small gradients survive float16; the optimizer
+            # (a LossScaleOptimizer then) unscales them and skips a step that overflowed.
+            scaled = optimizer.scale_loss(loss)
+        grads = tape.gradient(scaled, model.trainable_variables)
+        return grads, step_figures(per_image, probs, labels)
+
+    # Under XLA only the forward and backward pass are compiled. The update stays outside, in
+    # the replica context: the loss-scale optimizer's cross-replica step (a merge_call under
+    # a tf.cond) is refused inside an XLA function by MirroredStrategy on GPUs.
+    compute_gradients = graph(gradients, jit_compile=True) if xla else gradients
+
+    def train_step(images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+        grads, figures = compute_gradients(images, labels)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return figures
+
+    return train_step if xla else graph(train_step)
+
+
+def statistics_sync(model: keras.Model, strategy: tf.distribute.Strategy) -> Callable[[], None]:
+    """A compiled call that averages the BatchNorm moving statistics over the replicas.
+
+    Each replica updates its own copy of them from its own batches (Keras 3 does not
+    aggregate them). An average of exponential moving averages is the moving average of the
+    averaged batch statistics, so averaging once an epoch, before anyone reads them, equals
+    averaging at every step."""
     statistics = [v for v in model.non_trainable_variables if v.path.endswith(MOVING_STATISTICS)]
 
     @graph
@@ -299,7 +344,7 @@ def step_functions(
         for variable, mean in zip(statistics, means, strict=True):
             variable.assign(mean)
 
-    return Steps(distributed_step, distributed_steps, per_call, evaluate_step, sync_statistics)
+    return sync_statistics
 
 
 # -- epochs --------------------------------------------------------------------------------

@@ -23,9 +23,12 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import keras
 import tensorflow as tf
@@ -40,7 +43,6 @@ from tasks.runtime.accelerator import device_record, gpu_devices, select_acceler
 from tasks.runtime.atomic import write_json
 from tasks.runtime.code_version import code_version
 from tasks.runtime.layout import Layout
-from tasks.runtime.metrics_files import TRAIN_FIGURES, split_figures
 from tasks.runtime.params import Params, TrainParams, flatten
 from tasks.runtime.tf_imports import keras_without_extras
 from tasks.train import backup as train_backup
@@ -78,6 +80,13 @@ from tasks.train.loop import (
 )
 from tasks.train.model_file import save_model
 from tasks.train.models import build_model, unfreeze_top
+from tasks.train.summary import (
+    TrainedRun,
+    TrainRunRecord,
+    TrainSummary,
+    history_summary,
+    write_outputs,
+)
 
 FINE_TUNE_LR_FACTOR = 0.1  # fine-tuning a pretrained backbone wants a much smaller step
 
@@ -97,8 +106,8 @@ def precision_policy(params: TrainParams, *, gpu: bool) -> str:
 
 
 # The x86 instruction sets oneDNN (TensorFlow's CPU kernels) chooses kernels by: a model
-# trained on a CPU with other ones differs in its last bits (this VM with AVX-512 and the same
-# run capped at AVX2 by ONEDNN_MAX_CPU_ISA gave two model files; each repeats exactly).
+# trained on a CPU with other ones differs in its last bits (a run capped at AVX2 by
+# ONEDNN_MAX_CPU_ISA writes another model file than one on AVX-512; each repeats exactly).
 KERNEL_ISA_FLAGS = ("avx", "avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
 
 
@@ -186,145 +195,182 @@ def backup_identity(
 # -- the core ------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class TrainInputs:
+    """What a run trains on, checked (:func:`check_inputs`): the shards' manifest, the weights'
+    lineage (:func:`tasks.train.models.weights_lineage`), the identity a backup must carry to
+    be resumed (:func:`backup_identity`) and the object store the shards are read from (None:
+    the layout's shard folder)."""
+
+    manifest: ShardManifest
+    lineage: dict[str, str]
+    identity: dict[str, Any]
+    store: ShardStore | None = None
+
+
+def check_inputs(
+    params: TrainParams,
+    layout: Layout,
+    manifest: ShardManifest,
+    strategy: tf.distribute.Strategy,
+    store: ShardStore | None = None,
+) -> TrainInputs:
+    """Refuse what training cannot run, then hash the weights file (once a run). Called on
+    every worker before the first collective: one that refused alone would leave the others
+    waiting for it; and before an MLflow run opens, so a refusal leaves no FAILED run."""
+    models.check_weights(params.weights)
+    steps_per_epoch(params, manifest, layout.shards_dir)  # refuses a batch larger than the split
+    check_distributable(params, manifest, strategy)
+    lineage = models.weights_lineage(params.weights)
+    identity = backup_identity(params, manifest.fingerprint, lineage)
+    return TrainInputs(manifest, lineage, identity, store)
+
+
+class Fitted(NamedTuple):
+    """A fitted model, its epoch log, the epoch whose weights it holds and the input-bound
+    probe of its last phase's step."""
+
+    model: keras.Model
+    epoch_log: EpochLog
+    weights_epoch: int
+    probe: Callable[[], dict[str, float]]
+
+
 def train(
     params: TrainParams,
-    shards_dir: str | Path,
+    layout: Layout,
     *,
-    model_file: str | Path,
-    backup_dir: str | Path,
-    metrics_file: str | Path | None = None,
-    summary_file: str | Path | None = None,
-    history_file: str | Path | None = None,
-    plot_file: str | Path | None = None,
     strategy: tf.distribute.Strategy | None = None,
     callbacks: Sequence[keras.callbacks.Callback] = (),
-    store: ShardStore | None = None,
-    weights_lineage: dict[str, str] | None = None,
+    inputs: TrainInputs | None = None,
     join_timeout_s: float | None = None,
-) -> dict[str, Any]:
-    """Train ``params.model`` on the shards' train split (val for early stopping).
+) -> TrainSummary:
+    """Train ``params.model`` on the layout's train split (val for early stopping).
 
-    Writes the model (Keras format) to ``model_file`` and, when given, the numeric summary
-    (``metrics_file``, DVC's metrics), the rest of it (``summary_file``), the per-epoch rows
-    (``history_file``, DVC plot data) and the plot. Resumable: state lives in ``backup_dir``
-    until the run completes, and is resumed only by a run with the same params, shards and
-    training code (else discarded, with the reason logged). Every worker calls this; the
-    chief alone writes. A ``store`` (tasks.contracts.shard_store) reads the shards from object
-    storage instead. ``weights_lineage``: the caller's :func:`tasks.train.models.weights_lineage`,
-    else hashed here; ``join_timeout_s``: :func:`meet`'s. Returns a small summary dict.
+    Writes the model (Keras format) to ``layout.model_file`` and the summary: its numbers
+    (``layout.train_metrics``, DVC's metrics), the rest (``layout.train_summary``), the
+    per-epoch rows (``layout.train_history``, DVC plot data) and the plot. Resumable: state
+    lives in ``layout.backup_dir`` until the run completes, and is resumed only by a run with
+    the same params, shards and training code (else discarded, with the reason logged). Every
+    worker calls this; the chief alone writes. ``inputs``: :func:`check_inputs`'s, where the
+    caller checked them (:func:`run_train`, which may read the shards from object storage);
+    else the layout's shard folder, checked here. ``join_timeout_s``: :func:`meet`'s.
     """
     # The strategy first: the multi-worker one must exist before any other TensorFlow op.
     strategy = strategy or choose_strategy()
-    shards_dir, model_file, backup_dir = Path(shards_dir), Path(model_file), Path(backup_dir)
-    manifest = store.manifest() if store else load_manifest(shards_dir)
+    if inputs is None:
+        inputs = check_inputs(params, layout, load_manifest(layout.shards_dir), strategy)
     chief = is_chief(strategy)
-    # Refusals before the first collective, on every worker: one that refused alone would
-    # leave the others waiting for it.
-    models.check_weights(params.weights)
-    steps_per_epoch(params, manifest, shards_dir)  # refuses a batch larger than the split
-    check_distributable(params, manifest, strategy)
-    lineage = weights_lineage or models.weights_lineage(params.weights)
-    identity = backup_identity(params, manifest.fingerprint, lineage)
-    dirs = BackupDirs.for_worker(backup_dir, chief=chief, worker=worker_name(strategy))
-    stored = None
-    if chief:
-        stored, _ = claim_backup(backup_dir, identity)  # run_train may have claimed it already
-        if stored is None:
-            write_identity(backup_dir, identity)
+    dirs = BackupDirs.for_worker(layout.backup_dir, chief=chief, worker=worker_name(strategy))
+    stored = claim_or_start_backup(layout.backup_dir, inputs.identity) if chief else None
     meet(strategy, join_timeout_s)  # the first collective: after the chief's claim, bounded
-    previous_policy = keras.mixed_precision.global_policy()
     policy = precision_policy(params, gpu=on_gpu(strategy))
-    keras.mixed_precision.set_global_policy(policy)
-    try:
-        try:
-            model, epoch_log, weights_epoch, probe = fit_phases(
-                params, manifest, shards_dir, dirs, strategy, callbacks, store
-            )
-        except BackupUnusable as error:
-            # The identity matched but the state does not fit this model: start over once.
-            if chief:
-                discard_backup(backup_dir, [str(error)])
-                write_identity(backup_dir, identity, (stored or {}).get("mlflow_run_id"))
-            chief_value(strategy, 0.0)  # the backup is gone before anyone looks again
-            model, epoch_log, weights_epoch, probe = fit_phases(
-                params, manifest, shards_dir, dirs, strategy, callbacks, store
-            )
-    finally:
-        keras.mixed_precision.set_global_policy(previous_policy)
-
-    rows = read_epoch_log(epoch_log.path)
+    with global_precision(policy):
+        fitted = fit_or_start_over(params, layout, inputs, dirs, strategy, callbacks, stored)
+    rows = read_epoch_log(fitted.epoch_log.path)
     # Every worker saves (TensorFlow may need each one to read its variables); the chief's
     # copy is the model. The same weights give the same bytes.
-    save_model(model, model_file if chief else dirs.write / "model.keras")
-    summary = history_summary(rows)
-    # The model's own figures: early stopping may have put back an earlier epoch's weights,
-    # and the last epoch's ("final") then describe weights the model file does not hold.
-    kept = [row for row in rows if int(row["epoch"]) == weights_epoch]
-    summary["model_epoch"] = weights_epoch + 1  # counted from 1, as the plot rows
-    summary["model"] = {key: kept[0][key] for key in ("val_loss", "val_accuracy")} if kept else {}
-    # After saving: the probe's extra steps change the in-memory weights, never the model file.
-    summary["input_bound"] = probe()
-    summary.update(
-        model_file=str(model_file),
-        fingerprint=manifest.fingerprint,
-        resumed_from_epoch=epoch_log.first_epoch or 0,
-        precision_policy=policy,
-        # Whether the step ran under XLA: train.xla as Keras resolved it for this model (off
-        # under op determinism and for layers XLA cannot compile, such as RandomCrop).
-        xla=bool(model.jit_compile),
-        steps_per_execution=params.steps_per_execution,
-        strategy=strategy_name(strategy),
-        num_workers=num_workers(strategy),
-        num_replicas=strategy.num_replicas_in_sync,
-        chief=chief,
-    )
+    save_model(fitted.model, layout.model_file if chief else dirs.write / "model.keras")
+    summary = summarize(params, rows, fitted, strategy, policy, layout.model_file, inputs)
     if chief:
-        write_outputs(summary, rows, metrics_file, summary_file, history_file, plot_file)
+        write_outputs(summary, rows, layout)
     dirs.clean_up()  # completed: nothing left to resume (the others drop their scratch)
     return summary
 
 
-def write_outputs(
-    summary: dict[str, Any],
+def claim_or_start_backup(backup_dir: Path, identity: dict[str, Any]) -> dict[str, Any] | None:
+    """The chief's backup of the same run (:func:`run_train` may have claimed it already),
+    else a fresh one carrying ``identity``."""
+    stored, _ = claim_backup(backup_dir, identity)
+    if stored is None:
+        write_identity(backup_dir, identity)
+    return stored
+
+
+@contextmanager
+def global_precision(policy: str) -> Iterator[None]:
+    """Keras's global precision policy set to ``policy`` for the block, then put back."""
+    previous_policy = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy(previous_policy)
+
+
+def fit_or_start_over(
+    params: TrainParams,
+    layout: Layout,
+    inputs: TrainInputs,
+    dirs: BackupDirs,
+    strategy: tf.distribute.Strategy,
+    callbacks: Sequence[keras.callbacks.Callback],
+    stored: dict[str, Any] | None,
+) -> Fitted:
+    """:func:`fit_phases`, once more from nothing where the backup's identity matched but its
+    state does not fit this model (the chief discards it, keeping the MLflow run it names)."""
+    try:
+        return fit_phases(params, layout.shards_dir, inputs, dirs, strategy, callbacks)
+    except BackupUnusable as error:
+        if is_chief(strategy):
+            discard_backup(layout.backup_dir, [str(error)])
+            run_id = (stored or {}).get("mlflow_run_id")
+            write_identity(layout.backup_dir, inputs.identity, run_id)
+        chief_value(strategy, 0.0)  # the backup is gone before anyone looks again
+        return fit_phases(params, layout.shards_dir, inputs, dirs, strategy, callbacks)
+
+
+def summarize(
+    params: TrainParams,
     rows: list[dict[str, float]],
-    metrics_file: str | Path | None,
-    summary_file: str | Path | None,
-    history_file: str | Path | None,
-    plot_file: str | Path | None,
-) -> None:
-    """The summary's numbers, the rest of it, the plot rows and the plot, where given."""
-    numbers, rest = split_figures(
-        {k: v for k, v in summary.items() if k != "history"}, TRAIN_FIGURES
+    fitted: Fitted,
+    strategy: tf.distribute.Strategy,
+    policy: str,
+    model_file: Path,
+    inputs: TrainInputs,
+) -> TrainSummary:
+    """The run's summary, once the model is saved: the probe's extra steps change the
+    in-memory weights, never the model file."""
+    # The model's own figures: early stopping may have put back an earlier epoch's weights,
+    # and the last epoch's ("final") then describe weights the model file does not hold.
+    kept = [row for row in rows if int(row["epoch"]) == fitted.weights_epoch]
+    return TrainSummary(
+        **history_summary(rows),
+        model_epoch=fitted.weights_epoch + 1,  # counted from 1, as the plot rows
+        model={key: kept[0][key] for key in ("val_loss", "val_accuracy")} if kept else {},
+        input_bound=fitted.probe(),
+        model_file=str(model_file),
+        fingerprint=inputs.manifest.fingerprint,
+        resumed_from_epoch=fitted.epoch_log.first_epoch or 0,
+        precision_policy=policy,
+        # Whether the step ran under XLA: train.xla as Keras resolved it for this model (off
+        # under op determinism and for layers XLA cannot compile, such as RandomCrop).
+        xla=bool(fitted.model.jit_compile),
+        steps_per_execution=params.steps_per_execution,
+        strategy=strategy_name(strategy),
+        num_workers=num_workers(strategy),
+        num_replicas=strategy.num_replicas_in_sync,
+        chief=is_chief(strategy),
     )
-    if metrics_file is not None:
-        write_json(Path(metrics_file), numbers)
-    if summary_file is not None:
-        write_json(Path(summary_file), rest)
-    if history_file is not None:
-        write_json(Path(history_file), history_rows(rows))
-    if plot_file is not None:
-        plot_history(rows, Path(plot_file))
 
 
 def fit_phases(
     params: TrainParams,
-    manifest: ShardManifest,
     shards_dir: Path,
+    inputs: TrainInputs,
     dirs: BackupDirs,
     strategy: tf.distribute.Strategy,
     callbacks: Sequence[keras.callbacks.Callback],
-    store: ShardStore | None = None,
-) -> tuple[keras.Model, EpochLog, int, Callable[[], dict[str, float]]]:
+) -> Fitted:
     """Build the model and fit it: the frozen (or only) phase, then fine-tuning if asked.
-    Returns the model, its epoch log, the epoch whose weights it holds and the input-bound
-    probe of its last phase's step.
 
     Each phase resumes from its own backup dir. The frozen phase commits its end weights and
     epoch count before its backup goes, so a kill between the phases resumes fine-tuning
     from those weights instead of redoing the frozen phase.
     """
     seed_everything(params)
-    data = read_data(params, manifest, shards_dir, strategy, store)
+    manifest = inputs.manifest
+    data = read_data(params, manifest, shards_dir, strategy, inputs.store)
     epoch_log = EpochLog(dirs.write / EPOCH_LOG_NAME)
     hooks = [epoch_log, *callbacks]
     with strategy.scope():
@@ -339,7 +385,9 @@ def fit_phases(
             model, data, main, strategy, steps, params=params, callbacks=hooks
         )
         if not fine_tune:  # the only phase: the model holds its kept epoch
-            return model, epoch_log, weights_epoch, lambda: probe_input_bound(steps.train, data)
+            return Fitted(
+                model, epoch_log, weights_epoch, partial(probe_input_bound, steps.train, data)
+            )
         train_backup.commit_main_phase(model, dirs, done)
     # Fine-tuning: the model holds the epoch this phase keeps, whatever the frozen one kept.
     with strategy.scope():
@@ -351,7 +399,9 @@ def fit_phases(
     _, weights_epoch = fit_phase(
         model, data, tune, strategy, tune_steps, params=params, callbacks=hooks
     )
-    return model, epoch_log, weights_epoch, lambda: probe_input_bound(tune_steps.train, data)
+    return Fitted(
+        model, epoch_log, weights_epoch, partial(probe_input_bound, tune_steps.train, data)
+    )
 
 
 def compile_model(model: keras.Model, params: TrainParams, lr: float, total_steps: int) -> None:
@@ -369,43 +419,6 @@ def compile_model(model: keras.Model, params: TrainParams, lr: float, total_step
     model.optimizer.build(model.trainable_variables)
 
 
-def history_summary(rows: list[dict[str, float]]) -> dict[str, Any]:
-    """Per-epoch lists, final values and throughput from the epoch log."""
-    keys = sorted({key for row in rows for key in row} - {"epoch"})
-    history = {key: [row.get(key) for row in rows] for key in keys}
-    speeds = [row["images_per_sec"] for row in rows if "images_per_sec" in row]
-    # The first epoch pays for tracing; report steady-state throughput when there is one.
-    steady = speeds[1:] or speeds
-    return {
-        "epochs_completed": len(rows),
-        "history": history,
-        "final": {key: values[-1] for key, values in history.items() if values},
-        "images_per_sec": sum(steady) / len(steady) if steady else None,
-    }
-
-
-def history_rows(rows: list[dict[str, float]]) -> list[dict[str, float]]:
-    """The epoch log as DVC plot rows: ``epoch`` counted from 1, as the PNG shows it."""
-    return [{**row, "epoch": int(row["epoch"]) + 1} for row in rows]
-
-
-def plot_history(rows: list[dict[str, float]], path: Path) -> None:
-    """Loss and accuracy per epoch, train vs val, as a PNG (no pyplot, no global backend)."""
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(10, 4))
-    epochs = [int(row["epoch"]) + 1 for row in rows]
-    for axis, metric in zip(figure.subplots(1, 2), ("loss", "accuracy"), strict=True):
-        for prefix, label in (("", "train"), ("val_", "val")):
-            values = [row.get(prefix + metric) for row in rows]
-            axis.plot(epochs, values, marker="o", label=label)
-        axis.set_xlabel("epoch")
-        axis.set_title(metric)
-        axis.legend()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=100, bbox_inches="tight")
-
-
 # -- the stage -----------------------------------------------------------------------------
 
 
@@ -416,7 +429,7 @@ def run_train(
     strategy: tf.distribute.Strategy | None = None,
     callbacks: Sequence[keras.callbacks.Callback] = (),
     run_tags: dict[str, str] | None = None,
-) -> dict[str, Any]:
+) -> TrainedRun:
     """Gate on validation, open (or resume) an MLflow run, train, record the run for evaluate.
     Every worker runs this; the chief alone tracks (``run_tags`` on a new MLflow run)."""
     from tasks.contracts import run_records
@@ -428,87 +441,109 @@ def run_train(
         # runtime, and a refusal must precede every collective of a multi-worker run.
         select_accelerator(params.train.accelerator)
     strategy = strategy or choose_strategy(params.cluster.join_timeout_s)  # first: see train
-    store = open_store(layout.root, params.storage)  # SHARDFLOW_SHARDS_URL, else data/shards
+    inputs = validated_inputs(params, layout, strategy)  # refused before a run opens
+    timeout = params.cluster.join_timeout_s
+    if not is_chief(strategy):
+        return TrainedRun(
+            train(
+                params.train,
+                layout,
+                strategy=strategy,
+                callbacks=callbacks,
+                inputs=inputs,
+                join_timeout_s=timeout,
+            )
+        )
+    if untracked := models.untracked_weights(params.train.weights):
+        log.warning(untracked)
+    client = tracking.client(layout.root)
+    run_id, resumed = open_run(client, params, layout, inputs, strategy, run_tags)
+    try:
+        with run_records.system_metrics(client, run_id, resume=resumed):
+            summary = train(
+                params.train,
+                layout,
+                strategy=strategy,
+                callbacks=[MlflowEpochMetrics(client, run_id), *callbacks],
+                inputs=inputs,
+                join_timeout_s=timeout,
+            )
+    except BaseException:
+        client.set_terminated(run_id, status="FAILED")  # the id stays in the backup to resume
+        raise
+    return TrainedRun(summary, finish_run(client, run_id, layout, summary))
+
+
+def validated_inputs(
+    params: Params, layout: Layout, strategy: tf.distribute.Strategy
+) -> TrainInputs:
+    """The shards a passing validation vouches for, from the object store when one is
+    configured (SHARDFLOW_SHARDS_URL), else the layout's folder, checked for training."""
+    store = open_store(layout.root, params.storage)
     if store:
         manifest = check_validated_store(store, layout.validation_report)
     else:
         manifest = check_validated(layout.shards_dir, layout.validation_report)
-    if not is_chief(strategy):
-        return train(
-            params.train,
-            layout.shards_dir,
-            model_file=layout.model_file,
-            backup_dir=layout.backup_dir,
-            strategy=strategy,
-            callbacks=callbacks,
-            store=store,
-            join_timeout_s=params.cluster.join_timeout_s,
-        )
-    # What train refuses, refused before a run opens (and is left FAILED) for it.
-    models.check_weights(params.train.weights)
-    if untracked := models.untracked_weights(params.train.weights):
-        log.warning(untracked)
-    steps_per_epoch(params.train, manifest, layout.shards_dir)
-    check_distributable(params.train, manifest, strategy)
-    client = tracking.client(layout.root)
-    lineage = models.weights_lineage(params.train.weights)  # hashes the file: once a run
-    identity = backup_identity(params.train, manifest.fingerprint, lineage)
-    stored, discarded = claim_backup(layout.backup_dir, identity)
+    return check_inputs(params.train, layout, manifest, strategy, store)
+
+
+def open_run(
+    client: Any,
+    params: Params,
+    layout: Layout,
+    inputs: TrainInputs,
+    strategy: tf.distribute.Strategy,
+    run_tags: dict[str, str] | None,
+) -> tuple[str, bool]:
+    """The MLflow run to train in and whether it is resumed: the one the claimed backup
+    names, reopened, else a new one (tagged with why a backup found was not resumed). The
+    backup then names it."""
+    from tasks.contracts import run_records
+
+    stored, discarded = claim_backup(layout.backup_dir, inputs.identity)
     run_id = resume_run_id(client, (stored or {}).get("mlflow_run_id"))
     resumed = run_id is not None
     if run_id is None:
         run_id = run_records.start_train_run(
             client,
             params,
-            manifest,
-            shards_dir=store.url if store else layout.shards_dir,
+            inputs.manifest,
+            shards_dir=inputs.store.url if inputs.store else layout.shards_dir,
             root=layout.root,
             device_tags=device_tags(params.train, strategy),
             run_tags=run_tags,
-            inputs=lineage,
+            inputs=inputs.lineage,
         )
         if discarded:  # the run says why it did not resume the backup it found
             client.set_tag(run_id, "resume.backup_discarded", "; ".join(discarded)[:5000])
-    write_identity(layout.backup_dir, identity, run_id)
-    try:
-        with run_records.system_metrics(client, run_id, resume=resumed):
-            summary = train(
-                params.train,
-                layout.shards_dir,
-                model_file=layout.model_file,
-                backup_dir=layout.backup_dir,
-                metrics_file=layout.train_metrics,
-                summary_file=layout.train_summary,
-                history_file=layout.train_history,
-                plot_file=layout.train_plot,
-                strategy=strategy,
-                callbacks=[MlflowEpochMetrics(client, run_id), *callbacks],
-                store=store,
-                weights_lineage=lineage,
-                join_timeout_s=params.cluster.join_timeout_s,
-            )
-    except BaseException:
-        client.set_terminated(run_id, status="FAILED")  # the id stays in the backup to resume
-        raise
+    write_identity(layout.backup_dir, inputs.identity, run_id)
+    return run_id, resumed
+
+
+def finish_run(client: Any, run_id: str, layout: Layout, summary: TrainSummary) -> TrainRunRecord:
+    """Log what no epoch logged and the output files, end the run, and leave its record
+    for evaluate (``layout.train_run``)."""
+    from tasks.runtime import tracking
+
     log_run_figures(client, run_id, summary)
-    client.set_tag(run_id, "device.xla", str(summary["xla"]).lower())
+    client.set_tag(run_id, "device.xla", str(summary.xla).lower())
     for path in (layout.train_metrics, layout.train_summary, layout.train_history):
         client.log_artifact(run_id, str(path), "train")
     client.log_artifact(run_id, str(layout.train_plot), "train")
     client.set_terminated(run_id, status="FINISHED")
     run = client.get_run(run_id)
-    record = {
-        "run_id": run_id,
-        "experiment_id": run.info.experiment_id,
-        "tracking_uri": tracking.recorded_uri(client.tracking_uri, layout.root),
-        "fingerprint": manifest.fingerprint,
-        "run_name": run.info.run_name,
-    }
-    write_json(layout.train_run, record)
-    return {**summary, **record}
+    record = TrainRunRecord(
+        run_id=run_id,
+        experiment_id=run.info.experiment_id,
+        tracking_uri=tracking.recorded_uri(client.tracking_uri, layout.root),
+        fingerprint=summary.fingerprint,
+        run_name=run.info.run_name,
+    )
+    write_json(layout.train_run, record.to_json())
+    return record
 
 
-def log_run_figures(client: Any, run_id: str, summary: dict[str, Any]) -> None:
+def log_run_figures(client: Any, run_id: str, summary: TrainSummary) -> None:
     """The run's figures that no epoch logged, as metrics (step 0): the input-bound probe's,
     and the figures of the epoch whose weights the model holds (``model_val_accuracy``,
     ``model_val_loss``, ``model_epoch``): the runs table's ``val_accuracy`` is the last
@@ -517,11 +552,10 @@ def log_run_figures(client: Any, run_id: str, summary: dict[str, Any]) -> None:
 
     now = int(time.time() * 1000)
     figures = {
-        **summary.get("input_bound", {}),
-        **{f"model_{key}": value for key, value in summary.get("model", {}).items()},
+        **summary.input_bound,
+        **{f"model_{key}": value for key, value in summary.model.items()},
+        "model_epoch": summary.model_epoch,
     }
-    if "model_epoch" in summary:
-        figures["model_epoch"] = summary["model_epoch"]
     metrics = [Metric(key, float(value), now, 0) for key, value in figures.items()]
     if metrics:
         client.log_batch(run_id, metrics=metrics)

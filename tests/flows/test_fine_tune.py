@@ -108,7 +108,7 @@ def test_fine_tuning_resumes_in_either_phase_and_unfreezes_the_top(
     assert epochs_logged() == [0, 1, 2]
 
     # 4. Resumes inside the fine-tune phase and completes.
-    summary = run_train(PARAMS, layout)
+    summary = run_train(PARAMS, layout).to_json()
     total = PARAMS.train.epochs + PARAMS.train.fine_tune_epochs
     assert summary["resumed_from_epoch"] == PARAMS.train.epochs + 1
     assert summary["epochs_completed"] == total

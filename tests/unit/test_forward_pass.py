@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tasks.evaluate import stage as evaluate
+from tasks.evaluate import measurement as evaluate
 from tasks.predict import model_input, predict_images
 from tests.unit.test_predict import png_bytes, spec_for
 

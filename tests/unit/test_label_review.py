@@ -91,7 +91,7 @@ def test_evaluation_finds_labels_flipped_in_the_test_shards(tmp_path: Path) -> N
     """The real path: a small CNN trained on tiny shards, evaluated with the stage's core,
     ranks the test records whose labels were flipped first, in reports/label_issues.csv,
     and draws the thumbnail sheet from the shard pixels."""
-    from tasks.evaluate.stage import LABEL_SHEET, evaluate_model
+    from tasks.evaluate.measurement import LABEL_SHEET, evaluate_model
     from tasks.runtime.layout import Layout
     from tasks.train.stage import train
     from tests.tiny_shards import write_tiny_shards
@@ -108,16 +108,7 @@ def test_evaluation_finds_labels_flipped_in_the_test_shards(tmp_path: Path) -> N
             "augment": no_augment,
         }
     ).train
-    train(
-        params,
-        layout.shards_dir,
-        model_file=layout.model_file,
-        backup_dir=layout.backup_dir,
-        metrics_file=layout.train_metrics,
-        summary_file=layout.train_summary,
-        history_file=layout.train_history,
-        plot_file=layout.train_plot,
-    )
+    train(params, layout)
     metrics = evaluate_model(
         layout.model_file,
         layout.shards_dir,

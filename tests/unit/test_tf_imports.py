@@ -113,7 +113,7 @@ def test_a_first_keras_import_prints_none_of_tensorflows_notices() -> None:
 FIRST_PREDICTION = """
 import sys, threading
 import keras
-import tasks.evaluate.stage as evaluate
+import tasks.evaluate.measurement as evaluate
 
 class Stop(Exception):
     pass

@@ -11,10 +11,11 @@ import keras
 import numpy as np
 import pytest
 
-from tasks.evaluate.stage import evaluate_model
+from tasks.evaluate.measurement import evaluate_model
 from tasks.runtime.layout import Layout
 from tasks.runtime.params import TrainParams, default_params
 from tasks.train.stage import cpu_isa, read_epoch_log, train
+from tasks.train.summary import TrainSummary
 
 pytestmark = pytest.mark.slow
 NO_AUGMENT = {"flip": False, "crop": 0.0, "brightness": 0.0, "contrast": 0.0}
@@ -25,19 +26,8 @@ def train_params(**changes: object) -> TrainParams:
     return default_params(train=changes).train
 
 
-def run(root: Path, params: TrainParams, **kwargs: Any) -> dict[str, Any]:
-    layout = Layout(root)
-    return train(
-        params,
-        layout.shards_dir,
-        model_file=layout.model_file,
-        backup_dir=layout.backup_dir,
-        metrics_file=layout.train_metrics,
-        summary_file=layout.train_summary,
-        history_file=layout.train_history,
-        plot_file=layout.train_plot,
-        **kwargs,
-    )
+def run(root: Path, params: TrainParams, **kwargs: Any) -> TrainSummary:
+    return train(params, Layout(root), **kwargs)
 
 
 def all_numbers(record: dict[str, Any]) -> bool:
@@ -60,8 +50,8 @@ def test_learnable_data_beats_chance_clearly(tiny_shards: Path) -> None:
     assert metrics["accuracy"] >= 0.8  # chance is 1/3
     assert metrics["top_k"] == 3  # capped at the number of classes
     assert metrics["top_k_accuracy"] == 1.0
-    assert summary["epochs_completed"] == 5
-    assert summary["images_per_sec"] > 0
+    assert summary.epochs_completed == 5
+    assert summary.images_per_sec > 0
     # DVC metrics are numbers only; the strings sit in the summary, the epochs in plot rows.
     saved = json.loads(layout.train_metrics.read_text())
     assert saved["epochs_completed"] == 5 and saved["final"]["val_loss"] > 0
@@ -69,7 +59,7 @@ def test_learnable_data_beats_chance_clearly(tiny_shards: Path) -> None:
     assert json.loads(layout.train_summary.read_text())["precision_policy"] == "float32"
     rows = json.loads(layout.train_history.read_text())
     assert [row["epoch"] for row in rows] == [1, 2, 3, 4, 5]
-    assert rows[-1]["val_loss"] == summary["final"]["val_loss"]
+    assert rows[-1]["val_loss"] == summary.final["val_loss"]
     assert layout.train_plot.stat().st_size > 0
     assert {p.name for p in tmp.iterdir()} >= {
         "confusion_matrix.png",
@@ -90,27 +80,27 @@ def test_the_figures_reported_for_the_model_are_its_own_epochs(tiny_shards: Path
         early_stopping_patience=6, augment=NO_AUGMENT,
     )  # fmt: skip
     summary = run(tiny_shards, params)
-    losses = summary["history"]["val_loss"]
+    losses = summary.history["val_loss"]
     best = losses.index(min(losses))
     assert best < len(losses) - 1  # the last epoch is not the model's
-    assert summary["model_epoch"] == best + 1
-    assert summary["model"]["val_loss"] == losses[best] != summary["final"]["val_loss"]
+    assert summary.model_epoch == best + 1
+    assert summary.model["val_loss"] == losses[best] != summary.final["val_loss"]
     layout = Layout(tiny_shards)
-    assert json.loads(layout.train_metrics.read_text())["model"] == summary["model"]
+    assert json.loads(layout.train_metrics.read_text())["model"] == summary.model
     model = keras.saving.load_model(layout.model_file)
     val = read_split(layout.shards_dir, "val", batch_size=64, training=False)
     correct = [
         np.argmax(model(images, training=False), -1) == labels.numpy() for images, labels in val
     ]
-    assert np.concatenate(correct).mean() == pytest.approx(summary["model"]["val_accuracy"])
+    assert np.concatenate(correct).mean() == pytest.approx(summary.model["val_accuracy"])
 
 
 def test_deterministic_runs_repeat_exactly(tiny_shards: Path, tmp_path_factory: Any) -> None:
     params = train_params(epochs=1, batch_size=16, early_stopping_patience=0)
     first = run(tiny_shards, params)
     second = run(tiny_shards, params)
-    assert first["final"]["loss"] == second["final"]["loss"]
-    assert first["final"]["val_loss"] == second["final"]["val_loss"]
+    assert first.final["loss"] == second.final["loss"]
+    assert first.final["val_loss"] == second.final["val_loss"]
 
 
 class KillAfterEpoch(keras.callbacks.Callback):
@@ -135,8 +125,8 @@ def test_killed_run_resumes_where_it_stopped(tiny_shards: Path) -> None:
     assert [row["epoch"] for row in before] == [0]
 
     summary = run(tiny_shards, params)
-    assert summary["resumed_from_epoch"] == 1  # did not start over
-    assert summary["epochs_completed"] == 3
+    assert summary.resumed_from_epoch == 1  # did not start over
+    assert summary.epochs_completed == 3
     rows = json.loads(layout.train_history.read_text())
     assert [row["epoch"] for row in rows] == [1, 2, 3]
     assert rows[0]["loss"] == before[0]["loss"]  # epoch 1 kept from the killed run
@@ -153,7 +143,7 @@ def test_a_resumed_run_ends_with_the_model_of_an_uninterrupted_one(tiny_shards: 
     layout.model_file.unlink()
     with pytest.raises(KeyboardInterrupt):
         run(tiny_shards, params, callbacks=[KillAfterEpoch(1)])
-    assert run(tiny_shards, params)["resumed_from_epoch"] == 2
+    assert run(tiny_shards, params).resumed_from_epoch == 2
     assert layout.model_file.read_bytes() == whole
 
 

@@ -118,12 +118,7 @@ def test_every_worker_refuses_a_missing_weights_file_before_training_begins(
     layout = Layout(tiny_shards)
     params = default_params(train={"model": "mobilenet_v3_small", "weights": "gone.weights.h5"})
     with pytest.raises(ParamsError, match=r"train\.weights='gone\.weights\.h5'"):
-        train(
-            params.train,
-            layout.shards_dir,
-            model_file=layout.model_file,
-            backup_dir=layout.backup_dir,
-        )
+        train(params.train, layout)
     assert not layout.backup_dir.exists()
 
 

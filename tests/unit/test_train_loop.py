@@ -62,13 +62,13 @@ def test_float16_trains_with_loss_scaling(
     )
     seen = SeeOptimizer()
     summary = run(tiny_shards, params, callbacks=[seen])
-    assert summary["precision_policy"] == "mixed_float16"
+    assert summary.precision_policy == "mixed_float16"
     assert isinstance(seen.optimizer, keras.optimizers.LossScaleOptimizer)
     assert scaled  # the step scales its loss before taking gradients
     assert seen.iterations[-1] == 4 * (72 // 16)  # every step applied, none skipped
-    history = summary["history"]
+    history = summary.history
     assert history["loss"][-1] < history["loss"][0]  # learns: gradients unscaled right
-    assert summary["final"]["val_accuracy"] >= 0.8  # chance is 1/3
+    assert summary.final["val_accuracy"] >= 0.8  # chance is 1/3
 
 
 def test_xla_switch_compiles_the_step_and_still_learns(
@@ -84,8 +84,8 @@ def test_xla_switch_compiles_the_step_and_still_learns(
         augment=NO_AUGMENT,
     )
     summary = run(tiny_shards, params)
-    assert summary["xla"] is True  # the step ran compiled, not just asked to
-    assert summary["final"]["val_accuracy"] >= 0.8
+    assert summary.xla is True  # the step ran compiled, not just asked to
+    assert summary.final["val_accuracy"] >= 0.8
 
 
 def test_float16_and_xla_together_train(
@@ -116,9 +116,9 @@ def test_float16_and_xla_together_train(
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
     summary = run(tiny_shards, params, callbacks=[seen], strategy=strategy)
     assert isinstance(seen.optimizer, keras.optimizers.LossScaleOptimizer)
-    assert summary["xla"] is True
+    assert summary.xla is True
     assert seen.iterations[-1] == 3 * (72 // 16)
-    assert summary["history"]["loss"][-1] < summary["history"]["loss"][0]
+    assert summary.history["loss"][-1] < summary.history["loss"][0]
 
 
 def test_a_repeated_deterministic_run_ends_with_the_same_weights(tiny_shards: Path) -> None:
@@ -154,8 +154,8 @@ def test_efficientnet_b0_fine_tunes_in_both_phases(tmp_path: Path) -> None:
         augment=NO_AUGMENT,
     )
     summary = run(tmp_path, params)
-    assert summary["epochs_completed"] == 2
-    rates = summary["history"]["learning_rate"]
+    assert summary.epochs_completed == 2
+    rates = summary.history["learning_rate"]
     assert rates == [pytest.approx(0.01), pytest.approx(0.01 * train_module.FINE_TUNE_LR_FACTOR)]
     backbone = backbone_of(keras.saving.load_model(Layout(tmp_path).model_file))
     assert backbone is not None
@@ -174,7 +174,7 @@ def test_several_steps_per_compiled_call_train_the_same_model(tiny_shards: Path)
             epochs=1, batch_size=16, early_stopping_patience=0, steps_per_execution=per_call
         )
         summary = run(tiny_shards, params, callbacks=[seen])
-        assert summary["steps_per_execution"] == per_call
+        assert summary.steps_per_execution == per_call
         counts.append(seen.iterations)
         weights.append(keras.saving.load_model(Layout(tiny_shards).model_file).get_weights())
     assert counts == [[72 // 16]] * 2

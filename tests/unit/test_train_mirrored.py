@@ -25,9 +25,9 @@ from tasks.runtime.params import default_params
 from tasks.train.stage import train
 layout = Layout(sys.argv[1])
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-summary = train(default_params(train={"epochs": 1, "batch_size": 16}).train, layout.shards_dir,
-                model_file=layout.model_file, backup_dir=layout.backup_dir, strategy=strategy)
-print("SUMMARY " + json.dumps(summary))
+summary = train(default_params(train={"epochs": 1, "batch_size": 16}).train, layout,
+                strategy=strategy)
+print("SUMMARY " + json.dumps(summary.to_json()))
 """
 
 

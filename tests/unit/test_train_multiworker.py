@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from tasks.contracts.manifest import load_manifest
-from tasks.evaluate.stage import evaluate_model
+from tasks.evaluate.measurement import evaluate_model
 from tasks.runtime.layout import Layout
 from tasks.runtime.params import ParamsError, TrainParams, default_params
 from tasks.train.cluster import WorkerFailed, launch_local_workers
@@ -95,7 +95,7 @@ def worker(
         TrainParams.model_validate_json(params_json),
         strategy=strategy,
         callbacks=callbacks,
-    )
+    ).to_json()  # as it crosses back from the worker process
 
 
 def two_workers(root: Path, *, die_at: int | None = None) -> dict[str, Any]:

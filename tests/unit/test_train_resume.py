@@ -226,7 +226,7 @@ def test_rerun_with_another_learning_rate_starts_over_in_a_new_run(
 ) -> None:
     layout = Layout(tiny_shards)
     killed = kill_run(layout, LR_A)
-    summary = run_train(with_train(params(LR_B)), layout)
+    summary = run_train(with_train(params(LR_B)), layout).to_json()
     assert f"backup discarded: train.learning_rate changed {LR_A} -> {LR_B}" in warnings_logged.text
     assert summary["resumed_from_epoch"] == 0
     assert summary["epochs_completed"] == 3
@@ -246,7 +246,7 @@ def test_rerun_with_the_same_params_resumes_in_the_same_run(
 ) -> None:
     layout = Layout(tiny_shards)
     killed = kill_run(layout, LR_A)
-    summary = run_train(with_train(params(LR_A)), layout)
+    summary = run_train(with_train(params(LR_A)), layout).to_json()
     assert summary["resumed_from_epoch"] == 1  # the second epoch, not from scratch
     assert summary["epochs_completed"] == 3
     assert summary["run_id"] == killed
@@ -264,7 +264,7 @@ def test_changed_shards_discard_the_backup(tiny_shards: Path) -> None:
         run(tiny_shards, params(), callbacks=[KillAfterEpoch(0)])
     write_tiny_shards(tiny_shards, seed=1)  # other pixels: another fingerprint
     summary = run(tiny_shards, params())
-    assert summary["resumed_from_epoch"] == 0
+    assert summary.resumed_from_epoch == 0
 
 
 def test_backup_that_cannot_be_restored_never_fails_the_rerun(
@@ -285,8 +285,8 @@ def test_backup_that_cannot_be_restored_never_fails_the_rerun(
     monkeypatch.setattr(train_module, "build_model", wider)
     summary = run(tiny_shards, params())
     assert "backup discarded: cannot restore" in warnings_logged.text
-    assert summary["resumed_from_epoch"] == 0
-    assert summary["epochs_completed"] == 3
+    assert summary.resumed_from_epoch == 0
+    assert summary.epochs_completed == 3
     assert len(json.loads(layout.train_history.read_text())) == 3
     assert not layout.backup_dir.exists()
 
@@ -378,7 +378,7 @@ def test_early_stopping_wait_best_and_best_weights_survive_a_kill(
 
     monkeypatch.setattr(train_loop, "ResumableEarlyStopping", Recording)
     summary = run(tiny_shards, es_params)
-    assert summary["resumed_from_epoch"] == 3
+    assert summary.resumed_from_epoch == 3
     wait, best, restored_best_epoch, best_weights = restored[0].snapshot
     assert best == pytest.approx(losses[best_epoch])
     assert restored_best_epoch == best_epoch
@@ -402,8 +402,7 @@ class Die(keras.callbacks.Callback):
         os.kill(os.getpid(), signal.SIGKILL)  # no exception, no finally, no cleanup
 
 layout = Layout(sys.argv[1])
-train(TrainParams.model_validate_json(sys.argv[2]), layout.shards_dir,
-      model_file=layout.model_file, backup_dir=layout.backup_dir, callbacks=[Die()])
+train(TrainParams.model_validate_json(sys.argv[2]), layout, callbacks=[Die()])
 """
 
 
@@ -420,5 +419,5 @@ def test_sigkilled_process_resumes_only_with_the_same_params(tiny_shards: Path) 
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert [row["epoch"] for row in read_epoch_log(layout.backup_dir / "epochs.jsonl")] == [0]
     summary = run(tiny_shards, params())
-    assert summary["resumed_from_epoch"] == 1
-    assert summary["epochs_completed"] == 3
+    assert summary.resumed_from_epoch == 1
+    assert summary.epochs_completed == 3
