@@ -32,8 +32,8 @@ from tasks.ingest.stage import run_ingest, signatures_path
 from tasks.runtime.layout import Layout
 from tasks.runtime.params import default_params
 from tasks.tfrecord import open_records, read_framed
-from tests.unit.shard.test_append import ingest_params
 from tests.unit.erasure.test_lineage import DISTANCE, layout_project
+from tests.unit.shard.test_append import ingest_params
 
 Built = tuple[Layout, Path, str, str]
 
