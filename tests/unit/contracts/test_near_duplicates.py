@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from bench.near_duplicates import look_alike_hashes as look_alikes
-from bench.near_duplicates import measure_threshold, sample_photo
+from bench.near_duplicates import sample_photo
 from tasks.contracts.index import load_index
 from tasks.contracts.near_duplicates import (
     Item,
@@ -23,7 +23,6 @@ from tasks.contracts.near_duplicates import (
     place,
     straddling_pairs,
 )
-from tasks.ingest.demo_data import generate
 from tasks.ingest.stage import assign_split, run_ingest
 from tasks.runtime.params import SplitFractions, default_params
 
@@ -362,62 +361,3 @@ def test_look_alike_sets_sharing_buckets_group_exactly_as_every_pair_would() -> 
     first = {label: int(np.flatnonzero(expected == label)[0]) for label in set(expected.tolist())}
     assert groups.tolist() == [first[label] for label in expected.tolist()]
     assert groups[0] != groups[900]  # the inverted quarter keeps the second set apart
-
-
-@pytest.mark.slow
-def test_the_default_distance_groups_light_edits_and_separates_other_photos() -> None:
-    """The measurement behind ``ingest.near_duplicate_distance`` (also ``python -m bench
-    --only near_duplicates``): scikit-image's photos through ingest's own decode."""
-    measured = measure_threshold()
-    assert measured["max_light_edit_bits"] <= DISTANCE
-    assert measured["min_other_position_bits"] > DISTANCE
-    assert measured["min_different_photo_bits"] > DISTANCE
-
-
-@pytest.mark.slow
-def test_the_demo_data_has_no_near_duplicates(tmp_path: Path) -> None:
-    generate(tmp_path / "demo")
-    params = default_params(ingest={"source_dir": str(tmp_path / "demo"), "workers": 1})
-    report = run_ingest(params.ingest, tmp_path / "index.json", tmp_path / "ingest.json")
-    assert report["accepted"] > 2900
-    assert report["near_duplicates"]["groups"] == []
-
-
-def splits_in_shards(shards_dir: Path) -> dict[str, str]:
-    """content hash -> the split whose shards hold it, read back from every shard file."""
-    from tests.unit.shard.test_append import records_by_file
-
-    return {
-        digest: Path(file).name.split(".")[0]
-        for file, rows in records_by_file(shards_dir).items()
-        for digest, _ in rows
-    }
-
-
-@pytest.mark.slow
-def test_an_append_keeps_every_placement_and_compaction_keeps_every_split(tmp_path: Path) -> None:
-    """A near-duplicate appended beside a sharded photo joins its split (the append is not
-    refused as a move), and `make compact` (a rebuild of the index) keeps every split."""
-    from tests.unit.shard.test_append import SPLITS, Project
-
-    project = Project(tmp_path)
-    image = photo("rocket")
-    original = jpeg(image, 95)
-    write(project.source / "red" / "rocket.jpg", original)
-    project.update("rebuild")
-    placed = splits_in_shards(project.shards)[sha(original)]
-    seed = default_params().ingest.seed
-    copy = next(
-        data
-        for quality in range(40, 95)
-        if sha(data := jpeg(image, quality)) < sha(original)
-        and assign_split(sha(data), SPLITS, seed) != placed
-    )
-    write(project.source / "red" / "rocket_copy.jpg", copy)
-
-    project.update("append")
-    appended = splits_in_shards(project.shards)
-    assert appended[sha(original)] == appended[sha(copy)] == placed
-
-    project.shard("rebuild")  # what `make compact` runs
-    assert splits_in_shards(project.shards) == appended
