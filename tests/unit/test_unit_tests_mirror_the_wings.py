@@ -1,7 +1,7 @@
 """tests/unit mirrors the house (docs/architecture.md): a folder for each wing of ``tasks/``,
 one for the pixel contract, the entry points and the benchmark, and only house-wide tests at
-its top. It holds fast tests only: one that trains, serves or starts servers or workers is
-marked ``slow`` and lives with the flow and end-to-end tests (tests/integration/, tests/flows/,
+its top. It holds fast tests only: one that trains, serves or starts a server is marked
+``slow`` and lives with the flow and end-to-end tests (tests/integration/, tests/flows/,
 tests/e2e/)."""
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ UNIT = ROOT / "tests" / "unit"
 # Besides the wings: the pixel contract and the served pyfunc at the top of tasks/, the
 # entry points (flows/) and the benchmark (bench/).
 OTHER_ROOMS = {"pixels", "flows", "bench"}
+# Validation's checks run on real shard sets the stages build (seconds each): tests/data/.
+ELSEWHERE = {"validate": ROOT / "tests" / "data"}
 HOUSE_WIDE = {
     "test_commands.py",
     "test_docs_tests_exist.py",
@@ -31,7 +33,9 @@ def wings(tasks: Path) -> set[str]:
 
 def test_each_wing_has_its_folder_and_only_house_wide_tests_sit_at_the_top() -> None:
     folders = {p.name for p in UNIT.iterdir() if p.is_dir() and p.name != "__pycache__"}
-    assert folders == wings(ROOT / "tasks") | OTHER_ROOMS
+    assert folders == wings(ROOT / "tasks") - set(ELSEWHERE) | OTHER_ROOMS
+    for wing, folder in ELSEWHERE.items():
+        assert any(f"tasks.{wing}." in p.read_text() for p in folder.glob("test_*.py")), wing
     assert all(any((UNIT / folder).glob("test_*.py")) for folder in folders)
     assert {p.name for p in UNIT.glob("*.py")} == HOUSE_WIDE
 
