@@ -10,7 +10,7 @@
   side) must group with it; crops of other parts of it (its halves, stretched back to full
   size) and the other photos must not. ``ingest.near_duplicate_distance`` must lie between
   the largest light-edit distance and the smallest of the others;
-  ``tests/unit/test_near_duplicates.py`` asserts that the default does.
+  ``tests/unit/contracts/test_near_duplicates.py`` asserts that the default does.
 - ``search``: placing 50,000 hashes (multi-index neighbour search, groups, splits) in a fresh
   interpreter: wall time of the search and of the placement, and peak RSS. The hashes are
   the phashes of 50,000 crops of the 15 sample photos (random position, scale, flip), a

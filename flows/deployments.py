@@ -92,7 +92,7 @@ def other_owners(names: list[str]) -> dict[str, tuple[str, bool]]:
 def deployments() -> list[Any]:
     """The deployments ``make serve`` serves, each tagged with this clone. Each flow types its
     parameters with :mod:`flows.parameters` (paths inside the repository, model names and
-    references), and ``tests/unit/test_deployment_parameters.py`` checks every parameter of
+    references), and ``tests/unit/flows/test_deployment_parameters.py`` checks every parameter of
     every one."""
     tags = [clone_tag()]
     return [

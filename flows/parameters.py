@@ -14,7 +14,7 @@ parameters, before anything is read or written:
   commit id or a branch name, never an option (``--upload-pack=...``) or a refspec; a run
   ref ``refs/heads/runs/<name>``, never a user's branch; checked in every run.
 
-``tests/unit/test_deployment_parameters.py`` builds the served deployments and those of
+``tests/unit/flows/test_deployment_parameters.py`` builds the served deployments and those of
 ``prefect.yaml``, and fails on a parameter none of these types covers, so a new deployment
 cannot skip the check.
 """

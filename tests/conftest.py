@@ -16,6 +16,22 @@ from PIL import Image
 if TYPE_CHECKING:
     from tasks.runtime.params import Params
 
+
+def _absl_writes_to_the_process_stderr() -> None:
+    """absl (TensorFlow's Python logging) makes its handler when first imported, on whatever
+    ``sys.stderr`` is then: under pytest, a capture buffer. ``logging.config.dictConfig``
+    (Prefect's logging set-up, at its first import) closes every handler ever made, and absl's
+    handler closes its stream unless it is ``sys.stderr`` at that moment, which under a
+    ``capsys`` test it is not: pytest's own capture buffer was closed under it and the rest of
+    the session failed. Pointed at the process's standard error, it closes nothing of pytest's.
+    """
+    from absl import logging as absl_logging
+
+    absl_logging.get_absl_handler().python_handler.setStream(sys.__stderr__)
+
+
+_absl_writes_to_the_process_stderr()
+
 TINY_CLASSES = {"blue": (40, 40, 200), "green": (40, 200, 40), "red": (200, 40, 40)}
 
 

@@ -16,7 +16,7 @@ from tasks.contracts.index import load_index
 from tasks.runtime.params import ValidateParams, default_params
 from tasks.train.stage import ShardsNotValidated, check_validated
 from tasks.validate.stage import run_validate
-from tests.unit.test_append import Project, add_images
+from tests.unit.shard.test_append import Project, add_images
 
 
 def limits(**changes: Any) -> ValidateParams:

@@ -27,7 +27,7 @@ from tasks.shard.writing import write_inline
 from tasks.train.stage import ShardsNotValidated, check_validated
 from tasks.validate.stage import ValidationFailed, data_gate, raise_if_failed, run_validate
 from tests.data.test_data_diff import limits
-from tests.unit.test_append import Project, add_images
+from tests.unit.shard.test_append import Project, add_images
 
 STRICT = limits(max_class_share_shift=0.1, allow_new_classes=False)
 

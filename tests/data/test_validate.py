@@ -401,7 +401,7 @@ def test_an_appended_set_passes_with_every_generations_own_files(
     """Generation folders, their record lists and plan records are the set's own; TFDS files
     are not (several generations): left over from generation 0, they fail."""
     from tasks.ingest.stage import run_ingest
-    from tests.unit.test_append import add_images
+    from tests.unit.shard.test_append import add_images
 
     source = tiny_dataset  # a private folder: images are added to it
     splits = {"train": 0.5, "val": 0.25, "test": 0.25}

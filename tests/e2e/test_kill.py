@@ -228,7 +228,7 @@ def validation_failures(root: Path) -> dict[str, str]:
 def test_a_refused_data_change_stays_refused_until_accepted(project: Project) -> None:
     """The data gate's baseline survives a kill during shard, `dvc repro -f shard` and a
     fresh clone; `shardflow accept-data` is what lets the change through, limits unchanged."""
-    from tests.unit.test_append import add_images
+    from tests.unit.shard.test_append import add_images
 
     root = project.root
     project.dvc("repro", "validate")

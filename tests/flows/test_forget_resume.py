@@ -18,7 +18,7 @@ from tasks.contracts.forgotten import load_forgotten
 from tasks.contracts.manifest import MEMBERSHIP_NAME
 from tasks.contracts.membership import Membership
 from tasks.runtime.layout import Layout
-from tests.unit.test_lineage import layout_project, shard_set
+from tests.unit.erasure.test_lineage import layout_project, shard_set
 
 REPO = Path(__file__).resolve().parents[2]
 

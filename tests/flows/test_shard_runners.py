@@ -112,7 +112,7 @@ def test_an_append_starts_workers_only_when_its_new_shards_are_worth_them(
     from tasks.ingest.stage import run_ingest
     from tasks.shard.stage import shard_stage
     from tests.conftest import write_image_folder
-    from tests.unit.test_append import add_images
+    from tests.unit.shard.test_append import add_images
 
     source = write_image_folder(tmp_path / "images", per_class=8)
     splits = {"train": 0.5, "val": 0.25, "test": 0.25}

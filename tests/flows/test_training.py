@@ -213,7 +213,7 @@ def test_a_stage_that_plots_and_imports_keras_writes_nothing_into_the_users_home
 
     from prefect.settings import PREFECT_API_URL
 
-    from tests.unit.test_train_multiworker import train_stage
+    from tests.integration.test_train_multiworker import train_stage
 
     # Prefect's home is the clone's .prefect/, by the repository's prefect.toml.
     (project / "prefect.toml").write_text((REPO / "prefect.toml").read_text())

@@ -62,15 +62,19 @@ def test_every_test_a_page_names_exists(page: Path) -> None:
 
 def test_references_are_read_per_cell_and_a_wrong_one_is_caught() -> None:
     row = (
-        "| a promise | `tests/unit/test_layout.py::test_a_root_given_as_a_string_or_a_path_is_"
-        "the_same_layout`, `::test_gone` | `::test_outside_any_file` |"
+        "| a promise | `tests/unit/runtime/test_layout.py::"
+        "test_a_root_given_as_a_string_or_a_path_is_the_same_layout`, `::test_gone` "
+        "| `::test_outside_any_file` |"
     )
     assert named_tests(row) == {
-        ("tests/unit/test_layout.py", None),
-        ("tests/unit/test_layout.py", "test_a_root_given_as_a_string_or_a_path_is_the_same_layout"),
-        ("tests/unit/test_layout.py", "test_gone"),
+        ("tests/unit/runtime/test_layout.py", None),
+        (
+            "tests/unit/runtime/test_layout.py",
+            "test_a_root_given_as_a_string_or_a_path_is_the_same_layout",
+        ),
+        ("tests/unit/runtime/test_layout.py", "test_gone"),
     }
-    assert missing(ROOT, row) == ["tests/unit/test_layout.py::test_gone: no such test"]
+    assert missing(ROOT, row) == ["tests/unit/runtime/test_layout.py::test_gone: no such test"]
     assert missing(ROOT, "see `tests/unit/test_nowhere.py`") == [
         "tests/unit/test_nowhere.py: no such file"
     ]

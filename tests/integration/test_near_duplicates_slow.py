@@ -1,0 +1,73 @@
+"""Near duplicates on real photos and through the stages: the demo data, the default distance on
+edited photos, an append and a compaction (the grouping itself:
+tests/unit/contracts/test_near_duplicates.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.near_duplicates import measure_threshold
+from tasks.ingest.demo_data import generate
+from tasks.ingest.stage import assign_split, run_ingest
+from tasks.runtime.params import default_params
+from tests.unit.contracts.test_near_duplicates import DISTANCE, jpeg, photo, sha, write
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_default_distance_groups_light_edits_and_separates_other_photos() -> None:
+    """The measurement behind ``ingest.near_duplicate_distance`` (also ``python -m bench
+    --only near_duplicates``): scikit-image's photos through ingest's own decode."""
+    measured = measure_threshold()
+    assert measured["max_light_edit_bits"] <= DISTANCE
+    assert measured["min_other_position_bits"] > DISTANCE
+    assert measured["min_different_photo_bits"] > DISTANCE
+
+
+def test_the_demo_data_has_no_near_duplicates(tmp_path: Path) -> None:
+    generate(tmp_path / "demo")
+    params = default_params(ingest={"source_dir": str(tmp_path / "demo"), "workers": 1})
+    report = run_ingest(params.ingest, tmp_path / "index.json", tmp_path / "ingest.json")
+    assert report["accepted"] > 2900
+    assert report["near_duplicates"]["groups"] == []
+
+
+def splits_in_shards(shards_dir: Path) -> dict[str, str]:
+    """content hash -> the split whose shards hold it, read back from every shard file."""
+    from tests.unit.shard.test_append import records_by_file
+
+    return {
+        digest: Path(file).name.split(".")[0]
+        for file, rows in records_by_file(shards_dir).items()
+        for digest, _ in rows
+    }
+
+
+def test_an_append_keeps_every_placement_and_compaction_keeps_every_split(tmp_path: Path) -> None:
+    """A near-duplicate appended beside a sharded photo joins its split (the append is not
+    refused as a move), and `make compact` (a rebuild of the index) keeps every split."""
+    from tests.unit.shard.test_append import SPLITS, Project
+
+    project = Project(tmp_path)
+    image = photo("rocket")
+    original = jpeg(image, 95)
+    write(project.source / "red" / "rocket.jpg", original)
+    project.update("rebuild")
+    placed = splits_in_shards(project.shards)[sha(original)]
+    seed = default_params().ingest.seed
+    copy = next(
+        data
+        for quality in range(40, 95)
+        if sha(data := jpeg(image, quality)) < sha(original)
+        and assign_split(sha(data), SPLITS, seed) != placed
+    )
+    write(project.source / "red" / "rocket_copy.jpg", copy)
+
+    project.update("append")
+    appended = splits_in_shards(project.shards)
+    assert appended[sha(original)] == appended[sha(copy)] == placed
+
+    project.shard("rebuild")  # what `make compact` runs
+    assert splits_in_shards(project.shards) == appended

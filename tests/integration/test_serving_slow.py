@@ -1,0 +1,251 @@
+"""The served model through MLflow's scoring app and a real `mlflow models serve` process: each
+test logs a tiny model and most start a server (the request rules themselves:
+tests/unit/serve/test_serving.py)."""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import socket
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tasks.predict import log_pyfunc
+from tests.unit.pixels.test_images import EPS
+from tests.unit.serve.test_predict import png_bytes, spec_for, tiny_keras_model
+from tests.unit.serve.test_serving import closed_by_server, jpeg_bytes, served, split_body
+
+pytestmark = pytest.mark.slow
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+@pytest.fixture
+def logged_model(tmp_path: Path, mlflow_uri: str) -> str:
+    """A tiny model logged with the project's pyfunc (signature, code, spec); its runs:/ URI."""
+    from mlflow import MlflowClient
+
+    model_file = tmp_path / "model.keras"
+    tiny_keras_model().save(model_file)  # type: ignore[attr-defined]
+    client = MlflowClient(mlflow_uri)
+    artifacts = (tmp_path / "artifacts").as_uri()  # not ./mlruns in the working tree
+    run = client.create_run(client.create_experiment("serving", artifact_location=artifacts))
+    return log_pyfunc(client, run.info.run_id, model_file, spec_for())
+
+
+def good_rows() -> list[str]:
+    rng = np.random.default_rng(0)
+    return [
+        b64(png_bytes(rng.integers(0, 256, (24, 20, 3), dtype=np.uint8))),
+        b64(jpeg_bytes(rng.integers(0, 256, (30, 40, 3), dtype=np.uint8))),
+    ]
+
+
+def test_each_bad_row_gets_its_error_through_the_scoring_app(logged_model: str) -> None:
+    """MLflow's own scoring app (the one `mlflow models serve` runs), in process."""
+    import mlflow.pyfunc
+    from fastapi.testclient import TestClient
+    from mlflow.pyfunc import scoring_server
+
+    good_png, good_jpeg = good_rows()
+    rows = [good_png, "aGVsbG8", b64(b"plain text"), b64(EPS), good_jpeg]
+    app = scoring_server.init(mlflow.pyfunc.load_model(logged_model))
+    with TestClient(app) as client:
+        answer = client.post(
+            "/invocations", content=split_body(rows), headers={"Content-Type": "application/json"}
+        )
+    assert answer.status_code == 200, answer.text
+    predictions = answer.json()["predictions"]
+    errors = [row["error"] for row in predictions]
+    assert errors[0] == errors[4] == ""
+    assert "not base64" in errors[1]
+    assert "not an image" in errors[2]
+    assert "format EPS is not decoded" in errors[3]
+    assert [row["label_index"] for row in predictions][1:4] == [-1, -1, -1]
+    assert all(row["label"] in ("blue", "green", "red") for row in (predictions[0], predictions[4]))
+
+
+def post(url: str, body: bytes) -> tuple[int, dict[str, object]]:
+    request = urllib.request.Request(
+        url, data=body, headers={"Content-Type": "application/json"}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_the_served_model_refuses_an_oversized_body_and_stays_up(
+    logged_model: str, mlflow_uri: str, tmp_path: Path
+) -> None:
+    limits = ("--max-request-mb", "1", "--max-request-rows", "100")
+    with served(
+        logged_model, mlflow_uri, tmp_path / "serve.log", *limits, "--max-concurrent-requests", "2"
+    ) as url:
+        noise = b64(np.random.default_rng(1).bytes(900_000))  # ~1.2 MB of base64
+        status, answer = post(f"{url}/invocations", split_body([noise]))
+        assert status == 413, answer
+        assert "over this server's limit of 1048576 bytes" in str(answer["message"])
+        status, answer = post(f"{url}/invocations", split_body([""] * 200))
+        assert status == 413, answer
+        assert "more than this server's limit of 100 rows" in str(answer["message"])
+        status, answer = post(f"{url}/invocations", split_body(good_rows()))
+        assert status == 200, answer
+        predictions = answer["predictions"]
+        assert isinstance(predictions, list)
+        assert [row["error"] for row in predictions] == ["", ""]
+
+
+def held_request(url: str, body: bytes) -> http.client.HTTPConnection:
+    """A POST whose headers and first bytes are sent, the rest of ``body`` held back."""
+    connection = http.client.HTTPConnection(url.removeprefix("http://"), timeout=120)
+    connection.putrequest("POST", "/invocations")
+    connection.putheader("Content-Type", "application/json")
+    connection.putheader("Content-Length", str(len(body)))
+    connection.endheaders(message_body=body[:10])
+    return connection
+
+
+def finished(connection: http.client.HTTPConnection, body: bytes) -> http.client.HTTPResponse:
+    """The rest of a :func:`held_request`'s body sent; its response."""
+    connection.send(body[10:])
+    return connection.getresponse()
+
+
+def test_the_served_model_answers_a_bounded_number_of_requests_at_once(
+    logged_model: str, mlflow_uri: str, tmp_path: Path
+) -> None:
+    """N clients each held a body in memory at once, however many. Past the limit a request
+    gets HTTP 503 naming it; those in progress are answered, and so is the next one."""
+    body = split_body(good_rows())
+    limits = ("--max-request-mb", "1", "--max-request-rows", "100")
+    with served(
+        logged_model, mlflow_uri, tmp_path / "serve.log", *limits, "--max-concurrent-requests", "2"
+    ) as url:
+        held = [held_request(url, body), held_request(url, body)]
+        try:
+            # The server reads what arrived first first: once /ping, asked after both held
+            # requests began, is answered, both are being read (and /ping is never counted).
+            with urllib.request.urlopen(f"{url}/ping", timeout=60) as ping:
+                assert ping.status == 200
+            refused = finished(held_request(url, body), body)
+            answer = json.loads(refused.read())
+            assert refused.status == 503, answer
+            assert refused.getheader("Retry-After") == "1"
+            assert answer["error_code"] == "TEMPORARILY_UNAVAILABLE"
+            assert "answering its limit of 2 requests at once (--max-concurrent-requests" in str(
+                answer["message"]
+            )
+            for connection in held:
+                response = finished(connection, body)
+                answer = json.loads(response.read())
+                assert response.status == 200, answer
+                assert [row["error"] for row in answer["predictions"]] == ["", ""]
+        finally:
+            for connection in held:
+                connection.close()
+        status, answer = post(f"{url}/invocations", body)
+        assert status == 200, answer
+
+
+def test_bodies_sent_too_slowly_are_refused_and_free_their_places(
+    logged_model: str, mlflow_uri: str, tmp_path: Path
+) -> None:
+    """Clients that never finish their bodies held every place (--max-concurrent-requests)
+    for ever: no other request was answered. Past MLflow's request timeout they get 408, and
+    a connection that never sent a request is closed (:class:`tasks.serve.server.HeadDeadline`)."""
+    body = split_body(good_rows())
+    limits = ("--max-request-mb", "1", "--max-request-rows", "100")
+    with served(
+        logged_model,
+        mlflow_uri,
+        tmp_path / "serve.log",
+        *limits,
+        *("--max-concurrent-requests", "2"),
+        MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT="2",
+    ) as url:
+        silent = socket.create_connection(("127.0.0.1", int(url.rpartition(":")[2])))
+        held = [held_request(url, body), held_request(url, body)]
+        try:
+            assert closed_by_server(silent)
+            for connection in held:  # the rest of each body never sent
+                response = connection.getresponse()
+                answer = json.loads(response.read())
+                assert response.status == 408, answer
+                assert answer["error_code"] == "REQUEST_TIMEOUT"
+                assert "request body not received within 2 s" in answer["message"]
+        finally:
+            silent.close()
+            for connection in held:
+                connection.close()
+        status, answer = post(f"{url}/invocations", body)
+        assert status == 200, answer
+
+
+def test_deeply_nested_json_fails_alone_through_the_scoring_app(logged_model: str) -> None:
+    """100,000 levels of `[` were a bare HTTP 500 (RecursionError in MLflow's json.loads),
+    and 1 MB that is not UTF-8 a 10 MB answer quoting it, escaped: now a short 400 that says
+    what is wrong, found in memory of about the body's size, and the next request is
+    answered."""
+    import tracemalloc
+
+    from fastapi.testclient import TestClient
+
+    from tasks.serve.server import scoring_app
+
+    app = scoring_app(logged_model, max_bytes=1 << 20, max_rows=100, max_concurrent=2)
+    json_type = {"Content-Type": "application/json"}
+    with TestClient(app, raise_server_exceptions=False) as client:
+        for hostile, reason in (
+            (b"[" * 100_000, "more than 32 levels deep"),
+            (b"{" * (1 << 20), "more than 32 levels deep"),
+            (b"\xff" * (1 << 20), "utf-8: invalid start byte at byte 0"),  # 10 MB answered
+        ):
+            tracemalloc.start()
+            try:
+                refused = client.post("/invocations", content=hostile, headers=json_type)
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+            assert refused.status_code == 400, refused.text
+            assert reason in refused.json()["message"]
+            assert len(refused.content) < 300
+            assert peak < 4 * len(hostile) + (1 << 20)
+        answer = client.post("/invocations", content=split_body(good_rows()), headers=json_type)
+    assert answer.status_code == 200, answer.text
+    assert [row["error"] for row in answer.json()["predictions"]] == ["", ""]
+
+
+def test_the_pyfunc_is_logged_from_code_and_loads_without_unpickling(
+    tmp_path: Path, mlflow_uri: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A registered version is its entry file (models from code), never a pickled object:
+    loading runs reviewed code only, and MLflow has no CloudPickle warning to give."""
+    import logging
+    import warnings
+
+    import mlflow.pyfunc
+    import yaml
+
+    with (
+        caplog.at_level(logging.WARNING, logger="mlflow"),
+        warnings.catch_warnings(record=True) as warned,
+    ):
+        warnings.simplefilter("always")
+        uri = logged_model.__wrapped__(tmp_path, mlflow_uri)  # type: ignore[attr-defined]
+    assert not [r for r in caplog.records if "CloudPickle" in r.getMessage()]
+    # the signature says what a request holds: no "input example" warning on make run's output
+    assert not [str(w.message) for w in warned if "input example" in str(w.message)]
+    local = Path(mlflow.artifacts.download_artifacts(uri, dst_path=str(tmp_path / "got")))
+    flavor = yaml.safe_load((local / "MLmodel").read_text())["flavors"]["python_function"]
+    assert flavor.get("model_code_path", "").endswith("serving_model.py")
+    assert not list(local.rglob("python_model.pkl"))
+    assert mlflow.pyfunc.load_model(uri).metadata.signature is not None

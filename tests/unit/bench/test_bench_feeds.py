@@ -1,0 +1,69 @@
+"""The feeds bench section (bench/feeds.py) and the prepared GPU run (bench/gpu_check.py)
+on the CPU, tiny."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bench.feeds import feed_batch
+from bench.gpu_check import MODELS, Step, main, plan, run_step
+
+SIZE = (32, 32)
+BATCH = 4
+
+
+def test_resnet50_runs_at_256_a_gpu() -> None:
+    assert [feed_batch("resnet50", gpus) for gpus in (0, 1, 8)] == [256, 256, 2048]
+    assert feed_batch("efficientnet_b0", 2) == 128
+
+
+def test_the_gpu_check_plans_one_bench_process_per_model_that_the_bench_accepts() -> None:
+    from bench.__main__ import parse_args
+
+    quick = plan(quick=True, images=200)
+    assert [step.name for step in quick] == ["read", "feeds-small_cnn", "input"]
+    full = plan(quick=False, images=3000)
+    assert [step.name for step in full] == [
+        "read",
+        "feeds-small_cnn",
+        "feeds-efficientnet_b0",
+        "feeds-resnet50",
+        "input",
+    ]
+    for step in full:
+        args = parse_args(list(step.args))  # every option exists
+        assert (args.size, args.images, args.skip_s3, args.quick) == (224, 3000, True, False)
+        if step.name.startswith("feeds-"):
+            assert args.only == ["feeds"] and args.feed_models == [step.name.removeprefix("feeds-")]
+            assert (args.mixed_precision, args.xla) == (True, True)
+    assert parse_args(list(full[-1].args)).input_models == list(MODELS)
+    assert parse_args(list(quick[0].args)).quick
+
+
+def test_a_gpu_check_step_keeps_its_figures_and_a_cut_one_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    done = run_step(Step("none", ("--only", "no-such-section")), tmp_path, timeout_s=300)
+    assert done["outcome"] == "ok"
+    assert done["figures"]["config"]["only"] == ["no-such-section"]  # the step's own JSON
+
+    def too_slow(command: list[str], **kwargs: object) -> None:
+        raise subprocess.TimeoutExpired(command, 1.0)
+
+    monkeypatch.setattr(subprocess, "run", too_slow)
+    cut = run_step(Step("slow", ()), tmp_path / "cut", timeout_s=1)
+    assert cut["outcome"] == "stopped after 1 s: the budget ran out" and cut["figures"] == {}
+
+
+def test_the_gpu_check_writes_every_step_even_those_the_budget_left_out(tmp_path: Path) -> None:
+    result = main(["--out", str(tmp_path), "--quick", "--budget-s", "0"])
+    written = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert written == result and written["devices"]["tensorflow_gpus"] == []
+    assert {step["outcome"] for step in written["steps"].values()} == {
+        "not run: the budget ran out"
+    }
+    assert list(written["steps"]) == ["read", "feeds-small_cnn", "input"]

@@ -1,0 +1,363 @@
+"""Near-duplicates: copies of a photo share a split, placements never move, order never matters."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from bench.near_duplicates import look_alike_hashes as look_alikes
+from bench.near_duplicates import sample_photo
+from tasks.contracts.index import load_index
+from tasks.contracts.near_duplicates import (
+    Item,
+    hamming,
+    near_components,
+    near_pairs,
+    place,
+    straddling_pairs,
+)
+from tasks.ingest.stage import assign_split, run_ingest
+from tasks.runtime.params import SplitFractions, default_params
+
+# Three even splits: a copy's own hash split differs from the original's two times in three.
+EVEN = {"train": 0.34, "val": 0.33, "test": 0.33}
+DISTANCE = default_params().ingest.near_duplicate_distance
+
+
+def jpeg(image: Image.Image, quality: int = 90) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG", quality=quality)
+    return buffer.getvalue()
+
+
+def png(image: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def photo(name: str, width: int = 192) -> Image.Image:
+    image = sample_photo(name)
+    return image.resize((width, round(image.height * width / image.width)))
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def hash_split(data: bytes) -> str:
+    return assign_split(sha(data), SplitFractions(**EVEN), default_params().ingest.seed)
+
+
+def ingest(source: Path, root: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """Run ingest with three even splits; the report and each accepted path's split."""
+    params = default_params(ingest={"source_dir": str(source), "workers": 1, "splits": EVEN})
+    report = run_ingest(params.ingest, root / "index.json", root / "ingest.json")
+    records = load_index(root / "index.json")["records"]
+    return report, {r["path"]: r["split"] for r in records}
+
+
+def write(path: Path, data: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def with_others(source: Path) -> None:
+    """Different photos beside the copies: none of them may join a group."""
+    for name in ("coffee", "rocket", "camera", "moon"):
+        write(source / "other" / f"{name}.jpg", jpeg(photo(name)))
+
+
+def test_resized_and_reencoded_copies_of_a_photo_end_in_the_same_split(tmp_path: Path) -> None:
+    image = photo("astronaut", 256)
+    copies = {
+        "a/original.jpg": jpeg(image, 95),
+        "a/resized.jpg": jpeg(image.resize((128, 128))),
+        "a/reencoded.jpg": jpeg(image, 40),
+        "a/as_png.png": png(image),
+        "a/cropped.jpg": jpeg(image.crop((5, 5, 251, 251))),
+    }
+    assert len({hash_split(data) for data in copies.values()}) > 1  # hash splits would leak
+    for path, data in copies.items():
+        write(tmp_path / "src" / path, data)
+    with_others(tmp_path / "src")
+
+    report, splits = ingest(tmp_path / "src", tmp_path)
+
+    assert len({splits[path] for path in copies}) == 1
+    groups = report["near_duplicates"]["groups"]
+    assert [g["paths"] for g in groups] == [sorted(copies)]
+    assert report["near_duplicates"]["label_conflicts"] == []
+
+
+def test_an_existing_placement_never_moves_when_a_near_duplicate_arrives(tmp_path: Path) -> None:
+    image = photo("chelsea")
+    original = jpeg(image, 95)
+    write(tmp_path / "src" / "a" / "original.jpg", original)
+    with_others(tmp_path / "src")
+    _, before = ingest(tmp_path / "src", tmp_path)
+    placed = before["a/original.jpg"]
+    # A copy that a from-scratch placement would put elsewhere: it sorts first by content
+    # hash (so its hash split would decide the group) and its hash split is another one.
+    copy = next(
+        data
+        for quality in range(40, 95)
+        if sha(data := jpeg(image, quality)) < sha(original) and hash_split(data) != placed
+    )
+    write(tmp_path / "src" / "b" / "copy.jpg", copy)
+
+    report, after = ingest(tmp_path / "src", tmp_path)
+
+    assert after["a/original.jpg"] == placed  # never moves
+    assert after["b/copy.jpg"] == placed  # joins it
+    assert report["decoded_count"] == 1  # the others' hashes were reused, not decoded again
+    assert all(r["phash"] for r in load_index(tmp_path / "index.json")["records"])
+
+
+def test_near_duplicates_in_two_classes_are_a_label_conflict_kept_in_one_split(
+    tmp_path: Path,
+) -> None:
+    image = photo("clock")
+    copies = {"cup/clock.jpg": jpeg(image, 95)}
+    copies["plate/clock_small.jpg"] = next(
+        data
+        for width in range(96, 180, 4)
+        if hash_split(data := jpeg(image.resize((width, width * 2 // 3))))
+        != hash_split(copies["cup/clock.jpg"])
+    )
+    for path, data in copies.items():
+        write(tmp_path / "src" / path, data)
+    with_others(tmp_path / "src")
+
+    report, splits = ingest(tmp_path / "src", tmp_path)
+
+    assert splits["cup/clock.jpg"] == splits["plate/clock_small.jpg"]
+    (conflict,) = report["near_duplicates"]["label_conflicts"]
+    assert conflict["paths"] == sorted(copies) and conflict["labels"] == ["cup", "plate"]
+    assert report["near_duplicates"]["label_conflict_count"] == 1
+
+
+def flipped(value: int, bits: range) -> int:
+    for bit in bits:
+        value ^= 1 << bit
+    return value
+
+
+def test_same_inputs_give_the_same_splits_in_any_order_and_chains_stay_together() -> None:
+    """A burst: 1~2 and 2~3 within the distance, 1 and 3 too far apart; and a pair elsewhere."""
+    first = 0x0123_4567_89AB_CDEF
+    second = flipped(first, range(0, 6))
+    third = flipped(second, range(20, 26))
+    lone = flipped(first, range(32, 64))
+    hashes = {"a": first, "b": second, "c": third, "d": lone}
+    assert hamming(f"{first:016x}", f"{third:016x}") > DISTANCE >= 6
+    own = {"a": "test", "b": "train", "c": "val", "d": "val"}  # each one's hash split
+    items = [Item(k * 64, f"x/{k}.jpg", "x", f"{v:016x}") for k, v in hashes.items()]
+
+    results = []
+    for seed in range(6):
+        shuffled = random.Random(seed).sample(items, len(items))
+        results.append(place(shuffled, {}, DISTANCE, lambda s: own[s[0]]).splits)
+
+    assert all(r == results[0] for r in results)
+    # the group takes the hash split of its first image by content hash ("a"), the lone one its own
+    assert results[0] == {"a" * 64: "test", "b" * 64: "test", "c" * 64: "test", "d" * 64: "val"}
+
+
+@pytest.mark.parametrize("bridge_sha", ["0" * 64, "c" * 64])  # before or after the placed
+def test_an_image_bridging_two_placed_splits_is_not_placed_and_says_why(bridge_sha: str) -> None:
+    left = 0x0F0F_0F0F_0F0F_0F0F
+    right = flipped(left, range(0, 16))
+    bridge = flipped(left, range(0, 8))  # 8 bits from each
+    items = [
+        Item("a" * 64, "x/left.jpg", "x", f"{left:016x}"),
+        Item("b" * 64, "x/right.jpg", "x", f"{right:016x}"),
+        Item(bridge_sha, "x/bridge.jpg", "x", f"{bridge:016x}"),
+    ]
+    placement = place(items, {"a" * 64: "train", "b" * 64: "test"}, 10, lambda s: "val")
+
+    assert placement.splits == {"a" * 64: "train", "b" * 64: "test"}
+    reason = placement.unplaceable[bridge_sha]
+    assert "x/left.jpg (train)" in reason and "x/right.jpg (test)" in reason
+
+
+def planted(seed: int, n: int = 600) -> np.ndarray:
+    """Random hashes with planted neighbours at 0-20 bits and a crowded bucket."""
+    rng = np.random.default_rng(seed)
+    hashes = rng.integers(0, 2**64, n, dtype=np.uint64)
+    for _ in range(n // 4):
+        i, j = rng.integers(0, len(hashes), 2)
+        bits = rng.choice(64, int(rng.integers(0, 21)), replace=False)
+        hashes[j] = hashes[i] ^ np.uint64(sum(1 << int(b) for b in bits))
+    hashes[:40] = hashes[0]
+    return hashes
+
+
+def all_pairs_within(hashes: np.ndarray, distance: int) -> np.ndarray:
+    """The all-pairs scan the indexed search must agree with: a boolean matrix."""
+    return np.bitwise_count(hashes[:, None] ^ hashes[None, :]) <= distance
+
+
+@pytest.mark.parametrize("distance", [0, 3, 10, 17])
+def test_indexed_search_finds_exactly_the_pairs_an_all_pairs_scan_finds(distance: int) -> None:
+    hashes = planted(distance)
+
+    found = near_pairs(hashes, distance)
+
+    expected = np.argwhere(np.triu(all_pairs_within(hashes, distance), 1))
+    assert np.array_equal(found, expected)
+
+
+@pytest.mark.parametrize("distance", [0, 3, 10, 17])
+def test_groups_are_the_connected_components_of_every_near_pair(distance: int) -> None:
+    """The streamed grouping is exactly the graph's components, named by first position."""
+    from scipy.sparse.csgraph import connected_components
+
+    hashes = planted(100 + distance)
+    _, expected = connected_components(all_pairs_within(hashes, distance), directed=False)
+
+    groups = near_components(hashes, distance)
+
+    first = {label: int(np.flatnonzero(expected == label)[0]) for label in set(expected.tolist())}
+    assert groups.tolist() == [first[label] for label in expected.tolist()]
+
+
+def test_the_first_near_duplicate_a_run_finds_loads_no_more_code() -> None:
+    """Grouping is plain NumPy: a run whose photos include a near pair imports nothing the
+    index module had not (SciPy's graph package took 0.4 s of CPU the first time, a fixed
+    cost that the data side's per-photo figure counted as photos)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, numpy as np\n"
+        "from tasks.contracts.near_duplicates import near_components\n"
+        "before = set(sys.modules)\n"
+        "groups = near_components(np.array([5, 7, 2**64 - 1], dtype=np.uint64), 3)\n"
+        "assert groups.tolist() == [0, 0, 2], groups\n"
+        "print(sorted(set(sys.modules) - before))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "[]"
+
+
+def test_straddling_pairs_are_every_near_pair_across_splits() -> None:
+    hashes = planted(7)
+    rng = np.random.default_rng(7)
+    splits = rng.choice(["train", "val", "test"], len(hashes)).tolist()
+    hexes = [f"{int(h):016x}" for h in hashes]
+    expected = [
+        (int(i), int(j))
+        for i, j in np.argwhere(np.triu(all_pairs_within(hashes, DISTANCE), 1))
+        if splits[i] != splits[j]
+    ]
+    assert expected  # the check has something to find
+    assert straddling_pairs(hexes, splits, DISTANCE) == expected
+
+
+def test_look_alike_images_group_in_bounded_memory() -> None:
+    """6,000 hashes all within a few bits of each other (product shots on white, scans) make
+    18 million near pairs: grouping them, placing them and re-checking their splits never
+    holds those pairs (the all-pairs answer peaked at 1.9 GB)."""
+    import tracemalloc
+
+    hexes = [f"{int(h):016x}" for h in look_alikes(6000)]
+    items = [Item(f"{k:064x}", f"c/{k}.jpg", "c", hexes[k]) for k in range(len(hexes))]
+
+    tracemalloc.start()
+    try:
+        placement = place(items, {}, DISTANCE, lambda sha: "train")
+        leaks = straddling_pairs(hexes, ["train"] * len(hexes), DISTANCE)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(placement.groups) == 1 and len(placement.groups[0]["paths"]) == 6000
+    assert leaks == []
+    assert peak < 600e6
+
+
+def test_grouping_more_look_alikes_compares_no_more_pairs_per_photo(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A look-alike set pairs with itself (quadratic pairs), but grouping needs only enough
+    of them to join the set: four times the look-alikes must not cost four times the
+    comparisons per hash (every pair compared took minutes at 50,000)."""
+    compared = [0]
+    count_bits = np.bitwise_count
+
+    def counted(values: np.ndarray) -> np.ndarray:
+        compared[0] += values.size
+        return count_bits(values)
+
+    monkeypatch.setattr(np, "bitwise_count", counted)
+    work = {}
+    for count in (5_000, 20_000):
+        compared[0] = 0
+        assert set(near_components(look_alikes(count), DISTANCE).tolist()) == {0}
+        work[count] = compared[0]
+    assert work[20_000] <= 2 * work[5_000], work
+
+
+class CountedUfunc:
+    """A NumPy ufunc that counts the elements of its first argument on each call."""
+
+    def __init__(self, ufunc: Any) -> None:
+        self.ufunc, self.elements = ufunc, 0
+
+    def __call__(self, first: Any, *args: Any, **kwargs: Any) -> Any:
+        self.elements += np.size(first)
+        return self.ufunc(first, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:  # .at, .reduceat: not counted
+        return getattr(self.ufunc, name)
+
+
+def test_grouping_random_hashes_turns_only_the_pairs_found_into_positions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Most photos have no near-duplicate: of the hundreds of candidates each hash is
+    compared with, only the few within the distance (itself among them) become positions
+    and pair codes. Working out both ends of every candidate made 1,000,000 random hashes
+    take about 90 s to group."""
+    hashes = np.random.default_rng(3).integers(0, 2**63, 20_000, dtype=np.int64).astype(np.uint64)
+    ends = CountedUfunc(np.maximum)
+    monkeypatch.setattr(np, "maximum", ends)
+    compared = CountedUfunc(np.bitwise_count)
+    monkeypatch.setattr(np, "bitwise_count", compared)
+
+    labels = near_components(hashes, DISTANCE)
+
+    assert compared.elements > 40 * len(hashes)  # every hash meets many candidates
+    # each hash finds itself once per quarter; the pairs found between hashes are few
+    assert ends.elements <= 4 * len(hashes) + 8 * (len(hashes) - len(set(labels.tolist())))
+
+
+def test_look_alike_sets_sharing_buckets_group_exactly_as_every_pair_would() -> None:
+    """Sets of look-alikes that share three quarters but lie far apart stay apart, a chain
+    joins two of them, and strays stay alone: the same components as the all-pairs graph,
+    with the large buckets settling as they join."""
+    from scipy.sparse.csgraph import connected_components
+
+    base = 0x0123_4567_89AB_CDEF
+    one = look_alikes(900, seed=1, base=base)
+    other = one ^ np.uint64(0xFFFF_FFFF << 16)  # two quarters inverted: 32 bits off
+    chained = look_alikes(900, seed=2, base=base ^ 0xFF << 40)  # 8 bits off: some pairs near
+    strays = np.random.default_rng(3).integers(0, 2**63, 300).astype(np.uint64)
+    hashes = np.concatenate([one, other, chained, strays])
+    _, expected = connected_components(all_pairs_within(hashes, DISTANCE), directed=False)
+
+    groups = near_components(hashes, DISTANCE)
+
+    first = {label: int(np.flatnonzero(expected == label)[0]) for label in set(expected.tolist())}
+    assert groups.tolist() == [first[label] for label in expected.tolist()]
+    assert groups[0] != groups[900]  # the inverted quarter keeps the second set apart
