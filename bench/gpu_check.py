@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 MODELS = ("small_cnn", "efficientnet_b0", "resnet50")
-# The steps' budget after the install: a short GPU session still ends with every step that
-# finished written, and a step the budget cuts short says so.
+# The steps' budget after the install: a short time on a GPU machine still ends with every
+# step that finished written, and a step the budget cuts short says so.
 BUDGET_S = 540.0
 SIZE = 224
 

@@ -23,7 +23,7 @@ def _absl_writes_to_the_process_stderr() -> None:
     (Prefect's logging set-up, at its first import) closes every handler ever made, and absl's
     handler closes its stream unless it is ``sys.stderr`` at that moment, which under a
     ``capsys`` test it is not: pytest's own capture buffer was closed under it and the rest of
-    the session failed. Pointed at the process's standard error, it closes nothing of pytest's.
+    the test run failed. Pointed at the process's standard error, it closes nothing of pytest's.
     """
     from absl import logging as absl_logging
 
