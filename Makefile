@@ -32,6 +32,9 @@ help:  ## list the targets (a bare `make` does this); `shardflow COMMAND --help`
 
 install: $(STAMP)  ## create .venv from the hash-pinned lock (plus the GPU lock where nvidia-smi lists a GPU), plus this clone's `shardflow` (idempotent)
 
+# The reader's C++ op (tasks/contracts/raw_slice.cc) is built against the installed
+# TensorFlow where g++ (or $CXX) is found; a read builds it too when its source changed, and
+# reads with stock ops, saying why, where it cannot be built.
 # The project goes in editable, after the lock: no dependency from anywhere but the lock
 # (--no-deps), nothing downloaded to build it (--no-build-isolation: setuptools and wheel
 # are in the lock). Its import hook maps only `tasks` and `flows`, to this clone's folders,
@@ -50,6 +53,7 @@ else
 endif
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation --editable .
 	$(BIN)/python -c 'import tasks.runtime.layout as l; l.keep_dvc_site_cache_in_repository()'
+	$(BIN)/python -m tasks.contracts.raw_slice
 	rm -f $(VENV)/.installed-*
 	touch $@
 

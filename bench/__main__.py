@@ -204,6 +204,7 @@ class Run:
             "read.folder": None,
             "read.seed": None,
             "read.raw": None,
+            "read.raw_stock": None,
             "read.jpeg": None,
             "read.png": None,
             "read.ceiling": None,
@@ -364,6 +365,7 @@ def worker_start(b: Bench) -> None:
 def read(b: Bench) -> None:
     from bench import read as r
     from bench.datasets import fresh_shards
+    from tasks.contracts import raw_slice
 
     args, size, work, tag = b.args, b.size, b.work, b.tag
     raw_shards = Path()
@@ -377,6 +379,8 @@ def read(b: Bench) -> None:
         shards = fresh_shards(params, b.index, work / f"read-{tag}-{encoding}", workers=b.cores)
         datasets[f"read.{encoding}"] = r.shardflow_dataset(shards, batch=args.batch)
         if encoding == "raw":
+            with raw_slice.stock_ops():  # the same read where the op is not built
+                datasets["read.raw_stock"] = r.shardflow_dataset(shards, batch=args.batch)
             # The physical limit: the same files as bare records, never parsed.
             datasets["read.bytes_ceiling"] = r.bytes_dataset(shards, batch=args.batch)
             raw_shards = shards

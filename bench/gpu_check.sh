@@ -30,6 +30,8 @@ fi
 # The project from this folder, not installed: any Python, no build step.
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PATH="$PWD/$venv/bin:$PATH"
+# The reader's C++ op, as `make install` builds it (the stock ops read where it cannot be).
+"$venv/bin/python" -m tasks.contracts.raw_slice
 # The bench's shard flows run on this clone's Prefect server, as `make bench` runs them.
 "$venv/bin/python" -m flows.server ensure
 trap '"$venv/bin/python" -m flows.server stop || true' EXIT

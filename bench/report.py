@@ -12,6 +12,7 @@ READ_KEYS = (
     "read.folder",
     "read.seed",
     "read.raw",
+    "read.raw_stock",  # read.raw through stock ops only, as where its C++ op is not built
     "read.bytes_ceiling",  # read.raw's limit: the same files as bare records, never parsed
     "read.s3",  # read.raw's shards from a local S3 server, cold shard cache
     "read.s3_bytes_ceiling",  # read.s3's limit: the server's bare whole-object reads

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tasks.contracts.manifest import ShardManifest, load_manifest
+from tasks.contracts.raw_slice import range_read
 from tasks.schema import IMAGE_KEY, LABEL_KEY
 
 if TYPE_CHECKING:
@@ -81,8 +82,9 @@ def read_split(
     # copy parse_example makes of each image (RecordSchema.parse_batch). For jpeg/png,
     # decoding inside the batch measured as fast as per-record parallel decode before
     # batching. Parsing and picking (image, label) are one map: training skips the metadata
-    # entirely. What still separates this from reading the bytes alone is decode_raw's copy
-    # of each record plus the slice that drops the header: no stock TF op decodes at an offset.
+    # entirely. Raw pixels are copied once, from their offset in the record, by the op of
+    # tasks.contracts.raw_slice (range_read); stock ops (where it is not built) copy the
+    # record's head, then slice.
     ds = ds.batch(batch_size, drop_remainder=training)
     parse = batch_parser(manifest, with_metadata=with_metadata)
     ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
@@ -92,7 +94,7 @@ def read_split(
 def batch_parser(manifest: ShardManifest, *, with_metadata: bool) -> Any:
     """A tf.data map from a batch of serialized records to ``(images, labels)``, or to the
     parsed feature dict ``with_metadata``."""
-    schema = manifest.record_schema
+    schema = range_read(manifest.record_schema)
 
     def parse(serialized: tf.Tensor) -> Any:
         features = schema.parse_batch(serialized, metadata=with_metadata)

@@ -52,7 +52,14 @@ def code_files(*modules: ModuleType | str) -> list[Path]:
         if source:
             files.update(package_files(Path(source).resolve()))
         files.update(project_modules(ROOT, name).values())
-    return sorted(files)
+    return sorted(with_native_sources(files))
+
+
+def with_native_sources(files: set[Path] | list[Path]) -> set[Path]:
+    """``files`` and each module's C++ source beside it (``raw_slice.py``: ``raw_slice.cc``),
+    which the module compiles and runs: its code as much as the Python is."""
+    native = {path.with_suffix(".cc") for path in files if path.suffix == ".py"}
+    return set(files) | {path for path in native if path.is_file()}
 
 
 def package_files(source: Path) -> list[Path]:

@@ -12,16 +12,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.runtime.code_version import project_modules
+from tasks.runtime.code_version import project_modules, with_native_sources
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def project_files(root: Path, entry: str) -> set[str]:
-    """Repo-relative files of ``entry`` and every project module it imports, transitively:
-    read the way code versions read them (:func:`tasks.runtime.code_version.project_modules`)."""
+    """Repo-relative files of ``entry`` and every project module it imports, transitively, and
+    their C++ sources: read the way code versions read them
+    (:func:`tasks.runtime.code_version.project_modules`, ``with_native_sources``)."""
     root = root.resolve()
-    return {path.relative_to(root).as_posix() for path in project_modules(root, entry).values()}
+    files = with_native_sources(list(project_modules(root, entry).values()))
+    return {path.relative_to(root).as_posix() for path in files}
 
 
 def entry_module(cmd: str) -> str:

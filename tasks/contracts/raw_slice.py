@@ -1,0 +1,192 @@
+"""Byte ranges of serialized records as uint8, in one copy where a C++ compiler is at hand.
+
+Stock TensorFlow reads bytes at an offset in two copies: ``decode_raw`` copies each record's
+head into a tensor, then a slice copies the part wanted (a raw record's pixels start after a
+header). ``raw_slice.cc`` beside this module is one op that copies the range itself. It
+is compiled against the installed TensorFlow, once per source and TensorFlow version (``make
+install`` builds it; a read builds it when missing), into the repository's ``.shardflow/ops``.
+Where it cannot be built, the stock ops give the same bytes, and the process says so once,
+naming the cause.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tasks.runtime.layout import shared_root
+from tasks.schema import RawLayout, RecordSchema, _bytes_match, raw_layout
+
+SOURCE = Path(__file__).with_name("raw_slice.cc")
+OPS_DIR = Path(".shardflow") / "ops"
+COMPILER_ENV = "CXX"  # the C++ compiler; g++ where unset
+BUILD_TIMEOUT_S = 300
+_STOCK_ONLY = False  # set by stock_ops(): the bench times the stock path beside the op
+
+
+def record_ranges(records: Any, ranges: Sequence[tuple[int, int]]) -> list[Any]:
+    """uint8 [B, length] for each ``(offset, length)`` of ``ranges``, from string [B] ``records``.
+
+    Row ``i`` holds bytes ``offset .. offset + length`` of record ``i``, zeros past a short
+    record's end: ``decode_raw(records, fixed_length=...)`` sliced, whichever path reads it.
+    """
+    import tensorflow as tf
+
+    op = None if _STOCK_ONLY else loaded_op()
+    if op is not None:
+        return [op.shardflow_decode_raw_at(records, offset=o, length=n) for o, n in ranges]
+    end = max(offset + length for offset, length in ranges)
+    head = tf.io.decode_raw(records, tf.uint8, fixed_length=end)
+    return [head[:, offset : offset + length] for offset, length in ranges]
+
+
+class RecordBytes:
+    """A batch of serialized records as uint8 [B, n] rows whose columns are read when indexed:
+    ``[:, a:b]`` and ``[:, i]`` read those bytes of every record (:func:`record_ranges`),
+    what ``decode_raw(records, fixed_length=n)`` sliced alike holds."""
+
+    def __init__(self, records: Any, length: int) -> None:
+        self.records, self.length = records, length
+
+    def __getitem__(self, key: tuple[slice, slice | int]) -> Any:
+        rows, columns = key
+        if rows != slice(None):
+            raise IndexError("RecordBytes reads every record of the batch: index rows with `:`")
+        if isinstance(columns, int):
+            return record_ranges(self.records, [(columns, 1)])[0][:, 0]
+        start, stop, step = columns.indices(self.length)
+        if step != 1:
+            raise IndexError("RecordBytes reads contiguous byte ranges only")
+        return record_ranges(self.records, [(start, stop - start)])[0]
+
+
+@dataclass(frozen=True)
+class RangeReadSchema(RecordSchema):
+    """The record schema whose raw batches take the pixels straight from their offset in
+    each record (:class:`RecordBytes`) where :meth:`RecordSchema.raw_record_bytes` copies
+    every record's head first: the same tensors, one copy fewer. The reader's own; the
+    schema module itself is part of the preprocessing version, which a read must not move."""
+
+    def raw_record_bytes(self, serialized: Any) -> tuple[RawLayout, Any, Any]:
+        import tensorflow as tf
+
+        layout = raw_layout(self.height * self.width * self.channels)
+        record_bytes = RecordBytes(serialized, layout.length)
+        proven = tf.logical_and(
+            _bytes_match(record_bytes[:, : layout.image_offset], layout.head, layout.head_mask),
+            _bytes_match(record_bytes[:, layout.tail_offset :], layout.tail, layout.tail_mask),
+        )
+        return layout, record_bytes, proven
+
+
+def range_read(schema: RecordSchema) -> RecordSchema:
+    """``schema`` read with :class:`RangeReadSchema` where the op is built, else as it is (the
+    stock ops cut a record's head once, where each range would copy it again)."""
+    if _STOCK_ONLY or loaded_op() is None:
+        return schema
+    return RangeReadSchema(**dataclasses.asdict(schema))
+
+
+@contextlib.contextmanager
+def stock_ops() -> Iterator[None]:
+    """Pipelines built inside read through the stock ops, as where the op cannot be built."""
+    global _STOCK_ONLY
+    before, _STOCK_ONLY = _STOCK_ONLY, True
+    try:
+        yield
+    finally:
+        _STOCK_ONLY = before
+
+
+@functools.cache
+def loaded_op() -> Any:
+    """The loaded op module, or None (said once on stderr, with the cause) where it cannot be."""
+    import tensorflow as tf
+
+    library, why = built_library()
+    if library is None:
+        print(
+            f"shardflow: raw shards are read with stock TensorFlow ops, one more copy per "
+            f"image: {why}",
+            file=sys.stderr,
+        )
+        return None
+    return tf.load_op_library(str(library))
+
+
+def built_library(ops_dir: Path | None = None) -> tuple[Path | None, str]:
+    """The op's shared library for this source and TensorFlow, built unless it is there.
+
+    Returns ``(path, "")``, or ``(None, why)`` where no compiler is found or the build failed;
+    a failed build is remembered beside it (``.failed``), so that every process does not try
+    again: a new source or TensorFlow version, or removing the file, tries again.
+    """
+    target = library_path(ops_dir)
+    failed = target.with_suffix(".failed")
+    if target.exists():
+        return target, ""
+    if failed.exists():
+        return None, failed.read_text().strip()
+    compiler = shutil.which(os.environ.get(COMPILER_ENV) or "g++")
+    if compiler is None:
+        name = os.environ.get(COMPILER_ENV) or "g++"
+        return None, f"no C++ compiler ({COMPILER_ENV}={name} is not on PATH)"
+    why = compile_library(compiler, target)
+    if why:
+        failed.write_text(why + "\n")
+        return None, why
+    return target, ""
+
+
+def library_path(ops_dir: Path | None = None) -> Path:
+    """Where this source, built for the installed TensorFlow, lives: a new source or
+    TensorFlow version is a new file."""
+    import tensorflow as tf
+
+    key = hashlib.sha256(SOURCE.read_bytes())
+    key.update(" ".join(tf.sysconfig.get_compile_flags() + tf.sysconfig.get_link_flags()).encode())
+    base = ops_dir or shared_root(Path(__file__).resolve().parents[2]) / OPS_DIR
+    return base / f"raw_slice-tf{tf.__version__}-{key.hexdigest()[:16]}.so"
+
+
+def compile_library(compiler: str, target: Path) -> str:
+    """Compile :data:`SOURCE` into ``target`` (atomically); the failure's cause, or ""."""
+    import tensorflow as tf
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.{os.getpid()}")
+    command = [compiler, "-std=c++17", "-shared", "-fPIC", "-O2", "-w", str(SOURCE)]
+    command += ["-o", str(partial), *tf.sysconfig.get_compile_flags()]
+    command += tf.sysconfig.get_link_flags()
+    print(f"shardflow: building the raw-record op ({target.name})", file=sys.stderr)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        partial.unlink(missing_ok=True)
+        return f"{compiler} took over {BUILD_TIMEOUT_S} s to build {SOURCE.name}"
+    if done.returncode != 0:
+        partial.unlink(missing_ok=True)
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"{compiler} failed to build {SOURCE.name} (exit {done.returncode}): {last}"
+    os.replace(partial, target)
+    return ""
+
+
+def main() -> None:
+    """``python -m tasks.contracts.raw_slice``: build the op now (``make install``); never fails."""
+    library, why = built_library()
+    print(f"raw-record op: {library}" if library else f"raw-record op not built: {why}")
+
+
+if __name__ == "__main__":
+    main()
