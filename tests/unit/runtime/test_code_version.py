@@ -135,3 +135,25 @@ def test_the_same_code_in_two_clones_has_one_version(
     assert seen[0] == seen[1]
     edit(tmp_path / "two/deeper" / "tasks" / "contracts" / "tf_reader.py")
     assert versions.code_version("tasks.train.child") != seen[1]
+
+
+def test_a_version_follows_the_cpp_source_a_module_builds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reader's op is compiled from ``raw_slice.cc`` beside its module: an edit to the C++
+    moves the version of the code that reads shards, as an edit to the Python would."""
+    package = tmp_path / "native_under_test"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "op.py").write_text("def build():\n    return 1\n")
+    source = package / "op.cc"
+    source.write_text("int copy() { return 1; }\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("native_under_test.op")
+    try:
+        before = code_version(module)
+        source.write_text("int copy() { return 2; }\n")
+        assert code_version(module) != before
+    finally:
+        for name in ("native_under_test", "native_under_test.op"):
+            sys.modules.pop(name, None)
