@@ -4,7 +4,7 @@ Stock TensorFlow reads bytes at an offset in two copies: ``decode_raw`` copies e
 head into a tensor, then a slice copies the part wanted (a raw record's pixels start after a
 header). ``raw_slice.cc`` beside this module is one op that copies the range itself. It
 is compiled against the installed TensorFlow, once per source and TensorFlow version (``make
-install`` builds it; a read builds it when missing), into the repository's ``.shardflow/ops``.
+install`` builds it; a read builds it when missing), into the virtual environment beside it.
 Where it cannot be built, the stock ops give the same bytes, and the process says so once,
 naming the cause.
 """
@@ -28,7 +28,8 @@ from tasks.runtime.layout import shared_root
 from tasks.schema import RawLayout, RecordSchema, _bytes_match, raw_layout
 
 SOURCE = Path(__file__).with_name("raw_slice.cc")
-OPS_DIR = Path(".shardflow") / "ops"
+OPS_DIR = Path(".shardflow") / "ops"  # outside a virtual environment
+VENV_OPS_DIR = "shardflow-ops"
 COMPILER_ENV = "CXX"  # the C++ compiler; g++ where unset
 BUILD_TIMEOUT_S = 300
 _STOCK_ONLY = False  # set by stock_ops(): the bench times the stock path beside the op
@@ -155,8 +156,16 @@ def library_path(ops_dir: Path | None = None) -> Path:
 
     key = hashlib.sha256(SOURCE.read_bytes())
     key.update(" ".join(tf.sysconfig.get_compile_flags() + tf.sysconfig.get_link_flags()).encode())
-    base = ops_dir or shared_root(Path(__file__).resolve().parents[2]) / OPS_DIR
+    base = ops_dir or default_ops_dir()
     return base / f"raw_slice-tf{tf.__version__}-{key.hexdigest()[:16]}.so"
+
+
+def default_ops_dir() -> Path:
+    """Beside the TensorFlow it is built against: in the virtual environment (``make install``'s
+    ``.venv``, shared by every copy of the project it runs), else in the repository."""
+    if sys.prefix != sys.base_prefix:
+        return Path(sys.prefix) / VENV_OPS_DIR
+    return shared_root(Path(__file__).resolve().parents[2]) / OPS_DIR
 
 
 def compile_library(compiler: str, target: Path) -> str:
