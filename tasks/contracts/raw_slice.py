@@ -142,11 +142,13 @@ def built_library(ops_dir: Path | None = None) -> tuple[Path | None, str]:
     if compiler is None:
         name = os.environ.get(COMPILER_ENV) or "g++"
         return None, f"no C++ compiler ({COMPILER_ENV}={name} is not on PATH)"
-    why = compile_library(compiler, target)
-    if why:
-        failed.write_text(why + "\n")
-        return None, why
-    return target, ""
+    try:
+        why = compile_library(compiler, target)
+        if why:
+            failed.write_text(why + "\n")
+    except OSError as error:  # a read-only environment: nowhere to keep the build
+        return None, f"cannot build into {target.parent}: {error}"
+    return (None, why) if why else (target, "")
 
 
 def library_path(ops_dir: Path | None = None) -> Path:

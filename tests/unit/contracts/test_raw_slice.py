@@ -149,3 +149,13 @@ def test_a_build_lands_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert library is None
     failed = raw_slice.library_path(tmp_path / "ops").with_suffix(".failed")
     assert os.listdir(tmp_path / "ops") == [failed.name]
+
+
+def test_an_environment_without_room_for_the_build_reads_stock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read-only place for the build (an image's environment): said, never a crash."""
+    monkeypatch.setenv(raw_slice.COMPILER_ENV, "true")
+    (tmp_path / "ops").write_text("a file where the folder would go")
+    library, why = raw_slice.built_library(tmp_path / "ops")
+    assert library is None and f"cannot build into {tmp_path / 'ops'}" in why
