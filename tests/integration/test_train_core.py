@@ -13,21 +13,10 @@ import pytest
 
 from tasks.evaluate.measurement import evaluate_model
 from tasks.runtime.layout import Layout
-from tasks.runtime.params import TrainParams, default_params
-from tasks.train.stage import cpu_isa, read_epoch_log, train
-from tasks.train.summary import TrainSummary
+from tasks.train.stage import cpu_isa, read_epoch_log
+from tests.train_helpers import NO_AUGMENT, KillAfterEpoch, run, train_params
 
 pytestmark = pytest.mark.slow
-NO_AUGMENT = {"flip": False, "crop": 0.0, "brightness": 0.0, "contrast": 0.0}
-
-
-def train_params(**changes: object) -> TrainParams:
-    """The repository's train params with ``changes``."""
-    return default_params(train=changes).train
-
-
-def run(root: Path, params: TrainParams, **kwargs: Any) -> TrainSummary:
-    return train(params, Layout(root), **kwargs)
 
 
 def all_numbers(record: dict[str, Any]) -> bool:
@@ -101,18 +90,6 @@ def test_deterministic_runs_repeat_exactly(tiny_shards: Path, tmp_path_factory: 
     second = run(tiny_shards, params)
     assert first.final["loss"] == second.final["loss"]
     assert first.final["val_loss"] == second.final["val_loss"]
-
-
-class KillAfterEpoch(keras.callbacks.Callback):
-    """Stands in for a kill: the process dies right after an epoch's backup is written."""
-
-    def __init__(self, epoch: int) -> None:
-        super().__init__()
-        self.epoch = epoch
-
-    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        if epoch == self.epoch:
-            raise KeyboardInterrupt(f"killed after epoch {epoch + 1}")
 
 
 def test_killed_run_resumes_where_it_stopped(tiny_shards: Path) -> None:

@@ -14,7 +14,7 @@ import tasks.train.stage as train_module
 from tasks.runtime.layout import Layout
 from tasks.train.models import backbone_of
 from tests.conftest import tf_op_determinism
-from tests.integration.test_train_core import NO_AUGMENT, run, train_params
+from tests.train_helpers import NO_AUGMENT, run, train_params
 
 pytestmark = pytest.mark.slow
 

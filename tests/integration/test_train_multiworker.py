@@ -30,7 +30,7 @@ from tasks.runtime.params import ParamsError, TrainParams, default_params
 from tasks.train.cluster import WorkerFailed, launch_local_workers
 from tasks.train.loop import check_distributable
 from tasks.train.stage import read_epoch_log
-from tests.integration.test_train_core import NO_AUGMENT, run
+from tests.train_helpers import NO_AUGMENT, run
 
 pytestmark = pytest.mark.slow
 
@@ -189,7 +189,7 @@ CHIEF_SCRIPT = """
 import sys
 from pathlib import Path
 from tasks.runtime.params import TrainParams
-from tests.integration.test_train_core import run
+from tests.train_helpers import run
 run(Path(sys.argv[1]), TrainParams.model_validate_json(sys.argv[2]))
 """
 

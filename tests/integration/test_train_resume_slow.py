@@ -27,7 +27,7 @@ from tasks.train.stage import (
     read_epoch_log,
     run_train,
 )
-from tests.integration.test_train_core import KillAfterEpoch, run
+from tests.train_helpers import KillAfterEpoch, run
 from tests.unit.train import test_train_resume as unit
 from tests.unit.train.test_train_resume import LR_A, LR_B, SIGKILL_SCRIPT, Lines, params
 

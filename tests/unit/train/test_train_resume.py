@@ -21,7 +21,7 @@ from tasks.train.stage import (
     identity_changes,
     write_identity,
 )
-from tests.integration.test_train_core import NO_AUGMENT
+from tests.train_helpers import NO_AUGMENT
 
 LR_A, LR_B = 0.003, 0.001
 NO_WEIGHTS = weights_lineage(None)  # small_cnn starts from no weights file
