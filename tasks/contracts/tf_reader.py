@@ -82,9 +82,8 @@ def read_split(
     # copy parse_example makes of each image (RecordSchema.parse_batch). For jpeg/png,
     # decoding inside the batch measured as fast as per-record parallel decode before
     # batching. Parsing and picking (image, label) are one map: training skips the metadata
-    # entirely. Raw pixels are copied once, from their offset in the record, by the op of
-    # tasks.contracts.raw_slice (range_read); stock ops (where it is not built) copy the
-    # record's head, then slice.
+    # entirely. Raw pixels are copied once, from their offset in each record (range_read);
+    # stock ops, where its op is not built, copy the record's head, then slice.
     ds = ds.batch(batch_size, drop_remainder=training)
     parse = batch_parser(manifest, with_metadata=with_metadata)
     ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -298,7 +299,8 @@ def run_evaluate(
         if logged is not None:
             discard_logged(client, logged)
         raise
-    result = evaluation_run(client, runs, params, layout, manifest, metrics, store, spec, logged)
+    measured = Measured(client, runs, params, layout, manifest, metrics, store, spec, logged)
+    result = evaluation_run(measured)
     urls = {
         key: tracking.run_url(client, runs[key], layout.root) for key in ("training", "evaluation")
     }
@@ -321,25 +323,33 @@ def validated_model(
     return store, manifest, record
 
 
-def evaluation_run(
-    client: MlflowClient,
-    runs: dict[str, str],
-    params: Params,
-    layout: Layout,
-    manifest: ShardManifest,
-    metrics: dict[str, Any],
-    store: ShardStore | None,
-    spec: ServingSpec,
-    logged: str | None,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Measured:
+    """A measured model on its way into the registry: what registering, logging, deciding
+    and recording it read (:func:`evaluation_run`, :func:`track_evaluation`,
+    :func:`promotion_decision`)."""
+
+    client: MlflowClient
+    runs: dict[str, str]  # "training"; "evaluation" once that run is started
+    params: Params
+    layout: Layout
+    manifest: ShardManifest
+    metrics: dict[str, Any]
+    store: ShardStore | None
+    spec: ServingSpec
+    logged: str | None = None  # the pyfunc logged onto the training run ahead, if any
+
+
+def evaluation_run(measured: Measured) -> dict[str, Any]:
     """:func:`track_evaluation` in an evaluation run of its own (added to ``runs``), a child
     of the training run: FINISHED, else KILLED or FAILED with the error propagated (and the
     pyfunc ``logged`` for it deleted when no version was made from it)."""
+    client, runs, logged = measured.client, measured.runs, measured.logged
     try:
-        runs["evaluation"] = start_evaluation_run(client, runs["training"], params.evaluate)
-        result = track_evaluation(
-            client, runs, params, layout, manifest, metrics, store, spec, logged
+        runs["evaluation"] = start_evaluation_run(
+            client, runs["training"], measured.params.evaluate
         )
+        result = track_evaluation(measured)
     except BaseException as exc:
         status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
         with contextlib.suppress(Exception):  # the original error is the one to see
@@ -353,24 +363,16 @@ def evaluation_run(
     return result
 
 
-def track_evaluation(
-    client: MlflowClient,
-    runs: dict[str, str],
-    params: Params,
-    layout: Layout,
-    manifest: ShardManifest,
-    metrics: dict[str, Any],
-    store: ShardStore | None,
-    spec: ServingSpec,
-    logged_uri: str | None = None,
-) -> dict[str, Any]:
-    """Register (``logged_uri``: the pyfunc logged already), log, decide (re-scoring the
+def track_evaluation(measured: Measured) -> dict[str, Any]:
+    """Register (``logged``: the pyfunc logged already), log, decide (re-scoring the
     champion where needed), record, then move the alias, the last three under the registry's
     promotion lock. The decision reaches ``reports/eval_summary.json`` and the evaluation run
     before the alias moves, so a crash in between leaves a record the rerun completes."""
-    model_name = model_name_for(params, layout.root)
+    client, runs, layout = measured.client, measured.runs, measured.layout
+    manifest, metrics, store = measured.manifest, measured.metrics, measured.store
+    model_name = model_name_for(measured.params, layout.root)
     version = register_model(
-        client, runs["training"], layout.model_file, model_name, spec, logged_uri
+        client, runs["training"], layout.model_file, model_name, measured.spec, measured.logged
     )
     model_id = logged_model_id(client, runs["training"], model_name, version)
     client.log_artifacts(runs["evaluation"], str(layout.eval_dir), "eval")
@@ -395,9 +397,7 @@ def track_evaluation(
     promote(
         client,
         model_name,
-        lambda: promotion_decision(
-            client, runs["training"], version, params, layout, spec, metrics, store
-        ),
+        lambda: promotion_decision(measured, version),
         record,
     )
     client.set_tag(runs["training"], "eval.latest_run_id", runs["evaluation"])
@@ -407,17 +407,11 @@ def track_evaluation(
     return result
 
 
-def promotion_decision(
-    client: MlflowClient,
-    run_id: str,
-    version: str,
-    params: Params,
-    layout: Layout,
-    spec: ServingSpec,
-    metrics: dict[str, Any],
-    store: ShardStore | None = None,
-) -> dict[str, Any]:
+def promotion_decision(measured: Measured, version: str) -> dict[str, Any]:
     """A decision recorded but not applied for this run and version, else a new one."""
+    client, params, layout = measured.client, measured.params, measured.layout
+    metrics, spec, store = measured.metrics, measured.spec, measured.store
+    run_id = measured.runs["training"]
     settings, model_name = params.evaluate, model_name_for(params, layout.root)
     metric = settings.promotion_metric
     definition = metric_definition(metric, metrics)
