@@ -306,15 +306,25 @@ def stopping_with(process: subprocess.Popen[Any]) -> Iterator[None]:
     SIGKILL. Servers a step started detached (this clone's Prefect server) are left up.
     """
 
+    try:
+        with stopped_on_signal():
+            yield
+    except Stopped as stopped:
+        end_group(process, stopped.signum)
+        raise
+
+
+@contextmanager
+def stopped_on_signal() -> Iterator[None]:
+    """SIGTERM or SIGINT inside raises :class:`Stopped` (the command exits 128+signal), where
+    the signal's default would end this process there and then."""
+
     def stop(signum: int, _: object) -> None:
         raise Stopped(signum)
 
     previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
-    except Stopped as stopped:
-        end_group(process, stopped.signum)
-        raise
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -378,7 +388,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ends with a summary read from the outputs (:mod:`flows.run_summary`). A refusal here
     (params.yaml read to build a step) is one short block, as in the steps."""
     try:
-        return refusing(lambda: run_command(argv), "shardflow")
+        with stopped_on_signal():  # between two steps too, not only within one
+            return refusing(lambda: run_command(argv), "shardflow")
     except Stopped as stopped:  # its steps stopped with it (stopping_with)
         return 128 + stopped.signum
 

@@ -455,3 +455,39 @@ def test_steps_run_without_mlflows_download_bars_and_info_lines(
         timeout=120,
     )
     assert said.returncode == 0 and "Warning" not in said.stderr, said.stderr[-2000:]
+
+
+BETWEEN_STEPS = """
+import os, signal, sys
+from flows import cli
+
+marker = sys.argv[1]
+step = [sys.executable, "-c", "import sys; open(sys.argv[1], 'a').write('ran ')", marker]
+cli.COMMANDS["run"] = ("two steps", lambda extra: [step, step])
+real = cli.run_step
+
+
+def then_sigterm(step, env):
+    code = real(step, env)
+    os.kill(os.getpid(), signal.SIGTERM)  # after the step, before the next one starts
+    return code
+
+
+cli.run_step = then_sigterm
+sys.exit(cli.main(["run"]))
+"""
+
+
+def test_sigterm_between_two_steps_ends_the_command_as_within_one(tmp_path: Path) -> None:
+    """A signal that comes while no step runs is the same stop: exit 128+SIGTERM, no
+    further step started (not the signal's default death, -15, that skips the summary)."""
+    marker = tmp_path / "steps"
+    done = subprocess.run(
+        [sys.executable, "-c", BETWEEN_STEPS, str(marker)],
+        cwd=Path(__file__).resolve().parents[3],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 128 + 15, done.stderr
+    assert marker.read_text() == "ran "  # the second step never started
