@@ -14,7 +14,14 @@ from tasks.contracts.manifest import load_manifest
 from tasks.contracts.tf_reader import read_split
 from tasks.runtime.layout import Layout
 from tasks.runtime.params import ParamsError, default_params
-from tasks.train.loop import InputTuning, input_options, input_threads, read_data, steps_per_epoch
+from tasks.train.loop import (
+    InputTuning,
+    TrainInput,
+    input_options,
+    input_threads,
+    read_data,
+    steps_per_epoch,
+)
 
 
 def determinism_flags(ds: tf.data.Dataset) -> set[bytes]:
@@ -81,3 +88,36 @@ def test_more_steps_per_call_than_an_epoch_holds_is_refused(tiny_shards: Path) -
     too_many = params.model_copy(update={"steps_per_execution": 5})
     with pytest.raises(ParamsError, match=r"train\.steps_per_execution=5 exceeds the 4 steps"):
         steps_per_epoch(too_many, manifest, shards)
+
+
+def train_input(shards: Path, **train: Any) -> TrainInput:
+    params = default_params(train={"batch_size": 8, **train}).train
+    manifest = load_manifest(shards)
+    strategy = tf.distribute.get_strategy()
+    steps = steps_per_epoch(params, manifest, shards)
+    return TrainInput(params, manifest, shards, strategy, None, steps, None, InputTuning())
+
+
+def test_the_next_epoch_opens_while_one_is_read(tiny_shards: Path) -> None:
+    """Epochs are interleaved two at a time (the next one's files open and its shuffle
+    buffer fills while this one is read), not chained one after the other."""
+    epochs = train_input(Layout(tiny_shards).shards_dir).epochs(0, tf.distribute.InputContext())
+    graph = tf.compat.v1.GraphDef.FromString(epochs._as_serialized_graph().numpy())
+    outer = {node.op for node in graph.node}  # the reader's own ops are in the epoch function
+    assert any(op.startswith("ParallelInterleaveDataset") for op in outer)
+    assert "FlatMapDataset" not in outer
+
+
+def test_epochs_opened_ahead_keep_every_epochs_batches_in_order(tiny_shards: Path) -> None:
+    """What an epoch reads does not depend on the next one being open: batch for batch the
+    reader's epochs, one after the other (so a resumed run reads what an uninterrupted one
+    read, and deterministic training gives the same model file)."""
+    reads = train_input(Layout(tiny_shards).shards_dir, deterministic=True)
+    context = tf.distribute.InputContext()
+
+    def rows(batches: tf.data.Dataset) -> list[tuple[int, list[int]]]:
+        return [(int(tf.reduce_sum(tf.cast(x, tf.int64))), y.numpy().tolist()) for x, y in batches]
+
+    want = [row for n in range(3) for row in rows(reads.epoch(context, tf.constant(n, tf.int64)))]
+    assert rows(reads.epochs(0, context).take(3 * reads.steps)) == want
+    assert len({str(row) for row in want}) > reads.steps  # the epochs are shuffled apart
