@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import shutil
 import sys
 import types
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,26 +16,38 @@ import pytest
 from tasks.runtime.code_version import code_version
 
 
+@contextlib.contextmanager
+def package_on_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, files: dict[str, str]
+) -> Iterator[Path]:
+    """A package ``name`` of ``files`` under ``tmp_path``, importable inside, forgotten after."""
+    package = tmp_path / name
+    package.mkdir()
+    for file, text in files.items():
+        (package / file).write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        yield package
+    finally:
+        for module in [n for n in sys.modules if n.split(".")[0] == name]:
+            del sys.modules[module]
+
+
 def test_a_package_version_follows_every_module_in_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``tasks.shard`` is a package: an edit to one of its modules (not its ``__init__``)
     moves the version the shard task carries."""
-    package = tmp_path / "pkg_under_test"
-    package.mkdir()
-    (package / "__init__.py").write_text("from pkg_under_test.job import work\n")
-    job = package / "job.py"
-    job.write_text("def work():\n    return 1\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    module = importlib.import_module("pkg_under_test")
-    try:
+    files = {
+        "__init__.py": "from pkg_under_test.job import work\n",
+        "job.py": "def work():\n    return 1\n",
+    }
+    with package_on_path(tmp_path, monkeypatch, "pkg_under_test", files) as package:
+        module = importlib.import_module("pkg_under_test")
         before = code_version(module)
         assert code_version("pkg_under_test") == before
-        job.write_text("def work():\n    return 2\n")
+        (package / "job.py").write_text("def work():\n    return 2\n")
         assert code_version(module) != before
-    finally:
-        for name in [n for n in sys.modules if n.startswith("pkg_under_test")]:
-            del sys.modules[name]
 
 
 def test_a_module_version_follows_its_own_file_only() -> None:
@@ -142,18 +156,13 @@ def test_a_version_follows_the_cpp_source_a_module_builds(
 ) -> None:
     """The reader's op is compiled from ``raw_slice.cc`` beside its module: an edit to the C++
     moves the version of the code that reads shards, as an edit to the Python would."""
-    package = tmp_path / "native_under_test"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "op.py").write_text("def build():\n    return 1\n")
-    source = package / "op.cc"
-    source.write_text("int copy() { return 1; }\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    module = importlib.import_module("native_under_test.op")
-    try:
+    files = {
+        "__init__.py": "",
+        "op.py": "def build():\n    return 1\n",
+        "op.cc": "int copy() { return 1; }\n",
+    }
+    with package_on_path(tmp_path, monkeypatch, "native_under_test", files) as package:
+        module = importlib.import_module("native_under_test.op")
         before = code_version(module)
-        source.write_text("int copy() { return 2; }\n")
+        (package / "op.cc").write_text("int copy() { return 2; }\n")
         assert code_version(module) != before
-    finally:
-        for name in ("native_under_test", "native_under_test.op"):
-            sys.modules.pop(name, None)
