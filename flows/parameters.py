@@ -28,7 +28,8 @@ from typing import Annotated
 from pydantic import AfterValidator, Field, ValidationInfo
 
 from flows.run_story import in_deployment_run
-from tasks.runtime.params import MODEL_NAME_PATTERN, inside
+from tasks.runtime.params import MODEL_NAME_PATTERN
+from tasks.runtime.run_overrides import inside
 
 CONFINED = "x-confined"  # the mark these types leave in a deployment's parameter schema
 

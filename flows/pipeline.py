@@ -22,7 +22,7 @@ from flows.refusal_logs import refusals_as_blocks
 from flows.run_story import pipeline_id, run_params_path
 from flows.server import require_server
 from flows.training import training_flow
-from tasks.runtime.params import ParamOverrides, apply_overrides
+from tasks.runtime.run_overrides import ParamOverrides, apply_overrides
 
 
 @flow(name="pipeline", log_prints=True)

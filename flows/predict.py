@@ -31,7 +31,8 @@ from tasks.contracts import run_records
 from tasks.evaluate.store_check import check_store
 from tasks.runtime import tracking
 from tasks.runtime.dataset_identity import model_name_for
-from tasks.runtime.params import inside, load_params
+from tasks.runtime.params import load_params
+from tasks.runtime.run_overrides import inside
 from tasks.serve import batch_prediction
 
 ARTIFACT_ROWS = 500  # the Prefect table shows the first rows; the CSV holds them all

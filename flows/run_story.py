@@ -103,7 +103,8 @@ def run_params_path(root: str, params_path: str) -> Path:
     Deployments are served from the repository root (the working directory); direct calls
     (DVC stages, tests) name their own project root.
     """
-    from tasks.runtime.params import resolve_inside  # here: entry points import this module first
+    # here: entry points import this module first
+    from tasks.runtime.run_overrides import resolve_inside
 
     if not in_deployment_run():
         return Path(root) / params_path

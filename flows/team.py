@@ -39,7 +39,7 @@ from prefect.runtime import flow_run
 
 from flows.parameters import GitCommit, ModelName, ModelReference, RepoPath, RunRef
 from flows.refusal_logs import refusals_as_blocks
-from tasks.runtime.params import ParamOverrides
+from tasks.runtime.run_overrides import ParamOverrides
 from tasks.runtime.tracking import CHAMPION
 
 REMOTE_ENV = "SHARDFLOW_GIT_REMOTE"  # the git remote workers clone and push to
@@ -288,7 +288,7 @@ def check_out(commit: str | None) -> tuple[Path, str]:
 def _apply_overrides(root: Path, overrides: dict[str, Any]) -> None:
     """Write the overrides into the clone's params.yaml (refusing unknown keys): with the
     checked-out commit's own params code, imported after the checkout."""
-    from tasks.runtime.params import apply_overrides
+    from tasks.runtime.run_overrides import apply_overrides
 
     apply_overrides(root / "params.yaml", overrides)
 

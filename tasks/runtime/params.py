@@ -6,9 +6,8 @@ partial file is an error instead of a silent fallback to values the code made up
 
 from __future__ import annotations
 
-import io
 import reprlib
-from pathlib import Path, PurePath
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -16,14 +15,12 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    Strict,
     ValidationError,
     field_validator,
     model_validator,
 )
 from ruamel.yaml import YAML, YAMLError
 
-from tasks.runtime import atomic
 from tasks.runtime.refusals import Refused
 
 DEFAULT_PARAMS_PATH = Path("params.yaml")
@@ -65,12 +62,6 @@ def at_most(limit: int, bytes_each: float, what: str) -> AfterValidator:
         return value
 
     return AfterValidator(check)
-
-
-# Where code runs comes from the repository's params.yaml only, never from a run's overrides.
-FILE_ONLY_KEYS = ("shard.runner", "shard.dask_address", "shard.staging_url")
-# Paths a run's overrides may set, but only to somewhere inside the project.
-PATH_KEYS = ("ingest.source_dir", "ingest.labels_csv", "train.weights")
 
 
 def read_yaml(text: str) -> Any:
@@ -154,11 +145,11 @@ def refuse_alias_bombs(raw: dict[Any, Any], source: str) -> None:
 STRICT = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
 
 
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
     model_config = STRICT
 
 
-class SplitFractions(_Strict):
+class SplitFractions(StrictModel):
     train: float = Field(gt=0)
     val: float = Field(gt=0)
     test: float = Field(gt=0)
@@ -171,7 +162,7 @@ class SplitFractions(_Strict):
         return self
 
 
-class IngestParams(_Strict):
+class IngestParams(StrictModel):
     source_dir: str = Field(min_length=1)
     labels_csv: str | None  # CSV of `path,label` (paths relative to source_dir)
     splits: SplitFractions
@@ -198,7 +189,7 @@ class IngestParams(_Strict):
     handoff_mb: Annotated[float, Field(ge=0), at_most(65536, MIB, "disk in .shardflow/handoff")]
 
 
-class ShardParams(_Strict):
+class ShardParams(StrictModel):
     image_size: tuple[Side, Side] = Field(strict=False)  # [height, width], a YAML list
     # pad: keep aspect, letterbox with black; crop: keep aspect, center-crop; stretch: ignore aspect
     resize: Literal["pad", "crop", "stretch"]
@@ -239,14 +230,14 @@ class ShardParams(_Strict):
         return self
 
 
-class AugmentParams(_Strict):
+class AugmentParams(StrictModel):
     flip: bool
     crop: Fraction  # max fraction of each side cropped away (then resized back)
     brightness: Fraction
     contrast: Fraction
 
 
-class TrainParams(_Strict):
+class TrainParams(StrictModel):
     model: Literal["small_cnn", "mobilenet_v3_small", "efficientnet_b0", "resnet50"]
     # auto: a GPU when TensorFlow sees one, refused where the driver lists one it does not;
     # cpu: the CPU on purpose (GPUs hidden); gpu: refused without a GPU
@@ -269,7 +260,7 @@ class TrainParams(_Strict):
     augment: AugmentParams
 
 
-class EvaluateParams(_Strict):
+class EvaluateParams(StrictModel):
     top_k: int = Field(ge=1)
     promotion_metric: PromotionMetric
     promotion_margin: float = Field(ge=0)
@@ -286,11 +277,11 @@ class EvaluateParams(_Strict):
     label_error_confidence: float = Field(gt=0, le=1)
 
 
-class WorkspaceParams(_Strict):
+class WorkspaceParams(StrictModel):
     lock_timeout_s: float = Field(gt=0)  # how long a second writer waits for the lock
 
 
-class StorageParams(_Strict):
+class StorageParams(StrictModel):
     """How training and evaluation read shards from object storage (``SHARDFLOW_SHARDS_URL``).
 
     Where shards are read from never changes what is computed, so no stage depends on these.
@@ -306,7 +297,7 @@ class StorageParams(_Strict):
     ]
 
 
-class ClusterParams(_Strict):
+class ClusterParams(StrictModel):
     """How the workers of a multi-worker training run (``SHARDFLOW_TRAIN_WORKERS``, a
     platform's ``TF_CONFIG``) wait for one another. Where training runs never changes what
     is computed, so no stage depends on these."""
@@ -317,7 +308,7 @@ class ClusterParams(_Strict):
     join_timeout_s: float = Field(gt=0)
 
 
-class ValidateParams(_Strict):
+class ValidateParams(StrictModel):
     """Limits on how much a data change may move the dataset before validation fails."""
 
     # largest allowed change of any class's share of all records (0.05 = 5 points)
@@ -327,7 +318,7 @@ class ValidateParams(_Strict):
     allow_new_classes: bool
 
 
-class Params(_Strict):
+class Params(StrictModel):
     # `validate` would shadow BaseModel.validate: the field is `validate_`, spelled
     # `validate` in params.yaml.
     model_config = ConfigDict(**STRICT, populate_by_name=True)
@@ -467,149 +458,18 @@ def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
 
 def flatten(section: BaseModel, prefix: str) -> dict[str, Any]:
     """Flatten params to ``{"train.augment.flip": True, ...}`` for tracking."""
-    return _flat(section.model_dump(), prefix)
+    return flat_keys(section.model_dump(), prefix)
 
 
-def _flat(values: dict[str, Any], prefix: str) -> dict[str, Any]:
+def flat_keys(values: dict[str, Any], prefix: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in values.items():
         name = f"{prefix}.{key}" if prefix else key
         if isinstance(value, dict):
-            out.update(_flat(value, name))
+            out.update(flat_keys(value, name))
         else:
             out[name] = value
     return out
-
-
-# -- per-run overrides (deployment runs) -----------------------------------------------------
-
-
-def check_overrides(overrides: dict[str, Any]) -> None:
-    """Refuse overrides that would reach outside the project.
-
-    A deployment run's parameters come from whoever starts the run; where code runs
-    (a Dask scheduler) and paths outside the project come from the repository's files only.
-    """
-    flat = _flat(overrides, "")
-    for key in FILE_ONLY_KEYS:
-        if key in flat:
-            raise ValueError(
-                f"{key} cannot be overridden by a deployment run (got {flat[key]!r}); "
-                "edit params.yaml in the repository"
-            )
-    for key in PATH_KEYS:
-        value = flat.get(key)
-        if isinstance(value, str) and value != "imagenet" and not _stays_inside(value):
-            raise ValueError(
-                f"{key}={value!r} is outside the project; a deployment run may only set "
-                "relative paths inside the repository"
-            )
-
-
-def _stays_inside(path: str) -> bool:
-    parts = PurePath(path)
-    return not parts.is_absolute() and ".." not in parts.parts
-
-
-def inside(name: str, value: str | Path, base: str | Path, repository: str | Path) -> Path:
-    """``base/value``, symlinks followed, refused unless it lies inside ``repository``.
-
-    Catches what a look at the string cannot: an absolute path, ``..``, and a link inside the
-    repository that leads out of it. ``name`` (the parameter) goes into the error.
-    """
-    repo = Path(repository).resolve()
-    resolved = (Path(base) / value).resolve()
-    if not resolved.is_relative_to(repo):
-        raise ValueError(
-            f"{name}={str(value)!r} resolves to {resolved}, outside the repository {repo}; "
-            "deployment runs read and write inside the repository only"
-        )
-    return resolved
-
-
-def resolve_inside(root: str | Path, params_path: str | Path, repository: str | Path) -> Path:
-    """``root/params_path``, refused unless both lie inside ``repository``.
-
-    A deployment run names its project root and params file as parameters; without this a
-    run could read params from, and write outputs and params.yaml into, any directory.
-    """
-    root_dir = inside("root", root, repository, repository)
-    return inside("params_path", params_path, root_dir, repository)
-
-
-def _partial(model: type[BaseModel]) -> type[BaseModel]:
-    """``model`` with every field optional (None = keep the params.yaml value), recursively.
-
-    Nested sections are partial too, so ``{"train": {"augment": {"flip": false}}}`` changes
-    that one key and keeps the other augment keys from params.yaml.
-    """
-    from pydantic import create_model
-
-    fields: dict[str, Any] = {}
-    for name, info in model.model_fields.items():
-        annotation: Any = info.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            annotation = _partial(annotation)
-        # as strict as the field it overrides (a pair still comes as a JSON list)
-        strict = next((m.strict for m in info.metadata if isinstance(m, Strict)), None)
-        fields[name] = (annotation | None, Field(None, strict=strict))
-    return create_model(f"{model.__name__}Override", __config__=STRICT, **fields)
-
-
-IngestOverride = _partial(IngestParams)
-ShardOverride = _partial(ShardParams)
-TrainOverride = _partial(TrainParams)
-EvaluateOverride = _partial(EvaluateParams)
-
-
-class ParamOverrides(_Strict):
-    """Typed per-run overrides of ``params.yaml`` (what a deployment run's ``--param`` sets)."""
-
-    ingest: IngestOverride | None = None  # type: ignore[valid-type]
-    shard: ShardOverride | None = None  # type: ignore[valid-type]
-    train: TrainOverride | None = None  # type: ignore[valid-type]
-    evaluate: EvaluateOverride | None = None  # type: ignore[valid-type]
-
-    @model_validator(mode="after")
-    def _inside_project(self) -> ParamOverrides:
-        check_overrides(self.as_dict())
-        return self
-
-    def as_dict(self) -> dict[str, Any]:
-        """Only the values that were set, nested like params.yaml."""
-        return self.model_dump(mode="json", exclude_none=True)
-
-
-def apply_overrides(path: str | Path, overrides: dict[str, Any]) -> Params:
-    """Write overrides into ``params.yaml`` (comments kept, atomically) and return the result.
-
-    The file stays the single source of truth, so `dvc status` and `dvc repro` agree with a
-    run that was started with overrides. Checked before the file is touched, and written
-    through a temporary file, so a refused or failed run leaves params.yaml as it was.
-    """
-    from ruamel.yaml import YAML
-
-    path = Path(path)
-    check_overrides(overrides)
-    merged = load_params(path, overrides)  # validate before touching the file
-    if not overrides:
-        return merged
-    yaml_rt = YAML()
-    yaml_rt.preserve_quotes = True
-    document = yaml_rt.load(path.read_text())
-
-    def merge_into(node: Any, update: dict[str, Any]) -> None:
-        for key, value in update.items():
-            if isinstance(value, dict) and isinstance(node.get(key), dict):
-                merge_into(node[key], value)
-            else:
-                node[key] = value
-
-    merge_into(document, overrides)
-    text = io.StringIO()
-    yaml_rt.dump(document, text)
-    atomic.write_text(path, text.getvalue())
-    return merged
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -47,7 +47,8 @@ def test_the_shard_stage_and_the_data_flow_run_capped_workers_and_say_so(
 
     import flows.shard
     from flows.data import data_flow
-    from tasks.runtime.params import REPO_PARAMS_PATH, apply_overrides, default_params
+    from tasks.runtime.params import REPO_PARAMS_PATH, default_params
+    from tasks.runtime.run_overrides import apply_overrides
     from tests.prefect_story import log_lines
 
     monkeypatch.setattr("tasks.runtime.processes.usable_cores", lambda: 2, raising=False)
@@ -78,7 +79,8 @@ def test_a_refusal_in_a_flow_run_is_its_block_in_the_runs_log_and_whole_in_its_s
     import shutil
 
     from flows.data import data_flow
-    from tasks.runtime.params import REPO_PARAMS_PATH, apply_overrides
+    from tasks.runtime.params import REPO_PARAMS_PATH
+    from tasks.runtime.run_overrides import apply_overrides
     from tests.prefect_story import log_lines
 
     shutil.copy(REPO_PARAMS_PATH, tmp_path / "params.yaml")

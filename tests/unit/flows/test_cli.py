@@ -240,7 +240,7 @@ def test_serve_model_follows_the_current_dataset_s_registered_model(
     """After switching ingest.source_dir to one's own photos, serve-model serves that
     dataset's champion (named after it), never the demo's."""
     from tasks.runtime.dataset_identity import dataset_identity, dataset_slug
-    from tasks.runtime.params import apply_overrides
+    from tasks.runtime.run_overrides import apply_overrides
 
     recorder = Recorder()
     monkeypatch.setattr(cli, "run_step", recorder.step)

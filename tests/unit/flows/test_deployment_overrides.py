@@ -16,8 +16,8 @@ import pytest
 from pydantic import ValidationError
 
 from flows.run_story import run_params_path
-from tasks.runtime.params import (
-    REPO_PARAMS_PATH,
+from tasks.runtime.params import REPO_PARAMS_PATH
+from tasks.runtime.run_overrides import (
     ParamOverrides,
     apply_overrides,
     check_overrides,

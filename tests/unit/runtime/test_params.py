@@ -17,17 +17,16 @@ from tasks.runtime.params import (
     AugmentParams,
     EvaluateParams,
     IngestParams,
-    ParamOverrides,
     Params,
     ParamsError,
     ShardParams,
     SplitFractions,
     TrainParams,
     WorkspaceParams,
-    apply_overrides,
     default_params,
     load_params,
 )
+from tasks.runtime.run_overrides import ParamOverrides, apply_overrides
 
 REPO_RAW: dict[str, Any] = yaml.safe_load(REPO_PARAMS_PATH.read_text())
 
