@@ -91,9 +91,10 @@ class RangeReadSchema(RecordSchema):
 
 
 def range_read(schema: RecordSchema) -> RecordSchema:
-    """``schema`` read with :class:`RangeReadSchema` where the op is built, else as it is (the
-    stock ops cut a record's head once, where each range would copy it again)."""
-    if _STOCK_ONLY or loaded_op() is None:
+    """``schema`` read with :class:`RangeReadSchema` where its shards are raw and the op is
+    built, else as it is (the stock ops cut a record's head once, where each range would copy
+    it again; encoded images are parsed, never cut)."""
+    if schema.encoding != "raw" or _STOCK_ONLY or loaded_op() is None:
         return schema
     return RangeReadSchema(**dataclasses.asdict(schema))
 
@@ -115,14 +116,16 @@ def loaded_op() -> Any:
     import tensorflow as tf
 
     library, why = built_library()
-    if library is None:
-        print(
-            f"shardflow: raw shards are read with stock TensorFlow ops, one more copy per "
-            f"image: {why}",
-            file=sys.stderr,
-        )
-        return None
-    return tf.load_op_library(str(library))
+    if library is not None:
+        try:
+            return tf.load_op_library(str(library))
+        except Exception as error:  # built elsewhere, or for another TensorFlow build
+            why = f"{library} does not load ({error}); remove it to build it again"
+    print(
+        f"shardflow: raw shards are read with stock TensorFlow ops, one more copy per image: {why}",
+        file=sys.stderr,
+    )
+    return None
 
 
 def built_library(ops_dir: Path | None = None) -> tuple[Path | None, str]:
@@ -137,7 +140,7 @@ def built_library(ops_dir: Path | None = None) -> tuple[Path | None, str]:
     if target.exists():
         return target, ""
     if failed.exists():
-        return None, failed.read_text().strip()
+        return None, f"{failed.read_text().strip()} (remove {failed} to try again)"
     compiler = shutil.which(os.environ.get(COMPILER_ENV) or "g++")
     if compiler is None:
         name = os.environ.get(COMPILER_ENV) or "g++"
