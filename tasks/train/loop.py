@@ -180,18 +180,7 @@ class TrainInput:
             return self.epoch(context, number)
 
         epochs = tf.data.Dataset.range(first_epoch, tf.int64.max)
-        # The next epoch opens while this one is read (its files, its shuffle buffer's fill),
-        # where one epoch after the other stalls the step at every boundary: two epochs in
-        # the cycle, an epoch (``steps`` batches) a block, in order. The batches are
-        # flat_map's, epoch after epoch.
-        ds = epochs.interleave(
-            epoch,
-            cycle_length=OPEN_EPOCHS,
-            block_length=self.steps,
-            num_parallel_calls=OPEN_EPOCHS,
-            deterministic=True,
-        )
-        ds = ds.prefetch(tf.data.AUTOTUNE)
+        ds = epochs.flat_map(epoch).prefetch(tf.data.AUTOTUNE)
         return ds.with_options(input_options(self.threads))
 
     def epoch(self, context: tf.distribute.InputContext, number: tf.Tensor) -> tf.data.Dataset:
@@ -218,7 +207,6 @@ class TrainInput:
         )
 
 
-OPEN_EPOCHS = 2  # the epoch being read and the next one (TrainInput.epochs)
 EPOCH_SEED_STRIDE = 1_000_003  # a prime: seed s, epoch e and seed s', epoch e' rarely meet
 
 

@@ -98,20 +98,10 @@ def train_input(shards: Path, **train: Any) -> TrainInput:
     return TrainInput(params, manifest, shards, strategy, None, steps, None, InputTuning())
 
 
-def test_the_next_epoch_opens_while_one_is_read(tiny_shards: Path) -> None:
-    """Epochs are interleaved two at a time (the next one's files open and its shuffle
-    buffer fills while this one is read), not chained one after the other."""
-    epochs = train_input(Layout(tiny_shards).shards_dir).epochs(0, tf.distribute.InputContext())
-    graph = tf.compat.v1.GraphDef.FromString(epochs._as_serialized_graph().numpy())
-    outer = {node.op for node in graph.node}  # the reader's own ops are in the epoch function
-    assert any(op.startswith("ParallelInterleaveDataset") for op in outer)
-    assert "FlatMapDataset" not in outer
-
-
-def test_epochs_opened_ahead_keep_every_epochs_batches_in_order(tiny_shards: Path) -> None:
-    """What an epoch reads does not depend on the next one being open: batch for batch the
-    reader's epochs, one after the other (so a resumed run reads what an uninterrupted one
-    read, and deterministic training gives the same model file)."""
+def test_the_train_input_is_every_epochs_batches_in_order(tiny_shards: Path) -> None:
+    """The one iterator over every epoch gives batch for batch the reader's epochs, one after
+    the other (so a resumed run reads what an uninterrupted one read, and deterministic
+    training gives the same model file)."""
     reads = train_input(Layout(tiny_shards).shards_dir, deterministic=True)
     context = tf.distribute.InputContext()
 
