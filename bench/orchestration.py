@@ -1,7 +1,9 @@
 """Orchestration tax: the pipeline through DVC + Prefect (+ MLflow) vs direct stage calls.
 
 Both runs happen in throw-away copies of the repo (tracked and untracked-but-not-ignored
-files), with the benchmark images linked in as ``data/demo`` so ``params.yaml`` needs no edit.
+files), with the benchmark images linked in as the copy's ``data/demo``, which its
+``params.yaml`` names whatever the working copy's names: a copy never reads or writes the
+folder of images the user's params point at.
 ``python -m bench.orchestration ROOT STAGE...`` is the direct runner: one interpreter calling
 the stage functions in order, as a user without orchestration would.
 """
@@ -104,6 +106,10 @@ def dvc_stages(repo_root: Path) -> list[str]:
     return list((data or {}).get("stages", {}))
 
 
+# Where a copy's params.yaml finds its images, inside the copy.
+COPY_SOURCE = "data/demo"
+
+
 def copy_repo(repo_root: Path, dest: Path, *, images: Path, overrides: dict[str, Any]) -> Path:
     """Copy the working tree (no ignored files), link the images in, apply param overrides."""
     shutil.rmtree(dest, ignore_errors=True)
@@ -127,8 +133,13 @@ def copy_repo(repo_root: Path, dest: Path, *, images: Path, overrides: dict[str,
         else {}
     )
     params = deep_merge(params or {}, overrides)
+    # The copy's own images: the working copy's source_dir may be absolute (the user's
+    # photos), and ``dest / absolute`` is that folder, which the next lines empty.
+    params = deep_merge(params, {"ingest": {"source_dir": COPY_SOURCE, "labels_csv": None}})
     (dest / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     source = dest / load_params(dest / "params.yaml").ingest.source_dir
+    if not source.resolve().is_relative_to(dest.resolve()):
+        raise RuntimeError(f"{source}: a bench copy's images must lie inside it ({dest})")
     shutil.rmtree(source, ignore_errors=True)
     source.parent.mkdir(parents=True, exist_ok=True)
     try:  # hard links: instant, and DVC hashes the same bytes

@@ -474,9 +474,9 @@ def test_bench_drawings_are_rarely_near_duplicates_of_each_other() -> None:
     from PIL import Image
 
     from bench.images import draw_image
-    from tasks.runtime.params import load_params
+    from tasks.runtime.params import default_params
 
-    distance = load_params().ingest.near_duplicate_distance
+    distance = default_params().ingest.near_duplicate_distance
     hashes = np.array(
         [
             int(
@@ -641,3 +641,35 @@ def test_the_hand_off_bench_keeps_every_decode_only_inside_its_alternative() -> 
     with every_decode_kept():
         assert worth_handing_off(300 * 200, 300 * 200 * 3)
     assert not worth_handing_off(300 * 200, 300 * 200 * 3)
+
+
+def test_a_bench_copy_never_touches_the_folder_the_working_copys_params_name(
+    tmp_path: Path,
+) -> None:
+    """A working copy whose params.yaml named its own photos by an absolute path lost them
+    to the orchestration section: its copy emptied ``dest / source_dir``, which for an
+    absolute ``source_dir`` is the user's folder itself, and linked the bench images in."""
+    from bench.orchestration import COPY_SOURCE, copy_repo
+    from tasks.runtime.params import load_params, shipped_params_text
+
+    photos = tmp_path / "my photos"
+    for label in ("cat", "dog"):
+        (photos / label).mkdir(parents=True)
+        (photos / label / "1.jpg").write_bytes(label.encode())
+    before = sorted((p.relative_to(photos), p.read_bytes()) for p in photos.rglob("*.jpg"))
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "params.yaml").write_text(
+        shipped_params_text().replace("source_dir: data/demo", f"source_dir: {photos}", 1)
+    )
+    assert load_params(repo / "params.yaml").ingest.source_dir == str(photos)
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    images = tmp_path / "images"
+    (images / "circle").mkdir(parents=True)
+    (images / "circle" / "0.jpg").write_bytes(b"bench")
+
+    copy = copy_repo(repo, tmp_path / "copy", images=images, overrides={})
+
+    assert sorted((p.relative_to(photos), p.read_bytes()) for p in photos.rglob("*.jpg")) == before
+    assert load_params(copy / "params.yaml").ingest.source_dir == COPY_SOURCE
+    assert (copy / COPY_SOURCE / "circle" / "0.jpg").read_bytes() == b"bench"
