@@ -6,7 +6,9 @@ partial file is an error instead of a silent fallback to values the code made up
 
 from __future__ import annotations
 
+import functools
 import reprlib
+import subprocess
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -403,21 +405,46 @@ def load_params(
             f"{path}: params file not found (params.yaml holds every setting)",
             fix=f"git checkout -- {path.name}   (run from the repository root)",
         )
+    return parse_params(path.read_text(), source=str(path), overrides=overrides)
+
+
+def parse_params(text: str, *, source: str, overrides: dict[str, Any] | None = None) -> Params:
+    """Checked, typed params from the text of a ``params.yaml`` (``source`` names it)."""
     try:
-        raw = read_yaml(path.read_text())  # a safe loader: no Python objects
+        raw = read_yaml(text)  # a safe loader: no Python objects
     except YAMLError as error:
-        raise ParamsError(f"{path}: not valid YAML: {error}") from error
+        raise ParamsError(f"{source}: not valid YAML: {error}") from error
     if not raw or not isinstance(raw, dict):
-        raise ParamsError(f"{path}: empty or not a mapping of sections (ingest, shard, ...)")
-    refuse_alias_bombs(raw, str(path))
+        raise ParamsError(f"{source}: empty or not a mapping of sections (ingest, shard, ...)")
+    refuse_alias_bombs(raw, source)
     if overrides:
         raw = deep_merge(raw, overrides)
-    return validate_params(raw, source=str(path))
+    return validate_params(raw, source=source)
+
+
+@functools.cache
+def shipped_params_text() -> str:
+    """The project's ``params.yaml`` as committed at the checkout's HEAD: the defaults as
+    shipped, whatever the working copy's file says now (a user's own source_dir, model or
+    sizes). Where the checkout has no history (an unpacked archive), the file itself."""
+    try:
+        return subprocess.run(
+            ["git", "show", f"HEAD:{REPO_PARAMS_PATH.name}"],
+            cwd=REPO_PARAMS_PATH.parent,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return REPO_PARAMS_PATH.read_text()
 
 
 def default_params(**sections: dict[str, Any]) -> Params:
-    """The repository's ``params.yaml`` with some keys changed: defaults for tests and bench."""
-    return load_params(REPO_PARAMS_PATH, sections or None)
+    """The shipped ``params.yaml`` (:func:`shipped_params_text`) with some keys changed:
+    defaults for tests and bench, never the working copy's edits."""
+    return parse_params(
+        shipped_params_text(), source=f"{REPO_PARAMS_PATH} at HEAD", overrides=sections or None
+    )
 
 
 def validate_params(raw: dict[str, Any], *, source: str) -> Params:

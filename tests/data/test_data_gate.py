@@ -19,7 +19,7 @@ from tasks.contracts.manifest import ShardFile, load_manifest
 from tasks.ingest.demo_data import generate
 from tasks.runtime.dataset_identity import dataset_identity
 from tasks.runtime.layout import Layout
-from tasks.runtime.params import ValidateParams, default_params
+from tasks.runtime.params import ValidateParams, default_params, shipped_params_text
 from tasks.shard.spec import ShardSpec
 from tasks.shard.stage import shard_stage
 from tasks.shard.workers import run_params
@@ -46,7 +46,7 @@ class GatedProject(Project):
         """Point the project's ``params.yaml`` (the repository's, with its lock timeout) at
         ``folder``: the dataset accept-data accepts for, and the one :meth:`validate` gates."""
         self.source = self.root / folder
-        text = (Path(__file__).parents[2] / "params.yaml").read_text()
+        text = shipped_params_text()
         (self.root / "params.yaml").write_text(
             text.replace("source_dir: data/demo ", f"source_dir: {folder} ", 1)
         )

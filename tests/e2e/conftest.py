@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from flows.server import start_server, wait_healthy
+from tasks.runtime.params import shipped_params_text
 
 REPO = Path(__file__).resolve().parents[2]
 PROJECT_FILES = [
@@ -23,7 +24,6 @@ PROJECT_FILES = [
     "flows",
     "dvc.yaml",
     "models/pretrained",  # a train stage dependency
-    "params.yaml",
     "data/excluded.json",  # an ingest stage dependency
     "prefect.toml",
     "pyproject.toml",
@@ -120,6 +120,8 @@ def make_project(tmp_path: Path, api_url: str) -> Project:
             shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy2(src, dst)
+    # The shipped defaults, not the working copy's edits (its own dataset, model or sizes).
+    (root / "params.yaml").write_text(shipped_params_text())
     generate(
         root / "data" / "demo",
         per_class=14,

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from flows.team_demo import WATCH_INTERVAL_S, Team, publish, start_workers, started_team
+from tasks.runtime.params import shipped_params_text
 from tests.e2e.conftest import REPO, Project, api_post, make_project, run
 from tests.e2e.test_tracking_server import files_holding, prefect_records
 
@@ -213,8 +214,8 @@ def test_team_deploy_takes_the_pool_names_from_options_variables_or_defaults(
     root = tmp_path / "clone"
     for name in ("flows", "tasks"):
         shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("prefect.yaml", "params.yaml"):
-        shutil.copy2(REPO / name, root / name)
+    shutil.copy2(REPO / "prefect.yaml", root / "prefect.yaml")
+    (root / "params.yaml").write_text(shipped_params_text())
     before = (root / "prefect.yaml").read_bytes()
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("SHARDFLOW_")},

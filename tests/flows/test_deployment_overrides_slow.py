@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 
-from tasks.runtime.params import (
-    REPO_PARAMS_PATH,
-)
+from tasks.runtime.params import shipped_params_text
 from tests.unit.flows import test_deployment_overrides as unit
 
 pytestmark = pytest.mark.slow
@@ -37,7 +34,7 @@ def test_deployed_flows_refuse_a_root_outside_the_repository(
     flows = {"pipeline": pipeline, "data": data_flow, "training": training_flow}
     outside = tmp_path / "outside"
     outside.mkdir()
-    shutil.copy2(REPO_PARAMS_PATH, outside / "params.yaml")
+    (outside / "params.yaml").write_text(shipped_params_text())
     monkeypatch.setenv("PREFECT__RUNTIME__DEPLOYMENT__ID", "a-deployment")
     # Refused with the run's parameters (flows.parameters.RepoPath), before the flow body.
     with pytest.raises(ParameterTypeError, match=re.escape(f"root='{outside}' resolves to")):

@@ -18,6 +18,7 @@ from tasks.contracts.forgotten import load_forgotten
 from tasks.contracts.manifest import MEMBERSHIP_NAME
 from tasks.contracts.membership import Membership
 from tasks.runtime.layout import Layout
+from tasks.runtime.params import shipped_params_text
 from tests.unit.erasure.test_lineage import layout_project, shard_set
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,7 +40,7 @@ def forget(root: Path, env: dict[str, str], *images: str) -> subprocess.Complete
 def test_a_forget_killed_at_a_step_is_finished_by_the_same_command(tmp_path: Path) -> None:
     project, layout = layout_project(tmp_path)
     fingerprint = shard_set(project, layout)
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params = yaml.safe_load(shipped_params_text())
     params["ingest"]["source_dir"] = "images"
     params["evaluate"]["model_name"] = "shardflow"  # the registered model made below
     layout.params.write_text(yaml.safe_dump(params))

@@ -40,14 +40,13 @@ def test_the_shard_stage_and_the_data_flow_run_capped_workers_and_say_so(
     """`shard.workers` past this process's cores is capped wherever the stage runs (the
     data flow of the deployments passed the file's count straight on), and the run's own
     log says so, not only the terminal."""
-    import shutil
 
     from prefect import flow
     from prefect.runtime import flow_run
 
     import flows.shard
     from flows.data import data_flow
-    from tasks.runtime.params import REPO_PARAMS_PATH, default_params
+    from tasks.runtime.params import default_params, shipped_params_text
     from tasks.runtime.run_overrides import apply_overrides
     from tests.prefect_story import log_lines
 
@@ -64,7 +63,7 @@ def test_the_shard_stage_and_the_data_flow_run_capped_workers_and_say_so(
 
     ran: list[int] = []
     monkeypatch.setattr(flows.shard, "run", lambda params, layout: ran.append(params.workers))
-    shutil.copy(REPO_PARAMS_PATH, tmp_path / "params.yaml")
+    (tmp_path / "params.yaml").write_text(shipped_params_text())
     apply_overrides(tmp_path / "params.yaml", {"shard": {"workers": 64}})
     data_flow(root=str(tmp_path), stages=["shard"])
     assert ran == [2]
@@ -76,14 +75,13 @@ def test_a_refusal_in_a_flow_run_is_its_block_in_the_runs_log_and_whole_in_its_s
     """A deployment's data flow on a missing source folder logged three tracebacks (task,
     flow, engine) into the run's log and `prefect deployment run --watch`; the log now has
     the refusal's block (what, why, fix) and no traceback, the state message its full text."""
-    import shutil
 
     from flows.data import data_flow
-    from tasks.runtime.params import REPO_PARAMS_PATH
+    from tasks.runtime.params import shipped_params_text
     from tasks.runtime.run_overrides import apply_overrides
     from tests.prefect_story import log_lines
 
-    shutil.copy(REPO_PARAMS_PATH, tmp_path / "params.yaml")
+    (tmp_path / "params.yaml").write_text(shipped_params_text())
     apply_overrides(tmp_path / "params.yaml", {"ingest": {"source_dir": "data/missing"}})
     state = data_flow(root=str(tmp_path), stages=["ingest"], return_state=True)
     assert state.is_failed()

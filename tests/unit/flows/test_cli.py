@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from flows import cli
+from tasks.runtime.params import shipped_params_text
 
 ROOT = Path(__file__).resolve().parents[3]
 COMMANDS = [
@@ -340,7 +341,7 @@ def test_run_generates_the_demo_set_only_where_params_read_it(
 
     step = next(s for s in cli.run_steps([]) if s[2] == "tasks.ingest.demo_data")
     monkeypatch.chdir(tmp_path)
-    text = (ROOT / "params.yaml").read_text()
+    text = shipped_params_text()
     (tmp_path / "params.yaml").write_text(text.replace("source_dir: data/demo", "source_dir: mine"))
     demo_data.main([*step[3:], "--per-class", "2"])
     assert not (tmp_path / "data" / "demo").exists()

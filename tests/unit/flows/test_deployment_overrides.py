@@ -16,7 +16,7 @@ import pytest
 from pydantic import ValidationError
 
 from flows.run_story import run_params_path
-from tasks.runtime.params import REPO_PARAMS_PATH
+from tasks.runtime.params import REPO_PARAMS_PATH, shipped_params_text
 from tasks.runtime.run_overrides import (
     ParamOverrides,
     apply_overrides,
@@ -46,7 +46,7 @@ def repo_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A directory holding the repository's params.yaml, as the working directory."""
     root = tmp_path / "repo"
     root.mkdir()
-    shutil.copy2(REPO_PARAMS_PATH, root / "params.yaml")
+    (root / "params.yaml").write_text(shipped_params_text())
     monkeypatch.chdir(root)
     return root
 

@@ -13,7 +13,6 @@ import yaml
 from pydantic import ValidationError
 
 from tasks.runtime.params import (
-    REPO_PARAMS_PATH,
     AugmentParams,
     EvaluateParams,
     IngestParams,
@@ -25,10 +24,11 @@ from tasks.runtime.params import (
     WorkspaceParams,
     default_params,
     load_params,
+    shipped_params_text,
 )
 from tasks.runtime.run_overrides import ParamOverrides, apply_overrides
 
-REPO_RAW: dict[str, Any] = yaml.safe_load(REPO_PARAMS_PATH.read_text())
+REPO_RAW: dict[str, Any] = yaml.safe_load(shipped_params_text())
 
 
 def dotted_keys(raw: dict[str, Any], prefix: str = "") -> list[str]:
@@ -211,7 +211,7 @@ def test_image_size_is_a_list_of_integers(tmp_path: Path, side: Any) -> None:
 def test_numbers_written_the_ways_yaml_and_dvc_write_them_still_load(tmp_path: Path) -> None:
     """An int where a float is meant, a pair as a YAML list, an exponent without a dot
     (YAML 1.2, as DVC reads and `dvc exp run -S` takes it) all mean what they say."""
-    text = REPO_PARAMS_PATH.read_text()
+    text = shipped_params_text()
     text = text.replace("learning_rate: 0.002", "learning_rate: 2e-3")
     text = text.replace("lock_timeout_s: 600", "lock_timeout_s: 6E+2")
     text = text.replace("promotion_margin: 0.0", "promotion_margin: 0")
@@ -235,7 +235,7 @@ def test_a_yaml_11_switch_word_is_text_as_dvc_reads_it(tmp_path: Path) -> None:
     from dvc.utils.serialize import load_yaml
 
     path = tmp_path / "params.yaml"
-    path.write_text(REPO_PARAMS_PATH.read_text().replace("flip: true", "flip: yes"))
+    path.write_text(shipped_params_text().replace("flip: true", "flip: yes"))
     assert load_yaml(path)["train"]["augment"]["flip"] == "yes"
     with pytest.raises(ParamsError, match=re.escape("train.augment.flip = 'yes': ")):
         load_params(path)
@@ -348,7 +348,7 @@ def test_overrides_are_checked_like_the_file() -> None:
 @pytest.fixture
 def params_file(tmp_path: Path) -> Path:
     path = tmp_path / "params.yaml"
-    text = REPO_PARAMS_PATH.read_text().replace(
+    text = shipped_params_text().replace(
         "augment: {flip: true, crop: 0.1, brightness: 0.1, contrast: 0.1}",
         "augment: {flip: true, crop: 0.3, brightness: 0.2, contrast: 0.05}",
     )
@@ -422,7 +422,7 @@ def test_an_alias_bomb_is_refused_at_once_naming_its_keys(tmp_path: Path) -> Non
     for level in range(1, 9):
         before, name = chr(ord("a") + level - 1), chr(ord("a") + level)
         levels.append(f"{name}: &{name} [" + ", ".join([f"*{before}"] * 9) + "]")
-    text = REPO_PARAMS_PATH.read_text().replace("source_dir: data/demo", "source_dir: *i")
+    text = shipped_params_text().replace("source_dir: data/demo", "source_dir: *i")
     path = tmp_path / "params.yaml"
     path.write_text("lols:\n" + "".join(f"  {line}\n" for line in levels) + text)
     with pytest.raises(ParamsError) as error:
@@ -435,7 +435,7 @@ def test_an_alias_bomb_is_refused_at_once_naming_its_keys(tmp_path: Path) -> Non
 
 
 def test_aliases_within_the_bound_still_load(tmp_path: Path) -> None:
-    text = REPO_PARAMS_PATH.read_text().replace("seed: 1337", "seed: &s 7", 1)
+    text = shipped_params_text().replace("seed: 1337", "seed: &s 7", 1)
     text = text.replace("seed: 1337", "seed: *s", 1)
     path = tmp_path / "params.yaml"
     path.write_text(text)

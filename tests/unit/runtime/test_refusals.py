@@ -13,7 +13,7 @@ from flows.refusal_logs import QuietRefusals
 from tasks.contracts.validated_shards import ShardsNotValidated
 from tasks.ingest.discovery import SourceNotFound, SourceRefused
 from tasks.ingest.refusals import SetWouldBeLost
-from tasks.runtime.params import ParamsError
+from tasks.runtime.params import ParamsError, shipped_params_text
 from tasks.runtime.refusals import MAX_MESSAGE_LINES, Refused, refusal_block, refusing
 from tasks.runtime.workspace_lock import WorkspaceLocked
 from tasks.shard.append import RebuildNeeded
@@ -93,7 +93,7 @@ def test_the_console_drops_a_refusals_tracebacks_and_repeats_only() -> None:
 
 def test_a_params_typo_is_refused_naming_params_yaml(tmp_path: Path) -> None:
     """`make run` on a typo ended in a traceback blaming `tasks.ingest.filenames check`."""
-    text = (REPO / "params.yaml").read_text().replace("\n  epochs: ", "\n  epochs: -", 1)
+    text = shipped_params_text().replace("\n  epochs: ", "\n  epochs: -", 1)
     (tmp_path / "params.yaml").write_text(text)
     done = subprocess.run(
         [sys.executable, "-m", "tasks.runtime.params", "check"],
