@@ -32,6 +32,11 @@ def _absl_writes_to_the_process_stderr() -> None:
 
 _absl_writes_to_the_process_stderr()
 
+# Fails a test that changes the user's data (the folder the working copy's params.yaml
+# names) or the checkout's outputs, and the run when anything changed them.
+# pytester: the guard's own test runs a suite in a suite.
+pytest_plugins = ["tests.workspace_guard", "pytester"]
+
 TINY_CLASSES = {"blue": (40, 40, 200), "green": (40, 200, 40), "red": (200, 40, 40)}
 
 

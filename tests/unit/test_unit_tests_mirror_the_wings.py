@@ -23,6 +23,7 @@ HOUSE_WIDE = {
     "test_packaging.py",
     "test_stage_deps.py",
     "test_unit_tests_mirror_the_wings.py",
+    "test_workspace_guard.py",
 }
 
 
