@@ -135,6 +135,8 @@ def built_library(ops_dir: Path | None = None) -> tuple[Path | None, str]:
     a failed build is remembered beside it (``.failed``), so that every process does not try
     again: a new source or TensorFlow version, or removing the file, tries again.
     """
+    if not SOURCE.is_file():  # an install that left the op's source out
+        return None, f"the op's source {SOURCE} is missing"
     target = library_path(ops_dir)
     failed = target.with_suffix(".failed")
     if target.exists():

@@ -118,10 +118,18 @@ def test_a_wheel_holds_every_module_and_installs(tmp_path: Path) -> None:
         for package in ("tasks", "flows")
         for p in (clone / package).rglob("*.py")
     }
+    data_files = {  # what modules read beside them: the reader's op source
+        p.relative_to(clone).as_posix()
+        for package in ("tasks", "flows")
+        for p in (clone / package).rglob("*")
+        if p.is_file() and p.suffix not in (".py", ".pyc")
+    }
     with zipfile.ZipFile(wheel) as archive:
-        packed = {name for name in archive.namelist() if name.endswith(".py")}
+        packed = set(archive.namelist())
     assert any(name.startswith("tasks/shard/") for name in sources)  # the scan sees sub-packages
-    assert sources - packed == set(), f"left out of the wheel: {sorted(sources - packed)}"
+    assert "tasks/contracts/raw_slice.cc" in data_files
+    left_out = (sources | data_files) - packed
+    assert left_out == set(), f"left out of the wheel: {sorted(left_out)}"
 
     # A fresh venv borrowing this environment's third-party packages (a .pth line, so no
     # editable hook of this clone's), with the wheel installed into it, not editable.
@@ -148,3 +156,21 @@ def test_a_wheel_holds_every_module_and_installs(tmp_path: Path) -> None:
     )
     imported = run_in(bin_dir, elsewhere, "python", "-c", script)
     assert imported.returncode == 0, imported.stderr[-3000:]
+
+    # The default encoding's shards, read by the installed package alone (raw records).
+    from tests.tiny_shards import write_tiny_shards
+
+    write_tiny_shards(elsewhere / "project")
+    shards = elsewhere / "project" / "data" / "shards"
+    read = (
+        "from tasks.contracts.tf_reader import read_split\n"
+        "import tasks.contracts.raw_slice as raw_slice\n"
+        f"batches = read_split({str(shards)!r}, 'test', batch_size=8, training=False)\n"
+        "labels = [int(v) for _, y in batches for v in y.numpy()]\n"
+        "print(raw_slice.SOURCE.is_file(), raw_slice.loaded_op() is not None, len(labels))\n"
+    )
+    done = run_in(bin_dir, elsewhere, "python", "-c", read)
+    assert done.returncode == 0, done.stderr[-3000:]
+    source_installed, op_loaded, records = done.stdout.split()
+    assert source_installed == "True" and records == "30"
+    assert op_loaded == str(shutil.which("g++") is not None), done.stderr[-2000:]

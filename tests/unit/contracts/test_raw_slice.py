@@ -109,6 +109,15 @@ def test_without_a_compiler_the_cause_is_named(
     assert "no C++ compiler" in why and "CXX=no-such-c++" in why
 
 
+def test_an_install_without_the_ops_source_reads_stock_and_names_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wheel that left ``raw_slice.cc`` out raised FileNotFoundError on every raw read."""
+    monkeypatch.setattr(raw_slice, "SOURCE", tmp_path / "raw_slice.cc")
+    library, why = raw_slice.built_library(tmp_path / "ops")
+    assert library is None and f"the op's source {tmp_path / 'raw_slice.cc'} is missing" in why
+
+
 def test_a_failed_build_is_said_once_and_not_tried_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
