@@ -11,6 +11,7 @@ from mlflow import MlflowClient
 from flows import promote as promote_command
 from tasks.evaluate.manual_promotion import PromotionRefused, promote_by_hand
 from tasks.evaluate.promotion import CLASSES_TAG
+from tasks.runtime.params import shipped_params_text
 from tasks.runtime.refusals import Refused
 from tasks.runtime.tracking import CHAMPION, champion_version
 
@@ -66,8 +67,7 @@ def test_a_manual_promotion_is_refused_naming_why(
 def test_the_command_promotes_in_the_current_dataset_s_model(
     registry: MlflowClient, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    root = Path(__file__).resolve().parents[3]
-    (tmp_path / "params.yaml").write_text((root / "params.yaml").read_text())
+    (tmp_path / "params.yaml").write_text(shipped_params_text())
     args = ["--root", str(tmp_path), "--version", "3", "--reason", "r", "--by", "ana"]
     assert promote_command.main(args) == 2  # another task: refused, with its fix
     err = capsys.readouterr().err

@@ -10,6 +10,7 @@ from mlflow import MlflowClient
 from flows import cli
 from tasks.evaluate.store_check import REBUILD, StoreLostRuns, check_store
 from tasks.runtime.atomic import write_json
+from tasks.runtime.params import shipped_params_text
 from tasks.runtime.refusals import REFUSED_EXIT
 
 
@@ -94,7 +95,7 @@ def test_predict_and_serve_model_on_a_store_that_lost_the_runs_name_the_rebuild(
 
     reports_naming(tmp_path, "f" * 32, "e" * 32)
     write_image_folder(tmp_path / "photos", per_class=1)
-    (tmp_path / "params.yaml").write_bytes((Path(__file__).parents[3] / "params.yaml").read_bytes())
+    (tmp_path / "params.yaml").write_text(shipped_params_text())
     monkeypatch.chdir(tmp_path)
     with pytest.raises(StoreLostRuns) as refused:
         predict_flow.fn(source="photos", root=str(tmp_path))

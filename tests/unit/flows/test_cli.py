@@ -212,22 +212,23 @@ def test_ui_and_serve_model_listen_on_a_free_port_they_print(
 
 
 def test_serve_model_serves_the_champion_of_params_with_its_limits(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     from tasks.runtime.params import load_params
 
     recorder = Recorder()
     monkeypatch.setattr(cli, "run_step", recorder.step)
-    monkeypatch.chdir(ROOT)
+    (tmp_path / "params.yaml").write_text(shipped_params_text())
+    monkeypatch.chdir(tmp_path)
     no_tracking_uri(monkeypatch)
     store_holds_the_reports(monkeypatch)
     cli.main(["serve-model"])
     cli.main(["serve-model", "--max-request-rows", "8"])
-    assert load_params(ROOT / "params.yaml").evaluate.model_name is None
+    assert load_params(tmp_path / "params.yaml").evaluate.model_name is None
     name = "shardflow"  # the demo's data keeps the project's name
     first, second = recorder.steps
     assert first[2:4] == ["tasks.serve.server", f"models:/{name}@champion"]
-    assert recorder.envs[0]["MLFLOW_TRACKING_URI"] == f"sqlite:///{ROOT / 'mlflow.db'}"
+    assert recorder.envs[0]["MLFLOW_TRACKING_URI"] == f"sqlite:///{tmp_path / 'mlflow.db'}"
     for flag, default in cli.SERVE_LIMITS.items():  # every limit has its default
         assert first.count(flag) == 1 and first[first.index(flag) + 1] == default
     flag = "--max-request-rows"
@@ -247,7 +248,7 @@ def test_serve_model_follows_the_current_dataset_s_registered_model(
     monkeypatch.setattr(cli, "run_step", recorder.step)
     monkeypatch.chdir(tmp_path)
     no_tracking_uri(monkeypatch)
-    (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
+    (tmp_path / "params.yaml").write_text(shipped_params_text())
     apply_overrides(tmp_path / "params.yaml", {"ingest": {"source_dir": "data/photos"}})
     cli.main(["serve-model"])
     slug = dataset_slug(dataset_identity("data/photos", None, tmp_path))

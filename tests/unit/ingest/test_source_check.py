@@ -13,6 +13,7 @@ import yaml
 from tasks.contracts.content import file_sha256
 from tasks.ingest.filenames import main
 from tasks.ingest.source_check import HashCache, SourceRefused, listing, source_record
+from tasks.runtime.params import shipped_params_text
 from tests.conftest import write_image_folder
 
 REPO = Path(__file__).resolve().parents[3]
@@ -116,7 +117,7 @@ def test_a_deployment_run_lists_the_source_before_dvc_judges_ingest(
     from flows import data
     from tasks.ingest.source_check import LISTING
 
-    (tmp_path / "params.yaml").write_bytes((REPO / "params.yaml").read_bytes())
+    (tmp_path / "params.yaml").write_text(shipped_params_text())
     write_image_folder(tmp_path / "data" / "demo", per_class=1)
     events: list[tuple[str, str, bool]] = []
 
