@@ -70,7 +70,9 @@ def image_sheet(tiles: Sequence[tuple[np.ndarray, str]], empty_note: str) -> Fig
         top=1 - (title_inches + 0.5 * GAP_INCHES) / height,
         bottom=0.5 * GAP_INCHES / height,
     )
-    axes = np.atleast_1d(grid.subplots()).ravel()
+    axes = [
+        figure.add_subplot(grid[row, column]) for row in range(rows) for column in range(COLUMNS)
+    ]
     for axis in axes:
         axis.axis("off")
     if not tiles:
