@@ -756,7 +756,11 @@ def label_review(b: Bench) -> None:
     f["label_review.chosen"] = result["chosen"]
     f["label_review.precision"] = at_default[0]["precision"] if at_default else None
     f["label_review.recall"] = at_default[0]["recall"] if at_default else None
-    f["label_review.weak_false_share"] = at_default[0]["weak_false_share"] if at_default else None
+    f["label_review.weak_false_share"] = (
+        max(at_default[0]["weak_false_share"], at_default[0]["fair_false_share"])
+        if at_default
+        else None
+    )
     f["details"]["label_review"] = result
 
 

@@ -6,16 +6,19 @@ package; nothing downloaded), shown to the project's ``small_cnn`` at 16x16. For
 it splits them 80/10/10, gives 5% of the labels of every split another class at random
 (training learns from wrong labels too, as it does on a user's data), trains, and has the
 stage's review (:func:`tasks.evaluate.label_review.review_labels`, cleanlab) read the model's
-probabilities on val and test. Two models a seed:
+probabilities on val and test. Three models a seed:
 
 - ``good``: trained to convergence (the review's intended use);
 - ``weak``: trained on a few images of each class, about 65% accurate held out, as users
-  meet a first model on their own data: there, calling a correct label an error is the harm.
+  meet a first model on their own data: there, calling a correct label an error is the harm;
+- ``fair``: a few more images, about 75% accurate: between the two, where a class or two
+  reach a threshold that others miss.
 
 For each ``min_class_review_accuracy`` of :data:`THRESHOLDS` it counts, summed over the
 seeds: what the good model's review calls a likely label error (precision: the share that
 are flipped labels; recall: the share of flipped held-out records called so) and the share
-of the weak model's correctly labelled held-out records called label errors. ``chosen`` is
+of the weak and the fair model's correctly labelled held-out records called label errors
+(the larger of the two must stay within :data:`MAX_FALSE_SHARE`). ``chosen`` is
 the lowest threshold meeting :data:`PRECISION`, :data:`RECALL` and :data:`MAX_FALSE_SHARE`
 (the most recall at those); docs/performance.md gives the figures. Seeded: the same figures
 on the same kind of CPU.
@@ -41,17 +44,19 @@ SEEDS = (7, 8, 9)  # one split, one set of flips and two models each: the figure
 # labels, and at least 6 in 10 wrong held-out labels are called so...
 PRECISION = 0.7
 RECALL = 0.6
-# ...and on a weak one: at most 2 in 100 correct labels called wrong.
+# ...and on a weak or fair one: at most 2 in 100 correct labels called wrong.
 MAX_FALSE_SHARE = 0.02
 
 
 @dataclass(frozen=True)
 class Scale:
-    """Training of the two models: epochs, and the weak model's images per class."""
+    """Training of the three models: epochs, and the weak and fair models' images per class."""
 
     epochs: int = 40
     weak_per_class: int = 7
-    weak_epochs: int = 30
+    weak_epochs: int = 20
+    fair_per_class: int = 8
+    fair_epochs: int = 30
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,8 @@ class Threshold:
     weak_called: int  # the weak model's records called likely label errors
     weak_correct_called: int  # ... of them correctly labelled
     weak_false_share: float  # weak_correct_called / correctly labelled held-out records
+    fair_correct_called: int  # the same for the fair model
+    fair_false_share: float
 
 
 @dataclass(frozen=True)
@@ -131,7 +138,8 @@ def few_per_class(
 
 
 def scored_sets(seed: int, scale: Scale) -> dict[str, HeldOutScores]:
-    """The good and the weak model's held-out scores for one seed's split and flips."""
+    """The good, the weak and the fair model's held-out scores for one seed's split and
+    flips."""
     pixels, truth = digits()
     rng = np.random.default_rng(seed)
     parts, given = split_and_flip(rng, truth)
@@ -139,8 +147,14 @@ def scored_sets(seed: int, scale: Scale) -> dict[str, HeldOutScores]:
     splits = ["val"] * len(parts["val"]) + ["test"] * len(parts["test"])
     train = parts["train"]
     weak = few_per_class(rng, train, given, scale.weak_per_class)
+    fair = few_per_class(rng, train, given, scale.fair_per_class)
+    models = (
+        ("good", train, scale.epochs),
+        ("weak", weak, scale.weak_epochs),
+        ("fair", fair, scale.fair_epochs),
+    )
     found = {}
-    for name, idx, epochs in (("good", train, scale.epochs), ("weak", weak, scale.weak_epochs)):
+    for name, idx, epochs in models:
         probs = trained_probabilities(pixels[idx], given[idx], pixels[held], seed, epochs)
         found[name] = HeldOutScores(splits, given[held], given[held] != truth[held], probs)
     return found
@@ -162,24 +176,37 @@ def called(threshold: float, scores: HeldOutScores) -> np.ndarray:
     return calls
 
 
+def false_calls(
+    threshold: float, sets: list[dict[str, HeldOutScores]], name: str
+) -> tuple[int, float]:
+    """The correctly labelled held-out records model ``name`` calls label errors at
+    ``threshold``, over every seed: their count and their share of the correct labels."""
+    marked = [(called(threshold, s[name]), s[name].flipped) for s in sets]
+    correct = sum(int((~f).sum()) for _, f in marked)
+    wrong = sum(int((c & ~f).sum()) for c, f in marked)
+    return wrong, round(wrong / correct, 4) if correct else 0.0
+
+
 def counted(threshold: float, sets: list[dict[str, HeldOutScores]]) -> Threshold:
-    """What the review called at ``threshold`` over every seed's two models."""
+    """What the review called at ``threshold`` over every seed's three models."""
     good = [(called(threshold, s["good"]), s["good"].flipped) for s in sets]
-    weak = [(called(threshold, s["weak"]), s["weak"].flipped) for s in sets]
+    weak = [called(threshold, s["weak"]) for s in sets]
     calls = sum(int(c.sum()) for c, _ in good)
     hits = sum(int((c & f).sum()) for c, f in good)
     flipped = sum(int(f.sum()) for _, f in good)
-    correct = sum(int((~f).sum()) for _, f in weak)
-    weak_false = sum(int((c & ~f).sum()) for c, f in weak)
+    weak_false, weak_share = false_calls(threshold, sets, "weak")
+    fair_false, fair_share = false_calls(threshold, sets, "fair")
     return Threshold(
         threshold=threshold,
         called=calls,
         flipped_called=hits,
         precision=round(hits / calls, 3) if calls else None,
         recall=round(hits / flipped, 3) if flipped else 0.0,
-        weak_called=sum(int(c.sum()) for c, _ in weak),
+        weak_called=sum(int(c.sum()) for c in weak),
         weak_correct_called=weak_false,
-        weak_false_share=round(weak_false / correct, 4) if correct else 0.0,
+        weak_false_share=weak_share,
+        fair_correct_called=fair_false,
+        fair_false_share=fair_share,
     )
 
 
@@ -188,7 +215,7 @@ def meets(result: Threshold) -> bool:
     return (
         (result.precision or 0.0) >= PRECISION
         and result.recall >= RECALL
-        and result.weak_false_share <= MAX_FALSE_SHARE
+        and max(result.weak_false_share, result.fair_false_share) <= MAX_FALSE_SHARE
     )
 
 
@@ -215,7 +242,7 @@ def measure_label_review(scale: Scale = Scale()) -> dict[str, Any]:
         "seeds": list(SEEDS),
         "held_out": sum(len(s["good"].labels) for s in sets),
         "flipped_held_out": sum(int(s["good"].flipped.sum()) for s in sets),
-        "accuracy": {name: accuracy(sets, name) for name in ("good", "weak")},
+        "accuracy": {name: accuracy(sets, name) for name in ("good", "weak", "fair")},
         "thresholds": [asdict(r) for r in results],
         "chosen": chosen_threshold(results),
     }
@@ -225,14 +252,15 @@ def table(result: dict[str, Any]) -> str:
     """The figures as the Markdown table docs/performance.md shows."""
     lines = [
         "| min_class_review_accuracy | called (good) | flipped among them | precision | recall "
-        "| weak: correct labels called errors |",
-        "|---|---|---|---|---|---|",
+        "| weak: correct labels called errors | fair: the same |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in result["thresholds"]:
         precision = "n/a" if r["precision"] is None else f"{r['precision']:.2f}"
         lines.append(
             f"| {r['threshold']} | {r['called']} | {r['flipped_called']} | {precision} "
-            f"| {r['recall']:.2f} | {r['weak_correct_called']} ({r['weak_false_share']:.1%}) |"
+            f"| {r['recall']:.2f} | {r['weak_correct_called']} ({r['weak_false_share']:.1%}) "
+            f"| {r['fair_correct_called']} ({r['fair_false_share']:.1%}) |"
         )
     return "\n".join(lines)
 

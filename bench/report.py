@@ -151,7 +151,10 @@ def format_table(figures: dict[str, Any], targets: list[dict[str, Any]]) -> str:
         ("label_review.chosen", "min_class_review_accuracy the bench would choose"),
         ("label_review.precision", "precision of likely label errors at the default"),
         ("label_review.recall", "recall of flipped held-out labels at the default"),
-        ("label_review.weak_false_share", "weak model: share of correct labels called errors"),
+        (
+            "label_review.weak_false_share",
+            "weak / fair models: share of correct labels called errors",
+        ),
     ):
         lines.append(f"{key:<24}{_fmt(figures.get(key), 3):>14}  {unit}")
     lines += ["", f"{'target':<40}{'measured':>10}  {'rule':<48}result", "-" * 108]

@@ -173,7 +173,7 @@ def targets_for(default_encoding: str) -> list[Target]:
         Target("label review precision (good model)", "label_review.precision", None, ">=", 0.7),
         Target("label review recall (good model)", "label_review.recall", None, ">=", 0.6),
         Target(
-            "label review: correct labels called errors (weak model)",
+            "label review: correct labels called errors (weak models)",
             "label_review.weak_false_share",
             None,
             "<=",

@@ -9,7 +9,10 @@ added since is the same task; a dataset of other classes is not, and is never co
 whatever ``allow_incomparable_promotion`` says). The champion is then re-scored on the current
 test records (a ``rescore`` callable the evaluate stage supplies, which loads the champion's
 model and scores it by class name, :func:`class_differences`), so both models' answers on the
-same records are at hand: the challenger takes the alias only when its figure beats the
+same records are at hand. Only the records neither model trained or validated on count
+(:mod:`tasks.evaluate.seen_records`; fewer than ``evaluate.min_unseen_records``, or a champion
+that logged no such hashes, is "not comparable"): the challenger takes the alias only when its
+figure on them beats the
 champion's by more than the margin *and* a one-sided paired test (:mod:`tasks.evaluate.evidence`)
 gives
 p below ``evaluate.promotion_alpha``; a smaller advantage is "inconclusive: champion kept".

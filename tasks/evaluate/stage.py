@@ -6,7 +6,9 @@ own (a child of the training run, :mod:`tasks.evaluate.tracking`), behind the sa
 validation gate as training, registers the model (:mod:`tasks.evaluate.registry`), writes
 its card, and lets :mod:`tasks.evaluate.promotion` decide on the ``champion`` alias,
 re-scoring the champion's model on the current test shards (:func:`champion_scorer`) when
-its recorded figure was measured on other data or another way.
+its recorded figure was measured on other data or another way. Each version logs the hashes
+of its training and validation records (:mod:`tasks.evaluate.seen_records`): the comparison
+counts only the test records neither model saw.
 """
 
 from __future__ import annotations

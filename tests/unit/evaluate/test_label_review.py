@@ -109,6 +109,7 @@ def test_the_label_review_bench_counts_flips_and_a_weak_model_s_false_calls() ->
         {
             "good": HeldOutScores(splits, labels, flipped, knows_all),
             "weak": HeldOutScores(splits, labels, np.zeros(len(labels), bool), blue_half_green),
+            "fair": HeldOutScores(splits, labels, flipped, knows_all),
         }
     ]
     judged, unjudged = counted(0.8, sets), counted(0.0, sets)
@@ -119,9 +120,13 @@ def test_the_label_review_bench_counts_flips_and_a_weak_model_s_false_calls() ->
         1.0,
     )
     assert judged.weak_correct_called == 0 and judged.weak_false_share == 0.0
+    assert judged.fair_correct_called == 0 and unjudged.fair_correct_called == 0
     assert unjudged.weak_correct_called > 0
     assert unjudged.weak_false_share == round(unjudged.weak_correct_called / 61, 4)
     assert unjudged.weak_false_share > MAX_FALSE_SHARE
     assert chosen_threshold([unjudged, judged]) == 0.8
     assert chosen_threshold([unjudged]) is None
+    # the fair model's false calls count as much as the weak one's
+    swapped = [{**sets[0], "weak": sets[0]["fair"], "fair": sets[0]["weak"]}]
+    assert chosen_threshold([counted(0.0, swapped)]) is None
     assert (PRECISION, RECALL, MAX_FALSE_SHARE) == (0.7, 0.6, 0.02)
