@@ -259,6 +259,7 @@ class Run:
             "label_review.chosen": None,
             "label_review.precision": None,
             "label_review.recall": None,
+            "label_review.weak_false_share": None,
             "machine": machine_info(),
             "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "details": {},
@@ -749,12 +750,17 @@ def label_review(b: Bench) -> None:
     from bench.label_review import measure_label_review
 
     result = measure_label_review()
-    default = b.base.evaluate.label_error_confidence
+    default = b.base.evaluate.min_class_review_accuracy
     at_default = [r for r in result["thresholds"] if r["threshold"] == default]
     f = b.run.figures
     f["label_review.chosen"] = result["chosen"]
     f["label_review.precision"] = at_default[0]["precision"] if at_default else None
     f["label_review.recall"] = at_default[0]["recall"] if at_default else None
+    f["label_review.weak_false_share"] = (
+        max(at_default[0]["weak_false_share"], at_default[0]["fair_false_share"])
+        if at_default
+        else None
+    )
     f["details"]["label_review"] = result
 
 

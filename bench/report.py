@@ -148,9 +148,13 @@ def format_table(figures: dict[str, Any], targets: list[dict[str, Any]]) -> str:
         ("near_duplicates.place_s", "s search + groups + splits"),
         ("near_duplicates.look_alike_place_s", "s the same for as many look-alikes"),
         ("near_duplicates.peak_rss_mb", "MB peak RSS"),
-        ("label_review.chosen", "label_error_confidence the bench would choose"),
+        ("label_review.chosen", "min_class_review_accuracy the bench would choose"),
         ("label_review.precision", "precision of likely label errors at the default"),
-        ("label_review.recall", "recall of planted wrong labels at the default"),
+        ("label_review.recall", "recall of flipped held-out labels at the default"),
+        (
+            "label_review.weak_false_share",
+            "weak / fair models: share of correct labels called errors",
+        ),
     ):
         lines.append(f"{key:<24}{_fmt(figures.get(key), 3):>14}  {unit}")
     lines += ["", f"{'target':<40}{'measured':>10}  {'rule':<48}result", "-" * 108]

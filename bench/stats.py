@@ -169,6 +169,16 @@ def targets_for(default_encoding: str) -> list[Target]:
         Target("dvc repro no-op seconds", "dvc_noop_s", None, "<", 3.0),
         # which runs and models saw an image, at 1M images and 100 training runs
         Target("lineage of one image, seconds", "lineage.lookup_s", None, "<", 5.0),
+        # what "likely label error" means on real scans (bench/label_review.py)
+        Target("label review precision (good model)", "label_review.precision", None, ">=", 0.7),
+        Target("label review recall (good model)", "label_review.recall", None, ">=", 0.6),
+        Target(
+            "label review: correct labels called errors (weak models)",
+            "label_review.weak_false_share",
+            None,
+            "<=",
+            0.02,
+        ),
         Target("scaling s/image largest vs smallest", "scaling.s_per_image_ratio", None, "<=", 1.2),
         Target("scaling peak RSS largest vs smallest", "scaling.peak_rss_ratio", None, "<=", 1.3),
         Target(

@@ -2,7 +2,10 @@
 
 Stages run and skipped (from `dvc repro`'s own lines), records per split, test accuracy and
 the champion decision (from ``reports/`` and ``metrics/``), and where to look next. A file
-that is missing (a stage that never ran) shows as ``-``, never as an error.
+that is missing (a stage that never ran) shows as ``-``, never as an error. The accuracy and
+the decision are shown only while they belong to the current shards and model
+(:func:`evaluated_here`): after a new split a figure of the last evaluation is not this
+run's.
 """
 
 from __future__ import annotations
@@ -48,13 +51,12 @@ def summary_lines(root: Path, dvc_lines: Iterable[str]) -> list[str]:
     ingest = read_report(root / "reports" / "ingest.json")
     validation = read_report(root / "reports" / "validation.json")
     evaluation = read_report(root / "metrics" / "eval.json")
-    promotion = read_report(root / "reports" / "eval_summary.json").get("promotion") or {}
+    evaluated = read_report(root / "reports" / "eval_summary.json")
+    promotion = evaluated.get("promotion") or {}
     splits = validation.get("num_records") or ingest.get("split_counts") or {}
     records = ", ".join(f"{name} {count}" for name, count in splits.items()) or "-"
     passed = validation.get("passed")
     verdict = "-" if passed is None else "passed" if passed else "FAILED"
-    accuracy = evaluation.get("accuracy")
-    tested = evaluation.get("num_test_records", "-")
     return [
         f"stages run: {', '.join(ran) or 'none'}; "
         f"skipped as unchanged: {', '.join(skipped) or 'none'}",
@@ -62,10 +64,43 @@ def summary_lines(root: Path, dvc_lines: Iterable[str]) -> list[str]:
         f"{ingest.get('quarantined_count', '-')} quarantined (reports/ingest.json)",
         f"records per split: {records}; validation {verdict} (reports/validation.md)",
         *baseline_lines(root, ran, passed),
-        f"test accuracy: {_figure(accuracy)} on {tested} records (metrics/eval.json)",
-        f"champion: {_decision(promotion)} (reports/eval_summary.json)",
+        *evaluation_lines(root, evaluation, evaluated, promotion),
         "outputs: data/shards/, models/model.keras, reports/, metrics/, plots/",
         *NEXT_STEPS,
+    ]
+
+
+def evaluated_here(root: Path, evaluated: dict[str, Any]) -> bool:
+    """Whether the last evaluation (``reports/eval_summary.json``) measured the current model
+    (the training run ``models/run.json`` names) on the current shards (``data/shards``)."""
+    shards = read_report(root / "data" / "shards" / "manifest.json").get("fingerprint")
+    model = read_report(root / "models" / "run.json")
+    return (
+        shards is not None
+        and evaluated.get("test_fingerprint") == shards
+        and model.get("fingerprint") == shards
+        and evaluated.get("run_id") is not None
+        and evaluated.get("run_id") == model.get("run_id")
+    )
+
+
+def evaluation_lines(
+    root: Path, evaluation: dict[str, Any], evaluated: dict[str, Any], promotion: dict[str, Any]
+) -> list[str]:
+    """The test accuracy and the champion decision, when they belong to the current shards
+    and model; else that the model has not been evaluated on these shards yet."""
+    accuracy = evaluation.get("accuracy")
+    if accuracy is not None and not evaluated_here(root, evaluated):
+        return [
+            "test accuracy: the model has not been evaluated on these shards yet "
+            "(metrics/eval.json holds an earlier evaluation, of other shards or another "
+            "model); `shardflow run` trains and evaluates on them",
+            "champion: - (no decision on these shards yet)",
+        ]
+    tested = evaluation.get("num_test_records", "-")
+    return [
+        f"test accuracy: {_figure(accuracy)} on {tested} records (metrics/eval.json)",
+        f"champion: {_decision(promotion)} (reports/eval_summary.json)",
     ]
 
 

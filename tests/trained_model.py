@@ -56,7 +56,8 @@ def build_trained_project(root: Path) -> TrainedProject:
             "learning_rate": 0.003,
             "early_stopping_patience": 0,
         },
-        "evaluate": {"model_name": MODEL_NAME},
+        # a tiny test split: a comparison counts as few records as it holds
+        "evaluate": {"model_name": MODEL_NAME, "min_unseen_records": 5},
     }
     layout = Layout(root)
     # The repository's params.yaml (every key) with this project's changes.

@@ -56,6 +56,22 @@ class Answers:
         """Per record, whether it counts as right for ``metric`` (accuracy or top-k)."""
         return self.top_k_hit if metric == "top_k_accuracy" else self.predicted == self.labels
 
+    def subset(self, keep: np.ndarray) -> Answers:
+        """The answers on the records ``keep`` (a mask in record order) selects."""
+        return Answers(
+            self.labels[keep], self.predicted[keep], self.top_k_hit[keep], self.num_classes
+        )
+
+    def value(self, metric: str) -> float:
+        """``metric`` over these records, as :func:`tasks.evaluate.metrics.classification_metrics`
+        computes it from probabilities (0.0 on no records)."""
+        if not len(self.labels):
+            return 0.0
+        if metric in MACRO_METRICS:
+            row = macro_figures(self.labels[None], self.predicted[None], self.num_classes)[0]
+            return float(row[MACRO_METRICS.index(metric)])
+        return float(np.mean(self.hits(metric)))
+
 
 def answers_of(
     labels: np.ndarray,

@@ -5,11 +5,13 @@ out-of-sample, which is what confident learning needs: cleanlab's ``find_label_i
 flags the records whose given label the model's probabilities contradict (after estimating
 how noisy each class is), and ``get_label_quality_scores`` ranks them (self-confidence:
 the probability of the given label; lowest first). A flagged record is a likely label error
-only when the model is confident in the label it suggests instead
-(``evaluate.label_error_confidence``); below that it is a confusion of the model's, and the
-rows and the sheet say so: on correctly labelled data a model's confusions are most of
-what cleanlab flags. The thumbnail sheet shows the shard
-pixels of the top rows, the pixels the model saw: no source image is read.
+only when the model is good enough on both classes to judge between them: its held-out
+recall and precision of the given class and of the class it suggests instead are each at
+least ``evaluate.min_class_review_accuracy`` (:func:`judged_classes`). Otherwise it is a
+confusion of the model's, and the rows and the sheet say so. A model's confidence in its
+top class is no such evidence: a weak model is confidently wrong on correctly labelled
+images. The thumbnail sheet shows the shard pixels of the top rows, the pixels the model
+saw: no source image is read.
 """
 
 from __future__ import annotations
@@ -90,12 +92,34 @@ def rank_label_issues(labels: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray
     return np.asarray(flagged, dtype=np.int64), np.asarray(scores, dtype=float)
 
 
+def class_figures(
+    labels: np.ndarray, probs: np.ndarray, num_classes: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each class's held-out recall and precision of the model's top class against the
+    given labels (0 for a class with no record given or predicted)."""
+    predicted = probs.argmax(axis=1)
+    support = np.bincount(labels, minlength=num_classes)
+    called = np.bincount(predicted, minlength=num_classes)
+    right = np.bincount(labels[predicted == labels], minlength=num_classes)
+    recall = np.divide(right, support, out=np.zeros(num_classes), where=support > 0)
+    precision = np.divide(right, called, out=np.zeros(num_classes), where=called > 0)
+    return recall, precision
+
+
+def judged_classes(labels: np.ndarray, probs: np.ndarray, minimum: float) -> np.ndarray:
+    """Per class, whether the model is good enough on it to judge a label: held-out recall
+    and precision both at least ``minimum`` (``evaluate.min_class_review_accuracy``)."""
+    recall, precision = class_figures(labels, probs, probs.shape[1])
+    return (recall >= minimum) & (precision >= minimum)
+
+
 def review_labels(
-    held_out: Sequence[HeldOut], classes: Sequence[str], label_error_confidence: float
+    held_out: Sequence[HeldOut], classes: Sequence[str], min_class_review_accuracy: float
 ) -> list[dict[str, Any]]:
     """The flagged records of all held-out splits, ranked together (most suspect first),
-    each a likely label error when the model gives the label it suggests at least
-    ``label_error_confidence``, else a confusion.
+    each a likely label error when the model suggests another class and is good enough on
+    both that class and the given one (:func:`judged_classes` at
+    ``min_class_review_accuracy``), else a confusion.
 
     Ranked together so the noise estimate sees every held-out record; each row names its
     split. Ties keep reading order (val before test), so the file is deterministic.
@@ -106,7 +130,13 @@ def review_labels(
     probs = np.concatenate([part.probs for part in held_out])
     where = [(part.split, source) for part in held_out for source in part.sources]
     flagged, scores = rank_label_issues(labels, probs)
+    judged = judged_classes(labels, probs, min_class_review_accuracy)
     order = sorted(flagged.tolist(), key=lambda i: (scores[i], i))
+
+    def kind(i: int) -> str:
+        given, suggested = int(labels[i]), int(probs[i].argmax())
+        return LABEL_ERROR if given != suggested and judged[[given, suggested]].all() else CONFUSION
+
     return [
         {
             "split": where[i][0],
@@ -115,7 +145,7 @@ def review_labels(
             "suggested_label": classes[int(probs[i].argmax())],
             "score": round(float(scores[i]), 6),
             "suggested_score": round(float(probs[i].max()), 6),
-            "kind": LABEL_ERROR if probs[i].max() >= label_error_confidence else CONFUSION,
+            "kind": kind(i),
         }
         for i in order
     ]
@@ -131,7 +161,9 @@ def write_label_issues(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
 
 
 def review_summary(
-    rows: Sequence[dict[str, Any]], held_out: Sequence[HeldOut], label_error_confidence: float
+    rows: Sequence[dict[str, Any]],
+    held_out: Sequence[HeldOut],
+    min_class_review_accuracy: float,
 ) -> dict[str, Any]:
     """Counts for the card and the evaluation record: ``flagged`` the likely label errors,
     ``confusions`` the rest cleanlab flagged."""
@@ -143,7 +175,7 @@ def review_summary(
         "reviewed": {part.split: len(part.labels) for part in held_out},
         "flagged": {part.split: count(LABEL_ERROR, part.split) for part in held_out},
         "confusions": {part.split: count(CONFUSION, part.split) for part in held_out},
-        "label_error_confidence": label_error_confidence,
+        "min_class_review_accuracy": min_class_review_accuracy,
         "top": [dict(row) for row in rows if row["kind"] == LABEL_ERROR][:5],
     }
 

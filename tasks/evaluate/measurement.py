@@ -32,8 +32,9 @@ from tasks.evaluate.label_review import (
     write_label_issues,
 )
 from tasks.evaluate.metrics import classification_metrics
+from tasks.evaluate.seen_records import seen_records_of
 from tasks.evaluate.sheets import plot_image_sheet
-from tasks.schema import IMAGE_KEY, LABEL_KEY, SOURCE_KEY
+from tasks.schema import HASH_KEY, IMAGE_KEY, LABEL_KEY, SOURCE_KEY
 
 if TYPE_CHECKING:
     import keras
@@ -63,10 +64,12 @@ def predict_split(
     sources: list[str] | None = None,
     store: ShardStore | None = None,
     predicted: Callable[[int], object] | None = None,
+    hashes: list[str] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, list[Misclassified]]:
     """Labels, class probabilities, and the misclassified records (image and source).
 
-    ``sources``, when given, receives every record's source path, in prediction order.
+    ``sources``, when given, receives every record's source path, in prediction order;
+    ``hashes`` every record's content hash.
     With a ``store`` the shards are read from object storage (tasks.contracts.shard_store).
     ``predicted(n)`` is told each batch's record count once it is predicted.
     """
@@ -86,6 +89,8 @@ def predict_split(
             predicted(len(batch_labels))
         if sources is not None:
             sources.extend(s.decode() for s in features[SOURCE_KEY].numpy())
+        if hashes is not None:
+            hashes.extend(h.decode() for h in features[HASH_KEY].numpy())
         for i in np.flatnonzero(batch_probs.argmax(axis=1) != batch_labels):
             if len(wrong) < MAX_MISCLASSIFIED_SHOWN:
                 wrong.append(
@@ -130,18 +135,22 @@ def evaluate_model(
     predictions_file: str | Path | None = None,
     store: ShardStore | None = None,
     label_issues_file: str | Path | None = None,
-    label_error_confidence: float | None = None,
+    min_class_review_accuracy: float | None = None,
     progress: Callable[[int, int], object] | None = None,
+    seen_records: bool = False,
 ) -> dict[str, Any]:
     """Test-split metrics plus the per-class table (JSON, Markdown) and PNGs in out_dir.
 
     ``predictions_file`` also gets every test record's prediction (the reference the
     served model must reproduce from the source files); ``label_issues_file`` the label
-    review of val and test, at ``label_error_confidence`` (``evaluate.label_error_confidence``;
-    and out_dir its thumbnail sheet; ``label_review`` in the result sums it up). With a
+    review of val and test, at ``min_class_review_accuracy``
+    (``evaluate.min_class_review_accuracy``; and out_dir its thumbnail sheet;
+    ``label_review`` in the result sums it up). With a
     ``store`` the shards are read from object storage instead of
     ``shards_dir``. ``progress(done, total)`` is told the records predicted so far, of the
-    test split and, for the label review, the val split.
+    test split and, for the label review, the val split. ``test_hashes`` in the result: each
+    test record's content hash, in the answers' order; with ``seen_records``, ``seen``: the
+    training and validation records' (:func:`tasks.evaluate.seen_records.seen_records_of`).
     """
     import keras
 
@@ -155,8 +164,9 @@ def evaluate_model(
     model = keras.saving.load_model(model_file)
     predicted = counter(manifest, label_issues_file is not None, progress)
     sources: list[str] = []
+    hashes: list[str] = []
     labels, probs, wrong = predict_split(
-        model, shards_dir, sources=sources, store=store, predicted=predicted
+        model, shards_dir, sources=sources, store=store, predicted=predicted, hashes=hashes
     )
     if predictions_file is not None:
         write_test_predictions(predictions_file, sources, labels, probs, manifest.classes)
@@ -164,17 +174,20 @@ def evaluate_model(
     metrics["test_fingerprint"] = manifest.fingerprint
     # each record's answers: what a paired comparison with the champion needs
     metrics["answers"] = answers_of(labels, probs, metrics["top_k"], len(manifest.classes))
+    metrics["test_hashes"] = tuple(hashes)
+    if seen_records:
+        metrics["seen"] = seen_records_of(shards_dir, manifest, store)
     out_dir.mkdir(parents=True, exist_ok=True)
     if label_issues_file is not None:
-        if label_error_confidence is None:
-            raise TypeError("a label review needs evaluate.label_error_confidence")
+        if min_class_review_accuracy is None:
+            raise TypeError("a label review needs evaluate.min_class_review_accuracy")
         test = HeldOut("test", sources, labels, probs)
         metrics["label_review"] = label_review(
             model,
             shards_dir,
             manifest.classes,
             test,
-            (Path(label_issues_file), label_error_confidence),
+            (Path(label_issues_file), min_class_review_accuracy),
             out_dir,
             store,
             predicted,
@@ -230,9 +243,9 @@ def label_review(
     predicted: Callable[[int], object] | None = None,
 ) -> dict[str, Any]:
     """Rank likely label errors and confusions in val and test; write the CSV and the
-    thumbnail sheet. ``review``: the CSV's path and ``evaluate.label_error_confidence``;
+    thumbnail sheet. ``review``: the CSV's path and ``evaluate.min_class_review_accuracy``;
     ``predicted``: as :func:`predict_split`'s."""
-    csv_path, label_error_confidence = review
+    csv_path, min_class_review_accuracy = review
     held_out = []
     for split in REVIEWED_SPLITS:
         if split == test.split:
@@ -243,11 +256,11 @@ def label_review(
             model, shards_dir, split, sources=sources, store=store, predicted=predicted
         )
         held_out.append(HeldOut(split, sources, labels, probs))
-    rows = review_labels(held_out, classes, label_error_confidence)
+    rows = review_labels(held_out, classes, min_class_review_accuracy)
     write_label_issues(csv_path, rows)
     shown = {(row["split"], row["path"]) for row in rows[:SHEET_ROWS_SHOWN]}
     plot_label_sheet(rows, shard_images(shards_dir, shown, store), out_dir / LABEL_SHEET)
-    return review_summary(rows, held_out, label_error_confidence)
+    return review_summary(rows, held_out, min_class_review_accuracy)
 
 
 def shard_images(

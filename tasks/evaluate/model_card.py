@@ -123,15 +123,20 @@ def source_section(report: Mapping[str, Any] | None) -> list[str]:
 def label_section(review: Mapping[str, Any]) -> list[str]:
     flagged, reviewed = review.get("flagged", {}), review.get("reviewed", {})
     confusions = review.get("confusions", {})
-    at = review.get("label_error_confidence")
+    at = review.get("min_class_review_accuracy")
     lines = [
         "## Label review",
         "- likely label errors (cleanlab, from this model's held-out probabilities"
-        + (f", suggested label at p >= {at:g}" if at is not None else "")
+        + (
+            f", the model at held-out recall and precision >= {at:g} on both the given and "
+            "the suggested class"
+            if at is not None
+            else ""
+        )
         + "): "
         + ", ".join(f"{split} {flagged.get(split, 0)} of {n}" for split, n in reviewed.items()),
-        "- confusions (flagged, the model unsure of the label it suggests): "
-        + ", ".join(f"{split} {confusions.get(split, 0)}" for split in reviewed),
+        "- confusions (flagged, the model not good enough on the given or the suggested class "
+        "to judge): " + ", ".join(f"{split} {confusions.get(split, 0)}" for split in reviewed),
         "- the full list is `reports/label_issues.csv`; the sheet `plots/eval/label_issues.png`",
     ]
     lines += [

@@ -9,7 +9,10 @@ added since is the same task; a dataset of other classes is not, and is never co
 whatever ``allow_incomparable_promotion`` says). The champion is then re-scored on the current
 test records (a ``rescore`` callable the evaluate stage supplies, which loads the champion's
 model and scores it by class name, :func:`class_differences`), so both models' answers on the
-same records are at hand: the challenger takes the alias only when its figure beats the
+same records are at hand. Only the records neither model trained or validated on count
+(:mod:`tasks.evaluate.seen_records`; fewer than ``evaluate.min_unseen_records``, or a champion
+that logged no such hashes, is "not comparable"): the challenger takes the alias only when its
+figure on them beats the
 champion's by more than the margin *and* a one-sided paired test (:mod:`tasks.evaluate.evidence`)
 gives
 p below ``evaluate.promotion_alpha``; a smaller advantage is "inconclusive: champion kept".
@@ -36,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from tasks.evaluate.evidence import Answers, Evidence, paired_evidence
 from tasks.evaluate.promotion_lock import promotion_lock
+from tasks.evaluate.seen_records import SEEN_ARTIFACT, SeenRecords, UnseenTest, unseen_test
 from tasks.runtime.tracking import CHALLENGER, CHAMPION, champion_version
 
 if TYPE_CHECKING:
@@ -62,6 +66,21 @@ NOT_COMPARABLE = "not comparable: champion kept"
 
 class NotComparable(Exception):
     """The champion cannot be scored on the current test set; the message says why."""
+
+
+class NoSeenRecords(NotComparable):
+    """The champion logged no hashes of its training and validation records: no current
+    test record can be shown unseen by it, so not even its recorded figure stands."""
+
+
+def no_seen_records(champion: str) -> NoSeenRecords:
+    """Why a champion without its seen records is not comparable, and what to do."""
+    return NoSeenRecords(
+        f"{CHAMPION} v{champion} logged no hashes of the records it trained and validated on "
+        f"({SEEN_ARTIFACT} on its training run), so no current test record can be shown to be "
+        "unseen by it; check it by hand and move the alias with `shardflow promote --version "
+        "V --reason R`, or set evaluate.allow_incomparable_promotion: true for one run"
+    )
 
 
 def check_margin(margin: float) -> None:
@@ -155,6 +174,7 @@ class Rescored:
     # where the answers came from when the model was not run again: the answers its own
     # evaluation recorded on the same test set, measured the same way
     recorded: str | None = None
+    seen: SeenRecords | None = None  # the records it trained and validated on
 
 
 @dataclass(frozen=True)
@@ -169,6 +189,10 @@ class Figure:
     test_fingerprint: str
     classes: tuple[str, ...] = ()
     answers: Answers | None = None
+    # each test record's content hash, in the answers' order, and the records the version
+    # trained and validated on: what leaves out the test records either model saw
+    test_hashes: tuple[str, ...] | None = None
+    seen: SeenRecords | None = None
 
 
 @dataclass(frozen=True)
@@ -179,6 +203,8 @@ class Rules:
     alpha: float
     min_shared_class_share: float
     allow_incomparable: bool
+    # fewer test records seen by neither model: the two are not comparable
+    min_unseen_records: int
 
 
 def tag_figure(client: MlflowClient, model_name: str, version: str, figure: Figure) -> None:
@@ -265,6 +291,8 @@ def blank_record(
         "class_differences": None,
         "shared_class_share": None,
         "evidence": None,
+        "unseen": None,
+        "min_unseen_records": rules.min_unseen_records,
         "comparable": True,
         "same_task": True,
         "allow_incomparable": rules.allow_incomparable,
@@ -327,6 +355,8 @@ def champion_figure(
     if rescore is not None:
         try:
             scored = rescore(champion)
+        except NoSeenRecords as exc:
+            return {**found, "comparable": False, "champion_value_how": str(exc)}
         except NotComparable as exc:
             failed = str(exc)
         else:
@@ -390,6 +420,9 @@ def rescored_figure(
             f"rescore({champion!r}) returned {type(scored).__name__} {scored!r}: it must "
             "return a tasks.evaluate.promotion.Rescored (the figure and how the classes differed)"
         )
+    unseen = unseen_part(champion, scored, figure, rules)
+    if isinstance(unseen, str):
+        return {"comparable": False, "champion_value_how": unseen}
     classes = scored.class_differences
     by_name = f" by class name ({classes['in_words']})" if classes else ""
     because = "; ".join(differs) if differs else "a paired comparison needs both on one set"
@@ -402,17 +435,58 @@ def rescored_figure(
             f"recorded {figure.definition} on the same test set {figure.test_fingerprint[:12]}, "
             f"with its answers per record ({scored.recorded})"
         )
+    candidate, rival = figure.answers, scored.answers
+    values: dict[str, Any] = {"champion_value": scored.value}
+    if unseen.left_out and candidate is not None and rival is not None:
+        candidate, rival = candidate.subset(unseen.keep), rival.subset(unseen.keep)
+        values = {
+            "candidate_value": candidate.value(figure.metric),
+            "candidate_full_value": figure.value,
+            "champion_value": rival.value(figure.metric),
+            "champion_full_value": scored.value,
+        }
+        how += f"; {unseen.in_words(champion)}"
     evidence = None
-    if scored.answers is not None and figure.answers is not None:
-        found = paired_evidence(figure.answers, scored.answers, figure.metric, alpha=rules.alpha)
+    if candidate is not None and rival is not None:
+        found = paired_evidence(candidate, rival, figure.metric, alpha=rules.alpha)
         evidence = found.to_dict()
     return {
-        "champion_value": scored.value,
+        **values,
         "champion_value_source": RECORDED if scored.recorded else RESCORED,
         "champion_value_how": how,
         "class_differences": classes,
         "evidence": evidence,
+        "unseen": unseen.to_dict(champion),
     }
+
+
+def unseen_part(champion: str, scored: Rescored, figure: Figure, rules: Rules) -> UnseenTest | str:
+    """The current test records neither the champion nor the candidate trained or
+    validated on (:func:`unseen_test`), or why the two cannot be compared on such records."""
+    if scored.seen is None:
+        return str(no_seen_records(champion))
+    if figure.seen is None or figure.test_hashes is None:
+        return (
+            "the candidate's training and validation records or its test records' hashes are "
+            "unknown, so no test record can be shown to be unseen by it; evaluate again"
+        )
+    unseen = unseen_test(figure.test_hashes, scored.seen, figure.seen)
+    answered = figure.answers is not None and scored.answers is not None
+    if unseen.left_out and not answered:
+        return (
+            f"{unseen.in_words(champion)}, but without both models' answers per record no "
+            "figure on those records can be made"
+        )
+    if unseen.unseen < rules.min_unseen_records:
+        return (
+            f"only {unseen.unseen} of {unseen.total} current test records were seen by neither "
+            f"model ({unseen.in_words(champion)}), below evaluate.min_unseen_records="
+            f"{rules.min_unseen_records}: add images neither model has seen (new images land in "
+            "test by ingest.splits), or evaluate on the split the champion was trained on, or "
+            "check both by hand and move the alias with `shardflow promote --version V "
+            "--reason R`"
+        )
+    return unseen
 
 
 def outcome(decision: Mapping[str, Any], rules: Rules) -> dict[str, Any]:

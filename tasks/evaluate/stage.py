@@ -6,7 +6,9 @@ own (a child of the training run, :mod:`tasks.evaluate.tracking`), behind the sa
 validation gate as training, registers the model (:mod:`tasks.evaluate.registry`), writes
 its card, and lets :mod:`tasks.evaluate.promotion` decide on the ``champion`` alias,
 re-scoring the champion's model on the current test shards (:func:`champion_scorer`) when
-its recorded figure was measured on other data or another way.
+its recorded figure was measured on other data or another way. Each version logs the hashes
+of its training and validation records (:mod:`tasks.evaluate.seen_records`): the comparison
+counts only the test records neither model saw.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +41,7 @@ from tasks.evaluate.promotion import (
     class_differences,
     decide,
     metric_definition,
+    no_seen_records,
     pending_decision,
     promote,
     recorded_classes,
@@ -54,6 +57,7 @@ from tasks.evaluate.registry import (
     registered_sources,
     workspace_id,
 )
+from tasks.evaluate.seen_records import log_seen_records, recorded_seen_records
 from tasks.evaluate.tracking import (
     end_abandoned_model_logging,
     log_decision,
@@ -102,13 +106,18 @@ def champion_scorer(
 
     Loads the version's Keras model from the registry (never a source image: the shards are
     the input) after checking that its serving spec describes the current shards' pixels;
-    raises :class:`NotComparable` naming what differs, or why the model could not be loaded.
+    raises :class:`NotComparable` naming what differs, or why the model could not be loaded,
+    and :class:`tasks.evaluate.promotion.NoSeenRecords` (before loading anything) when the
+    version logged no hashes of the records it trained and validated on.
     """
 
     def rescore(version: str) -> Rescored:
+        seen = recorded_seen_records(client, model_name, version)
+        if seen is None:
+            raise no_seen_records(version)
         kept = recorded_answers(client, model_name, version, figure)
         if kept is not None:
-            return kept
+            return replace(kept, seen=seen)
         with tempfile.TemporaryDirectory() as tmp:
             model_file, recorded = download_registered(client, model_name, version, Path(tmp))
             classes = scorable_classes(recorded, spec)
@@ -130,6 +139,7 @@ def champion_scorer(
             class_differences(classes, spec.classes),
             answers_of(labels, probs, figures["top_k"], len(spec.classes), columns),
             tuple(classes),
+            seen=seen,
         )
 
     return rescore
@@ -198,6 +208,10 @@ def scorable_classes(recorded: dict[str, Any], spec: ServingSpec) -> list[str]:
 
 # -- tracking ------------------------------------------------------------------------------
 
+# What the measuring returns that the record and the flow's result do not hold: per-record
+# answers and hashes, the seen records, the matrix (logged as a plot and a table).
+PER_RECORD = ("confusion_matrix", "answers", "test_hashes", "seen")
+
 
 def summary_record(result: dict[str, Any]) -> dict[str, Any]:
     """What ``metrics/eval.json`` cannot hold: runs, version, test data, decision, review."""
@@ -243,7 +257,8 @@ def measure(
         predictions_file=layout.test_predictions,
         store=open_store(layout.root, params.storage),
         label_issues_file=layout.label_issues,
-        label_error_confidence=params.evaluate.label_error_confidence,
+        min_class_review_accuracy=params.evaluate.min_class_review_accuracy,
+        seen_records=True,
         progress=progress,
     )
 
@@ -374,12 +389,13 @@ def track_evaluation(measured: Measured) -> dict[str, Any]:
     version = register_model(
         client, runs["training"], layout.model_file, model_name, measured.spec, measured.logged
     )
+    log_seen_records(client, runs["training"], model_name, version, metrics["seen"])
     model_id = logged_model_id(client, runs["training"], model_name, version)
     client.log_artifacts(runs["evaluation"], str(layout.eval_dir), "eval")
     source = store.url if store else layout.shards_dir
     log_test_results(client, runs, model_id, metrics, manifest, source)
     # per-record answers and the matrix stay here: the record, the flow's result are summaries
-    result = {k: v for k, v in metrics.items() if k not in ("confusion_matrix", "answers")}
+    result = {k: v for k, v in metrics.items() if k not in PER_RECORD}
 
     def record(decision: dict[str, Any]) -> None:
         """The record before the alias moves: a crash after it is resumable."""
@@ -422,12 +438,15 @@ def promotion_decision(measured: Measured, version: str) -> dict[str, Any]:
         metrics["test_fingerprint"],
         tuple(spec.classes),
         metrics.get("answers"),
+        metrics.get("test_hashes"),
+        metrics.get("seen"),
     )
     rules = Rules(
         margin=settings.promotion_margin,
         alpha=settings.promotion_alpha,
         min_shared_class_share=settings.min_shared_class_share,
         allow_incomparable=settings.allow_incomparable_promotion,
+        min_unseen_records=settings.min_unseen_records,
     )
     rescore = champion_scorer(
         client,

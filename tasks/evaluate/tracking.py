@@ -148,6 +148,10 @@ def decision_tags(decision: dict[str, Any]) -> dict[str, str]:
         tags["promotion.shared_class_share"] = f"{decision['shared_class_share']:.4f}"
     if decision.get("experiment"):
         tags["promotion.experiment"] = decision["experiment"]
+    unseen = decision.get("unseen")
+    if unseen:  # the test records either model saw, left out of the comparison
+        tags["promotion.left_out_records"] = str(unseen["left_out_records"])
+        tags["promotion.left_out_why"] = unseen["in_words"]
     evidence = decision.get("evidence")
     if evidence:
         tags.update(

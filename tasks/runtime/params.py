@@ -274,9 +274,13 @@ class EvaluateParams(StrictModel):
     model_name: Annotated[str, Field(pattern=MODEL_NAME_PATTERN)] | None
     # Promote even when the champion was measured on different test data (not comparable).
     allow_incomparable_promotion: bool
+    # Fewer current test records that neither model trained or validated on: the champion
+    # and the challenger are not comparable (tasks/evaluate/seen_records.py).
+    min_unseen_records: int = Field(ge=1)
     # The label review's line between a likely label error and a model confusion: the
-    # probability the model gives the label it suggests instead (tasks/evaluate/label_review.py).
-    label_error_confidence: float = Field(gt=0, le=1)
+    # held-out recall and precision the model must reach on both the given and the suggested
+    # class to judge between them (tasks/evaluate/label_review.py).
+    min_class_review_accuracy: float = Field(ge=0, le=1)
 
 
 class WorkspaceParams(StrictModel):

@@ -47,7 +47,7 @@ def test_evaluation_finds_labels_flipped_in_the_test_shards(tmp_path: Path) -> N
         layout.eval_dir,
         top_k=1,
         label_issues_file=layout.label_issues,
-        label_error_confidence=default_params().evaluate.label_error_confidence,
+        min_class_review_accuracy=default_params().evaluate.min_class_review_accuracy,
     )
     rows = read_rows(layout.label_issues)
     flipped = {f"{name}/test_{i:03d}.png" for name, i in FLIPPED_TEST}

@@ -15,6 +15,13 @@ import pytest
 from mlflow import MlflowClient
 
 from tasks.contracts.validated_shards import ModelNotFromTheseShards, ShardsNotValidated
+from tasks.evaluate.seen_records import (
+    SeenRecords,
+    log_seen_records,
+    recorded_seen_records,
+    seen_records_of,
+    split_hashes,
+)
 from tasks.evaluate.stage import run_evaluate
 from tasks.evaluate.store_check import REBUILD
 from tasks.evaluate.tracking import TrainingRunNotInStore
@@ -65,7 +72,8 @@ def refused(layout: Layout) -> bool:
 def evaluate(layout: Layout, **settings: Any) -> dict[str, Any]:
     """Evaluate with some settings changed; model_copy skips validation, so evaluate's own
     refusals (a negative margin) are exercised too, not only the params file's."""
-    base = default_params(evaluate={"model_name": "m"})
+    # the tiny test split has 30 records: a comparison may count as few as 10
+    base = default_params(evaluate={"model_name": "m", "min_unseen_records": 10})
     section = base.evaluate.model_copy(update=settings)
     return run_evaluate(base.model_copy(update={"evaluate": section}), layout)
 
@@ -167,15 +175,24 @@ def test_rerun_after_a_crash_between_record_and_alias_completes_the_move(
 
 
 def register_champion(
-    client: MlflowClient, layout: Layout, spec: Any, *, fingerprint: str, accuracy: float
+    client: MlflowClient,
+    layout: Layout,
+    spec: Any,
+    *,
+    fingerprint: str,
+    accuracy: float,
+    seen: SeenRecords | None = None,
 ) -> str:
     """The model of ``layout`` registered from a run of its own as ``m@champion``, with a
-    recorded figure measured on test set ``fingerprint``."""
+    recorded figure measured on test set ``fingerprint``; it trained and validated on the
+    records ``seen`` (by default none of today's test records)."""
     from tasks.evaluate.registry import register_model
     from tasks.runtime import tracking
 
     run_id = client.create_run(tracking.experiment_id(client)).info.run_id
     version = register_model(client, run_id, layout.model_file, "m", spec)
+    seen = seen or SeenRecords("b" * 64, frozenset({"0" * 64}), frozenset())
+    log_seen_records(client, run_id, "m", version, seen)
     client.set_terminated(run_id)
     client.set_model_version_tag("m", version, "eval.accuracy", str(accuracy))
     client.set_model_version_tag("m", version, "eval.test_fingerprint", fingerprint)
@@ -214,6 +231,44 @@ def test_champion_on_older_test_data_is_rescored_on_todays_shards(
     assert "re-scored on the current test set" in tags["promotion.champion_value_how"]
     recorded = json.loads(trained.eval_summary.read_text())["promotion"]
     assert recorded["champion_value"] == decision["champion_value"]
+
+
+def test_a_champion_is_compared_only_on_the_test_records_neither_model_saw(
+    trained: Layout, mlflow_uri: str
+) -> None:
+    """The split moved since the champion was trained: 8 of today's 30 test records were in
+    its training split (its logged seen records say so). Both models are compared on the 22
+    neither saw; the record, the evaluation run and the summary say how many were left out
+    and why; metrics/eval.json keeps the figure on all 30. The new version logs its own
+    training and validation records' hashes, as a fresh clone will need them."""
+    from tasks.contracts.manifest import load_manifest
+
+    client = MlflowClient(mlflow_uri, mlflow_uri)
+    today = seen_records_of(trained.shards_dir, load_manifest(trained.shards_dir))
+    tested = split_hashes(trained.shards_dir, "test", None)
+    moved = SeenRecords("b" * 64, today.train | frozenset(tested[:8]), today.val)
+    register_champion(
+        client, trained, current_spec(trained), fingerprint="b" * 64, accuracy=0.0, seen=moved
+    )
+
+    result = evaluate(trained)
+    decision = result["promotion"]
+    assert decision["comparable"] is True and decision["champion_value_source"] == "rescored"
+    assert decision["unseen"]["left_out_records"] == 8
+    assert decision["unseen"]["left_out_champion_saw"] == 8
+    assert decision["unseen"]["unseen_records"] == decision["evidence"]["test_records"] == 22
+    assert (
+        "8 of 30 test records left out (8 trained or validated on by champion v1"
+        in (decision["reason"])
+    )
+    assert json.loads(trained.eval_metrics.read_text())["num_test_records"] == 30
+    assert (
+        json.loads(trained.eval_summary.read_text())["promotion"]["unseen"] == (decision["unseen"])
+    )
+    tags = client.get_run(result["eval_run_id"]).data.tags
+    assert tags["promotion.left_out_records"] == "8"
+    assert "trained or validated on by champion v1" in tags["promotion.left_out_why"]
+    assert recorded_seen_records(client, "m", result["model_version"]) == today
 
 
 def test_champion_with_another_serving_spec_is_not_comparable_and_names_the_difference(

@@ -118,7 +118,7 @@ def test_evaluation_tells_its_progress_over_the_test_and_val_records(
         tmp_path / "eval",
         top_k=1,
         label_issues_file=tmp_path / "label_issues.csv",
-        label_error_confidence=0.7,
+        min_class_review_accuracy=0.7,
         progress=lambda *at: told.append(at),
     )
     assert told == [(8, 48), (16, 48), (24, 48), (30, 48), (38, 48), (46, 48), (48, 48)]

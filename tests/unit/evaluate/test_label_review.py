@@ -52,28 +52,31 @@ def test_nothing_to_review_gives_no_rows() -> None:
     assert review_labels([], CLASSES, 0.7) == []
 
 
-def test_only_a_confident_suggestion_is_a_likely_label_error() -> None:
-    """On the demo, whose labels are right by construction, all 7 "likely label errors" were
-    correctly labelled images the model confused. A planted wrong label on an image the
-    model knows (its suggestion at 0.95) is a label error; a hard image it splits between
-    two classes (0.55) is a confusion, on the sheet and in the counts."""
-    known = np.array([[0.6, 0.3, 0.1]] * 20)  # a model as unsure as the demo's
-    known[19] = [0.95, 0.03, 0.02]  # an image it knows as class 0, labelled 1: planted
-    hard = np.array([[0.1, 0.65, 0.25], [0.2, 0.62, 0.18]])  # class 0 images, looking like 1
-    probs = np.concatenate([known, known[:, [1, 0, 2]], hard])
-    probs[39] = [0.3, 0.6, 0.1]
-    labels = np.array([0] * 19 + [1] + [1] * 20 + [0, 0])
-    part = HeldOut("test", [f"{i:03d}.png" for i in range(42)], labels, probs)
-    rows = review_labels([part], CLASSES, 0.7)
+def test_a_flag_is_a_likely_label_error_only_where_the_model_judges_both_classes() -> None:
+    """A weak model is confidently wrong on correctly labelled images: its confidence in the
+    class it suggests is no evidence. A model that knows all three colours calls the
+    red-labelled image it sees as green a likely label error; one that calls half the blue
+    images green (blue's recall 0.5, green's precision 0.65) makes every flag a confusion,
+    its confident (0.96) suggestions included, on the rows and in the counts."""
+    red, green, blue = [0.96, 0.02, 0.02], [0.02, 0.96, 0.02], [0.02, 0.02, 0.96]
+    labels = np.array([0] * 20 + [1] * 20 + [2] * 20 + [0])  # the last: red, looks green
+    knows_all = np.array([red] * 20 + [green] * 20 + [blue] * 20 + [green])
+    blue_half_green = knows_all.copy()
+    blue_half_green[40:50] = green
+    sources = [f"{i:03d}.png" for i in range(len(labels))]
+
+    rows = review_labels([HeldOut("test", sources, labels, knows_all)], CLASSES, 0.8)
+    assert {row["path"]: row["kind"] for row in rows} == {"060.png": "likely label error"}
+
+    part = HeldOut("test", sources, labels, blue_half_green)
+    rows = review_labels([part], CLASSES, 0.8)
     kinds = {row["path"]: row["kind"] for row in rows}
-    assert kinds == {
-        "019.png": "likely label error",
-        "040.png": "confusion",
-        "041.png": "confusion",
-    }
-    summary = review_summary(rows, [part], 0.7)
-    assert summary["flagged"] == {"test": 1} and summary["confusions"] == {"test": 2}
-    assert [row["path"] for row in summary["top"]] == ["019.png"]
+    assert "060.png" in kinds and any(path < "050.png" for path in kinds)
+    assert set(kinds.values()) == {"confusion"}
+    summary = review_summary(rows, [part], 0.8)
+    assert summary["flagged"] == {"test": 0} and summary["top"] == []
+    assert summary["confusions"] == {"test": len(rows)}
+    assert summary["min_class_review_accuracy"] == 0.8
 
 
 # write_tiny_shards(flipped={"test": 4}) flips records 0, 7, 15 and 22 of the test split,
@@ -81,21 +84,49 @@ def test_only_a_confident_suggestion_is_a_likely_label_error() -> None:
 FLIPPED_TEST = (("red", 0), ("red", 7), ("green", 5), ("blue", 2))
 
 
-def test_the_label_review_bench_counts_by_kind_and_chooses_the_first_precise_threshold() -> None:
-    """`python -m bench.label_review` sets the default: what the review calls a likely
-    label error at each threshold, counted as planted, hard or clear, and the lowest
-    threshold at which nine in ten of those are planted errors."""
-    from bench.label_review import CLASSES, PRECISION, chosen_threshold, counted
+def test_the_label_review_bench_counts_flips_and_a_weak_model_s_false_calls() -> None:
+    """`python -m bench.label_review` measures the default: on a good model, the precision
+    and recall of "likely label error" against the flipped labels; on a weak one, the share
+    of correct labels called errors; it chooses the lowest threshold meeting all three
+    targets. With no threshold (0.0) the weak model's confident confusions count as errors."""
+    from bench.label_review import (
+        MAX_FALSE_SHARE,
+        PRECISION,
+        RECALL,
+        HeldOutScores,
+        chosen_threshold,
+        counted,
+    )
 
-    known = [0.8, 0.1, 0.05, 0.05]  # clear images of class 0
-    probs = np.array([known] * 36 + [[0.96, 0.02, 0.01, 0.01]] * 4 + [[0.85, 0.15, 0, 0]] * 2)
-    probs[:18] = probs[:18][:, [1, 0, 2, 3]]  # ... and of class 1
-    labels = np.array([1] * 18 + [0] * 18 + [1] * 4 + [1] * 2)  # planted: 4; hard: 2
-    kinds = np.array(["clear"] * 36 + ["planted"] * 4 + ["hard"] * 2, dtype=object)
-    held = {"labels": labels, "probs": probs, "kinds": kinds}
-    low, high = counted(0.8, [held]), counted(0.9, [held])
-    assert (low.planted_called, low.hard_called, low.clear_called) == (4, 2, 0)
-    assert low.precision == round(4 / 6, 3) and low.recall == 1.0
-    assert (high.called, high.precision, high.recall) == (4, 1.0, 1.0)
-    assert chosen_threshold([low, high]) == 0.9 and PRECISION == 0.9 and len(CLASSES) == 4
-    assert chosen_threshold([low]) == 0.8  # none precise enough: the highest measured
+    red, green, blue = [0.96, 0.02, 0.02], [0.02, 0.96, 0.02], [0.02, 0.02, 0.96]
+    labels = np.array([0] * 20 + [1] * 20 + [2] * 20 + [0])  # the last: a flipped label
+    knows_all = np.array([red] * 20 + [green] * 20 + [blue] * 20 + [green])
+    blue_half_green = knows_all.copy()
+    blue_half_green[40:50] = green
+    flipped = np.arange(len(labels)) == 60
+    splits = ["val"] * 30 + ["test"] * 31
+    sets = [
+        {
+            "good": HeldOutScores(splits, labels, flipped, knows_all),
+            "weak": HeldOutScores(splits, labels, np.zeros(len(labels), bool), blue_half_green),
+            "fair": HeldOutScores(splits, labels, flipped, knows_all),
+        }
+    ]
+    judged, unjudged = counted(0.8, sets), counted(0.0, sets)
+    assert (judged.called, judged.flipped_called, judged.precision, judged.recall) == (
+        1,
+        1,
+        1.0,
+        1.0,
+    )
+    assert judged.weak_correct_called == 0 and judged.weak_false_share == 0.0
+    assert judged.fair_correct_called == 0 and unjudged.fair_correct_called == 0
+    assert unjudged.weak_correct_called > 0
+    assert unjudged.weak_false_share == round(unjudged.weak_correct_called / 61, 4)
+    assert unjudged.weak_false_share > MAX_FALSE_SHARE
+    assert chosen_threshold([unjudged, judged]) == 0.8
+    assert chosen_threshold([unjudged]) is None
+    # the fair model's false calls count as much as the weak one's
+    swapped = [{**sets[0], "weak": sets[0]["fair"], "fair": sets[0]["weak"]}]
+    assert chosen_threshold([counted(0.0, swapped)]) is None
+    assert (PRECISION, RECALL, MAX_FALSE_SHARE) == (0.7, 0.6, 0.02)

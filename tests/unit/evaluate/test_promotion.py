@@ -27,12 +27,19 @@ from tasks.evaluate.promotion import (
     promote,
 )
 from tasks.evaluate.promotion_lock import LOCK_SUFFIX, lock_holder, promotion_lock
+from tasks.evaluate.seen_records import SeenRecords
 from tasks.runtime.atomic import write_json
 from tasks.runtime.tracking import CHAMPION, champion_version
 
 TEST_SET = "a" * 64
 RECORDS = 200  # test records of the paired answers below
 AUTO = "re-score the champion as its recorded figure, with answers"
+TEST_HASHES = tuple(f"{n:064x}" for n in range(RECORDS))  # the test records' content hashes
+# What each model trained and validated on: none of the test records.
+SEEN = SeenRecords(
+    "c" * 64, frozenset(f"{n:064x}" for n in range(RECORDS, RECORDS + 80)), frozenset()
+)
+CANDIDATE_SEEN = SeenRecords(TEST_SET, SEEN.train, frozenset({f"{RECORDS + 99:064x}"}))
 
 
 def answers(value: float, records: int = RECORDS) -> Answers:
@@ -46,13 +53,18 @@ def answers(value: float, records: int = RECORDS) -> Answers:
 
 
 def rules(
-    margin: float = 0.0, allow_incomparable: bool = False, alpha: float = 0.05, share: float = 0.5
+    margin: float = 0.0,
+    allow_incomparable: bool = False,
+    alpha: float = 0.05,
+    share: float = 0.5,
+    min_unseen: int = 50,
 ) -> Rules:
     return Rules(
         margin=margin,
         alpha=alpha,
         min_shared_class_share=share,
         allow_incomparable=allow_incomparable,
+        min_unseen_records=min_unseen,
     )
 
 
@@ -90,6 +102,8 @@ class Registry:
                 test_set,
                 classes,
                 answers(value) if paired == AUTO else paired,  # type: ignore[arg-type]
+                TEST_HASHES,
+                CANDIDATE_SEEN,
             ),
             rules=rules(margin, allow_incomparable),
             rescore=rescore,
@@ -104,7 +118,7 @@ class Registry:
         def rescore(version: str) -> Rescored:
             tags = self.client.get_model_version(self.name, version).tags
             value = float(tags[f"eval.{metric}"])
-            return Rescored(value, answers=answers(value))
+            return Rescored(value, answers=answers(value), seen=SEEN)
 
         return rescore
 
@@ -178,7 +192,7 @@ def test_a_macro_figure_is_decided_by_a_seeded_paired_bootstrap(registry: Regist
     coin = Answers(labels, np.zeros(RECORDS, np.int64), labels == 0, 2)
 
     def rescore(version: str) -> Rescored:
-        return Rescored(1 / 3, answers=coin)
+        return Rescored(1 / 3, answers=coin, seen=SEEN)
 
     registry.decide(1 / 3, metric="macro_f1", definition="macro_f1", paired=coin)
     decision = registry.decide(
@@ -282,7 +296,9 @@ def racing_promotion(
     client, name = registry.client, registry.name
     source = str(Path(client.tracking_uri.removeprefix("sqlite:///")).parent)
     version = str(client.create_model_version(name, source=source).version)
-    figure = Figure("accuracy", "accuracy", value, "b" * 64, ("a", "b"), answers(value))
+    figure = Figure(
+        "accuracy", "accuracy", value, "b" * 64, ("a", "b"), answers(value), TEST_HASHES, SEEN
+    )
 
     def choose() -> dict[str, Any]:
         return decide(client, name, version, figure, rules=rules(), rescore=rescore)
@@ -303,11 +319,11 @@ def test_a_promotion_whose_comparison_another_run_invalidated_never_moves_the_al
     def slow_rescore(version: str) -> Rescored:
         comparing.set()
         better_done.wait(timeout=3)  # under the lock the better one cannot finish meanwhile
-        return Rescored(0.5, answers=answers(0.5))
+        return Rescored(0.5, answers=answers(0.5), seen=SEEN)
 
     weaker, run_weaker = racing_promotion(registry, 0.7, slow_rescore)
     better, run_better = racing_promotion(
-        registry, 0.9, lambda version: Rescored(0.5, answers=answers(0.5))
+        registry, 0.9, lambda version: Rescored(0.5, answers=answers(0.5), seen=SEEN)
     )
     outcomes: dict[str, Any] = {}
 
@@ -566,7 +582,7 @@ def test_top_k_change_rescores_the_champion_rather_than_comparing(registry: Regi
 
     def rescore(version: str) -> Rescored:
         asked.append(version)
-        return Rescored(0.9)  # the champion's top-5 accuracy on the same test set
+        return Rescored(0.9, seen=SEEN)  # the champion's top-5 accuracy on the same test set
 
     decision = registry.decide(
         0.8174, metric="top_k_accuracy", definition="top_k_accuracy(top_k=5)", rescore=rescore
@@ -594,7 +610,9 @@ def test_top_k_change_without_a_rescore_is_not_comparable(registry: Registry) ->
 def test_champion_on_another_test_set_is_rescored_on_this_one(registry: Registry) -> None:
     registry.decide(0.95)  # on test set a: a figure the candidate cannot be held to
     decision = registry.decide(
-        0.9, test_set="b" * 64, rescore=lambda version: Rescored(0.6, answers=answers(0.6))
+        0.9,
+        test_set="b" * 64,
+        rescore=lambda version: Rescored(0.6, answers=answers(0.6), seen=SEEN),
     )
     assert decision["comparable"] is True and decision["promoted"] is True
     assert decision["champion_value"] == 0.6 and decision["champion_recorded_value"] == 0.95
@@ -627,7 +645,7 @@ def test_the_champion_is_rescored_even_on_the_same_test_set_for_paired_answers(
 
     def rescore(version: str) -> Rescored:
         asked.append(version)
-        return Rescored(0.7, answers=answers(0.7))
+        return Rescored(0.7, answers=answers(0.7), seen=SEEN)
 
     decision = registry.decide(0.8, rescore=rescore)
     assert asked == ["1"]
@@ -693,3 +711,80 @@ def test_a_champion_is_scored_by_its_own_ranking_of_names() -> None:
 
 
 # -- the card and the label review, per registered version ---------------------------------
+
+
+def seen_test_records(first: int, last: int) -> SeenRecords:
+    """A champion that trained on test records ``first`` to ``last - 1`` of today's set (the
+    split moved since it was trained)."""
+    return SeenRecords("d" * 64, frozenset(TEST_HASHES[first:last]) | SEEN.train, frozenset())
+
+
+def test_the_champion_is_compared_only_on_test_records_neither_model_saw(
+    registry: Registry,
+) -> None:
+    """The split moved: 60 of today's 200 test records were in the champion's training
+    split. On all 200 it wins (it learned those 60 by heart); on the 140 neither model saw,
+    the challenger is better, and takes the alias. The record names what was left out and
+    why; the candidate's full-test figure stays beside the compared one."""
+    import numpy as np
+
+    labels = np.zeros(RECORDS, np.int64)
+    champion_right = np.arange(RECORDS) < 130  # all 60 it saw, 70 of the other 140
+    challenger_right = (np.arange(RECORDS) >= 60) & (np.arange(RECORDS) < 180)  # 120 of 140
+    champion = Answers(labels, (~champion_right).astype(np.int64), champion_right, 2)
+    challenger = Answers(labels, (~challenger_right).astype(np.int64), challenger_right, 2)
+    registry.decide(0.65)
+
+    def rescore(version: str) -> Rescored:
+        return Rescored(0.65, answers=champion, seen=seen_test_records(0, 60))
+
+    decision = registry.decide(0.6, paired=challenger, rescore=rescore)
+    assert decision["promoted"] is True, decision["reason"]
+    assert decision["unseen"]["left_out_records"] == 60
+    assert decision["unseen"]["left_out_champion_saw"] == 60
+    assert decision["unseen"]["unseen_records"] == decision["evidence"]["test_records"] == 140
+    assert decision["candidate_value"] == pytest.approx(120 / 140)
+    assert decision["champion_value"] == pytest.approx(70 / 140)
+    assert decision["candidate_full_value"] == 0.6 and decision["champion_full_value"] == 0.65
+    assert (
+        "60 of 200 test records left out (60 trained or validated on by champion v1"
+        in (decision["reason"])
+    )
+    assert registry.champion == "2"
+
+
+def test_too_few_test_records_neither_model_saw_are_not_comparable_and_say_what_to_do(
+    registry: Registry,
+) -> None:
+    registry.decide(0.7)
+
+    def rescore(version: str) -> Rescored:
+        return Rescored(0.7, answers=answers(0.7), seen=seen_test_records(0, 170))
+
+    decision = registry.decide(0.95, rescore=rescore)
+    assert decision["comparable"] is False and decision["promoted"] is False
+    assert decision["decision"] == "not comparable: champion kept"
+    assert "only 30 of 200 current test records were seen by neither model" in decision["reason"]
+    assert "evaluate.min_unseen_records=50" in decision["reason"]
+    assert "shardflow promote --version" in decision["reason"]
+    assert registry.champion == "1"
+
+
+def test_a_champion_that_logged_no_seen_records_is_not_comparable(registry: Registry) -> None:
+    """A version registered without the hashes of its training and validation records
+    cannot be shown to be unseen on any test record: not comparable, whatever its figure,
+    whether it was re-scored or raised before loading its model."""
+    from tasks.evaluate.promotion import no_seen_records
+
+    registry.decide(0.5)
+    unknown = registry.decide(0.9, rescore=lambda version: Rescored(0.5, answers=answers(0.5)))
+    assert unknown["comparable"] is False and unknown["promoted"] is False
+
+    def raises(version: str) -> Rescored:
+        raise no_seen_records(version)
+
+    refused = registry.decide(0.9, rescore=raises)
+    assert refused["comparable"] is False and refused["champion_value"] is None
+    for decision in (unknown, refused):
+        assert "logged no hashes of the records it trained and validated on" in decision["reason"]
+    assert registry.champion == "1"

@@ -40,7 +40,13 @@ def outputs(root: Path, promoted: bool) -> None:
     write(root, "metrics/eval.json", {"accuracy": 0.9550898, "num_test_records": 334})
     reason = "accuracy 0.9551 beats champion v1 (0.9400)" if promoted else "no gain over v1"
     promotion = {"candidate_version": "2", "promoted": promoted, "reason": reason}
-    write(root, "reports/eval_summary.json", {"promotion": promotion})
+    evaluated = {"promotion": promotion, "run_id": "r1", "test_fingerprint": SHARDS}
+    write(root, "reports/eval_summary.json", evaluated)
+    write(root, "data/shards/manifest.json", {"fingerprint": SHARDS})
+    write(root, "models/run.json", {"run_id": "r1", "fingerprint": SHARDS})
+
+
+SHARDS = "5" * 64  # the fingerprint of the shards the fixture's model was evaluated on
 
 
 def test_stages_run_and_skipped_come_from_dvc_in_pipeline_order() -> None:
@@ -68,6 +74,26 @@ def test_a_promotion_and_missing_outputs_are_said_plainly(tmp_path: Path) -> Non
     empty = "\n".join(summary_lines(tmp_path / "nothing", []))
     assert "stages run: none" in empty and "test accuracy: - on - records" in empty
     assert "champion: -" in empty and "records per split: -; validation -" in empty
+
+
+@pytest.mark.parametrize("moved", ["new shards", "new shards and model", "another model"])
+def test_a_figure_of_other_shards_or_another_model_is_never_shown_as_this_run_s(
+    tmp_path: Path, moved: str
+) -> None:
+    """`shardflow run validate` with a new split: metrics/eval.json still holds the last
+    model's accuracy on the old test split; the summary says the model has not been
+    evaluated on these shards yet, and shows neither that figure nor the old decision."""
+    outputs(tmp_path, promoted=True)
+    new = "6" * 64
+    if moved != "another model":
+        write(tmp_path, "data/shards/manifest.json", {"fingerprint": new})
+    if moved != "new shards":
+        fingerprint = new if moved == "new shards and model" else SHARDS
+        write(tmp_path, "models/run.json", {"run_id": "r2", "fingerprint": fingerprint})
+    text = "\n".join(summary_lines(tmp_path, DVC_OUTPUT))
+    assert "test accuracy: the model has not been evaluated on these shards yet" in text
+    assert "0.9551" not in text and "334 records" not in text
+    assert "champion: - (no decision on these shards yet)" in text
 
 
 def test_the_summary_names_the_current_dataset_s_model(tmp_path: Path) -> None:

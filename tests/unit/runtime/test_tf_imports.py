@@ -129,7 +129,7 @@ evaluate.predict_split = first_prediction
 print("cleanlab" in sys.modules)
 try:
     evaluate.evaluate_model("m.keras", "shards", "out", top_k=1, label_issues_file="issues.csv",
-                             label_error_confidence=0.7)
+                             min_class_review_accuracy=0.7)
 except Stop:
     pass
 """
