@@ -60,12 +60,23 @@ def summary_lines(root: Path, dvc_lines: Iterable[str]) -> list[str]:
         f"skipped as unchanged: {', '.join(skipped) or 'none'}",
         f"images: {ingest.get('files_found', '-')} found, "
         f"{ingest.get('quarantined_count', '-')} quarantined (reports/ingest.json)",
+        *flagged_lines(ingest),
         f"records per split: {records}; validation {verdict} (reports/validation.md)",
         *baseline_lines(root, ran, passed),
         f"test accuracy: {_figure(accuracy)} on {tested} records (metrics/eval.json)",
         f"champion: {_decision(promotion)} (reports/eval_summary.json)",
         "outputs: data/shards/, models/model.keras, reports/, metrics/, plots/",
         *NEXT_STEPS,
+    ]
+
+
+def flagged_lines(ingest: dict[str, Any]) -> list[str]:
+    """One line a near-duplicate group ingest flagged (spanning classes or over 1% of the
+    images), with its sheet: the user's to look at before trusting the split."""
+    return [
+        f"near-duplicate group of {len(group['paths'])} images {group['why']} (one split): "
+        f"see {group['sheet'] or 'reports/ingest.json near_duplicates.flagged'}"
+        for group in (ingest.get("near_duplicates") or {}).get("flagged", [])
     ]
 
 

@@ -359,11 +359,13 @@ def build_index(
     classes: list[str],
     params: IngestParams,
     placed: dict[str, str] | None = None,
+    sheets: Path | None = None,
 ) -> SortedFiles:
     """Sort inspected files into accepted / quarantined / duplicate, with splits.
 
     ``placed`` (sha256 -> split, see :func:`previous_placements`) are images already in
-    shards; every other image is placed by :func:`tasks.contracts.near_duplicates.place`."""
+    shards; every other image is placed by :func:`tasks.contracts.near_duplicates.place`.
+    ``sheets``: where the flagged groups' sheets go (the report names them)."""
     records, quarantined, duplicates = sort_by_content(inspected, classes)
     placement = place(
         [Item(r["sha256"], r["path"], r["label"], r["phash"], r["thumb"]) for r in records],
@@ -384,7 +386,7 @@ def build_index(
         records=[r for r in records if r["split"] is not None],
         quarantined=quarantined,
         duplicates=duplicates,
-        near_duplicates=NearDuplicates.of(placement, params.near_duplicate_distance),
+        near_duplicates=NearDuplicates.of(placement, params.near_duplicate_distance, sheets),
     )
 
 
@@ -473,6 +475,7 @@ def run_ingest(
     handoff: Path | None = None,
     target: Target | None = None,
     excluded: frozenset[str] = frozenset(),
+    sheets: Path | None = None,
 ) -> dict[str, Any]:
     """Ingest ``params.source_dir``; write the index and the ingest report; return the report
     as JSON with this run's :class:`~tasks.ingest.report.VerdictCounts` (what the flow logs).
@@ -500,7 +503,7 @@ def run_ingest(
     refuse_files_changed_since_read(source_dir, inspected)  # before the index changes
     inspected, excluded_count = drop_excluded(inspected, excluded, kept)
     classes = sorted({c.label for c in discovered.candidates})
-    sorted_out = build_index(inspected, classes, params, previous.placements)
+    sorted_out = build_index(inspected, classes, params, previous.placements, sheets)
     present = {r["label"] for r in sorted_out.records}
     refuse_a_lost_set(inspected, present, params)  # before the index or any shard changes
     classes = [c for c in classes if c in present]  # a class whose files all failed is dropped
@@ -520,9 +523,20 @@ def run_ingest(
         },
     )
     write_signatures(index_path, index_sha256, inspected, started_ns)
+    draw_flagged(source_dir, sorted_out)
     written = report.as_json()
     write_json(report_path, written)
     return {**written, **asdict(VerdictCounts.of(inspected))}
+
+
+def draw_flagged(source_dir: Path, sorted_out: SortedFiles) -> None:
+    """Draw the sheet of every flagged near-duplicate group the report names one for."""
+    from tasks.ingest.group_sheets import write_group_sheet
+
+    labels = {str(r["path"]): str(r["label"]) for r in sorted_out.records}
+    for group in sorted_out.near_duplicates.flagged:
+        if group.sheet is not None:
+            write_group_sheet(source_dir, group.model_dump(), labels, Path(group.sheet))
 
 
 def emptied_handoff(handoff: Path | None, target: Target | None) -> tuple[Path, Target] | None:
