@@ -1,6 +1,19 @@
-"""Near-duplicates: the distance that separates them on real photos, and the search at 50,000.
+"""Near-duplicates: the relation on real images, the distance, the search and placement.
 
-``python -m bench --only near_duplicates`` measures two things:
+``python -m bench --only near_duplicates`` measures four things:
+
+- ``confirmation``: the second check (:func:`tasks.contracts.near_duplicates.is_near`) on
+  images that ship with installed packages, through ingest's own check (nothing
+  downloaded, nothing written): scikit-learn's digits (8x8 scans: every scan of one digit
+  shares a layout), non-overlapping tiles of its two sample photos (skies and walls are
+  flat), scikit-image's sample photos, and letters drawn in every font Matplotlib bundles
+  in three colour schemes (one letter in two fonts differs by a few stroke pixels on a
+  flat background). The share of planted copies (resized, re-encoded, cropped, re-saved
+  with and without alpha) it finds near, and the share of distinct pairs whose hashes are
+  candidates that it confirms.
+- ``placement_memory``: peak RSS of placing 50,000 and 1,000,000 images (random hashes and
+  thumbnails, a tenth of them copies) by the confirmed, class-share rule and by the
+  hash-only rule it replaced, on the same items, in fresh interpreters: their ratio.
 
 - ``threshold``: perceptual-hash distances (bits of 64), through ingest's own check
   (:func:`tasks.ingest.inspection.check_image`, JPEGs at its 1/8 draft decode), on scikit-image's
@@ -481,10 +494,29 @@ def measure_look_alikes(count: int, distance: int) -> dict[str, Any]:
     }
 
 
-def measure_near_duplicates(work: Path, *, count: int, distance: int, log: Any) -> dict[str, Any]:
-    """Both measurements; the search runs in a fresh interpreter for its peak RSS."""
+def measure_near_duplicates(
+    work: Path,
+    *,
+    count: int,
+    distance: int,
+    log: Any,
+    placements: tuple[int, ...] = (50_000, 1_000_000),
+) -> dict[str, Any]:
+    """Every measurement; the search and the placements run in fresh interpreters for their
+    peak RSS."""
     from bench.measured import run_measured
 
+    confirmation = measure_confirmation(distance)
+    sources = ", ".join(
+        f"{name} {s['copies_confirmed']}/{s['copy_pairs']} copies, "
+        f"{s['distinct_confirmed']}/{s['candidate_pairs']} distinct"
+        for name, s in confirmation["sources"].items()
+    )
+    log(
+        f"   second check: {confirmation['copies_confirmed_share']:.1%} of planted copies near, "
+        f"{confirmation['distinct_confirmed_share']:.1%} of distinct hash candidates ({sources})"
+    )
+    memory = [measure_placement_rss(work, images, distance, log) for images in placements]
     threshold = measure_threshold()
     log(
         f"   light edits <= {threshold['max_light_edit_bits']} bits; other parts >= "
@@ -515,7 +547,35 @@ def measure_near_duplicates(work: Path, *, count: int, distance: int, log: Any) 
         f"{alike['place_s']} s, validation's check {alike['check_s']} s, peak RSS "
         f"{alike['peak_rss_mb']} MB"
     )
-    return {"threshold": threshold, "search": search, "look_alikes": alike}
+    return {
+        "threshold": threshold,
+        "search": search,
+        "look_alikes": alike,
+        "confirmation": confirmation,
+        "placement_memory": memory,
+    }
+
+
+def measure_placement_rss(work: Path, images: int, distance: int, log: Any) -> dict[str, Any]:
+    """Peak RSS of placing ``images`` (:func:`placement_set`) by the confirmed rule and by
+    the hash-only rule it replaced, each in a fresh interpreter; their ratio."""
+    from bench.measured import run_measured
+
+    runs = {
+        rule: run_measured(
+            "bench.near_duplicates",
+            [f"place-{rule}", str(images), str(distance)],
+            work / f"near-duplicates-place-{rule}-{images}.log",
+        )
+        for rule in ("hash-only", "confirmed")
+    }
+    ratio = runs["confirmed"]["peak_rss_mb"] / runs["hash-only"]["peak_rss_mb"]
+    log(
+        f"   placing {images:,} images: peak RSS {runs['confirmed']['peak_rss_mb']} MB "
+        f"confirmed, {runs['hash-only']['peak_rss_mb']} MB hash-only ({ratio:.2f}x); "
+        f"{runs['confirmed']['place_s']} s and {runs['hash-only']['place_s']} s"
+    )
+    return {"images": images, **runs, "peak_rss_ratio": round(ratio, 3)}
 
 
 def main() -> None:

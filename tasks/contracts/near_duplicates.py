@@ -60,7 +60,7 @@ THUMB_BYTES = THUMB_SIDE * THUMB_SIDE
 THUMB_BLUR = 0.5  # Gaussian radius, in thumbnail pixels
 PIXEL_TOLERANCE = 24
 MAX_DIFFERING = 7
-CONFIRM_BLOCK = 1 << 16  # candidate pairs whose thumbnails are compared at once
+CONFIRM_BLOCK = 1 << 13  # candidate pairs whose thumbnails are compared at once
 # A group this large a share of the images (or spanning classes) is reported with a sheet
 FLAGGED_GROUP_SHARE = 0.01
 
@@ -232,14 +232,18 @@ def near_components(
     for codes in _pair_blocks(values, distance, label):
         a, b = codes // n, codes % n
         apart = label[a] != label[b]
-        if not apart.any():
-            continue
         a, b = a[apart], b[apart]
-        if check is not None:
-            confirmed = _confirmed(check, a, b)
-            a, b = a[confirmed], b[confirmed]
-        if len(a):
-            _merge(label, a, b)
+        # a slice at a time, each merged before the next is confirmed: in a look-alike set
+        # the first slices join most of it, and the pairs they join are never compared
+        for start in range(0, len(a), CONFIRM_BLOCK):
+            first, second = a[start : start + CONFIRM_BLOCK], b[start : start + CONFIRM_BLOCK]
+            apart = label[first] != label[second]
+            first, second = first[apart], second[apart]
+            if check is not None and len(first):
+                confirmed = _confirmed(check, first, second)
+                first, second = first[confirmed], second[confirmed]
+            if len(first):
+                _merge(label, first, second)
     # Back to positions: each component named by its first position.
     first = np.full(len(values), len(hashes), dtype=np.int64)
     np.minimum.at(first, label[inverse], np.arange(len(hashes)))
