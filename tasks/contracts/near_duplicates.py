@@ -1,7 +1,7 @@
 """Near-duplicate photos: perceptual hashes, an indexed neighbour search, and split placement.
 
 The same photo resized, re-encoded or lightly cropped has other bytes, so its content hash
-(and its hash split) differs and it can land in train and in test at once. Ingest therefore
+differs and, placed on its own, it can land in train and in test at once. Ingest therefore
 takes a 64-bit perceptual hash (``imagehash.phash``: a DCT of a 32x32 grey copy) of the image
 it has already decoded to check the file. A hash within ``ingest.near_duplicate_distance``
 bits of another only makes the pair a candidate: drawings on flat backgrounds, glyphs of
