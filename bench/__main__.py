@@ -27,6 +27,7 @@ QUICK = {
     "append_images": 500,
     "stage_rss_max": 10_000,
     "near_duplicate_hashes": 2000,
+    "placement_images": 20_000,
     "lineage_images": 10_000,
     "lineage_runs": 10,
     "orch_passes": 2,
@@ -128,6 +129,12 @@ OPTIONS: list[tuple[str, Callable[[str], Any], Any, str]] = [
     ),
     ("--serve-requests", int, 200, "single-image HTTP requests timed"),
     ("--near-duplicate-hashes", int, 50000, "hashes of the near-duplicate search"),
+    (
+        "--placement-images",
+        int,
+        1_000_000,
+        "the larger placement of the near-duplicate section's memory (the smaller: 50,000)",
+    ),
     ("--lineage-images", int, 1_000_000, "images of the lineage section's generated index"),
     ("--lineage-runs", int, 100, "training runs of the lineage section's tracking store"),
     (
@@ -256,6 +263,10 @@ class Run:
             "near_duplicates.place_s": None,
             "near_duplicates.look_alike_place_s": None,
             "near_duplicates.peak_rss_mb": None,
+            "near_duplicates.copies_confirmed": None,
+            "near_duplicates.distinct_confirmed": None,
+            "near_duplicates.place_rss_ratio_50k": None,
+            "near_duplicates.place_rss_ratio_1m": None,
             "label_review.chosen": None,
             "label_review.precision": None,
             "label_review.recall": None,
@@ -717,6 +728,7 @@ def near_duplicates(b: Bench) -> None:
         count=b.args.near_duplicate_hashes,
         distance=b.base.ingest.near_duplicate_distance,
         log=log,
+        placements=(min(50_000, b.args.placement_images), b.args.placement_images),
     )
     threshold, search = result["threshold"], result["search"]
     f = b.run.figures
@@ -728,6 +740,11 @@ def near_duplicates(b: Bench) -> None:
     f["near_duplicates.place_s"] = search["place_s"]
     f["near_duplicates.look_alike_place_s"] = result["look_alikes"]["place_s"]
     f["near_duplicates.peak_rss_mb"] = search["peak_rss_mb"]
+    f["near_duplicates.copies_confirmed"] = result["confirmation"]["copies_confirmed_share"]
+    f["near_duplicates.distinct_confirmed"] = result["confirmation"]["distinct_confirmed_share"]
+    small, large = result["placement_memory"]
+    f["near_duplicates.place_rss_ratio_50k"] = small["peak_rss_ratio"]
+    f["near_duplicates.place_rss_ratio_1m"] = large["peak_rss_ratio"]
     f["details"]["near_duplicates"] = result
 
 

@@ -40,8 +40,12 @@ def sha(i: int) -> str:
     return hashlib.sha256(i.to_bytes(8, "big")).hexdigest()
 
 
+THUMB = "80" * 256  # a 16x16 grey thumbnail, as ingest writes one per record
+
+
 def make_index(path: Path, n: int) -> None:
-    """An ingest index of ``n`` records, each with a fake content and perceptual hash."""
+    """An ingest index of ``n`` records, each with a fake content and perceptual hash and a
+    thumbnail (one grey picture for all: its bytes in the file are what lineage scans)."""
     rng = np.random.default_rng(0)
     phashes = rng.integers(0, 2**63, size=n, dtype=np.int64)
     splits = ("train",) * 8 + ("val", "test")
@@ -56,6 +60,7 @@ def make_index(path: Path, n: int) -> None:
             "width": 640,
             "height": 480,
             "phash": f"{int(phashes[i]):016x}",
+            "thumb": THUMB,
         }
         for i in range(n)
     ]

@@ -188,6 +188,29 @@ def targets_for(default_encoding: str) -> list[Target]:
             "<=",
             1.2,
         ),
+        # near-duplicate placement: the confirmed, class-share rule vs the hash-only one
+        Target(
+            "near-duplicate placement peak RSS vs hash-only, 50k",
+            "near_duplicates.place_rss_ratio_50k",
+            None,
+            "<=",
+            1.3,
+        ),
+        Target(
+            "near-duplicate placement peak RSS vs hash-only, 1M",
+            "near_duplicates.place_rss_ratio_1m",
+            None,
+            "<=",
+            1.3,
+        ),
+        Target("planted copies found near", "near_duplicates.copies_confirmed", None, ">=", 0.95),
+        Target(
+            "distinct hash candidates found near",
+            "near_duplicates.distinct_confirmed",
+            None,
+            "<=",
+            0.05,
+        ),
         Target(
             "whole shard stage peak RSS, rebuild 1M vs 10k records",
             "plan_rss.stage_rebuild_1m_mb",

@@ -47,6 +47,7 @@ def ingest_task(
             handoff=layout.handoff,
             target=target,
             excluded=load_excluded(layout.excluded),
+            sheets=layout.sheets / "near-duplicates",
         )
     progress(1, 1)  # an empty folder inspects nothing and is done too
     write_json(layout.ingest_metrics, split_figures(report, INGEST_FIGURES)[0])
@@ -56,6 +57,8 @@ def ingest_task(
         logger.warning("class %r dropped: %s", dropped["class"], dropped["reason"])
     if conflict_line := label_conflicts_line(report):
         logger.warning(conflict_line)
+    for line in flagged_group_lines(report):
+        logger.warning(line)
     create_table_artifact(
         key="ingest-summary",
         table=ingest.summary_rows(report),
@@ -81,6 +84,16 @@ def label_conflicts_line(report: dict[str, Any]) -> str | None:
         "(suspected label errors, each group kept in one split): "
         "reports/ingest.json, near_duplicates.label_conflicts"
     )
+
+
+def flagged_group_lines(report: dict[str, Any]) -> list[str]:
+    """One line a flagged near-duplicate group (spanning classes, or over 1% of the
+    images): why, its sheet and what to do; none when no group is flagged."""
+    return [
+        f"near-duplicate group of {len(group['paths'])} images {group['why']}, kept in one "
+        f"split ({group['split']}); {group['inspect']}"
+        for group in report["near_duplicates"].get("flagged", [])
+    ]
 
 
 def key_figures(report: dict[str, Any]) -> str:

@@ -62,6 +62,7 @@ def summary_lines(root: Path, dvc_lines: Iterable[str]) -> list[str]:
         f"skipped as unchanged: {', '.join(skipped) or 'none'}",
         f"images: {ingest.get('files_found', '-')} found, "
         f"{ingest.get('quarantined_count', '-')} quarantined (reports/ingest.json)",
+        *flagged_lines(ingest),
         f"records per split: {records}; validation {verdict} (reports/validation.md)",
         *baseline_lines(root, ran, passed),
         *evaluation_lines(root, evaluation, evaluated, promotion),
@@ -101,6 +102,16 @@ def evaluation_lines(
     return [
         f"test accuracy: {_figure(accuracy)} on {tested} records (metrics/eval.json)",
         f"champion: {_decision(promotion)} (reports/eval_summary.json)",
+    ]
+
+
+def flagged_lines(ingest: dict[str, Any]) -> list[str]:
+    """One line a near-duplicate group ingest flagged (spanning classes or over 1% of the
+    images), with its sheet: the user's to look at before trusting the split."""
+    return [
+        f"near-duplicate group of {len(group['paths'])} images {group['why']} (one split): "
+        f"see {group['sheet'] or 'reports/ingest.json near_duplicates.flagged'}"
+        for group in (ingest.get("near_duplicates") or {}).get("flagged", [])
     ]
 
 

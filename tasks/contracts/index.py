@@ -7,10 +7,11 @@ Format (version 3): JSON Lines, so a reader never holds the whole index. Line 1 
 header (``version``, ``source_dir``, ``classes``, ``verdict_key``, ``num_records``,
 ``num_verdicts``, and ``placement``: the rule the splits were placed under); then
 ``num_records`` lines, one accepted record each (``path``, ``label``, ``label_index``,
-``sha256``, ``split``, ``format``, ``width``, ``height``, ``phash``: the perceptual hash that
-near-duplicate placement used); then ``num_verdicts`` lines, one decode verdict each
-(``[path, sha256, format, width, height, reason, phash]``) that the next incremental ingest
-reuses. An index written before ``phash`` existed lacks it (and ``placement``): ingest
+``sha256``, ``split``, ``format``, ``width``, ``height``, ``phash`` and ``thumb``: the
+perceptual hash that finds near-duplicate candidates and the thumbnail that confirms them);
+then ``num_verdicts`` lines, one decode verdict each (``[path, sha256, format, width, height,
+reason, phash, thumb]``) that the next incremental ingest reuses. An index written before
+``thumb`` existed lacks it (and its ``placement`` lacks ``confirmation``): ingest decodes and
 places every image afresh and validation names the rerun. The shard planner streams the records
 and remembers only each one's byte offset, so planning a million images stays small.
 """

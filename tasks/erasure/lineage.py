@@ -105,18 +105,23 @@ class IndexView:
 
     def group(self, sha256: str, distance: int) -> list[str]:
         """The near-duplicate group of ``sha256`` (itself left out): every image linked to it
-        by hashes ``distance`` bits apart or closer (ingest's rule, one split a group)."""
+        by a chain of near pairs, ingest's relation (hashes ``distance`` bits apart or
+        closer, confirmed by their thumbnails: :func:`~tasks.contracts.near_duplicates.is_near`)."""
+        from tasks.contracts.near_duplicates import group_of
+
         start = self.position(sha256)
-        if start is None:
-            return []
-        members, frontier = {start}, [start]
-        while frontier:
-            near = np.zeros(len(self.phashes), dtype=bool)
-            for p in frontier:
-                near |= np.bitwise_count(self.phashes ^ self.phashes[p]) <= distance
-            frontier = [int(p) for p in np.flatnonzero(near) if int(p) not in members]
-            members.update(frontier)
-        return [self.sha256_at(p) for p in sorted(members - {start})]
+        record = self.record("sha256", sha256)
+        if start is None or record is None or "thumb" not in record:
+            return []  # an index from before confirmed placement: rerun ingest for groups
+        return [self.sha256_at(p) for p in group_of(start, self.phashes, self.thumbs, distance)]
+
+    def thumbs(self, rows: np.ndarray) -> np.ndarray:
+        """The thumbnails of the records at ``rows``, read from their lines: only the
+        candidates of one group ask, a few beside the index."""
+        from tasks.contracts.near_duplicates import thumb_values
+
+        records = [self.record("sha256", self.sha256_at(row)) for row in rows.tolist()]
+        return thumb_values([str((r or {})["thumb"]) for r in records])
 
 
 @dataclass(frozen=True)

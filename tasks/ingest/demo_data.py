@@ -22,7 +22,7 @@ from PIL import Image, ImageDraw
 CLASSES = ("circle", "cross", "square", "stripes", "triangle", "ring")
 # Every drawing's perceptual hash is more bits than this from every other's: well above
 # ingest.near_duplicate_distance, with room for what encoding moves a hash (a few bits),
-# so the demo has no near-duplicates and its splits are its hash splits.
+# so the demo has no near-duplicates and every image is placed on its own.
 DISTINCT_BITS = 16
 
 

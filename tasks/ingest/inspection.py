@@ -19,7 +19,7 @@ from PIL import ImageFile
 
 from tasks.contracts.content import class_name_problem, display_name, file_kind
 from tasks.contracts.handoff import HandoffWriter, Target, decode_key, header_bytes
-from tasks.contracts.near_duplicates import HASH_SIDE, perceptual_hash
+from tasks.contracts.near_duplicates import HASH_SIDE, perceptual_hash, thumbnail
 from tasks.images import ImageRejected, finish_decode, open_checked, oriented_size
 from tasks.ingest.discovery import Candidate
 from tasks.ingest.source_check import dvc_cache
@@ -42,6 +42,7 @@ class Inspected(NamedTuple):
     signature: Signature | None = None  # the file's stat when it was vetted
     trusted: bool = False  # content hash taken on its unchanged stat: the bytes were not read
     phash: str | None = None  # perceptual hash of the decoded image (near-duplicates)
+    thumb: str | None = None  # its grey thumbnail: the near-duplicate confirmation's input
 
 
 # (size, mtime_ns, ctime_ns, inode, device): what `git status` and DVC also trust to mean
@@ -160,10 +161,10 @@ def inspect_file(
     """Vet, read, hash and fully decode one file; never raises for a bad file.
 
     ``known`` is the previous index's verdict for this path (``[sha256, format, width,
-    height, reason, phash]``): when the content hash still matches, the verdict is reused and the
-    file is not decoded again. ``trusted`` is the stat signature under which that hash was
-    taken, where it is safe to trust (see :func:`previous_signatures`): when the file's
-    stat still equals it, the hash and verdict are reused without reading the file.
+    height, reason, phash, thumb]``): when the content hash still matches, the verdict is
+    reused and the file is not decoded again. ``trusted`` is the stat signature under which
+    that hash was taken, where it is safe to trust (see :func:`previous_signatures`): when
+    the file's stat still equals it, the hash and verdict are reused without reading it.
     ``handoff`` keeps the decode of a file decoded now for the shard stage
     (:mod:`tasks.contracts.handoff`).
     """
@@ -190,13 +191,24 @@ def inspect_file(
         return _reuse(candidate, known, digest, now, trusted=False)
     try:
         keep = partial(handoff.put, digest, now) if handoff is not None else None
-        fmt, width, height, phash = check_image(
+        fmt, width, height, phash, thumb = check_image(
             data, max_pixels=max_pixels, min_side=min_side, draft=draft, keep=keep
         )
     except ImageRejected as exc:
         return rejected(str(exc), digest)._replace(signature=now)
     return Inspected(
-        candidate.path, candidate.label, digest, fmt, width, height, None, False, now, False, phash
+        candidate.path,
+        candidate.label,
+        digest,
+        fmt,
+        width,
+        height,
+        None,
+        False,
+        now,
+        False,
+        phash,
+        thumb,
     )
 
 
@@ -210,13 +222,14 @@ def check_image(
     min_side: int,
     draft: bool,
     keep: Callable[[Image.Image, tuple[int, int, int], bytes], object] | None = None,
-) -> tuple[str, int, int, str]:
+) -> tuple[str, int, int, str, str]:
     """Ingest's check, :func:`tasks.images.verify`'s steps: (format, width and height after
-    EXIF orientation, perceptual hash) of usable image bytes.
+    EXIF orientation, perceptual hash, thumbnail) of usable image bytes.
 
     Every byte of the image data is decoded (with ``draft`` a JPEG at 1/8 scale: libjpeg
     still parses the whole stream), so truncated or corrupt files are caught; the
-    near-duplicate hash is taken from that same decode, so it costs no second one. ``keep``
+    near-duplicate hash and the thumbnail that confirms a near pair are taken from that same
+    decode, so they cost no second one. ``keep``
     is handed the decode, the decoder's :func:`~tasks.contracts.handoff.decode_key` and the file's
     header (:meth:`tasks.contracts.handoff.HandoffWriter.put`): when the shard stage would decode at
     the same scale, the record's pixels are made from it and the shard stage decodes none.
@@ -235,12 +248,12 @@ def check_image(
         image.draft(None, (max(HASH_SIDE, image.width // 8), max(HASH_SIDE, image.height // 8)))
     key = decode_key(image)
     decoded = finish_decode(image)
-    phash = perceptual_hash(decoded)
+    phash, thumb = perceptual_hash(decoded), thumbnail(decoded)
     # a file kept only once it passed every check; a JPEG only with the header that tells
     # how the shard stage's decoder would be set
     if keep is not None and (head or image.format != "JPEG"):
         keep(decoded, key, head)
-    return fmt, width, height, phash
+    return fmt, width, height, phash, thumb
 
 
 def _reuse(
@@ -248,12 +261,23 @@ def _reuse(
 ) -> Inspected:
     """The previous verdict for unchanged content (a quarantine reason, or the image's
     format and size)."""
-    _, fmt, width, height, reason, phash = known
+    _, fmt, width, height, reason, phash, thumb = known
     if reason is not None:
         name, label = display_name(candidate.path), display_name(candidate.label)
         return Inspected(name, label, digest, None, 0, 0, reason, True, now, trusted)
     return Inspected(
-        candidate.path, candidate.label, digest, fmt, width, height, None, True, now, trusted, phash
+        candidate.path,
+        candidate.label,
+        digest,
+        fmt,
+        width,
+        height,
+        None,
+        True,
+        now,
+        trusted,
+        phash,
+        thumb,
     )
 
 

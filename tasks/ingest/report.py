@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -66,6 +67,15 @@ class NearDuplicateGroup(ReportEntry):
     labels: list[str]
 
 
+class FlaggedGroup(NearDuplicateGroup):
+    """A group that spans classes or holds more than 1% of the images: placed whole like
+    every group, but shown to the user, who can tell copies from look-alikes at a glance."""
+
+    why: str
+    sheet: str | None  # its contact sheet (None when the run drew none)
+    inspect: str  # what to do next
+
+
 class NearDuplicates(ReportEntry):
     """The near-duplicate groups placement found, and the figures that flag trouble."""
 
@@ -78,12 +88,18 @@ class NearDuplicates(ReportEntry):
     groups: list[NearDuplicateGroup]
     # near-duplicates with different labels: one of them is probably mislabelled
     label_conflicts: list[NearDuplicateGroup]
+    # groups spanning classes or holding more than 1% of the images, with their sheets (in
+    # the report only when there are some: a set without keeps its report's bytes)
+    flagged: list[FlaggedGroup] = Field(default_factory=list)
 
     @classmethod
-    def of(cls, placement: Placement, distance: int) -> NearDuplicates:
+    def of(cls, placement: Placement, distance: int, sheets: Path | None = None) -> NearDuplicates:
+        """The report's account of ``placement``; ``sheets``: the folder the flagged groups'
+        sheets are drawn into (:func:`tasks.ingest.group_sheets.sheet_name`), if any."""
         groups = [NearDuplicateGroup.model_validate(g) for g in placement.groups]
         conflicts = [NearDuplicateGroup.model_validate(g) for g in placement.label_conflicts]
         sizes = [len(g.paths) for g in groups]
+        images = len(placement.splits) + len(placement.unplaceable)
         return cls(
             distance=distance,
             group_count=len(groups),
@@ -92,7 +108,32 @@ class NearDuplicates(ReportEntry):
             label_conflict_count=len(conflicts),
             groups=groups,
             label_conflicts=conflicts,
+            flagged=[
+                flagged_group(group, k, images, sheets)
+                for k, group in enumerate(placement.flagged, start=1)
+            ],
         )
+
+
+def flagged_group(group: dict[str, Any], k: int, images: int, sheets: Path | None) -> FlaggedGroup:
+    """The ``k``-th flagged group's entry: why it is flagged, its sheet, what to do."""
+    from tasks.ingest.group_sheets import sheet_name
+
+    size, labels = len(group["paths"]), group["labels"]
+    why = (
+        f"spans {len(labels)} classes ({', '.join(labels)})"
+        if len(labels) > 1
+        else f"holds {size} of {images} images (more than 1%)"
+    )
+    sheet = str(sheets / sheet_name(k)) if sheets is not None else None
+    look = f"open {sheet}" if sheet else "look at its images"
+    inspect = (
+        f"{look}: copies of one picture with two labels mean a label error (fix the label "
+        "in the source); pictures that only look alike mean the relation is too loose "
+        f"(lower ingest.near_duplicate_distance). `shardflow lineage {group['paths'][0]}` "
+        "names the group's other images"
+    )
+    return FlaggedGroup(**group, why=why, sheet=sheet, inspect=inspect)
 
 
 class IngestReport(ReportEntry):
@@ -118,8 +159,12 @@ class IngestReport(ReportEntry):
     near_duplicates: NearDuplicates
 
     def as_json(self) -> dict[str, Any]:
-        """The report as ``reports/ingest.json`` holds it."""
-        return self.model_dump(mode="json", by_alias=True)
+        """The report as ``reports/ingest.json`` holds it (``near_duplicates.flagged`` only
+        when a group is flagged)."""
+        written = self.model_dump(mode="json", by_alias=True)
+        if not written["near_duplicates"]["flagged"]:
+            del written["near_duplicates"]["flagged"]
+        return written
 
     def unaccounted(self) -> int:
         """Files found that no bucket holds: always 0 unless ingest has a bug."""

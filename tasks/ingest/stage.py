@@ -9,7 +9,6 @@ reusing what the previous run found, and places every image in a split.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -30,7 +29,7 @@ from tasks.contracts.index import (
     read_header,
     write_index,
 )
-from tasks.contracts.near_duplicates import Item, hash_version, place
+from tasks.contracts.near_duplicates import Item, confirmation_version, hash_version, place
 from tasks.ingest.discovery import Candidate, discover
 from tasks.ingest.inspection import (
     Inspected,
@@ -50,20 +49,20 @@ from tasks.ingest.report import (
 )
 from tasks.runtime.atomic import write_json, write_text
 from tasks.runtime.gc_pause import paused_gc
-from tasks.runtime.params import IngestParams, SplitFractions
+from tasks.runtime.params import IngestParams
 from tasks.runtime.processes import capped_workers, spawn_pool
 from tasks.runtime.worker_cost import check_seconds, worth_workers
 
 
 def verdict_key(params: IngestParams) -> str:
-    """What a decode verdict depends on besides the bytes: the limits, the decoder and the
-    perceptual hash taken from the decode."""
+    """What a decode verdict depends on besides the bytes: the limits, the decoder, and the
+    perceptual hash and thumbnail taken from the decode."""
     from tasks.images import preprocessing_version
 
     return (
         f"max_pixels={params.max_pixels};min_side={params.min_side};"
         f"max_file_mb={params.max_file_mb};draft={params.draft_check};{preprocessing_version()};"
-        f"{hash_version()}"
+        f"{hash_version()};{confirmation_version()}"
     )
 
 
@@ -84,7 +83,7 @@ def previous_verdicts(index_path: Path, key: str) -> dict[str, list[Any]]:
 def verdicts_of(inspected: list[Inspected]) -> dict[str, list[Any]]:
     """Decode verdicts of every file that was read, for the next run to reuse."""
     return {
-        i.path: [i.sha256, i.format, i.width, i.height, i.reason, i.phash]
+        i.path: [i.sha256, i.format, i.width, i.height, i.reason, i.phash, i.thumb]
         for i in inspected
         if i.sha256 is not None
     }
@@ -139,21 +138,6 @@ def write_signatures(
     ]
     text = json.dumps({"index_sha256": index_sha256, "files": files}, separators=(",", ":"))
     write_text(signatures_path(index_path), text + "\n")
-
-
-def assign_split(content_hash: str, fractions: SplitFractions, seed: int) -> str:
-    """Split from a seeded hash of the content, so a file's split never depends on others.
-
-    Each class is split independently at the same fractions, so every class is stratified
-    in expectation; identical content always lands in the same split (no leakage).
-    """
-    key = hashlib.sha256(f"{seed}:{content_hash}".encode()).digest()
-    u = int.from_bytes(key[:8], "big") / 2**64
-    if u < fractions.train:
-        return "train"
-    if u < fractions.train + fractions.val:
-        return "val"
-    return "test"
 
 
 CHUNK = 64  # files per job sent to a worker
@@ -336,11 +320,19 @@ def handoff_shares(budget: int, chunk_sizes: list[int], parallel: bool, workers:
     return [(budget - here) * n // files for n in chunk_sizes] + [here]
 
 
+# How groups are given splits (tasks.contracts.near_duplicates.place): whole, each class
+# keeping its share of every split. A new rule places every image afresh once.
+PLACEMENT_RULE = "confirmed-groups;class-shares"
+
+
 def placement_key(params: IngestParams) -> dict[str, Any]:
-    """The rule a split was placed under: the hash, the near-duplicate distance, the hash
-    split's seed and fractions. Placements are kept only while it stays the same."""
+    """The rule a split was placed under: the hash and its confirmation, the near-duplicate
+    distance, the placement rule, the seed and fractions. Placements are kept only while it
+    stays the same."""
     return {
         "hash": hash_version(),
+        "confirmation": confirmation_version(),
+        "rule": PLACEMENT_RULE,
         "near_duplicate_distance": params.near_duplicate_distance,
         "seed": params.seed,
         "splits": params.splits.model_dump(),
@@ -367,17 +359,20 @@ def build_index(
     classes: list[str],
     params: IngestParams,
     placed: dict[str, str] | None = None,
+    sheets: Path | None = None,
 ) -> SortedFiles:
     """Sort inspected files into accepted / quarantined / duplicate, with splits.
 
     ``placed`` (sha256 -> split, see :func:`previous_placements`) are images already in
-    shards; every other image is placed by :func:`tasks.contracts.near_duplicates.place`."""
+    shards; every other image is placed by :func:`tasks.contracts.near_duplicates.place`.
+    ``sheets``: where the flagged groups' sheets go (the report names them)."""
     records, quarantined, duplicates = sort_by_content(inspected, classes)
     placement = place(
-        [Item(r["sha256"], r["path"], r["label"], r["phash"]) for r in records],
+        [Item(r["sha256"], r["path"], r["label"], r["phash"], r["thumb"]) for r in records],
         placed or {},
         params.near_duplicate_distance,
-        lambda sha: assign_split(sha, params.splits, params.seed),
+        params.splits.model_dump(),
+        params.seed,
     )
     for record in records:
         reason = placement.unplaceable.get(record["sha256"])
@@ -391,7 +386,7 @@ def build_index(
         records=[r for r in records if r["split"] is not None],
         quarantined=quarantined,
         duplicates=duplicates,
-        near_duplicates=NearDuplicates.of(placement, params.near_duplicate_distance),
+        near_duplicates=NearDuplicates.of(placement, params.near_duplicate_distance, sheets),
     )
 
 
@@ -442,6 +437,7 @@ def index_record(item: Inspected, label_index: int) -> dict[str, Any]:
         "width": item.width,
         "height": item.height,
         "phash": item.phash,
+        "thumb": item.thumb,
     }
 
 
@@ -479,6 +475,7 @@ def run_ingest(
     handoff: Path | None = None,
     target: Target | None = None,
     excluded: frozenset[str] = frozenset(),
+    sheets: Path | None = None,
 ) -> dict[str, Any]:
     """Ingest ``params.source_dir``; write the index and the ingest report; return the report
     as JSON with this run's :class:`~tasks.ingest.report.VerdictCounts` (what the flow logs).
@@ -506,7 +503,7 @@ def run_ingest(
     refuse_files_changed_since_read(source_dir, inspected)  # before the index changes
     inspected, excluded_count = drop_excluded(inspected, excluded, kept)
     classes = sorted({c.label for c in discovered.candidates})
-    sorted_out = build_index(inspected, classes, params, previous.placements)
+    sorted_out = build_index(inspected, classes, params, previous.placements, sheets)
     present = {r["label"] for r in sorted_out.records}
     refuse_a_lost_set(inspected, present, params)  # before the index or any shard changes
     classes = [c for c in classes if c in present]  # a class whose files all failed is dropped
@@ -526,9 +523,20 @@ def run_ingest(
         },
     )
     write_signatures(index_path, index_sha256, inspected, started_ns)
+    draw_flagged(source_dir, sorted_out)
     written = report.as_json()
     write_json(report_path, written)
     return {**written, **asdict(VerdictCounts.of(inspected))}
+
+
+def draw_flagged(source_dir: Path, sorted_out: SortedFiles) -> None:
+    """Draw the sheet of every flagged near-duplicate group the report names one for."""
+    from tasks.ingest.group_sheets import write_group_sheet
+
+    labels = {str(r["path"]): str(r["label"]) for r in sorted_out.records}
+    for group in sorted_out.near_duplicates.flagged:
+        if group.sheet is not None:
+            write_group_sheet(source_dir, group.model_dump(), labels, Path(group.sheet))
 
 
 def emptied_handoff(handoff: Path | None, target: Target | None) -> tuple[Path, Target] | None:

@@ -102,6 +102,12 @@ class Layout:
         return self.root / ".shardflow" / "handoff"
 
     @property
+    def sheets(self) -> Path:
+        """Contact sheets of images for a user to look at (per clone, outside every DVC
+        out): ingest's flagged near-duplicate groups in ``near-duplicates/``."""
+        return self.root / ".shardflow" / "sheets"
+
+    @property
     def shards_dir(self) -> Path:
         return self.root / "data" / "shards"
 

@@ -204,7 +204,8 @@ def check_index(
 
 
 def check_near_duplicates(index_path: Path, contents: list[ShardContents]) -> dict[str, Any]:
-    """No near-duplicate pair (perceptual hashes within the distance ingest placed with)
+    """No near-duplicate pair (ingest's relation: perceptual hashes within the distance it
+    placed with, confirmed by the thumbnails, :func:`tasks.contracts.near_duplicates.is_near`)
     spans two splits: a resized or re-encoded copy of a training photo in test inflates test
     accuracy as surely as an exact copy does (``leakage`` catches those)."""
     from tasks.contracts.index import iter_records, read_header
@@ -215,10 +216,10 @@ def check_near_duplicates(index_path: Path, contents: list[ShardContents]) -> di
         by_hash = {str(r["sha256"]): r for _, r in iter_records(index_path)}
     except (OSError, ValueError) as exc:
         return check("near_duplicates", [str(exc)], "", str(exc))
-    if not isinstance(placement, dict):
+    if not isinstance(placement, dict) or "confirmation" not in placement:
         problem = (
-            f"{index_path} holds no perceptual hashes (written before near-duplicate "
-            "placement): rerun the ingest stage, then rebuild the shards"
+            f"{index_path} holds no near-duplicate thumbnails (written before confirmed "
+            "near-duplicate placement): rerun the ingest stage, then rebuild the shards"
         )
         return check("near_duplicates", [problem], "", problem)
     distance = int(placement["near_duplicate_distance"])
@@ -228,7 +229,12 @@ def check_near_duplicates(index_path: Path, contents: list[ShardContents]) -> di
         for digest in target.hashes
         if by_hash.get(digest, {}).get("phash")  # a record unknown to the index: see `index`
     ]
-    pairs = straddling_pairs([r["phash"] for _, r in found], [s for s, _ in found], distance)
+    pairs = straddling_pairs(
+        [r["phash"] for _, r in found],
+        [s for s, _ in found],
+        distance,
+        [r["thumb"] for _, r in found],
+    )
     problems: list[dict[str, Any]] = [
         {
             "paths": [found[i][1]["path"], found[j][1]["path"]],

@@ -18,7 +18,7 @@ from tasks.contracts.manifest import (
     file_sha256,
 )
 from tasks.contracts.numpy_reader import iter_split, write_dali_index
-from tasks.runtime.params import default_params
+from tasks.runtime.params import SplitFractions, default_params
 from tasks.shard.stage import shard_stage
 from tasks.tfrecord import CorruptRecord, record_offsets
 from tasks.validate.stage import ValidationFailed, raise_if_failed, run_validate
@@ -575,8 +575,14 @@ def test_a_near_duplicate_pair_across_splits_fails_and_a_rebuild_fixes_it(tmp_pa
     import io
 
     from bench.near_duplicates import sample_photo
-    from tasks.ingest.stage import assign_split, run_ingest
+    from tasks.ingest.stage import run_ingest
     from tests.conftest import write_image_folder
+
+    def assign_split(content_hash: str, fractions: SplitFractions, seed: int) -> str:
+        """How such a set was split: a seeded hash of each file's content alone."""
+        key = hashlib.sha256(f"{seed}:{content_hash}".encode()).digest()
+        u = int.from_bytes(key[:8], "big") / 2**64
+        return "train" if u < fractions.train else "val" if u < 1 - fractions.test else "test"
 
     source = write_image_folder(tmp_path / "images")
     params = default_params(
@@ -604,7 +610,7 @@ def test_a_near_duplicate_pair_across_splits_fails_and_a_rebuild_fixes_it(tmp_pa
     old = load_index(index_path)
     for record in old["records"]:
         record["split"] = assign_split(record["sha256"], fractions, seed)
-        del record["phash"]
+        del record["phash"], record["thumb"]
     write_index(index_path, {**old, "placement": None})
     shard_params = default_params(
         shard={"image_size": [16, 16], "target_shard_mb": 0.002, "workers": 1}

@@ -23,12 +23,12 @@ from tasks.contracts.near_duplicates import (
     place,
     straddling_pairs,
 )
-from tasks.ingest.stage import assign_split, run_ingest
-from tasks.runtime.params import SplitFractions, default_params
+from tasks.ingest.stage import run_ingest
+from tasks.runtime.params import default_params
 
-# Three even splits: a copy's own hash split differs from the original's two times in three.
 EVEN = {"train": 0.34, "val": 0.33, "test": 0.33}
 DISTANCE = default_params().ingest.near_duplicate_distance
+GREY = "80" * 256  # one thumbnail for every item: every hash candidate is confirmed
 
 
 def jpeg(image: Image.Image, quality: int = 90) -> bytes:
@@ -50,10 +50,6 @@ def photo(name: str, width: int = 192) -> Image.Image:
 
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def hash_split(data: bytes) -> str:
-    return assign_split(sha(data), SplitFractions(**EVEN), default_params().ingest.seed)
 
 
 def ingest(source: Path, root: Path) -> tuple[dict[str, Any], dict[str, str]]:
@@ -85,7 +81,6 @@ def test_resized_and_reencoded_copies_of_a_photo_end_in_the_same_split(tmp_path:
         "a/as_png.png": png(image),
         "a/cropped.jpg": jpeg(image.crop((5, 5, 251, 251))),
     }
-    assert len({hash_split(data) for data in copies.values()}) > 1  # hash splits would leak
     for path, data in copies.items():
         write(tmp_path / "src" / path, data)
     with_others(tmp_path / "src")
@@ -105,12 +100,10 @@ def test_an_existing_placement_never_moves_when_a_near_duplicate_arrives(tmp_pat
     with_others(tmp_path / "src")
     _, before = ingest(tmp_path / "src", tmp_path)
     placed = before["a/original.jpg"]
-    # A copy that a from-scratch placement would put elsewhere: it sorts first by content
-    # hash (so its hash split would decide the group) and its hash split is another one.
+    # A copy that sorts first by content hash, in another class: placed afresh, its
+    # class's quota would decide the group's split.
     copy = next(
-        data
-        for quality in range(40, 95)
-        if sha(data := jpeg(image, quality)) < sha(original) and hash_split(data) != placed
+        data for quality in range(40, 95) if sha(data := jpeg(image, quality)) < sha(original)
     )
     write(tmp_path / "src" / "b" / "copy.jpg", copy)
 
@@ -127,12 +120,7 @@ def test_near_duplicates_in_two_classes_are_a_label_conflict_kept_in_one_split(
 ) -> None:
     image = photo("clock")
     copies = {"cup/clock.jpg": jpeg(image, 95)}
-    copies["plate/clock_small.jpg"] = next(
-        data
-        for width in range(96, 180, 4)
-        if hash_split(data := jpeg(image.resize((width, width * 2 // 3))))
-        != hash_split(copies["cup/clock.jpg"])
-    )
+    copies["plate/clock_small.jpg"] = jpeg(image.resize((128, 85)))
     for path, data in copies.items():
         write(tmp_path / "src" / path, data)
     with_others(tmp_path / "src")
@@ -159,17 +147,17 @@ def test_same_inputs_give_the_same_splits_in_any_order_and_chains_stay_together(
     lone = flipped(first, range(32, 64))
     hashes = {"a": first, "b": second, "c": third, "d": lone}
     assert hamming(f"{first:016x}", f"{third:016x}") > DISTANCE >= 6
-    own = {"a": "test", "b": "train", "c": "val", "d": "val"}  # each one's hash split
-    items = [Item(k * 64, f"x/{k}.jpg", "x", f"{v:016x}") for k, v in hashes.items()]
+    items = [Item(k * 64, f"x/{k}.jpg", "x", f"{v:016x}", GREY) for k, v in hashes.items()]
 
     results = []
-    for seed in range(6):
-        shuffled = random.Random(seed).sample(items, len(items))
-        results.append(place(shuffled, {}, DISTANCE, lambda s: own[s[0]]).splits)
+    for order in range(6):
+        shuffled = random.Random(order).sample(items, len(items))
+        results.append(place(shuffled, {}, DISTANCE, EVEN, seed=3).splits)
 
     assert all(r == results[0] for r in results)
-    # the group takes the hash split of its first image by content hash ("a"), the lone one its own
-    assert results[0] == {"a" * 64: "test", "b" * 64: "test", "c" * 64: "test", "d" * 64: "val"}
+    # the chain goes first (the largest group) to the split with the most room, the lone one
+    # to the split its class lags most behind in
+    assert results[0] == {"a" * 64: "train", "b" * 64: "train", "c" * 64: "train", "d" * 64: "val"}
 
 
 @pytest.mark.parametrize("bridge_sha", ["0" * 64, "c" * 64])  # before or after the placed
@@ -178,11 +166,11 @@ def test_an_image_bridging_two_placed_splits_is_not_placed_and_says_why(bridge_s
     right = flipped(left, range(0, 16))
     bridge = flipped(left, range(0, 8))  # 8 bits from each
     items = [
-        Item("a" * 64, "x/left.jpg", "x", f"{left:016x}"),
-        Item("b" * 64, "x/right.jpg", "x", f"{right:016x}"),
-        Item(bridge_sha, "x/bridge.jpg", "x", f"{bridge:016x}"),
+        Item("a" * 64, "x/left.jpg", "x", f"{left:016x}", GREY),
+        Item("b" * 64, "x/right.jpg", "x", f"{right:016x}", GREY),
+        Item(bridge_sha, "x/bridge.jpg", "x", f"{bridge:016x}", GREY),
     ]
-    placement = place(items, {"a" * 64: "train", "b" * 64: "test"}, 10, lambda s: "val")
+    placement = place(items, {"a" * 64: "train", "b" * 64: "test"}, 10, EVEN, seed=3)
 
     assert placement.splits == {"a" * 64: "train", "b" * 64: "test"}
     reason = placement.unplaceable[bridge_sha]
@@ -262,7 +250,7 @@ def test_straddling_pairs_are_every_near_pair_across_splits() -> None:
         if splits[i] != splits[j]
     ]
     assert expected  # the check has something to find
-    assert straddling_pairs(hexes, splits, DISTANCE) == expected
+    assert straddling_pairs(hexes, splits, DISTANCE, [GREY] * len(hexes)) == expected
 
 
 def test_look_alike_images_group_in_bounded_memory() -> None:
@@ -272,12 +260,12 @@ def test_look_alike_images_group_in_bounded_memory() -> None:
     import tracemalloc
 
     hexes = [f"{int(h):016x}" for h in look_alikes(6000)]
-    items = [Item(f"{k:064x}", f"c/{k}.jpg", "c", hexes[k]) for k in range(len(hexes))]
+    items = [Item(f"{k:064x}", f"c/{k}.jpg", "c", hexes[k], GREY) for k in range(len(hexes))]
 
     tracemalloc.start()
     try:
-        placement = place(items, {}, DISTANCE, lambda sha: "train")
-        leaks = straddling_pairs(hexes, ["train"] * len(hexes), DISTANCE)
+        placement = place(items, {}, DISTANCE, EVEN, seed=3)
+        leaks = straddling_pairs(hexes, ["train"] * len(hexes), DISTANCE, [GREY] * len(hexes))
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -361,3 +349,74 @@ def test_look_alike_sets_sharing_buckets_group_exactly_as_every_pair_would() -> 
     first = {label: int(np.flatnonzero(expected == label)[0]) for label in set(expected.tolist())}
     assert groups.tolist() == [first[label] for label in expected.tolist()]
     assert groups[0] != groups[900]  # the inverted quarter keeps the second set apart
+
+
+def skewed_grouped_set(seed: int) -> tuple[list[Item], list[list[str]]]:
+    """2,000 / 400 / 100 / 30 images of four classes, in groups of copies (one hash and
+    thumbnail each) of 1 to 8 images, a group of 30 in the largest class and one spanning
+    two classes; the items and each group's content hashes."""
+    rng = np.random.default_rng(seed)
+    items: list[Item] = []
+    groups: list[list[str]] = []
+
+    def group(members: list[tuple[str, int]]) -> None:
+        phash = f"{int(rng.integers(0, 2**63)):016x}"
+        thumb = rng.integers(0, 256, 256, dtype=np.uint8).tobytes().hex()
+        shas = [hashlib.sha256(f"{label}/{k}".encode()).hexdigest() for label, k in members]
+        items.extend(
+            Item(sha, f"{label}/{k}.png", label, phash, thumb)
+            for sha, (label, k) in zip(shas, members, strict=True)
+        )
+        groups.append(shas)
+
+    group([("big", k) for k in range(30)])
+    group([("mid", 0), ("mid", 1), ("small", 0), ("small", 1)])
+    for label, count, start in (
+        ("big", 2000, 30),
+        ("mid", 400, 2),
+        ("small", 100, 2),
+        ("rare", 30, 0),
+    ):
+        k = start
+        while k < count:
+            size = min(count - k, int(rng.choice([1, 1, 1, 1, 2, 3, 8])))
+            group([(label, k + i) for i in range(size)])
+            k += size
+    return items, groups
+
+
+def test_groups_are_placed_whole_and_every_class_keeps_its_shares() -> None:
+    """Each class of 100 images or more lands within 2 points of the shares in every split,
+    whatever the order the images come in; the class-spanning and the large group are
+    flagged."""
+    items, groups = skewed_grouped_set(11)
+    shares = {"train": 0.8, "val": 0.1, "test": 0.1}
+
+    placement = place(items, {}, DISTANCE, shares, seed=1337)
+
+    assert all(len({placement.splits[sha] for sha in group}) == 1 for group in groups)
+    for label in ("big", "mid", "small"):
+        mine = [placement.splits[i.sha256] for i in items if i.label == label]
+        for name, share in shares.items():
+            assert abs(mine.count(name) / len(mine) - share) <= 0.02, (label, name)
+    shuffled = random.Random(2).sample(items, len(items))
+    assert place(shuffled, {}, DISTANCE, shares, seed=1337).splits == placement.splits
+    flagged = sorted(len(g["paths"]) for g in placement.flagged)
+    assert flagged == [4, 30]  # spans two classes; holds more than 1% of the images
+
+
+def test_a_pair_the_hash_finds_is_near_only_when_the_thumbnails_agree() -> None:
+    """Two images of one layout (one hash) but other pictures are two groups; validation
+    finds no leak between them, and a real copy across splits is still found."""
+    layout = "0123456789abcdef"
+    dark, light = "10" * 256, "f0" * 256
+    items = [
+        Item("a" * 64, "flags/one.png", "flags", layout, dark),
+        Item("b" * 64, "flags/other.png", "flags", layout, light),
+    ]
+
+    placement = place(items, {}, DISTANCE, EVEN, seed=3)
+
+    assert placement.groups == []
+    hexes, thumbs = [layout] * 3, [dark, light, dark]
+    assert straddling_pairs(hexes, ["train", "test", "val"], DISTANCE, thumbs) == [(0, 2)]

@@ -164,3 +164,39 @@ def test_the_index_scan_finds_every_record_and_its_perceptual_hash(two_sets: Set
             assert int(index.phashes[row]) == int(record["phash"], 16)
             assert index.position(record["sha256"]) == row
             assert index.record("path", record["path"]) == record
+
+
+def test_a_group_holds_the_copies_and_not_a_look_alike_whose_hash_is_as_near(
+    tmp_path: Path,
+) -> None:
+    """Forget's and lineage's group is ingest's relation: a flag of another colour with the
+    same layout (its hash as near as the copy's) is not taken with the flag."""
+    from tasks.contracts.index import write_index
+
+    def record(name: str, phash: int, shade: int) -> dict[str, object]:
+        return {
+            "path": f"flags/{name}.png",
+            "label": "flags",
+            "label_index": 0,
+            "sha256": name[0] * 64,
+            "split": "train",
+            "format": "PNG",
+            "width": 64,
+            "height": 64,
+            "phash": f"{phash:016x}",
+            "thumb": bytes([shade] * 256).hex(),
+        }
+
+    layout = 0x0F0F_0F0F_0F0F_0F0F
+    records = [
+        record("a_flag", layout, 40),
+        record("b_copy", layout ^ 0b111, 44),  # re-encoded: 3 bits and 4 grey levels off
+        record("c_other_colours", layout ^ 0b1, 200),  # as near by hash, another picture
+        record("d_copy_of_copy", layout ^ 0b111 ^ (0b11 << 20), 46),
+    ]
+    index_path = tmp_path / "index.json"
+    write_index(index_path, {"source_dir": "src", "classes": ["flags"], "records": records})
+
+    with IndexView(index_path) as index:
+        assert index.group("a" * 64, DISTANCE) == ["b" * 64, "d" * 64]
+        assert index.group("c" * 64, DISTANCE) == []

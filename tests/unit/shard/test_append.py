@@ -283,7 +283,13 @@ def test_incremental_ingest_decodes_only_new_or_changed_files(tmp_path: Path) ->
         ingest={"source_dir": str(project.source), "splits": SPLITS.model_dump(), "workers": 1}
     ).ingest
     run_ingest(params, full / "index.json", full / "ingest.json")
-    assert load_index(project.index) == load_index(full / "index.json")
+    # the same verdicts and records as a full ingest; the splits are the placed ones (a full
+    # placement shares every class out afresh, an incremental one keeps what shards hold)
+    incremental, whole = load_index(project.index), load_index(full / "index.json")
+    for index in (incremental, whole):
+        for record in index["records"]:
+            del record["split"]
+    assert incremental == whole
 
 
 def test_unchanged_files_are_not_read_again_and_any_rewrite_is(
@@ -516,3 +522,40 @@ def test_an_append_rereads_only_the_base_shards_whose_offsets_are_stale(
         records.offsets_json(manifest, project.shards), sort_keys=True, separators=(",", ":")
     )
     assert offsets_path.read_text() == want + "\n"  # the bytes of the whole document
+
+
+def test_a_set_placed_under_the_earlier_rule_is_placed_afresh_and_an_append_names_the_rebuild(
+    tmp_path: Path,
+) -> None:
+    """A set sharded when each image drew its split from its own content hash (no class
+    shares, no thumbnails): the next ingest places every image afresh under the current
+    rule, the append refuses the images that moved and names the rebuild, which passes."""
+    from tasks.contracts.index import write_index
+
+    project = Project(tmp_path)
+    project.update("rebuild")
+    old = load_index(project.index)
+    for record in old["records"]:  # what the earlier rule gave: a split per content hash
+        key = hashlib.sha256(f"1337:{record['sha256']}".encode()).digest()
+        u = int.from_bytes(key[:8], "big") / 2**64
+        record["split"] = "train" if u < 0.5 else "val" if u < 0.75 else "test"
+    earlier = {k: v for k, v in old["placement"].items() if k not in ("confirmation", "rule")}
+    write_index(project.index, {**old, "placement": earlier})
+    project.shard("rebuild")
+    before = digests(project.shards)
+
+    project.ingest()
+    placed = {r["sha256"]: r["split"] for r in load_index(project.index)["records"]}
+    moved = [r for r in old["records"] if placed[r["sha256"]] != r["split"]]
+    assert moved  # the class shares move some images
+    with pytest.raises(RebuildNeeded) as error:
+        project.shard("append")
+    message = str(error.value)
+    assert f"{len(moved)} record(s) of the base shard set no longer match" in message
+    assert "shard.mode: rebuild" in message and any(r["path"] in message for r in moved)
+    assert digests(project.shards) == before
+    project.shard("rebuild")
+    report = run_validate(
+        project.shards, tmp_path / "v.json", tmp_path / "v.md", index_path=project.index
+    )
+    assert report["passed"] is True
