@@ -32,6 +32,7 @@ from tasks.runtime.layout import Layout
 
 if TYPE_CHECKING:
     from tasks.contracts.forgotten import Erasure, ForgottenRecord
+    from tasks.erasure.identity import Forgotten
     from tasks.runtime.params import Params
 
 STEPS = (
@@ -88,16 +89,14 @@ class Job:
         return self.layout.root / self.params.ingest.source_dir
 
     @property
-    def marks(self) -> list[bytes]:
-        """What marks a copy in a file or an object: each hash (hex and raw), each name."""
-        hashes = self.erasure.sha256
-        found = [s.encode() for s in hashes] + [bytes.fromhex(s) for s in hashes]
-        return found + [name.encode() for name in self.names]
+    def forgotten(self) -> Forgotten:
+        """The images' identities: their content hashes and their paths (never a bare file
+        name, which other classes' images share)."""
+        from tasks.erasure.identity import Forgotten
 
-    @property
-    def names(self) -> list[str]:
-        """What names the images: their paths under source_dir, and their file names."""
-        return sorted({*self.sources, *(Path(s).name for s in self.sources)})
+        return Forgotten.of(
+            self.erasure.sha256, self.sources, source_dir=self.source_dir, root=self.layout.root
+        )
 
     def save(self) -> None:
         from tasks.contracts.forgotten import save_forgotten
@@ -278,16 +277,41 @@ def rerun_stale(layout: Layout, *, retrain: bool) -> list[str]:
 
 
 def step_scrub(job: Job) -> None:
-    """Every file of the project's caches, DVC cache and remote, and outputs holding them."""
+    """Every file of the project's caches, DVC cache and remote, and outputs holding them
+    by identity; never one the project needs to run (:func:`needed_files`, the objects the
+    working tree's ``dvc.lock`` names). Files kept that a byte search still finds a hash or
+    path in are only reported."""
     from tasks.erasure.forget import scrub_files
-    from tasks.erasure.lost_revisions import object_id
+    from tasks.erasure.lost_revisions import current_objects, object_id
 
     root = job.layout.root
     folders = [root / ".dvc" / "cache", root / ".dvc" / "tmp", *local_remotes(job.layout)]
     folders += [root / ".shardflow", root / "reports", root / "plots", root / "metrics"]
-    removed = scrub_files(folders, job.marks, contents=set(job.erasure.sha256), keep={job.intent})
-    job.dvc_objects = sorted({*job.dvc_objects, *filter(None, map(object_id, removed))})
-    job.done("scrub", files=[os.path.relpath(p, root) for p in removed if _nameless(p, job)])
+    keep = needed_files(job)
+    scrubbed = scrub_files(folders, job.forgotten, keep=keep, current=current_objects(root))
+    job.dvc_objects = sorted({*job.dvc_objects, *filter(None, map(object_id, scrubbed.removed))})
+    job.done(
+        "scrub",
+        files=[os.path.relpath(p, root) for p in scrubbed.removed if _nameless(p, job)],
+        still_mentioning=[
+            os.path.relpath(p, root) for p in scrubbed.mentioning if _nameless(p, job)
+        ],
+    )
+
+
+def needed_files(job: Job) -> set[Path]:
+    """The files a scrub never removes, whatever they hold: the locks, the intent, the
+    working tree's index, records lists, reports of the shard set and the audit files."""
+    from tasks.runtime.workspace_lock import HOLDER_FILE
+
+    root, layout = job.layout.root, job.layout
+    named = {job.intent, root / "dvc.lock", root / HOLDER_FILE, layout.index}
+    named |= {layout.forgotten, layout.excluded, layout.accepted_data, layout.ingest_report}
+    named |= {layout.shard_changes, layout.validation_report, layout.validation_summary}
+    locks = {p for p in (root / ".shardflow").glob("*.lock")}
+    locks |= {p for p in (root / ".dvc" / "tmp").glob("*") if p.is_file()}
+    shards = {p for p in layout.shards_dir.rglob("*") if p.is_file()}
+    return named | locks | shards
 
 
 def step_objects(job: Job) -> None:
@@ -295,15 +319,21 @@ def step_objects(job: Job) -> None:
     config), Dask staging (``shard.staging_url``) and a published set (SHARDFLOW_SHARDS_URL);
     then the commits and experiments whose data is gone with the DVC objects."""
     from tasks.contracts.shard_store import SHARDS_URL_ENV, s3_client
-    from tasks.erasure.lost_revisions import broken_objects, lost_revisions, object_id
+    from tasks.erasure.lost_revisions import (
+        broken_objects,
+        current_objects,
+        lost_revisions,
+        object_id,
+    )
     from tasks.erasure.object_scrub import Bucket, dvc_s3_remotes, scrub_bucket
 
     stores = dvc_s3_remotes(job.layout.root / ".dvc") if is_dvc_project(job.layout) else []
     others = [job.params.shard.staging_url, os.environ.get(SHARDS_URL_ENV)]
     stores += [Bucket(url, s3_client()) for url in others if url and url.startswith("s3://")]
+    current = current_objects(job.layout.root)
     removed = {}
     for store in stores:
-        gone = scrub_bucket(store, job.marks, job.erasure.sha256)
+        gone = scrub_bucket(store, job.forgotten, current=current)
         job.dvc_objects = sorted({*job.dvc_objects, *filter(None, map(object_id, gone))})
         removed[store.url] = len(gone)
     broken = broken_objects(job.dvc_objects, job.layout.root / ".dvc" / "cache")
@@ -313,7 +343,7 @@ def step_objects(job: Job) -> None:
 
 
 def _nameless(path: str, job: Job) -> bool:
-    return not any(name in path for name in job.names)
+    return not job.forgotten.named_in(path) and not any(Path(s).name in path for s in job.sources)
 
 
 def step_tracking(job: Job) -> None:
@@ -322,9 +352,8 @@ def step_tracking(job: Job) -> None:
     from tasks.runtime import tracking
 
     client = tracking.client(job.layout.root)
-    marks = [*job.erasure.sha256, *job.names]
     changed = scrub_tracking(
-        client, marks, set(job.held_runs), model_name_for(job.params, job.layout.root)
+        client, job.forgotten, set(job.held_runs), model_name_for(job.params, job.layout.root)
     )
     compact_sqlite(tracking.tracking_uri(job.layout.root))
     job.done("tracking", tracking_store=changed)
@@ -344,7 +373,7 @@ def step_prefect(job: Job) -> None:
         job.done("prefect", prefect_flow_runs=["no Prefect server configured"])
         return
     with get_client(sync_client=True) as client:
-        done = scrub_prefect(client, [*job.erasure.sha256, *job.names])
+        done = scrub_prefect(client, job.forgotten)
     job.done("prefect", prefect_flow_runs=done.flow_runs, prefect_artifacts=done.artifacts)
 
 

@@ -7,8 +7,8 @@ idempotent, so a rerun after a kill at any point completes the job.
   records (every other shard keeps its bytes), with the record lists, the offset index,
   the TFDS metadata, the manifest (a new fingerprint) and, last, the membership;
 - :func:`scrub_files`: every file under the given folders (the DVC cache and remote,
-  ``.dvc/tmp``, ``.shardflow``) that holds a forgotten image's bytes, content hash or file
-  name is removed.
+  ``.dvc/tmp``, ``.shardflow``) that holds a forgotten image by identity
+  (:mod:`tasks.erasure.identity`) is removed; what the working tree needs never is.
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ from tasks.contracts.manifest import (
 from tasks.contracts.membership import Membership, write_membership
 from tasks.contracts.numpy_reader import write_record_index
 from tasks.contracts.tfds_metadata import write_tfds_metadata
+from tasks.erasure.identity import Forgotten, holds, mentions
 from tasks.erasure.lineage import IndexView, resolve
-from tasks.erasure.object_scrub import holds
+from tasks.erasure.lost_revisions import object_id
 from tasks.runtime.atomic import write_json, write_text
 from tasks.runtime.refusals import Refused
 from tasks.schema import HASH_KEY, LABEL_KEY
@@ -265,25 +266,26 @@ def _class_counts(
     return counts
 
 
-def needles(plan: ForgetPlan, source_bytes: dict[str, bytes]) -> list[bytes]:
-    """What marks a copy of the forgotten images in a file: each content hash (hex and raw),
-    each file name, and the source bytes themselves."""
-    found = [sha.encode() for sha in plan.hashes] + [bytes.fromhex(s) for s in plan.hashes]
-    found += [relative.encode() for relative in plan.sources]
-    found += [data for data in source_bytes.values() if data]
-    return found
+@dataclass(frozen=True)
+class Scrubbed:
+    """What a scrub removed, and the files it kept in which a byte search still finds a
+    forgotten hash or path (reported, never removed on that ground)."""
+
+    removed: list[str]
+    mentioning: list[str]
 
 
 def scrub_files(
     folders: Iterable[Path],
-    marks: list[bytes],
+    forgotten: Forgotten,
     *,
-    contents: set[str] | frozenset[str] = frozenset(),
     keep: set[Path] | frozenset[Path] = frozenset(),
-) -> list[str]:
-    """Remove every file under ``folders`` whose name or bytes hold any of ``marks`` or whose
-    sha256 is in ``contents`` (a copy of a source file), but those in ``keep``; their paths."""
-    removed = []
+    current: set[str] | frozenset[str] = frozenset(),
+) -> Scrubbed:
+    """Remove every file under ``folders`` that holds a forgotten image by identity
+    (:func:`tasks.erasure.identity.holds`), but those in ``keep``, the empty ones and the
+    DVC objects in ``current`` (those the working tree's outputs need)."""
+    removed, mentioning = [], []
     for folder in folders:
         if not Path(folder).is_dir():
             continue
@@ -292,7 +294,12 @@ def scrub_files(
                 path = Path(root) / name
                 if path in keep or path.is_symlink() or not path.is_file():
                     continue
-                if holds(name, path.read_bytes(), marks, contents):
+                if object_id(str(path)) in current or not path.stat().st_size:
+                    continue
+                data = path.read_bytes()
+                if holds(name, data, forgotten):
                     path.unlink()
                     removed.append(str(path))
-    return sorted(removed)
+                elif mentions(data, forgotten):
+                    mentioning.append(str(path))
+    return Scrubbed(sorted(removed), sorted(mentioning))
