@@ -13,6 +13,7 @@ idempotent, so a rerun after a kill at any point completes the job.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections import Counter
@@ -72,7 +73,44 @@ def plan_forget(
         if not exact:
             for sha in asked:
                 hashes.update(index.group(sha, distance))
+    refuse_degenerate(sorted(hashes), layout)
     return ForgetPlan(asked, sorted(hashes), sorted(_files_holding(layout.index, hashes)))
+
+
+EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+
+
+def refuse_degenerate(hashes: list[str], layout: Any) -> None:
+    """Refuse content that is no image's identity: an empty file's (every empty file has
+    it: a lock, a marker) or that of a file the project keeps to run (its locks, DVC's own
+    files, its configuration). Forgetting it would remove every file with that content."""
+    from tasks.contracts.index import iter_records
+
+    kept = project_contents(layout.root)
+    for sha in hashes:
+        if sha != EMPTY_SHA256 and sha not in kept:
+            continue
+        what = "an empty file's" if sha == EMPTY_SHA256 else "that of a file the project keeps"
+        records = Path(layout.index).is_file() and any(
+            r["sha256"] == sha for _, r in iter_records(layout.index)
+        )
+        was = "a record" if records else "quarantined by ingest, never a record"
+        raise ForgetRefused(
+            f"{sha}: its content is {what}, not one image's: no erasure can tell this "
+            f"image from the files the project needs (the file was {was})",
+            fix="delete the file from ingest.source_dir by hand; nothing of it is in the "
+            "shards unless it was a record",
+        )
+
+
+def project_contents(root: Path) -> set[str]:
+    """The content hashes of the small files the project needs to run: its locks, DVC's
+    files and temporary markers, its configuration."""
+    root = Path(root)
+    files = [root / n for n in ("dvc.lock", "dvc.yaml", "params.yaml", ".dvcignore")]
+    files += [root / ".dvc" / "config", *(root / ".dvc" / "tmp").glob("*")]
+    files += list((root / ".shardflow").glob("*.lock*"))
+    return {file_sha256(f) for f in files if f.is_file() and not f.is_symlink()}
 
 
 def _files_holding(index_path: Path, hashes: set[str]) -> set[str]:

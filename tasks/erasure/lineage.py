@@ -153,21 +153,44 @@ class ImageLineage:
 
 def resolve(image: str, layout: Layout, source_dir: Path, index: IndexView) -> str:
     """The content hash ``image`` names: a hash as given, else a file (under ``source_dir``,
-    or from the repository root) hashed, else an index record's path."""
+    or from the repository root) hashed, else an index record's path; refused as an unknown
+    image unless the project has seen it (:func:`known`)."""
+    sha = _content_hash(image, layout, source_dir, index)
+    if sha is None or not known(sha, layout, index):
+        shown = image if len(image) <= 80 else f"{image[:77]}..."
+        raise UnknownImage(
+            f"unknown image: {shown} is not an image this project has seen (no record, "
+            f"verdict or shard set of {layout.index} or its shard sets holds it)",
+            fix="name an image by its path under ingest.source_dir or by its sha256 as "
+            "`shardflow lineage` shows it",
+        )
+    return sha
+
+
+def _content_hash(image: str, layout: Layout, source_dir: Path, index: IndexView) -> str | None:
     if SHA256.fullmatch(image.lower()):
         return image.lower()
     for candidate in (Path(image), source_dir / image, layout.root / image):
-        if candidate.is_file():
-            return file_sha256(candidate)
+        try:
+            if candidate.is_file():
+                return file_sha256(candidate)
+        except (OSError, ValueError):  # a name too long, or one no file system takes
+            continue
     for relative in (image, Path(image).as_posix().removeprefix(f"{source_dir.as_posix()}/")):
         record = index.record("path", relative)
         if record is not None:
             return str(record["sha256"])
-    raise UnknownImage(
-        f"{image}: neither a content hash (64 hex digits) nor a file under {source_dir} or a "
-        f"path in {layout.index}",
-        fix="name the image by its path under ingest.source_dir or by its sha256",
-    )
+    return None
+
+
+def known(sha256: str, layout: Layout, index: IndexView) -> bool:
+    """Whether the project has seen this content: a record or a verdict of the index, a
+    record of a shard set (current or kept), or an image already forgotten."""
+    if index.map is not None and index.map.find(f'"{sha256}"'.encode()) >= 0:
+        return True
+    if find_in(membership_files(layout), sha256):
+        return True
+    return forgotten_at(layout.forgotten, sha256) is not None
 
 
 def membership_files(layout: Layout) -> list[Path]:

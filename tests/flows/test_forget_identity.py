@@ -120,3 +120,43 @@ def test_forget_removes_by_identity_never_by_a_name_inside_another(
     assert (shards / kept_shard).read_bytes() == kept["a shard of red/11.png"].read_bytes()
     (erasure,) = load_forgotten(Layout(tmp_path).forgotten).erasures
     assert erasure.state == "done" and erasure.sha256 == [gone_sha]
+
+
+def tree_digests(root: Path) -> dict[str, str]:
+    """Every file of the project but the workspace lock (a command takes it) and MLflow's."""
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and "mlflow" not in p.name and p.name != "workspace.lock"
+    }
+
+
+@pytest.fixture
+def small_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A project whose params, index and shards agree; MLflow in a SQLite file beside it."""
+    project, layout = layout_project(tmp_path)
+    shard_set(project, layout)
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["ingest"]["source_dir"] = "images"
+    layout.params.write_text(yaml.safe_dump(params))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "image",
+    ["images/red/never-seen.png", "0" * 64, "images/" + "x" * 300 + ".png", "red/\u00e9\u00e9.png"],
+)
+def test_an_image_the_project_never_saw_is_refused_and_nothing_is_rewritten(
+    small_project: Path, image: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from flows.lineage import main as lineage
+
+    (small_project / "images" / "red" / "never-seen.png").write_bytes(b"\x89PNG after ingest")
+    before = tree_digests(small_project)
+    assert main([image, "--reason", "x", "--root", str(small_project)]) == 2
+    assert lineage([image, "--root", str(small_project)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("unknown image") == 2 and "Traceback" not in err
+    assert tree_digests(small_project) == before

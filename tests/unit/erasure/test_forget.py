@@ -3,6 +3,7 @@ and a rerun after a kill that completes the job."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
@@ -19,6 +20,7 @@ from tasks.contracts.manifest import MEMBERSHIP_NAME, load_manifest, stream_reco
 from tasks.contracts.membership import Membership
 from tasks.contracts.numpy_reader import iter_split
 from tasks.erasure.forget import (
+    ForgetRefused,
     affected_shards,
     filter_shard,
     plan_forget,
@@ -28,6 +30,7 @@ from tasks.erasure.forget import (
     scrub_files,
 )
 from tasks.erasure.identity import Forgotten
+from tasks.erasure.lineage import UnknownImage
 from tasks.ingest.stage import run_ingest, signatures_path
 from tasks.runtime.layout import Layout
 from tasks.runtime.params import default_params
@@ -163,6 +166,37 @@ def test_scrub_removes_every_file_holding_the_image_by_identity_and_reports_the_
     assert {Path(p).name for p in scrubbed.mentioning} == {"object-e"}
     assert sorted(p.name for p in cache.iterdir()) == ["ab", "empty", "object-d", "object-e"]
     assert needed.read_bytes() == data
+
+
+def test_an_empty_file_or_content_the_project_keeps_is_no_erasable_identity(
+    fresh: Built,
+) -> None:
+    """Its hash is every empty file's (a lock's, a marker's): forget refuses it, saying the
+    file was quarantined, never a record."""
+    layout, source, _, _ = fresh
+    (source / "red" / "empty.png").write_bytes(b"")
+    (layout.root / ".shardflow").mkdir(exist_ok=True)
+    (layout.root / ".shardflow" / "workspace.lock").write_text("held by shardflow run")
+    (source / "red" / "lock.png").write_text("held by shardflow run")
+    with contextlib.chdir(layout.root):
+        run_ingest(ingest_params(source), layout.index, layout.ingest_report)
+    for name, what in (("empty.png", "an empty file's"), ("lock.png", "a file the project keeps")):
+        with pytest.raises(ForgetRefused, match=what) as refused:
+            plan_forget(
+                [f"red/{name}"], layout=layout, source_dir=source, distance=DISTANCE, exact=True
+            )
+        assert "quarantined by ingest, never a record" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "image",
+    ["red/never-seen.png", "9" * 64, "x" * 300 + ".png", "red/" + "é" * 200, "bad\x00name"],
+)
+def test_an_image_the_project_never_saw_is_refused_as_unknown(fresh: Built, image: str) -> None:
+    layout, source, _, _ = fresh
+    (source / "red" / "never-seen.png").write_bytes(b"\x89PNG added after ingest")
+    with pytest.raises(UnknownImage, match="unknown image"):
+        plan_forget([image], layout=layout, source_dir=source, distance=DISTANCE, exact=True)
 
 
 def test_a_source_the_project_may_not_write_keeps_the_image_out_by_the_exclusion_list(
