@@ -56,8 +56,17 @@ def parser() -> argparse.ArgumentParser:
         description="Remove images and their near-duplicates from the data, the shards, every "
         "copy the project made and the models trained on them (docs/erasure.md).",
     )
-    parser.add_argument("images", nargs="+", metavar="IMAGE", help="a path or a sha256")
-    parser.add_argument("--reason", required=True, help="why (recorded in data/forgotten.json)")
+    parser.add_argument("images", nargs="*", metavar="IMAGE", help="a path or a sha256")
+    parser.add_argument("--reason", help="why (recorded in data/forgotten.json; required)")
+    unfinished = parser.add_mutually_exclusive_group()
+    unfinished.add_argument(
+        "--resume", action="store_true", help="finish the unfinished erasure as it was asked"
+    )
+    unfinished.add_argument(
+        "--abandon",
+        action="store_true",
+        help="record the unfinished erasure abandoned (what it removed stays removed)",
+    )
     parser.add_argument("--exact", action="store_true", help="keep the near-duplicates")
     parser.add_argument(
         "--models",
@@ -83,6 +92,7 @@ class Job:
     sources: list[str]  # relative to source_dir
     held_runs: list[str]
     dvc_objects: list[str] = field(default_factory=list)  # removed from the cache and remotes
+    images: list[str] = field(default_factory=list)  # as asked (a rerun of them resumes)
 
     @property
     def source_dir(self) -> Path:
@@ -106,6 +116,7 @@ class Job:
             "sources": self.sources,
             "held_runs": self.held_runs,
             "dvc_objects": self.dvc_objects,
+            "images": self.images,
         }
         self.intent.write_text(json.dumps(private, sort_keys=True))
         save_forgotten(self.layout.forgotten, self.record)
@@ -116,22 +127,46 @@ class Job:
         self.save()
 
 
-def start(args: argparse.Namespace, layout: Layout, params: Params) -> Job:
-    """The unfinished erasure, resumed as it was recorded; else a new one, planned."""
+def start(args: argparse.Namespace, layout: Layout, params: Params) -> Job | None:
+    """The unfinished erasure, resumed as it was recorded (``--resume``, or the same images
+    and reason asked again) or abandoned (``--abandon``: None); else a new one, planned.
+    A new erasure while another is unfinished is refused, naming it."""
     from flows.accept_data import git_user
     from tasks.contracts.forgotten import Erasure, load_forgotten
-    from tasks.erasure.forget import plan_forget
+    from tasks.erasure.forget import ForgetRefused, plan_forget
     from tasks.validate.data_gate import current_user
 
     record = load_forgotten(layout.forgotten)
     intent = layout.root / ".shardflow" / "forget" / "intent.json"
-    for erasure in record.erasures:
-        if erasure.state == "started":
-            print(f"forget: resuming the erasure started at {erasure.at}", file=sys.stderr)
-            kept = json.loads(intent.read_text()) if intent.exists() else {}
-            sources, held = kept.get("sources", []), kept.get("held_runs", [])
-            objects = kept.get("dvc_objects", [])
-            return Job(layout, params, record, erasure, intent, sources, held, objects)
+    unfinished = next((e for e in record.erasures if e.state == "started"), None)
+    if unfinished is not None:
+        kept = json.loads(intent.read_text()) if intent.exists() else {}
+        if args.abandon:
+            abandon(unfinished, record, layout, intent)
+            return None
+        asked_again = kept.get("images") == list(args.images) and args.reason == unfinished.reason
+        if not (args.resume or asked_again):
+            raise ForgetRefused(
+                f"{layout.forgotten}: {describe_unfinished(unfinished)} is unfinished; "
+                "this forget would finish or undo its work, so it does not start",
+                fix="`shardflow forget --resume` finishes it (or `--abandon` records it "
+                "abandoned), then rerun this forget",
+            )
+        print(f"forget: resuming {describe_unfinished(unfinished)}", file=sys.stderr)
+        sources, held = kept.get("sources", []), kept.get("held_runs", [])
+        objects = kept.get("dvc_objects", [])
+        job = Job(layout, params, record, unfinished, intent, sources, held, objects)
+        job.images = kept.get("images", [])
+        return job
+    if args.resume or args.abandon:
+        raise ForgetRefused(
+            f"{layout.forgotten}: no unfinished erasure to resume or abandon",
+            fix="shardflow forget IMAGE... --reason R",
+        )
+    if not args.images or not args.reason:
+        raise ForgetRefused(
+            "name the images to forget and why", fix="shardflow forget IMAGE... --reason R"
+        )
     plan = plan_forget(
         args.images,
         layout=layout,
@@ -143,14 +178,43 @@ def start(args: argparse.Namespace, layout: Layout, params: Params) -> Job:
         sha256=plan.hashes,
         asked=plan.asked,
         by=args.by or git_user(layout.root) or current_user(),
-        at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        at=now(),
         reason=args.reason,
         models=args.models,
     )
     record.erasures.append(erasure)
     job = Job(layout, params, record, erasure, intent, plan.sources, [])
+    job.images = list(args.images)
     job.save()  # the intent, before anything is removed
     return job
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def describe_unfinished(erasure: Erasure) -> str:
+    """An unfinished erasure as its record names it (hashes, never file names)."""
+    done = ", ".join(erasure.steps) or "none"
+    return (
+        f"the erasure started at {erasure.at} by {erasure.by} (reason {erasure.reason!r}; "
+        f"image(s) {', '.join(erasure.asked)}; steps done: {done})"
+    )
+
+
+def abandon(erasure: Erasure, record: ForgottenRecord, layout: Layout, intent: Path) -> None:
+    """Record ``erasure`` abandoned; its private names go with it."""
+    from tasks.contracts.forgotten import save_forgotten
+
+    erasure.state, erasure.abandoned_at = "abandoned", now()
+    save_forgotten(layout.forgotten, record)
+    intent.unlink(missing_ok=True)
+    print(
+        f"forget: abandoned {describe_unfinished(erasure)}; what its steps removed stays "
+        "removed, and its images are not recorded as forgotten (`shardflow run` rebuilds "
+        "the index and shards from what is left)",
+        file=sys.stderr,
+    )
 
 
 def step_models(job: Job) -> None:
@@ -459,6 +523,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         timeout_s = lock_timeout_s(layout.params)
         with workspace_lock(layout.root, timeout_s=timeout_s, command="shardflow forget"):
             job = start(args, layout, params)
+            if job is None:
+                return 0
             forget(job)
     except Refused as refusal:
         print(f"forget: {refusal}", file=sys.stderr)
