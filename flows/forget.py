@@ -133,7 +133,7 @@ def start(args: argparse.Namespace, layout: Layout, params: Params) -> Job | Non
     A new erasure while another is unfinished is refused, naming it."""
     from flows.accept_data import git_user
     from tasks.contracts.forgotten import Erasure, load_forgotten
-    from tasks.erasure.forget import ForgetRefused, plan_forget
+    from tasks.erasure.forget import ForgetRefused, check_agreement, plan_forget
     from tasks.validate.data_gate import current_user
 
     record = load_forgotten(layout.forgotten)
@@ -167,6 +167,7 @@ def start(args: argparse.Namespace, layout: Layout, params: Params) -> Job | Non
         raise ForgetRefused(
             "name the images to forget and why", fix="shardflow forget IMAGE... --reason R"
         )
+    check_agreement(layout, layout.root / params.ingest.source_dir)  # before any change
     plan = plan_forget(
         args.images,
         layout=layout,
@@ -234,7 +235,9 @@ def step_models(job: Job) -> None:
     delete = job.erasure.models == "delete"
     done = retract_versions(client, model_name, versions, note, delete=delete)
     job.erasure.versions["deleted" if delete else "retracted"] = done
-    job.done("models")
+    gone = len(held & runs.deleted)
+    runs_line = f"{len(held)} run(s) used them, {gone} in MLflow's deleted lifecycle (counted)"
+    job.done("models", tracked_runs=[runs_line])
 
 
 def step_sources(job: Job) -> None:
@@ -345,10 +348,14 @@ def step_scrub(job: Job) -> None:
     by identity; never one the project needs to run (:func:`needed_files`, the objects the
     working tree's ``dvc.lock`` names). Files kept that a byte search still finds a hash or
     path in are only reported."""
+    from tasks.contracts.membership import remove_from_membership
     from tasks.erasure.forget import scrub_files
     from tasks.erasure.lost_revisions import current_objects, object_id
 
     root = job.layout.root
+    hashes = set(job.erasure.sha256)
+    kept_sets = sorted(job.layout.membership_archive.glob("*.bin"))
+    rewritten = [p.stem for p in kept_sets if remove_from_membership(p, hashes)]
     folders = [root / ".dvc" / "cache", root / ".dvc" / "tmp", *local_remotes(job.layout)]
     folders += [root / ".shardflow", root / "reports", root / "plots", root / "metrics"]
     keep = needed_files(job)
@@ -357,6 +364,9 @@ def step_scrub(job: Job) -> None:
     job.done(
         "scrub",
         files=[os.path.relpath(p, root) for p in scrubbed.removed if _nameless(p, job)],
+        membership=[
+            f"{fingerprint}: the hashes removed, the set kept" for fingerprint in rewritten
+        ],
         still_mentioning=[
             os.path.relpath(p, root) for p in scrubbed.mentioning if _nameless(p, job)
         ],
@@ -374,6 +384,7 @@ def needed_files(job: Job) -> set[Path]:
     named |= {layout.shard_changes, layout.validation_report, layout.validation_summary}
     locks = {p for p in (root / ".shardflow").glob("*.lock")}
     locks |= {p for p in (root / ".dvc" / "tmp").glob("*") if p.is_file()}
+    locks |= set(layout.membership_archive.glob("*.bin"))  # rewritten, never removed
     shards = {p for p in layout.shards_dir.rglob("*") if p.is_file()}
     return named | locks | shards
 

@@ -70,7 +70,8 @@ def describe(lineage: ImageLineage) -> list[str]:
     lines.append(f"  shard sets that held it: {', '.join(lineage.shard_sets) or 'none known'}")
     for use in lineage.runs:
         versions = f", versions {', '.join(use.versions)}" if use.versions else ""
-        lines.append(f"  run {use.run_name} ({use.run_id}): {use.role}{versions}")
+        deleted = " (a deleted run: MLflow's deleted lifecycle, still counted)" * use.deleted
+        lines.append(f"  run {use.run_name} ({use.run_id}): {use.role}{versions}{deleted}")
     seen = f"yes (version {lineage.champion})" if lineage.champion_saw_it else "no"
     lines.append(f"  the champion saw it: {seen}")
     return lines

@@ -113,6 +113,42 @@ def project_contents(root: Path) -> set[str]:
     return {file_sha256(f) for f in files if f.is_file() and not f.is_symlink()}
 
 
+def check_agreement(layout: Any, source_dir: Path) -> None:
+    """Refuse, before anything changes, a project whose shards, params and index do not
+    describe one dataset: the index read from another folder than ``ingest.source_dir``,
+    shards built from another index (their records and its records differ in number), or
+    a membership that is not the manifest's."""
+    from tasks.contracts.index import read_header
+
+    fix = "shardflow run (rebuilds the index and shards from params.yaml), then rerun forget"
+    if not Path(layout.index).is_file():
+        raise ForgetRefused(f"{layout.index}: no ingest index to find the images in", fix=fix)
+    header = read_header(layout.index)
+    indexed = Path(layout.root) / str(header.get("source_dir", ""))
+    if indexed.resolve() != Path(source_dir).resolve():
+        raise ForgetRefused(
+            f"{layout.index} was read from {header.get('source_dir')}, params.yaml's "
+            f"ingest.source_dir is {source_dir}: they describe different datasets",
+            fix=fix,
+        )
+    try:
+        manifest = load_manifest(layout.shards_dir)
+        with Membership(Path(layout.shards_dir) / MEMBERSHIP_NAME) as membership:
+            held, fingerprint = membership.count, membership.fingerprint
+    except (OSError, ValueError) as error:
+        raise ForgetRefused(f"{layout.shards_dir}: {error}", fix=fix) from error
+    if fingerprint != manifest.fingerprint or held != manifest.total_records:
+        raise ForgetRefused(
+            f"{layout.shards_dir}: its membership is not its manifest's set", fix=fix
+        )
+    if int(header.get("num_records", -1)) != manifest.total_records:
+        raise ForgetRefused(
+            f"{layout.shards_dir} holds {manifest.total_records} record(s), {layout.index} "
+            f"{header.get('num_records')}: the shards were built from another index",
+            fix=fix,
+        )
+
+
 def _files_holding(index_path: Path, hashes: set[str]) -> set[str]:
     """Every source file the index knows with one of ``hashes`` as its content: the
     records, and the files read but not admitted (a byte-identical copy filed as a

@@ -128,6 +128,7 @@ class RunUse:
     fingerprint: str
     role: str  # "trained on it", "validated on it", "tested on it"
     versions: list[str] = field(default_factory=list)  # versions registered from the run
+    deleted: bool = False  # in MLflow's deleted lifecycle (restorable, its versions live on)
 
 
 @dataclass(frozen=True)
@@ -265,6 +266,7 @@ class TrackedRuns:
     evaluations: dict[str, list[tuple[str, str]]]  # training run id -> its evaluation runs
     versions: dict[str, list[str]]  # training run id -> versions registered from it
     champion: str | None
+    deleted: set[str] = field(default_factory=set)  # run ids in MLflow's deleted lifecycle
 
     def uses(self, fingerprint: str, split: str) -> list[RunUse]:
         found = []
@@ -272,22 +274,32 @@ class TrackedRuns:
             versions = self.versions.get(run_id, [])
             if split == "test":  # training never reads test: its evaluations do
                 found += [
-                    RunUse(e_id, e_name, fingerprint, ROLES["test"], versions)
+                    RunUse(e_id, e_name, fingerprint, ROLES["test"], versions, e_id in self.deleted)
                     for e_id, e_name in self.evaluations.get(run_id, [])
                 ]
             else:
-                found.append(RunUse(run_id, name, fingerprint, ROLES[split], versions))
+                role = ROLES[split]
+                found.append(
+                    RunUse(run_id, name, fingerprint, role, versions, run_id in self.deleted)
+                )
         return found
 
     @classmethod
     def read(cls, client: MlflowClient, model_name: str) -> TrackedRuns:
+        from mlflow.entities import ViewType
         from mlflow.exceptions import MlflowException
 
         training: dict[str, list[tuple[str, str]]] = {}
         evaluations: dict[str, list[tuple[str, str]]] = {}
-        experiments = [e.experiment_id for e in client.search_experiments()]
+        deleted: set[str] = set()
+        # deleted runs and experiments too: a soft-deleted run can be restored, and the
+        # versions registered from it serve whatever its lifecycle says
+        found = client.search_experiments(view_type=ViewType.ALL)
+        experiments = [e.experiment_id for e in found]
         for run in _all_runs(client, experiments):
             tags = run.data.tags
+            if run.info.lifecycle_stage == "deleted":
+                deleted.add(run.info.run_id)
             if EVALUATES_TAG in tags:
                 evaluations.setdefault(tags[EVALUATES_TAG], []).append(
                     (run.info.run_id, run.info.run_name)
@@ -304,15 +316,19 @@ class TrackedRuns:
             champion = str(client.get_model_version_by_alias(model_name, CHAMPION).version)
         except MlflowException:  # no registered model, or no champion yet
             pass
-        return cls(training, evaluations, versions, champion)
+        return cls(training, evaluations, versions, champion, deleted)
 
 
 def _all_runs(client: MlflowClient, experiments: list[str]) -> list[Any]:
-    """Every run of the experiments, page by page."""
+    """Every run of the experiments, deleted ones too, page by page."""
+    from mlflow.entities import ViewType
+
     runs: list[Any] = []
     token = None
     while experiments:
-        page = client.search_runs(experiments, max_results=5000, page_token=token)
+        page = client.search_runs(
+            experiments, run_view_type=ViewType.ALL, max_results=5000, page_token=token
+        )
         runs += list(page)
         token = page.token
         if not token:

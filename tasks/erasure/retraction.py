@@ -69,9 +69,14 @@ def scrub_tracking(
     runs (those that trained, validated or tested on a forgotten record, by membership):
     each that holds a forgotten image by identity, and an evaluation's pictures. What was
     changed, as ``run/path`` or ``model/version`` (no image named in it)."""
+    from mlflow.entities import ViewType
+
     changed = []
-    for experiment in client.search_experiments():
-        for run in client.search_runs([experiment.experiment_id], max_results=50000):
+    for experiment in client.search_experiments(view_type=ViewType.ALL):
+        runs = client.search_runs(
+            [experiment.experiment_id], run_view_type=ViewType.ALL, max_results=50000
+        )
+        for run in runs:
             run_id = run.info.run_id
             for key, value in run.data.tags.items():
                 if forgotten.named_in(value):

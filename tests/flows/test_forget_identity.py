@@ -6,6 +6,7 @@ removes the copies and old versions of that image only; what names ``red/11.png`
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 from pathlib import Path
 
@@ -120,6 +121,11 @@ def test_forget_removes_by_identity_never_by_a_name_inside_another(
     assert (shards / kept_shard).read_bytes() == kept["a shard of red/11.png"].read_bytes()
     (erasure,) = load_forgotten(Layout(tmp_path).forgotten).erasures
     assert erasure.state == "done" and erasure.sha256 == [gone_sha]
+    # the set the runs used is still known, less the forgotten image: lineage and later
+    # erasures find every run that used the others
+    with Membership(layout.membership_archive / f"{manifest.fingerprint}.bin") as kept_set:
+        assert kept_set.find(gone_sha) == [] and kept_set.find(kept_sha)
+        assert kept_set.count == manifest.total_records - 1
 
 
 def tree_digests(root: Path) -> dict[str, str]:
@@ -160,3 +166,32 @@ def test_an_image_the_project_never_saw_is_refused_and_nothing_is_rewritten(
     err = capsys.readouterr().err
     assert err.count("unknown image") == 2 and "Traceback" not in err
     assert tree_digests(small_project) == before
+
+
+def test_forget_refuses_shards_params_and_index_that_disagree_changing_nothing(
+    small_project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Params naming another dataset than the index was read from; then shards built from
+    another index: refused before the first step."""
+    shutil.copytree(small_project / "images", small_project / "other")
+    layout = Layout(small_project)
+    params = yaml.safe_load(layout.params.read_text())
+    params["ingest"]["source_dir"] = "other"
+    layout.params.write_text(yaml.safe_dump(params))
+    before = tree_digests(small_project)
+    assert main(["other/red/001.png", "--reason", "x", "--root", str(small_project)]) == 2
+    assert "describe different datasets" in capsys.readouterr().err
+    assert tree_digests(small_project) == before
+
+    params["ingest"]["source_dir"] = "images"
+    layout.params.write_text(yaml.safe_dump(params))
+    index = layout.index.read_text().splitlines(keepends=True)
+    header = json.loads(index[0])
+    header["num_records"] -= 1
+    dropped = [json.dumps(header, sort_keys=True, separators=(",", ":")) + "\n", *index[2:]]
+    layout.index.write_text("".join(dropped))
+    before = tree_digests(small_project)
+    assert main(["images/red/002.png", "--reason", "x", "--root", str(small_project)]) == 2
+    assert "built from another index" in capsys.readouterr().err
+    assert tree_digests(small_project) == before
+    assert load_forgotten(layout.forgotten).erasures == []
