@@ -75,6 +75,11 @@ def parser() -> argparse.ArgumentParser:
         help="versions that saw them: retracted and retrained (default), deleted, or "
         "retracted and kept",
     )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="change nothing: list by path every image that would go",
+    )
     parser.add_argument("--by", help="who asks (default: git user.name, else login)")
     parser.add_argument("--root", default=".", help="the project root (default: .)")
     return parser
@@ -190,6 +195,32 @@ def start(args: argparse.Namespace, layout: Layout, params: Params) -> Job | Non
     return job
 
 
+def dry_run(args: argparse.Namespace, layout: Layout, params: Params) -> list[str]:
+    """What ``shardflow forget IMAGE...`` would remove, one line an image by path (the
+    images named, their near-duplicates unless ``--exact``, every file with their content);
+    nothing is written."""
+    from tasks.erasure.forget import check_agreement, files_by_path, plan_forget
+
+    source_dir = layout.root / params.ingest.source_dir
+    check_agreement(layout, source_dir)
+    plan = plan_forget(
+        args.images,
+        layout=layout,
+        source_dir=source_dir,
+        distance=params.ingest.near_duplicate_distance,
+        exact=args.exact,
+    )
+    paths = files_by_path(layout.index, plan.hashes)
+    asked = set(plan.asked)
+    lines = [
+        f"{path} ({sha}: {'named' if sha in asked else 'a near-duplicate'})"
+        for path, sha in sorted(paths.items())
+    ]
+    unlisted = sorted(set(plan.hashes) - set(paths.values()))
+    lines += [f"(no file in the index) ({sha})" for sha in unlisted]
+    return lines
+
+
 def now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -263,13 +294,16 @@ def step_index(job: Job) -> None:
     here (the stage's own function, the exclusion list applied) and the shards step records
     it with the shard stage in one ``dvc commit``."""
     from tasks.contracts.exclusions import load_excluded
-    from tasks.erasure.forget import rewrite_index
+    from tasks.erasure.forget import records_holding, rewrite_index
     from tasks.ingest.source_check import write_listing
     from tasks.ingest.stage import run_ingest
     from tasks.runtime.atomic import write_json
     from tasks.runtime.metrics_files import INGEST_FIGURES, split_figures
 
     layout = Layout(job.layout.root.resolve())
+    hashes = set(job.erasure.sha256)
+    # counted before ingest reruns: its new index no longer holds them for rewrite_index
+    held = records_holding(layout.index, hashes)
     if is_dvc_project(layout):
         excluded = load_excluded(layout.excluded)
         # the source stage's listing first: it named the images and their hashes
@@ -280,8 +314,8 @@ def step_index(job: Job) -> None:
             )
         # the stage's metrics file too, as flows.ingest writes it: dvc commit records both
         write_json(layout.ingest_metrics, split_figures(report, INGEST_FIGURES)[0])
-    dropped = rewrite_index(layout.index, set(job.erasure.sha256))
-    job.done("index", ingest_index=[f"{dropped} record(s)"])
+    dropped = rewrite_index(layout.index, hashes)
+    job.done("index", ingest_index=[f"{max(held, dropped)} record(s)"])
 
 
 def step_shards(job: Job) -> None:
@@ -530,6 +564,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     layout = Layout(args.root)
     try:
         params = load_params(layout.params)
+        if args.dry_run:
+            gone = dry_run(args, layout, params)
+            print(f"forget --dry-run: {len(gone)} image(s) would go; nothing was changed")
+            print("\n".join(f"  {line}" for line in gone))
+            return 0
         # the holder file names the command: not the images, whose names may be personal
         timeout_s = lock_timeout_s(layout.params)
         with workspace_lock(layout.root, timeout_s=timeout_s, command="shardflow forget"):

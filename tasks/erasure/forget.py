@@ -150,15 +150,27 @@ def check_agreement(layout: Any, source_dir: Path) -> None:
 
 
 def _files_holding(index_path: Path, hashes: set[str]) -> set[str]:
-    """Every source file the index knows with one of ``hashes`` as its content: the
-    records, and the files read but not admitted (a byte-identical copy filed as a
-    duplicate, a copy quarantined under another label), whose verdicts hold their hash."""
+    return set(files_by_path(index_path, hashes))
+
+
+def files_by_path(index_path: Path, hashes: Iterable[str]) -> dict[str, str]:
+    """Every source file the index knows with one of ``hashes`` as its content, and that
+    hash: the records, and the files read but not admitted (a byte-identical copy filed as
+    a duplicate, a copy quarantined under another label), whose verdicts hold their hash."""
     from tasks.contracts.index import iter_records, iter_verdicts
 
+    wanted = set(hashes)
     if not Path(index_path).exists():
-        return set()
-    found = {record["path"] for _, record in iter_records(index_path) if record["sha256"] in hashes}
-    return found | {path for path, verdict in iter_verdicts(index_path) if verdict[0] in hashes}
+        return {}
+    found = {
+        str(record["path"]): str(record["sha256"])
+        for _, record in iter_records(index_path)
+        if record["sha256"] in wanted
+    }
+    found |= {
+        path: str(verdict[0]) for path, verdict in iter_verdicts(index_path) if verdict[0] in wanted
+    }
+    return found
 
 
 def may_write(folder: Path, root: Path) -> bool:
@@ -181,6 +193,15 @@ def remove_sources(source_dir: Path, plan: ForgetPlan, *, root: Path) -> list[st
             path.unlink()
             removed.append(relative)
     return removed
+
+
+def records_holding(index_path: Path, hashes: set[str]) -> int:
+    """How many records of the ingest index have one of ``hashes`` as their content."""
+    from tasks.contracts.index import iter_records
+
+    if not Path(index_path).exists():
+        return 0
+    return sum(record["sha256"] in hashes for _, record in iter_records(index_path))
 
 
 def rewrite_index(index_path: Path, hashes: set[str]) -> int:

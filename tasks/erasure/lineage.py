@@ -140,6 +140,8 @@ class ImageLineage:
     path: str | None = None
     split: str | None = None
     near_duplicates: list[str] = field(default_factory=list)  # the group's other hashes
+    # each of them by its path in the ingest index (None: no longer there)
+    near_duplicate_paths: dict[str, str | None] = field(default_factory=dict)
     members: list[Member] = field(default_factory=list)  # in the current shard set
     shard_sets: list[str] = field(default_factory=list)  # fingerprints that held it
     runs: list[RunUse] = field(default_factory=list)
@@ -216,13 +218,15 @@ def image_lineage(
     held = find_in(membership_files(layout), sha256)
     current = held.get(_current_fingerprint(layout), [])
     record = index.record("sha256", sha256) or {}
+    group = index.group(sha256, distance)
     uses = [use for fp, members in held.items() for use in runs.uses(fp, members[0].split)]
     saw = runs.champion is not None and any(runs.champion in u.versions for u in uses)
     return ImageLineage(
         sha256,
         path=record.get("path"),
         split=current[0].split if current else record.get("split"),
-        near_duplicates=index.group(sha256, distance),
+        near_duplicates=group,
+        near_duplicate_paths={sha: index_path(index, sha) for sha in group},
         members=current,
         shard_sets=sorted(held),
         runs=uses,
@@ -245,6 +249,12 @@ def lineages(
         hashes = [resolve(image, layout, source_dir, index) for image in images]
         runs = TrackedRuns.read(client, model_name)
         return [image_lineage(h, layout, index, runs, distance=distance) for h in hashes]
+
+
+def index_path(index: IndexView, sha256: str) -> str | None:
+    """The path under ``source_dir`` the index gives the record of ``sha256``, if any."""
+    record = index.record("sha256", sha256)
+    return None if record is None else str(record.get("path"))
 
 
 def _current_fingerprint(layout: Layout) -> str:

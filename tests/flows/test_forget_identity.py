@@ -139,8 +139,15 @@ def tree_digests(root: Path) -> dict[str, str]:
 
 @pytest.fixture
 def small_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A project whose params, index and shards agree; MLflow in a SQLite file beside it."""
+    """A project whose params, index and shards agree, ``red/001.png`` with a resized copy
+    (its near-duplicate) and a byte-identical one; MLflow in a SQLite file beside it."""
     project, layout = layout_project(tmp_path)
+    original = project.source / "red" / "001.png"
+    shutil.copy2(original, project.source / "red" / "001_copy.png")
+    with Image.open(original) as image:
+        image.resize((image.width * 2, image.height * 2), Image.Resampling.NEAREST).save(
+            project.source / "red" / "001-large.png"
+        )
     shard_set(project, layout)
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["ingest"]["source_dir"] = "images"
@@ -195,3 +202,45 @@ def test_forget_refuses_shards_params_and_index_that_disagree_changing_nothing(
     assert "built from another index" in capsys.readouterr().err
     assert tree_digests(small_project) == before
     assert load_forgotten(layout.forgotten).erasures == []
+
+
+def test_a_dry_run_lists_by_path_every_image_that_would_go_and_changes_nothing(
+    small_project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = small_project
+    named, large = (
+        file_sha256(root / "images/red/001.png"),
+        file_sha256(root / "images/red/001-large.png"),
+    )
+    before = tree_digests(root)
+    assert main(["images/red/001.png", "--reason", "x", "--dry-run", "--root", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "3 image(s) would go; nothing was changed" in out
+    assert f"red/001.png ({named}: named)" in out
+    assert f"red/001_copy.png ({named}: named)" in out  # the same content
+    assert f"red/001-large.png ({large}: a near-duplicate)" in out
+    assert tree_digests(root) == before
+    assert not Layout(root).forgotten.exists()
+
+
+def test_the_index_step_counts_what_it_removed_and_the_report_still_adds_up(
+    small_project: Path,
+) -> None:
+    """Where DVC runs the stages, ingest reruns (the exclusion list applied) before the
+    index is rewritten: the records it dropped are still counted, and every file found
+    is in one bucket of the new report."""
+    from flows.forget import parser, start, step_index, step_models, step_sources
+    from tasks.runtime.params import load_params
+
+    root, layout = small_project, Layout(small_project)
+    (root / ".dvc").mkdir()
+    (root / "dvc.yaml").write_text("stages: {}\n")
+    args = parser().parse_args(["images/red/001.png", "--reason", "x", "--root", str(root)])
+    job = start(args, layout, load_params(layout.params))
+    assert job is not None
+    for step in (step_models, step_sources, step_index):
+        step(job)
+    assert job.erasure.removed["ingest_index"] == ["2 record(s)"]  # the image, its resized copy
+    report = json.loads(layout.ingest_report.read_text())
+    buckets = ("accepted", "quarantined_count", "duplicate_count", "skipped_count")
+    assert report["files_found"] == sum(report[b] for b in buckets) + report["excluded_count"]

@@ -93,6 +93,8 @@ def test_lineage_walks_from_an_image_to_its_sets_runs_versions_and_the_champion(
     old = image_lineage(hashes["original"], layout, index, tracked, distance=DISTANCE)
     assert old.shard_sets == sorted([hashes["first"], hashes["second"]])
     assert hashes["large"] in old.near_duplicates  # its resized copy, placed with it
+    assert old.near_duplicate_paths[hashes["large"]] == "red/001-large.png"
+    assert f"red/001-large.png ({hashes['large']})" in "\n".join(describe(old))
     (member,) = old.members  # where it is in the current set
     assert member.split == old.split
     expected = {"train": {"first", "second"}, "val": {"first", "second"}, "test": {"eval"}}
