@@ -32,6 +32,7 @@ from tasks.runtime.layout import Layout
 
 if TYPE_CHECKING:
     from tasks.contracts.forgotten import Erasure, ForgottenRecord
+    from tasks.erasure.identity import Forgotten
     from tasks.runtime.params import Params
 
 STEPS = (
@@ -55,8 +56,17 @@ def parser() -> argparse.ArgumentParser:
         description="Remove images and their near-duplicates from the data, the shards, every "
         "copy the project made and the models trained on them (docs/erasure.md).",
     )
-    parser.add_argument("images", nargs="+", metavar="IMAGE", help="a path or a sha256")
-    parser.add_argument("--reason", required=True, help="why (recorded in data/forgotten.json)")
+    parser.add_argument("images", nargs="*", metavar="IMAGE", help="a path or a sha256")
+    parser.add_argument("--reason", help="why (recorded in data/forgotten.json; required)")
+    unfinished = parser.add_mutually_exclusive_group()
+    unfinished.add_argument(
+        "--resume", action="store_true", help="finish the unfinished erasure as it was asked"
+    )
+    unfinished.add_argument(
+        "--abandon",
+        action="store_true",
+        help="record the unfinished erasure abandoned (what it removed stays removed)",
+    )
     parser.add_argument("--exact", action="store_true", help="keep the near-duplicates")
     parser.add_argument(
         "--models",
@@ -64,6 +74,11 @@ def parser() -> argparse.ArgumentParser:
         default="retrain",
         help="versions that saw them: retracted and retrained (default), deleted, or "
         "retracted and kept",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="change nothing: list by path every image that would go",
     )
     parser.add_argument("--by", help="who asks (default: git user.name, else login)")
     parser.add_argument("--root", default=".", help="the project root (default: .)")
@@ -82,22 +97,21 @@ class Job:
     sources: list[str]  # relative to source_dir
     held_runs: list[str]
     dvc_objects: list[str] = field(default_factory=list)  # removed from the cache and remotes
+    images: list[str] = field(default_factory=list)  # as asked (a rerun of them resumes)
 
     @property
     def source_dir(self) -> Path:
         return self.layout.root / self.params.ingest.source_dir
 
     @property
-    def marks(self) -> list[bytes]:
-        """What marks a copy in a file or an object: each hash (hex and raw), each name."""
-        hashes = self.erasure.sha256
-        found = [s.encode() for s in hashes] + [bytes.fromhex(s) for s in hashes]
-        return found + [name.encode() for name in self.names]
+    def forgotten(self) -> Forgotten:
+        """The images' identities: their content hashes and their paths (never a bare file
+        name, which other classes' images share)."""
+        from tasks.erasure.identity import Forgotten
 
-    @property
-    def names(self) -> list[str]:
-        """What names the images: their paths under source_dir, and their file names."""
-        return sorted({*self.sources, *(Path(s).name for s in self.sources)})
+        return Forgotten.of(
+            self.erasure.sha256, self.sources, source_dir=self.source_dir, root=self.layout.root
+        )
 
     def save(self) -> None:
         from tasks.contracts.forgotten import save_forgotten
@@ -107,6 +121,7 @@ class Job:
             "sources": self.sources,
             "held_runs": self.held_runs,
             "dvc_objects": self.dvc_objects,
+            "images": self.images,
         }
         self.intent.write_text(json.dumps(private, sort_keys=True))
         save_forgotten(self.layout.forgotten, self.record)
@@ -117,22 +132,47 @@ class Job:
         self.save()
 
 
-def start(args: argparse.Namespace, layout: Layout, params: Params) -> Job:
-    """The unfinished erasure, resumed as it was recorded; else a new one, planned."""
+def start(args: argparse.Namespace, layout: Layout, params: Params) -> Job | None:
+    """The unfinished erasure, resumed as it was recorded (``--resume``, or the same images
+    and reason asked again) or abandoned (``--abandon``: None); else a new one, planned.
+    A new erasure while another is unfinished is refused, naming it."""
     from flows.accept_data import git_user
     from tasks.contracts.forgotten import Erasure, load_forgotten
-    from tasks.erasure.forget import plan_forget
+    from tasks.erasure.forget import ForgetRefused, check_agreement, plan_forget
     from tasks.validate.data_gate import current_user
 
     record = load_forgotten(layout.forgotten)
     intent = layout.root / ".shardflow" / "forget" / "intent.json"
-    for erasure in record.erasures:
-        if erasure.state == "started":
-            print(f"forget: resuming the erasure started at {erasure.at}", file=sys.stderr)
-            kept = json.loads(intent.read_text()) if intent.exists() else {}
-            sources, held = kept.get("sources", []), kept.get("held_runs", [])
-            objects = kept.get("dvc_objects", [])
-            return Job(layout, params, record, erasure, intent, sources, held, objects)
+    unfinished = next((e for e in record.erasures if e.state == "started"), None)
+    if unfinished is not None:
+        kept = json.loads(intent.read_text()) if intent.exists() else {}
+        if args.abandon:
+            abandon(unfinished, record, layout, intent)
+            return None
+        asked_again = kept.get("images") == list(args.images) and args.reason == unfinished.reason
+        if not (args.resume or asked_again):
+            raise ForgetRefused(
+                f"{layout.forgotten}: {describe_unfinished(unfinished)} is unfinished; "
+                "this forget would finish or undo its work, so it does not start",
+                fix="`shardflow forget --resume` finishes it (or `--abandon` records it "
+                "abandoned), then rerun this forget",
+            )
+        print(f"forget: resuming {describe_unfinished(unfinished)}", file=sys.stderr)
+        sources, held = kept.get("sources", []), kept.get("held_runs", [])
+        objects = kept.get("dvc_objects", [])
+        job = Job(layout, params, record, unfinished, intent, sources, held, objects)
+        job.images = kept.get("images", [])
+        return job
+    if args.resume or args.abandon:
+        raise ForgetRefused(
+            f"{layout.forgotten}: no unfinished erasure to resume or abandon",
+            fix="shardflow forget IMAGE... --reason R",
+        )
+    if not args.images or not args.reason:
+        raise ForgetRefused(
+            "name the images to forget and why", fix="shardflow forget IMAGE... --reason R"
+        )
+    check_agreement(layout, layout.root / params.ingest.source_dir)  # before any change
     plan = plan_forget(
         args.images,
         layout=layout,
@@ -144,14 +184,69 @@ def start(args: argparse.Namespace, layout: Layout, params: Params) -> Job:
         sha256=plan.hashes,
         asked=plan.asked,
         by=args.by or git_user(layout.root) or current_user(),
-        at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        at=now(),
         reason=args.reason,
         models=args.models,
     )
     record.erasures.append(erasure)
     job = Job(layout, params, record, erasure, intent, plan.sources, [])
+    job.images = list(args.images)
     job.save()  # the intent, before anything is removed
     return job
+
+
+def dry_run(args: argparse.Namespace, layout: Layout, params: Params) -> list[str]:
+    """What ``shardflow forget IMAGE...`` would remove, one line an image by path (the
+    images named, their near-duplicates unless ``--exact``, every file with their content);
+    nothing is written."""
+    from tasks.erasure.forget import check_agreement, files_by_path, plan_forget
+
+    source_dir = layout.root / params.ingest.source_dir
+    check_agreement(layout, source_dir)
+    plan = plan_forget(
+        args.images,
+        layout=layout,
+        source_dir=source_dir,
+        distance=params.ingest.near_duplicate_distance,
+        exact=args.exact,
+    )
+    paths = files_by_path(layout.index, plan.hashes)
+    asked = set(plan.asked)
+    lines = [
+        f"{path} ({sha}: {'named' if sha in asked else 'a near-duplicate'})"
+        for path, sha in sorted(paths.items())
+    ]
+    unlisted = sorted(set(plan.hashes) - set(paths.values()))
+    lines += [f"(no file in the index) ({sha})" for sha in unlisted]
+    return lines
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def describe_unfinished(erasure: Erasure) -> str:
+    """An unfinished erasure as its record names it (hashes, never file names)."""
+    done = ", ".join(erasure.steps) or "none"
+    return (
+        f"the erasure started at {erasure.at} by {erasure.by} (reason {erasure.reason!r}; "
+        f"image(s) {', '.join(erasure.asked)}; steps done: {done})"
+    )
+
+
+def abandon(erasure: Erasure, record: ForgottenRecord, layout: Layout, intent: Path) -> None:
+    """Record ``erasure`` abandoned; its private names go with it."""
+    from tasks.contracts.forgotten import save_forgotten
+
+    erasure.state, erasure.abandoned_at = "abandoned", now()
+    save_forgotten(layout.forgotten, record)
+    intent.unlink(missing_ok=True)
+    print(
+        f"forget: abandoned {describe_unfinished(erasure)}; what its steps removed stays "
+        "removed, and its images are not recorded as forgotten (`shardflow run` rebuilds "
+        "the index and shards from what is left)",
+        file=sys.stderr,
+    )
 
 
 def step_models(job: Job) -> None:
@@ -171,7 +266,9 @@ def step_models(job: Job) -> None:
     delete = job.erasure.models == "delete"
     done = retract_versions(client, model_name, versions, note, delete=delete)
     job.erasure.versions["deleted" if delete else "retracted"] = done
-    job.done("models")
+    gone = len(held & runs.deleted)
+    runs_line = f"{len(held)} run(s) used them, {gone} in MLflow's deleted lifecycle (counted)"
+    job.done("models", tracked_runs=[runs_line])
 
 
 def step_sources(job: Job) -> None:
@@ -197,13 +294,16 @@ def step_index(job: Job) -> None:
     here (the stage's own function, the exclusion list applied) and the shards step records
     it with the shard stage in one ``dvc commit``."""
     from tasks.contracts.exclusions import load_excluded
-    from tasks.erasure.forget import rewrite_index
+    from tasks.erasure.forget import records_holding, rewrite_index
     from tasks.ingest.source_check import write_listing
     from tasks.ingest.stage import run_ingest
     from tasks.runtime.atomic import write_json
     from tasks.runtime.metrics_files import INGEST_FIGURES, split_figures
 
     layout = Layout(job.layout.root.resolve())
+    hashes = set(job.erasure.sha256)
+    # counted before ingest reruns: its new index no longer holds them for rewrite_index
+    held = records_holding(layout.index, hashes)
     if is_dvc_project(layout):
         excluded = load_excluded(layout.excluded)
         # the source stage's listing first: it named the images and their hashes
@@ -214,8 +314,8 @@ def step_index(job: Job) -> None:
             )
         # the stage's metrics file too, as flows.ingest writes it: dvc commit records both
         write_json(layout.ingest_metrics, split_figures(report, INGEST_FIGURES)[0])
-    dropped = rewrite_index(layout.index, set(job.erasure.sha256))
-    job.done("index", ingest_index=[f"{dropped} record(s)"])
+    dropped = rewrite_index(layout.index, hashes)
+    job.done("index", ingest_index=[f"{max(held, dropped)} record(s)"])
 
 
 def step_shards(job: Job) -> None:
@@ -278,16 +378,49 @@ def rerun_stale(layout: Layout, *, retrain: bool) -> list[str]:
 
 
 def step_scrub(job: Job) -> None:
-    """Every file of the project's caches, DVC cache and remote, and outputs holding them."""
+    """Every file of the project's caches, DVC cache and remote, and outputs holding them
+    by identity; never one the project needs to run (:func:`needed_files`, the objects the
+    working tree's ``dvc.lock`` names). Files kept that a byte search still finds a hash or
+    path in are only reported."""
+    from tasks.contracts.membership import remove_from_membership
     from tasks.erasure.forget import scrub_files
-    from tasks.erasure.lost_revisions import object_id
+    from tasks.erasure.lost_revisions import current_objects, object_id
 
     root = job.layout.root
+    hashes = set(job.erasure.sha256)
+    kept_sets = sorted(job.layout.membership_archive.glob("*.bin"))
+    rewritten = [p.stem for p in kept_sets if remove_from_membership(p, hashes)]
     folders = [root / ".dvc" / "cache", root / ".dvc" / "tmp", *local_remotes(job.layout)]
     folders += [root / ".shardflow", root / "reports", root / "plots", root / "metrics"]
-    removed = scrub_files(folders, job.marks, contents=set(job.erasure.sha256), keep={job.intent})
-    job.dvc_objects = sorted({*job.dvc_objects, *filter(None, map(object_id, removed))})
-    job.done("scrub", files=[os.path.relpath(p, root) for p in removed if _nameless(p, job)])
+    keep = needed_files(job)
+    scrubbed = scrub_files(folders, job.forgotten, keep=keep, current=current_objects(root))
+    job.dvc_objects = sorted({*job.dvc_objects, *filter(None, map(object_id, scrubbed.removed))})
+    job.done(
+        "scrub",
+        files=[os.path.relpath(p, root) for p in scrubbed.removed if _nameless(p, job)],
+        membership=[
+            f"{fingerprint}: the hashes removed, the set kept" for fingerprint in rewritten
+        ],
+        still_mentioning=[
+            os.path.relpath(p, root) for p in scrubbed.mentioning if _nameless(p, job)
+        ],
+    )
+
+
+def needed_files(job: Job) -> set[Path]:
+    """The files a scrub never removes, whatever they hold: the locks, the intent, the
+    working tree's index, records lists, reports of the shard set and the audit files."""
+    from tasks.runtime.workspace_lock import HOLDER_FILE
+
+    root, layout = job.layout.root, job.layout
+    named = {job.intent, root / "dvc.lock", root / HOLDER_FILE, layout.index}
+    named |= {layout.forgotten, layout.excluded, layout.accepted_data, layout.ingest_report}
+    named |= {layout.shard_changes, layout.validation_report, layout.validation_summary}
+    locks = {p for p in (root / ".shardflow").glob("*.lock")}
+    locks |= {p for p in (root / ".dvc" / "tmp").glob("*") if p.is_file()}
+    locks |= set(layout.membership_archive.glob("*.bin"))  # rewritten, never removed
+    shards = {p for p in layout.shards_dir.rglob("*") if p.is_file()}
+    return named | locks | shards
 
 
 def step_objects(job: Job) -> None:
@@ -295,15 +428,21 @@ def step_objects(job: Job) -> None:
     config), Dask staging (``shard.staging_url``) and a published set (SHARDFLOW_SHARDS_URL);
     then the commits and experiments whose data is gone with the DVC objects."""
     from tasks.contracts.shard_store import SHARDS_URL_ENV, s3_client
-    from tasks.erasure.lost_revisions import broken_objects, lost_revisions, object_id
+    from tasks.erasure.lost_revisions import (
+        broken_objects,
+        current_objects,
+        lost_revisions,
+        object_id,
+    )
     from tasks.erasure.object_scrub import Bucket, dvc_s3_remotes, scrub_bucket
 
     stores = dvc_s3_remotes(job.layout.root / ".dvc") if is_dvc_project(job.layout) else []
     others = [job.params.shard.staging_url, os.environ.get(SHARDS_URL_ENV)]
     stores += [Bucket(url, s3_client()) for url in others if url and url.startswith("s3://")]
+    current = current_objects(job.layout.root)
     removed = {}
     for store in stores:
-        gone = scrub_bucket(store, job.marks, job.erasure.sha256)
+        gone = scrub_bucket(store, job.forgotten, current=current)
         job.dvc_objects = sorted({*job.dvc_objects, *filter(None, map(object_id, gone))})
         removed[store.url] = len(gone)
     broken = broken_objects(job.dvc_objects, job.layout.root / ".dvc" / "cache")
@@ -313,7 +452,7 @@ def step_objects(job: Job) -> None:
 
 
 def _nameless(path: str, job: Job) -> bool:
-    return not any(name in path for name in job.names)
+    return not job.forgotten.named_in(path) and not any(Path(s).name in path for s in job.sources)
 
 
 def step_tracking(job: Job) -> None:
@@ -322,9 +461,8 @@ def step_tracking(job: Job) -> None:
     from tasks.runtime import tracking
 
     client = tracking.client(job.layout.root)
-    marks = [*job.erasure.sha256, *job.names]
     changed = scrub_tracking(
-        client, marks, set(job.held_runs), model_name_for(job.params, job.layout.root)
+        client, job.forgotten, set(job.held_runs), model_name_for(job.params, job.layout.root)
     )
     compact_sqlite(tracking.tracking_uri(job.layout.root))
     job.done("tracking", tracking_store=changed)
@@ -344,7 +482,7 @@ def step_prefect(job: Job) -> None:
         job.done("prefect", prefect_flow_runs=["no Prefect server configured"])
         return
     with get_client(sync_client=True) as client:
-        done = scrub_prefect(client, [*job.erasure.sha256, *job.names])
+        done = scrub_prefect(client, job.forgotten)
     job.done("prefect", prefect_flow_runs=done.flow_runs, prefect_artifacts=done.artifacts)
 
 
@@ -426,10 +564,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     layout = Layout(args.root)
     try:
         params = load_params(layout.params)
+        if args.dry_run:
+            gone = dry_run(args, layout, params)
+            print(f"forget --dry-run: {len(gone)} image(s) would go; nothing was changed")
+            print("\n".join(f"  {line}" for line in gone))
+            return 0
         # the holder file names the command: not the images, whose names may be personal
         timeout_s = lock_timeout_s(layout.params)
         with workspace_lock(layout.root, timeout_s=timeout_s, command="shardflow forget"):
             job = start(args, layout, params)
+            if job is None:
+                return 0
             forget(job)
     except Refused as refusal:
         print(f"forget: {refusal}", file=sys.stderr)

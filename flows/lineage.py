@@ -66,11 +66,16 @@ def describe(lineage: ImageLineage) -> list[str]:
             f"  current shards: generation {member.generation}, {member.shard_file}, "
             f"record {member.record_index}"
         )
-    lines.append(f"  near-duplicates: {', '.join(lineage.near_duplicates) or 'none'}")
+    near = [
+        f"{lineage.near_duplicate_paths.get(sha) or '(no longer in the ingest index)'} ({sha})"
+        for sha in lineage.near_duplicates
+    ]
+    lines.append(f"  near-duplicates: {', '.join(near) or 'none'}")
     lines.append(f"  shard sets that held it: {', '.join(lineage.shard_sets) or 'none known'}")
     for use in lineage.runs:
         versions = f", versions {', '.join(use.versions)}" if use.versions else ""
-        lines.append(f"  run {use.run_name} ({use.run_id}): {use.role}{versions}")
+        deleted = " (a deleted run: MLflow's deleted lifecycle, still counted)" * use.deleted
+        lines.append(f"  run {use.run_name} ({use.run_id}): {use.role}{versions}{deleted}")
     seen = f"yes (version {lineage.champion})" if lineage.champion_saw_it else "no"
     lines.append(f"  the champion saw it: {seen}")
     return lines

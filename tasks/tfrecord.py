@@ -196,8 +196,20 @@ def decode_example(data: bytes) -> dict[str, FeatureValue]:
             key, value = parts.get(1, b""), parts.get(2, b"")
             if not isinstance(key, bytes) or not isinstance(value, bytes):
                 raise CorruptRecord("malformed feature map entry in Example bytes")
-            features[key.decode()] = _decode_feature(key.decode(), value)
+            try:
+                name = key.decode()
+            except UnicodeDecodeError as error:
+                raise CorruptRecord(f"a feature key is not UTF-8 ({key[:20]!r})") from error
+            features[name] = _decode_feature(name, value)
     return features
+
+
+def is_canonical(data: bytes, features: Mapping[str, FeatureValue]) -> bool:
+    """Whether ``data`` is exactly what :func:`encode_example` writes for ``features``: each
+    feature once, in key order, nothing else. Any other layout (a feature repeated, an entry
+    after the last, entries out of order) decodes here as protobuf does (the last entry of a
+    key wins) but a reader at fixed offsets would take the first: two readers, two records."""
+    return encode_example(features) == data
 
 
 def read_framed(handle: BinaryIO) -> bytes | None:
@@ -210,13 +222,31 @@ def read_framed(handle: BinaryIO) -> bytes | None:
     if _masked_crc(header[:8]) != header[8:]:
         raise CorruptRecord("length CRC mismatch (not a record boundary, or a damaged file)")
     (length,) = struct.unpack("<Q", header[:8])
-    data = handle.read(length)
+    data = _read_at_most(handle, length)
     footer = handle.read(FOOTER_BYTES)
     if len(data) < length or len(footer) < FOOTER_BYTES:
         raise CorruptRecord(f"truncated record ({len(data)} of {length} data bytes)")
     if _masked_crc(data) != footer:
         raise CorruptRecord("data CRC mismatch (damaged record)")
     return data
+
+
+_CHUNK = 1 << 24  # a declared length is read this much at a time: never allocated whole
+
+
+def _read_at_most(handle: BinaryIO, length: int) -> bytes:
+    """Up to ``length`` bytes of ``handle``, read in chunks, so a damaged or crafted length
+    (2**40) ends as a short read where the file does, never as one huge allocation."""
+    if length <= _CHUNK:
+        return handle.read(length)
+    parts, left = [], length
+    while left > 0:
+        part = handle.read(min(left, _CHUNK))
+        if not part:
+            break
+        parts.append(part)
+        left -= len(part)
+    return b"".join(parts)
 
 
 def open_records(path: str | Path, *, gzip_compressed: bool = False) -> BinaryIO:

@@ -3,7 +3,8 @@
 Each entry names the content hashes forgotten (never a file name: a name can itself be
 personal), who asked, when and why, and what was removed where. An entry is written first
 with ``state: "started"`` (the intent a rerun of a killed ``shardflow forget`` completes),
-then rewritten ``"done"`` once no copy is left.
+then rewritten ``"done"`` once no copy is left, or ``"abandoned"`` when
+``shardflow forget --abandon`` gives it up. One erasure is unfinished at a time.
 """
 
 from __future__ import annotations
@@ -30,7 +31,10 @@ class Erasure(BaseModel):
     at: str  # UTC, ISO 8601 to the second
     reason: str
     models: Literal["retrain", "delete", "keep"]
-    state: Literal["started", "done"] = "started"
+    # "abandoned": `shardflow forget --abandon` gave it up unfinished (when: abandoned_at);
+    # what its steps done removed stays removed, its images are not forgotten
+    state: Literal["started", "done", "abandoned"] = "started"
+    abandoned_at: str | None = None
     steps: list[str] = Field(default_factory=list)  # the steps done (a rerun skips them)
     removed: dict[str, list[str]] = Field(default_factory=dict)  # where -> what (no names)
     versions: dict[str, list[str]] = Field(default_factory=dict)  # retracted/deleted/retrained
@@ -82,6 +86,6 @@ def save_forgotten(path: Path, record: ForgottenRecord) -> None:
 def forgotten_at(path: Path, sha256: str) -> str | None:
     """When the image with this content hash was forgotten (its erasure's start); None if never."""
     for erasure in load_forgotten(path).erasures:
-        if sha256 in erasure.sha256:
+        if sha256 in erasure.sha256 and erasure.state != "abandoned":
             return erasure.at
     return None

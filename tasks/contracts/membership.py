@@ -12,7 +12,9 @@ binary search over a memory map: a million images answer in microseconds, and th
 
 Each set's membership is also kept by fingerprint under ``.shardflow/membership/`` (a copy
 of the same bytes), so ``shardflow lineage`` can say which of the sets training runs recorded
-held an image after the shard folder has moved on.
+held an image after the shard folder has moved on. ``shardflow forget`` keeps these copies,
+rewritten without the forgotten hashes (:func:`remove_from_membership`): lineage and later
+erasures still find every run's set.
 """
 
 from __future__ import annotations
@@ -172,6 +174,22 @@ class Membership:
         """Every content hash of the set, in hash order."""
         for n in range(self.count):
             yield self._key(n).hex()
+
+
+def remove_from_membership(path: Path, hashes: set[str] | frozenset[str]) -> bool:
+    """Rewrite a membership file without the entries of ``hashes`` (its fingerprint and
+    files kept: it still says which set a run used, and where every other record was);
+    whether it changed. Atomic, and a no-op once done."""
+    with Membership(path) as membership:
+        size, start = ENTRY.size, membership.start
+        data = membership.map[start:] if membership.map is not None else b""
+        fingerprint, files = membership.fingerprint, membership.files
+    entries = [data[n * size : (n + 1) * size] for n in range(len(data) // size)]
+    kept = [entry for entry in entries if entry[:32].hex() not in hashes]
+    if len(kept) == len(entries):
+        return False
+    write_membership_file(Path(path), fingerprint, files, b"".join(kept))
+    return True
 
 
 def find_in(paths: Iterable[Path], sha256: str) -> dict[str, list[Member]]:

@@ -156,7 +156,10 @@ def dali_index_problem(shard_path: Path, index_path: Path) -> str | None:
         text = index_path.read_text()
     except (OSError, UnicodeDecodeError) as error:
         return f"DALI index unreadable or missing ({error.__class__.__name__})"
-    framing = record_offsets(shard_path)
+    try:
+        framing = record_offsets(shard_path)
+    except CorruptRecord as error:  # the records check names the record
+        return f"the shard's own framing does not hold ({error})"
     expected = "".join(f"{start} {size}\n" for start, size in framing)
     if text != expected:
         return f"DALI index does not match the shard's {len(framing)} records' framing"

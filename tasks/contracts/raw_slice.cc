@@ -6,6 +6,7 @@
 // `offset`. Built and loaded by raw_slice.py, its module.
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -43,6 +44,11 @@ class DecodeRawAtOp : public OpKernel {
   explicit DecodeRawAtOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("offset", &offset_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("length", &length_));
+    // offset + length must fit in int64: a range past it is an error, never a wrapped read
+    OP_REQUIRES(ctx, offset_ <= std::numeric_limits<int64_t>::max() - length_,
+                ::tensorflow::errors::InvalidArgument("ShardflowDecodeRawAt: offset ", offset_,
+                                                      " + length ", length_,
+                                                      " overflows int64"));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -53,8 +59,11 @@ class DecodeRawAtOp : public OpKernel {
                     records.shape().DebugString()));
     const auto flat = records.flat<tstring>();
     const int64_t count = flat.size();
+    // records x length elements must fit a tensor: an error, never TensorShape's CHECK abort
+    TensorShape shape;
+    OP_REQUIRES_OK(ctx, TensorShape::BuildTensorShape({count, length_}, &shape));
     Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({count, length_}), &out));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, shape, &out));
     uint8* row = out->flat<uint8>().data();
     for (int64_t i = 0; i < count; ++i, row += length_) {
       const int64_t size = static_cast<int64_t>(flat(i).size());

@@ -7,12 +7,13 @@ idempotent, so a rerun after a kill at any point completes the job.
   records (every other shard keeps its bytes), with the record lists, the offset index,
   the TFDS metadata, the manifest (a new fingerprint) and, last, the membership;
 - :func:`scrub_files`: every file under the given folders (the DVC cache and remote,
-  ``.dvc/tmp``, ``.shardflow``) that holds a forgotten image's bytes, content hash or file
-  name is removed.
+  ``.dvc/tmp``, ``.shardflow``) that holds a forgotten image by identity
+  (:mod:`tasks.erasure.identity`) is removed; what the working tree needs never is.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections import Counter
@@ -35,8 +36,9 @@ from tasks.contracts.manifest import (
 from tasks.contracts.membership import Membership, write_membership
 from tasks.contracts.numpy_reader import write_record_index
 from tasks.contracts.tfds_metadata import write_tfds_metadata
+from tasks.erasure.identity import Forgotten, holds, mentions
 from tasks.erasure.lineage import IndexView, resolve
-from tasks.erasure.object_scrub import holds
+from tasks.erasure.lost_revisions import object_id
 from tasks.runtime.atomic import write_json, write_text
 from tasks.runtime.refusals import Refused
 from tasks.schema import HASH_KEY, LABEL_KEY
@@ -71,19 +73,104 @@ def plan_forget(
         if not exact:
             for sha in asked:
                 hashes.update(index.group(sha, distance))
+    refuse_degenerate(sorted(hashes), layout)
     return ForgetPlan(asked, sorted(hashes), sorted(_files_holding(layout.index, hashes)))
 
 
+EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+
+
+def refuse_degenerate(hashes: list[str], layout: Any) -> None:
+    """Refuse content that is no image's identity: an empty file's (every empty file has
+    it: a lock, a marker) or that of a file the project keeps to run (its locks, DVC's own
+    files, its configuration). Forgetting it would remove every file with that content."""
+    from tasks.contracts.index import iter_records
+
+    kept = project_contents(layout.root)
+    for sha in hashes:
+        if sha != EMPTY_SHA256 and sha not in kept:
+            continue
+        what = "an empty file's" if sha == EMPTY_SHA256 else "that of a file the project keeps"
+        records = Path(layout.index).is_file() and any(
+            r["sha256"] == sha for _, r in iter_records(layout.index)
+        )
+        was = "a record" if records else "quarantined by ingest, never a record"
+        raise ForgetRefused(
+            f"{sha}: its content is {what}, not one image's: no erasure can tell this "
+            f"image from the files the project needs (the file was {was})",
+            fix="delete the file from ingest.source_dir by hand; nothing of it is in the "
+            "shards unless it was a record",
+        )
+
+
+def project_contents(root: Path) -> set[str]:
+    """The content hashes of the small files the project needs to run: its locks, DVC's
+    files and temporary markers, its configuration."""
+    root = Path(root)
+    files = [root / n for n in ("dvc.lock", "dvc.yaml", "params.yaml", ".dvcignore")]
+    files += [root / ".dvc" / "config", *(root / ".dvc" / "tmp").glob("*")]
+    files += list((root / ".shardflow").glob("*.lock*"))
+    return {file_sha256(f) for f in files if f.is_file() and not f.is_symlink()}
+
+
+def check_agreement(layout: Any, source_dir: Path) -> None:
+    """Refuse, before anything changes, a project whose shards, params and index do not
+    describe one dataset: the index read from another folder than ``ingest.source_dir``,
+    shards built from another index (their records and its records differ in number), or
+    a membership that is not the manifest's."""
+    from tasks.contracts.index import read_header
+
+    fix = "shardflow run (rebuilds the index and shards from params.yaml), then rerun forget"
+    if not Path(layout.index).is_file():
+        raise ForgetRefused(f"{layout.index}: no ingest index to find the images in", fix=fix)
+    header = read_header(layout.index)
+    indexed = Path(layout.root) / str(header.get("source_dir", ""))
+    if indexed.resolve() != Path(source_dir).resolve():
+        raise ForgetRefused(
+            f"{layout.index} was read from {header.get('source_dir')}, params.yaml's "
+            f"ingest.source_dir is {source_dir}: they describe different datasets",
+            fix=fix,
+        )
+    try:
+        manifest = load_manifest(layout.shards_dir)
+        with Membership(Path(layout.shards_dir) / MEMBERSHIP_NAME) as membership:
+            held, fingerprint = membership.count, membership.fingerprint
+    except (OSError, ValueError) as error:
+        raise ForgetRefused(f"{layout.shards_dir}: {error}", fix=fix) from error
+    if fingerprint != manifest.fingerprint or held != manifest.total_records:
+        raise ForgetRefused(
+            f"{layout.shards_dir}: its membership is not its manifest's set", fix=fix
+        )
+    if int(header.get("num_records", -1)) != manifest.total_records:
+        raise ForgetRefused(
+            f"{layout.shards_dir} holds {manifest.total_records} record(s), {layout.index} "
+            f"{header.get('num_records')}: the shards were built from another index",
+            fix=fix,
+        )
+
+
 def _files_holding(index_path: Path, hashes: set[str]) -> set[str]:
-    """Every source file the index knows with one of ``hashes`` as its content: the
-    records, and the files read but not admitted (a byte-identical copy filed as a
-    duplicate, a copy quarantined under another label), whose verdicts hold their hash."""
+    return set(files_by_path(index_path, hashes))
+
+
+def files_by_path(index_path: Path, hashes: Iterable[str]) -> dict[str, str]:
+    """Every source file the index knows with one of ``hashes`` as its content, and that
+    hash: the records, and the files read but not admitted (a byte-identical copy filed as
+    a duplicate, a copy quarantined under another label), whose verdicts hold their hash."""
     from tasks.contracts.index import iter_records, iter_verdicts
 
+    wanted = set(hashes)
     if not Path(index_path).exists():
-        return set()
-    found = {record["path"] for _, record in iter_records(index_path) if record["sha256"] in hashes}
-    return found | {path for path, verdict in iter_verdicts(index_path) if verdict[0] in hashes}
+        return {}
+    found = {
+        str(record["path"]): str(record["sha256"])
+        for _, record in iter_records(index_path)
+        if record["sha256"] in wanted
+    }
+    found |= {
+        path: str(verdict[0]) for path, verdict in iter_verdicts(index_path) if verdict[0] in wanted
+    }
+    return found
 
 
 def may_write(folder: Path, root: Path) -> bool:
@@ -106,6 +193,15 @@ def remove_sources(source_dir: Path, plan: ForgetPlan, *, root: Path) -> list[st
             path.unlink()
             removed.append(relative)
     return removed
+
+
+def records_holding(index_path: Path, hashes: set[str]) -> int:
+    """How many records of the ingest index have one of ``hashes`` as their content."""
+    from tasks.contracts.index import iter_records
+
+    if not Path(index_path).exists():
+        return 0
+    return sum(record["sha256"] in hashes for _, record in iter_records(index_path))
 
 
 def rewrite_index(index_path: Path, hashes: set[str]) -> int:
@@ -265,25 +361,26 @@ def _class_counts(
     return counts
 
 
-def needles(plan: ForgetPlan, source_bytes: dict[str, bytes]) -> list[bytes]:
-    """What marks a copy of the forgotten images in a file: each content hash (hex and raw),
-    each file name, and the source bytes themselves."""
-    found = [sha.encode() for sha in plan.hashes] + [bytes.fromhex(s) for s in plan.hashes]
-    found += [relative.encode() for relative in plan.sources]
-    found += [data for data in source_bytes.values() if data]
-    return found
+@dataclass(frozen=True)
+class Scrubbed:
+    """What a scrub removed, and the files it kept in which a byte search still finds a
+    forgotten hash or path (reported, never removed on that ground)."""
+
+    removed: list[str]
+    mentioning: list[str]
 
 
 def scrub_files(
     folders: Iterable[Path],
-    marks: list[bytes],
+    forgotten: Forgotten,
     *,
-    contents: set[str] | frozenset[str] = frozenset(),
     keep: set[Path] | frozenset[Path] = frozenset(),
-) -> list[str]:
-    """Remove every file under ``folders`` whose name or bytes hold any of ``marks`` or whose
-    sha256 is in ``contents`` (a copy of a source file), but those in ``keep``; their paths."""
-    removed = []
+    current: set[str] | frozenset[str] = frozenset(),
+) -> Scrubbed:
+    """Remove every file under ``folders`` that holds a forgotten image by identity
+    (:func:`tasks.erasure.identity.holds`), but those in ``keep``, the empty ones and the
+    DVC objects in ``current`` (those the working tree's outputs need)."""
+    removed, mentioning = [], []
     for folder in folders:
         if not Path(folder).is_dir():
             continue
@@ -292,7 +389,12 @@ def scrub_files(
                 path = Path(root) / name
                 if path in keep or path.is_symlink() or not path.is_file():
                     continue
-                if holds(name, path.read_bytes(), marks, contents):
+                if object_id(str(path)) in current or not path.stat().st_size:
+                    continue
+                data = path.read_bytes()
+                if holds(name, data, forgotten):
                     path.unlink()
                     removed.append(str(path))
-    return sorted(removed)
+                elif mentions(data, forgotten):
+                    mentioning.append(str(path))
+    return Scrubbed(sorted(removed), sorted(mentioning))

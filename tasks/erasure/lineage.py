@@ -133,6 +133,7 @@ class RunUse:
     fingerprint: str
     role: str  # "trained on it", "validated on it", "tested on it"
     versions: list[str] = field(default_factory=list)  # versions registered from the run
+    deleted: bool = False  # in MLflow's deleted lifecycle (restorable, its versions live on)
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,8 @@ class ImageLineage:
     path: str | None = None
     split: str | None = None
     near_duplicates: list[str] = field(default_factory=list)  # the group's other hashes
+    # each of them by its path in the ingest index (None: no longer there)
+    near_duplicate_paths: dict[str, str | None] = field(default_factory=dict)
     members: list[Member] = field(default_factory=list)  # in the current shard set
     shard_sets: list[str] = field(default_factory=list)  # fingerprints that held it
     runs: list[RunUse] = field(default_factory=list)
@@ -158,21 +161,44 @@ class ImageLineage:
 
 def resolve(image: str, layout: Layout, source_dir: Path, index: IndexView) -> str:
     """The content hash ``image`` names: a hash as given, else a file (under ``source_dir``,
-    or from the repository root) hashed, else an index record's path."""
+    or from the repository root) hashed, else an index record's path; refused as an unknown
+    image unless the project has seen it (:func:`known`)."""
+    sha = _content_hash(image, layout, source_dir, index)
+    if sha is None or not known(sha, layout, index):
+        shown = image if len(image) <= 80 else f"{image[:77]}..."
+        raise UnknownImage(
+            f"unknown image: {shown} is not an image this project has seen (no record, "
+            f"verdict or shard set of {layout.index} or its shard sets holds it)",
+            fix="name an image by its path under ingest.source_dir or by its sha256 as "
+            "`shardflow lineage` shows it",
+        )
+    return sha
+
+
+def _content_hash(image: str, layout: Layout, source_dir: Path, index: IndexView) -> str | None:
     if SHA256.fullmatch(image.lower()):
         return image.lower()
     for candidate in (Path(image), source_dir / image, layout.root / image):
-        if candidate.is_file():
-            return file_sha256(candidate)
+        try:
+            if candidate.is_file():
+                return file_sha256(candidate)
+        except (OSError, ValueError):  # a name too long, or one no file system takes
+            continue
     for relative in (image, Path(image).as_posix().removeprefix(f"{source_dir.as_posix()}/")):
         record = index.record("path", relative)
         if record is not None:
             return str(record["sha256"])
-    raise UnknownImage(
-        f"{image}: neither a content hash (64 hex digits) nor a file under {source_dir} or a "
-        f"path in {layout.index}",
-        fix="name the image by its path under ingest.source_dir or by its sha256",
-    )
+    return None
+
+
+def known(sha256: str, layout: Layout, index: IndexView) -> bool:
+    """Whether the project has seen this content: a record or a verdict of the index, a
+    record of a shard set (current or kept), or an image already forgotten."""
+    if index.map is not None and index.map.find(f'"{sha256}"'.encode()) >= 0:
+        return True
+    if find_in(membership_files(layout), sha256):
+        return True
+    return forgotten_at(layout.forgotten, sha256) is not None
 
 
 def membership_files(layout: Layout) -> list[Path]:
@@ -197,13 +223,15 @@ def image_lineage(
     held = find_in(membership_files(layout), sha256)
     current = held.get(_current_fingerprint(layout), [])
     record = index.record("sha256", sha256) or {}
+    group = index.group(sha256, distance)
     uses = [use for fp, members in held.items() for use in runs.uses(fp, members[0].split)]
     saw = runs.champion is not None and any(runs.champion in u.versions for u in uses)
     return ImageLineage(
         sha256,
         path=record.get("path"),
         split=current[0].split if current else record.get("split"),
-        near_duplicates=index.group(sha256, distance),
+        near_duplicates=group,
+        near_duplicate_paths={sha: index_path(index, sha) for sha in group},
         members=current,
         shard_sets=sorted(held),
         runs=uses,
@@ -228,6 +256,12 @@ def lineages(
         return [image_lineage(h, layout, index, runs, distance=distance) for h in hashes]
 
 
+def index_path(index: IndexView, sha256: str) -> str | None:
+    """The path under ``source_dir`` the index gives the record of ``sha256``, if any."""
+    record = index.record("sha256", sha256)
+    return None if record is None else str(record.get("path"))
+
+
 def _current_fingerprint(layout: Layout) -> str:
     from tasks.contracts.membership import Membership
 
@@ -247,6 +281,7 @@ class TrackedRuns:
     evaluations: dict[str, list[tuple[str, str]]]  # training run id -> its evaluation runs
     versions: dict[str, list[str]]  # training run id -> versions registered from it
     champion: str | None
+    deleted: set[str] = field(default_factory=set)  # run ids in MLflow's deleted lifecycle
 
     def uses(self, fingerprint: str, split: str) -> list[RunUse]:
         found = []
@@ -254,22 +289,32 @@ class TrackedRuns:
             versions = self.versions.get(run_id, [])
             if split == "test":  # training never reads test: its evaluations do
                 found += [
-                    RunUse(e_id, e_name, fingerprint, ROLES["test"], versions)
+                    RunUse(e_id, e_name, fingerprint, ROLES["test"], versions, e_id in self.deleted)
                     for e_id, e_name in self.evaluations.get(run_id, [])
                 ]
             else:
-                found.append(RunUse(run_id, name, fingerprint, ROLES[split], versions))
+                role = ROLES[split]
+                found.append(
+                    RunUse(run_id, name, fingerprint, role, versions, run_id in self.deleted)
+                )
         return found
 
     @classmethod
     def read(cls, client: MlflowClient, model_name: str) -> TrackedRuns:
+        from mlflow.entities import ViewType
         from mlflow.exceptions import MlflowException
 
         training: dict[str, list[tuple[str, str]]] = {}
         evaluations: dict[str, list[tuple[str, str]]] = {}
-        experiments = [e.experiment_id for e in client.search_experiments()]
+        deleted: set[str] = set()
+        # deleted runs and experiments too: a soft-deleted run can be restored, and the
+        # versions registered from it serve whatever its lifecycle says
+        found = client.search_experiments(view_type=ViewType.ALL)
+        experiments = [e.experiment_id for e in found]
         for run in _all_runs(client, experiments):
             tags = run.data.tags
+            if run.info.lifecycle_stage == "deleted":
+                deleted.add(run.info.run_id)
             if EVALUATES_TAG in tags:
                 evaluations.setdefault(tags[EVALUATES_TAG], []).append(
                     (run.info.run_id, run.info.run_name)
@@ -286,15 +331,19 @@ class TrackedRuns:
             champion = str(client.get_model_version_by_alias(model_name, CHAMPION).version)
         except MlflowException:  # no registered model, or no champion yet
             pass
-        return cls(training, evaluations, versions, champion)
+        return cls(training, evaluations, versions, champion, deleted)
 
 
 def _all_runs(client: MlflowClient, experiments: list[str]) -> list[Any]:
-    """Every run of the experiments, page by page."""
+    """Every run of the experiments, deleted ones too, page by page."""
+    from mlflow.entities import ViewType
+
     runs: list[Any] = []
     token = None
     while experiments:
-        page = client.search_runs(experiments, max_results=5000, page_token=token)
+        page = client.search_runs(
+            experiments, run_view_type=ViewType.ALL, max_results=5000, page_token=token
+        )
         runs += list(page)
         token = page.token
         if not token:

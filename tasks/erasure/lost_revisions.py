@@ -89,3 +89,29 @@ def _git(root: Path, *args: str) -> str:
     return subprocess.run(
         ["git", *args], cwd=root, capture_output=True, text=True, check=True
     ).stdout
+
+
+def current_objects(root: Path) -> set[str]:
+    """The DVC objects the working tree's ``dvc.lock`` needs (each output's and dependency's
+    md5, and every file a directory listing in the cache lists): what a scrub never removes,
+    whatever bytes they hold."""
+    import yaml
+
+    lock = Path(root) / "dvc.lock"
+    if not lock.is_file():
+        return set()
+    stages = (yaml.safe_load(lock.read_text()) or {}).get("stages", {})
+    needed = {
+        str(entry["md5"])
+        for stage in stages.values()
+        for entry in [*stage.get("deps", []), *stage.get("outs", [])]
+        if isinstance(entry, dict) and entry.get("md5")
+    }
+    for listing in [n for n in needed if n.endswith(".dir")]:
+        path = Path(root) / ".dvc" / "cache" / "files" / "md5" / listing[:2] / listing[2:]
+        try:
+            entries = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        needed |= {str(e["md5"]) for e in entries if isinstance(e, dict) and e.get("md5")}
+    return needed

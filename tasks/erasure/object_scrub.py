@@ -2,28 +2,23 @@
 storage (the project's DVC remotes on S3, Dask staging, a published shard set) and the
 Prefect server's flow-run logs and artifacts that name a forgotten image.
 
-An object is matched as a local file is (:func:`holds`): its bytes hold a mark (a content
-hash, hex or raw, a file name, a path) or are a forgotten source file (their sha256), or its
-key names a mark. Every object under a prefix is read: DVC names objects by their md5, so
-only their bytes tell which held an image.
+An object is matched as a local file is, by identity (:func:`tasks.erasure.identity.holds`):
+a forgotten source file, a copy named by its hash, records or JSON that carry a forgotten
+hash or path whole. Every object under a prefix is read: DVC names objects by their md5, so
+only what they are tells which held an image; an object the working tree's ``dvc.lock``
+needs is never removed.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tasks.contracts.shard_store import split_url
-
-
-def holds(name: str, data: bytes, marks: list[bytes], contents: Iterable[str]) -> bool:
-    """Whether a file or object (its name, its bytes) holds a forgotten image or names it."""
-    if any(mark in data or mark in name.encode() for mark in marks):
-        return True
-    return hashlib.sha256(data).hexdigest() in set(contents)
+from tasks.erasure.identity import Forgotten, holds
+from tasks.erasure.lost_revisions import object_id
 
 
 @dataclass(frozen=True)
@@ -41,15 +36,18 @@ class Bucket:
                 yield str(item["Key"])
 
 
-def scrub_bucket(store: Bucket, marks: list[bytes], contents: Iterable[str]) -> list[str]:
-    """Delete every object under the prefix that holds or names a forgotten image; their
-    ``s3://`` URLs."""
+def scrub_bucket(
+    store: Bucket, forgotten: Forgotten, *, current: set[str] | frozenset[str] = frozenset()
+) -> list[str]:
+    """Delete every object under the prefix that holds a forgotten image by identity, but
+    the DVC objects in ``current``; their ``s3://`` URLs."""
     bucket, _ = split_url(store.url)
-    hashes = set(contents)
     removed = []
     for key in store.object_keys():
+        if object_id(key) in current:
+            continue
         data = store.client.get_object(Bucket=bucket, Key=key)["Body"].read()
-        if holds(key, data, marks, hashes):
+        if data and holds(key.rsplit("/", 1)[-1], data, forgotten):
             store.client.delete_object(Bucket=bucket, Key=key)
             removed.append(f"s3://{bucket}/{key}")
     return sorted(removed)
@@ -92,14 +90,15 @@ class PrefectScrub:
 PAGE = 200  # the server's largest page for logs and artifacts
 
 
-def scrub_prefect(client: Any, marks: list[str]) -> PrefectScrub:
-    """Delete the artifacts that name a mark, and the flow runs whose logs do (the API
-    deletes a run's logs only with the run). ``client``: a sync Prefect client."""
+def scrub_prefect(client: Any, forgotten: Forgotten) -> PrefectScrub:
+    """Delete the artifacts that name a forgotten image (a hash or a path, whole), and the
+    flow runs whose logs do (the API deletes a run's logs only with the run). ``client``: a
+    sync Prefect client."""
     done = PrefectScrub()
     artifacts = [  # read whole before any deletion moves the pages
         artifact.id
         for artifact in _pages(client.read_artifacts)
-        if any(m in f"{artifact.key} {artifact.description} {artifact.data}" for m in marks)
+        if forgotten.named_in(f"{artifact.key} {artifact.description} {artifact.data}")
     ]
     for artifact_id in artifacts:
         client.delete_artifact(artifact_id)
@@ -107,7 +106,7 @@ def scrub_prefect(client: Any, marks: list[str]) -> PrefectScrub:
     runs = {
         log.flow_run_id
         for log in _pages(client.read_logs)
-        if log.flow_run_id is not None and any(mark in log.message for mark in marks)
+        if log.flow_run_id is not None and forgotten.named_in(log.message)
     }
     for run_id in sorted(runs, key=str):
         client.delete_flow_run(run_id)

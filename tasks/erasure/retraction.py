@@ -1,6 +1,7 @@
 """What ``shardflow forget`` does in the tracking store: the versions trained, validated or
 tested on a forgotten image lose the champion alias and are tagged retracted (or deleted),
-and the tags, descriptions and artifacts that name or show it go. Each step is idempotent.
+and the tags, descriptions and artifacts that name or show it go (by identity:
+:mod:`tasks.erasure.identity`). Each step is idempotent.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tasks.erasure.identity import Forgotten, holds
 from tasks.erasure.lineage import TrackedRuns
 from tasks.evaluate.tracking import EVALUATES_TAG
 from tasks.runtime.tracking import CHAMPION, champion_version
@@ -59,50 +61,51 @@ def retract_versions(
     return done
 
 
-def redact(text: str, marks: Iterable[str]) -> str:
-    for mark in marks:
-        text = text.replace(mark, REDACTED)
-    return text
-
-
 def scrub_tracking(
-    client: MlflowClient, marks: list[str], held: set[str], model_name: str
+    client: MlflowClient, forgotten: Forgotten, held: set[str], model_name: str
 ) -> list[str]:
-    """Redact ``marks`` (hashes, file names) from every run's tags and every version's
-    description; delete every artifact that holds one, and the pictures of the ``held``
-    runs. What was changed, as ``run/path`` or ``model/version`` (no mark in it)."""
+    """Redact the forgotten hashes and paths (whole, never a part of another name) from
+    every run's tags and every version's description. Artifacts go only from the ``held``
+    runs (those that trained, validated or tested on a forgotten record, by membership):
+    each that holds a forgotten image by identity, and an evaluation's pictures. What was
+    changed, as ``run/path`` or ``model/version`` (no image named in it)."""
+    from mlflow.entities import ViewType
+
     changed = []
-    for experiment in client.search_experiments():
-        for run in client.search_runs([experiment.experiment_id], max_results=50000):
+    for experiment in client.search_experiments(view_type=ViewType.ALL):
+        runs = client.search_runs(
+            [experiment.experiment_id], run_view_type=ViewType.ALL, max_results=50000
+        )
+        for run in runs:
             run_id = run.info.run_id
             for key, value in run.data.tags.items():
-                if any(mark in value for mark in marks):
-                    client.set_tag(run_id, key, redact(value, marks))
+                if forgotten.named_in(value):
+                    client.set_tag(run_id, key, forgotten.redact(value, REDACTED))
                     changed.append(f"{run_id}: tag {key}")
-            # the sheets that show images are an evaluation's
-            pictures = run_id in held and EVALUATES_TAG in run.data.tags
-            changed += _scrub_artifacts(client, run, marks, pictures=pictures)
+            if run_id in held:  # the sheets that show images are an evaluation's
+                pictures = EVALUATES_TAG in run.data.tags
+                changed += _scrub_artifacts(client, run, forgotten, pictures=pictures)
     for version in client.search_model_versions(f"name = '{model_name}'"):
         description = version.description or ""
-        if any(mark in description for mark in marks):
-            client.update_model_version(model_name, version.version, redact(description, marks))
+        if forgotten.named_in(description):
+            redacted = forgotten.redact(description, REDACTED)
+            client.update_model_version(model_name, version.version, redacted)
             changed.append(f"{model_name}/{version.version}: description")
     return changed
 
 
 def _scrub_artifacts(
-    client: MlflowClient, run: Any, marks: list[str], *, pictures: bool
+    client: MlflowClient, run: Any, forgotten: Forgotten, *, pictures: bool
 ) -> list[str]:
     from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
     repository = get_artifact_repository(run.info.artifact_uri)
-    encoded = [mark.encode() for mark in marks]
     removed = []
     with tempfile.TemporaryDirectory() as scratch:
         for path in _artifact_files(client, run.info.run_id):
             local = Path(client.download_artifacts(run.info.run_id, path, scratch))
-            if (pictures and path.lower().endswith(PICTURES)) or any(
-                mark in local.read_bytes() for mark in encoded
+            if (pictures and path.lower().endswith(PICTURES)) or holds(
+                local.name, local.read_bytes(), forgotten
             ):
                 repository.delete_artifacts(path)
                 removed.append(f"{run.info.run_id}: artifact {path}")

@@ -187,13 +187,26 @@ def _scan_records(
     schema: RecordSchema, path: Path, target: ShardContents, *, gzipped: bool
 ) -> None:
     """Read one file a record at a time; stop at the first bad record and note its index."""
-    from tasks.tfrecord import CorruptRecord, decode_example, open_records, read_framed
+    from tasks.tfrecord import (
+        CorruptRecord,
+        decode_example,
+        is_canonical,
+        open_records,
+        read_framed,
+    )
 
     position = 0
     try:
         with open_records(path, gzip_compressed=gzipped) as handle:
             while (serialized := read_framed(handle)) is not None:
                 features = schema.parse(serialized)  # decodes the image: shape, length
+                if not is_canonical(serialized, decode_example(serialized)):
+                    raise SchemaError(
+                        "the record is not laid out as the shard writer lays it out (a "
+                        "feature repeated, an entry after the last or out of order): "
+                        "TensorFlow's parser and the fast raw reader could read it "
+                        "differently; rebuild the shard set (`shardflow run`)"
+                    )
                 target.labels.append(int(features[LABEL_KEY]))
                 target.hashes.append(str(features[HASH_KEY]))
                 if position < CROSS_CHECK_PER_SHARD:
@@ -455,6 +468,19 @@ def run_validate(
     return report
 
 
+def framing_problem(path: Path, manifest: ShardManifest) -> str | None:
+    """Why the record framing of ``path`` does not hold (a header's CRC, a declared length
+    past the file's end, bytes after the last record), read without TensorFlow; None when it
+    holds."""
+    from tasks.tfrecord import CorruptRecord, record_offsets
+
+    try:
+        record_offsets(path, gzip_compressed=manifest.compression == "gzip")
+    except (CorruptRecord, OSError, EOFError) as error:
+        return str(error)
+    return None
+
+
 def check_shard_set(
     manifest: ShardManifest,
     shards_dir: Path,
@@ -472,6 +498,9 @@ def check_shard_set(
         )
         if (shards_dir / name).is_file()
     ]
+    # TensorFlow reads only files whose framing checks out: a crafted length (2**40) would
+    # crash its reader, so it is refused here first (the records check names it)
+    full_read = [name for name in full_read if framing_problem(shards_dir / name, manifest) is None]
     sample = start_cross_check(manifest, shards_dir, full_read) if full_read else None
     contents, generations_check = read_generations(manifest, shards_dir)
     # Every TensorFlow-free check runs while the cross-check's child imports TensorFlow

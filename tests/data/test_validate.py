@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import struct
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,17 @@ from tasks.contracts.manifest import (
 from tasks.contracts.numpy_reader import iter_split, write_dali_index
 from tasks.runtime.params import SplitFractions, default_params
 from tasks.shard.stage import shard_stage
-from tasks.tfrecord import CorruptRecord, record_offsets
+from tasks.tfrecord import (
+    CorruptRecord,
+    _masked_crc,
+    _varint,
+    decode_example,
+    encode_example,
+    frame_record,
+    open_records,
+    read_framed,
+    record_offsets,
+)
 from tasks.validate.stage import ValidationFailed, raise_if_failed, run_validate
 
 ALL_CHECKS = [
@@ -646,3 +658,90 @@ def test_a_dali_index_off_its_shards_framing_fails_the_files_check(
     message = failed(report)["files"]["message"]
     assert f"{first.file}.idx: DALI index does not match" in message
     assert f"{second.file}.idx: DALI index unreadable or missing" in message
+
+
+def _rewrite_shard(shards: Path, target: str, craft: Callable[[int, bytes], bytes]) -> None:
+    """Rewrite one shard, each record framed (valid CRCs) from ``craft(position, record)``
+    (framed bytes), the manifest updated (size, sha256, fingerprint) so only the records
+    are wrong."""
+    with open_records(shards / target) as handle:
+        frames = list(iter(lambda: read_framed(handle), None))
+    (shards / target).write_bytes(
+        b"".join(craft(position, data) for position, data in enumerate(frames))  # type: ignore[arg-type]
+    )
+    manifest = load(shards)
+    for info in manifest.splits.values():
+        for i, shard in enumerate(info.shards):
+            if shard.file == target:
+                update = {
+                    "bytes": (shards / target).stat().st_size,
+                    "sha256": file_sha256(shards / target),
+                }
+                info.shards[i] = shard.model_copy(update=update)
+    save(shards, manifest, refingerprint=True)
+    try:  # the DALI index of its framing, as the shard stage writes it
+        framing = record_offsets(shards / target)
+    except CorruptRecord:
+        return
+    write_dali_index(shards / f"{target}.idx", [at for at, _ in framing], sum(framing[-1]))
+
+
+def _label_repeated_after_the_source(record: bytes) -> bytes:
+    """The record with its label written again after its last entry: a wrong label first
+    (where the fast raw reader looks), the true one last (what protobuf keeps)."""
+    features = decode_example(record)
+    true_label = int(features["label"])
+    wrong = encode_example({**features, "label": (true_label + 1) % 3})
+    head = 1
+    while wrong[head] & 0x80:  # the outer length's varint
+        head += 1
+    entries = wrong[head + 1 :] + encode_example({"label": true_label})[2:]
+    return b"\x0a" + _varint(len(entries)) + entries
+
+
+def test_a_record_a_fast_reader_would_read_differently_fails_naming_shard_and_record(
+    shards: Path,
+) -> None:
+    """Valid CRCs, a matching fingerprint, every label check passing (the last label entry
+    is the true one): the layout itself fails validation."""
+    target = load(shards).split("train").shards[0].file
+
+    def craft(position: int, data: bytes) -> bytes:
+        return frame_record(_label_repeated_after_the_source(data) if position == 1 else data)
+
+    _rewrite_shard(shards, target, craft)
+    bad = failed(validate(shards))
+    assert "records" in bad and not {"manifest", "files", "labels", "leakage"} & set(bad)
+    error = bad["records"]["details"]["examples"][0]
+    assert (error["file"], error["record_index"]) == (target, 1)
+    assert "a feature repeated" in error["error"]
+
+
+def test_a_declared_length_past_the_files_end_is_refused_before_tensorflow_reads_it(
+    shards: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A length field of 2**40 (its CRC valid) would crash TensorFlow's reader: the records
+    check names the shard and record, and the cross-check never hands the file to it."""
+    from tasks.validate import stage
+
+    target = load(shards).split("val").shards[0].file
+    size = struct.pack("<Q", 2**40)
+
+    def craft(position: int, data: bytes) -> bytes:
+        framed = frame_record(data)
+        return size + _masked_crc(size) + framed[12:] if position == 1 else framed
+
+    _rewrite_shard(shards, target, craft)
+    asked: list[str] = []
+    real = stage.start_cross_check
+
+    def spy(manifest: Any, shards_dir: Path, files: list[str]) -> Any:
+        asked.extend(files)
+        return real(manifest, shards_dir, files)
+
+    monkeypatch.setattr(stage, "start_cross_check", spy)
+    bad = failed(validate(shards))
+    error = bad["records"]["details"]["examples"][0]
+    assert (error["file"], error["record_index"]) == (target, 1)
+    assert "CorruptRecord" in error["error"] and str(2**40) in error["error"]
+    assert asked and target not in asked

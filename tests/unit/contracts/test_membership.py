@@ -6,7 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from tasks.contracts.manifest import MEMBERSHIP_NAME, load_manifest, own_files
-from tasks.contracts.membership import Membership, archive_membership, find_in
+from tasks.contracts.membership import (
+    Membership,
+    archive_membership,
+    find_in,
+    remove_from_membership,
+)
 from tasks.schema import HASH_KEY
 from tasks.tfrecord import open_records, read_framed
 from tests.unit.shard.test_append import Project, add_images
@@ -73,3 +78,24 @@ def test_membership_is_outside_the_fingerprint_and_archived_sets_are_searched(
     paths = sorted(archive.glob("*.bin"))
     assert set(find_in(paths, new_sha)) == {second.fingerprint}
     assert set(find_in(paths, old)) == {first.fingerprint, second.fingerprint}
+
+
+def test_a_kept_membership_loses_only_the_forgotten_hashes(tmp_path: Path) -> None:
+    """After an erasure the copy kept by fingerprint still names its set and every other
+    record where it was; the forgotten hashes are gone; a second pass changes nothing."""
+    project = Project(tmp_path)
+    manifest = project.update("rebuild")
+    archive = tmp_path / "archive"
+    archive_membership(project.shards, archive, manifest.fingerprint)
+    kept = archive / f"{manifest.fingerprint}.bin"
+    with Membership(kept) as membership:
+        hashes = list(membership.hashes())
+        before = {sha: membership.find(sha) for sha in hashes}
+    gone = set(hashes[::5])
+    assert remove_from_membership(kept, gone)
+    assert not remove_from_membership(kept, gone)
+    with Membership(kept) as membership:
+        assert membership.fingerprint == manifest.fingerprint
+        assert membership.count == len(hashes) - len(gone)
+        assert all(membership.find(sha) == [] for sha in gone)
+        assert all(membership.find(sha) == before[sha] for sha in set(hashes) - gone)

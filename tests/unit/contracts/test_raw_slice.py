@@ -48,6 +48,21 @@ def test_the_op_reads_the_bytes_the_stock_ops_read(in_map: bool) -> None:
         np.testing.assert_array_equal(row, want)
 
 
+@pytest.mark.parametrize(
+    ("offset", "length"),
+    [(0, 2**62), (2**62, 2**62), (2**63 - 2, 5)],
+    ids=["rows times length", "offset plus length", "offset near the top"],
+)
+def test_a_range_past_what_int64_or_a_tensor_holds_is_an_invalid_argument(
+    offset: int, length: int
+) -> None:
+    """Never the process aborted by a CHECK on the output's shape."""
+    op = raw_slice.loaded_op()
+    assert op is not None, "make install builds the op where g++ is found"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"ShardflowDecodeRawAt|overflow"):
+        op.shardflow_decode_raw_at(records(), offset=offset, length=length)
+
+
 def op_types(schema: RecordSchema) -> set[str]:
     """The ops the reader's batch parser runs for shards of ``schema``."""
     parser = tf_reader.batch_parser(SimpleNamespace(record_schema=schema), with_metadata=False)

@@ -3,6 +3,7 @@ and a rerun after a kill that completes the job."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
@@ -19,15 +20,17 @@ from tasks.contracts.manifest import MEMBERSHIP_NAME, load_manifest, stream_reco
 from tasks.contracts.membership import Membership
 from tasks.contracts.numpy_reader import iter_split
 from tasks.erasure.forget import (
+    ForgetRefused,
     affected_shards,
     filter_shard,
-    needles,
     plan_forget,
     remove_sources,
     rewrite_index,
     rewrite_shards,
     scrub_files,
 )
+from tasks.erasure.identity import Forgotten
+from tasks.erasure.lineage import UnknownImage
 from tasks.ingest.stage import run_ingest, signatures_path
 from tasks.runtime.layout import Layout
 from tasks.runtime.params import default_params
@@ -140,21 +143,60 @@ def test_a_rerun_after_a_kill_midway_ends_where_an_uninterrupted_run_does(
     assert digests(layout.shards_dir) == digests(other)
 
 
-def test_scrub_removes_every_file_holding_a_hash_a_name_or_the_bytes(
+def test_scrub_removes_every_file_holding_the_image_by_identity_and_reports_the_rest(
     fresh: Built, tmp_path: Path
 ) -> None:
     layout, source, sha, _ = fresh
     plan = plan_forget([sha], layout=layout, source_dir=source, distance=DISTANCE, exact=True)
+    forgotten = Forgotten.of(plan.hashes, plan.sources, source_dir=source, root=layout.root)
     data = (source / "red" / "001.png").read_bytes()
     cache = tmp_path / "cache"
     cache.mkdir()
-    (cache / "object-a").write_bytes(b"prefix" + data + b"suffix")  # the source bytes
-    (cache / "object-b").write_text(f'{{"relpath": "{plan.sources[0]}"}}')  # its name
-    (cache / "object-c").write_bytes(bytes.fromhex(sha))  # its raw hash (a membership)
+    (cache / "object-a").write_bytes(data)  # the source file
+    (cache / "object-b").write_text(f'[{{"relpath": "{plan.sources[0]}"}}]')  # a listing of it
+    (cache / f"{sha}.png").write_bytes(b"re-encoded")  # named by its hash
     (cache / "object-d").write_text("nothing of it")
-    removed = scrub_files([cache], needles(plan, {plan.sources[0]: data}))
-    assert [Path(p).name for p in removed] == ["object-a", "object-b", "object-c"]
-    assert [p.name for p in cache.iterdir()] == ["object-d"]
+    (cache / "object-e").write_text(f"misclassified: {plan.sources[0]}")  # text: reported
+    needed = cache / "ab" / ("c" * 30)  # an object the working tree's dvc.lock needs
+    needed.parent.mkdir()
+    needed.write_bytes(data)
+    (cache / "empty").write_bytes(b"")
+    scrubbed = scrub_files([cache], forgotten, current={"ab" + "c" * 30})
+    assert {Path(p).name for p in scrubbed.removed} == {"object-a", "object-b", f"{sha}.png"}
+    assert {Path(p).name for p in scrubbed.mentioning} == {"object-e"}
+    assert sorted(p.name for p in cache.iterdir()) == ["ab", "empty", "object-d", "object-e"]
+    assert needed.read_bytes() == data
+
+
+def test_an_empty_file_or_content_the_project_keeps_is_no_erasable_identity(
+    fresh: Built,
+) -> None:
+    """Its hash is every empty file's (a lock's, a marker's): forget refuses it, saying the
+    file was quarantined, never a record."""
+    layout, source, _, _ = fresh
+    (source / "red" / "empty.png").write_bytes(b"")
+    (layout.root / ".shardflow").mkdir(exist_ok=True)
+    (layout.root / ".shardflow" / "workspace.lock").write_text("held by shardflow run")
+    (source / "red" / "lock.png").write_text("held by shardflow run")
+    with contextlib.chdir(layout.root):
+        run_ingest(ingest_params(source), layout.index, layout.ingest_report)
+    for name, what in (("empty.png", "an empty file's"), ("lock.png", "a file the project keeps")):
+        with pytest.raises(ForgetRefused, match=what) as refused:
+            plan_forget(
+                [f"red/{name}"], layout=layout, source_dir=source, distance=DISTANCE, exact=True
+            )
+        assert "quarantined by ingest, never a record" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "image",
+    ["red/never-seen.png", "9" * 64, "x" * 300 + ".png", "red/" + "é" * 200, "bad\x00name"],
+)
+def test_an_image_the_project_never_saw_is_refused_as_unknown(fresh: Built, image: str) -> None:
+    layout, source, _, _ = fresh
+    (source / "red" / "never-seen.png").write_bytes(b"\x89PNG added after ingest")
+    with pytest.raises(UnknownImage, match="unknown image"):
+        plan_forget([image], layout=layout, source_dir=source, distance=DISTANCE, exact=True)
 
 
 def test_a_source_the_project_may_not_write_keeps_the_image_out_by_the_exclusion_list(

@@ -8,10 +8,12 @@ import pytest
 from mlflow import MlflowClient
 from PIL import Image
 
+from flows.lineage import describe
 from tasks.contracts.content import file_sha256
 from tasks.contracts.forgotten import Erasure, ForgottenRecord, save_forgotten
 from tasks.contracts.membership import archive_membership
 from tasks.erasure.lineage import IndexView, TrackedRuns, UnknownImage, image_lineage, resolve
+from tasks.erasure.retraction import runs_that_held
 from tasks.evaluate.tracking import EVALUATES_TAG
 from tasks.runtime.layout import Layout
 from tasks.runtime.refusals import Refused
@@ -91,6 +93,8 @@ def test_lineage_walks_from_an_image_to_its_sets_runs_versions_and_the_champion(
     old = image_lineage(hashes["original"], layout, index, tracked, distance=DISTANCE)
     assert old.shard_sets == sorted([hashes["first"], hashes["second"]])
     assert hashes["large"] in old.near_duplicates  # its resized copy, placed with it
+    assert old.near_duplicate_paths[hashes["large"]] == "red/001-large.png"
+    assert f"red/001-large.png ({hashes['large']})" in "\n".join(describe(old))
     (member,) = old.members  # where it is in the current set
     assert member.split == old.split
     expected = {"train": {"first", "second"}, "val": {"first", "second"}, "test": {"eval"}}
@@ -117,6 +121,28 @@ def test_a_set_no_run_trained_on_means_the_champion_never_saw_the_image(
     index = IndexView(layout.index)
     new = image_lineage(hashes["new"], layout, index, tracked, distance=DISTANCE)
     assert new.runs and not new.champion_saw_it and new.champion is None
+
+
+def test_a_soft_deleted_run_is_counted_and_named_deleted(two_sets: Sets) -> None:
+    """MLflow's deleted lifecycle hides a run from a plain search; the champion registered
+    from it still serves, so lineage (and forget, which reads the same runs) counts it."""
+    layout, runs, hashes = two_sets
+    mlflow_uri = hashes["uri"]
+    client = MlflowClient(mlflow_uri, mlflow_uri)
+    for name in ("second", "eval"):  # the champion's training run and its evaluation
+        client.delete_run(runs[name])
+    try:
+        tracked = TrackedRuns.read(client, "m")
+    finally:
+        for name in ("second", "eval"):
+            client.restore_run(runs[name])
+    index = IndexView(layout.index)
+    new = image_lineage(hashes["new"], layout, index, tracked, distance=DISTANCE)
+    assert new.champion_saw_it and new.champion == "2"
+    assert new.runs and all(use.deleted and "2" in use.versions for use in new.runs)
+    assert "deleted lifecycle" in "\n".join(describe(new))
+    held, versions = runs_that_held(tracked, [hashes["second"]])
+    assert runs["second"] in held and "2" in versions
 
 
 def test_a_forgotten_image_shows_only_that_and_when(

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tasks.erasure.identity import Forgotten
 from tasks.erasure.lost_revisions import broken_objects, lost_revisions, object_id
 from tasks.erasure.object_scrub import dvc_s3_remotes, scrub_bucket, scrub_prefect
 from tests.s3_server import S3Server
@@ -21,11 +22,13 @@ from tests.s3_server import S3Server
 SHA = hashlib.sha256(b"the photo").hexdigest()
 
 
-def test_a_dvc_remote_on_s3_loses_every_object_holding_or_naming_the_image(
+def test_a_dvc_remote_on_s3_loses_every_object_holding_the_image_by_identity(
     s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The remote is reached with the endpoint of its own config (.dvc/config.local), not
-    the environment's; objects holding the bytes, the hash or the name go, the rest stay."""
+    the environment's; objects that are the image, list it or carry its hash go; those that
+    name another image holding its name (``red/0070.png``), or that the working tree needs,
+    stay."""
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     dvc_dir = tmp_path / ".dvc"
     dvc_dir.mkdir()
@@ -34,29 +37,36 @@ def test_a_dvc_remote_on_s3_loses_every_object_holding_or_naming_the_image(
     (dvc_dir / "config.local").write_text(local)
     client, bucket = s3_server.client(), s3_server.bucket
     objects = {
-        "dvc/files/md5/aa/" + "1" * 30: b"png" + b"the photo" + b"end",  # the source file
+        "dvc/files/md5/aa/" + "1" * 30: b"the photo",  # the source file
         "dvc/files/md5/bb/" + "2" * 30: json.dumps({"sha256": SHA}).encode(),  # a record list
-        "dvc/files/md5/cc/" + "3" * 30: b'{"path": "red/007.png"}',  # its name
+        "dvc/files/md5/cc/" + "3" * 30: b'[{"relpath": "red/007.png"}]',  # a listing of it
         "dvc/files/md5/dd/" + "4" * 30: b"another photo",
-        f"staging/sources/{SHA}": b"re-encoded",  # named by its hash
+        "dvc/files/md5/ee/" + "5" * 30: b'[{"relpath": "red/0070.png"}, {"p": "bred/007.png"}]',
+        "dvc/files/md5/ff/" + "6" * 30: b"the photo",  # the working tree's dvc.lock needs it
+        f"staging/sources/{SHA}": b"re-encoded",  # out of the remote's prefix
     }
     for key, body in objects.items():
         client.put_object(Bucket=bucket, Key=key, Body=body)  # type: ignore[attr-defined]
 
     (remote,) = dvc_s3_remotes(dvc_dir)
-    marks = [SHA.encode(), b"red/007.png"]
-    removed = scrub_bucket(remote, marks, [hashlib.sha256(b"x").hexdigest()])
+    forgotten = Forgotten(frozenset([SHA]), frozenset(["red/007.png"]))
+    removed = scrub_bucket(remote, forgotten, current={"ff" + "6" * 30})
     assert removed == [
-        f"s3://{bucket}/dvc/files/md5/{p}" for p in ("bb/" + "2" * 30, "cc/" + "3" * 30)
+        f"s3://{bucket}/dvc/files/md5/{p}"
+        for p in ("aa/" + "1" * 30, "bb/" + "2" * 30, "cc/" + "3" * 30)
     ]
-    contents = [hashlib.sha256(objects["dvc/files/md5/aa/" + "1" * 30]).hexdigest()]
-    assert len(scrub_bucket(remote, marks, contents)) == 1  # a copy of the source bytes
     listed = client.list_objects_v2(Bucket=bucket)["Contents"]  # type: ignore[attr-defined]
     assert sorted(o["Key"] for o in listed) == [
         "dvc/files/md5/dd/" + "4" * 30,
+        "dvc/files/md5/ee/" + "5" * 30,
+        "dvc/files/md5/ff/" + "6" * 30,
         f"staging/sources/{SHA}",
     ]
-    assert [object_id(url) for url in removed] == ["bb" + "2" * 30, "cc" + "3" * 30]
+    assert [object_id(url) for url in removed] == [
+        "aa" + "1" * 30,
+        "bb" + "2" * 30,
+        "cc" + "3" * 30,
+    ]
 
 
 class FakePrefect:
@@ -85,14 +95,15 @@ def test_prefect_artifacts_naming_the_image_and_runs_whose_logs_do_are_deleted()
         for i in range(250)  # more than a page: deletion must not skip any
     ]
     other = SimpleNamespace(id=uuid.uuid4(), key="summary", description="", data="42 records")
-    run_a, run_b = uuid.uuid4(), uuid.uuid4()
+    run_a, run_b, run_c = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
     logs = [
         SimpleNamespace(flow_run_id=run_a, message=f"quarantined red/007.png ({SHA[:8]})"),
         SimpleNamespace(flow_run_id=run_b, message="ingest: 42 files found"),
+        SimpleNamespace(flow_run_id=run_c, message="quarantined red/0070.png, bred/007.png"),
         SimpleNamespace(flow_run_id=None, message="red/007.png"),
     ]
     client = FakePrefect([*naming[:120], other, *naming[120:]], logs)
-    done = scrub_prefect(client, ["red/007.png", SHA])
+    done = scrub_prefect(client, Forgotten(frozenset([SHA]), frozenset(["red/007.png"])))
     assert client.artifacts == [other] and len(done.artifacts) == 250
     assert client.runs_deleted == [run_a] and done.flow_runs == [str(run_a)]
 

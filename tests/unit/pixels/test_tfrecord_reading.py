@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -13,8 +14,11 @@ from tasks.schema import RecordSchema, SchemaError
 from tasks.tfrecord import (
     CorruptRecord,
     TFRecordWriter,
+    _masked_crc,
     decode_example,
     encode_example,
+    frame_record,
+    is_canonical,
     read_framed,
     record_offsets,
 )
@@ -131,3 +135,47 @@ def test_schema_parse_names_what_is_wrong() -> None:
     png = RecordSchema(height=4, width=4, encoding="png")
     with pytest.raises(SchemaError, match="image is JPEG, schema wants png"):
         png.decode(RecordSchema(4, 4, "jpeg").encode_image(np.zeros((4, 4, 3), np.uint8)))
+
+
+def test_a_declared_length_past_the_end_of_the_file_is_a_corrupt_record(tmp_path: Path) -> None:
+    """A length field of 2**40 with a valid CRC: a short read where the file ends, named as
+    a truncated record, never a terabyte allocation (MemoryError)."""
+    size = struct.pack("<Q", 2**40)
+    crafted = size + _masked_crc(size) + b"\x00" * 100
+    path = tmp_path / "crafted.tfrecord"
+    path.write_bytes(frame_record(b"first") + crafted)
+    with open(path, "rb") as handle:
+        assert read_framed(handle) == b"first"
+        with pytest.raises(CorruptRecord, match=f"100 of {2**40} data bytes"):
+            read_framed(handle)
+    with pytest.raises(CorruptRecord, match="record 1: truncated"):
+        record_offsets(path)
+
+
+def test_example_bytes_with_a_key_that_is_not_text_are_a_corrupt_record() -> None:
+    entry = b"\x0a\x02\xff\xfe" + b"\x12\x00"  # key b"\xff\xfe", an empty feature
+    garbage = b"\x0a\x08" + b"\x0a\x06" + entry
+    with pytest.raises(CorruptRecord, match="not UTF-8"):
+        decode_example(garbage)
+
+
+def test_only_the_writers_own_layout_is_canonical() -> None:
+    """A feature repeated after the last entry decodes as protobuf does (the last wins),
+    where a reader at fixed offsets takes the first: not canonical, so refused."""
+    features: dict[str, bytes | int] = {  # small: every length a one-byte varint
+        "content_hash": b"ab",
+        "image": b"\x01" * 12,
+        "label": 1,
+        "source": b"a/1.png",
+    }
+    record = encode_example(features)
+    assert is_canonical(record, decode_example(record))
+    inner = record[2:]  # the map entries (the outer length is one byte here)
+    repeated = encode_example({"label": 2})[2:]
+    crafted = b"\x0a" + bytes([len(inner) + len(repeated)]) + inner + repeated
+    assert decode_example(crafted)["label"] == 2  # what parse_single_example reads too
+    assert decode_example(tf_example({**features, "label": 2})) == decode_example(crafted)
+    assert not is_canonical(crafted, decode_example(crafted))
+    entries = [encode_example({key: value})[2:] for key, value in features.items()]
+    swapped = b"\x0a" + bytes([len(inner)]) + b"".join(reversed(entries))  # out of order
+    assert decode_example(swapped) == features and not is_canonical(swapped, features)
