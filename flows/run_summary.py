@@ -22,7 +22,8 @@ STAGES = ("ingest", "shard", "validate", "train", "evaluate")
 LISTING_STAGE = "source"
 RAN = re.compile(r"Running stage '([\w-]+)'")
 SKIPPED = re.compile(r"Stage '([\w-]+)' didn't change, skipping")
-# Where to look next; each command here must exist (tests/unit/test_commands.py runs them).
+# Where to look next; each command here must exist
+# (tests/integration/test_commands_slow.py runs them).
 # No addresses: `shardflow ui` picks a free port and prints it, and each clone's Prefect
 # server has its own port (the CLI adds the line naming it).
 NEXT_STEPS = (

@@ -7,10 +7,11 @@ partial file is an error instead of a silent fallback to values the code made up
 from __future__ import annotations
 
 import functools
+import importlib
 import reprlib
 import subprocess
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     AfterValidator,
@@ -32,6 +33,9 @@ REPO_PARAMS_PATH = Path(__file__).resolve().parents[2] / "params.yaml"
 PromotionMetric = Literal[
     "accuracy", "top_k_accuracy", "macro_precision", "macro_recall", "macro_f1"
 ]
+# The models train.model may name: tasks/train/models.py keys its builders by this table.
+ModelName = Literal["small_cnn", "mobilenet_v3_small", "efficientnet_b0", "resnet50"]
+MODEL_NAMES: tuple[ModelName, ...] = get_args(ModelName)
 # A registered model's name: what a run may name in the registry (no URI, path or spaces).
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$"
 Side = Annotated[int, Field(ge=8)]  # smaller images carry too little signal to train on
@@ -191,10 +195,27 @@ class IngestParams(StrictModel):
     handoff_mb: Annotated[float, Field(ge=0), at_most(65536, MIB, "disk in .shardflow/handoff")]
 
 
+def _resize_policy(policy: str) -> str:
+    """``shard.resize`` is one of the preprocessing's own policies
+    (``tasks.images.RESIZE_POLICIES``, the one list of them).
+
+    The module is read by name when a params file is checked, not imported by this one:
+    importing it here would load NumPy and Pillow with every params load, and count the
+    preprocessing as the code of every stage that reads params (the import contracts keep
+    training apart from it; code versions and ``dvc.yaml`` deps would list it). The list is
+    only checked against here: changing it changes the preprocessing, which reshards.
+    """
+    policies: tuple[str, ...] = importlib.import_module("tasks.images").RESIZE_POLICIES
+    if policy not in policies:
+        *others, last = map(repr, policies)
+        raise ValueError(f"Input should be {', '.join(others)} or {last}")  # as for a Literal
+    return policy
+
+
 class ShardParams(StrictModel):
     image_size: tuple[Side, Side] = Field(strict=False)  # [height, width], a YAML list
     # pad: keep aspect, letterbox with black; crop: keep aspect, center-crop; stretch: ignore aspect
-    resize: Literal["pad", "crop", "stretch"]
+    resize: Annotated[str, AfterValidator(_resize_policy)]
     draft_decode: bool  # reduced-size JPEG decoding when the target is <= 1/2 the source
     encoding: Literal["raw", "jpeg", "png"]
     jpeg_quality: int = Field(ge=1, le=100)
@@ -240,7 +261,7 @@ class AugmentParams(StrictModel):
 
 
 class TrainParams(StrictModel):
-    model: Literal["small_cnn", "mobilenet_v3_small", "efficientnet_b0", "resnet50"]
+    model: ModelName
     # auto: a GPU when TensorFlow sees one, refused where the driver lists one it does not;
     # cpu: the CPU on purpose (GPUs hidden); gpu: refused without a GPU
     # (tasks/runtime/accelerator.py)

@@ -7,22 +7,21 @@ in training) and scaling, so the input pipeline and the saved model agree on wha
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tasks.contracts.content import file_sha256
-from tasks.runtime.params import AugmentParams, ParamsError, TrainParams
+from tasks.runtime.params import MODEL_NAMES, AugmentParams, ModelName, ParamsError, TrainParams
 
 if TYPE_CHECKING:
     import keras
 
-BACKBONES = ("mobilenet_v3_small", "efficientnet_b0", "resnet50")
-MODELS = ("small_cnn", *BACKBONES)
-# Trained whole, every layer from the first step, BatchNorm in training mode: the setting of
-# the published ResNet-50 training figures (MLPerf, NVIDIA's examples) the bench compares to.
-WHOLE_NETWORK = ("resnet50",)
+# A headless keras.applications backbone: (train.weights, image shape) -> a model taking
+# [0, 255] inputs.
+Backbone = Callable[[str | None, tuple[int, int, int]], "keras.Model"]
 
 
 def build_model(
@@ -33,8 +32,8 @@ def build_model(
     The softmax runs in float32 even under a mixed-precision policy, so losses stay stable.
     Its initial weights follow ``params.seed`` alone (``seeds_of_their_own``).
     """
-    if params.model not in MODELS:
-        raise ValueError(f"train.model={params.model!r} is unknown; choose one of {MODELS}")
+    if params.model not in BUILDERS:
+        raise ValueError(f"train.model={params.model!r} is unknown; choose one of {MODEL_NAMES}")
     with seeds_of_their_own(params.seed):
         return assemble(params, num_classes, image_shape)
 
@@ -67,9 +66,10 @@ def assemble(
     # The functional model casts the uint8 batches to the input's float32 on the way in.
     augment = augmentation(params.augment, seed=params.seed)
     x = augment(inputs) if augment.layers else inputs
-    if params.model == "small_cnn":
+    builder = BUILDERS[params.model]
+    if builder.backbone is None:
         x = small_cnn_features(x)
-    elif params.model in WHOLE_NETWORK:
+    elif builder.whole_network:
         backbone = build_backbone(params.model, params.weights, image_shape)
         x = backbone(x)  # trainable, BatchNorm following the training flag
         x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
@@ -143,30 +143,66 @@ def build_backbone(
     ``weights`` is None (random init), "imagenet" (downloads once, needs network) or the
     path of a local weights file such as one saved with ``backbone.save_weights``.
     """
+    builder = BUILDERS.get(name)  # type: ignore[call-overload]
+    if builder is None or builder.backbone is None:
+        backbones = [model for model, known in BUILDERS.items() if known.backbone]
+        raise ValueError(f"unknown backbone {name!r}; choose one of {backbones}")
+    check_weights(weights)
+    return builder.backbone(weights, image_shape)
+
+
+def mobilenet_v3_small(weights: str | None, image_shape: tuple[int, int, int]) -> keras.Model:
+    """MobileNetV3-Small with its own [0, 255] preprocessing."""
     import keras
 
-    check_weights(weights)
-    if name == "mobilenet_v3_small":
-        return keras.applications.MobileNetV3Small(
-            input_shape=image_shape,
-            include_top=False,
-            weights=weights,
-            include_preprocessing=True,
-        )
-    if name == "efficientnet_b0":
-        return keras.applications.EfficientNetB0(
-            input_shape=image_shape, include_top=False, weights=weights
-        )
-    if name == "resnet50":
-        # keras.applications' ResNet50 expects caffe-style inputs and has no preprocessing
-        # of its own: [0, 255] is scaled to [-1, 1] here so the saved model takes uint8.
-        inputs = keras.Input(shape=image_shape, name="resnet50_input")
-        scaled = keras.layers.Rescaling(1.0 / 127.5, offset=-1.0, name="scale")(inputs)
-        resnet = keras.applications.ResNet50(
-            input_shape=image_shape, include_top=False, weights=weights
-        )
-        return keras.Model(inputs, resnet(scaled), name="resnet50_backbone")
-    raise ValueError(f"unknown backbone {name!r}; choose one of {BACKBONES}")
+    return keras.applications.MobileNetV3Small(
+        input_shape=image_shape,
+        include_top=False,
+        weights=weights,
+        include_preprocessing=True,
+    )
+
+
+def efficientnet_b0(weights: str | None, image_shape: tuple[int, int, int]) -> keras.Model:
+    """EfficientNet-B0, which scales [0, 255] inputs itself."""
+    import keras
+
+    return keras.applications.EfficientNetB0(
+        input_shape=image_shape, include_top=False, weights=weights
+    )
+
+
+def resnet50(weights: str | None, image_shape: tuple[int, int, int]) -> keras.Model:
+    """keras.applications' ResNet50 expects caffe-style inputs and has no preprocessing of its
+    own: [0, 255] is scaled to [-1, 1] here so the saved model takes uint8."""
+    import keras
+
+    inputs = keras.Input(shape=image_shape, name="resnet50_input")
+    scaled = keras.layers.Rescaling(1.0 / 127.5, offset=-1.0, name="scale")(inputs)
+    resnet = keras.applications.ResNet50(
+        input_shape=image_shape, include_top=False, weights=weights
+    )
+    return keras.Model(inputs, resnet(scaled), name="resnet50_backbone")
+
+
+@dataclass(frozen=True)
+class Builder:
+    """How :func:`build_model` makes one model's features."""
+
+    backbone: Backbone | None  # None: the small CNN (small_cnn_features), no pretrained part
+    # Trained whole, every layer from the first step, BatchNorm in training mode: the setting
+    # of the published ResNet-50 training figures (MLPerf, NVIDIA's examples) the bench
+    # compares to. Otherwise the backbone stays frozen until fine-tuning unfreezes its top.
+    whole_network: bool = False
+
+
+# Every model train.model may name (tasks.runtime.params.ModelName, the one list) -> its builder.
+BUILDERS: dict[ModelName, Builder] = {
+    "small_cnn": Builder(backbone=None),
+    "mobilenet_v3_small": Builder(backbone=mobilenet_v3_small),
+    "efficientnet_b0": Builder(backbone=efficientnet_b0),
+    "resnet50": Builder(backbone=resnet50, whole_network=True),
+}
 
 
 def check_weights(weights: str | None) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.unit.test_stage_deps import entry_module, project_files
+from tasks.runtime.stage_deps import code_deps, entry_module
 
 REPO = Path(__file__).resolve().parents[2]
 EVALUATION_CODE = {
@@ -25,7 +25,7 @@ def stage(name: str) -> dict[str, object]:
 def test_train_stage_neither_imports_nor_lists_evaluation_code() -> None:
     spec = stage("train")
     assert entry_module(str(spec["cmd"])) == "flows.train"
-    assert not project_files(REPO, "flows.train") & EVALUATION_CODE
+    assert not set(code_deps(REPO, "flows.train")) & EVALUATION_CODE
     assert not set(map(str, spec["deps"])) & EVALUATION_CODE  # type: ignore[call-overload]
 
 
@@ -34,4 +34,4 @@ def test_evaluate_stage_runs_its_own_module_with_the_evaluation_code() -> None:
     assert entry_module(str(spec["cmd"])) == "flows.evaluate"
     deps = set(map(str, spec["deps"]))  # type: ignore[call-overload]
     assert deps >= EVALUATION_CODE and "models/model.keras" in deps
-    assert "flows/train.py" not in project_files(REPO, "flows.evaluate")
+    assert "flows/train.py" not in code_deps(REPO, "flows.evaluate")

@@ -3,11 +3,13 @@ tests/unit/bench/test_bench_feeds.py)."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from bench.feeds import FEEDS, FeedSet, measure_model
+from bench.gpu_check import Step, run_step
 from bench.read import write_seed_tfrecord
 from bench.train_step import input_params
 from tasks.contracts.manifest import load_manifest
@@ -57,3 +59,18 @@ def test_one_model_trains_an_epoch_on_every_feed_side_by_side(
     }
     for figures in result["feeds"].values():
         assert figures["images_per_s"] > 0 and figures["input_bound_ratio"] > 0
+
+
+def test_a_gpu_check_step_keeps_its_figures_and_a_cut_one_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    done = run_step(Step("none", ("--only", "no-such-section")), tmp_path, timeout_s=300)
+    assert done["outcome"] == "ok"
+    assert done["figures"]["config"]["only"] == ["no-such-section"]  # the step's own JSON
+
+    def too_slow(command: list[str], **kwargs: object) -> None:
+        raise subprocess.TimeoutExpired(command, 1.0)
+
+    monkeypatch.setattr(subprocess, "run", too_slow)
+    cut = run_step(Step("slow", ()), tmp_path / "cut", timeout_s=1)
+    assert cut["outcome"] == "stopped after 1 s: the budget ran out" and cut["figures"] == {}

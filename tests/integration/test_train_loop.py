@@ -122,8 +122,8 @@ def test_float16_and_xla_together_train(
 
 
 def test_a_repeated_deterministic_run_ends_with_the_same_weights(tiny_shards: Path) -> None:
-    """With tests/unit/train/test_model_file.py (the same weights give the same bytes): the same
-    model file. Compared as weights here: in one process Keras numbers its auto-named
+    """With tests/integration/test_model_file_slow.py (the same weights give the same bytes):
+    the same model file. Compared as weights here: in one process Keras numbers its auto-named
     objects on (adam, adam_1, ...), which a fresh process, as the stage runs, does not."""
     params = train_params(epochs=2, batch_size=16, early_stopping_patience=0)
     model_file = Layout(tiny_shards).model_file

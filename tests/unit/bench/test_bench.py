@@ -175,17 +175,6 @@ def test_draw_image_is_deterministic_and_within_bounds() -> None:
     assert all(40 <= side <= 60 for side in image.size)
 
 
-def test_generate_images_same_bytes_whatever_the_workers(tmp_path: Path) -> None:
-    one = generate_images(tmp_path / "one", 12, min_size=16, max_size=24, workers=1)
-    # Small chunks so the spawned pool really splits the work.
-    again = generate_images(tmp_path / "again", 12, min_size=16, max_size=24, workers=2, chunk=5)
-    files = [p.relative_to(one) for p, _ in list_images(one)]
-    assert len(files) == 12
-    assert {label for _, label in list_images(one)} == set(range(len(CLASSES)))
-    for rel in files:
-        assert (one / rel).read_bytes() == (again / rel).read_bytes()
-
-
 def test_generate_images_reuses_a_matching_folder(tmp_path: Path) -> None:
     out = generate_images(tmp_path / "set", 5, min_size=16, max_size=20, workers=1)
     extra = out / CLASSES[0] / "kept.jpg"
@@ -362,38 +351,6 @@ def test_the_stage_memory_run_builds_a_real_set_then_diffs_against_it(
     readers = [SplitReader(shards_dir, split, manifest=manifest) for split in manifest.splits]
     assert sum(len(found) for reader in readers for found in reader.offsets) == 303
     assert len(manifest.generations) == 2
-
-
-def test_progressive_photos_are_the_same_pictures_as_progressive_jpegs(tmp_path: Path) -> None:
-    """The photo bench's progressive set: the same picture and size as the baseline, saved
-    progressive (what the data side's figure compares), and its data side is measured on
-    both, photo by photo."""
-    import io
-
-    from PIL import Image
-
-    from bench.photos import draw_photo, generate_photos, photo_files, progressive_data_side
-
-    label, baseline = draw_photo(3, 96, 64)
-    same_label, progressive = draw_photo(3, 96, 64, progressive=True)
-    assert label == same_label
-    with Image.open(io.BytesIO(baseline)) as one, Image.open(io.BytesIO(progressive)) as two:
-        assert (one.size, two.size) == ((96, 64), (96, 64))
-        assert not one.info.get("progressive") and two.info.get("progressive")
-        difference = np.abs(np.asarray(one, np.int16) - np.asarray(two, np.int16))
-        assert difference.mean() < 2  # the same picture: only the scan order differs
-    folders = [
-        generate_photos(tmp_path / kind, 3, 96, 64, workers=1, progressive=kind == "progressive")
-        for kind in ("baseline", "progressive")
-    ]
-    base_files, progressive_files = (photo_files(f) for f in folders)
-    with Image.open(progressive_files[0]) as image:
-        assert image.info.get("progressive")
-    result = progressive_data_side(base_files, progressive_files, 32)
-    assert result["photos"] == 3
-    assert result["ratio"] == pytest.approx(result["progressive_ms"] / result["baseline_ms"])
-    with pytest.raises(ValueError, match="2 baseline and 3 progressive"):
-        progressive_data_side(base_files[:2], progressive_files, 32)
 
 
 def test_only_a_section_that_needs_the_images_still_prepares_them(tmp_path: Path) -> None:
@@ -609,28 +566,6 @@ def test_the_data_side_fits_one_line_through_every_pass(
     assert side["ratio"] == pytest.approx(25.0 / 20.0)
 
 
-def test_both_orchestration_passes_run_their_own_copys_compiled_code(tmp_path: Path) -> None:
-    """The direct pass imports the code of its copy, as every stage of a `dvc repro` pass
-    imports its copy's, and each copy starts with its bytecode, as a checkout has after its
-    first run; neither side compiles what the other finds compiled."""
-    from importlib.util import cache_from_source
-
-    from bench.orchestration import _run_direct, copy_repo
-
-    images = tmp_path / "images"
-    (images / "circle").mkdir(parents=True)
-    root = copy_repo(REPO_ROOT, tmp_path / "direct", images=images, overrides={})
-    for module in (
-        "tasks/ingest/stage.py",
-        "tasks/shard/stage.py",
-        "flows/train.py",
-        "bench/stats.py",
-    ):
-        assert Path(cache_from_source(str(root / module))).is_file(), module
-    seconds = _run_direct(root, [])  # raises when the pass ran other code than its copy's
-    assert seconds["total"] >= seconds["(imports and exit)"] > 0
-
-
 def test_the_hand_off_bench_keeps_every_decode_only_inside_its_alternative() -> None:
     """The bench's alternative keeps a small image's decode, and the cost model decides
     again as it ships once the bench leaves it."""
@@ -641,35 +576,3 @@ def test_the_hand_off_bench_keeps_every_decode_only_inside_its_alternative() -> 
     with every_decode_kept():
         assert worth_handing_off(300 * 200, 300 * 200 * 3)
     assert not worth_handing_off(300 * 200, 300 * 200 * 3)
-
-
-def test_a_bench_copy_never_touches_the_folder_the_working_copys_params_name(
-    tmp_path: Path,
-) -> None:
-    """A working copy whose params.yaml named its own photos by an absolute path lost them
-    to the orchestration section: its copy emptied ``dest / source_dir``, which for an
-    absolute ``source_dir`` is the user's folder itself, and linked the bench images in."""
-    from bench.orchestration import COPY_SOURCE, copy_repo
-    from tasks.runtime.params import load_params, shipped_params_text
-
-    photos = tmp_path / "my photos"
-    for label in ("cat", "dog"):
-        (photos / label).mkdir(parents=True)
-        (photos / label / "1.jpg").write_bytes(label.encode())
-    before = sorted((p.relative_to(photos), p.read_bytes()) for p in photos.rglob("*.jpg"))
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    (repo / "params.yaml").write_text(
-        shipped_params_text().replace("source_dir: data/demo", f"source_dir: {photos}", 1)
-    )
-    assert load_params(repo / "params.yaml").ingest.source_dir == str(photos)
-    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
-    images = tmp_path / "images"
-    (images / "circle").mkdir(parents=True)
-    (images / "circle" / "0.jpg").write_bytes(b"bench")
-
-    copy = copy_repo(repo, tmp_path / "copy", images=images, overrides={})
-
-    assert sorted((p.relative_to(photos), p.read_bytes()) for p in photos.rglob("*.jpg")) == before
-    assert load_params(copy / "params.yaml").ingest.source_dir == COPY_SOURCE
-    assert (copy / COPY_SOURCE / "circle" / "0.jpg").read_bytes() == b"bench"

@@ -4,13 +4,10 @@ on the CPU, tiny."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
-import pytest
-
 from bench.feeds import feed_batch
-from bench.gpu_check import MODELS, Step, main, plan, run_step
+from bench.gpu_check import MODELS, main, plan
 
 SIZE = (32, 32)
 BATCH = 4
@@ -42,21 +39,6 @@ def test_the_gpu_check_plans_one_bench_process_per_model_that_the_bench_accepts(
             assert (args.mixed_precision, args.xla) == (True, True)
     assert parse_args(list(full[-1].args)).input_models == list(MODELS)
     assert parse_args(list(quick[0].args)).quick
-
-
-def test_a_gpu_check_step_keeps_its_figures_and_a_cut_one_says_why(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    done = run_step(Step("none", ("--only", "no-such-section")), tmp_path, timeout_s=300)
-    assert done["outcome"] == "ok"
-    assert done["figures"]["config"]["only"] == ["no-such-section"]  # the step's own JSON
-
-    def too_slow(command: list[str], **kwargs: object) -> None:
-        raise subprocess.TimeoutExpired(command, 1.0)
-
-    monkeypatch.setattr(subprocess, "run", too_slow)
-    cut = run_step(Step("slow", ()), tmp_path / "cut", timeout_s=1)
-    assert cut["outcome"] == "stopped after 1 s: the budget ran out" and cut["figures"] == {}
 
 
 def test_the_gpu_check_writes_every_step_even_those_the_budget_left_out(tmp_path: Path) -> None:

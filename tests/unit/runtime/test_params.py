@@ -472,3 +472,18 @@ def test_every_size_param_has_a_bound_naming_what_it_would_need(
         load_params(path)
     message = str(error.value)
     assert key in message and memory in message
+
+
+def test_the_resize_policies_are_the_preprocessings_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``shard.resize`` takes what ``tasks.images.RESIZE_POLICIES`` lists, a second list of
+    them nowhere: a policy added there is a valid param, one not there is refused naming those
+    that are."""
+    import tasks.images
+
+    path = write(tmp_path, with_value("shard.resize", "fit"))
+    with pytest.raises(ParamsError, match=r"shard\.resize = 'fit': .*'pad', 'crop' or 'stretch'"):
+        load_params(path)
+    monkeypatch.setattr(tasks.images, "RESIZE_POLICIES", (*tasks.images.RESIZE_POLICIES, "fit"))
+    assert load_params(path).shard.resize == "fit"

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -13,7 +10,7 @@ import keras
 import numpy as np
 
 from tasks.runtime.params import default_params
-from tasks.train.model_file import CONFIG_ENTRY, METADATA_ENTRY, renumber_shared_ids, save_model
+from tasks.train.model_file import CONFIG_ENTRY, renumber_shared_ids, save_model
 from tasks.train.models import build_model
 
 
@@ -49,29 +46,6 @@ model = seeded_model()
 model.save(sys.argv[1] + "/plain.keras")
 save_model(model, sys.argv[1] + "/model.keras")
 """
-
-
-def test_the_same_weights_save_to_the_same_bytes(tmp_path: Path) -> None:
-    """Two processes save equal weights, as two deterministic trainings do: Keras's own files
-    differ (the clock, memory addresses, entry times); ours do not."""
-    repo = Path(__file__).resolve().parents[3]
-    for name in ("a", "b"):
-        (tmp_path / name).mkdir()
-        subprocess.run(
-            [sys.executable, "-c", SAVE_IN_A_PROCESS, str(tmp_path / name)],
-            cwd=repo,
-            env={**os.environ, "PYTHONPATH": str(repo)},
-            check=True,
-            timeout=300,
-        )
-    a, b = tmp_path / "a", tmp_path / "b"
-    assert (a / "plain.keras").read_bytes() != (b / "plain.keras").read_bytes()
-    assert (a / "model.keras").read_bytes() == (b / "model.keras").read_bytes()
-    assert sorted(p.name for p in a.iterdir()) == ["model.keras", "plain.keras"]  # no temp left
-    with zipfile.ZipFile(a / "model.keras") as archive:
-        metadata = json.loads(archive.read(METADATA_ENTRY))
-        assert metadata == {"keras_version": keras.__version__}
-        assert {info.date_time for info in archive.infolist()} == {(1980, 1, 1, 0, 0, 0)}
 
 
 def test_other_weights_save_to_other_bytes(tmp_path: Path) -> None:

@@ -12,9 +12,7 @@ from tasks.runtime.params import ParamsError
 from tasks.train.cluster import (
     TF_CONFIG_ENV,
     WORKERS_ENV,
-    WorkerFailed,
     config_is_chief,
-    launch_local_workers,
     local_tf_configs,
     requested_workers,
 )
@@ -75,13 +73,3 @@ def refuse(what: str, report: Callable[..., object]) -> None:
     if what == "refused":
         raise ParamsError("train.batch_size=73 exceeds the 72 train records; lower it")
     raise OSError("the shard store did not answer")
-
-
-def test_a_refusal_on_the_workers_fails_the_run_with_it_and_an_io_error_says_rerun() -> None:
-    """The launcher said "Rerun the train stage" of every failure, a refusal of the params
-    included, which a rerun repeats: a refusal now comes back as itself (not retried)."""
-    with pytest.raises(ParamsError, match=r"^train\.batch_size=73 exceeds") as refused:
-        launch_local_workers(2, refuse, ("refused",), grace_s=60.0)
-    assert "Rerun" not in str(refused.value)
-    with pytest.raises(WorkerFailed, match=r"worker \d failed: OSError: the shard store.*Rerun"):
-        launch_local_workers(2, refuse, ("transient",), grace_s=60.0)

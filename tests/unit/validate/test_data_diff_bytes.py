@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from tasks.runtime.atomic import write_json
 from tasks.validate import data_gate
 
 HERE = Path(__file__).parent
@@ -48,10 +47,3 @@ def test_the_typed_data_diff_writes_the_bytes_the_dict_diff_wrote(
         golden = HERE / f"golden_data_diff_{name}{suffix}"
         written = (tmp_path / "data_diff").with_suffix(suffix).read_text()
         assert written == golden.read_text()
-
-
-def test_the_committed_data_diff_round_trips_through_the_type(tmp_path: Path) -> None:
-    committed = ROOT / "reports" / "data_diff.json"
-    diff = data_gate.DataDiff.model_validate_json(committed.read_text())
-    write_json(tmp_path / "data_diff.json", diff.as_json())
-    assert (tmp_path / "data_diff.json").read_bytes() == committed.read_bytes()
