@@ -40,6 +40,7 @@ SERVE_LIMITS = {
     "--max-request-mb": "16",
     "--max-request-rows": "1024",
     "--max-concurrent-requests": "4",
+    "--alias-poll-s": "10",  # the champion alias read this often, its version served
 }
 
 Steps = list[list[str]]
@@ -159,6 +160,10 @@ def promote_steps(extra: Sequence[str]) -> Steps:
     return [module("flows.promote", *extra)]
 
 
+def retract_steps(extra: Sequence[str]) -> Steps:
+    return [module("flows.retract", *extra)]
+
+
 def stop_steps(extra: Sequence[str]) -> Steps:
     return [module("flows.server", "stop", *extra)]
 
@@ -188,12 +193,18 @@ COMMANDS: dict[str, tuple[str, Callable[[Sequence[str]], Steps]]] = {
     "bench": ("benchmarks -> reports/bench.json and bench.png (--quick: a smoke run)", bench_steps),
     "ui": ("MLflow UI on a free 127.0.0.1 port over the project's tracking store", ui_steps),
     "serve-model": (
-        "the champion over HTTP, within request limits, on a free port",
+        "the champion over HTTP, within request limits, on a free port; follows the alias "
+        "(a promotion or retraction changes the version served)",
         serve_model_steps,
     ),
     "promote": (
         "move the champion alias by hand, recorded: --version N --reason R (same task only)",
         promote_steps,
+    ),
+    "retract": (
+        "retract a version by hand, recorded: --version N --reason R (it loses every alias; "
+        "promote and the loaders refuse it)",
+        retract_steps,
     ),
     "stop": ("stop the Prefect server that this clone's run/serve/bench started", stop_steps),
     "team-deploy": (
@@ -238,6 +249,7 @@ OPTIONS: dict[str, list[str] | str] = {
     "lineage": ["flows.lineage", "--help"],
     "forget": ["flows.forget", "--help"],
     "promote": ["flows.promote", "--help"],
+    "retract": ["flows.retract", "--help"],
 }
 
 

@@ -19,7 +19,7 @@ from flows import cli
 ROOT = Path(__file__).resolve().parents[3]
 COMMANDS = [
     *["run", "accept-data", "lineage", "forget", "serve", "predict", "bench", "ui"],
-    *["serve-model", "promote", "stop"],
+    *["serve-model", "promote", "retract", "stop"],
     *["team-deploy", "team-demo"],
 ]
 
@@ -365,6 +365,7 @@ OPTIONS_SHOWN = {
     "lineage": ["--json", "IMAGE"],
     "forget": ["--reason", "--exact", "--models"],
     "promote": ["--version", "--reason", "--by", "--params"],
+    "retract": ["--version", "--reason", "--by", "--params"],
     **{name: ["options: none"] for name in ("serve", "stop", "team-demo")},
 }
 
