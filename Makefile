@@ -99,12 +99,13 @@ ui: install  ## MLflow UI on a free 127.0.0.1 port (printed) over the project's 
 
 # Each variable, when set, overrides its `shardflow serve-model` default (flows/cli.py: a free
 # port; requests up to 16 MB and 1024 rows, larger ones get HTTP 413 before parsing; 4 at
-# once, one more gets HTTP 503).
-serve-model: install  ## the registered champion (MLflow's scoring app behind request limits) on a free 127.0.0.1 port
+# once, one more gets HTTP 503; the champion alias read every 10 s, and its version served).
+serve-model: install  ## the registered champion (MLflow's scoring app behind request limits, following the alias) on a free 127.0.0.1 port
 	$(BIN)/python -m flows.cli serve-model $(if $(SERVE_MODEL_PORT),--port $(SERVE_MODEL_PORT)) \
 	  $(if $(SERVE_MAX_REQUEST_MB),--max-request-mb $(SERVE_MAX_REQUEST_MB)) \
 	  $(if $(SERVE_MAX_REQUEST_ROWS),--max-request-rows $(SERVE_MAX_REQUEST_ROWS)) \
-	  $(if $(SERVE_MAX_CONCURRENT_REQUESTS),--max-concurrent-requests $(SERVE_MAX_CONCURRENT_REQUESTS))
+	  $(if $(SERVE_MAX_CONCURRENT_REQUESTS),--max-concurrent-requests $(SERVE_MAX_CONCURRENT_REQUESTS)) \
+	  $(if $(SERVE_ALIAS_POLL_S),--alias-poll-s $(SERVE_ALIAS_POLL_S))
 
 bench: install  ## benchmarks -> reports/bench.json, reports/bench.png (BENCH_ARGS=--quick for a smoke run)
 	$(BIN)/python -m flows.cli bench $(BENCH_ARGS)
