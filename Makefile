@@ -91,7 +91,7 @@ serve: install  ## this clone's Prefect server + a process serving the deploymen
 team-demo: install  ## the team setup on one machine: servers, S3, git remote, cpu+gpu workers; one pipeline/team run
 	$(BIN)/python -m flows.cli team-demo
 
-stop:  ## stop the Prefect server that this clone's `make run`/`make serve` started
+stop:  ## stop what this clone started: `make serve`'s deployment process, serve-model and ui servers, the Prefect server
 	$(BIN)/python -m flows.cli stop
 
 ui: install  ## MLflow UI on a free 127.0.0.1 port (printed) over the project's tracking store

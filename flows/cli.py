@@ -165,7 +165,9 @@ def retract_steps(extra: Sequence[str]) -> Steps:
 
 
 def stop_steps(extra: Sequence[str]) -> Steps:
-    return [module("flows.server", "stop", *extra)]
+    # what the clone's commands recorded first: a deployment process outliving its Prefect
+    # server prints a traceback for each poll it fails
+    return [module("tasks.runtime.services", "stop"), module("flows.server", "stop", *extra)]
 
 
 # name -> (help line, steps); the order is the order of `shardflow --help`.
@@ -206,7 +208,12 @@ COMMANDS: dict[str, tuple[str, Callable[[Sequence[str]], Steps]]] = {
         "promote and the loaders refuse it)",
         retract_steps,
     ),
-    "stop": ("stop the Prefect server that this clone's run/serve/bench started", stop_steps),
+    "stop": (
+        "stop what this clone's commands started and recorded: serve's deployment process, "
+        "serve-model and ui servers, then the Prefect server (never another clone's, nor a "
+        "process started by hand)",
+        stop_steps,
+    ),
     "team-deploy": (
         "prefect deploy --all of prefect.yaml's team deployments: --cpu-pool P --gpu-pool P "
         "(default $SHARDFLOW_CPU_POOL / $SHARDFLOW_GPU_POOL, else cpu / gpu)",
@@ -365,13 +372,37 @@ def group_alive(process: subprocess.Popen[Any]) -> bool:
     return True
 
 
-def run_step(step: list[str], env: dict[str, str]) -> int:
-    """Run ``step`` in a session of its own (:func:`stopping_with`); its exit status."""
+# The commands whose steps run until stopped: recorded while they run, so `shardflow stop`
+# (`make stop`) stops them (tasks.runtime.services).
+SERVICES = ("serve", "ui", "serve-model")
+
+
+def run_step(step: list[str], env: dict[str, str], service: str | None = None) -> int:
+    """Run ``step`` in a session of its own (:func:`stopping_with`); its exit status. A
+    ``service`` step is recorded under the clone while it runs (:func:`recorded_while`)."""
     with (
         subprocess.Popen(step, env=env, start_new_session=True) as process,
         stopping_with(process),
+        recorded_while(process, service, step),
     ):
         return process.wait()
+
+
+@contextmanager
+def recorded_while(
+    process: subprocess.Popen[Any], service: str | None, step: list[str]
+) -> Iterator[None]:
+    """``process`` (a group leader) recorded as this clone's ``service`` until it ends."""
+    from tasks.runtime import services
+
+    if service is None:
+        yield
+        return
+    services.record_started(process.pid, service, step)
+    try:
+        yield
+    finally:
+        services.forget_started(process.pid)
 
 
 def teed(step: list[str], env: dict[str, str]) -> tuple[int, list[str]]:
@@ -419,7 +450,7 @@ def run_command(argv: Sequence[str] | None) -> int:
         if args.command == "run" and i == len(steps) - 1:  # dvc repro: its lines name stages
             code, output = teed(step, env)
         else:
-            code = run_step(step, env)
+            code = run_step(step, env, args.command if args.command in SERVICES else None)
         if code != 0:
             if code != REFUSED_EXIT:  # a refusal said what, why and the fix itself
                 print(

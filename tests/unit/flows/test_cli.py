@@ -54,6 +54,7 @@ class Recorder:
     def __init__(self, fail: str | None = None) -> None:
         self.steps: list[list[str]] = []
         self.envs: list[dict[str, str]] = []
+        self.services: list[str | None] = []  # what each step was recorded as
         self.fail = fail
 
     def __call__(self, step: list[str], env: dict[str, str], **_: Any) -> Any:
@@ -62,8 +63,9 @@ class Recorder:
         failed = self.fail is not None and self.fail in " ".join(step)
         return subprocess.CompletedProcess(step, 3 if failed else 0)
 
-    def step(self, step: list[str], env: dict[str, str]) -> int:
+    def step(self, step: list[str], env: dict[str, str], service: str | None = None) -> int:
         """Stands in for :func:`flows.cli.run_step`."""
+        self.services.append(service)
         return int(self(step, env).returncode)
 
 
@@ -73,9 +75,11 @@ def test_stop_and_predict_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert cli.main(["stop"]) == 0
     assert cli.main(["predict", "photos", "--model", "3"]) == 0
     assert recorder.steps == [
+        [sys.executable, "-m", "tasks.runtime.services", "stop"],  # what the clone recorded
         [sys.executable, "-m", "flows.server", "stop"],
         [sys.executable, "-m", "flows.predict", "photos", "--model", "3"],
     ]
+    assert recorder.services == [None, None, None]  # none of them a service
     env = recorder.envs[0]
     assert env["PATH"].split(":")[0] == str(Path(sys.executable).parent)
     assert env["MLFLOW_DISABLE_TELEMETRY"] == "true"
@@ -468,8 +472,8 @@ cli.COMMANDS["run"] = ("two steps", lambda extra: [step, step])
 real = cli.run_step
 
 
-def then_sigterm(step, env):
-    code = real(step, env)
+def then_sigterm(step, env, service=None):
+    code = real(step, env, service)
     os.kill(os.getpid(), signal.SIGTERM)  # after the step, before the next one starts
     return code
 
