@@ -27,7 +27,7 @@ from flows.common import configure_environment
 from flows.server import api_url, free_port
 from tasks.runtime import tracking
 from tasks.runtime.layout import keep_dvc_site_cache_in_repository
-from tasks.runtime.refusals import REFUSED_EXIT, refusing
+from tasks.runtime.refusals import BLOCK_HEAD, REFUSED_EXIT, refusing
 from tasks.runtime.tracking import MLFLOW_UI_URL
 
 DEMO_DIR = "data/demo"
@@ -405,25 +405,37 @@ def recorded_while(
         services.forget_started(process.pid)
 
 
-def teed(step: list[str], env: dict[str, str]) -> tuple[int, list[str]]:
-    """Run ``step`` as :func:`run_step` does, with its standard output shown as it comes and
-    kept (unbuffered, so its lines keep their place among the standard error's)."""
+def teed(step: list[str], env: dict[str, str]) -> tuple[int, list[str], list[str]]:
+    """Run ``step`` as :func:`run_step` does, with its output (standard error merged, so
+    the lines keep their order) shown as it comes and kept; a refusal block a stage printed
+    (:func:`tasks.runtime.refusals.refusal_block`) is held back instead of shown, and
+    returned, so that it can be shown last, after DVC's own lines about the failure."""
     kept: list[str] = []
+    block: list[str] = []
     with subprocess.Popen(
         step,
         env={**env, "PYTHONUNBUFFERED": "1"},
         stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
     ) as process:
         assert process.stdout is not None
         with stopping_with(process):
+            holding = False
             for line in process.stdout:
+                kept.append(line)
+                if BLOCK_HEAD.match(line.rstrip("\n")):
+                    holding, block = True, [line]
+                    continue
+                if holding and line.startswith("  "):
+                    block.append(line)
+                    continue
+                holding = False
                 sys.stdout.write(line)
                 sys.stdout.flush()
-                kept.append(line)
             process.wait()
-    return process.returncode, kept
+    return process.returncode, kept, block
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -447,10 +459,16 @@ def run_command(argv: Sequence[str] | None) -> int:
     env = environment()
     output: list[str] = []
     for i, step in enumerate(steps):
+        refusal: list[str] = []
         if args.command == "run" and i == len(steps) - 1:  # dvc repro: its lines name stages
-            code, output = teed(step, env)
+            code, output, refusal = teed(step, env)
         else:
             code = run_step(step, env, args.command if args.command in SERVICES else None)
+        if code != 0 and refusal:
+            # a stage refused: its block last, with the refusal's exit status (DVC's own is
+            # 255 whatever the stage's was)
+            sys.stderr.write("".join(refusal))
+            return REFUSED_EXIT
         if code != 0:
             if code != REFUSED_EXIT:  # a refusal said what, why and the fix itself
                 print(

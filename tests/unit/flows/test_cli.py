@@ -100,6 +100,38 @@ def test_run_stops_at_the_first_failing_step(
     assert "flows.server ensure` exited 3" in capsys.readouterr().err
 
 
+# `dvc repro` where a stage refused: the stage's block on standard error, then DVC's own line,
+# and DVC's exit status 255.
+REFUSING_REPRO = """
+import sys
+print("Running stage 'train':", flush=True)
+print("Refused: train (ShardsNotValidated)", file=sys.stderr)
+print("  the shards changed since validation", file=sys.stderr)
+print("  fix: dvc repro validate", file=sys.stderr, flush=True)
+print("ERROR: failed to reproduce 'train': failed to run: python -m flows.train, exited with 2",
+      file=sys.stderr)
+sys.exit(255)
+"""
+
+
+def test_a_stage_s_refusal_is_shown_once_last_with_the_refusal_s_exit_status(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    refusing = [[sys.executable, "-c", REFUSING_REPRO]]
+    monkeypatch.setitem(cli.COMMANDS, "run", ("run", lambda extra: refusing))
+    assert cli.main(["run"]) == 2  # the refusal's, not DVC's 255
+    out, err = capfd.readouterr()
+    shown = (out + err).splitlines()
+    assert shown[-3:] == [
+        "Refused: train (ShardsNotValidated)",
+        "  the shards changed since validation",
+        "  fix: dvc repro validate",
+    ]
+    assert sum(line.startswith("Refused:") for line in shown) == 1
+    assert sum("fix:" in line for line in shown) == 1
+    assert not any("255" in line for line in shown)
+
+
 def test_ui_finds_the_store_as_every_entry_point_does(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
