@@ -94,7 +94,7 @@ team-demo: install  ## the team setup on one machine: servers, S3, git remote, c
 stop:  ## stop what this clone started: `make serve`'s deployment process, serve-model and ui servers, the Prefect server
 	$(BIN)/python -m flows.cli stop
 
-ui: install  ## MLflow UI on a free 127.0.0.1 port (printed) over the project's tracking store
+ui: install  ## MLflow UI over the project's tracking store on 127.0.0.1:5000 while free, else a free port (prints the runs table's address)
 	$(BIN)/python -m flows.cli ui
 
 # Each variable, when set, overrides its `shardflow serve-model` default (flows/cli.py: a free

@@ -111,7 +111,10 @@ def ui_steps(extra: Sequence[str]) -> Steps:
         return []
     # MLFLOW_UI_URL's port first: the run links a local store's runs carry open there.
     address, url = listen_address(extra, preferred=urlsplit(MLFLOW_UI_URL).port)
-    print(f"MLflow UI: {url}", flush=True)
+    store = Path(uri.removeprefix(tracking.SQLITE)) if uri.startswith(tracking.SQLITE) else None
+    if store is None or store.exists():  # never a new, empty store made just to look
+        url = tracking.runs_table_url(url, tracking.client())
+    print(f"MLflow UI: {url} (the experiment's runs)", flush=True)
     # The store goes by the environment (main() passes it on), never on the command line,
     # which every user of the machine can read (ps).
     os.environ["MLFLOW_BACKEND_STORE_URI"] = uri
@@ -193,7 +196,11 @@ COMMANDS: dict[str, tuple[str, Callable[[Sequence[str]], Steps]]] = {
     "serve": ("Prefect server plus a process serving the deployments", serve_steps),
     "predict": ("batch prediction: python -m flows.predict SOURCE [options]", predict_steps),
     "bench": ("benchmarks -> reports/bench.json and bench.png (--quick: a smoke run)", bench_steps),
-    "ui": ("MLflow UI on a free 127.0.0.1 port over the project's tracking store", ui_steps),
+    "ui": (
+        "MLflow UI over the project's tracking store on 127.0.0.1:5000 while that is free, "
+        "else a free port; prints the address of the experiment's runs table",
+        ui_steps,
+    ),
     "serve-model": (
         "the champion over HTTP, within request limits, on a free port; follows the alias "
         "(a promotion or retraction changes the version served)",

@@ -528,3 +528,29 @@ def test_sigterm_between_two_steps_ends_the_command_as_within_one(tmp_path: Path
     )
     assert done.returncode == 128 + 15, done.stderr
     assert marker.read_text() == "ran "  # the second step never started
+
+
+def test_ui_prints_the_address_of_the_experiment_s_runs_table(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not the UI's home, which opens on GenAI traces: the runs of the project's experiment
+    (MLflow 3's `#/experiments/<id>/runs`), with the UI's telemetry off. A store not made
+    yet is not made by looking: the bare address then."""
+    from mlflow import MlflowClient
+
+    from tasks.runtime.tracking import experiment_id
+
+    recorder = Recorder()
+    monkeypatch.setattr(cli, "run_step", recorder.step)
+    monkeypatch.chdir(tmp_path)
+    no_tracking_uri(monkeypatch)
+    assert cli.main(["ui", "--port", "6124"]) == 0
+    assert "MLflow UI: http://127.0.0.1:6124 (" in capsys.readouterr().out
+    assert not (tmp_path / "mlflow.db").exists()
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    made = experiment_id(MlflowClient(uri, uri))
+    assert cli.main(["ui", "--port", "6124"]) == 0
+    assert f"MLflow UI: http://127.0.0.1:6124/#/experiments/{made}/runs?workflowType=" in (
+        capsys.readouterr().out
+    )
+    assert recorder.envs[-1]["MLFLOW_DISABLE_TELEMETRY"] == "true"
