@@ -528,13 +528,20 @@ def registry_watch(model_uri: str, poll_s: float) -> AliasWatch:
         except MlflowException:
             return Resolved(
                 None,
-                f"no version of {name} holds the alias {alias} (a retraction takes it): "
+                f"no version of {name} holds the alias {alias}{last_retraction()}: "
                 "shardflow promote --version N --reason R gives it one",
             )
         words = retraction_words(version.tags)
         if words is not None:
             return Resolved(None, f"{name} v{version.version} holds {alias} but is {words}")
         return Resolved(str(version.version))
+
+    def last_retraction() -> str:
+        """The latest retracted version and why, the likely reason the alias is gone."""
+        versions = store.search_model_versions(f"name = '{name}'")
+        retracted = [v for v in versions if retraction_words(v.tags) is not None]
+        last = max(retracted, key=lambda v: int(v.version), default=None)
+        return "" if last is None else f" (v{last.version} is {retraction_words(last.tags)})"
 
     def load(version: str) -> App:
         from tasks.serve.batch_prediction import load_pyfunc

@@ -297,11 +297,13 @@ def until(url: str, wanted: Callable[[int, str], bool]) -> tuple[int, str, dict[
 def test_a_server_started_before_a_retraction_follows_the_champion_alias(
     tmp_path: Path, mlflow_uri: str
 ) -> None:
-    """`shardflow serve-model`'s server: v1 champion when it starts; retracted, /invocations
-    gets 503 saying why (/ping 200); v2 promoted, v2 answers; each answer names its version."""
+    """`shardflow serve-model`'s server: v1 champion when it starts; retracted by an erasure
+    (what `shardflow forget` does), /invocations gets 503 saying why (/ping 200); v2
+    promoted, v2 answers; each answer names its version."""
     from mlflow import MlflowClient
 
-    from tasks.erasure.retraction import retract_by_hand
+    from tasks.contracts.model_versions import Retraction
+    from tasks.erasure.retraction import retract_versions
     from tasks.runtime.tracking import CHAMPION
 
     client = MlflowClient(mlflow_uri, mlflow_uri)
@@ -319,10 +321,20 @@ def test_a_server_started_before_a_retraction_follows_the_champion_alias(
     ) as url:
         status, version, _ = answered_by(url)
         assert (status, version) == (200, "1")
-        retract_by_hand(client, "served", "1", reason="bad labels", by="ana", at="2026-12-07")
+        # what `shardflow forget` does to the versions that saw a forgotten image
+        erasure = Retraction(
+            "ana",
+            "2026-12-07T09:00:00+00:00",
+            "consent withdrawn",
+            erasure="2026-12-07T09:00:00+00:00",
+            images=3,
+        )
+        retract_versions(client, "served", ["1"], erasure, delete=False)
         status, version, answer = until(url, lambda status, _: status == 503)
         assert version == "none"
-        assert "no version of served holds the alias champion" in str(answer["message"])
+        message = str(answer["message"])
+        assert "no version of served holds the alias champion (v1 is retracted" in message
+        assert "by the erasure of 2026-12-07T09:00:00+00:00" in message
         with urllib.request.urlopen(f"{url}/ping", timeout=30) as ping:
             assert ping.status == 200
         client.set_registered_model_alias("served", CHAMPION, "2")
