@@ -91,20 +91,21 @@ serve: install  ## this clone's Prefect server + a process serving the deploymen
 team-demo: install  ## the team setup on one machine: servers, S3, git remote, cpu+gpu workers; one pipeline/team run
 	$(BIN)/python -m flows.cli team-demo
 
-stop:  ## stop the Prefect server that this clone's `make run`/`make serve` started
+stop:  ## stop what this clone started: `make serve`'s deployment process, serve-model and ui servers, the Prefect server
 	$(BIN)/python -m flows.cli stop
 
-ui: install  ## MLflow UI on a free 127.0.0.1 port (printed) over the project's tracking store
+ui: install  ## MLflow UI over the project's tracking store on 127.0.0.1:5000 while free, else a free port (prints the runs table's address)
 	$(BIN)/python -m flows.cli ui
 
 # Each variable, when set, overrides its `shardflow serve-model` default (flows/cli.py: a free
 # port; requests up to 16 MB and 1024 rows, larger ones get HTTP 413 before parsing; 4 at
-# once, one more gets HTTP 503).
-serve-model: install  ## the registered champion (MLflow's scoring app behind request limits) on a free 127.0.0.1 port
+# once, one more gets HTTP 503; the champion alias read every 10 s, and its version served).
+serve-model: install  ## the registered champion (MLflow's scoring app behind request limits, following the alias) on a free 127.0.0.1 port
 	$(BIN)/python -m flows.cli serve-model $(if $(SERVE_MODEL_PORT),--port $(SERVE_MODEL_PORT)) \
 	  $(if $(SERVE_MAX_REQUEST_MB),--max-request-mb $(SERVE_MAX_REQUEST_MB)) \
 	  $(if $(SERVE_MAX_REQUEST_ROWS),--max-request-rows $(SERVE_MAX_REQUEST_ROWS)) \
-	  $(if $(SERVE_MAX_CONCURRENT_REQUESTS),--max-concurrent-requests $(SERVE_MAX_CONCURRENT_REQUESTS))
+	  $(if $(SERVE_MAX_CONCURRENT_REQUESTS),--max-concurrent-requests $(SERVE_MAX_CONCURRENT_REQUESTS)) \
+	  $(if $(SERVE_ALIAS_POLL_S),--alias-poll-s $(SERVE_ALIAS_POLL_S))
 
 bench: install  ## benchmarks -> reports/bench.json, reports/bench.png (BENCH_ARGS=--quick for a smoke run)
 	$(BIN)/python -m flows.cli bench $(BENCH_ARGS)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from flows import server
-from tasks.runtime.tracking import EXPERIMENT_NAME, client, tracking_uri
+from tasks.runtime.tracking import EXPERIMENT_NAME, RUNS_TABLE_QUERY, client, tracking_uri
 
 DOCS = Path("docs")
 CHROMIUM_FLAGS = [
@@ -42,9 +42,7 @@ CHROMIUM_FLAGS = [
 ]
 RENDER_WAIT_S = 90.0  # how long a page may take to show what it is shot for
 SETTLE_S = 3.0  # then a moment for the last requests and transitions
-# MLflow 3.17's UI shows an experiment as the per-browser GenAI / Model training switch says
-# (GenAI in a fresh browser), whatever its mlflow.experimentKind; this query sets the switch.
-MLFLOW_RUNS_TABLE = "?workflowType=machine_learning"
+MLFLOW_RUNS_TABLE = RUNS_TABLE_QUERY  # the GenAI / Model training switch set to the latter
 # Prefect's flow run page shows the Artifacts tab only once the run is loaded, so `?tab=`
 # alone opens on Logs: the tab is clicked, by its label, once the page has rendered.
 CLICK_TAB = """(() => {

@@ -27,7 +27,7 @@ from flows.common import configure_environment
 from flows.server import api_url, free_port
 from tasks.runtime import tracking
 from tasks.runtime.layout import keep_dvc_site_cache_in_repository
-from tasks.runtime.refusals import REFUSED_EXIT, refusing
+from tasks.runtime.refusals import BLOCK_HEAD, REFUSED_EXIT, refusing
 from tasks.runtime.tracking import MLFLOW_UI_URL
 
 DEMO_DIR = "data/demo"
@@ -40,6 +40,7 @@ SERVE_LIMITS = {
     "--max-request-mb": "16",
     "--max-request-rows": "1024",
     "--max-concurrent-requests": "4",
+    "--alias-poll-s": "10",  # the champion alias read this often, its version served
 }
 
 Steps = list[list[str]]
@@ -110,7 +111,10 @@ def ui_steps(extra: Sequence[str]) -> Steps:
         return []
     # MLFLOW_UI_URL's port first: the run links a local store's runs carry open there.
     address, url = listen_address(extra, preferred=urlsplit(MLFLOW_UI_URL).port)
-    print(f"MLflow UI: {url}", flush=True)
+    store = Path(uri.removeprefix(tracking.SQLITE)) if uri.startswith(tracking.SQLITE) else None
+    if store is None or store.exists():  # never a new, empty store made just to look
+        url = tracking.runs_table_url(url, tracking.client())
+    print(f"MLflow UI: {url} (the experiment's runs)", flush=True)
     # The store goes by the environment (main() passes it on), never on the command line,
     # which every user of the machine can read (ps).
     os.environ["MLFLOW_BACKEND_STORE_URI"] = uri
@@ -159,8 +163,14 @@ def promote_steps(extra: Sequence[str]) -> Steps:
     return [module("flows.promote", *extra)]
 
 
+def retract_steps(extra: Sequence[str]) -> Steps:
+    return [module("flows.retract", *extra)]
+
+
 def stop_steps(extra: Sequence[str]) -> Steps:
-    return [module("flows.server", "stop", *extra)]
+    # what the clone's commands recorded first: a deployment process outliving its Prefect
+    # server prints a traceback for each poll it fails
+    return [module("tasks.runtime.services", "stop"), module("flows.server", "stop", *extra)]
 
 
 # name -> (help line, steps); the order is the order of `shardflow --help`.
@@ -186,16 +196,31 @@ COMMANDS: dict[str, tuple[str, Callable[[Sequence[str]], Steps]]] = {
     "serve": ("Prefect server plus a process serving the deployments", serve_steps),
     "predict": ("batch prediction: python -m flows.predict SOURCE [options]", predict_steps),
     "bench": ("benchmarks -> reports/bench.json and bench.png (--quick: a smoke run)", bench_steps),
-    "ui": ("MLflow UI on a free 127.0.0.1 port over the project's tracking store", ui_steps),
+    "ui": (
+        "MLflow UI over the project's tracking store on 127.0.0.1:5000 while that is free, "
+        "else a free port; prints the address of the experiment's runs table",
+        ui_steps,
+    ),
     "serve-model": (
-        "the champion over HTTP, within request limits, on a free port",
+        "the champion over HTTP, within request limits, on a free port; follows the alias "
+        "(a promotion or retraction changes the version served)",
         serve_model_steps,
     ),
     "promote": (
         "move the champion alias by hand, recorded: --version N --reason R (same task only)",
         promote_steps,
     ),
-    "stop": ("stop the Prefect server that this clone's run/serve/bench started", stop_steps),
+    "retract": (
+        "retract a version by hand, recorded: --version N --reason R (it loses every alias; "
+        "promote and the loaders refuse it)",
+        retract_steps,
+    ),
+    "stop": (
+        "stop what this clone's commands started and recorded: serve's deployment process, "
+        "serve-model and ui servers, then the Prefect server (never another clone's, nor a "
+        "process started by hand)",
+        stop_steps,
+    ),
     "team-deploy": (
         "prefect deploy --all of prefect.yaml's team deployments: --cpu-pool P --gpu-pool P "
         "(default $SHARDFLOW_CPU_POOL / $SHARDFLOW_GPU_POOL, else cpu / gpu)",
@@ -238,6 +263,7 @@ OPTIONS: dict[str, list[str] | str] = {
     "lineage": ["flows.lineage", "--help"],
     "forget": ["flows.forget", "--help"],
     "promote": ["flows.promote", "--help"],
+    "retract": ["flows.retract", "--help"],
 }
 
 
@@ -353,34 +379,70 @@ def group_alive(process: subprocess.Popen[Any]) -> bool:
     return True
 
 
-def run_step(step: list[str], env: dict[str, str]) -> int:
-    """Run ``step`` in a session of its own (:func:`stopping_with`); its exit status."""
+# The commands whose steps run until stopped: recorded while they run, so `shardflow stop`
+# (`make stop`) stops them (tasks.runtime.services).
+SERVICES = ("serve", "ui", "serve-model")
+
+
+def run_step(step: list[str], env: dict[str, str], service: str | None = None) -> int:
+    """Run ``step`` in a session of its own (:func:`stopping_with`); its exit status. A
+    ``service`` step is recorded under the clone while it runs (:func:`recorded_while`)."""
     with (
         subprocess.Popen(step, env=env, start_new_session=True) as process,
         stopping_with(process),
+        recorded_while(process, service, step),
     ):
         return process.wait()
 
 
-def teed(step: list[str], env: dict[str, str]) -> tuple[int, list[str]]:
-    """Run ``step`` as :func:`run_step` does, with its standard output shown as it comes and
-    kept (unbuffered, so its lines keep their place among the standard error's)."""
+@contextmanager
+def recorded_while(
+    process: subprocess.Popen[Any], service: str | None, step: list[str]
+) -> Iterator[None]:
+    """``process`` (a group leader) recorded as this clone's ``service`` until it ends."""
+    from tasks.runtime import services
+
+    if service is None:
+        yield
+        return
+    services.record_started(process.pid, service, step)
+    try:
+        yield
+    finally:
+        services.forget_started(process.pid)
+
+
+def teed(step: list[str], env: dict[str, str]) -> tuple[int, list[str], list[str]]:
+    """Run ``step`` as :func:`run_step` does, with its output (standard error merged, so
+    the lines keep their order) shown as it comes and kept; a refusal block a stage printed
+    (:func:`tasks.runtime.refusals.refusal_block`) is held back instead of shown, and
+    returned, so that it can be shown last, after DVC's own lines about the failure."""
     kept: list[str] = []
+    block: list[str] = []
     with subprocess.Popen(
         step,
         env={**env, "PYTHONUNBUFFERED": "1"},
         stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
     ) as process:
         assert process.stdout is not None
         with stopping_with(process):
+            holding = False
             for line in process.stdout:
+                kept.append(line)
+                if BLOCK_HEAD.match(line.rstrip("\n")):
+                    holding, block = True, [line]
+                    continue
+                if holding and line.startswith("  "):
+                    block.append(line)
+                    continue
+                holding = False
                 sys.stdout.write(line)
                 sys.stdout.flush()
-                kept.append(line)
             process.wait()
-    return process.returncode, kept
+    return process.returncode, kept, block
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -404,10 +466,16 @@ def run_command(argv: Sequence[str] | None) -> int:
     env = environment()
     output: list[str] = []
     for i, step in enumerate(steps):
+        refusal: list[str] = []
         if args.command == "run" and i == len(steps) - 1:  # dvc repro: its lines name stages
-            code, output = teed(step, env)
+            code, output, refusal = teed(step, env)
         else:
-            code = run_step(step, env)
+            code = run_step(step, env, args.command if args.command in SERVICES else None)
+        if code != 0 and refusal:
+            # a stage refused: its block last, with the refusal's exit status (DVC's own is
+            # 255 whatever the stage's was)
+            sys.stderr.write("".join(refusal))
+            return REFUSED_EXIT
         if code != 0:
             if code != REFUSED_EXIT:  # a refusal said what, why and the fix itself
                 print(

@@ -252,6 +252,7 @@ def abandon(erasure: Erasure, record: ForgottenRecord, layout: Layout, intent: P
 def step_models(job: Job) -> None:
     """Versions that saw the images lose the champion alias at once (tagged, or deleted)."""
     from tasks.contracts.membership import find_in
+    from tasks.contracts.model_versions import Retraction
     from tasks.erasure.lineage import TrackedRuns, membership_files
     from tasks.erasure.retraction import retract_versions, runs_that_held
     from tasks.runtime import tracking
@@ -262,9 +263,12 @@ def step_models(job: Job) -> None:
     sets = {fp for sha in job.erasure.sha256 for fp in find_in(membership_files(job.layout), sha)}
     held, versions = runs_that_held(runs, sets)
     job.held_runs = sorted(held)
-    note = f"forgotten images (data/forgotten.json, erasure of {job.erasure.at})"
-    delete = job.erasure.models == "delete"
-    done = retract_versions(client, model_name, versions, note, delete=delete)
+    erasure = job.erasure  # named by its record: date, reason, image count
+    retraction = Retraction(
+        erasure.by, erasure.at, erasure.reason, erasure=erasure.at, images=len(erasure.sha256)
+    )
+    delete = erasure.models == "delete"
+    done = retract_versions(client, model_name, versions, retraction, delete=delete)
     job.erasure.versions["deleted" if delete else "retracted"] = done
     gone = len(held & runs.deleted)
     runs_line = f"{len(held)} run(s) used them, {gone} in MLflow's deleted lifecycle (counted)"

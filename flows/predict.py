@@ -5,8 +5,10 @@ python -m flows.predict photos.csv --model 3          # registry version 3
 python -m flows.predict cat.jpg --model <run id>       # a training run's model
 
 SOURCE is a folder (recursive), a CSV with a ``path`` column or a single file. The model is
-the registered ``champion`` by default. The flow writes the CSV, a Prefect table artifact and
-an MLflow run (experiment ``shardflow-predict``) tagged with the model version it used.
+the registered ``champion`` by default; an alias is resolved to its version once, and that
+version is loaded by number. A retracted version is refused unless ``--allow-retracted``
+(then recorded on the run). The flow writes the CSV, a Prefect table artifact and an MLflow
+run (experiment ``shardflow-predict``) tagged with the model version it used.
 """
 
 from __future__ import annotations
@@ -39,13 +41,14 @@ ARTIFACT_ROWS = 500  # the Prefect table shows the first rows; the CSV holds the
 
 
 @task(name="predict", version=code_version(predict), cache_policy=NO_CACHE)
-def predict_task(model_uri: str, paths: list[Path], root: str) -> list[dict[str, Any]]:
-    import mlflow
-
+def predict_task(
+    ref: batch_prediction.ModelRef, paths: list[Path], root: str, allow_retracted: bool
+) -> list[dict[str, Any]]:
     # The store from `root`, not a parameter: a URI's credentials stay out of Prefect.
-    with tracking.using_store(tracking.tracking_uri(root)):
-        loaded = mlflow.pyfunc.load_model(model_uri)
-    spec = predict.ServingSpec.from_dict(loaded.metadata.metadata["preprocessing"])
+    loaded, _ = batch_prediction.load_pyfunc(
+        tracking.client(root), ref, allow_retracted=allow_retracted
+    )
+    spec = predict.ServingSpec.from_dict((loaded.metadata.metadata or {})["preprocessing"])
     progress = Progress("predict-progress", f"files predicted of {len(paths)}")
     rows = batch_prediction.predict_files(loaded, paths, spec.max_file_bytes, progress=progress)
     progress(1, 1)  # no files to predict is done too
@@ -60,7 +63,12 @@ def predict_task(model_uri: str, paths: list[Path], root: str) -> list[dict[str,
     retry_delay_seconds=exponential_backoff(backoff_factor=5),
 )
 def record_task(
-    root: str, ref: batch_prediction.ModelRef, source: str, output: str, metrics: dict[str, float]
+    root: str,
+    ref: batch_prediction.ModelRef,
+    source: str,
+    output: str,
+    metrics: dict[str, float],
+    retracted: str | None = None,
 ) -> str:
     """An MLflow run for this batch, linked by tags to the model version and run it used."""
     from mlflow.entities import Metric, RunTag
@@ -75,6 +83,11 @@ def record_task(
         "predict.output": output,
         "prefect.flow_run_id": flow_run_tags()["prefect.flow_run_id"],
     }
+    if ref.alias:
+        tags["model.alias"] = ref.alias
+    if retracted is not None:  # loaded on --allow-retracted: the run says so
+        tags["model.retracted"] = retracted
+        tags["predict.allow_retracted"] = "true"
     tags = {key: tracking.redact(value) for key, value in tags.items()}
     run = client.create_run(
         tracking.experiment_id(client, batch_prediction.PREDICT_EXPERIMENT),
@@ -101,8 +114,11 @@ def predict_flow(
     model_name: ModelName | None = None,
     root: RepoPath = ".",
     params_path: RepoPath = "params.yaml",
+    allow_retracted: bool = False,
 ) -> dict[str, Any]:
-    """Predict every image under ``source`` with ``model`` (alias, version, run id or URI).
+    """Predict every image under ``source`` with ``model`` (alias, version, run id or URI),
+    resolved once to a version loaded by number; a retracted version only with
+    ``allow_retracted``, recorded on the run and in the result.
 
     ``model_name`` defaults to the current dataset's registered model
     (:func:`tasks.runtime.dataset_identity.model_name_for`); relative ``source``
@@ -129,9 +145,12 @@ def predict_flow(
         # which `dvc repro` would skip as unchanged
         check_store(base)
         raise
+    retracted = batch_prediction.retraction_of(client, ref, allow=allow_retracted)
     print(f"Predicting {source_path} with {ref.uri} (version {ref.version or '-'})")
+    if retracted is not None:
+        print(f"Loading a retracted version ({retracted}): --allow-retracted, recorded on the run")
     start = time.perf_counter()
-    rows = predict_task(ref.uri, paths, root)
+    rows = predict_task(ref, paths, root, allow_retracted)
     seconds = time.perf_counter() - start
     batch_prediction.write_predictions_csv(output_path, rows)
     errors = sum(1 for row in rows if row["error"])
@@ -153,6 +172,7 @@ def predict_flow(
             "num_errors": errors,
             "images_per_s": len(rows) / max(seconds, 1e-9),
         },
+        retracted,
     )
     print(f"Wrote {output_path}: {len(rows)} rows, {errors} errors; MLflow run {run_id}")
     return {
@@ -162,6 +182,7 @@ def predict_flow(
         "run_id": run_id,
         "model_uri": ref.uri,
         "model_version": ref.version,
+        "retracted": retracted,
     }
 
 
@@ -190,6 +211,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--model-name", default=None, help="default: evaluate.model_name")
     parser.add_argument("--params", default="params.yaml")
+    parser.add_argument(
+        "--allow-retracted",
+        action="store_true",
+        help="load a retracted version anyway (recorded on the prediction run)",
+    )
     return parser.parse_args(argv)
 
 
@@ -205,6 +231,7 @@ def main() -> None:
         model=args.model,
         model_name=args.model_name,
         params_path=args.params,
+        allow_retracted=args.allow_retracted,
     )
 
 

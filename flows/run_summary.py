@@ -29,7 +29,7 @@ SKIPPED = re.compile(r"Stage '([\w-]+)' didn't change, skipping")
 NEXT_STEPS = (
     "compare runs: `shardflow ui` (the MLflow UI, at the address it prints); flow runs: the "
     "Prefect UI (`python -m flows.server status` names it)",
-    "stop this clone's Prefect server: `shardflow stop`",
+    "stop this clone's servers (Prefect, deployments, serve-model, ui): `shardflow stop`",
 )
 
 

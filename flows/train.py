@@ -50,6 +50,7 @@ from tasks.runtime.layout import Layout
 from tasks.runtime.params import Params, TrainParams, load_params
 from tasks.train import child as train_child
 from tasks.train.cluster import ClusterIncomplete, config_is_chief, requested_workers
+from tasks.train.summary import epochs_words
 
 EPOCH_FIGURES = ("loss", "accuracy", "val_loss", "val_accuracy")
 
@@ -115,11 +116,10 @@ def train_task(params: Params, layout: Layout) -> dict[str, Any]:
     url = link_mlflow_run(summary["run_url"], summary["run_name"], "training run")
     kept = summary.get("model", {})  # the model's weights' epoch, not always the last one
     logger.info(
-        "trained %s: %s epochs (resumed from epoch %s), model from epoch %s: val accuracy "
+        "trained %s: %s, model from epoch %s: val accuracy "
         "%.4f, val loss %.4f, %.0f images/s; MLflow run %s",
         summary["run_name"],
-        summary.get("epochs_completed"),
-        summary.get("resumed_from_epoch"),
+        epochs_words(summary.get("epochs_completed"), summary.get("resumed_from_epoch")),
         summary.get("model_epoch"),
         kept.get("val_accuracy", float("nan")),
         kept.get("val_loss", float("nan")),

@@ -30,6 +30,7 @@ from flows.train import model_run_details, train_task
 from tasks.runtime import tracking
 from tasks.runtime.layout import Layout
 from tasks.runtime.params import deep_merge, load_params
+from tasks.train.summary import epochs_words
 
 TrainingStage = Literal["train", "evaluate"]  # a run's `stages` are checked names
 STAGES: tuple[TrainingStage, ...] = get_args(TrainingStage)
@@ -115,8 +116,8 @@ def summary_markdown(
         kept = trained.get("model") or trained.get("final", {})
         kept_epoch = trained.get("model_epoch", trained["epochs_completed"])
         lines += [
-            f"- epochs: {trained['epochs_completed']} (resumed from epoch "
-            f"{trained['resumed_from_epoch']}), throughput {trained['images_per_sec'] or 0:.0f} "
+            f"- {epochs_words(trained['epochs_completed'], trained['resumed_from_epoch'])}, "
+            f"throughput {trained['images_per_sec'] or 0:.0f} "
             f"images/s on {trained['num_replicas']} replica(s), {trained['precision_policy']}",
             f"- dataset: shards `{trained['fingerprint']}`; input-bound ratio "
             f"{trained.get('input_bound', {}).get('input_bound_ratio', float('nan')):.3f} "

@@ -1,7 +1,13 @@
 """What ``shardflow forget`` does in the tracking store: the versions trained, validated or
-tested on a forgotten image lose the champion alias and are tagged retracted (or deleted),
-and the tags, descriptions and artifacts that name or show it go (by identity:
+tested on a forgotten image lose every alias and are retracted (or deleted), and the tags,
+descriptions and artifacts that name or show it go (by identity:
 :mod:`tasks.erasure.identity`). Each step is idempotent.
+
+A retraction (:class:`tasks.contracts.model_versions.Retraction`, by an erasure or by hand:
+``shardflow retract``) is a state of the version: it holds no alias (``champion``,
+``challenger`` or any other), its tags and description say who or which erasure retracted it
+(an erasure by its ``data/forgotten.json`` entry: date, reason, image count; never by hash or
+file name), and Shardflow's loaders and ``shardflow promote`` refuse it.
 """
 
 from __future__ import annotations
@@ -12,15 +18,17 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tasks.contracts.model_versions import Retraction, retraction_words
 from tasks.erasure.identity import Forgotten, holds
 from tasks.erasure.lineage import TrackedRuns
+from tasks.evaluate.model_card import RETRACTION_HEADING, retraction_paragraph
+from tasks.evaluate.promotion_lock import promotion_lock
 from tasks.evaluate.tracking import EVALUATES_TAG
-from tasks.runtime.tracking import CHAMPION, champion_version
+from tasks.runtime.refusals import Refused
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
-RETRACTED_TAG = "shardflow.retracted"  # on a model version: which erasure retracted it, when
 REDACTED = "[forgotten]"
 # Artifacts of an evaluation of a set that held a forgotten image that may show its pixels
 # (the misclassified and label-review sheets): no byte search finds pixels in a PNG.
@@ -39,26 +47,90 @@ def runs_that_held(runs: TrackedRuns, fingerprints: Iterable[str]) -> tuple[set[
 
 
 def retract_versions(
-    client: MlflowClient, model_name: str, versions: Iterable[str], note: str, *, delete: bool
+    client: MlflowClient,
+    model_name: str,
+    versions: Iterable[str],
+    retraction: Retraction,
+    *,
+    delete: bool,
 ) -> list[str]:
-    """Take the champion alias from ``versions`` at once, then tag each retracted (``note``:
-    which erasure, when) or delete it; the versions acted on."""
+    """Take every alias from ``versions`` at once, then retract each (tags and description,
+    :func:`record_retraction`) or delete it; the versions acted on."""
     from mlflow.exceptions import MlflowException
 
     versions = sorted(set(versions), key=int)
-    if champion_version(client, model_name) in versions:
-        client.delete_registered_model_alias(model_name, CHAMPION)
+    for version in versions:
+        remove_aliases(client, model_name, version)
     done = []
     for version in versions:
         try:
             if delete:
                 client.delete_model_version(model_name, version)
             else:
-                client.set_model_version_tag(model_name, version, RETRACTED_TAG, note)
+                record_retraction(client, model_name, version, retraction)
             done.append(version)
         except MlflowException:  # deleted already (a rerun after a kill)
             continue
     return done
+
+
+def remove_aliases(client: MlflowClient, model_name: str, version: str) -> list[str]:
+    """Delete every alias that names ``version`` (champion, challenger, any other); them."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        aliases = list(client.get_model_version(model_name, version).aliases)
+    except MlflowException:  # deleted already
+        return []
+    for alias in aliases:
+        client.delete_registered_model_alias(model_name, alias)
+    return aliases
+
+
+def record_retraction(
+    client: MlflowClient,
+    model_name: str,
+    version: str,
+    retraction: Retraction,
+) -> None:
+    """The retraction on the version's tags, and at the head of its description (the model
+    card the registry shows) once."""
+    for key, value in retraction.tags().items():
+        client.set_model_version_tag(model_name, version, key, value)
+    description = client.get_model_version(model_name, version).description or ""
+    if not description.startswith(RETRACTION_HEADING):
+        paragraph = retraction_paragraph(retraction)
+        client.update_model_version(model_name, version, f"{paragraph}\n\n{description}".strip())
+
+
+class RetractionRefused(Refused):
+    """A retraction by hand refused: no reason, or no such version."""
+
+
+def retract_by_hand(
+    client: MlflowClient, model_name: str, version: str, *, reason: str, by: str, at: str
+) -> list[str]:
+    """Retract ``version`` of ``model_name`` (``shardflow retract``): recorded like a manual
+    promotion (who, when, why), under the promotion lock; the aliases it lost."""
+    from mlflow.exceptions import MlflowException
+
+    if not reason.strip():
+        raise RetractionRefused(
+            f"retracting {model_name} v{version} needs a reason: it is recorded",
+            fix=f'shardflow retract --version {version} --reason "why"',
+        )
+    with promotion_lock(client, model_name):
+        try:
+            tags = client.get_model_version(model_name, version).tags
+        except MlflowException:
+            raise RetractionRefused(
+                f"the registered model {model_name} has no version {version}",
+                fix="shardflow retract --version N --reason R, with N a registered version",
+            ) from None
+        removed = remove_aliases(client, model_name, version)
+        if retraction_words(tags) is None:  # retracted once: the first record stays
+            record_retraction(client, model_name, version, Retraction(by, at, reason))
+    return removed
 
 
 def scrub_tracking(

@@ -4,7 +4,8 @@ Everything a reader needs to decide whether to trust the version, from records t
 already wrote: the shard manifest (generations, counts per class and split, preprocessing),
 the ingest report when present (quarantine, duplicates, near-duplicates), the label review,
 the test metrics per class, and the champion comparison with how it was made. Evaluation
-logs it as an MLflow artifact and sets it as the version's description.
+logs it as an MLflow artifact and sets it as the version's description; a retraction puts
+:func:`retraction_paragraph` at its head.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tasks.contracts.manifest import ShardManifest
+    from tasks.contracts.model_versions import Retraction
 
 SPLIT_ORDER = ("train", "val", "test")
 SMALL_CLASS_SUPPORT = 10  # fewer test records than this: the class's figures are anecdotal
+RETRACTION_HEADING = "## RETRACTED"
 
 
 def model_card(
@@ -223,3 +226,24 @@ def limits_section(
         f"classes {', '.join(manifest.classes)} get one of them anyway"
     )
     return lines
+
+
+def retraction_paragraph(retraction: Retraction) -> str:
+    """The head of a retracted version's card: who or which erasure retracted it and why.
+    An erasure is named by its ``data/forgotten.json`` entry (its date, reason and image
+    count), never by an image's hash or file name: erasure treats those as marks to erase."""
+    if retraction.erasure is not None:
+        count = retraction.images
+        what = (
+            f"by the erasure of {retraction.erasure} recorded in data/forgotten.json (reason: "
+            f"{retraction.reason}; {count} image{'s' if count != 1 else ''} forgotten), whose "
+            "images it was trained, validated or tested on"
+        )
+    else:
+        what = f"by {retraction.by}: {retraction.reason}"
+    return (
+        f"{RETRACTION_HEADING}\n"
+        f"Retracted {retraction.at} {what}. It holds no alias, `shardflow promote` refuses "
+        "it, and Shardflow's loaders (predict, serve-model) refuse it unless "
+        "`--allow-retracted`."
+    )

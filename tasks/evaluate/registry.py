@@ -17,6 +17,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tasks.contracts.model_versions import (
+    MODEL_SHA256_TAG,
+    ModelFileAltered,
+    check_model_file,
+    file_sha256,
+)
 from tasks.evaluate.promotion import NotComparable
 
 if TYPE_CHECKING:
@@ -38,7 +44,9 @@ def register_model(
     logged_uri: str | None = None,
 ) -> str:
     """Log the model to the run as an image-bytes pyfunc and register a version of it; with
-    ``logged_uri``, register that pyfunc, logged already (:func:`log_due_pyfunc`).
+    ``logged_uri``, register that pyfunc, logged already (:func:`log_due_pyfunc`). The
+    version records ``model_file``'s sha256, which every loader checks
+    (:mod:`tasks.contracts.model_versions`).
 
     Idempotent per run: a retried or repeated evaluation of the same training run reuses
     the version already registered from it instead of adding a duplicate (and deletes the
@@ -55,9 +63,10 @@ def register_model(
     from tasks.predict import log_pyfunc
     from tasks.runtime.tracking import using_store
 
+    digest = file_sha256(model_file)  # before logging: the bytes the version is made of
     model_uri = logged_uri or log_pyfunc(client, run_id, model_file, spec)
     with using_store(client.tracking_uri):
-        version = mlflow.register_model(model_uri, model_name)
+        version = mlflow.register_model(model_uri, model_name, tags={MODEL_SHA256_TAG: digest})
     return str(version.version)
 
 
@@ -139,7 +148,8 @@ def registered_version(client: MlflowClient, model_name: str, run_id: str) -> st
 def download_registered(
     client: MlflowClient, model_name: str, version: str, into: Path
 ) -> tuple[Path, dict[str, Any]]:
-    """A registered version's Keras file and serving spec (from its ``MLmodel``)."""
+    """A registered version's Keras file and serving spec (from its ``MLmodel``); a file
+    that is not the one registered (its recorded sha256) cannot be compared."""
     import mlflow
     import yaml
     from mlflow.exceptions import MlflowException
@@ -163,7 +173,33 @@ def download_registered(
         raise NotComparable(
             redact(f"its model could not be loaded from {where} ({type(exc).__name__}: {exc})")
         ) from None
+    try:
+        check_model_file(
+            local, client.get_model_version(model_name, version).tags, model_name, version
+        )
+    except ModelFileAltered as altered:
+        raise NotComparable(f"{altered} ({altered.fix})") from None
     return Path(local), dict(spec)
+
+
+def registered_spec(client: MlflowClient, model_name: str, version: str) -> dict[str, Any] | None:
+    """A registered version's serving spec (its ``MLmodel`` metadata), without its Keras
+    file; None when it cannot be read."""
+    import tempfile
+
+    import mlflow
+    import yaml
+    from mlflow.exceptions import MlflowException
+
+    from tasks.runtime.tracking import using_store
+
+    where = client.get_model_version_download_uri(model_name, version).rstrip("/")
+    try:
+        with tempfile.TemporaryDirectory() as into, using_store(client.tracking_uri):
+            local = mlflow.artifacts.download_artifacts(f"{where}/MLmodel", dst_path=into)
+            return dict(yaml.safe_load(Path(local).read_text())["metadata"]["preprocessing"])
+    except (MlflowException, OSError, KeyError, TypeError):
+        return None
 
 
 def logged_model_id(client: MlflowClient, run_id: str, model_name: str, version: str) -> str:

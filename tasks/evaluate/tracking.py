@@ -204,7 +204,7 @@ class TrainingRunNotInStore(ShardsNotValidated):
     """Refused (never retried): the training run ``models/run.json`` names is not in the
     tracking store this evaluation logs to."""
 
-    fix = "dvc repro -f train   (or point MLFLOW_TRACKING_URI at the store that holds it)"
+    fix = f"{REBUILD}   (or point MLFLOW_TRACKING_URI at the store that holds it)"
 
 
 def training_run(client: MlflowClient, run_id: str, layout: Layout) -> Run:

@@ -133,7 +133,10 @@ def apply_overrides(path: str | Path, overrides: dict[str, Any]) -> Params:
 
     The file stays the single source of truth, so `dvc status` and `dvc repro` agree with a
     run that was started with overrides. Checked before the file is touched, and written
-    through a temporary file, so a refused or failed run leaves params.yaml as it was.
+    through a temporary file, so a refused or failed run leaves params.yaml as it was. Only
+    the lines of the values set change: ``null`` is written ``null`` (ruamel's round trip
+    writes nothing), and a list replaced keeps the flow style (``[64, 64]``) of the one it
+    replaces, so ``git diff params.yaml`` shows what the run changed and nothing else.
     """
     from ruamel.yaml import YAML
 
@@ -144,17 +147,31 @@ def apply_overrides(path: str | Path, overrides: dict[str, Any]) -> Params:
         return merged
     yaml_rt = YAML()
     yaml_rt.preserve_quotes = True
+    yaml_rt.representer.add_representer(type(None), _null_as_null)
     document = yaml_rt.load(path.read_text())
-
-    def merge_into(node: Any, update: dict[str, Any]) -> None:
-        for key, value in update.items():
-            if isinstance(value, dict) and isinstance(node.get(key), dict):
-                merge_into(node[key], value)
-            else:
-                node[key] = value
-
-    merge_into(document, overrides)
+    _merge_into(document, overrides)
     text = io.StringIO()
     yaml_rt.dump(document, text)
     atomic.write_text(path, text.getvalue())
     return merged
+
+
+def _null_as_null(representer: Any, _: None) -> Any:
+    return representer.represent_scalar("tag:yaml.org,2002:null", "null")
+
+
+def _merge_into(node: Any, update: dict[str, Any]) -> None:
+    """``update`` into the round-trip ``node``, a replaced list in the style of the old one."""
+    from ruamel.yaml.comments import CommentedSeq
+
+    for key, value in update.items():
+        old = node.get(key)
+        if isinstance(value, dict) and isinstance(old, dict):
+            _merge_into(old, value)
+        elif isinstance(value, list) and isinstance(old, CommentedSeq):
+            seq = CommentedSeq(value)
+            if old.fa.flow_style():
+                seq.fa.set_flow_style()
+            node[key] = seq
+        else:
+            node[key] = value

@@ -19,7 +19,7 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager
 from types import ModuleType
 
@@ -77,6 +77,24 @@ def _native_notices_dropped() -> Iterator[None]:
                     os.write(2, line)
 
 
+def quiet_cuda_probe(
+    env: MutableMapping[str, str] = os.environ,
+    gpus: Callable[[], list[str]] | None = None,
+) -> None:
+    """Where the NVIDIA driver lists no GPU (``gpus``, default ``nvidia-smi -L``), TensorFlow's
+    CUDA probe can only fail, and says so on every run ("failed call to cuInit"): its C++ log
+    keeps to fatal errors (``TF_CPP_MIN_LOG_LEVEL=3``) unless the user chose a level. Called
+    before TensorFlow loads, which reads the level once; with a GPU listed nothing changes."""
+    if "TF_CPP_MIN_LOG_LEVEL" in env:
+        return
+    if gpus is None:
+        from tasks.runtime.accelerator import listed_gpus
+
+        gpus = listed_gpus
+    if not gpus():
+        env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+
+
 def tensorflow_without_keras() -> ModuleType:
     """``import tensorflow``, minus the Keras import that its ``__init__`` makes eagerly.
 
@@ -87,6 +105,7 @@ def tensorflow_without_keras() -> ModuleType:
         import tensorflow as tf
 
         return tf
+    quiet_cuda_probe()
     with _blocked(KERAS_EAGER_IMPORT), _native_notices_dropped():
         import tensorflow as tf
     return tf
@@ -106,6 +125,7 @@ def keras_without_extras() -> ModuleType:
 
         return _configured(keras)
     os.environ["KERAS_BACKEND"] = "tensorflow"  # over keras.json's "backend"
+    quiet_cuda_probe()
     with _blocked(*KERAS_OPTIONAL_IMPORTS), _native_notices_dropped():
         import keras
     return _configured(keras)

@@ -31,6 +31,10 @@ UNTRACKED = "untracked"
 MLFLOW_UI_URL = "http://127.0.0.1:5000"  # where `make ui` serves the local store while free
 CHAMPION = "champion"  # the registry alias of the model in service
 CHALLENGER = "challenger"  # the alias of a DVC experiment's version: never served by default
+# MLflow 3.17's UI shows an experiment as its per-browser GenAI / Model training switch says
+# (GenAI in a fresh browser), whatever the experiment's kind; this query sets the switch, so
+# a link opens on the runs table (or the run) rather than the GenAI overview of traces.
+RUNS_TABLE_QUERY = "?workflowType=machine_learning"
 # The experiment's kind: MLflow's UI opens a custom-model experiment on its runs table (an
 # experiment without the tag opens on the GenAI overview of traces).
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
@@ -202,6 +206,16 @@ def champion_run(mlflow_client: MlflowClient, model_name: str) -> dict[str, Any]
     }
 
 
+def runs_table_url(ui_url: str, mlflow_client: MlflowClient, name: str = EXPERIMENT_NAME) -> str:
+    """The page of the MLflow UI at ``ui_url`` that lists experiment ``name``'s runs (its
+    runs table, ``#/experiments/<id>/runs`` in MLflow 3's routes), not the UI's home, which
+    opens on GenAI traces; the bare ``ui_url`` while the store has no such experiment."""
+    experiment = mlflow_client.get_experiment_by_name(name)
+    if experiment is None:
+        return ui_url
+    return f"{ui_url.rstrip('/')}/#/experiments/{experiment.experiment_id}/runs{RUNS_TABLE_QUERY}"
+
+
 def run_url(mlflow_client: MlflowClient, run_id: str, root: str | Path = ".") -> str:
     """A link to the run: the MLflow UI for an HTTP server, else the store URI and run id.
 
@@ -209,7 +223,7 @@ def run_url(mlflow_client: MlflowClient, run_id: str, root: str | Path = ".") ->
     """
     uri = mlflow_client.tracking_uri
     run = mlflow_client.get_run(run_id)
-    page = f"#/experiments/{run.info.experiment_id}/runs/{run_id}"
+    page = f"#/experiments/{run.info.experiment_id}/runs/{run_id}{RUNS_TABLE_QUERY}"
     if uri.startswith(("http://", "https://")):
         return redact(f"{uri.rstrip('/')}/{page}")
     # A local store: link the page `make ui` serves, and name the store it reads.

@@ -1,5 +1,7 @@
 """Batch prediction: a folder or file list through a loaded pyfunc (``tasks.predict``), read a
-bounded chunk at a time, into a predictions CSV; and the model references ``--model`` takes.
+bounded chunk at a time, into a predictions CSV; the model references ``--model`` takes, and
+the one checked way a version is loaded (:func:`load_pyfunc`: by number, never retracted
+unless asked, its Keras file the one registered).
 """
 
 from __future__ import annotations
@@ -15,13 +17,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tasks.contracts.content import csv_rows, display_name, file_kind
-from tasks.predict import IMAGE_COLUMN, MODEL_NAME_IN_RUN, RESULT_COLUMNS
+from tasks.contracts.model_versions import check_model_file, refuse_retracted
+from tasks.predict import IMAGE_COLUMN, KERAS_ARTIFACT, MODEL_NAME_IN_RUN, RESULT_COLUMNS
 from tasks.runtime.atomic import write_text
 from tasks.runtime.params import MODEL_NAME_PATTERN
 from tasks.runtime.refusals import Refused
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
+    from mlflow.pyfunc import PyFuncModel
 
 
 BATCH_COLUMNS = ("path", "label", "label_index", "score", "error")
@@ -35,12 +39,16 @@ READ_BYTES = 256 * 2**20
 
 @dataclass(frozen=True)
 class ModelRef:
-    """A resolved model: the URI to load, and the registry version and run it came from."""
+    """A resolved model: the URI to load, and the registry version and run it came from.
+
+    An alias is resolved once, here: ``uri`` names the version by number, so moving the
+    alias after this cannot change which model is loaded (``alias`` keeps what was asked)."""
 
     uri: str
     name: str
     version: str  # "" for a run's model that was never registered
     run_id: str
+    alias: str = ""  # the alias resolved to ``version``, if one was asked for
 
 
 _NAME = MODEL_NAME_PATTERN.strip("^$")
@@ -86,12 +94,12 @@ def resolve_model(client: MlflowClient, model: str, model_name: str) -> ModelRef
             body = model.removeprefix("models:/")
             model_name, _, rest = body.partition("@") if "@" in body else body.partition("/")
             model = rest
+        alias = ""
         if model.isdigit():
             found = client.get_model_version(model_name, model)
-            uri = f"models:/{model_name}/{model}"
         else:
             found = client.get_model_version_by_alias(model_name, model)
-            uri = f"models:/{model_name}@{model}"
+            alias = model
     except MlflowException as exc:
         from tasks.runtime.tracking import redact
 
@@ -100,7 +108,48 @@ def resolve_model(client: MlflowClient, model: str, model_name: str) -> ModelRef
             f"{redact(client.tracking_uri)}: {redact(exc.message)}; run the training flow "
             "first, or pass a version, a run id or a models:/ URI"
         ) from None
-    return ModelRef(uri, str(found.name), str(found.version), str(found.run_id))
+    uri = f"models:/{found.name}/{found.version}"  # by number: the alias is resolved once
+    return ModelRef(uri, str(found.name), str(found.version), str(found.run_id), alias)
+
+
+def retraction_of(client: MlflowClient, ref: ModelRef, *, allow: bool) -> str | None:
+    """The retraction of ``ref``'s version in words (None: not retracted, or unregistered);
+    refused unless ``allow`` (:func:`tasks.contracts.model_versions.refuse_retracted`)."""
+    if not ref.version:
+        return None
+    tags = client.get_model_version(ref.name, ref.version).tags
+    return refuse_retracted(ref.name, ref.version, tags, allow=allow)
+
+
+def load_pyfunc(
+    client: MlflowClient, ref: ModelRef, *, allow_retracted: bool = False
+) -> tuple[PyFuncModel, str | None]:
+    """The pyfunc ``ref`` names and its retraction in words (None: not retracted), loaded
+    from the store ``client`` reads: a retracted version is refused unless
+    ``allow_retracted``, and a registered version's Keras file is checked against the
+    sha256 recorded at registration (:mod:`tasks.contracts.model_versions`) before Keras
+    reads it."""
+    import tempfile
+
+    import mlflow
+    import yaml
+
+    from tasks.runtime.tracking import using_store
+
+    tags: dict[str, str] = {}
+    retracted = None
+    if ref.version:
+        tags = dict(client.get_model_version(ref.name, ref.version).tags)
+        retracted = refuse_retracted(ref.name, ref.version, tags, allow=allow_retracted)
+    # kept for the process's life, as MLflow keeps the copies it downloads itself
+    local = Path(tempfile.mkdtemp(prefix="shardflow-model-"))
+    with using_store(client.tracking_uri):
+        where = Path(mlflow.artifacts.download_artifacts(ref.uri, dst_path=str(local)))
+        if ref.version and ref.uri.startswith("models:/"):
+            conf = yaml.safe_load((where / "MLmodel").read_text())
+            keras = conf["flavors"]["python_function"]["artifacts"][KERAS_ARTIFACT]["path"]
+            check_model_file(where / keras, tags, ref.name, ref.version)
+        return mlflow.pyfunc.load_model(str(where)), retracted
 
 
 class ModelNotFound(Refused, LookupError):

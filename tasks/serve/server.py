@@ -19,10 +19,19 @@ request whole within MLflow's request timeout, its head (:class:`HeadDeadline`) 
 body, or it is closed. Inside the limits the model decodes and predicts rows a batch at a time
 (:func:`tasks.predict.predict_images`).
 
+The model is a registered version, loaded by number after the checks every Shardflow loader
+makes (:func:`tasks.serve.batch_prediction.load_pyfunc`: never a retracted version, its Keras
+file the one registered). Served by alias (``models:/NAME@champion``), the server follows the
+alias (:class:`AliasWatch`): every ``--alias-poll-s`` seconds it reads which version holds it,
+and when that changes (a promotion, a retraction) loads the new one and answers with it; with
+no version to serve, ``/invocations`` answers HTTP 503 saying why while ``/ping`` stays 200. A
+request is answered to its end by the model it started with, and every answer names it in
+the ``X-Shardflow-Model-Version`` header.
+
 Run: ``python -m tasks.serve.server MODEL_URI --port PORT --max-request-mb MB --max-request-rows N
---max-concurrent-requests N`` from the repository root; like ``mlflow models serve`` it hands
-over to uvicorn's command line (uvicorn comes with MLflow), here with :func:`app_from_env` as
-the app factory.
+--max-concurrent-requests N --alias-poll-s S`` from the repository root; like ``mlflow models
+serve`` it hands over to uvicorn's command line (uvicorn comes with MLflow), here with
+:func:`app_from_env` as the app factory.
 """
 
 from __future__ import annotations
@@ -31,10 +40,13 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import re
 import sys
+import threading
 from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import h11
@@ -53,6 +65,12 @@ MODEL_URI_ENV = "SHARDFLOW_SERVE_MODEL_URI"
 MAX_BYTES_ENV = "SHARDFLOW_SERVE_MAX_REQUEST_BYTES"
 MAX_ROWS_ENV = "SHARDFLOW_SERVE_MAX_REQUEST_ROWS"
 MAX_CONCURRENT_ENV = "SHARDFLOW_SERVE_MAX_CONCURRENT_REQUESTS"
+ALIAS_POLL_ENV = "SHARDFLOW_SERVE_ALIAS_POLL_S"
+VERSION_HEADER = b"x-shardflow-model-version"
+NO_VERSION = b"none"
+SERVED_KEY = "shardflow.served"  # in a request's scope: the model answering it
+PATHS_WITHOUT_MODEL = ("/ping", "/health")  # answered 200 while no version is served
+log = logging.getLogger(__name__)
 # Separators a request may have beyond one a row: those between its JSON keys
 # ("columns", "data", "params", ...).
 ROW_SLACK = 16
@@ -362,20 +380,193 @@ async def drain(receive: Receive) -> int:
             return size
 
 
-def scoring_app(
-    model_uri: str, *, max_bytes: int, max_rows: int, max_concurrent: int
-) -> RequestLimits:
-    """MLflow's scoring app for ``model_uri`` (as ``mlflow models serve`` builds it), limited;
-    a body must arrive within MLflow's own request timeout (60 s unless
-    ``MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT`` says otherwise), which its app then gives the
-    prediction."""
-    import mlflow.pyfunc
-    from mlflow.environment_variables import MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT
+@dataclass(frozen=True)
+class Served:
+    """A loaded version and MLflow's scoring app over it."""
+
+    version: str
+    app: App
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """Which version the alias names now (None: none to serve), and why not in words."""
+
+    version: str | None
+    why_not: str = ""
+
+
+class AliasWatch:
+    """The version an alias names, read again every ``poll_s`` seconds on a thread.
+
+    ``resolve()`` says which version holds the alias (or why none may be served: no version
+    holds it, or the one that does is retracted); ``load(version)`` builds the app for one,
+    raising a :class:`~tasks.runtime.refusals.Refused` when it must not be served. ``current``
+    is swapped whole, so a request that took the old one finishes on it."""
+
+    def __init__(
+        self,
+        resolve: Callable[[], Resolved],
+        load: Callable[[str], App],
+        poll_s: float,
+    ) -> None:
+        self.resolve = resolve
+        self.load = load
+        self.poll_s = poll_s
+        self.current: Served | None = None
+        self.why_not = "no version loaded yet"
+        self.stopped = threading.Event()
+
+    def poll(self) -> None:
+        """Read the alias once; load and swap in the version it names when that changed."""
+        from tasks.runtime.refusals import Refused
+
+        found = self.resolve()
+        if found.version is None:
+            if self.current is not None:
+                log.warning("no longer serving v%s: %s", self.current.version, found.why_not)
+            self.current, self.why_not = None, found.why_not
+            return
+        if self.current is not None and self.current.version == found.version:
+            return
+        try:
+            app = self.load(found.version)
+        except Refused as refused:
+            self.current, self.why_not = None, f"{refused} ({refused.fix})"
+            log.warning("not serving v%s: %s", found.version, self.why_not)
+            return
+        self.current = Served(found.version, app)
+        log.warning("serving v%s", found.version)
+
+    def follow(self) -> None:
+        """Poll until stopped; a store that does not answer keeps what is served."""
+        while not self.stopped.wait(self.poll_s):
+            try:
+                self.poll()
+            except Exception:  # the store blipped: keep serving, try again next time
+                log.exception("reading the alias failed; serving what was served")
+
+    def start(self) -> None:
+        threading.Thread(target=self.follow, name="alias-watch", daemon=True).start()
+
+
+class FollowAlias:
+    """ASGI app: each request is answered by the version :class:`AliasWatch` serves when it
+    starts (to its end), under :class:`RequestLimits`, with that version in the
+    ``X-Shardflow-Model-Version`` header; with none, ``/invocations`` gets HTTP 503 saying why
+    and ``/ping`` 200."""
+
+    def __init__(self, watch: AliasWatch, **limits: Any) -> None:
+        self.watch = watch
+        self.limits = RequestLimits(self.answer, **limits)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        served = self.watch.current  # this request's model, whatever the alias does meanwhile
+        version = served.version.encode() if served is not None else NO_VERSION
+
+        async def send_named(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [*message.get("headers", []), (VERSION_HEADER, version)]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.limits({**scope, SERVED_KEY: served}, receive, send_named)
+
+    async def answer(self, scope: Scope, receive: Receive, send: Send) -> None:
+        served: Served | None = scope[SERVED_KEY]
+        if served is not None:
+            await served.app(scope, receive, send)
+            return
+        if scope.get("path") in PATHS_WITHOUT_MODEL:
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"\n"})
+            return
+        await RequestLimits.refuse(
+            send,
+            f"no model to serve: {self.watch.why_not}",
+            status=503,
+            code="MODEL_UNAVAILABLE",
+        )
+
+
+async def lifespan(receive: Receive, send: Send) -> None:
+    """uvicorn's start and stop messages, answered (the watch thread needs neither)."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+def registry_watch(model_uri: str, poll_s: float) -> AliasWatch:
+    """The :class:`AliasWatch` for ``models:/NAME@ALIAS`` (polled every ``poll_s``) or a fixed
+    ``models:/NAME/N`` (never polled), over the store in ``MLFLOW_TRACKING_URI``."""
+    from mlflow.exceptions import MlflowException
     from mlflow.pyfunc import scoring_server
 
-    app = scoring_server.init(mlflow.pyfunc.load_model(model_uri))
-    return RequestLimits(
-        app,
+    from tasks.contracts.model_versions import retraction_words
+    from tasks.runtime.tracking import client
+    from tasks.serve.batch_prediction import ModelRef
+
+    store = client()
+    name, _, alias = model_uri.removeprefix("models:/").partition("@")
+    fixed = None if alias else name.partition("/")[2]
+    name = name.partition("/")[0]
+
+    def resolve() -> Resolved:
+        if fixed is not None:
+            return Resolved(fixed)
+        try:
+            version = store.get_model_version_by_alias(name, alias)
+        except MlflowException:
+            return Resolved(
+                None,
+                f"no version of {name} holds the alias {alias}{last_retraction()}: "
+                "shardflow promote --version N --reason R gives it one",
+            )
+        words = retraction_words(version.tags)
+        if words is not None:
+            return Resolved(None, f"{name} v{version.version} holds {alias} but is {words}")
+        return Resolved(str(version.version))
+
+    def last_retraction() -> str:
+        """The latest retracted version and why, the likely reason the alias is gone."""
+        versions = store.search_model_versions(f"name = '{name}'")
+        retracted = [v for v in versions if retraction_words(v.tags) is not None]
+        last = max(retracted, key=lambda v: int(v.version), default=None)
+        return "" if last is None else f" (v{last.version} is {retraction_words(last.tags)})"
+
+    def load(version: str) -> App:
+        from tasks.serve.batch_prediction import load_pyfunc
+
+        pyfunc, _ = load_pyfunc(store, ModelRef(f"models:/{name}/{version}", name, version, ""))
+        return scoring_server.init(pyfunc)  # type: ignore[no-any-return]
+
+    return AliasWatch(resolve, load, poll_s)
+
+
+def scoring_app(
+    model_uri: str, *, max_bytes: int, max_rows: int, max_concurrent: int, alias_poll_s: float
+) -> FollowAlias:
+    """MLflow's scoring app (as ``mlflow models serve`` builds it) for the version
+    ``model_uri`` names, following its alias, limited; a body must arrive within MLflow's own
+    request timeout (60 s unless ``MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT`` says otherwise),
+    which its app then gives the prediction."""
+    from mlflow.environment_variables import MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT
+
+    watch = registry_watch(model_uri, alias_poll_s)
+    watch.poll()  # the version served from the first request on
+    if "@" in model_uri:
+        watch.start()
+    return FollowAlias(
+        watch,
         max_bytes=max_bytes,
         max_rows=max_rows,
         max_concurrent=max_concurrent,
@@ -383,13 +574,14 @@ def scoring_app(
     )
 
 
-def app_from_env() -> RequestLimits:
+def app_from_env() -> FollowAlias:
     """uvicorn's app factory: the model and limits :func:`main` put in the environment."""
     return scoring_app(
         os.environ[MODEL_URI_ENV],
         max_bytes=int(os.environ[MAX_BYTES_ENV]),
         max_rows=int(os.environ[MAX_ROWS_ENV]),
         max_concurrent=int(os.environ[MAX_CONCURRENT_ENV]),
+        alias_poll_s=float(os.environ[ALIAS_POLL_ENV]),
     )
 
 
@@ -398,7 +590,8 @@ def main(argv: list[str] | None = None) -> None:
     uvicorn's command line, with the model named in the environment)."""
     parser = argparse.ArgumentParser(
         prog="python -m tasks.serve.server",
-        description="Serve a model (models:/NAME@champion, runs:/ID/model) with request limits.",
+        description="Serve a registered version (models:/NAME@champion, following the alias, or "
+        "models:/NAME/N) with request limits.",
     )
     parser.add_argument("model_uri")
     parser.add_argument("--host", default="127.0.0.1")
@@ -415,8 +608,17 @@ def main(argv: list[str] | None = None) -> None:
         required=True,
         help="requests being read or answered at once; one more gets HTTP 503",
     )
+    parser.add_argument(
+        "--alias-poll-s",
+        type=float,
+        required=True,
+        help="read which version holds the alias this often (seconds), and serve it",
+    )
     args = parser.parse_args(argv)
-    for flag in ("--max-request-mb", "--max-request-rows", "--max-concurrent-requests"):
+    if not args.model_uri.startswith("models:/"):
+        parser.error("MODEL_URI is a registered version: models:/NAME@ALIAS or models:/NAME/N")
+    flags = ("--max-request-mb", "--max-request-rows", "--max-concurrent-requests")
+    for flag in (*flags, "--alias-poll-s"):
         if getattr(args, flag[2:].replace("-", "_")) <= 0:
             parser.error(f"{flag} must be positive")
     from tasks.runtime.layout import keep_library_files_in
@@ -433,12 +635,13 @@ def main(argv: list[str] | None = None) -> None:
         MAX_BYTES_ENV: str(int(args.max_request_mb * 2**20)),
         MAX_ROWS_ENV: str(args.max_request_rows),
         MAX_CONCURRENT_ENV: str(args.max_concurrent_requests),
+        ALIAS_POLL_ENV: str(args.alias_poll_s),
     }
     keep_library_files_in(env)  # the model imports Keras
     print(
         f"serving {args.model_uri} at http://{args.host}:{args.port}/invocations "
         f"(requests up to {args.max_request_mb:g} MB and {args.max_request_rows} rows, "
-        f"{args.max_concurrent_requests} at once)",
+        f"{args.max_concurrent_requests} at once; the alias read every {args.alias_poll_s:g} s)",
         flush=True,
     )
     command = [sys.executable, "-m", "uvicorn", "--factory", "tasks.serve.server:app_from_env"]

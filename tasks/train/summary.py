@@ -97,6 +97,13 @@ class TrainedRun:
         return {**self.summary.to_json(), **(self.record.to_json() if self.record else {})}
 
 
+def epochs_words(completed: object, resumed_from: object) -> str:
+    """``N epochs``, with ``(resumed from epoch K)`` only when the run resumed (K > 0): a
+    fresh run starts at epoch 0 and resumed nothing."""
+    resumed = f" (resumed from epoch {resumed_from})" if resumed_from else ""
+    return f"{completed} epochs{resumed}"
+
+
 def history_summary(rows: list[dict[str, float]]) -> dict[str, Any]:
     """Per-epoch lists, final values and throughput from the epoch log: the keyword
     arguments of :class:`TrainSummary` they fill."""

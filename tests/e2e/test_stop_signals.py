@@ -173,3 +173,70 @@ def test_sigterm_to_shardflow_run_stops_its_stages_and_records_none_half_done(
         assert project.dvc("status", check=False).returncode == 0  # no lock of DVC's left
     finally:
         cleanup(cli, started)
+
+
+def clone_processes(root: Path) -> list[str]:
+    """The command lines of the processes running in the clone ``root`` (their working
+    directory), zombies aside."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if Path(process.cwd()) == root and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(" ".join(process.cmdline()))
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def test_shardflow_stop_stops_what_this_clone_started_and_nothing_else(tmp_path: Path) -> None:
+    """`shardflow ui` in two clones and a server started by hand in the first: `shardflow
+    stop` in the first stops its UI (and the `shardflow ui` that ran it); the hand-started
+    server and the other clone's UI keep answering."""
+    clones = [tmp_path / "ours", tmp_path / "theirs"]
+    ports = [free_port(), free_port()]
+    clis, by_hand = [], None
+    try:
+        for clone, port in zip(clones, ports, strict=True):
+            clone.mkdir()
+            env = {
+                **os.environ,
+                "PYTHONPATH": str(REPO),
+                "MLFLOW_TRACKING_URI": f"sqlite:///{clone / 'mlflow.db'}",
+            }
+            clis.append(shardflow(["ui", "--port", str(port)], clone, env))
+        hand_port = free_port()
+        by_hand = subprocess.Popen(
+            [sys.executable, "-m", "http.server", str(hand_port), "--bind", "127.0.0.1"],
+            cwd=clones[0],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for port in (*ports, hand_port):
+            assert wait_for(lambda port=port: answers(port), timeout=180), f"{port} never answered"
+
+        stop_env = {**os.environ, "PYTHONPATH": str(REPO)}
+        stopped = subprocess.run(
+            [sys.executable, "-m", "flows.cli", "stop"],
+            cwd=clones[0],
+            env=stop_env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert stopped.returncode == 0, stopped.stderr
+        assert "stopped this clone's ui" in stopped.stdout
+        clis[0].wait(timeout=30)
+        assert wait_for(lambda: clone_processes(clones[0]) == [" ".join(by_hand.args)], 10), (
+            clone_processes(clones[0])
+        )
+        assert not answers(ports[0]) and answers(hand_port) and answers(ports[1])
+        assert clis[1].poll() is None and "mlflow ui" in " ".join(clone_processes(clones[1]))
+    finally:
+        for cli in clis:
+            if cli.poll() is None:
+                os.killpg(cli.pid, signal.SIGTERM)
+                cli.wait(timeout=60)
+        if by_hand is not None:
+            by_hand.kill()
+            by_hand.wait()

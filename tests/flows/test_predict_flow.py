@@ -170,3 +170,33 @@ def test_batch_flow_takes_the_relative_sqlite_uri_from_any_directory(
     client = MlflowClient(trained_project.tracking_uri)
     assert client.get_run(result["run_id"]).data.tags["model.name"] == MODEL_NAME
     assert sorted(p.name for p in tmp_path.iterdir()) == ["list.csv", "p.csv"]  # no stray store
+
+
+def test_batch_flow_refuses_a_retracted_version_unless_asked_and_records_it(
+    project: TrainedProject, tmp_path: Path
+) -> None:
+    """A copy of the champion registered under a model of its own, then retracted (the
+    session's model is left as it is)."""
+    from flows.predict import predict_flow
+    from tasks.contracts.model_versions import Retraction, VersionRetracted
+
+    client = MlflowClient(project.tracking_uri, project.tracking_uri)
+    champion = client.get_model_version(MODEL_NAME, "1")
+    client.create_registered_model("retracted-copy")
+    client.create_model_version(
+        "retracted-copy", champion.source, run_id=champion.run_id, tags=champion.tags
+    )
+    retraction = Retraction(by="ana", at="2026-12-07T09:00:00+00:00", reason="bad labels")
+    for key, value in retraction.tags().items():
+        client.set_model_version_tag("retracted-copy", "1", key, value)
+    reference = reference_rows(project)[:1]
+    listing = tmp_path / "list.csv"
+    listing.write_text(f"path\n{project.source_dir / reference[0]['source']}\n")
+    asked = {"source": str(listing), "output": "p.csv", "root": str(tmp_path)}
+    with pytest.raises(VersionRetracted, match="retracted-copy v1 is retracted"):
+        predict_flow(**asked, model="1", model_name="retracted-copy")
+    result = predict_flow(**asked, model="1", model_name="retracted-copy", allow_retracted=True)
+    assert result["retracted"] == retraction.in_words() and result["rows"] == 1
+    tags = client.get_run(result["run_id"]).data.tags
+    assert tags["predict.allow_retracted"] == "true"
+    assert tags["model.retracted"] == retraction.in_words()

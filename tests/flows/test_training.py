@@ -191,6 +191,7 @@ def test_stage_entry_points_run_one_stage_each_and_tell_their_story(
     assert train_artifacts["train-progress"].data == 100
     assert artifacts(runs["evaluate"].id)["evaluate-progress"].data == 100
     page = f"#/experiments/{record['experiment_id']}/runs/{record['run_id']}"
+    page += tracking.RUNS_TABLE_QUERY
     for run in runs.values():
         link = artifacts(run.id)["mlflow-run"]
         assert link.type == "markdown"  # how Prefect stores a link artifact: [text](url)

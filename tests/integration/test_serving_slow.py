@@ -8,8 +8,10 @@ import base64
 import http.client
 import json
 import socket
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -27,17 +29,29 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-@pytest.fixture
-def logged_model(tmp_path: Path, mlflow_uri: str) -> str:
-    """A tiny model logged with the project's pyfunc (signature, code, spec); its runs:/ URI."""
+def register_tiny_model(tmp_path: Path, mlflow_uri: str, name: str = "served") -> str:
+    """A tiny model logged with the project's pyfunc (signature, code, spec) and registered
+    as the next version of ``name``, recording its file's sha256; that version."""
+    import mlflow
     from mlflow import MlflowClient
+
+    from tasks.contracts.model_versions import MODEL_SHA256_TAG, file_sha256
+    from tasks.runtime.tracking import experiment_id, using_store
 
     model_file = tmp_path / "model.keras"
     tiny_keras_model().save(model_file)  # type: ignore[attr-defined]
-    client = MlflowClient(mlflow_uri)
-    artifacts = (tmp_path / "artifacts").as_uri()  # not ./mlruns in the working tree
-    run = client.create_run(client.create_experiment("serving", artifact_location=artifacts))
-    return log_pyfunc(client, run.info.run_id, model_file, spec_for())
+    client = MlflowClient(mlflow_uri, mlflow_uri)
+    run = client.create_run(experiment_id(client, "serving"))
+    uri = log_pyfunc(client, run.info.run_id, model_file, spec_for())
+    with using_store(mlflow_uri):
+        found = mlflow.register_model(uri, name, tags={MODEL_SHA256_TAG: file_sha256(model_file)})
+    return str(found.version)
+
+
+@pytest.fixture
+def logged_model(tmp_path: Path, mlflow_uri: str) -> str:
+    """Version 1 of ``served`` (:func:`register_tiny_model`); its models:/ URI."""
+    return f"models:/served/{register_tiny_model(tmp_path, mlflow_uri)}"
 
 
 def good_rows() -> list[str]:
@@ -249,3 +263,80 @@ def test_the_pyfunc_is_logged_from_code_and_loads_without_unpickling(
     assert flavor.get("model_code_path", "").endswith("serving_model.py")
     assert not list(local.rglob("python_model.pkl"))
     assert mlflow.pyfunc.load_model(uri).metadata.signature is not None
+
+
+def answered_by(url: str) -> tuple[int, str, dict[str, object]]:
+    """A prediction request's status, the version header and the answer."""
+    request = urllib.request.Request(
+        f"{url}/invocations",
+        data=split_body(good_rows()),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return (
+                response.status,
+                response.headers["X-Shardflow-Model-Version"],
+                json.loads(response.read()),
+            )
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers["X-Shardflow-Model-Version"], json.loads(exc.read())
+
+
+def until(url: str, wanted: Callable[[int, str], bool]) -> tuple[int, str, dict[str, object]]:
+    """Ask until the answer is ``wanted`` (the alias is read every second), at most 3 min."""
+    for _ in range(180):
+        answer = answered_by(url)
+        if wanted(answer[0], answer[1]):
+            return answer
+        time.sleep(1)
+    raise AssertionError(f"the server never answered as wanted; last: {answer}")
+
+
+def test_a_server_started_before_a_retraction_follows_the_champion_alias(
+    tmp_path: Path, mlflow_uri: str
+) -> None:
+    """`shardflow serve-model`'s server: v1 champion when it starts; retracted by an erasure
+    (what `shardflow forget` does), /invocations gets 503 saying why (/ping 200); v2
+    promoted, v2 answers; each answer names its version."""
+    from mlflow import MlflowClient
+
+    from tasks.contracts.model_versions import Retraction
+    from tasks.erasure.retraction import retract_versions
+    from tasks.runtime.tracking import CHAMPION
+
+    client = MlflowClient(mlflow_uri, mlflow_uri)
+    for _ in range(2):
+        register_tiny_model(tmp_path, mlflow_uri)
+    client.set_registered_model_alias("served", CHAMPION, "1")
+    limits = ("--max-request-mb", "1", "--max-request-rows", "100", "--alias-poll-s", "1")
+    with served(
+        "models:/served@champion",
+        mlflow_uri,
+        tmp_path / "serve.log",
+        *limits,
+        "--max-concurrent-requests",
+        "2",
+    ) as url:
+        status, version, _ = answered_by(url)
+        assert (status, version) == (200, "1")
+        # what `shardflow forget` does to the versions that saw a forgotten image
+        erasure = Retraction(
+            "ana",
+            "2026-12-07T09:00:00+00:00",
+            "consent withdrawn",
+            erasure="2026-12-07T09:00:00+00:00",
+            images=3,
+        )
+        retract_versions(client, "served", ["1"], erasure, delete=False)
+        status, version, answer = until(url, lambda status, _: status == 503)
+        assert version == "none"
+        message = str(answer["message"])
+        assert "no version of served holds the alias champion (v1 is retracted" in message
+        assert "by the erasure of 2026-12-07T09:00:00+00:00" in message
+        with urllib.request.urlopen(f"{url}/ping", timeout=30) as ping:
+            assert ping.status == 200
+        client.set_registered_model_alias("served", CHAMPION, "2")
+        status, version, answer = until(url, lambda status, _: status == 200)
+        assert version == "2" and answer["predictions"]

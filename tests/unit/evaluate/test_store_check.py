@@ -75,8 +75,8 @@ def test_make_run_refuses_a_skipped_evaluation_whose_runs_the_store_lost(
         "Stage 'evaluate' didn't change, skipping\n",
     ]
 
-    monkeypatch.setattr(cli, "run_step", lambda command, env: 0)
-    monkeypatch.setattr(cli, "teed", lambda command, env: (0, skipped))
+    monkeypatch.setattr(cli, "run_step", lambda command, env, service=None: 0)
+    monkeypatch.setattr(cli, "teed", lambda command, env: (0, skipped, []))
     assert cli.main(["run"]) == REFUSED_EXIT
     out, err = capsys.readouterr()
     assert "Refused: shardflow (StoreLostRuns)" in err and "the tracking store" in err
@@ -102,9 +102,18 @@ def test_predict_and_serve_model_on_a_store_that_lost_the_runs_name_the_rebuild(
     assert refused.value.fix is not None and REBUILD in refused.value.fix
 
     started: list[list[str]] = []
-    monkeypatch.setattr(cli, "run_step", lambda step, env: started.append(step) or 0)
+    monkeypatch.setattr(cli, "run_step", lambda step, env, service=None: started.append(step) or 0)
     assert cli.main(["serve-model"]) == REFUSED_EXIT
     assert not started  # no server that would fail with MLflow's traceback
     err = capsys.readouterr().err
     assert "Refused: shardflow (StoreLostRuns)" in err and "the tracking store" in err
     assert f"fix: `{REBUILD}`" in err
+
+
+def test_a_training_run_missing_from_the_store_names_the_one_rebuild() -> None:
+    """The evaluate stage's refusal and `make run`'s check name the same command (a bare
+    `dvc repro -f train` would also force every stage upstream of train)."""
+    from tasks.evaluate.tracking import TrainingRunNotInStore
+
+    assert TrainingRunNotInStore.fix is not None
+    assert TrainingRunNotInStore.fix.startswith(REBUILD)

@@ -20,7 +20,7 @@ from tasks.runtime.params import shipped_params_text
 ROOT = Path(__file__).resolve().parents[3]
 COMMANDS = [
     *["run", "accept-data", "lineage", "forget", "serve", "predict", "bench", "ui"],
-    *["serve-model", "promote", "stop"],
+    *["serve-model", "promote", "retract", "stop"],
     *["team-deploy", "team-demo"],
 ]
 
@@ -55,6 +55,7 @@ class Recorder:
     def __init__(self, fail: str | None = None) -> None:
         self.steps: list[list[str]] = []
         self.envs: list[dict[str, str]] = []
+        self.services: list[str | None] = []  # what each step was recorded as
         self.fail = fail
 
     def __call__(self, step: list[str], env: dict[str, str], **_: Any) -> Any:
@@ -63,8 +64,9 @@ class Recorder:
         failed = self.fail is not None and self.fail in " ".join(step)
         return subprocess.CompletedProcess(step, 3 if failed else 0)
 
-    def step(self, step: list[str], env: dict[str, str]) -> int:
+    def step(self, step: list[str], env: dict[str, str], service: str | None = None) -> int:
         """Stands in for :func:`flows.cli.run_step`."""
+        self.services.append(service)
         return int(self(step, env).returncode)
 
 
@@ -74,9 +76,11 @@ def test_stop_and_predict_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert cli.main(["stop"]) == 0
     assert cli.main(["predict", "photos", "--model", "3"]) == 0
     assert recorder.steps == [
+        [sys.executable, "-m", "tasks.runtime.services", "stop"],  # what the clone recorded
         [sys.executable, "-m", "flows.server", "stop"],
         [sys.executable, "-m", "flows.predict", "photos", "--model", "3"],
     ]
+    assert recorder.services == [None, None, None]  # none of them a service
     env = recorder.envs[0]
     assert env["PATH"].split(":")[0] == str(Path(sys.executable).parent)
     assert env["MLFLOW_DISABLE_TELEMETRY"] == "true"
@@ -95,6 +99,38 @@ def test_run_stops_at_the_first_failing_step(
         "flows.server",
     ]
     assert "flows.server ensure` exited 3" in capsys.readouterr().err
+
+
+# `dvc repro` where a stage refused: the stage's block on standard error, then DVC's own line,
+# and DVC's exit status 255.
+REFUSING_REPRO = """
+import sys
+print("Running stage 'train':", flush=True)
+print("Refused: train (ShardsNotValidated)", file=sys.stderr)
+print("  the shards changed since validation", file=sys.stderr)
+print("  fix: dvc repro validate", file=sys.stderr, flush=True)
+print("ERROR: failed to reproduce 'train': failed to run: python -m flows.train, exited with 2",
+      file=sys.stderr)
+sys.exit(255)
+"""
+
+
+def test_a_stage_s_refusal_is_shown_once_last_with_the_refusal_s_exit_status(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    refusing = [[sys.executable, "-c", REFUSING_REPRO]]
+    monkeypatch.setitem(cli.COMMANDS, "run", ("run", lambda extra: refusing))
+    assert cli.main(["run"]) == 2  # the refusal's, not DVC's 255
+    out, err = capfd.readouterr()
+    shown = (out + err).splitlines()
+    assert shown[-3:] == [
+        "Refused: train (ShardsNotValidated)",
+        "  the shards changed since validation",
+        "  fix: dvc repro validate",
+    ]
+    assert sum(line.startswith("Refused:") for line in shown) == 1
+    assert sum("fix:" in line for line in shown) == 1
+    assert not any("255" in line for line in shown)
 
 
 def test_ui_finds_the_store_as_every_entry_point_does(
@@ -367,6 +403,7 @@ OPTIONS_SHOWN = {
     "lineage": ["--json", "IMAGE"],
     "forget": ["--reason", "--exact", "--models"],
     "promote": ["--version", "--reason", "--by", "--params"],
+    "retract": ["--version", "--reason", "--by", "--params"],
     **{name: ["options: none"] for name in ("serve", "stop", "team-demo")},
 }
 
@@ -469,8 +506,8 @@ cli.COMMANDS["run"] = ("two steps", lambda extra: [step, step])
 real = cli.run_step
 
 
-def then_sigterm(step, env):
-    code = real(step, env)
+def then_sigterm(step, env, service=None):
+    code = real(step, env, service)
     os.kill(os.getpid(), signal.SIGTERM)  # after the step, before the next one starts
     return code
 
@@ -493,3 +530,29 @@ def test_sigterm_between_two_steps_ends_the_command_as_within_one(tmp_path: Path
     )
     assert done.returncode == 128 + 15, done.stderr
     assert marker.read_text() == "ran "  # the second step never started
+
+
+def test_ui_prints_the_address_of_the_experiment_s_runs_table(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not the UI's home, which opens on GenAI traces: the runs of the project's experiment
+    (MLflow 3's `#/experiments/<id>/runs`), with the UI's telemetry off. A store not made
+    yet is not made by looking: the bare address then."""
+    from mlflow import MlflowClient
+
+    from tasks.runtime.tracking import experiment_id
+
+    recorder = Recorder()
+    monkeypatch.setattr(cli, "run_step", recorder.step)
+    monkeypatch.chdir(tmp_path)
+    no_tracking_uri(monkeypatch)
+    assert cli.main(["ui", "--port", "6124"]) == 0
+    assert "MLflow UI: http://127.0.0.1:6124 (" in capsys.readouterr().out
+    assert not (tmp_path / "mlflow.db").exists()
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    made = experiment_id(MlflowClient(uri, uri))
+    assert cli.main(["ui", "--port", "6124"]) == 0
+    assert f"MLflow UI: http://127.0.0.1:6124/#/experiments/{made}/runs?workflowType=" in (
+        capsys.readouterr().out
+    )
+    assert recorder.envs[-1]["MLFLOW_DISABLE_TELEMETRY"] == "true"

@@ -112,7 +112,7 @@ def test_the_summary_names_the_current_dataset_s_model(tmp_path: Path) -> None:
 def test_teed_shows_and_keeps_the_output_and_the_exit_code(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code, lines = teed([sys.executable, "-c", "print('a'); print('b'); raise SystemExit(4)"], {})
+    code, lines, _ = teed([sys.executable, "-c", "print('a'); print('b'); raise SystemExit(4)"], {})
     assert code == 4 and lines == ["a\n", "b\n"]
     assert capsys.readouterr().out == "a\nb\n"
 

@@ -72,3 +72,21 @@ try:
 except Stop:
     pass
 """
+
+
+@pytest.mark.parametrize(
+    ("env", "gpus", "level"),
+    [
+        ({}, [], "3"),  # a CPU-only machine: the CUDA probe's failure is not shown
+        ({}, ["GPU 0: NVIDIA H100"], None),  # a GPU listed: TensorFlow's log as it is
+        ({"TF_CPP_MIN_LOG_LEVEL": "0"}, [], "0"),  # the user's choice stands
+    ],
+    ids=["no-gpu", "gpu-listed", "user-level"],
+)
+def test_the_cuda_probe_is_quiet_only_where_no_gpu_is_listed(
+    env: dict[str, str], gpus: list[str], level: str | None
+) -> None:
+    from tasks.runtime.tf_imports import quiet_cuda_probe
+
+    quiet_cuda_probe(env, lambda: gpus)
+    assert env.get("TF_CPP_MIN_LOG_LEVEL") == level

@@ -321,7 +321,7 @@ def test_run_link_to_a_tracking_server_carries_no_credentials() -> None:
         tracking_uri=f"http://alice:{TOKEN}@127.0.0.1:5000/", get_run=lambda run_id: run
     )
     url = tracking.run_url(client, "abc")  # type: ignore[arg-type]
-    assert url == "http://127.0.0.1:5000/#/experiments/7/runs/abc"
+    assert url == f"http://127.0.0.1:5000/#/experiments/7/runs/abc{tracking.RUNS_TABLE_QUERY}"
 
 
 def test_server_credentials_in_the_uri_move_to_mlflows_variables() -> None:

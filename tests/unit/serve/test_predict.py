@@ -226,10 +226,10 @@ def test_resolve_model_accepts_alias_version_run_and_uris(tmp_path: Path) -> Non
     client.set_registered_model_alias("m", "champion", "1")
 
     champion = resolve_model(client, "champion", "m")
-    assert (champion.uri, champion.version, champion.run_id) == ("models:/m@champion", "1", runs[0])
+    assert (champion.uri, champion.version, champion.run_id) == ("models:/m/1", "1", runs[0])
     assert resolve_model(client, "2", "m").run_id == runs[1]
     assert resolve_model(client, "models:/m/2", "other").uri == "models:/m/2"
-    assert resolve_model(client, "models:/m@champion", "other").version == "1"
+    assert resolve_model(client, "models:/m@champion", "other").uri == "models:/m/1"
     by_run = resolve_model(client, runs[1], "m")
     assert (by_run.uri, by_run.version) == (f"runs:/{runs[1]}/model", "2")
     unregistered = resolve_model(client, f"runs:/{runs[2]}/model", "m")

@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -265,6 +266,7 @@ def test_the_server_starts_without_credentials_in_its_uri_or_telemetry(
         monkeypatch.delenv(name)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://ana:s3cret@mlflow.internal:5000")
     limits = ["--max-request-mb", "1", "--max-request-rows", "1", "--max-concurrent-requests", "1"]
+    limits += ["--alias-poll-s", "10"]
     serve.main(["models:/m@champion", "--port", "1", *limits])
     [env] = started
     assert env["MLFLOW_TRACKING_URI"] == "http://mlflow.internal:5000"
@@ -287,6 +289,7 @@ def test_the_server_keeps_keras_and_matplotlib_files_in_the_repository(
     monkeypatch.setenv("MATPLOTLIBRC", "/home/ana/matplotlibrc")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")
     limits = ["--max-request-mb", "1", "--max-request-rows", "1", "--max-concurrent-requests", "1"]
+    limits += ["--alias-poll-s", "10"]
     serve.main(["models:/m@champion", "--port", "1", *limits])
     [env] = started
     assert env["KERAS_HOME"] == str(Path.cwd().resolve() / ".shardflow" / "keras")
@@ -383,6 +386,7 @@ def served(
     port = free_port()
     env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_uri, **environment}
     command = [sys.executable, "-m", "tasks.serve.server", model_uri, "--port", str(port), *limits]
+    command += [] if "--alias-poll-s" in limits else ["--alias-poll-s", "10"]
     with log.open("w") as handle:
         process = subprocess.Popen(
             command,
@@ -517,3 +521,76 @@ def test_bodies_that_do_not_parse_are_refused_saying_why_without_quoting_them() 
         fits = b"image\nabc\n"
         assert client.post("/invocations", content=fits, headers=csv_type).json() == {"read": 10}
         assert client.get("/ping").status_code == 200  # no body to parse
+
+
+# -- following the alias ----------------------------------------------------------------------
+
+
+def version_app(
+    version: str, started: threading.Event | None = None, release: threading.Event | None = None
+) -> FastAPI:
+    """A scoring app that answers with its version; with ``release``, only once set."""
+    app = FastAPI()
+
+    @app.post("/invocations")
+    def invocations() -> dict[str, str]:
+        if started is not None and release is not None:
+            started.set()
+            release.wait(30)
+        return {"answered_by": version}
+
+    @app.get("/ping")
+    def ping() -> dict[str, str]:
+        return {}
+
+    return app
+
+
+def test_the_server_follows_its_alias_and_names_the_version_in_every_answer() -> None:
+    from fastapi.testclient import TestClient
+
+    from tasks.runtime.refusals import Refused
+    from tasks.serve.server import AliasWatch, FollowAlias, Resolved
+
+    holds = {"alias": Resolved("1")}
+    started, release = threading.Event(), threading.Event()
+
+    def load(version: str) -> object:
+        if version == "3":
+            raise Refused("m v3 is retracted by ana: bad labels", fix="use another version")
+        return version_app(version, started if version == "1" else None, release)
+
+    watch = AliasWatch(lambda: holds["alias"], load, poll_s=3600)  # type: ignore[arg-type]
+    watch.poll()
+    app = FollowAlias(watch, max_bytes=1000, max_rows=20, max_concurrent=2, read_timeout_s=60)
+    json_type = {"Content-Type": "application/json"}
+    body = split_body(["a"])
+    with TestClient(app) as client:
+        with ThreadPoolExecutor(1) as pool:
+            in_flight = pool.submit(client.post, "/invocations", content=body, headers=json_type)
+            assert started.wait(30)
+            holds["alias"] = Resolved("2")  # promoted while v1 answers
+            watch.poll()
+            release.set()
+            first = in_flight.result(30)
+        assert first.json() == {"answered_by": "1"}  # finished on the model it started with
+        assert first.headers["x-shardflow-model-version"] == "1"
+        second = client.post("/invocations", content=body, headers=json_type)
+        assert second.json() == {"answered_by": "2"}
+        assert second.headers["x-shardflow-model-version"] == "2"
+        too_large = client.post("/invocations", content=b"[" * 2000, headers=json_type)
+        assert (
+            too_large.status_code == 413 and too_large.headers["x-shardflow-model-version"] == "2"
+        )
+
+        holds["alias"] = Resolved(None, "no version of m holds the alias champion")
+        watch.poll()
+        none = client.post("/invocations", content=body, headers=json_type)
+        assert none.status_code == 503 and "no version of m holds" in none.json()["message"]
+        assert none.headers["x-shardflow-model-version"] == "none"
+        assert client.get("/ping").status_code == 200
+
+        holds["alias"] = Resolved("3")  # the alias on a version that must not be served
+        watch.poll()
+        refused = client.post("/invocations", content=body, headers=json_type)
+        assert refused.status_code == 503 and "m v3 is retracted" in refused.json()["message"]

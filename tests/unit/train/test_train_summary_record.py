@@ -78,3 +78,14 @@ def test_a_run_record_without_its_run_or_shards_is_refused_naming_them(tmp_path:
     assert refused.value.fix == "dvc repro --single-item --force train"
     write_json(path, {"run_id": "a" * 32, "fingerprint": "f" * 64, "note": "by hand"})
     assert TrainRunRecord.load(path) == TrainRunRecord("a" * 32, "f" * 64)  # the rest: None
+
+
+@pytest.mark.parametrize(
+    ("resumed_from", "words"),
+    [(0, "20 epochs"), (None, "20 epochs"), (5, "20 epochs (resumed from epoch 5)")],
+    ids=["fresh", "unrecorded", "resumed"],
+)
+def test_a_run_says_it_resumed_only_when_it_did(resumed_from: int | None, words: str) -> None:
+    from tasks.train.summary import epochs_words
+
+    assert epochs_words(20, resumed_from) == words
