@@ -142,6 +142,10 @@ def serve_model_steps(extra: Sequence[str]) -> Steps:
     return [module("tasks.serve.server", model, *address, *limits, *extra)]
 
 
+def stages_steps(extra: Sequence[str]) -> Steps:
+    return [module("tasks.runtime.stage_deps", *extra)]
+
+
 def lineage_steps(extra: Sequence[str]) -> Steps:
     return [module("flows.lineage", *extra)]
 
@@ -221,6 +225,11 @@ COMMANDS: dict[str, tuple[str, Callable[[Sequence[str]], Steps]]] = {
         "process started by hand)",
         stop_steps,
     ),
+    "stages": (
+        "write dvc.yaml's source deps from each stage's imports: --write, or --check (exit 1 "
+        "where they differ)",
+        stages_steps,
+    ),
     "team-deploy": (
         "prefect deploy --all of prefect.yaml's team deployments: --cpu-pool P --gpu-pool P "
         "(default $SHARDFLOW_CPU_POOL / $SHARDFLOW_GPU_POOL, else cpu / gpu)",
@@ -264,6 +273,7 @@ OPTIONS: dict[str, list[str] | str] = {
     "forget": ["flows.forget", "--help"],
     "promote": ["flows.promote", "--help"],
     "retract": ["flows.retract", "--help"],
+    "stages": ["tasks.runtime.stage_deps", "--help"],
 }
 
 

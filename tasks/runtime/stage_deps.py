@@ -197,12 +197,13 @@ def _token_text(deps: CommentedSeq, index: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m tasks.runtime.stage_deps --write``: write every stage's source deps into
-    ``dvc.yaml`` from its imports; ``--check``: exit 1 where ``dvc.yaml`` is not current."""
+    """``shardflow stages --write`` (``python -m tasks.runtime.stage_deps``): write every
+    stage's source deps into ``dvc.yaml`` from its imports; ``--check``: exit 1 where
+    ``dvc.yaml`` is not current."""
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m tasks.runtime.stage_deps", description=main.__doc__
+        prog="shardflow stages", description=main.__doc__
     )
     action = parser.add_mutually_exclusive_group(required=True)
     action.add_argument("--write", action="store_true", help="rewrite dvc.yaml in place")
@@ -217,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         print(
             f"{path}: stage source deps differ from the imports; "
-            "run `python -m tasks.runtime.stage_deps --write`"
+            "run `shardflow stages --write`"
         )
         return 1
     path.write_text(text)

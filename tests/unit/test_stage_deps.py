@@ -32,7 +32,7 @@ def stages(root: Path) -> dict[str, dict[str, object]]:
 def test_dvc_yaml_is_what_the_stage_deps_command_writes() -> None:
     assert (REPO / "dvc.yaml").read_text() == written(REPO), (
         "dvc.yaml's stage deps are not the modules the stages import: "
-        "run `python -m tasks.runtime.stage_deps --write`"
+        "run `shardflow stages --write`"
     )
 
 

@@ -20,7 +20,7 @@ from tasks.runtime.params import shipped_params_text
 ROOT = Path(__file__).resolve().parents[3]
 COMMANDS = [
     *["run", "accept-data", "lineage", "forget", "serve", "predict", "bench", "ui"],
-    *["serve-model", "promote", "retract", "stop"],
+    *["serve-model", "promote", "retract", "stop", "stages"],
     *["team-deploy", "team-demo"],
 ]
 
@@ -404,6 +404,7 @@ OPTIONS_SHOWN = {
     "forget": ["--reason", "--exact", "--models"],
     "promote": ["--version", "--reason", "--by", "--params"],
     "retract": ["--version", "--reason", "--by", "--params"],
+    "stages": ["--write", "--check"],
     **{name: ["options: none"] for name in ("serve", "stop", "team-demo")},
 }
 
