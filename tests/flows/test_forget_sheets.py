@@ -113,6 +113,7 @@ def test_forget_removes_every_sheet_of_a_set_that_held_the_image_and_keeps_the_o
     listed = erasure.removed["sheets"]
     assert ".shardflow/sheets/forget-dry-run.png" in listed
     assert "plots/eval/misclassified.png" in listed and len(listed) == 6
+    assert not any("sheets" in path for path in erasure.removed["still_mentioning"])
     assert "001" not in layout.forgotten.read_text()
 
 
