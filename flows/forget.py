@@ -42,6 +42,7 @@ STEPS = (
     "shards",
     "accept",
     "pipeline",
+    "sheets",
     "scrub",
     "objects",
     "tracking",
@@ -98,6 +99,11 @@ class Job:
     held_runs: list[str]
     dvc_objects: list[str] = field(default_factory=list)  # removed from the cache and remotes
     images: list[str] = field(default_factory=list)  # as asked (a rerun of them resumes)
+    # the shard sets that held the images, and the evaluation pictures' DVC objects when
+    # the evaluated set was one of them: both taken when the erasure began (the scrub
+    # rewrites the sets, a retrain redraws the pictures)
+    held_sets: list[str] = field(default_factory=list)
+    picture_objects: list[str] = field(default_factory=list)
 
     @property
     def source_dir(self) -> Path:
@@ -122,6 +128,8 @@ class Job:
             "held_runs": self.held_runs,
             "dvc_objects": self.dvc_objects,
             "images": self.images,
+            "held_sets": self.held_sets,
+            "picture_objects": self.picture_objects,
         }
         self.intent.write_text(json.dumps(private, sort_keys=True))
         save_forgotten(self.layout.forgotten, self.record)
@@ -162,6 +170,8 @@ def start(args: argparse.Namespace, layout: Layout, params: Params) -> Job | Non
         objects = kept.get("dvc_objects", [])
         job = Job(layout, params, record, unfinished, intent, sources, held, objects)
         job.images = kept.get("images", [])
+        job.held_sets = kept.get("held_sets", [])
+        job.picture_objects = kept.get("picture_objects", [])
         return job
     if args.resume or args.abandon:
         raise ForgetRefused(
@@ -191,15 +201,40 @@ def start(args: argparse.Namespace, layout: Layout, params: Params) -> Job | Non
     record.erasures.append(erasure)
     job = Job(layout, params, record, erasure, intent, plan.sources, [])
     job.images = list(args.images)
+    record_sheet_sources(job)
     job.save()  # the intent, before anything is removed
     return job
 
 
-def dry_run(args: argparse.Namespace, layout: Layout, params: Params) -> list[str]:
+def record_sheet_sources(job: Job) -> None:
+    """What the sheets step needs that the later steps change: the shard sets that held the
+    images, and (when the evaluated set was one) the evaluation pictures' DVC objects."""
+    from tasks.contracts.membership import find_in
+    from tasks.erasure.lineage import membership_files
+    from tasks.erasure.sheets import evaluated_set, picture_objects
+
+    layout = job.layout
+    held = {fp for sha in job.erasure.sha256 for fp in find_in(membership_files(layout), sha)}
+    job.held_sets = sorted(held)
+    evaluated = evaluated_set(layout.root, layout.shards_dir)
+    if evaluated is None or evaluated in held:
+        job.picture_objects = picture_objects(layout.root, layout.eval_dir)
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """What a forget would remove: one line an image by path, and the sheet of them."""
+
+    lines: list[str]
+    sheet: Path
+
+
+def dry_run(args: argparse.Namespace, layout: Layout, params: Params) -> DryRun:
     """What ``shardflow forget IMAGE...`` would remove, one line an image by path (the
-    images named, their near-duplicates unless ``--exact``, every file with their content);
-    nothing is written."""
+    images named, their near-duplicates unless ``--exact``, every file with their content),
+    and a sheet of them in the per-clone sheets folder; nothing else is written."""
     from tasks.erasure.forget import check_agreement, files_by_path, plan_forget
+    from tasks.erasure.sheets import DRY_RUN_SHEET, SheetImage, write_dry_run_sheet
 
     source_dir = layout.root / params.ingest.source_dir
     check_agreement(layout, source_dir)
@@ -218,7 +253,18 @@ def dry_run(args: argparse.Namespace, layout: Layout, params: Params) -> list[st
     ]
     unlisted = sorted(set(plan.hashes) - set(paths.values()))
     lines += [f"(no file in the index) ({sha})" for sha in unlisted]
-    return lines
+    tiles = [
+        SheetImage(path, sha, f"{'named' if sha in asked else 'a near-duplicate'}\n{path}")
+        for path, sha in sorted(paths.items())
+    ]
+    tiles += [SheetImage(None, sha, f"no file in the index\n{sha[:16]}") for sha in unlisted]
+    sheet = write_dry_run_sheet(
+        tiles,
+        source_dir=source_dir,
+        shards_dir=layout.shards_dir,
+        out=layout.sheets / DRY_RUN_SHEET,
+    )
+    return DryRun(lines, sheet)
 
 
 def now() -> str:
@@ -411,6 +457,34 @@ def step_scrub(job: Job) -> None:
     )
 
 
+def step_sheets(job: Job) -> None:
+    """Every sheet drawn from a set that held the images: the per-clone sheets naming one
+    of them (or naming no source), the working tree's evaluation pictures when the set they
+    were drawn from held them, and the DVC objects of the pictures the evaluation held when
+    the erasure began, but those whose bytes the working tree still has."""
+    from tasks.erasure.lost_revisions import object_id
+    from tasks.erasure.sheets import (
+        EVAL_PICTURES,
+        clone_sheets_of,
+        evaluated_set,
+        md5_of,
+        remove_objects,
+    )
+
+    layout, root = job.layout, job.layout.root
+    removed = clone_sheets_of(layout.sheets, job.erasure.sha256)
+    evaluated = evaluated_set(root, layout.shards_dir)
+    if evaluated is None or evaluated in job.held_sets:
+        removed += [layout.eval_dir / n for n in EVAL_PICTURES if (layout.eval_dir / n).is_file()]
+    for path in removed:
+        path.unlink(missing_ok=True)
+    left = {md5_of(layout.eval_dir / n) for n in EVAL_PICTURES if (layout.eval_dir / n).is_file()}
+    folders = [root / ".dvc" / "cache", *local_remotes(layout)]
+    objects = remove_objects(folders, set(job.picture_objects), keep=left)
+    job.dvc_objects = sorted({*job.dvc_objects, *filter(None, map(object_id, map(str, objects)))})
+    job.done("sheets", sheets=[os.path.relpath(p, root) for p in [*removed, *objects]])
+
+
 def needed_files(job: Job) -> set[Path]:
     """The files a scrub never removes, whatever they hold: the locks, the intent, the
     working tree's index, records lists, reports of the shard set and the audit files."""
@@ -497,6 +571,7 @@ STEP_RUNS: dict[str, Callable[[Job], None]] = {
     "shards": step_shards,
     "accept": step_accept,
     "pipeline": step_pipeline,
+    "sheets": step_sheets,
     "scrub": step_scrub,
     "objects": step_objects,
     "tracking": step_tracking,
@@ -570,8 +645,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         params = load_params(layout.params)
         if args.dry_run:
             gone = dry_run(args, layout, params)
-            print(f"forget --dry-run: {len(gone)} image(s) would go; nothing was changed")
-            print("\n".join(f"  {line}" for line in gone))
+            print(
+                f"forget --dry-run: {len(gone.lines)} image(s) would go; nothing was "
+                f"changed but their sheet, {os.path.relpath(gone.sheet, layout.root)}"
+            )
+            print("\n".join(f"  {line}" for line in gone.lines))
             return 0
         # the holder file names the command: not the images, whose names may be personal
         timeout_s = lock_timeout_s(layout.params)

@@ -5,6 +5,8 @@ whether the group holds copies of one picture or pictures that merely look alike
 
 Drawn with Pillow from the source files (only a flagged group's images are read again),
 into the per-clone sheets folder (:attr:`tasks.runtime.layout.Layout.sheets`), never a DVC out.
+Each sheet names the content hashes of its group (:mod:`tasks.contracts.sheet_source`), so
+``shardflow forget`` removes the sheets of the groups that held a forgotten image.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from PIL import Image, ImageDraw, ImageOps
+from PIL.PngImagePlugin import PngInfo
+
+from tasks.contracts.sheet_source import sheet_text
 
 TILE = 96  # pixels a side of each image's tile
 CAPTION = 30  # pixels under each tile: up to two lines of its path and class
@@ -27,10 +32,15 @@ def sheet_name(k: int) -> str:
 
 
 def write_group_sheet(
-    source_dir: Path, group: dict[str, Any], labels: dict[str, str], out: Path
+    source_dir: Path,
+    group: dict[str, Any],
+    labels: dict[str, str],
+    hashes: dict[str, str],
+    out: Path,
 ) -> Path:
     """Draw ``group`` (its ``paths``, relative to ``source_dir``) into ``out``: a title line,
-    then one tile an image (a file that no longer decodes is a grey tile, still titled)."""
+    then one tile an image (a file that no longer decodes is a grey tile, still titled). The
+    sheet names the group's content hashes (``hashes``: path -> sha256) as its source."""
     paths = list(group["paths"])[:MAX_TILES]
     rows = (len(paths) + COLUMNS - 1) // COLUMNS
     width = COLUMNS * TILE
@@ -48,8 +58,11 @@ def write_group_sheet(
         sheet.paste(_tile(source_dir / path), (left, top))
         caption = textwrap.wrap(f"{labels.get(path, '?')}: {Path(path).name}", 15)[:2]
         draw.multiline_text((left + 2, top + TILE + 1), "\n".join(caption), fill="black")
+    source = PngInfo()
+    for key, value in sheet_text(hashes[p] for p in group["paths"] if p in hashes).items():
+        source.add_text(key, value)
     out.parent.mkdir(parents=True, exist_ok=True)
-    sheet.save(out)
+    sheet.save(out, pnginfo=source)
     return out
 
 

@@ -534,9 +534,10 @@ def draw_flagged(source_dir: Path, sorted_out: SortedFiles) -> None:
     from tasks.ingest.group_sheets import write_group_sheet
 
     labels = {str(r["path"]): str(r["label"]) for r in sorted_out.records}
+    hashes = {str(r["path"]): str(r["sha256"]) for r in sorted_out.records}
     for group in sorted_out.near_duplicates.flagged:
         if group.sheet is not None:
-            write_group_sheet(source_dir, group.model_dump(), labels, Path(group.sheet))
+            write_group_sheet(source_dir, group.model_dump(), labels, hashes, Path(group.sheet))
 
 
 def emptied_handoff(handoff: Path | None, target: Target | None) -> tuple[Path, Target] | None:

@@ -202,9 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     ``dvc.yaml`` is not current."""
     import argparse
 
-    parser = argparse.ArgumentParser(
-        prog="shardflow stages", description=main.__doc__
-    )
+    parser = argparse.ArgumentParser(prog="shardflow stages", description=main.__doc__)
     action = parser.add_mutually_exclusive_group(required=True)
     action.add_argument("--write", action="store_true", help="rewrite dvc.yaml in place")
     action.add_argument("--check", action="store_true", help="compare, change nothing")
@@ -216,10 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{path}: every stage's source deps are current")
         return 0
     if args.check:
-        print(
-            f"{path}: stage source deps differ from the imports; "
-            "run `shardflow stages --write`"
-        )
+        print(f"{path}: stage source deps differ from the imports; run `shardflow stages --write`")
         return 1
     path.write_text(text)
     print(f"{path}: stage source deps written from the imports")

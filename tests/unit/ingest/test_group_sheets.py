@@ -10,6 +10,8 @@ from PIL import Image
 
 from bench.near_duplicates import sample_photo
 from flows.run_summary import flagged_lines
+from tasks.contracts.content import file_sha256
+from tasks.contracts.sheet_source import sheet_images
 from tasks.ingest.group_sheets import COLUMNS, TILE
 from tasks.ingest.stage import run_ingest
 from tasks.runtime.params import default_params
@@ -50,6 +52,9 @@ def test_a_group_spanning_classes_is_flagged_with_a_sheet_and_what_to_do(tmp_pat
         assert sheet.width == COLUMNS * TILE and sheet.height > TILE  # one row of tiles
         tile = sheet.crop((2, 24 + 2, TILE - 2, 24 + TILE - 2)).convert("L")
         assert max(tile.getextrema()) - min(tile.getextrema()) > 50  # the photo, not a blank
+    # the sheet names its group's images by content, for `shardflow forget` to find it
+    shown = {file_sha256(tmp_path / "src" / path) for path in flagged["paths"]}
+    assert sheet_images(Path(flagged["sheet"])) == shown
     (line,) = flagged_lines(json.loads((tmp_path / "ingest.json").read_text()))
     assert "2 images spans 2 classes" in line and "near-duplicate-group-1.png" in line
 
