@@ -83,6 +83,12 @@ def parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--by", help="who asks (default: git user.name, else login)")
     parser.add_argument("--root", default=".", help="the project root (default: .)")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the erasure's whole audit entry (as data/forgotten.json keeps it) instead "
+        "of a short account",
+    )
     return parser
 
 
@@ -663,9 +669,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         if refusal.fix:
             print(f"  fix: {refusal.fix}", file=sys.stderr)
         return 2
-    summary: dict[str, Any] = job.erasure.model_dump(mode="json")
-    print(json.dumps(summary, indent=2, sort_keys=True))
+    if args.json:
+        summary: dict[str, Any] = job.erasure.model_dump(mode="json")
+        print(json.dumps(summary, indent=2, sort_keys=True))
+    else:
+        print("\n".join(account(job.erasure)))
     return 0
+
+
+def account(erasure: Erasure) -> list[str]:
+    """What an erasure did, in a few lines with no image named (the whole audit entry stays
+    in ``data/forgotten.json``; ``--json`` prints it)."""
+    group = len(erasure.sha256) - len(erasure.asked)
+    lines = [
+        f"forget: {erasure.state}: {len(erasure.sha256)} image(s) ({len(erasure.asked)} "
+        f"named, {group} near-duplicate(s) or copies), {erasure.reason!r}, by {erasure.by} "
+        f"at {erasure.at}"
+    ]
+    for where, what in sorted(erasure.removed.items()):
+        lines.append(f"  {where}: {'; '.join(what) if len(what) < 4 else f'{len(what)} item(s)'}")
+    for outcome, versions in sorted(erasure.versions.items()):
+        lines.append(f"  versions {outcome}: {', '.join(f'v{v}' for v in versions) or 'none'}")
+    lost = sum(len(refs) for refs in erasure.unrecoverable.values())
+    if lost:
+        lines.append(f"  {lost} commit(s) or experiment(s) can no longer be checked out whole")
+    if erasure.stale:
+        lines.append(f"  stale until `dvc repro`: {', '.join(erasure.stale)}")
+    lines.append("  the whole audit: data/forgotten.json (shardflow forget --json prints it)")
+    return lines
 
 
 if __name__ == "__main__":

@@ -211,7 +211,7 @@ def test_forget_leaves_no_copy_and_a_champion_that_never_saw_it(
     evaluation = trained.data.tags["eval.latest_run_id"]
     assert pictures(client, evaluation)  # its evaluation's sheets, which may show it
 
-    out = shardflow(project, "forget", f"data/demo/{path}", "--reason", "erasure request")
+    out = shardflow(project, "forget", f"data/demo/{path}", "--reason", "erasure request", "--json")
     erasure = json.loads(out[out.index("{") :])
     assert erasure["state"] == "done" and sha in erasure["sha256"]
     assert erasure["versions"]["retracted"] == ["1"]
