@@ -115,7 +115,7 @@ def changes(before: dict[str, object], after: dict[str, object], *, limit: int =
 CHANGED = "changed the user's data or the checkout's outputs"
 
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity: pluggy keeps its plugins in sets
 class WorkspaceGuard:
     """The guarded roots of one checkout, what they held, and the tests that changed them:
     a plugin registered for one run (its hooks are the methods below)."""

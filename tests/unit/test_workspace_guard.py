@@ -113,3 +113,17 @@ def test_tests_that_leave_everything_pass(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_inprocess(*GUARD)
     result.assert_outcomes(passed=1)
     assert result.ret == pytest.ExitCode.OK
+
+
+def test_the_guard_runs_beside_conftests_of_sub_folders(pytester: pytest.Pytester) -> None:
+    """pluggy keeps plugins in sets: an unhashable guard broke every test under a folder
+    with a conftest of its own (tests/e2e), an internal error of the whole run."""
+    checkout_with_photos(pytester.path)
+    pytester.mkpydir("sub")
+    pytester.makeconftest("")
+    (pytester.path / "sub" / "conftest.py").write_text("import pytest\n")
+    (pytester.path / "sub" / "test_inner.py").write_text("def test_nothing():\n    pass\n")
+    (pytester.path / "test_top.py").write_text("def test_top():\n    pass\n")
+    result = pytester.runpytest_inprocess(*GUARD)
+    result.assert_outcomes(passed=2)
+    assert result.ret == pytest.ExitCode.OK
