@@ -48,6 +48,23 @@ erasure.filter_shard = rewrite_then_die
 sys.exit(main(sys.argv[1:]))
 """
 
+# the forget, killed right before or right after it records its entry done (argv[1])
+KILLED_AT_DONE = """
+import os, signal, sys
+import tasks.contracts.forgotten as forgotten
+from flows.forget import main
+save, after = forgotten.save_forgotten, sys.argv.pop(1) == "after"
+def die_at_done(path, record):
+    done = record.erasures[-1].state == "done"
+    if done and not after:
+        os.kill(os.getpid(), signal.SIGKILL)
+    save(path, record)
+    if done:
+        os.kill(os.getpid(), signal.SIGKILL)
+forgotten.save_forgotten = die_at_done
+sys.exit(main(sys.argv[1:]))
+"""
+
 
 @dataclass(frozen=True)
 class Before:
@@ -107,6 +124,8 @@ def forget(
     entry = ["-m", "flows.forget"]
     if kill == MID_SHARDS:
         entry = ["-c", KILLED_MID_SHARDS]
+    elif kill in ("before done", "after done"):
+        entry = ["-c", KILLED_AT_DONE, kill.split()[0]]
     elif kill is not None:
         env[KILL_ENV] = kill
     asked = [*args, "--reason", reason, "--exact"] if args else ["--resume"]
@@ -193,4 +212,23 @@ def test_a_forget_killed_at_any_step_refuses_another_image_then_resumes(
 
     assert resumed.returncode == 0, resumed.stderr
     assert (tmp_path / B).is_file()
+    assert_forgotten_whole(tmp_path, before)
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_forget_killed_as_its_entry_is_recorded_done_leaves_no_name_behind(
+    when: str, tmp_path: Path
+) -> None:
+    """The private names (the intent file) go before the entry is recorded done: a kill
+    right before leaves every step recorded, for ``--resume`` to mark it done; one right
+    after leaves the erasure whole, no name behind."""
+    before = project(tmp_path)
+
+    run = forget(tmp_path, A, kill=f"{when} done")
+
+    assert run.returncode == -9, run.stderr
+    if when == "before":
+        (erasure,) = load_forgotten(Layout(tmp_path).forgotten).erasures
+        assert (erasure.state, erasure.steps) == ("started", list(STEPS))
+        assert forget(tmp_path).returncode == 0
     assert_forgotten_whole(tmp_path, before)
