@@ -620,15 +620,19 @@ def local_remotes(layout: Layout) -> list[Path]:
 
 def forget(job: Job) -> None:
     """Every step not yet done, in order; the entry marked done last."""
+    from tasks.contracts.forgotten import save_forgotten
+
     for step in STEPS:
         if step in job.erasure.steps:
             continue
         if os.environ.get(KILL_ENV) == step:
             os.kill(os.getpid(), signal.SIGKILL)
         STEP_RUNS[step](job)
-    job.erasure.state = "done"
-    job.save()
+    # the private names go first: a kill before the entry says done leaves it to `--resume`
+    # (every step recorded), one after leaves no name behind
     job.intent.unlink(missing_ok=True)
+    job.erasure.state = "done"
+    save_forgotten(job.layout.forgotten, job.record)
     if job.erasure.stale:
         print(
             f"forget: --models {job.erasure.models} retrained nothing, so these stages are "
