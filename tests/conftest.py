@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -55,6 +56,14 @@ def write_image_folder(root: Path, *, per_class: int = 12, seed: int = 0) -> Pat
             suffix = "jpg" if i % 3 == 0 else "png"  # both decoders get exercised
             Image.fromarray(pixels, mode="RGB").save(class_dir / f"{i:03d}.{suffix}")
     return root
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What collecting imported (TensorFlow, MLflow, Prefect: millions of objects, alive
+    to the end) leaves the garbage collector's generations: a full collection scanned them
+    all again, most of a second each, dozens of times a suite."""
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
