@@ -30,6 +30,7 @@ from tasks.evaluate.promotion_lock import LOCK_SUFFIX, lock_holder, promotion_lo
 from tasks.evaluate.seen_records import SeenRecords
 from tasks.runtime.atomic import write_json
 from tasks.runtime.tracking import CHAMPION, champion_version
+from tests.conftest import copy_blank_store
 
 TEST_SET = "a" * 64
 RECORDS = 200  # test records of the paired answers below
@@ -128,9 +129,9 @@ class Registry:
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> MlflowClient:
-    """One SQLite store for the module (creating its tables takes seconds)."""
-    uri = f"sqlite:///{tmp_path_factory.mktemp('registry') / 'mlflow.db'}"
+def store(tmp_path_factory: pytest.TempPathFactory, blank_mlflow_store: Path) -> MlflowClient:
+    """One SQLite store for the module, a copy of the blank one."""
+    uri = copy_blank_store(blank_mlflow_store, tmp_path_factory.mktemp("registry") / "mlflow.db")
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
