@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -53,6 +56,14 @@ def write_image_folder(root: Path, *, per_class: int = 12, seed: int = 0) -> Pat
             suffix = "jpg" if i % 3 == 0 else "png"  # both decoders get exercised
             Image.fromarray(pixels, mode="RGB").save(class_dir / f"{i:03d}.{suffix}")
     return root
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What collecting imported (TensorFlow, MLflow, Prefect: millions of objects, alive
+    to the end) leaves the garbage collector's generations: a full collection scanned them
+    all again, most of a second each, dozens of times a suite."""
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -169,12 +180,52 @@ def tiny_shards(tmp_path: Path) -> Path:
     return tmp_path
 
 
+@pytest.fixture(scope="session")
+def blank_mlflow_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty MLflow SQLite store, made once: creating one runs MLflow's schema migrations
+    (most of a second of CPU), copying one costs nothing. Copy it; never write to it."""
+    from mlflow import MlflowClient
+
+    database = tmp_path_factory.mktemp("blank_mlflow_store") / "mlflow.db"
+    MlflowClient(f"sqlite:///{database}").search_experiments()
+    return database
+
+
+def copy_blank_store(blank: Path, database: Path) -> str:
+    """A fresh store at ``database`` (its URI), as MLflow makes one, from ``blank``: its
+    Default experiment keeps artifacts beside ``database``, not beside the blank store."""
+    import shutil
+    import sqlite3
+
+    database.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(blank, database)
+    with contextlib.closing(sqlite3.connect(database)) as connection, connection:
+        connection.execute(
+            "UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0",
+            (str(database.parent / "mlruns" / "0"),),
+        )
+    return f"sqlite:///{database}"
+
+
+@pytest.fixture
+def new_mlflow_store(blank_mlflow_store: Path) -> Callable[[Path], str]:
+    """Makes a fresh MLflow SQLite store at a path and returns its URI."""
+    return partial(copy_blank_store, blank_mlflow_store)
+
+
 @pytest.fixture
 def mlflow_uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Point MLflow at a SQLite store under ``tmp_path``."""
+    """Point MLflow at a SQLite store under ``tmp_path``, not made yet: whatever opens it
+    first makes it (tests that check a refusal opens no store rely on that)."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     return uri
+
+
+@pytest.fixture
+def mlflow_store(mlflow_uri: str, new_mlflow_store: Callable[[Path], str]) -> str:
+    """:func:`mlflow_uri` with its store made already, for tests that register or log."""
+    return new_mlflow_store(Path(mlflow_uri.removeprefix("sqlite:///")))
 
 
 @pytest.fixture(scope="session")

@@ -14,8 +14,16 @@ from tasks.contracts.manifest import load_manifest
 from tasks.contracts.tf_reader import read_split
 from tasks.runtime.params import default_params
 from tasks.schema import HASH_KEY
+from tasks.shard.append import RebuildNeeded
 from tasks.validate.stage import run_validate
-from tests.unit.shard.test_append import Project, add_images, grow, records_by_file, tmp_report
+from tests.unit.shard.test_append import (
+    Project,
+    add_images,
+    digests,
+    grow,
+    records_by_file,
+    tmp_report,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -146,3 +154,41 @@ def test_a_damaged_older_record_list_fails_generations_and_blames_no_intact_shar
     report = run_validate(project.shards, tmp_report(project), tmp_report(project, ".md"))
     failed = {c["name"]: c["message"] for c in report["checks"] if not c["passed"]}
     assert list(failed) == ["generations"] and "records.json" in failed["generations"]
+
+
+def test_a_set_placed_under_the_earlier_rule_is_placed_afresh_and_an_append_names_the_rebuild(
+    tmp_path: Path,
+) -> None:
+    """A set sharded when each image drew its split from its own content hash (no class
+    shares, no thumbnails): the next ingest places every image afresh under the current
+    rule, the append refuses the images that moved and names the rebuild, which passes."""
+    from tasks.contracts.index import write_index
+    from tasks.validate.stage import run_validate
+
+    project = Project(tmp_path)
+    project.update("rebuild")
+    old = load_index(project.index)
+    for record in old["records"]:  # what the earlier rule gave: a split per content hash
+        key = hashlib.sha256(f"1337:{record['sha256']}".encode()).digest()
+        u = int.from_bytes(key[:8], "big") / 2**64
+        record["split"] = "train" if u < 0.5 else "val" if u < 0.75 else "test"
+    earlier = {k: v for k, v in old["placement"].items() if k not in ("confirmation", "rule")}
+    write_index(project.index, {**old, "placement": earlier})
+    project.shard("rebuild")
+    before = digests(project.shards)
+
+    project.ingest()
+    placed = {r["sha256"]: r["split"] for r in load_index(project.index)["records"]}
+    moved = [r for r in old["records"] if placed[r["sha256"]] != r["split"]]
+    assert moved  # the class shares move some images
+    with pytest.raises(RebuildNeeded) as error:
+        project.shard("append")
+    message = str(error.value)
+    assert f"{len(moved)} record(s) of the base shard set no longer match" in message
+    assert "shard.mode: rebuild" in message and any(r["path"] in message for r in moved)
+    assert digests(project.shards) == before
+    project.shard("rebuild")
+    report = run_validate(
+        project.shards, tmp_path / "v.json", tmp_path / "v.md", index_path=project.index
+    )
+    assert report["passed"] is True

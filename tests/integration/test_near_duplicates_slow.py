@@ -6,13 +6,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from bench.near_duplicates import look_alike_hashes as look_alikes
 from bench.near_duplicates import measure_confirmation, measure_threshold
+from tasks.contracts.near_duplicates import Item, near_components, place, straddling_pairs
 from tasks.ingest.demo_data import generate
 from tasks.ingest.stage import run_ingest
 from tasks.runtime.params import default_params
-from tests.unit.contracts.test_near_duplicates import DISTANCE, jpeg, photo, sha, write
+from tests.unit.contracts.test_near_duplicates import DISTANCE, EVEN, GREY, jpeg, photo, sha, write
 
 pytestmark = pytest.mark.slow
 
@@ -80,3 +83,67 @@ def test_an_append_keeps_every_placement_and_compaction_keeps_every_split(tmp_pa
 
     project.shard("rebuild")  # what `make compact` runs
     assert splits_in_shards(project.shards) == appended
+
+
+def test_the_first_near_duplicate_a_run_finds_loads_no_more_code() -> None:
+    """Grouping is plain NumPy: a run whose photos include a near pair imports nothing the
+    index module had not (SciPy's graph package took 0.4 s of CPU the first time, a fixed
+    cost that the data side's per-photo figure counted as photos)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, numpy as np\n"
+        "from tasks.contracts.near_duplicates import near_components\n"
+        "before = set(sys.modules)\n"
+        "groups = near_components(np.array([5, 7, 2**64 - 1], dtype=np.uint64), 3)\n"
+        "assert groups.tolist() == [0, 0, 2], groups\n"
+        "print(sorted(set(sys.modules) - before))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "[]"
+
+
+def test_look_alike_images_group_in_bounded_memory() -> None:
+    """6,000 hashes all within a few bits of each other (product shots on white, scans) make
+    18 million near pairs: grouping them, placing them and re-checking their splits never
+    holds those pairs (the all-pairs answer peaked at 1.9 GB)."""
+    import tracemalloc
+
+    hexes = [f"{int(h):016x}" for h in look_alikes(6000)]
+    items = [Item(f"{k:064x}", f"c/{k}.jpg", "c", hexes[k], GREY) for k in range(len(hexes))]
+
+    tracemalloc.start()
+    try:
+        placement = place(items, {}, DISTANCE, EVEN, seed=3)
+        leaks = straddling_pairs(hexes, ["train"] * len(hexes), DISTANCE, [GREY] * len(hexes))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(placement.groups) == 1 and len(placement.groups[0]["paths"]) == 6000
+    assert leaks == []
+    assert peak < 600e6
+
+
+def test_grouping_more_look_alikes_compares_no_more_pairs_per_photo(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A look-alike set pairs with itself (quadratic pairs), but grouping needs only enough
+    of them to join the set: four times the look-alikes must not cost four times the
+    comparisons per hash (every pair compared took minutes at 50,000)."""
+    compared = [0]
+    count_bits = np.bitwise_count
+
+    def counted(values: np.ndarray) -> np.ndarray:
+        compared[0] += values.size
+        return count_bits(values)
+
+    monkeypatch.setattr(np, "bitwise_count", counted)
+    work = {}
+    for count in (5_000, 20_000):
+        compared[0] = 0
+        assert set(near_components(look_alikes(count), DISTANCE).tolist()) == {0}
+        work[count] = compared[0]
+    assert work[20_000] <= 2 * work[5_000], work

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import re
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -35,13 +36,15 @@ def named_tests(text: str) -> set[tuple[str, str | None]]:
     return found
 
 
-def defined_tests(path: Path) -> set[str]:
+@cache
+def defined_tests(path: Path) -> frozenset[str]:
+    """The test names ``path`` defines; parsed once per file, as a page names many of its tests."""
     tree = ast.parse(path.read_text())
-    return {
+    return frozenset(
         node.name
         for node in ast.walk(tree)
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
-    }
+    )
 
 
 def missing(root: Path, text: str) -> list[str]:

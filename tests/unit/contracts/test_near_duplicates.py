@@ -218,27 +218,6 @@ def test_groups_are_the_connected_components_of_every_near_pair(distance: int) -
     assert groups.tolist() == [first[label] for label in expected.tolist()]
 
 
-def test_the_first_near_duplicate_a_run_finds_loads_no_more_code() -> None:
-    """Grouping is plain NumPy: a run whose photos include a near pair imports nothing the
-    index module had not (SciPy's graph package took 0.4 s of CPU the first time, a fixed
-    cost that the data side's per-photo figure counted as photos)."""
-    import subprocess
-    import sys
-
-    script = (
-        "import sys, numpy as np\n"
-        "from tasks.contracts.near_duplicates import near_components\n"
-        "before = set(sys.modules)\n"
-        "groups = near_components(np.array([5, 7, 2**64 - 1], dtype=np.uint64), 3)\n"
-        "assert groups.tolist() == [0, 0, 2], groups\n"
-        "print(sorted(set(sys.modules) - before))\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, check=True
-    ).stdout
-    assert out.strip() == "[]"
-
-
 def test_straddling_pairs_are_every_near_pair_across_splits() -> None:
     hashes = planted(7)
     rng = np.random.default_rng(7)
@@ -251,49 +230,6 @@ def test_straddling_pairs_are_every_near_pair_across_splits() -> None:
     ]
     assert expected  # the check has something to find
     assert straddling_pairs(hexes, splits, DISTANCE, [GREY] * len(hexes)) == expected
-
-
-def test_look_alike_images_group_in_bounded_memory() -> None:
-    """6,000 hashes all within a few bits of each other (product shots on white, scans) make
-    18 million near pairs: grouping them, placing them and re-checking their splits never
-    holds those pairs (the all-pairs answer peaked at 1.9 GB)."""
-    import tracemalloc
-
-    hexes = [f"{int(h):016x}" for h in look_alikes(6000)]
-    items = [Item(f"{k:064x}", f"c/{k}.jpg", "c", hexes[k], GREY) for k in range(len(hexes))]
-
-    tracemalloc.start()
-    try:
-        placement = place(items, {}, DISTANCE, EVEN, seed=3)
-        leaks = straddling_pairs(hexes, ["train"] * len(hexes), DISTANCE, [GREY] * len(hexes))
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert len(placement.groups) == 1 and len(placement.groups[0]["paths"]) == 6000
-    assert leaks == []
-    assert peak < 600e6
-
-
-def test_grouping_more_look_alikes_compares_no_more_pairs_per_photo(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A look-alike set pairs with itself (quadratic pairs), but grouping needs only enough
-    of them to join the set: four times the look-alikes must not cost four times the
-    comparisons per hash (every pair compared took minutes at 50,000)."""
-    compared = [0]
-    count_bits = np.bitwise_count
-
-    def counted(values: np.ndarray) -> np.ndarray:
-        compared[0] += values.size
-        return count_bits(values)
-
-    monkeypatch.setattr(np, "bitwise_count", counted)
-    work = {}
-    for count in (5_000, 20_000):
-        compared[0] = 0
-        assert set(near_components(look_alikes(count), DISTANCE).tolist()) == {0}
-        work[count] = compared[0]
-    assert work[20_000] <= 2 * work[5_000], work
 
 
 class CountedUfunc:

@@ -17,6 +17,7 @@ from tasks.erasure.retraction import runs_that_held
 from tasks.evaluate.tracking import EVALUATES_TAG
 from tasks.runtime.layout import Layout
 from tasks.runtime.refusals import Refused
+from tests.conftest import copy_blank_store
 from tests.unit.shard.test_append import Project, add_images
 
 DISTANCE = 10  # params.yaml's ingest.near_duplicate_distance
@@ -44,12 +45,12 @@ Sets = tuple[Layout, dict[str, str], dict[str, str]]
 
 
 @pytest.fixture(scope="module")
-def two_sets(tmp_path_factory: pytest.TempPathFactory) -> Sets:
+def two_sets(tmp_path_factory: pytest.TempPathFactory, blank_mlflow_store: Path) -> Sets:
     """Two shard sets (the second adds one image and a resized copy of another), a training
     run on each, an evaluation of the second, versions 1 and 2 (the champion); the store's
     URI is ``hashes["uri"]``. Tests that change it put it back."""
     tmp_path = tmp_path_factory.mktemp("lineage")
-    mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow_uri = copy_blank_store(blank_mlflow_store, tmp_path / "mlflow.db")
     project, layout = layout_project(tmp_path)
     first = shard_set(project, layout)
     (new,) = add_images(project.source, "red", 1, seed=11)

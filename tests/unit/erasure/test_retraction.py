@@ -32,9 +32,9 @@ ERASURE = Erasure(
 
 
 @pytest.fixture
-def registry(tmp_path: Path, mlflow_uri: str) -> MlflowClient:
+def registry(tmp_path: Path, mlflow_store: str) -> MlflowClient:
     """``shardflow`` v1 champion and ``staging``, v2 challenger, v3 unaliased; v1's card."""
-    client = MlflowClient(mlflow_uri, mlflow_uri)
+    client = MlflowClient(mlflow_store, mlflow_store)
     client.create_registered_model("shardflow")
     for _ in range(3):
         client.create_model_version("shardflow", source=str(tmp_path))

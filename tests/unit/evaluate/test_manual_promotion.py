@@ -39,10 +39,10 @@ def register(client: MlflowClient, folder: Path, classes: list[str], spec: dict)
 
 
 @pytest.fixture
-def registry(tmp_path: Path, mlflow_uri: str) -> MlflowClient:
+def registry(tmp_path: Path, mlflow_store: str) -> MlflowClient:
     """``shardflow`` (the demo data's model): v1 champion of circle/square, v2 the same task
     (a class added), v3 of another task, v4 of the same classes at another image size."""
-    client = MlflowClient(mlflow_uri, mlflow_uri)
+    client = MlflowClient(mlflow_store, mlflow_store)
     client.create_registered_model("shardflow")
     other_size = {**SPEC, "record_schema": {**SCHEMA, "height": 64, "width": 64}}
     for n, (classes, spec) in enumerate(

@@ -30,6 +30,7 @@ from tasks.evaluate.promotion_lock import LOCK_SUFFIX, lock_holder, promotion_lo
 from tasks.evaluate.seen_records import SeenRecords
 from tasks.runtime.atomic import write_json
 from tasks.runtime.tracking import CHAMPION, champion_version
+from tests.conftest import copy_blank_store
 
 TEST_SET = "a" * 64
 RECORDS = 200  # test records of the paired answers below
@@ -128,9 +129,9 @@ class Registry:
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> MlflowClient:
-    """One SQLite store for the module (creating its tables takes seconds)."""
-    uri = f"sqlite:///{tmp_path_factory.mktemp('registry') / 'mlflow.db'}"
+def store(tmp_path_factory: pytest.TempPathFactory, blank_mlflow_store: Path) -> MlflowClient:
+    """One SQLite store for the module, a copy of the blank one."""
+    uri = copy_blank_store(blank_mlflow_store, tmp_path_factory.mktemp("registry") / "mlflow.db")
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
@@ -465,20 +466,24 @@ def model_to_register(tmp_path: Path) -> tuple[Path, Any]:
     return model_file, spec
 
 
-def store_with_runs(tmp_path: Path, name: str, runs: int) -> tuple[MlflowClient, list[str]]:
-    uri = f"sqlite:///{tmp_path / name}"
+def store_with_runs(
+    new_store: Callable[[Path], str], tmp_path: Path, name: str, runs: int
+) -> tuple[MlflowClient, list[str]]:
+    uri = new_store(tmp_path / name)
     client = MlflowClient(uri, uri)
     experiment = client.create_experiment("e", artifact_location=(tmp_path / "art").as_uri())
     return client, [client.create_run(experiment).info.run_id for _ in range(runs)]
 
 
 def test_registering_the_same_run_twice_reuses_its_version(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    new_mlflow_store: Callable[[Path], str],
 ) -> None:
     """A retried or repeated evaluation must not add a duplicate registry version."""
     from tasks.evaluate.registry import register_model
 
-    client, runs = store_with_runs(tmp_path, "mlflow.db", 2)
+    client, runs = store_with_runs(new_mlflow_store, tmp_path, "mlflow.db", 2)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)
     model_file, spec = model_to_register(tmp_path)
     first = register_model(client, runs[0], model_file, "m", spec)
@@ -488,14 +493,16 @@ def test_registering_the_same_run_twice_reuses_its_version(
 
 
 def test_a_pyfunc_logged_early_is_deleted_when_another_evaluation_registered_first(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    new_mlflow_store: Callable[[Path], str],
 ) -> None:
     """Two evaluations of one training run, both logging their pyfunc while measuring: the
     one that registers second reuses the first one's version and must not leave its own
     pyfunc behind, unregistered, on the run."""
     from tasks.evaluate.registry import log_due_pyfunc, register_model
 
-    client, runs = store_with_runs(tmp_path, "mlflow.db", 1)
+    client, runs = store_with_runs(new_mlflow_store, tmp_path, "mlflow.db", 1)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)
     model_file, spec = model_to_register(tmp_path)
     experiment = client.get_run(runs[0]).info.experiment_id
@@ -515,7 +522,9 @@ def test_a_pyfunc_logged_early_is_deleted_when_another_evaluation_registered_fir
 
 
 def test_registering_leaves_the_process_and_the_run_as_they_were(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    new_mlflow_store: Callable[[Path], str],
 ) -> None:
     """Registering in the client's store must not point the process, or the children it
     starts later, at that store (their ``models:/m@champion`` would resolve there), nor end
@@ -524,7 +533,7 @@ def test_registering_leaves_the_process_and_the_run_as_they_were(
 
     from tasks.evaluate.registry import register_model
 
-    client, runs = store_with_runs(tmp_path, "project.db", 1)
+    client, runs = store_with_runs(new_mlflow_store, tmp_path, "project.db", 1)
     own = f"sqlite:///{tmp_path / 'own.db'}"  # the store this process is configured for
     monkeypatch.setenv("MLFLOW_TRACKING_URI", own)
     monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)

@@ -41,7 +41,7 @@ def test_dvc_experiment_tags_name_the_experiment() -> None:
 
 
 def test_run_description_names_what_differs_from_the_champion(
-    tiny_shards: Path, mlflow_uri: str, monkeypatch: pytest.MonkeyPatch
+    tiny_shards: Path, mlflow_store: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     manifest = load_manifest(tiny_shards / "data" / "shards")
     client = tracking.client(tiny_shards)
@@ -74,7 +74,7 @@ def test_run_description_names_what_differs_from_the_champion(
 
 
 def test_system_metrics_leave_a_sample_even_for_a_short_block(
-    tiny_shards: Path, mlflow_uri: str
+    tiny_shards: Path, mlflow_store: str
 ) -> None:
     """The monitor drops the last, partial interval; the block's exit logs it."""
     manifest = load_manifest(tiny_shards / "data" / "shards")
@@ -90,12 +90,12 @@ def test_system_metrics_leave_a_sample_even_for_a_short_block(
 
 
 def test_an_experiment_made_before_its_kind_was_tagged_opens_on_the_runs_table(
-    mlflow_uri: str,
+    mlflow_store: str,
 ) -> None:
     """Without mlflow.experimentKind MLflow's UI opens an experiment on its GenAI overview."""
     from mlflow import MlflowClient
 
-    client = MlflowClient(mlflow_uri, mlflow_uri)
+    client = MlflowClient(mlflow_store, mlflow_store)
     made = client.create_experiment(tracking.EXPERIMENT_NAME)
     assert "mlflow.experimentKind" not in client.get_experiment(made).tags
     assert tracking.experiment_id(client) == made
@@ -127,7 +127,7 @@ def test_dvc_hash_comes_from_the_shard_stage_outs(tmp_path: Path) -> None:
     assert run_records.dvc_shards_md5(tmp_path) == "abc123.dir"
 
 
-def test_train_run_records_params_lineage_and_dataset(tiny_shards: Path, mlflow_uri: str) -> None:
+def test_train_run_records_params_lineage_and_dataset(tiny_shards: Path, mlflow_store: str) -> None:
     manifest = load_manifest(tiny_shards / "data" / "shards")
     params = default_params(train={"epochs": 4, "batch_size": 8, "learning_rate": 0.01})
     client = tracking.client(tiny_shards)
@@ -200,7 +200,7 @@ def test_the_code_a_run_ran_is_named_beside_its_commit(tiny_shards: Path, tmp_pa
     assert many.endswith(f",... {403 - len(shown)} more")
 
 
-def test_run_url_links_the_ui_page_of_the_run(tiny_shards: Path, mlflow_uri: str) -> None:
+def test_run_url_links_the_ui_page_of_the_run(tiny_shards: Path, mlflow_store: str) -> None:
     manifest = load_manifest(tiny_shards / "data" / "shards")
     client = tracking.client(tiny_shards)
     run_id = run_records.start_train_run(
@@ -301,7 +301,7 @@ def test_recorded_store_is_repository_relative_and_redacted(
     assert tracking.recorded_uri(f"http://alice:{TOKEN}@h:5000", repo) == "http://h:5000"
 
 
-def test_train_run_params_and_tags_are_redacted(tiny_shards: Path, mlflow_uri: str) -> None:
+def test_train_run_params_and_tags_are_redacted(tiny_shards: Path, mlflow_store: str) -> None:
     manifest = load_manifest(tiny_shards / "data" / "shards")
     params = default_params(shard={"dask_address": f"tcp://alice:{TOKEN}@scheduler:8786"})
     client = tracking.client(tiny_shards)

@@ -37,11 +37,11 @@ def log_fake_model(client: MlflowClient, experiment: str, content: bytes) -> tup
 
 @pytest.fixture
 def registry(
-    tmp_path: Path, mlflow_uri: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, mlflow_store: str, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[MlflowClient, list[Path]]:
     """Model ``m``: v1 and v2, each recording its file's sha256; v1 champion. The pyfunc
     loader returns the folder it was asked to load."""
-    client = MlflowClient(mlflow_uri, mlflow_uri)
+    client = MlflowClient(mlflow_store, mlflow_store)
     experiment = client.create_experiment("e", artifact_location=(tmp_path / "art").as_uri())
     client.create_registered_model("m")
     stored = []

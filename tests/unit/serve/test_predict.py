@@ -8,6 +8,7 @@ import os
 import struct
 import threading
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -213,10 +214,12 @@ def test_list_sources_reads_folders_csvs_and_single_files(tmp_path: Path) -> Non
         list_sources(tmp_path / "bad.csv")
 
 
-def test_resolve_model_accepts_alias_version_run_and_uris(tmp_path: Path) -> None:
+def test_resolve_model_accepts_alias_version_run_and_uris(
+    tmp_path: Path, new_mlflow_store: Callable[[Path], str]
+) -> None:
     from mlflow import MlflowClient
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = new_mlflow_store(tmp_path / "mlflow.db")
     client = MlflowClient(uri, uri)
     experiment = client.create_experiment("e", artifact_location=(tmp_path / "art").as_uri())
     runs = [client.create_run(experiment).info.run_id for _ in range(3)]

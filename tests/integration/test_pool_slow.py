@@ -13,6 +13,8 @@ import pytest
 from tasks.runtime import processes as processes_module
 from tasks.runtime.processes import dismiss_prestarted, prestart_pool, run_in_child, spawn_pool
 
+pytestmark = pytest.mark.slow
+
 WARM_DIR = "SHARDFLOW_TEST_WARM_DIR"
 
 
