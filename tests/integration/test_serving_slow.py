@@ -215,7 +215,9 @@ def test_deeply_nested_json_fails_alone_through_the_scoring_app(logged_model: st
 
     from tasks.serve.server import scoring_app
 
-    app = scoring_app(logged_model, max_bytes=1 << 20, max_rows=100, max_concurrent=2)
+    app = scoring_app(
+        logged_model, max_bytes=1 << 20, max_rows=100, max_concurrent=2, alias_poll_s=10.0
+    )
     json_type = {"Content-Type": "application/json"}
     with TestClient(app, raise_server_exceptions=False) as client:
         for hostile, reason in (
