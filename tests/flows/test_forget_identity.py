@@ -21,9 +21,9 @@ from tasks.contracts.forgotten import load_forgotten
 from tasks.contracts.manifest import MEMBERSHIP_NAME, load_manifest
 from tasks.contracts.membership import Membership
 from tasks.runtime.layout import Layout
+from tasks.runtime.params import shipped_params_text
 from tests.unit.erasure.test_lineage import layout_project, shard_set
 
-REPO = Path(__file__).resolve().parents[2]
 CLASSES = ("blue", "green", "red")
 
 
@@ -60,7 +60,7 @@ def test_forget_removes_by_identity_never_by_a_name_inside_another(
     project, layout = layout_project(tmp_path)
     numbered_images(project.source)
     shard_set(project, layout)
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params = yaml.safe_load(shipped_params_text())
     params["ingest"]["source_dir"] = "images"
     layout.params.write_text(yaml.safe_dump(params))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -149,7 +149,7 @@ def small_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
             project.source / "red" / "001-large.png"
         )
     shard_set(project, layout)
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params = yaml.safe_load(shipped_params_text())
     params["ingest"]["source_dir"] = "images"
     layout.params.write_text(yaml.safe_dump(params))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")

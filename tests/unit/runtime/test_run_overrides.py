@@ -5,15 +5,14 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
+from tasks.runtime.params import shipped_params_text
 from tasks.runtime.run_overrides import apply_overrides
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_an_override_changes_only_the_lines_of_the_values_it_sets(tmp_path: Path) -> None:
     """`null` stays `null`, and a replaced list keeps its flow style and its comment."""
     path = tmp_path / "params.yaml"
-    before = (ROOT / "params.yaml").read_text()
+    before = shipped_params_text()
     path.write_text(before)
     apply_overrides(path, {"shard": {"image_size": [48, 40]}, "train": {"epochs": 7}})
     changed = [
