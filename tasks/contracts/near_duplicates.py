@@ -552,23 +552,17 @@ class Quotas:
         return cls(shares, totals, counts)
 
     def best(self, labels: Mapping[str, int]) -> str:
-        """The split a group of ``labels`` (class -> images) overfills least: the smallest
-        sum, over its classes, of each split's count after it less that split's quota (the
-        class's share of it, in images). A class too small to give every split a whole image
-        leaves remainders of equal excess: those go to the split the whole set lags most
-        behind, so a set of small classes still fills every split; then to the split named
-        first."""
+        """The split a group of ``labels`` (class -> images) fills least: the smallest sum,
+        over its classes, of each split's count after it as a part of that split's quota.
+        Ties go to the split named first."""
         order = list(self.shares)
-        everyone = sum(self.totals.values())
-        size = sum(labels.values())
 
-        def fill(split: str) -> tuple[float, float, int]:
-            share = self.shares[split]
+        def fill(split: str) -> tuple[float, int]:
             after = sum(
-                k * (self.counts[c][split] + k - share * self.totals[c]) for c, k in labels.items()
+                k * (self.counts[c][split] + k) / (self.shares[split] * self.totals[c])
+                for c, k in labels.items()
             )
-            overall = sum(counts[split] for counts in self.counts.values()) + size
-            return after, overall - share * everyone, order.index(split)
+            return after, order.index(split)
 
         return min(order, key=fill)
 

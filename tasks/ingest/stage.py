@@ -322,7 +322,7 @@ def handoff_shares(budget: int, chunk_sizes: list[int], parallel: bool, workers:
 
 # How groups are given splits (tasks.contracts.near_duplicates.place): whole, each class
 # keeping its share of every split. A new rule places every image afresh once.
-PLACEMENT_RULE = "confirmed-groups;class-shares;remainders-to-the-lagging-split"
+PLACEMENT_RULE = "confirmed-groups;class-shares"
 
 
 def placement_key(params: IngestParams) -> dict[str, Any]:
