@@ -19,13 +19,14 @@ def test_measure_append_at_tiny_size(prefect_harness: None, tmp_path: Path) -> N
         ingest={"workers": 1},
         shard={"image_size": [16, 16], "target_shard_mb": 0.005, "workers": 1},
     )
+    # ten images a class: the fewest from which class shares give val and test one each
     result = measure_append(
-        params, tmp_path, images=40, fraction=0.1, min_size=16, max_size=32, workers=1, log=print
+        params, tmp_path, images=50, fraction=0.1, min_size=16, max_size=32, workers=1, log=print
     )
     figures, details = result["figures"], result["details"]
-    # Incremental ingest decoded only the 4 new images.
-    assert (details["update"]["ingest_reused"], details["update"]["ingest_decoded"]) == (40, 4)
-    assert details["full"]["ingest_decoded"] == 44
+    # Incremental ingest decoded only the 5 new images.
+    assert (details["update"]["ingest_reused"], details["update"]["ingest_decoded"]) == (50, 5)
+    assert details["full"]["ingest_decoded"] == 55
     # The append wrote the new generation and the small files, never the base's shards.
     grown = load_manifest(tmp_path / "append" / "grow" / "data" / "shards")
     new_shards = grown.generations[-1].shards
