@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import yaml
 
@@ -30,6 +31,15 @@ PROJECT_FILES = [
     ".dvc/config",
     ".dvcignore",
 ]
+
+
+def command_line(process: psutil.Process) -> list[str]:
+    """``process``'s command line; none for a process that has ended (a zombie or gone), which
+    a child can become between listing its parent's children and reading it."""
+    try:
+        return process.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
 
 
 def free_port() -> int:

@@ -25,7 +25,7 @@ from tasks.contracts.numpy_reader import OFFSETS_NAME
 from tasks.contracts.shard_swap import rebuild_folder, trash_folder
 from tasks.contracts.tfds_metadata import DATASET_INFO_NAME, FEATURES_NAME, LABELS_NAME
 from tasks.train.stage import IDENTITY_NAME
-from tests.e2e.conftest import Project
+from tests.e2e.conftest import Project, command_line
 
 pytestmark = pytest.mark.slow
 
@@ -60,11 +60,8 @@ MAX_DELAY_S = {"ingest": 3.0, "shard": 1.0, "validate": 3.0, "train": 1.5}
 
 def stage_process(parent: psutil.Process, needle: str) -> psutil.Process | None:
     for child in parent.children(recursive=True):
-        try:
-            if needle in " ".join(child.cmdline()):
-                return child
-        except psutil.NoSuchProcess:
-            continue
+        if needle in " ".join(command_line(child)):
+            return child
     return None
 
 
@@ -128,7 +125,7 @@ def stage_running(parent: psutil.Process) -> bool:
     """A stage process (``python -m flows.X``) of this `dvc repro` is alive (stopped counts)."""
     for child in parent.children(recursive=True):
         try:
-            if "flows." in " ".join(child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE:
+            if "flows." in " ".join(command_line(child)) and child.status() != psutil.STATUS_ZOMBIE:
                 return True
         except psutil.NoSuchProcess:
             continue

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.e2e.conftest import Project, free_port
+from tests.e2e.conftest import Project, command_line, free_port
 from tests.trained_model import TrainedProject
 
 pytestmark = pytest.mark.slow
@@ -54,11 +54,31 @@ def shardflow(command: list[str], cwd: Path, env: dict[str, str]) -> subprocess.
 
 def alive(processes: list[psutil.Process]) -> list[str]:
     """The command lines of ``processes`` still running (a zombie has ended)."""
-    return [
-        " ".join(p.cmdline())
-        for p in processes
-        if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    ]
+    running = []
+    for process in processes:
+        try:
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                running.append(" ".join(command_line(process)))
+        except psutil.NoSuchProcess:
+            continue
+    return running
+
+
+def test_a_child_that_has_ended_is_read_as_having_no_command_line() -> None:
+    """A child that exits between the listing of its parent's children and the reading of its
+    command line is a zombie until reaped: psutil refuses to read it, and the helpers that look
+    for a stage read it as no command line instead of failing the test that waits."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        process = psutil.Process(child.pid)
+        assert wait_for(lambda: process.status() == psutil.STATUS_ZOMBIE, timeout=30)
+        with pytest.raises(psutil.ZombieProcess):
+            process.cmdline()
+        assert command_line(process) == []
+        assert alive([process]) == []
+    finally:
+        child.wait()
+    assert command_line(process) == []  # reaped: gone
 
 
 def sigterm_stops_all(cli: subprocess.Popen[bytes], started: list[psutil.Process]) -> None:
@@ -133,7 +153,7 @@ def test_sigterm_to_shardflow_serve_stops_serving_and_removes_its_record(
     try:
         assert wait_for(record.exists, timeout=180), "the deployments were never served"
         started = psutil.Process(cli.pid).children(recursive=True)
-        assert any("flows.deployments" in " ".join(p.cmdline()) for p in started)
+        assert any("flows.deployments" in " ".join(command_line(p)) for p in started)
         sigterm_stops_all(cli, started)
         assert not record.exists()
         wait_healthy(project.env["PREFECT_API_URL"], timeout=10)
@@ -156,7 +176,7 @@ def test_sigterm_to_shardflow_run_stops_its_stages_and_records_none_half_done(
 
         def a_stage_runs() -> str | None:
             for process in psutil.Process(cli.pid).children(recursive=True):
-                with_stage = [a for a in process.cmdline() if a.startswith("flows.")]
+                with_stage = [a for a in command_line(process) if a.startswith("flows.")]
                 if with_stage and with_stage[0] != "flows.server":
                     return with_stage[0].removeprefix("flows.")
             return None

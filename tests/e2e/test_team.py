@@ -19,7 +19,7 @@ import pytest
 
 from flows.team_demo import WATCH_INTERVAL_S, Team, publish, start_workers, started_team
 from tasks.runtime.params import shipped_params_text
-from tests.e2e.conftest import REPO, Project, api_post, make_project, run
+from tests.e2e.conftest import REPO, Project, api_post, command_line, make_project, run
 from tests.e2e.test_tracking_server import files_holding, prefect_records
 
 pytestmark = pytest.mark.slow
@@ -200,7 +200,7 @@ def test_the_demo_team_stores_artifacts_on_the_shared_s3_server_and_stops_it(
         keys = [o["Key"] for o in s3.list_objects_v2(Bucket=team.s3.bucket)["Contents"]]
         assert any(k.startswith("mlartifacts/") and k.endswith("/note.txt") for k in keys), keys
         tracking = next(p for name, p, _ in team.processes if name == "mlflow")
-        below = [" ".join(c.cmdline()) for c in psutil.Process(tracking.pid).children(True)]
+        below = [" ".join(command_line(c)) for c in psutil.Process(tracking.pid).children(True)]
         assert below and not [c for c in below if "mlflow.server.jobs" in c], below
     assert started[0].process is not None and started[0].process.poll() is not None
 
