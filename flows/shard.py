@@ -12,7 +12,8 @@ if __name__ == "__main__":
     # `python -m flows.shard`: a rebuild's workers spawn and warm up now, while this process
     # imports Prefect below, instead of after its flow has started. Params
     # that do not load start none: the run below reports them.
-    from flows.common import configure_environment, parse_stage_args
+    from flows.support.entry import parse_stage_args
+    from flows.support.environment import configure_environment
     from tasks.runtime.params import load_params
     from tasks.shard.workers import prestart_stage_workers
 
@@ -43,8 +44,8 @@ import tasks.shard.stage as shard_stage
 import tasks.shard.staging as shard_staging
 import tasks.shard.workers as shard_workers
 import tasks.shard.writing as shard_writing
-from flows.common import code_version, run_then_exit, stage_main
-from flows.run_story import (
+from flows.support.entry import code_version, run_then_exit, stage_main
+from flows.support.run_story import (
     Progress,
     naming,
     rename_flow_run,

@@ -17,14 +17,14 @@ port another clone took while this one's server was down.
 A server the user names (``PREFECT_API_URL`` in the environment or ``.env``, or a profile's
 value other than the recorded one, e.g. ``prefect config set PREFECT_API_URL=...``) is used
 as named, started here if it is on this machine and down (tests, a team server; where
-another clone serves the same deployments there, ``flows/deployments.py`` refuses to
+another clone serves the same deployments there, ``flows/cli/deployments.py`` refuses to
 serve). Prefect reads, highest first: environment, ``.env``, ``prefect.toml``,
 ``pyproject.toml``, the active profile (``prefect/settings/base.py``); the clone's port sits
 in the profile so that everything above it still wins.
 
-``python -m flows.server ensure`` starts the server unless it is up; ``stop`` stops only
-the server this clone started; ``status`` says which server the clone uses and whose it is.
-Every flow entry point (each `dvc repro` stage included) calls :func:`require_server`.
+``python -m flows.servers.prefect_server ensure`` starts the server unless it is up; ``stop``
+stops only the server this clone started; ``status`` says which server the clone uses and
+whose it is. Every flow entry point (each `dvc repro` stage included) calls :func:`require_server`.
 """
 
 from __future__ import annotations
@@ -328,7 +328,8 @@ def api_url() -> str:
     url = named_url() or recorded_url()
     if url is None:
         raise RuntimeError(
-            "this clone has no Prefect server yet: `python -m flows.server ensure` starts one"
+            "this clone has no Prefect server yet: "
+            "`python -m flows.servers.prefect_server ensure` starts one"
         )
     return url
 
@@ -405,7 +406,7 @@ def require_server() -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="flows.server", description=__doc__)
+    parser = argparse.ArgumentParser(prog="flows.servers.prefect_server", description=__doc__)
     parser.add_argument("action", choices=["ensure", "stop", "status"])
     action = parser.parse_args().action
     if action == "ensure":
