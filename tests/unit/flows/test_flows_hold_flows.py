@@ -46,7 +46,9 @@ def test_the_check_tells_a_flow_module_from_a_helper(tmp_path: Path) -> None:
         "from prefect import flow\n\n@flow(name='x')\ndef run() -> None:\n    pass\n"
     )
     helper = tmp_path / "helper.py"
-    helper.write_text("def flow() -> None:\n    pass\n\n@staticmethod\ndef run() -> None:\n    pass\n")
+    helper.write_text(
+        "def flow() -> None:\n    pass\n\n@staticmethod\ndef run() -> None:\n    pass\n"
+    )
     assert defines_flow(flow_module)
     assert not defines_flow(helper)
 
