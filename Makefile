@@ -60,12 +60,12 @@ endif
 demo-data: install  ## generate the demo dataset into data/demo unless it exists
 	$(BIN)/python -m tasks.ingest.demo_data data/demo --if-missing
 
-# run, serve, stop, ui and bench are `shardflow <target>` (flows/cli.py), the installed entry point.
+# run, serve, stop, ui and bench are `shardflow <target>` (flows/cli/shardflow.py), the installed entry point.
 run: install  ## params.yaml checked, demo data if it reads data/demo and it is missing, then the whole pipeline with `dvc repro` under the workspace lock
 	$(BIN)/python -m flows.cli run
 
 compact: install  ## ingest if the sources changed, fold every shard generation into one (a rebuild), record it, rerun what follows
-	$(BIN)/python -m flows.server ensure
+	$(BIN)/python -m flows.servers.prefect_server ensure
 	$(BIN)/python -m tasks.runtime.workspace_lock -- bash -c \
 	  '$(BIN)/dvc repro ingest && $(BIN)/python -m flows.shard compact && $(BIN)/dvc commit --force shard && $(BIN)/dvc repro'
 
@@ -97,7 +97,7 @@ stop:  ## stop what this clone started: `make serve`'s deployment process, serve
 ui: install  ## MLflow UI over the project's tracking store on 127.0.0.1:5000 while free, else a free port (prints the runs table's address)
 	$(BIN)/python -m flows.cli ui
 
-# Each variable, when set, overrides its `shardflow serve-model` default (flows/cli.py: a free
+# Each variable, when set, overrides its `shardflow serve-model` default (flows/cli/shardflow.py: a free
 # port; requests up to 16 MB and 1024 rows, larger ones get HTTP 413 before parsing; 4 at
 # once, one more gets HTTP 503; the champion alias read every 10 s, and its version served).
 serve-model: install  ## the registered champion (MLflow's scoring app behind request limits, following the alias) on a free 127.0.0.1 port

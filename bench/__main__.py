@@ -418,7 +418,7 @@ def _with_s3_reads(b: Bench, datasets: dict[str, Any], raw_shards: Path) -> dict
     its limit."""
     from bench import read as r
     from bench.s3_link import LimitedLink
-    from flows.s3_server import start_s3_server, stop_s3_server
+    from flows.servers.s3_server import start_s3_server, stop_s3_server
     from tasks.contracts.shard_store import publish
 
     args = b.args
@@ -470,7 +470,7 @@ def write(b: Bench) -> None:
 def photos(b: Bench) -> None:
     from bench.datasets import ingest_folder
     from bench.photos import measure_photos
-    from flows.server import require_server
+    from flows.servers.prefect_server import require_server
 
     require_server()  # the data side runs the ingest and shard flows
     args = b.args
@@ -684,7 +684,7 @@ def scaling(b: Bench) -> None:
 
 def append(b: Bench) -> None:
     from bench.append import measure_append
-    from flows.server import require_server
+    from flows.servers.prefect_server import require_server
 
     require_server()  # the shard stage runs as its Prefect flow
     args = b.args

@@ -197,8 +197,8 @@ def run_ingest(params: Params, layout: Layout, source: Path) -> dict[str, Any]:
 
 def run_shard(params: Params, layout: Layout, mode: str) -> dict[str, Any]:
     """The shard stage through its Prefect flow and task runner (what `dvc repro` runs)."""
-    from flows.run_story import stage_settings
     from flows.shard import run
+    from flows.support.run_story import stage_settings
 
     with stage_settings():
         return run(params.shard.model_copy(update={"mode": mode}), layout)
@@ -246,7 +246,7 @@ def data_side(params: Params, layout: Layout, source: Path, mode: str) -> dict[s
 
 def dvc(root: Path, *args: str) -> str:
     """Run ``dvc`` in ``root`` as the stages do; its output, or an error naming the command."""
-    from flows.dvc_steps import run_dvc
+    from flows.support.dvc_steps import run_dvc
 
     result = run_dvc(root, *args)
     return result.stdout + result.stderr

@@ -33,6 +33,6 @@ export PATH="$PWD/$venv/bin:$PATH"
 # The reader's C++ op, as `make install` builds it (the stock ops read where it cannot be).
 "$venv/bin/python" -m tasks.contracts.raw_slice
 # The bench's shard flows run on this clone's Prefect server, as `make bench` runs them.
-"$venv/bin/python" -m flows.server ensure
-trap '"$venv/bin/python" -m flows.server stop || true' EXIT
+"$venv/bin/python" -m flows.servers.prefect_server ensure
+trap '"$venv/bin/python" -m flows.servers.prefect_server stop || true' EXIT
 "$venv/bin/python" -m bench.gpu_check --out "$out" "$@"

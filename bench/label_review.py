@@ -271,7 +271,7 @@ def main() -> None:
     )
     parser.add_argument("--output", type=Path, help="also write the figures to this JSON file")
     args = parser.parse_args()
-    from flows.common import configure_environment
+    from flows.support.environment import configure_environment
 
     configure_environment()
     result = measure_label_review()

@@ -148,7 +148,7 @@ def measure_lineage(
         )
         times.append(time.perf_counter() - started)
     assert found is not None and len(found.shard_sets) == SETS - 1, found
-    command = [sys.executable, "-m", "flows.lineage", "--root", str(root), found.sha256]
+    command = [sys.executable, "-m", "flows.cli.lineage", "--root", str(root), found.sha256]
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
     started = time.perf_counter()
     subprocess.run(command, env=env, check=True, capture_output=True, cwd=REPO_ROOT)

@@ -386,7 +386,7 @@ def _require_prefect_server(repo_root: Path) -> None:
     """The flows refuse to run without their Prefect server; say so before copying anything.
     The copies are other directories, with no record of this clone's server: name it to
     them (PREFECT_API_URL), or each would start a server of its own."""
-    check = "from flows.server import running_url; print(running_url() or '')"
+    check = "from flows.servers.prefect_server import running_url; print(running_url() or '')"
     done = subprocess.run(
         [sys.executable, "-c", check], cwd=repo_root, env=_env(), capture_output=True, text=True
     )
@@ -394,7 +394,8 @@ def _require_prefect_server(repo_root: Path) -> None:
     if done.returncode != 0 or not url:
         raise RuntimeError(
             "this clone's Prefect server is not up, and the flows that `dvc repro` runs need "
-            "it: start one with `make serve` (or `python -m flows.server ensure`), or pass "
+            "it: start one with `make serve` (or "
+            "`python -m flows.servers.prefect_server ensure`), or pass "
             f"--skip-orchestration. {done.stderr.strip()[-300:]}"
         )
     os.environ["PREFECT_API_URL"] = url

@@ -340,10 +340,10 @@ def data_side_points(
 def _data_side_child(root: str) -> None:
     """One data-side run: the ingest flow, then the shard flow, as their stages run them
     (``root``'s params.yaml); then the 1/8-decode floor of the same photos."""
-    from flows.common import configure_environment
     from flows.ingest import ingest_flow
-    from flows.run_story import stage_settings
     from flows.shard import shard_flow
+    from flows.support.environment import configure_environment
+    from flows.support.run_story import stage_settings
     from tasks.runtime.params import load_params
 
     configure_environment()

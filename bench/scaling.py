@@ -45,9 +45,9 @@ def flow_shard(params: ShardParams, index_path: Path, root: Path) -> dict[str, A
     from tasks.shard.workers import prestart_workers
 
     prestart_workers(params)  # before the Prefect import, as `python -m flows.shard` does
-    from flows.common import configure_environment
-    from flows.run_story import stage_settings
     from flows.shard import run
+    from flows.support.environment import configure_environment
+    from flows.support.run_story import stage_settings
 
     configure_environment()
     layout = Layout(root)

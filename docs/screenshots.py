@@ -24,7 +24,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from flows import server
+from flows.servers import prefect_server as server
 from tasks.runtime.tracking import EXPERIMENT_NAME, RUNS_TABLE_QUERY, client, tracking_uri
 
 DOCS = Path("docs")

@@ -14,11 +14,11 @@ from typing import Any, Literal, get_args
 from prefect import flow
 
 from flows import ingest, shard, validate
-from flows.common import run_then_exit, stage_main
-from flows.dvc_steps import hold_workspace, record_stage, run_stage
-from flows.parameters import RepoPath
-from flows.refusal_logs import refusals_as_blocks
-from flows.run_story import naming, run_parameter, run_params_path
+from flows.support.dvc_steps import hold_workspace, record_stage, run_stage
+from flows.support.entry import run_then_exit, stage_main
+from flows.support.parameters import RepoPath
+from flows.support.refusal_logs import refusals_as_blocks
+from flows.support.run_story import naming, run_parameter, run_params_path
 from tasks.ingest.source_check import write_listing
 from tasks.runtime.layout import Layout
 from tasks.runtime.params import load_params

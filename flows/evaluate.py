@@ -11,7 +11,7 @@ if __name__ == "__main__":
     # (Keras with TensorFlow, Matplotlib) now, while this process imports Prefect below and
     # starts its flow; the evaluate task then measures the model in that child while this
     # process opens the tracking store (MLflow's import).
-    from flows.common import prestart_stage_child
+    from flows.support.entry import prestart_stage_child
     from tasks.evaluate import stage as _evaluate
 
     prestart_stage_child(_evaluate.warm_up)
@@ -24,9 +24,15 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 
-from flows.common import code_version, run_then_exit, stage_main, start_where_warm
-from flows.model_runs import link_mlflow_run, recorded_run_name, retry_unless_refused
-from flows.run_story import Progress, naming, run_parameter, run_params_path, untagged_task_runs
+from flows.support.entry import code_version, run_then_exit, stage_main, start_where_warm
+from flows.support.model_runs import link_mlflow_run, recorded_run_name, retry_unless_refused
+from flows.support.run_story import (
+    Progress,
+    naming,
+    run_parameter,
+    run_params_path,
+    untagged_task_runs,
+)
 from tasks.evaluate import stage as evaluate
 from tasks.evaluate.stage import run_evaluate
 from tasks.runtime.layout import Layout

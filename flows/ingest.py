@@ -11,8 +11,8 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import code_version, run_then_exit, stage_main
-from flows.run_story import (
+from flows.support.entry import code_version, run_then_exit, stage_main
+from flows.support.run_story import (
     Progress,
     naming,
     rename_flow_run,

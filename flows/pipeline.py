@@ -14,13 +14,13 @@ from typing import Any
 
 from prefect import flow, get_run_logger, tags
 
-from flows.common import configure_environment
 from flows.data import data_flow
-from flows.dvc_steps import hold_workspace
-from flows.parameters import RepoPath
-from flows.refusal_logs import refusals_as_blocks
-from flows.run_story import pipeline_id, run_params_path
-from flows.server import require_server
+from flows.servers.prefect_server import require_server
+from flows.support.dvc_steps import hold_workspace
+from flows.support.environment import configure_environment
+from flows.support.parameters import RepoPath
+from flows.support.refusal_logs import refusals_as_blocks
+from flows.support.run_story import pipeline_id, run_params_path
 from flows.training import training_flow
 from tasks.runtime.run_overrides import ParamOverrides, apply_overrides
 

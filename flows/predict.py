@@ -24,10 +24,11 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 
-from flows.common import code_version, configure_environment, run_then_exit
-from flows.parameters import ModelName, ModelReference, RepoPath
-from flows.refusal_logs import refusals_as_blocks
-from flows.run_story import Progress, flow_run_tags, in_deployment_run, run_params_path
+from flows.support.entry import code_version, run_then_exit
+from flows.support.environment import configure_environment
+from flows.support.parameters import ModelName, ModelReference, RepoPath
+from flows.support.refusal_logs import refusals_as_blocks
+from flows.support.run_story import Progress, flow_run_tags, in_deployment_run, run_params_path
 from tasks import predict
 from tasks.contracts import run_records
 from tasks.evaluate.store_check import check_store
@@ -220,7 +221,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main() -> None:
-    from flows.server import require_server
+    from flows.servers.prefect_server import require_server
 
     args = parse_args(sys.argv[1:])  # first: --help starts no server
     configure_environment()

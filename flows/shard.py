@@ -12,7 +12,8 @@ if __name__ == "__main__":
     # `python -m flows.shard`: a rebuild's workers spawn and warm up now, while this process
     # imports Prefect below, instead of after its flow has started. Params
     # that do not load start none: the run below reports them.
-    from flows.common import configure_environment, parse_stage_args
+    from flows.support.entry import parse_stage_args
+    from flows.support.environment import configure_environment
     from tasks.runtime.params import load_params
     from tasks.shard.workers import prestart_stage_workers
 
@@ -43,8 +44,8 @@ import tasks.shard.stage as shard_stage
 import tasks.shard.staging as shard_staging
 import tasks.shard.workers as shard_workers
 import tasks.shard.writing as shard_writing
-from flows.common import code_version, run_then_exit, stage_main
-from flows.run_story import (
+from flows.support.entry import code_version, run_then_exit, stage_main
+from flows.support.run_story import (
     Progress,
     naming,
     rename_flow_run,
@@ -60,6 +61,7 @@ from tasks.contracts.shard_store import s3_client
 from tasks.runtime.layout import Layout
 from tasks.runtime.params import ShardParams, load_params
 from tasks.runtime.processes import dismiss_prestarted
+from tasks.shard.window import run_in_window
 
 # Shards per Prefect task: each task run costs a run record and state events that the
 # Prefect server processes (CPU taken from the workers on a small machine), so a task
@@ -125,9 +127,9 @@ def runner_writer(
     names (a rebuild's own folder, :mod:`tasks.contracts.shard_swap`; :mod:`tasks.shard.staging`).
 
     Specs are materialised (their records read from the index) only as they are submitted,
-    and at most two batches per worker are in flight, so the parent's memory stays flat
-    however many shards the plan holds. Results come back as batches finish; a progress
-    artifact follows.
+    and at most two batches per worker are in flight (:func:`tasks.shard.window.run_in_window`),
+    so the parent's memory stays flat however many shards the plan holds. Results come back
+    as batches finish; a progress artifact follows.
     """
     window = 2 * max(1, workers)
 
@@ -150,12 +152,14 @@ def runner_writer(
         # the flow's threads would only share the GIL and add task runs.
         small = local is not None and local.enabled and pool is None
         size = max(1, total) if small else batch_size(total, workers)
-        pending: list[PrefectFuture[list[ShardFile]]] = []
         done = 0
 
-        def finished() -> list[ShardFile]:
+        def submit(batch: list[shard_spec.ShardSpec]) -> PrefectFuture[list[ShardFile]]:
+            return write_shards_task.submit(batch, folder, pool, staging)
+
+        def collect(future: PrefectFuture[list[ShardFile]]) -> list[ShardFile]:
             nonlocal done
-            results = _first_done(pending)
+            results = future.result()
             if staging is not None:  # into the folder, each checked against its entry
                 for result in results:
                     shard_staging.fetch_shard(staging, result, folder, client=client)
@@ -164,34 +168,29 @@ def runner_writer(
             logger.info("shard %d/%s written: %s", done, total or "?", results[-1].file)
             return results
 
-        batch: list[shard_spec.ShardSpec] = []
-        try:
-            for spec in specs:
-                batch.append(spec)
-                if len(batch) == size:
-                    pending.append(write_shards_task.submit(batch, folder, pool, staging))
-                    batch = []
-                while len(pending) >= window:
-                    yield from finished()
-            if batch:
-                pending.append(write_shards_task.submit(batch, folder, pool, staging))
-            while pending:
-                yield from finished()
-        except BaseException:
-            if staging is not None:  # their uploads land before the run's staging is removed
-                for future in pending:
-                    future.wait()
-            raise
+        def wait_all(pending: list[PrefectFuture[list[ShardFile]]]) -> None:
+            for future in pending:  # their uploads land before the run's staging is removed
+                future.wait()
+
+        yield from run_in_window(
+            specs,
+            batch_size=size,
+            window=window,
+            submit=submit,
+            first_done=_first_done,
+            collect=collect,
+            on_failure=wait_all if staging is not None else None,
+        )
         progress(1, 1)  # nothing missing (a resumed or empty plan) is done too
 
     return write_many
 
 
-def _first_done(pending: list[PrefectFuture[list[ShardFile]]]) -> list[ShardFile]:
-    """Wait for whichever pending batch finishes first; remove it and return its results."""
-    future = next(as_completed(pending))
-    pending.remove(future)
-    return future.result()
+def _first_done(
+    pending: list[PrefectFuture[list[ShardFile]]],
+) -> PrefectFuture[list[ShardFile]]:
+    """Wait for whichever pending batch finishes first."""
+    return next(as_completed(pending))
 
 
 @flow(name="write-shards", flow_run_name="write-shards")

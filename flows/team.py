@@ -37,8 +37,8 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
-from flows.parameters import GitCommit, ModelName, ModelReference, RepoPath, RunRef
-from flows.refusal_logs import refusals_as_blocks
+from flows.support.parameters import GitCommit, ModelName, ModelReference, RepoPath, RunRef
+from flows.support.refusal_logs import refusals_as_blocks
 from tasks.runtime.run_overrides import ParamOverrides
 from tasks.runtime.tracking import CHAMPION
 

@@ -12,7 +12,7 @@ if __name__ == "__main__":
     # TensorFlow, MLflow) now, while this process imports Prefect below and starts its flow;
     # the train task then runs in that child and reports each epoch back.
     # Not for local workers (spawned by this process) nor another worker of a cluster.
-    from flows.common import prestart_stage_child
+    from flows.support.entry import prestart_stage_child
     from tasks.train import child as _train_child
     from tasks.train.cluster import config_is_chief as _chief
     from tasks.train.cluster import requested_workers as _workers
@@ -27,16 +27,16 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import (
+from flows.support.entry import (
     code_version,
-    configure_environment,
     parse_stage_args,
     run_then_exit,
     run_where_warm,
     stage_main,
 )
-from flows.model_runs import REFUSALS, link_mlflow_run, retry_unless
-from flows.run_story import (
+from flows.support.environment import configure_environment
+from flows.support.model_runs import REFUSALS, link_mlflow_run, retry_unless
+from flows.support.run_story import (
     Progress,
     flow_run_tags,
     naming,

@@ -20,12 +20,12 @@ from typing import Any, Literal, get_args
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
-from flows.common import run_then_exit, stage_main
-from flows.dvc_steps import run_stage
 from flows.evaluate import evaluate_task
-from flows.parameters import RepoPath
-from flows.refusal_logs import refusals_as_blocks
-from flows.run_story import naming, run_params_path
+from flows.support.dvc_steps import run_stage
+from flows.support.entry import run_then_exit, stage_main
+from flows.support.parameters import RepoPath
+from flows.support.refusal_logs import refusals_as_blocks
+from flows.support.run_story import naming, run_params_path
 from flows.train import model_run_details, train_task
 from tasks.runtime import tracking
 from tasks.runtime.layout import Layout

@@ -7,7 +7,7 @@ if __name__ == "__main__":
     # TensorFlow now, while this process imports Prefect below; on an append that import is
     # validation's critical path. The offline settings first: the child takes this
     # environment as it is now.
-    from flows.common import configure_environment
+    from flows.support.environment import configure_environment
     from tasks.validate import tf_cross_check
 
     configure_environment()
@@ -20,8 +20,8 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import code_version, run_then_exit, stage_main
-from flows.run_story import naming, run_parameter, untagged_task_runs
+from flows.support.entry import code_version, run_then_exit, stage_main
+from flows.support.run_story import naming, run_parameter, untagged_task_runs
 from tasks.contracts import manifest
 from tasks.runtime.dataset_identity import dataset_identity
 from tasks.runtime.layout import Layout

@@ -1,4 +1,5 @@
-"""Pytest fixtures for a real S3 server (moto, started by flows/s3_server.py; why moto: there).
+"""Pytest fixtures for a real S3 server (moto, started by flows/servers/s3_server.py; why moto:
+there).
 
 ``s3_server`` gives each test a fresh bucket on one session-wide server, with the endpoint and
 credentials exported to the test's environment (pass ``server.env`` on to subprocesses).
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from flows.s3_server import S3Server, start_s3_server, stop_s3_server
+from flows.servers.s3_server import S3Server, start_s3_server, stop_s3_server
 
 __all__ = ["S3Server", "add_dvc_remote", "s3_server", "s3_server_session", "use_dvc_remote"]
 

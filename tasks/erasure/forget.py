@@ -1,5 +1,5 @@
-"""Forgetting images: the pieces of ``shardflow forget`` (:mod:`flows.forget`), each one
-idempotent, so a rerun after a kill at any point completes the job.
+"""Forgetting images: the pieces of ``shardflow forget`` (:mod:`flows.forget.orchestration`),
+each one idempotent, so a rerun after a kill at any point completes the job.
 
 - :func:`plan_forget`: the content hashes to remove (the images named and, unless exact,
   their near-duplicate groups) and the source files holding them;

@@ -1,5 +1,5 @@
 """Reverse lineage: from an image to every shard set, training run and model version that
-used it (``shardflow lineage``, :mod:`flows.lineage`).
+used it (``shardflow lineage``, :mod:`flows.cli.lineage`).
 
 The links are all recorded forwards: the ingest index names each accepted file's content
 hash, perceptual hash and split; each shard set's membership (:mod:`tasks.contracts.membership`)

@@ -2,7 +2,8 @@
 
 One module a job: :mod:`~tasks.shard.spec` (one shard's unit of work and one record's
 preprocessing), :mod:`~tasks.shard.planning` (index scan, order keys, cuts),
-:mod:`~tasks.shard.writing` (writing and resume), :mod:`~tasks.shard.append` (what an append
+:mod:`~tasks.shard.writing` (writing and resume), :mod:`~tasks.shard.window` (batches
+in flight a window at a time), :mod:`~tasks.shard.append` (what an append
 may build on), :mod:`~tasks.shard.workers` (the local worker processes),
 :mod:`~tasks.shard.staging` (Dask workers without the stage's file system, through S3) and
 :mod:`~tasks.shard.stage` (plan, prepare, write, finalize: manifest, record lists, data diff).

@@ -42,8 +42,8 @@ RANDOM_NAME = "random.npz"  # the seed generators' states, beside the weights th
 MAIN_PHASE_DONE = "main_phase.json"  # written after the weights: the frozen phase's commit
 EARLY_STOPPING_NAME = "early_stopping.json"
 
-# The train stage's log (a flow shows it in its run's log, flows.run_story.run_log): a discarded
-# backup is the stage's news, wherever the code lives.
+# The train stage's log (a flow shows it in its run's log, flows.support.run_story.run_log): a
+# discarded backup is the stage's news, wherever the code lives.
 log = logging.getLogger("tasks.train.stage")
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from flows import accept_data
+from flows.cli import accept_data
 from tasks.contracts.manifest import ShardFile, load_manifest
 from tasks.ingest.demo_data import generate
 from tasks.runtime.dataset_identity import dataset_identity

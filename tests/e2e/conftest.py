@@ -16,7 +16,7 @@ import psutil
 import pytest
 import yaml
 
-from flows.server import start_server, wait_healthy
+from flows.servers.prefect_server import start_server, wait_healthy
 from tasks.runtime.params import shipped_params_text
 
 REPO = Path(__file__).resolve().parents[2]
@@ -184,4 +184,4 @@ def project_without_server(tmp_path: Path) -> Iterator[Project]:
     try:
         yield proj
     finally:
-        proj.run(sys.executable, "-m", "flows.server", "stop", check=False)
+        proj.run(sys.executable, "-m", "flows.servers.prefect_server", "stop", check=False)

@@ -20,10 +20,10 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def served(project: Project) -> Iterator[Project]:
-    """`python -m flows.deployments` serving the three deployments from the project root."""
+    """`python -m flows.cli.deployments` serving the three deployments from the project root."""
     log = (project.root / "serve.log").open("w")
     process = subprocess.Popen(
-        [sys.executable, "-m", "flows.deployments"],
+        [sys.executable, "-m", "flows.cli.deployments"],
         cwd=project.root,
         env=project.env,
         stdout=log,

@@ -156,7 +156,7 @@ def test_concurrent_starters_start_one_server(tmp_path: Path) -> None:
         "PREFECT_API_URL": url,
         "PREFECT_HOME": str(tmp_path / "prefect_home"),
     }
-    ensure = [sys.executable, "-m", "flows.server", "ensure"]
+    ensure = [sys.executable, "-m", "flows.servers.prefect_server", "ensure"]
     starters = [
         subprocess.Popen(ensure, cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True)
         for _ in range(2)
@@ -172,7 +172,7 @@ def test_concurrent_starters_start_one_server(tmp_path: Path) -> None:
         for process in starters:
             if process.poll() is None:
                 process.kill()
-        stop = [sys.executable, "-m", "flows.server", "stop"]
+        stop = [sys.executable, "-m", "flows.servers.prefect_server", "stop"]
         subprocess.run(stop, cwd=tmp_path, env=env, check=False)
 
 

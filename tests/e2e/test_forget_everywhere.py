@@ -4,7 +4,7 @@ other records are unchanged; the champion never saw it; `lineage` says only when
 
 Twice: a project of one machine (a DVC remote in a folder, a SQLite tracking store in the
 clone), and a team's (the DVC remote on S3, `mlflow server` with its artifacts on S3, started
-as `shardflow team-demo` starts them: flows/team_demo.py)."""
+as `shardflow team-demo` starts them: flows/demo/team_demo.py)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from flows.s3_server import S3Server
-from flows.team_demo import started_team
+from flows.demo.team_demo import started_team
+from flows.servers.s3_server import S3Server
 from tasks.contracts.manifest import load_manifest
 from tasks.runtime.layout import Layout
 from tasks.schema import HASH_KEY, IMAGE_KEY
@@ -112,7 +112,7 @@ def shardflow(project: Project, *args: str, check: bool = True) -> str:
 def lineage(*args: str) -> Any:
     """`shardflow lineage ... --json` (what the command runs) in this process, in the
     project, on its store."""
-    from flows.lineage import main
+    from flows.cli.lineage import main
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

@@ -84,9 +84,13 @@ def test_each_clone_runs_its_own_installed_shardflow(tmp_path: Path) -> None:
         assert done.returncode == 0, done.stderr
         assert "MLflow UI" in done.stdout
         where = run_in(
-            bin_dir, elsewhere, "python", "-c", "import flows.cli, tasks; print(flows.cli.__file__)"
+            bin_dir,
+            elsewhere,
+            "python",
+            "-c",
+            "import flows.cli.shardflow, tasks; print(flows.cli.shardflow.__file__)",
         )
-        assert Path(where.stdout.strip()) == clone / "flows" / "cli.py", where.stderr
+        assert Path(where.stdout.strip()) == clone / "flows" / "cli" / "shardflow.py", where.stderr
         # Only the project's packages are mapped: the repo root never joins sys.path.
         stray = run_in(bin_dir, elsewhere, "python", "-c", "import bench")
         assert stray.returncode != 0 and "No module named 'bench'" in stray.stderr

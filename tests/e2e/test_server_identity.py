@@ -43,7 +43,7 @@ def in_clone(root: Path, *args: str, **env: str) -> str:
 
 
 def server(root: Path, action: str) -> str:
-    return in_clone(root, "-m", "flows.server", action)
+    return in_clone(root, "-m", "flows.servers.prefect_server", action)
 
 
 def recorded(root: Path) -> str:
@@ -78,7 +78,7 @@ def clones(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
         for root in (b, a):
             if root.exists():
                 subprocess.run(
-                    [sys.executable, "-m", "flows.server", "stop"],
+                    [sys.executable, "-m", "flows.servers.prefect_server", "stop"],
                     cwd=root,
                     env=clone_env(),
                     check=False,
@@ -105,7 +105,7 @@ def test_each_clone_uses_its_own_server_and_stops_only_its_own(
 
     # B's first flow (a stage calls require_server first) starts B's server and reports there.
     probe = (
-        "from flows.server import require_server\nrequire_server()\n"
+        "from flows.servers.prefect_server import require_server\nrequire_server()\n"
         "from prefect import flow\n@flow(name='probe')\ndef probe() -> None: pass\nprobe()\n"
     )
     said = in_clone(b, "-c", probe)
@@ -117,7 +117,7 @@ def test_each_clone_uses_its_own_server_and_stops_only_its_own(
 
     # What B's stages and B's `prefect ...` commands typed at its root use: B's server.
     used = (
-        "from flows.server import require_server as r; r(); "
+        "from flows.servers.prefect_server import require_server as r; r(); "
         "import os; print(os.environ['PREFECT_API_URL'])"
     )
     assert in_clone(b, "-c", used).strip() == url_b
@@ -133,9 +133,9 @@ def test_each_clone_uses_its_own_server_and_stops_only_its_own(
     assert is_up(url_a)
 
     # Named by the user, A's server is used as named (and said to be A's), never stopped by B.
-    ensure = in_clone(b, "-m", "flows.server", "ensure", PREFECT_API_URL=url_a)
+    ensure = in_clone(b, "-m", "flows.servers.prefect_server", "ensure", PREFECT_API_URL=url_a)
     assert f"already up at {url_a} (named by you: the server of the clone {a}" in ensure
-    stop = in_clone(b, "-m", "flows.server", "stop", PREFECT_API_URL=url_a)
+    stop = in_clone(b, "-m", "flows.servers.prefect_server", "stop", PREFECT_API_URL=url_a)
     assert f"{url_a} answers with the server of the clone {a}" in stop and is_up(url_a)
 
 
@@ -158,10 +158,10 @@ def served_by(api_url: str, project: Project, *, ready: bool) -> bool:
 
 @contextmanager
 def serving(project: Project, log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """`python -m flows.deployments` in the project, stopped afterwards."""
+    """`python -m flows.cli.deployments` in the project, stopped afterwards."""
     with log.open("w") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "flows.deployments"],
+            [sys.executable, "-m", "flows.cli.deployments"],
             cwd=project.root,
             env=project.env,
             stdout=out,
@@ -196,7 +196,7 @@ def test_a_clone_refuses_to_serve_where_another_clone_serves(
     log_a, log_b = tmp_path / "serve-a.log", tmp_path / "serve-b.log"
     with serving(a, log_a) as process:
         wait_until(lambda: served_by(prefect_server, a, ready=True), process, log_a)
-        refused = b.run(sys.executable, "-m", "flows.deployments", check=False, timeout=180)
+        refused = b.run(sys.executable, "-m", "flows.cli.deployments", check=False, timeout=180)
     said = refused.stdout + refused.stderr
     assert refused.returncode != 0, said[-3000:]
     assert "refusing to serve" in said and "'pipeline/local' by " in said

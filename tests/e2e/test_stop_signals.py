@@ -99,7 +99,7 @@ def cleanup(cli: subprocess.Popen[bytes], started: list[psutil.Process]) -> None
 
 
 def test_sigterm_to_shardflow_ui_stops_the_mlflow_ui_it_started(tmp_path: Path) -> None:
-    """SIGINT takes the same path (flows.cli.stopping_with)."""
+    """SIGINT takes the same path (flows.cli.shardflow.stopping_with)."""
     port = free_port()
     env = {
         **os.environ,
@@ -145,7 +145,7 @@ def test_sigterm_to_shardflow_serve_stops_serving_and_removes_its_record(
     """The deployments' runner stops and `.prefect/serving.json` goes, also when SIGTERM
     comes as serving begins; the Prefect server, which `shardflow serve` did not start
     here (the project names one), still answers."""
-    from flows.server import wait_healthy
+    from flows.servers.prefect_server import wait_healthy
 
     record = project.root / ".prefect" / "serving.json"
     cli = shardflow(["serve"], project.root, project.env)
@@ -153,7 +153,7 @@ def test_sigterm_to_shardflow_serve_stops_serving_and_removes_its_record(
     try:
         assert wait_for(record.exists, timeout=180), "the deployments were never served"
         started = psutil.Process(cli.pid).children(recursive=True)
-        assert any("flows.deployments" in " ".join(command_line(p)) for p in started)
+        assert any("flows.cli.deployments" in " ".join(command_line(p)) for p in started)
         sigterm_stops_all(cli, started)
         assert not record.exists()
         wait_healthy(project.env["PREFECT_API_URL"], timeout=10)
@@ -167,7 +167,7 @@ def test_sigterm_to_shardflow_run_stops_its_stages_and_records_none_half_done(
     """SIGTERM while a stage runs: the stage stops, `dvc.lock` records no stage that did
     not finish, the workspace lock is free, and the clone's Prefect server, which `run`
     started detached (as Ctrl-C leaves it), still answers."""
-    from flows.server import wait_healthy
+    from flows.servers.prefect_server import wait_healthy
 
     project = project_without_server
     cli = shardflow(["run"], project.root, project.env)
@@ -177,7 +177,7 @@ def test_sigterm_to_shardflow_run_stops_its_stages_and_records_none_half_done(
         def a_stage_runs() -> str | None:
             for process in psutil.Process(cli.pid).children(recursive=True):
                 with_stage = [a for a in command_line(process) if a.startswith("flows.")]
-                if with_stage and with_stage[0] != "flows.server":
+                if with_stage and with_stage[0] != "flows.servers.prefect_server":
                     return with_stage[0].removeprefix("flows.")
             return None
 

@@ -1,7 +1,7 @@
 """The team setup for real, on 127.0.0.1: the Prefect server, two process workers (pools
 ``cpu`` and ``gpu``) each in an empty directory of its own, a bare git remote, an S3 server
 (moto) and ``mlflow server`` with its artifacts on S3 -- the team ``shardflow team-demo``
-starts (flows/team_demo.py). Two ``pipeline/team`` runs are started at once."""
+starts (flows/demo/team_demo.py). Two ``pipeline/team`` runs are started at once."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from flows.team_demo import WATCH_INTERVAL_S, Team, publish, start_workers, started_team
+from flows.demo.team_demo import WATCH_INTERVAL_S, Team, publish, start_workers, started_team
 from tasks.runtime.params import shipped_params_text
 from tests.e2e.conftest import REPO, Project, api_post, command_line, make_project, run
 from tests.e2e.test_tracking_server import files_holding, prefect_records
@@ -175,14 +175,14 @@ def test_two_team_pipeline_runs_come_back_through_git_dvc_and_mlflow(
 def test_the_demo_team_stores_artifacts_on_the_shared_s3_server_and_stops_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The team's S3 is :func:`flows.s3_server.start_s3_server`'s (one way to start moto):
+    """The team's S3 is :func:`flows.servers.s3_server.start_s3_server`'s (one way to start moto):
     the tracking server puts artifacts in its bucket, and the team stops it on exit. The
     tracking server runs without MLflow's job runner and its huey consumers."""
     import psutil
     from mlflow import MlflowClient
 
-    import flows.team_demo
-    from flows.s3_server import S3Server, start_s3_server
+    import flows.demo.team_demo
+    from flows.servers.s3_server import S3Server, start_s3_server
 
     started: list[S3Server] = []
 
@@ -190,7 +190,7 @@ def test_the_demo_team_stores_artifacts_on_the_shared_s3_server_and_stops_it(
         started.append(start_s3_server(log_file))
         return started[-1]
 
-    monkeypatch.setattr(flows.team_demo, "start_s3_server", start)
+    monkeypatch.setattr(flows.demo.team_demo, "start_s3_server", start)
     with started_team(tmp_path, prefect_url="http://127.0.0.1:9/api") as team:
         assert len(started) == 1 and team.s3 is started[0]
         client = MlflowClient(team.tracking_url)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.common import OFFLINE_ENV
+from flows.support.environment import OFFLINE_ENV
 from tests.e2e.conftest import Project, api_post, free_port
 from tests.e2e.test_serve_model import post_json, wait_ready
 

@@ -1,5 +1,5 @@
 """How a flow knows whether a deployment started its run
-(:func:`flows.run_story.in_deployment_run`), which confines its paths to the repository."""
+(:func:`flows.support.run_story.in_deployment_run`), which confines its paths to the repository."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from flows.run_story import in_deployment_run
+from flows.support.run_story import in_deployment_run
 
 
 @pytest.fixture
@@ -54,7 +54,7 @@ def test_prefects_runtime_override_still_stands_in_for_a_deployment(
     """``PREFECT__RUNTIME__DEPLOYMENT__ID`` (how the deployment tests make a run deployed)."""
     from prefect import flow
 
-    from flows.run_story import RUNTIME_DEPLOYMENT_ENV
+    from flows.support.run_story import RUNTIME_DEPLOYMENT_ENV
 
     @flow
     def stage() -> bool:

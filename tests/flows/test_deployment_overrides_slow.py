@@ -36,7 +36,7 @@ def test_deployed_flows_refuse_a_root_outside_the_repository(
     outside.mkdir()
     (outside / "params.yaml").write_text(shipped_params_text())
     monkeypatch.setenv("PREFECT__RUNTIME__DEPLOYMENT__ID", "a-deployment")
-    # Refused with the run's parameters (flows.parameters.RepoPath), before the flow body.
+    # Refused with the run's parameters (flows.support.parameters.RepoPath), before the flow body.
     with pytest.raises(ParameterTypeError, match=re.escape(f"root='{outside}' resolves to")):
         flows[flow_name](root=str(outside))
     assert sorted(os.listdir(outside)) == ["params.yaml"]  # nothing written there

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from mlflow.entities import Param
 
-from flows.common import start_where_warm
+from flows.support.entry import start_where_warm
 from tasks import predict
 from tasks.contracts.manifest import load_manifest
 from tasks.evaluate import registry

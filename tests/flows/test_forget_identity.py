@@ -15,7 +15,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from flows.forget import main
+from flows.forget.orchestration import main
 from tasks.contracts.content import file_sha256
 from tasks.contracts.forgotten import load_forgotten
 from tasks.contracts.manifest import MEMBERSHIP_NAME, load_manifest
@@ -164,7 +164,7 @@ def small_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_an_image_the_project_never_saw_is_refused_and_nothing_is_rewritten(
     small_project: Path, image: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from flows.lineage import main as lineage
+    from flows.cli.lineage import main as lineage
 
     (small_project / "images" / "red" / "never-seen.png").write_bytes(b"\x89PNG after ingest")
     before = tree_digests(small_project)
@@ -231,7 +231,7 @@ def test_the_index_step_counts_what_it_removed_and_the_report_still_adds_up(
     """Where DVC runs the stages, ingest reruns (the exclusion list applied) before the
     index is rewritten: the records it dropped are still counted, and every file found
     is in one bucket of the new report."""
-    from flows.forget import parser, start, step_index, step_models, step_sources
+    from flows.forget.orchestration import parser, start, step_index, step_models, step_sources
     from tasks.runtime.params import load_params
 
     root, layout = small_project, Layout(small_project)

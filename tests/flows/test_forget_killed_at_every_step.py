@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.forget import KILL_ENV, STEPS
+from flows.forget.orchestration import KILL_ENV, STEPS
 from tasks.contracts.content import file_sha256
 from tasks.contracts.forgotten import load_forgotten
 from tasks.contracts.manifest import MEMBERSHIP_NAME, load_manifest
@@ -43,7 +43,7 @@ REFUSAL_KILLS = [STEPS[0], MID_SHARDS, STEPS[-1]]
 KILLED_MID_SHARDS = """
 import os, signal, sys
 import tasks.erasure.forget as erasure
-from flows.forget import main
+from flows.forget.orchestration import main
 rewrite = erasure.filter_shard
 def rewrite_then_die(*args, **kwargs):
     rewrite(*args, **kwargs)
@@ -56,7 +56,7 @@ sys.exit(main(sys.argv[1:]))
 KILLED_AT_DONE = """
 import os, signal, sys
 import tasks.contracts.forgotten as forgotten
-from flows.forget import main
+from flows.forget.orchestration import main
 save, after = forgotten.save_forgotten, sys.argv.pop(1) == "after"
 def die_at_done(path, record):
     done = record.erasures[-1].state == "done"
@@ -125,7 +125,7 @@ def forget(
     root: Path, *args: str, kill: str | None = None, reason: str = "erasure A"
 ) -> subprocess.CompletedProcess[str]:
     env = environment(root)
-    entry = ["-m", "flows.forget"]
+    entry = ["-m", "flows.forget.orchestration"]
     if kill == MID_SHARDS:
         entry = ["-c", KILLED_MID_SHARDS]
     elif kill in ("before done", "after done"):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from flows.forget import rerun_stale
+from flows.forget.orchestration import rerun_stale
 from tasks.runtime.layout import Layout
 
 

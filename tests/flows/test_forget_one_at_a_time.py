@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.forget import STEP_RUNS, STEPS, main
+from flows.forget.orchestration import STEP_RUNS, STEPS, main
 from tasks.contracts.content import file_sha256
 from tasks.contracts.forgotten import forgotten_at, load_forgotten
 from tasks.runtime.layout import Layout

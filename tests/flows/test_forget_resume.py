@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 from mlflow import MlflowClient
 
-from flows.forget import KILL_ENV, STEPS
+from flows.forget.orchestration import KILL_ENV, STEPS
 from tasks.contracts.content import file_sha256
 from tasks.contracts.forgotten import load_forgotten
 from tasks.contracts.manifest import MEMBERSHIP_NAME
@@ -24,7 +24,15 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def forget(root: Path, env: dict[str, str], *images: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "flows.forget", *images, "--reason", "asked", "--exact"]
+    command = [
+        sys.executable,
+        "-m",
+        "flows.forget.orchestration",
+        *images,
+        "--reason",
+        "asked",
+        "--exact",
+    ]
     return subprocess.run(
         [*command, "--by", "ana", "--root", str(root)],
         cwd=REPO,

@@ -13,7 +13,7 @@ import numpy as np
 import yaml
 from PIL import Image
 
-from flows.forget import main
+from flows.forget.orchestration import main
 from tasks.contracts.content import file_sha256
 from tasks.contracts.forgotten import load_forgotten
 from tasks.contracts.sheet_source import sheet_images
@@ -123,7 +123,7 @@ def test_a_resumed_forget_removes_the_pictures_it_found_after_a_retrain_redrew_t
     """The pictures' objects are taken when the erasure begins: killed after the pipeline
     step redrew ``plots/eval`` from the new set, the resumed forget still removes the old
     objects, and keeps the new pictures and an old object whose bytes they still have."""
-    from flows.forget import STEP_RUNS, STEPS, forget, parser, start
+    from flows.forget.orchestration import STEP_RUNS, STEPS, forget, parser, start
     from tasks.runtime.params import load_params
 
     root, layout = small_project, Layout(small_project)

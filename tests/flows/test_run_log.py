@@ -15,7 +15,7 @@ def test_tasks_log_lines_reach_the_flow_run_log_only_inside_run_log(
     from prefect import flow
     from prefect.runtime import flow_run
 
-    from flows.run_story import flow_run_tags, run_log
+    from flows.support.run_story import flow_run_tags, run_log
     from tests.prefect_story import log_lines
 
     @flow(name="run-log-check")

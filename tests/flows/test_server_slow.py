@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from flows import server
+from flows.servers import prefect_server as server
 from tests.unit.flows import test_server as unit
 from tests.unit.flows.test_server import REPO, settings_in
 
@@ -47,7 +47,7 @@ def test_the_server_starts_from_an_interpreter_with_no_prefect_script_beside_it(
     assert not (bare.parent / "prefect").exists()
     port = server.free_port()
     script = (
-        "import sys; from pathlib import Path; from flows import server\n"
+        "import sys; from pathlib import Path; from flows.servers import prefect_server as server\n"
         f"p = server.start_server('127.0.0.1', {port}, Path(sys.argv[1]))\n"
         f"try: server.wait_healthy('http://127.0.0.1:{port}/api', timeout=120, process=p)\n"
         "finally: server.end(p.pid, 'http://127.0.0.1:%d/api' % " + str(port) + ")\n"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flows import cli
+from flows.cli import shardflow as cli
 from tests.unit.flows.test_cli import BETWEEN_STEPS, COMMANDS, REFUSING_REPRO, ROOT, Recorder
 
 pytestmark = pytest.mark.slow

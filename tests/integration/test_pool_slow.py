@@ -328,7 +328,7 @@ def test_a_stages_prestarted_child_starts_with_the_offline_settings(
     environment (MLflow's telemetry off), as the stage process does."""
     import runpy
 
-    from flows import common
+    from flows.support import entry as common
 
     seen: list[str | None] = []
     monkeypatch.delenv("MLFLOW_DISABLE_TELEMETRY", raising=False)

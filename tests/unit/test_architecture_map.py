@@ -25,10 +25,11 @@ def sections() -> dict[str, str]:
 
 
 def modules() -> dict[str, set[str]]:
-    """Folder (``tasks/runtime/``) -> its modules' file names, ``__init__.py`` left out."""
+    """Folder (``tasks/runtime/``, ``flows/cli/``) -> its modules' file names, ``__init__.py``
+    and ``__main__.py`` left out."""
     found: dict[str, set[str]] = {}
-    for path in [*(ROOT / "tasks").rglob("*.py"), *(ROOT / "flows").glob("*.py")]:
-        if path.name != "__init__.py":
+    for path in [*(ROOT / "tasks").rglob("*.py"), *(ROOT / "flows").rglob("*.py")]:
+        if path.name not in ("__init__.py", "__main__.py"):
             folder = path.parent.relative_to(ROOT).as_posix() + "/"
             found.setdefault(folder, set()).add(path.name)
     return found

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from flows import cli
-from flows.run_summary import NEXT_STEPS
+from flows.cli import shardflow as cli
+from flows.cli.run_summary import NEXT_STEPS
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMAND = re.compile(r"`(shardflow|make) ([a-z][\w-]*)")
@@ -42,7 +42,11 @@ def every_command() -> set[tuple[str, str]]:
 def help_exit_code(tool: str, name: str) -> int:
     """``shardflow NAME --help`` (the console script's function), ``make -n NAME``."""
     if tool == "shardflow":
-        command = [sys.executable, "-c", "import sys; from flows.cli import main; sys.exit(main())"]
+        command = [
+            sys.executable,
+            "-c",
+            "import sys; from flows.cli.shardflow import main; sys.exit(main())",
+        ]
         done = subprocess.run(
             [*command, name, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60
         )

@@ -8,7 +8,7 @@ import pytest
 from mlflow import MlflowClient
 from PIL import Image
 
-from flows.lineage import describe
+from flows.cli.lineage import describe
 from tasks.contracts.content import file_sha256
 from tasks.contracts.forgotten import Erasure, ForgottenRecord, save_forgotten
 from tasks.contracts.membership import archive_membership

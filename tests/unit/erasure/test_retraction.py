@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from flows import retract as retract_command
+from flows.cli import retract as retract_command
 from tasks.contracts.forgotten import Erasure
 from tasks.contracts.model_versions import (
     RETRACTED_BY_TAG,

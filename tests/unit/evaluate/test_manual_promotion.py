@@ -9,7 +9,7 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from flows import promote as promote_command
+from flows.cli import promote as promote_command
 from tasks.contracts.model_versions import Retraction
 from tasks.evaluate.manual_promotion import PromotionRefused, Task, promote_by_hand
 from tasks.evaluate.promotion import CLASSES_TAG

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from flows import cli
+from flows.cli import shardflow as cli
 from tasks.evaluate.store_check import REBUILD, StoreLostRuns, check_store
 from tasks.runtime.atomic import write_json
 from tasks.runtime.params import shipped_params_text

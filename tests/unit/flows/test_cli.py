@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from flows import cli
+from flows.cli import shardflow as cli
 from tasks.runtime.params import shipped_params_text
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -27,7 +27,7 @@ COMMANDS = [
 
 def test_console_script_points_at_main() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert project["scripts"]["shardflow"] == "flows.cli:main"
+    assert project["scripts"]["shardflow"] == "flows.cli.shardflow:main"
 
 
 @pytest.mark.parametrize("target", ["run", "serve", "bench", "ui", "serve-model", "stop"])
@@ -53,7 +53,7 @@ class Recorder:
         return subprocess.CompletedProcess(step, 3 if failed else 0)
 
     def step(self, step: list[str], env: dict[str, str], service: str | None = None) -> int:
-        """Stands in for :func:`flows.cli.run_step`."""
+        """Stands in for :func:`flows.cli.shardflow.run_step`."""
         self.services.append(service)
         return int(self(step, env).returncode)
 
@@ -65,7 +65,7 @@ def test_stop_and_predict_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert cli.main(["predict", "photos", "--model", "3"]) == 0
     assert recorder.steps == [
         [sys.executable, "-m", "tasks.runtime.services", "stop"],  # what the clone recorded
-        [sys.executable, "-m", "flows.server", "stop"],
+        [sys.executable, "-m", "flows.servers.prefect_server", "stop"],
         [sys.executable, "-m", "flows.predict", "photos", "--model", "3"],
     ]
     assert recorder.services == [None, None, None]  # none of them a service
@@ -77,16 +77,16 @@ def test_stop_and_predict_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_run_stops_at_the_first_failing_step(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    recorder = Recorder(fail="flows.server ensure")
+    recorder = Recorder(fail="flows.servers.prefect_server ensure")
     monkeypatch.setattr(cli, "run_step", recorder.step)
     assert cli.main(["run"]) == 3
     assert [step[2] for step in recorder.steps] == [
         "tasks.runtime.params",
         "tasks.ingest.demo_data",
         "tasks.ingest.filenames",
-        "flows.server",
+        "flows.servers.prefect_server",
     ]
-    assert "flows.server ensure` exited 3" in capsys.readouterr().err
+    assert "flows.servers.prefect_server ensure` exited 3" in capsys.readouterr().err
 
 
 # `dvc repro` where a stage refused: the stage's block on standard error, then DVC's own line,
@@ -379,7 +379,7 @@ def test_the_readmes_demo_figures_are_the_demo_runs() -> None:
 
 BETWEEN_STEPS = """
 import os, signal, sys
-from flows import cli
+from flows.cli import shardflow as cli
 
 marker = sys.argv[1]
 step = [sys.executable, "-c", "import sys; open(sys.argv[1], 'a').write('ran ')", marker]

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from flows.run_story import run_params_path
+from flows.support.run_story import run_params_path
 from tasks.runtime.params import REPO_PARAMS_PATH, shipped_params_text
 from tasks.runtime.run_overrides import (
     ParamOverrides,
@@ -158,13 +158,14 @@ def test_local_server_keeps_csrf_on_and_no_wildcard_cors_origin(
 ) -> None:
     """The settings Prefect loads in a clone that recorded its server (the repository's
     prefect.toml, the clone's profile, no PREFECT_* env), and the environment the servers
-    `flows.server` starts get: CSRF on, the server's own UI as the only CORS origin."""
-    import flows.server
+    `flows.servers.prefect_server` starts get: CSRF on, the server's own UI as the only CORS
+    origin."""
+    import flows.servers.prefect_server
 
     shutil.copy2(REPO / "prefect.toml", tmp_path / "prefect.toml")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     script = (
-        "import json, sys; from flows.server import record; record(sys.argv[1]); "
+        "import json, sys; from flows.servers.prefect_server import record; record(sys.argv[1]); "
         "from prefect.settings import get_current_settings as s; a = s().server.api; "
         "print(json.dumps([a.csrf_protection_enabled, a.cors_allowed_origins]))"
     )
@@ -182,6 +183,8 @@ def test_local_server_keeps_csrf_on_and_no_wildcard_cors_origin(
     assert [o.strip() for o in origins.split(",")] == ["http://127.0.0.1:4321"]
 
     started: dict[str, Any] = {}
-    monkeypatch.setattr(flows.server.subprocess, "Popen", lambda *a, **kw: started.update(kw))
-    flows.server.start_server("127.0.0.1", 4567, tmp_path / "server.log")
+    monkeypatch.setattr(
+        flows.servers.prefect_server.subprocess, "Popen", lambda *a, **kw: started.update(kw)
+    )
+    flows.servers.prefect_server.start_server("127.0.0.1", 4567, tmp_path / "server.log")
     assert started["env"]["PREFECT_SERVER_CORS_ALLOWED_ORIGINS"] == "http://127.0.0.1:4567"

@@ -1,4 +1,4 @@
-"""Every parameter of every deployment ``flows/deployments.py`` serves, and of every team
+"""Every parameter of every deployment ``flows/cli/deployments.py`` serves, and of every team
 deployment ``prefect.yaml`` declares, is checked before the run starts: paths resolve inside
 the repository, models are named by registry rules, commits and run refs by git's.
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from flows.parameters import CONFINED
+from flows.support.parameters import CONFINED
 from tasks.serve.batch_prediction import check_model_reference, list_sources
 
 # Object parameters are typed models with their own checks, proven elsewhere.
@@ -55,7 +55,7 @@ def served_parameters() -> Iterator[tuple[str, Any, str, dict[str, Any], list[st
     deployment, its flow loaded from the entrypoint the serving process runs."""
     from prefect.flows import load_flow_from_entrypoint
 
-    from flows.deployments import deployments
+    from flows.cli.deployments import deployments
 
     for deployment in deployments():
         flow = load_flow_from_entrypoint(deployment.entrypoint)
@@ -118,10 +118,10 @@ def test_every_text_parameter_of_every_deployment_is_checked(deployed_repo: Path
         marks = {kind.get(CONFINED) for kind in texts}
         enumerated = all("enum" in kind.get("items", kind) for kind in texts)
         if PATH_WORDS.search(name) and marks != {"repository"}:
-            problems.append(f"{where} names a path but is not a flows.parameters.RepoPath")
+            problems.append(f"{where} names a path but is not a flows.support.parameters.RepoPath")
             continue
         if not enumerated and (None in marks or len(marks) != 1):
-            problems.append(f"{where}: text with no check (type it with flows.parameters)")
+            problems.append(f"{where}: text with no check (type it with flows.support.parameters)")
             continue
         # Another required parameter gets a valid value (one with no check is reported alone).
         base = {key: VALID.get(entry_mark(flow, key), "x") for key in required if key != name}
@@ -252,7 +252,7 @@ def test_a_listed_file_that_leads_out_refuses_the_batch(deployed_repo: Path) -> 
 
 def test_the_docs_name_every_served_deployment() -> None:
     """docs/orchestration.md said "three deployments" where `make serve` serves four."""
-    from flows.deployments import deployments
+    from flows.cli.deployments import deployments
 
     served = [f"{d.flow_name}/{d.name}" for d in deployments()]
     text = (Path(__file__).resolve().parents[3] / "docs" / "orchestration.md").read_text()

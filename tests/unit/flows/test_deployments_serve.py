@@ -1,4 +1,4 @@
-"""What ``make serve`` (``python -m flows.deployments``) hands Prefect's runner."""
+"""What ``make serve`` (``python -m flows.cli.deployments``) hands Prefect's runner."""
 
 from __future__ import annotations
 
@@ -7,19 +7,21 @@ from typing import Any
 
 import pytest
 
-import flows.deployments
+import flows.cli.deployments
 
 
 def served_with(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, Any]:
     """Run ``main()`` with the runner, the server check and the ownership lookup replaced;
     return the keyword arguments ``serve`` got."""
     got: dict[str, Any] = {}
-    monkeypatch.setattr(flows.deployments, "require_server", lambda: None)
-    monkeypatch.setattr(flows.deployments, "api_url", lambda: "http://127.0.0.1:9/api")
-    monkeypatch.setattr(flows.deployments, "other_owners", lambda names: {})
-    monkeypatch.setattr(flows.deployments, "serving_file", lambda root: tmp_path / "serving")
-    monkeypatch.setattr(flows.deployments, "serve", lambda *served, **options: got.update(options))
-    flows.deployments.main()
+    monkeypatch.setattr(flows.cli.deployments, "require_server", lambda: None)
+    monkeypatch.setattr(flows.cli.deployments, "api_url", lambda: "http://127.0.0.1:9/api")
+    monkeypatch.setattr(flows.cli.deployments, "other_owners", lambda names: {})
+    monkeypatch.setattr(flows.cli.deployments, "serving_file", lambda root: tmp_path / "serving")
+    monkeypatch.setattr(
+        flows.cli.deployments, "serve", lambda *served, **options: got.update(options)
+    )
+    flows.cli.deployments.main()
     return got
 
 

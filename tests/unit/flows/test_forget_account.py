@@ -3,7 +3,7 @@ audit entry only with --json (it stays in data/forgotten.json)."""
 
 from __future__ import annotations
 
-from flows.forget import account, parser
+from flows.forget.orchestration import account, parser
 from tasks.contracts.forgotten import Erasure
 
 ASKED = "a" * 64

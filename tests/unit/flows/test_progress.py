@@ -10,7 +10,7 @@ def test_updates_are_spaced_in_time_and_the_end_is_always_sent(
 ) -> None:
     import prefect.artifacts
 
-    from flows import run_story
+    from flows.support import run_story
 
     sent: list[float] = []
     now = [0.0]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import teed
-from flows.run_summary import stage_outcomes, summary_lines
+from flows.cli.run_summary import stage_outcomes, summary_lines
+from flows.cli.shardflow import teed
 
 DVC_OUTPUT = [
     "Running stage 'source':\n",  # always_changed: it runs every time, so it is not reported

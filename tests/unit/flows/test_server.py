@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from flows import server
+from flows.servers import prefect_server as server
 
 REPO = Path(__file__).resolve().parents[3]
 SETTINGS = (
@@ -100,7 +100,7 @@ def test_serving_is_refused_only_where_another_clone_serves_now(
     from prefect.client.schemas.objects import DeploymentStatus
     from prefect.exceptions import ObjectNotFound
 
-    from flows import deployments
+    from flows.cli import deployments
 
     url = "http://127.0.0.1:4321/api"
     ready, idle = DeploymentStatus.READY, DeploymentStatus.NOT_READY
@@ -133,10 +133,10 @@ def test_serving_is_refused_only_where_another_clone_serves_now(
     monkeypatch.setattr(prefect, "get_client", lambda sync_client: Client())
     monkeypatch.setattr(deployments, "api_url", lambda: url)
     process = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(120)", "flows.deployments"]
+        [sys.executable, "-c", "import time; time.sleep(120)", "flows.cli.deployments"]
     )
     cmdline = Path(f"/proc/{process.pid}/cmdline")
-    while b"flows.deployments" not in cmdline.read_bytes():  # empty until its exec is done
+    while b"flows.cli.deployments" not in cmdline.read_bytes():  # empty until its exec is done
         time.sleep(0.05)
     try:
         for root, served_url in ((serving, url), (elsewhere, "http://127.0.0.1:9/api")):

@@ -12,7 +12,7 @@ SCRIPT = """
 import atexit, sys, threading, time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from flows.common import run_then_exit
+from flows.support.entry import run_then_exit
 
 out = Path(sys.argv[1])
 atexit.register(lambda: out.with_suffix(".atexit").write_text("ran"))

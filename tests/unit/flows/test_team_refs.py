@@ -157,7 +157,7 @@ def test_the_demo_workers_look_for_runs_more_often_than_prefects_default(tmp_pat
     (10 s) a queued run waited 5 s on average, three times a pipeline run."""
     from prefect.settings import PREFECT_WORKER_QUERY_SECONDS
 
-    from flows.team_demo import POOLS, Team, start_workers
+    from flows.demo.team_demo import POOLS, Team, start_workers
 
     started: dict[str, dict[str, str]] = {}
     demo = Team(base=tmp_path, prefect_url="http://127.0.0.1:9/api")

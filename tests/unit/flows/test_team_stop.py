@@ -1,4 +1,4 @@
-"""Stopping the demo team (flows/team_demo.py): the workers are told to stop together, so
+"""Stopping the demo team (flows/demo/team_demo.py): the workers are told to stop together, so
 they share one grace period instead of paying one each."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from flows.team_demo import stop_together
+from flows.demo.team_demo import stop_together
 
 # Exits 0 only once every process of its kind has been told to stop (each leaves a marker on
 # SIGTERM); told alone, it outlasts the grace period and is killed.

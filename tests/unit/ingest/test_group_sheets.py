@@ -9,7 +9,7 @@ from pathlib import Path
 from PIL import Image
 
 from bench.near_duplicates import sample_photo
-from flows.run_summary import flagged_lines
+from flows.cli.run_summary import flagged_lines
 from tasks.contracts.content import file_sha256
 from tasks.contracts.sheet_source import sheet_images
 from tasks.ingest.group_sheets import COLUMNS, TILE

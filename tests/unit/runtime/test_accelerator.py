@@ -118,7 +118,7 @@ def test_every_run_records_its_devices() -> None:
 
 def test_the_train_task_never_retries_the_refusal() -> None:
     """A rerun as it is would be refused alike: the Prefect task gives up at once."""
-    from flows.model_runs import retry_unless_refused
+    from flows.support.model_runs import retry_unless_refused
 
     class Failed:
         def __init__(self, error: BaseException) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.refusal_logs import QuietRefusals
+from flows.support.refusal_logs import QuietRefusals
 from tasks.contracts.validated_shards import ShardsNotValidated
 from tasks.ingest.discovery import SourceNotFound, SourceRefused
 from tasks.ingest.refusals import SetWouldBeLost
@@ -120,7 +120,7 @@ class Failed:
 
 def test_train_and_evaluate_never_retry_a_refusal() -> None:
     """A refusal fails alike when rerun as it is; a failed write to the store may not."""
-    from flows.model_runs import retry_unless_refused
+    from flows.support.model_runs import retry_unless_refused
     from tasks.serve.batch_prediction import ModelNotFound
 
     for refusal in (ModelNotFound("no champion"), WorkspaceLocked("held"), ParamsError("x")):
@@ -132,7 +132,7 @@ def test_a_deployment_runs_terminal_shows_the_block_once_and_its_log_keeps_one_p
     """In a deployment run's process no entry point prints the refusal: the terminal shows
     the first record's block (no traceback) and drops the repeats; each run's log record
     (Prefect's run loggers) becomes the block too, its final-state line a pointer to it."""
-    from flows.refusal_logs import RefusalsAsBlocks
+    from flows.support.refusal_logs import RefusalsAsBlocks
 
     refusal = ValidationFailed("shard validation failed for data/shards", fix="shardflow x")
     runs, console = RefusalsAsBlocks(), QuietRefusals(show_first=True)

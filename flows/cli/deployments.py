@@ -25,11 +25,11 @@ from typing import Any
 
 from prefect import serve
 
-from flows.common import configure_environment
 from flows.data import data_flow
 from flows.pipeline import pipeline
 from flows.predict import predict_flow
-from flows.server import api_url, clone_id, require_server
+from flows.servers.prefect_server import api_url, clone_id, require_server
+from flows.support.environment import configure_environment
 from flows.training import training_flow
 from tasks.runtime.layout import shared_root
 
@@ -60,7 +60,7 @@ def serves_now(owner: str, url: str) -> bool | None:
         args = Path(f"/proc/{int(record['pid'])}/cmdline").read_bytes()
     except (OSError, ValueError, KeyError, TypeError):
         return False
-    return record.get("url") == url and b"flows.deployments" in args
+    return record.get("url") == url and b"flows.cli.deployments" in args
 
 
 def other_owners(names: list[str]) -> dict[str, tuple[str, bool]]:
@@ -91,7 +91,7 @@ def other_owners(names: list[str]) -> dict[str, tuple[str, bool]]:
 
 def deployments() -> list[Any]:
     """The deployments ``make serve`` serves, each tagged with this clone. Each flow types its
-    parameters with :mod:`flows.parameters` (paths inside the repository, model names and
+    parameters with :mod:`flows.support.parameters` (paths inside the repository, model names and
     references), and ``tests/unit/flows/test_deployment_parameters.py`` checks every parameter of
     every one."""
     tags = [clone_tag()]

@@ -1,7 +1,7 @@
 """``shardflow team-demo``: the team setup of ``prefect.yaml`` on one machine, for a newcomer.
 
 Starts, on 127.0.0.1 and free ports, everything a team has: a Prefect server, an S3 server
-(:mod:`flows.s3_server`: moto's standalone server, the one the tests and the bench use),
+(:mod:`flows.servers.s3_server`: moto's standalone server, the one the tests and the bench use),
 ``mlflow server`` with its artifacts on S3, a bare
 git remote, and two process workers (pools ``cpu`` and ``gpu``), each in an empty directory of
 its own with credentials in its environment only. It clones this repository's HEAD, adds tiny
@@ -30,8 +30,8 @@ from typing import Any
 
 import httpx
 
-from flows.common import OFFLINE_ENV
-from flows.s3_server import S3Server, start_s3_server, stop_s3_server
+from flows.servers.s3_server import S3Server, start_s3_server, stop_s3_server
+from flows.support.environment import OFFLINE_ENV
 from flows.team import run_checked as run
 
 POOLS = ("cpu", "gpu")
@@ -151,7 +151,7 @@ def start_prefect(team: Team) -> None:
 
 
 def start_storage_and_tracking(team: Team) -> None:
-    """The S3 server (:func:`flows.s3_server.start_s3_server`: a bucket, fresh keys), then
+    """The S3 server (:func:`flows.servers.s3_server.start_s3_server`: a bucket, fresh keys), then
     ``mlflow server`` with artifacts on S3."""
     team.s3 = start_s3_server(team.base / "s3.log")
     port = free_port()

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from flows.common import configure_environment
-from flows.server import api_url, free_port
+from flows.servers.prefect_server import api_url, free_port
+from flows.support.environment import configure_environment
 from tasks.runtime import tracking
 from tasks.runtime.layout import keep_dvc_site_cache_in_repository
 from tasks.runtime.refusals import BLOCK_HEAD, REFUSED_EXIT, refusing
@@ -60,18 +60,21 @@ def run_steps(extra: Sequence[str]) -> Steps:
         module("tasks.ingest.demo_data", DEMO_DIR, "--if-missing", "--if-source", "params.yaml"),
         # DVC cannot hash a folder holding a file name that is not UTF-8: say which, first.
         module("tasks.ingest.filenames", "check"),
-        module("flows.server", "ensure"),
+        module("flows.servers.prefect_server", "ensure"),
         # One writer: the whole repro holds the workspace lock (its stages pass under it).
         module("tasks.runtime.workspace_lock", "--", sys.executable, "-m", "dvc", "repro", *extra),
     ]
 
 
 def accept_data_steps(extra: Sequence[str]) -> Steps:
-    return [module("flows.accept_data", *extra)]
+    return [module("flows.cli.accept_data", *extra)]
 
 
 def serve_steps(extra: Sequence[str]) -> Steps:
-    return [module("flows.server", "ensure"), module("flows.deployments", *extra)]
+    return [
+        module("flows.servers.prefect_server", "ensure"),
+        module("flows.cli.deployments", *extra),
+    ]
 
 
 def predict_steps(extra: Sequence[str]) -> Steps:
@@ -79,7 +82,7 @@ def predict_steps(extra: Sequence[str]) -> Steps:
 
 
 def bench_steps(extra: Sequence[str]) -> Steps:
-    return [module("flows.server", "ensure"), module("bench", *extra)]
+    return [module("flows.servers.prefect_server", "ensure"), module("bench", *extra)]
 
 
 def port_is_free(port: int) -> bool:
@@ -147,16 +150,19 @@ def stages_steps(extra: Sequence[str]) -> Steps:
 
 
 def lineage_steps(extra: Sequence[str]) -> Steps:
-    return [module("flows.lineage", *extra)]
+    return [module("flows.cli.lineage", *extra)]
 
 
 def forget_steps(extra: Sequence[str]) -> Steps:
     # its pipeline step runs the stages: the Prefect server they report to, first
-    return [module("flows.server", "ensure"), module("flows.forget", *extra)]
+    return [
+        module("flows.servers.prefect_server", "ensure"),
+        module("flows.forget.orchestration", *extra),
+    ]
 
 
 def team_demo_steps(extra: Sequence[str]) -> Steps:
-    return [module("flows.team_demo", *extra)]
+    return [module("flows.demo.team_demo", *extra)]
 
 
 def team_deploy_steps(extra: Sequence[str]) -> Steps:
@@ -164,17 +170,20 @@ def team_deploy_steps(extra: Sequence[str]) -> Steps:
 
 
 def promote_steps(extra: Sequence[str]) -> Steps:
-    return [module("flows.promote", *extra)]
+    return [module("flows.cli.promote", *extra)]
 
 
 def retract_steps(extra: Sequence[str]) -> Steps:
-    return [module("flows.retract", *extra)]
+    return [module("flows.cli.retract", *extra)]
 
 
 def stop_steps(extra: Sequence[str]) -> Steps:
     # what the clone's commands recorded first: a deployment process outliving its Prefect
     # server prints a traceback for each poll it fails
-    return [module("tasks.runtime.services", "stop"), module("flows.server", "stop", *extra)]
+    return [
+        module("tasks.runtime.services", "stop"),
+        module("flows.servers.prefect_server", "stop", *extra),
+    ]
 
 
 # name -> (help line, steps); the order is the order of `shardflow --help`.
@@ -253,7 +262,7 @@ OPTIONS: dict[str, list[str] | str] = {
         "  -f, --force        rerun every stage, changed or not\n"
         "  STAGE              run only up to that stage (ingest, shard, validate, train, evaluate)"
     ),
-    "accept-data": ["flows.accept_data", "--help"],
+    "accept-data": ["flows.cli.accept_data", "--help"],
     "serve": NO_OPTIONS,
     "predict": ["flows.predict", "--help"],
     "bench": ["bench", "--help"],
@@ -269,10 +278,10 @@ OPTIONS: dict[str, list[str] | str] = {
     "stop": NO_OPTIONS,
     "team-deploy": ["flows.team", "deploy", "--help"],
     "team-demo": NO_OPTIONS,
-    "lineage": ["flows.lineage", "--help"],
-    "forget": ["flows.forget", "--help"],
-    "promote": ["flows.promote", "--help"],
-    "retract": ["flows.retract", "--help"],
+    "lineage": ["flows.cli.lineage", "--help"],
+    "forget": ["flows.forget.orchestration", "--help"],
+    "promote": ["flows.cli.promote", "--help"],
+    "retract": ["flows.cli.retract", "--help"],
     "stages": ["tasks.runtime.stage_deps", "--help"],
 }
 
@@ -311,8 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def environment() -> dict[str, str]:
     """This process's environment with what every step runs with (the Makefile exports the
-    same: :func:`flows.common.configure_environment`, DVC's site cache among the libraries'
-    files in the repository), this interpreter's bin first."""
+    same: :func:`flows.support.environment.configure_environment`, DVC's site cache among the
+    libraries' files in the repository), this interpreter's bin first."""
     env = dict(os.environ)
     configure_environment(env)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
@@ -457,7 +466,7 @@ def teed(step: list[str], env: dict[str, str]) -> tuple[int, list[str], list[str
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a subcommand's steps in order; the exit code is the first failing step's. ``run``
-    ends with a summary read from the outputs (:mod:`flows.run_summary`). A refusal here
+    ends with a summary read from the outputs (:mod:`flows.cli.run_summary`). A refusal here
     (params.yaml read to build a step) is one short block, as in the steps."""
     try:
         with stopped_on_signal():  # between two steps too, not only within one
@@ -493,7 +502,7 @@ def run_command(argv: Sequence[str] | None) -> int:
                 )
             return code
     if args.command == "run":
-        from flows.run_summary import stage_outcomes, summary_lines
+        from flows.cli.run_summary import stage_outcomes, summary_lines
         from tasks.evaluate.store_check import check_store
 
         if "evaluate" not in stage_outcomes(output)[0]:

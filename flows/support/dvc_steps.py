@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
-from flows.common import OFFLINE_ENV
+from flows.support.environment import OFFLINE_ENV
 from tasks.runtime.code_version import code_version as code_version  # task versions, re-exported
 
 T = TypeVar("T")

@@ -1,59 +1,26 @@
 """How every flow entry point starts: offline settings, code-derived task versions, standby
 children, the stage's arguments, and its exit (a refusal as its block and exit status 2). The
-workspace lock and DVC's bookkeeping are ``flows.dvc_steps``, refusals in the logs
-``flows.refusal_logs``, and what the Prefect UI shows of a run ``flows.run_story``."""
+offline settings are ``flows.support.environment``, the workspace lock and DVC's bookkeeping
+``flows.support.dvc_steps``, refusals in the logs ``flows.support.refusal_logs``, and what the
+Prefect UI shows of a run ``flows.support.run_story``."""
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
-from flows.refusal_logs import refusals_as_blocks
-from flows.run_story import run_tags, stage_settings
+from flows.support.dvc_steps import hold_workspace
+from flows.support.environment import configure_environment
+from flows.support.refusal_logs import refusals_as_blocks
+from flows.support.run_story import run_tags, stage_settings
 from tasks.runtime.code_version import code_version as code_version  # task versions, re-exported
 from tasks.runtime.refusals import refusing
 
 T = TypeVar("T")
-
-
-OFFLINE_ENV = {
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "DO_NOT_TRACK": "true",
-    "MLFLOW_DISABLE_TELEMETRY": "true",
-    "DVC_NO_ANALYTICS": "1",
-    "TF_CPP_MIN_LOG_LEVEL": "3",  # C++ errors too: "failed call to cuInit" on a CPU-only machine
-    # MLflow prints "View run at <tracking URI>/..." as a run ends on a server, credentials
-    # in the URI included; the flows log their own link, redacted (tasks.runtime.tracking.redact).
-    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
-    # `mlflow server` and `mlflow ui` otherwise start a job runner and seven huey consumer
-    # processes for MLflow's GenAI jobs, which Shardflow never submits (they poll, taking CPU
-    # every minute they run), and leave their queue's folder in /dev/shm behind.
-    "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
-    # Nothing on the terminal a user cannot act on: MLflow's download bars (a champion's
-    # files, fetched to re-score it) and its INFO lines (system metrics started and
-    # stopped, a model registered: the run and the flow log say what happened).
-    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
-    "MLFLOW_LOGGING_LEVEL": "WARNING",
-    # MLflow's app imports a Starlette module Starlette means to drop, and Starlette warns
-    # (a UserWarning, shown by default) in every process that serves or loads it.
-    "PYTHONWARNINGS": "ignore:starlette.middleware.wsgi is deprecated:UserWarning",
-}
-
-
-def configure_environment(env: MutableMapping[str, str] = os.environ) -> None:
-    """Analytics off, quiet TensorFlow, no unredacted MLflow links, Keras's and Matplotlib's
-    files in the repository (:func:`tasks.runtime.layout.keep_library_files_in`), in ``env`` (this
-    process's, or a command's); called by entry points before anything imports those
-    libraries, never at import."""
-    from tasks.runtime.layout import keep_library_files_in
-
-    for key, value in OFFLINE_ENV.items():
-        env.setdefault(key, value)
-    keep_library_files_in(env)
 
 
 def prestart_stage_child(warm: Callable[[], object]) -> None:
@@ -173,7 +140,7 @@ def stage_main(
     """What ``python -m flows.<name> [STAGE ...] [--params FILE]`` does: offline settings,
     the Prefect server (started when none answers), the arguments, then ``run(stages,
     params_path)`` under :func:`stage_run`."""
-    from flows.server import require_server
+    from flows.servers.prefect_server import require_server
 
     configure_environment()
     require_server()
@@ -188,8 +155,6 @@ def stage_run(stage: str, params_path: str) -> Iterator[None]:
     time), then the run's tags (taken inside the lock, so the pipeline id is the holder's),
     under :func:`stage_settings`."""
     from prefect import tags
-
-    from flows.dvc_steps import hold_workspace  # it imports this module's offline settings
 
     with hold_workspace(Path("."), Path(params_path)), tags(*run_tags(stage)), stage_settings():
         yield

@@ -1,7 +1,7 @@
 """The types of the parameters a deployment run may set, checked before the flow body runs.
 
 Whoever starts a deployment run (``prefect deployment run 'predict/local' --param ...``)
-chooses its parameters. Every flow that :mod:`flows.deployments` serves types its string
+chooses its parameters. Every flow that :mod:`flows.cli.deployments` serves types its string
 parameters with these, so Prefect refuses a bad value when it validates the run's
 parameters, before anything is read or written:
 
@@ -27,7 +27,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field, ValidationInfo
 
-from flows.run_story import in_deployment_run
+from flows.support.run_story import in_deployment_run
 from tasks.runtime.params import MODEL_NAME_PATTERN
 from tasks.runtime.run_overrides import inside
 

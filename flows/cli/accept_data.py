@@ -1,4 +1,4 @@
-"""``shardflow accept-data`` (``python -m flows.accept_data``): accept the shard set in
+"""``shardflow accept-data`` (``python -m flows.cli.accept_data``): accept the shard set in
 ``data/shards`` as the data gate's baseline of the dataset ``params.yaml`` names, the one step
 for a deliberate change the limits refuse (a dataset seen for the first time needs none: its
 first validated shard set becomes its baseline).
@@ -14,28 +14,16 @@ else the login name), when and why are recorded in ``data/accepted.json``
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-from flows.dvc_steps import hold_workspace
+from flows.support.authorship import git_user
+from flows.support.dvc_steps import hold_workspace
 from tasks.runtime.dataset_identity import dataset_identity
 from tasks.runtime.layout import Layout
 from tasks.runtime.params import load_params
 from tasks.runtime.refusals import Refused, refusal_block
 from tasks.validate import data_gate
-
-
-def git_user(root: Path) -> str | None:
-    """``git config user.name`` in ``root``, when git and the setting are there."""
-    try:
-        result = subprocess.run(
-            ["git", "config", "user.name"], cwd=root, capture_output=True, text=True, check=False
-        )
-    except OSError:
-        return None
-    return result.stdout.strip() or None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""``shardflow retract`` (``python -m flows.retract``): retract a registered version by hand.
+"""``shardflow retract`` (``python -m flows.cli.retract``): retract a registered version by hand.
 
     shardflow retract --version 3 --reason "trained on mislabelled March photos"
 
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from flows.accept_data import git_user
+from flows.support.authorship import git_user
 from tasks.erasure.retraction import retract_by_hand
 from tasks.runtime import tracking
 from tasks.runtime.dataset_identity import model_name_for

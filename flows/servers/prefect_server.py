@@ -17,14 +17,14 @@ port another clone took while this one's server was down.
 A server the user names (``PREFECT_API_URL`` in the environment or ``.env``, or a profile's
 value other than the recorded one, e.g. ``prefect config set PREFECT_API_URL=...``) is used
 as named, started here if it is on this machine and down (tests, a team server; where
-another clone serves the same deployments there, ``flows/deployments.py`` refuses to
+another clone serves the same deployments there, ``flows/cli/deployments.py`` refuses to
 serve). Prefect reads, highest first: environment, ``.env``, ``prefect.toml``,
 ``pyproject.toml``, the active profile (``prefect/settings/base.py``); the clone's port sits
 in the profile so that everything above it still wins.
 
-``python -m flows.server ensure`` starts the server unless it is up; ``stop`` stops only
-the server this clone started; ``status`` says which server the clone uses and whose it is.
-Every flow entry point (each `dvc repro` stage included) calls :func:`require_server`.
+``python -m flows.servers.prefect_server ensure`` starts the server unless it is up; ``stop``
+stops only the server this clone started; ``status`` says which server the clone uses and
+whose it is. Every flow entry point (each `dvc repro` stage included) calls :func:`require_server`.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from tasks.runtime.atomic import write_text
 from tasks.runtime.layout import shared_root
 
 HOST = "127.0.0.1"
@@ -210,15 +211,6 @@ def free_port(host: str = HOST) -> int:
         return int(sock.getsockname()[1])
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Readers (stages starting at once) see the old file or the new one, never half.
-    Owner-only, as Prefect keeps its profiles (a profile may hold an API key)."""
-    partial = path.with_name(f".{path.name}.{os.getpid()}")
-    with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
-        out.write(text)
-    partial.replace(path)
-
-
 def record(url: str) -> None:
     """Make ``url`` this clone's server: ``server.json`` and the ``shardflow`` profile
     (other profiles in the file, and which one is active, are the user's and kept)."""
@@ -227,7 +219,7 @@ def record(url: str) -> None:
     port = urlsplit(url).port
     directory = state_dir()
     directory.mkdir(parents=True, exist_ok=True)
-    write_atomically(state_file(), json.dumps({"url": url}) + "\n")
+    write_text(state_file(), json.dumps({"url": url}) + "\n", owner_only=True)
     profiles_path = directory / "profiles.toml"
     document = tomlkit.parse(profiles_path.read_text()) if profiles_path.exists() else None
     document = document or tomlkit.document()
@@ -239,7 +231,8 @@ def record(url: str) -> None:
         "PREFECT_SERVER_API_PORT": port,
         "PREFECT_SERVER_CORS_ALLOWED_ORIGINS": f"http://{HOST}:{port}",
     }
-    write_atomically(profiles_path, tomlkit.dumps(document))
+    # owner-only, as Prefect keeps its profiles (a profile may hold an API key)
+    write_text(profiles_path, tomlkit.dumps(document), owner_only=True)
 
 
 def use(url: str) -> str:
@@ -266,7 +259,7 @@ def start(url: str, home: Path) -> str:
     print(f"starting this clone's Prefect server at {url} ...", flush=True)
     process = start_server(*address, log_file(), env={"PREFECT_HOME": str(home)})
     started = {"pid": process.pid, "url": url, "home": str(home), "clone": str(shared_root())}
-    write_atomically(started_file(), json.dumps(started) + "\n")
+    write_text(started_file(), json.dumps(started) + "\n", owner_only=True)
     wait_healthy(url, process=process)
     print(
         f"Prefect server started at {url} (UI: {url.removesuffix('/api')}, log: {log_file()}; "
@@ -328,7 +321,8 @@ def api_url() -> str:
     url = named_url() or recorded_url()
     if url is None:
         raise RuntimeError(
-            "this clone has no Prefect server yet: `python -m flows.server ensure` starts one"
+            "this clone has no Prefect server yet: "
+            "`python -m flows.servers.prefect_server ensure` starts one"
         )
     return url
 
@@ -355,27 +349,8 @@ def end(pid: int, url: str, timeout: float = 30.0) -> None:
         time.sleep(0.2)
 
 
-def stop_legacy() -> None:
-    """Stop a server a checkout without per-clone ports started here (on 4200, its pid in
-    ``.prefect/server.pid``) if it still runs from this clone's root."""
-    path = state_dir() / "server.pid"
-    try:
-        pid = int(path.read_text())
-    except (OSError, ValueError):
-        return
-    path.unlink()
-    try:
-        here = Path(f"/proc/{pid}/cwd").resolve(strict=True) == shared_root()
-    except OSError:
-        return
-    if here and is_server_process(pid, "http://127.0.0.1:4200/api"):
-        end(pid, "http://127.0.0.1:4200/api")
-        print(f"stopped the Prefect server this clone started on 4200 before (pid {pid})")
-
-
 def stop() -> None:
     """Stop the server this clone started, never one it did not (another clone's runs)."""
-    stop_legacy()
     started = read_json(started_file())
     url = str(started.get("url") or "")
     pid = started.get("pid")
@@ -405,7 +380,7 @@ def require_server() -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="flows.server", description=__doc__)
+    parser = argparse.ArgumentParser(prog="flows.servers.prefect_server", description=__doc__)
     parser.add_argument("action", choices=["ensure", "stop", "status"])
     action = parser.parse_args().action
     if action == "ensure":

@@ -1,6 +1,6 @@
 """``shardflow forget IMAGE... --reason R [--exact] [--models retrain|delete|keep]``
-(``python -m flows.forget``): remove images, and their near-duplicates, from the data, the
-shards, every copy the project made and the models trained on them.
+(``python -m flows.forget.orchestration``): remove images, and their near-duplicates, from the
+data, the shards, every copy the project made and the models trained on them.
 
     shardflow forget data/demo/circle/circle_0007.png --reason "erasure request #114"
 
@@ -150,7 +150,7 @@ def start(args: argparse.Namespace, layout: Layout, params: Params) -> Job | Non
     """The unfinished erasure, resumed as it was recorded (``--resume``, or the same images
     and reason asked again) or abandoned (``--abandon``: None); else a new one, planned.
     A new erasure while another is unfinished is refused, naming it."""
-    from flows.accept_data import git_user
+    from flows.support.authorship import git_user
     from tasks.contracts.forgotten import Erasure, load_forgotten
     from tasks.erasure.forget import ForgetRefused, check_agreement, plan_forget
     from tasks.validate.data_gate import current_user
@@ -561,7 +561,7 @@ def step_prefect(job: Job) -> None:
     from tasks.erasure.object_scrub import scrub_prefect
 
     if is_dvc_project(job.layout):
-        run_steps(job.layout, [["-m", "flows.server", "ensure"]])
+        run_steps(job.layout, [["-m", "flows.servers.prefect_server", "ensure"]])
     elif get_current_settings().api.url is None:  # no server: nothing was logged to one
         job.done("prefect", prefect_flow_runs=["no Prefect server configured"])
         return
@@ -643,7 +643,7 @@ def forget(job: Job) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from flows.common import configure_environment
+    from flows.support.environment import configure_environment
     from tasks.runtime.params import load_params
     from tasks.runtime.refusals import Refused
     from tasks.runtime.workspace_lock import lock_timeout_s, workspace_lock

@@ -1,4 +1,4 @@
-"""``shardflow lineage IMAGE... [--json]`` (``python -m flows.lineage``): which shard sets,
+"""``shardflow lineage IMAGE... [--json]`` (``python -m flows.cli.lineage``): which shard sets,
 training runs and model versions used an image, and whether the champion saw it.
 
     shardflow lineage data/demo/circle/circle_0007.png
@@ -82,7 +82,7 @@ def describe(lineage: ImageLineage) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from flows.common import configure_environment
+    from flows.support.environment import configure_environment
     from tasks.runtime.refusals import Refused
 
     args = parser().parse_args(argv)

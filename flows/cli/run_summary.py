@@ -28,7 +28,7 @@ SKIPPED = re.compile(r"Stage '([\w-]+)' didn't change, skipping")
 # server has its own port (the CLI adds the line naming it).
 NEXT_STEPS = (
     "compare runs: `shardflow ui` (the MLflow UI, at the address it prints); flow runs: the "
-    "Prefect UI (`python -m flows.server status` names it)",
+    "Prefect UI (`python -m flows.servers.prefect_server status` names it)",
     "stop this clone's servers (Prefect, deployments, serve-model, ui): `shardflow stop`",
 )
 

@@ -1,4 +1,4 @@
-"""``shardflow promote`` (``python -m flows.promote``): move the champion alias by hand.
+"""``shardflow promote`` (``python -m flows.cli.promote``): move the champion alias by hand.
 
     shardflow promote --version 7 --reason "v7 holds up on the new photos; agreed by Ana"
 
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flows.accept_data import git_user
+from flows.support.authorship import git_user
 from tasks.contracts.manifest import load_manifest
 from tasks.evaluate.manual_promotion import Task, promote_by_hand
 from tasks.evaluate.registry import registered_spec

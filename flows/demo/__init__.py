@@ -1,0 +1,2 @@
+"""``make team-demo`` (:mod:`~flows.demo.team_demo`): the whole team on one machine, then
+stopped."""
