@@ -73,8 +73,8 @@ def run_in(bin_dir: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[
 def test_each_clone_runs_its_own_installed_shardflow(tmp_path: Path) -> None:
     clones = [copy_clone(tmp_path / name) for name in ("one", "two")]
     marker = "# clone two's own cli\n"
-    (clones[1] / "flows" / "cli.py").write_text(
-        (clones[1] / "flows" / "cli.py").read_text() + marker
+    (clones[1] / "flows" / "cli" / "shardflow.py").write_text(
+        (clones[1] / "flows" / "cli" / "shardflow.py").read_text() + marker
     )
     bins = [make_install(clone) for clone in clones]
     elsewhere = tmp_path / "elsewhere"
@@ -98,7 +98,7 @@ def test_each_clone_runs_its_own_installed_shardflow(tmp_path: Path) -> None:
     hooks = [p for p in bins[0].parent.rglob("__editable__*") if p.suffix in (".pth", ".py")]
     assert hooks and all(str(clones[1]) not in p.read_text() for p in hooks)
     assert any(re.search(re.escape(str(clones[0])), p.read_text()) for p in hooks)
-    assert marker not in (clones[0] / "flows" / "cli.py").read_text()
+    assert marker not in (clones[0] / "flows" / "cli" / "shardflow.py").read_text()
 
 
 def build_wheel(clone: Path, out: Path) -> Path:
