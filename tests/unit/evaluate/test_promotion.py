@@ -8,7 +8,7 @@ import socket
 import subprocess
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +19,11 @@ from tasks.evaluate.evidence import Answers
 from tasks.evaluate.promotion import (
     ChampionMoved,
     Figure,
+    PromotionDecision,
     Rescored,
     Rules,
     apply_decision,
+    blank_record,
     decide,
     pending_decision,
     promote,
@@ -111,7 +113,7 @@ class Registry:
             experiment=experiment,
         )
         apply_decision(self.client, self.name, decision)  # as run_evaluate does, after writing
-        return decision
+        return decision.to_json()  # the record as reports/eval_summary.json holds it
 
     def rescored_as_recorded(self, metric: str) -> Any:
         """A champion re-scored on the candidate's records as its recorded figure."""
@@ -301,10 +303,10 @@ def racing_promotion(
         "accuracy", "accuracy", value, "b" * 64, ("a", "b"), answers(value), TEST_HASHES, SEEN
     )
 
-    def choose() -> dict[str, Any]:
+    def choose() -> PromotionDecision:
         return decide(client, name, version, figure, rules=rules(), rescore=rescore)
 
-    return version, lambda: promote(client, name, choose, lambda decision: None)
+    return version, lambda: promote(client, name, choose, lambda decision: None).to_json()
 
 
 def test_a_promotion_whose_comparison_another_run_invalidated_never_moves_the_alias(
@@ -364,7 +366,7 @@ def test_the_alias_moves_only_while_it_is_where_the_comparison_found_it(
     registry.client.set_registered_model_alias(registry.name, CHAMPION, "1")
     registry.decide(0.9)  # ... but v3 took the alias meanwhile
     with pytest.raises(ChampionMoved, match=r"moved to v3 after version 2 was compared with v1"):
-        apply_decision(registry.client, registry.name, stale)
+        apply_decision(registry.client, registry.name, PromotionDecision.from_json(stale))
     assert registry.champion == "3"
 
 
@@ -556,8 +558,13 @@ def test_registering_leaves_the_process_and_the_run_as_they_were(
 
 def test_recorded_decision_is_pending_only_while_the_alias_has_not_moved(tmp_path: Path) -> None:
     path = tmp_path / "eval_summary.json"
-    decision = {"metric": "accuracy", "promoted": True, "champion_version": "1"}
-    write_json(path, {"run_id": "r", "model_version": "2", "promotion": decision})
+    decision = replace(
+        blank_record("2", Figure("accuracy", "accuracy", 0.9, TEST_SET), rules(), "1", None),
+        promoted=True,
+        decision="promoted",
+        reason="beats it",
+    )
+    write_json(path, {"run_id": "r", "model_version": "2", "promotion": decision.to_json()})
 
     def pending(run_id: str = "r", version: str = "2", champion: str | None = "1") -> Any:
         return pending_decision(
@@ -574,9 +581,46 @@ def test_recorded_decision_is_pending_only_while_the_alias_has_not_moved(tmp_pat
     assert pending(champion="3") is None  # another version took it since: decide afresh
     assert pending(run_id="other") is None and pending(version="3") is None
     write_json(
-        path, {"run_id": "r", "model_version": "2", "promotion": {**decision, "promoted": False}}
+        path,
+        {
+            "run_id": "r",
+            "model_version": "2",
+            "promotion": {**decision.to_json(), "promoted": False},
+        },
     )
     assert pending() is None
+
+
+# The record as JSON holds it: the keys each step of the decision adds, none more.
+BLANK_KEYS = {
+    "metric", "definition", "test_fingerprint", "test_records", "candidate_version",
+    "candidate_value", "margin", "alpha", "min_shared_class_share", "champion_version",
+    "champion_value", "champion_recorded_value", "champion_value_source", "champion_value_how",
+    "class_differences", "shared_class_share", "evidence", "unseen", "min_unseen_records",
+    "comparable", "same_task", "allow_incomparable", "experiment",
+    "promoted", "decision", "reason",
+}  # fmt: skip
+
+
+def test_the_decision_record_holds_the_keys_of_the_steps_taken(registry: Registry) -> None:
+    """The first version's record has the blank record's keys and the verdict; a compared
+    one adds the task's words; an experiment's adds the main line's verdict."""
+    assert set(registry.decide(0.5)) == BLANK_KEYS
+    assert set(registry.decide(0.6)) == BLANK_KEYS | {"task_words"}
+    experiment = registry.decide(0.7, experiment="lr-high")
+    assert set(experiment) == BLANK_KEYS | {"task_words", "would_have_promoted"}
+
+
+def test_a_decision_read_back_from_its_json_is_the_same_decision(registry: Registry) -> None:
+    """What ``reports/eval_summary.json`` holds reads back as the decision that wrote it,
+    evidence included: a pending promotion completes the decision that was made."""
+    registry.decide(0.5)
+    recorded = registry.decide(0.9)
+    assert recorded["evidence"]["p_value"] < 0.05
+    decision = PromotionDecision.from_json(recorded)
+    assert decision.evidence is not None and decision.evidence.p_value < 0.05
+    assert decision.to_json() == recorded
+    assert PromotionDecision.from_json(decision.to_json()) == decision
 
 
 # -- a fair comparison: the champion re-scored on today's test set, the same metric ----------
