@@ -22,6 +22,7 @@ from tasks.contracts.manifest import (
     file_sha256,
 )
 from tasks.schema import RecordSchema
+from tasks.tfrecord import TFRecordWriter
 
 CLASSES = ("red", "green", "blue")
 BASE_COLOURS = {
@@ -50,8 +51,6 @@ def write_tiny_shards(
     class's); their source path still names the colour they are (``red/test_003.png``).
     ``classes``: names of :data:`BASE_COLOURS`, in the manifest's order (label = position).
     """
-    import tensorflow as tf
-
     root = Path(root)
     shards_dir = root / "data" / "shards"
     shards_dir.mkdir(parents=True, exist_ok=True)
@@ -84,7 +83,7 @@ def write_tiny_shards(
         shards = []
         for index, part in enumerate(np.array_split(order, shards_per_split)):
             name = f"{split}.tfrecord-{index:05d}-of-{shards_per_split:05d}"
-            with tf.io.TFRecordWriter(str(shards_dir / name)) as writer:
+            with TFRecordWriter(shards_dir / name) as writer:
                 for position in part:
                     writer.write(records[position])
             shards.append(

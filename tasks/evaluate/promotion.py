@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -220,6 +220,100 @@ def tag_figure(client: MlflowClient, model_name: str, version: str, figure: Figu
         client.set_model_version_tag(model_name, version, key, value)
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """Promoted, kept or inconclusive (``decision``, in the record's words) and why."""
+
+    promoted: bool
+    decision: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class TaskShare:
+    """Whether the candidate is of the champion's task (:func:`task_share`): the share of
+    the champion's classes it has (None: either side's classes unknown) and, when it is of
+    another task, that in words."""
+
+    share: float | None
+    same_task: bool
+    words: str | None
+
+
+@dataclass(frozen=True)
+class PromotionDecision:
+    """A promotion decision: what was compared, by which rules, with which champion, the
+    champion's figure and how it was obtained, the evidence, and the verdict.
+
+    :meth:`to_json` gives the record ``reports/eval_summary.json`` holds (its ``promotion``)
+    and :meth:`from_json` reads it back; a field that is None there is the JSON ``null``.
+    """
+
+    metric: str
+    definition: str
+    test_fingerprint: str
+    test_records: int | None  # the test records with answers (None: none recorded)
+    candidate_version: str
+    candidate_value: float
+    margin: float
+    alpha: float
+    min_shared_class_share: float
+    min_unseen_records: int
+    allow_incomparable: bool
+    champion_version: str | None
+    experiment: str | None = None  # the DVC experiment the version was made under
+    champion_value: float | None = None
+    champion_recorded_value: float | None = None
+    champion_value_source: str | None = None  # RECORDED or RESCORED
+    champion_value_how: str | None = None
+    class_differences: dict[str, Any] | None = None  # :func:`class_differences`, as JSON
+    shared_class_share: float | None = None
+    evidence: Evidence | None = None
+    unseen: dict[str, Any] | None = None  # :meth:`UnseenTest.to_dict`, as JSON
+    comparable: bool = True
+    same_task: bool = True
+    task_words: str | None = None  # another task, in words (recorded once compared)
+    # the figures on all test records, when those either model saw were left out
+    candidate_full_value: float | None = None
+    champion_full_value: float | None = None
+    promoted: bool = False
+    decision: str | None = None
+    reason: str | None = None
+    would_have_promoted: bool | None = None  # under an experiment: the main line's verdict
+    model_name: str | None = None  # the registered model (the evaluate stage names it)
+
+    @property
+    def compared(self) -> bool:
+        """Whether there was a champion other than the candidate to compare with."""
+        return self.champion_version not in (None, self.candidate_version)
+
+    def with_verdict(self, verdict: Verdict) -> PromotionDecision:
+        return replace(
+            self, promoted=verdict.promoted, decision=verdict.decision, reason=verdict.reason
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as JSON holds it: a key whose step did not happen is left out (the
+        task's words before a comparison, the full-set figures when none were left out, the
+        main line's verdict outside an experiment, the model's name before the stage's)."""
+        record = {field.name: getattr(self, field.name) for field in fields(self)}
+        record["evidence"] = None if self.evidence is None else self.evidence.to_dict()
+        optional = ("candidate_full_value", "champion_full_value", "model_name")
+        absent = [key for key in optional if record[key] is None]
+        absent += [] if self.compared else ["task_words"]
+        absent += [] if self.experiment else ["would_have_promoted"]
+        return {key: value for key, value in record.items() if key not in absent}
+
+    @classmethod
+    def from_json(cls, record: Mapping[str, Any]) -> PromotionDecision:
+        """A record :meth:`to_json` wrote (keys it left out take their defaults)."""
+        known = {field.name for field in fields(cls)}
+        values = {key: value for key, value in record.items() if key in known}
+        evidence = values.get("evidence")
+        values["evidence"] = None if evidence is None else Evidence(**evidence)
+        return cls(**values)
+
+
 def decide(
     client: MlflowClient,
     model_name: str,
@@ -229,7 +323,7 @@ def decide(
     rules: Rules,
     rescore: Callable[[str], Rescored] | None = None,
     experiment: str | None = None,
-) -> dict[str, Any]:
+) -> PromotionDecision:
     """Whether ``version`` should take ``champion``: of the champion's task, it must beat it
     by more than ``rules.margin`` on the same test records, measured the same way, and a
     one-sided paired test must give p below ``rules.alpha``.
@@ -249,73 +343,56 @@ def decide(
     check_margin(rules.margin)
     tag_figure(client, model_name, version, figure)
     current = champion_version(client, model_name)
-    decision = blank_record(version, figure, rules, current, experiment)
+    blank = blank_record(version, figure, rules, current, experiment)
     if current is None:
         reason = f"no {CHAMPION} yet: version {version} becomes it"
-        decision.update(promoted=True, decision="promoted", reason=reason)
+        decision = blank.with_verdict(Verdict(True, "promoted", reason))
     elif current == version:
-        decision.update(
+        decision = replace(
+            blank,
             champion_value=figure.value,
             champion_value_source=RECORDED,
             champion_value_how="the candidate itself",
-            promoted=True,
-            decision="promoted",
-            reason=f"version {version} already is {CHAMPION}",
-        )
+        ).with_verdict(Verdict(True, "promoted", f"version {version} already is {CHAMPION}"))
     else:
-        decision.update(champion_figure(client, model_name, current, figure, rules, rescore))
-        decision.update(outcome(decision, rules))
+        compared = champion_figure(client, model_name, current, figure, rules, rescore, blank)
+        decision = compared.with_verdict(outcome(compared, rules))
     return as_experiment(decision, experiment) if experiment else decision
 
 
 def blank_record(
     version: str, figure: Figure, rules: Rules, current: str | None, experiment: str | None
-) -> dict[str, Any]:
+) -> PromotionDecision:
     """The decision record before the comparison fills it in: what is compared, by which
     rules, with which champion."""
-    return {
-        "metric": figure.metric,
-        "definition": figure.definition,
-        "test_fingerprint": figure.test_fingerprint,
-        "test_records": None if figure.answers is None else len(figure.answers.labels),
-        "candidate_version": version,
-        "candidate_value": figure.value,
-        "margin": rules.margin,
-        "alpha": rules.alpha,
-        "min_shared_class_share": rules.min_shared_class_share,
-        "champion_version": current,
-        "champion_value": None,
-        "champion_recorded_value": None,
-        "champion_value_source": None,
-        "champion_value_how": None,
-        "class_differences": None,
-        "shared_class_share": None,
-        "evidence": None,
-        "unseen": None,
-        "min_unseen_records": rules.min_unseen_records,
-        "comparable": True,
-        "same_task": True,
-        "allow_incomparable": rules.allow_incomparable,
-        "experiment": experiment,
-    }
+    return PromotionDecision(
+        metric=figure.metric,
+        definition=figure.definition,
+        test_fingerprint=figure.test_fingerprint,
+        test_records=None if figure.answers is None else len(figure.answers.labels),
+        candidate_version=version,
+        candidate_value=figure.value,
+        margin=rules.margin,
+        alpha=rules.alpha,
+        min_shared_class_share=rules.min_shared_class_share,
+        min_unseen_records=rules.min_unseen_records,
+        allow_incomparable=rules.allow_incomparable,
+        champion_version=current,
+        experiment=experiment,
+    )
 
 
-def as_experiment(decision: dict[str, Any], experiment: str) -> dict[str, Any]:
+def as_experiment(decision: PromotionDecision, experiment: str) -> PromotionDecision:
     """The decision of a version made by ``dvc exp run``: never promoted; it becomes the
     ``challenger`` and the record keeps what the main line would have decided."""
-    would = "promoted" if decision["promoted"] else decision["decision"]
+    would = "promoted" if decision.promoted else decision.decision
     reason = (
         f"DVC experiment {experiment!r}: the version becomes {CHALLENGER}, never {CHAMPION} "
-        f"(on the main line: {would}: {decision['reason']}); `shardflow promote --version "
-        f"{decision['candidate_version']} --reason R` moves {CHAMPION} to it by hand"
+        f"(on the main line: {would}: {decision.reason}); `shardflow promote --version "
+        f"{decision.candidate_version} --reason R` moves {CHAMPION} to it by hand"
     )
-    return {
-        **decision,
-        "promoted": False,
-        "would_have_promoted": decision["promoted"],
-        "decision": f"{CHALLENGER} (experiment; main line: {would})",
-        "reason": reason,
-    }
+    verdict = Verdict(False, f"{CHALLENGER} (experiment; main line: {would})", reason)
+    return replace(decision, would_have_promoted=decision.promoted).with_verdict(verdict)
 
 
 def shared_class_share(champion: Sequence[str], candidate: Sequence[str]) -> float:
@@ -332,6 +409,19 @@ def recorded_classes(tags: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(json.loads(raw)) if raw else ()
 
 
+def with_task(decision: PromotionDecision, share: TaskShare) -> PromotionDecision:
+    """``decision`` with the task share found (a share not found leaves the one it has)."""
+    found = decision.shared_class_share if share.share is None else share.share
+    return replace(
+        decision, shared_class_share=found, same_task=share.same_task, task_words=share.words
+    )
+
+
+def not_comparable(decision: PromotionDecision, how: str | None) -> PromotionDecision:
+    """``decision`` with no champion figure to compare with, and why."""
+    return replace(decision, comparable=False, champion_value_how=how)
+
+
 def champion_figure(
     client: MlflowClient,
     model_name: str,
@@ -339,44 +429,43 @@ def champion_figure(
     figure: Figure,
     rules: Rules,
     rescore: Callable[[str], Rescored] | None,
-) -> dict[str, Any]:
-    """The champion's figure to compare with, how it was obtained (re-scored on the current
-    test records, else recorded), how its classes differed, the share of them the candidate
-    has, and the paired evidence; or why there is no figure (``comparable: False``)."""
+    blank: PromotionDecision,
+) -> PromotionDecision:
+    """``blank`` with the champion's figure to compare with, how it was obtained (re-scored
+    on the current test records, else recorded), how its classes differed, the share of them
+    the candidate has, and the paired evidence; or why there is no figure (``comparable``
+    False)."""
     tags = client.get_model_version(model_name, champion).tags
     metric, definition = figure.metric, figure.definition
     recorded = float(tags.get(f"eval.{metric}", "nan"))
-    found: dict[str, Any] = {"champion_recorded_value": None if math.isnan(recorded) else recorded}
-    found.update(task_share(recorded_classes(tags), figure, rules))
-    if not found["same_task"]:
-        return {**found, "comparable": False, "champion_value_how": found["task_words"]}
+    found = replace(blank, champion_recorded_value=None if math.isnan(recorded) else recorded)
+    found = with_task(found, task_share(recorded_classes(tags), figure, rules))
+    if not found.same_task:
+        return not_comparable(found, found.task_words)
     differs = recorded_differences(tags, figure, recorded)
     failed = None
     if rescore is not None:
         try:
             scored = rescore(champion)
         except NoSeenRecords as exc:
-            return {**found, "comparable": False, "champion_value_how": str(exc)}
+            return not_comparable(found, str(exc))
         except NotComparable as exc:
             failed = str(exc)
         else:
             if not recorded_classes(tags) and isinstance(scored, Rescored):
-                found.update(task_share(scored.classes, figure, rules))  # an untagged champion
-            if not found["same_task"]:
-                return {**found, "comparable": False, "champion_value_how": found["task_words"]}
-            return {**found, **rescored_figure(champion, scored, figure, rules, differs)}
+                found = with_task(found, task_share(scored.classes, figure, rules))  # untagged
+            if not found.same_task:
+                return not_comparable(found, found.task_words)
+            return rescored_figure(champion, scored, figure, rules, differs, found)
     if differs:
         because = "; ".join(differs) + (f"; {failed}" if failed else "")
-        return {**found, "comparable": False, "champion_value_how": because}
+        return not_comparable(found, because)
     how = f"recorded {definition} on the same test set {figure.test_fingerprint[:12]}"
     if failed:
         how += f" (not re-scored: {failed})"
-    return {
-        **found,
-        "champion_value": recorded,
-        "champion_value_source": RECORDED,
-        "champion_value_how": how,
-    }
+    return replace(
+        found, champion_value=recorded, champion_value_source=RECORDED, champion_value_how=how
+    )
 
 
 def recorded_differences(tags: Mapping[str, str], figure: Figure, recorded: float) -> list[str]:
@@ -396,11 +485,11 @@ def recorded_differences(tags: Mapping[str, str], figure: Figure, recorded: floa
     return differs
 
 
-def task_share(champion: Sequence[str], figure: Figure, rules: Rules) -> dict[str, Any]:
+def task_share(champion: Sequence[str], figure: Figure, rules: Rules) -> TaskShare:
     """Whether the candidate is of the champion's task: the share of the champion's classes
     it has, against ``rules.min_shared_class_share`` (unknown classes: the same task)."""
     if not champion or not figure.classes:
-        return {"same_task": True, "task_words": None}
+        return TaskShare(None, True, None)
     share = shared_class_share(champion, figure.classes)
     same = share >= rules.min_shared_class_share
     words = (
@@ -408,13 +497,19 @@ def task_share(champion: Sequence[str], figure: Figure, rules: Rules) -> dict[st
         f"({', '.join(champion)}), below evaluate.min_shared_class_share="
         f"{rules.min_shared_class_share}"
     )
-    return {"shared_class_share": share, "same_task": same, "task_words": None if same else words}
+    return TaskShare(share, same, None if same else words)
 
 
 def rescored_figure(
-    champion: str, scored: Rescored, figure: Figure, rules: Rules, differs: list[str]
-) -> dict[str, Any]:
-    """The re-scored champion's figure, how it was obtained, and the paired evidence."""
+    champion: str,
+    scored: Rescored,
+    figure: Figure,
+    rules: Rules,
+    differs: list[str],
+    found: PromotionDecision,
+) -> PromotionDecision:
+    """``found`` with the re-scored champion's figure, how it was obtained, and the paired
+    evidence."""
     if not isinstance(scored, Rescored):
         raise TypeError(
             f"rescore({champion!r}) returned {type(scored).__name__} {scored!r}: it must "
@@ -422,7 +517,7 @@ def rescored_figure(
         )
     unseen = unseen_part(champion, scored, figure, rules)
     if isinstance(unseen, str):
-        return {"comparable": False, "champion_value_how": unseen}
+        return not_comparable(found, unseen)
     classes = scored.class_differences
     by_name = f" by class name ({classes['in_words']})" if classes else ""
     because = "; ".join(differs) if differs else "a paired comparison needs both on one set"
@@ -436,28 +531,28 @@ def rescored_figure(
             f"with its answers per record ({scored.recorded})"
         )
     candidate, rival = figure.answers, scored.answers
-    values: dict[str, Any] = {"champion_value": scored.value}
+    values = replace(found, champion_value=scored.value)
     if unseen.left_out and candidate is not None and rival is not None:
         candidate, rival = candidate.subset(unseen.keep), rival.subset(unseen.keep)
-        values = {
-            "candidate_value": candidate.value(figure.metric),
-            "candidate_full_value": figure.value,
-            "champion_value": rival.value(figure.metric),
-            "champion_full_value": scored.value,
-        }
+        values = replace(
+            found,
+            candidate_value=candidate.value(figure.metric),
+            candidate_full_value=figure.value,
+            champion_value=rival.value(figure.metric),
+            champion_full_value=scored.value,
+        )
         how += f"; {unseen.in_words(champion)}"
     evidence = None
     if candidate is not None and rival is not None:
-        found = paired_evidence(candidate, rival, figure.metric, alpha=rules.alpha)
-        evidence = found.to_dict()
-    return {
-        **values,
-        "champion_value_source": RECORDED if scored.recorded else RESCORED,
-        "champion_value_how": how,
-        "class_differences": classes,
-        "evidence": evidence,
-        "unseen": unseen.to_dict(champion),
-    }
+        evidence = paired_evidence(candidate, rival, figure.metric, alpha=rules.alpha)
+    return replace(
+        values,
+        champion_value_source=RECORDED if scored.recorded else RESCORED,
+        champion_value_how=how,
+        class_differences=classes,
+        evidence=evidence,
+        unseen=unseen.to_dict(champion),
+    )
 
 
 def unseen_part(champion: str, scored: Rescored, figure: Figure, rules: Rules) -> UnseenTest | str:
@@ -489,72 +584,72 @@ def unseen_part(champion: str, scored: Rescored, figure: Figure, rules: Rules) -
     return unseen
 
 
-def outcome(decision: Mapping[str, Any], rules: Rules) -> dict[str, Any]:
+def outcome(decision: PromotionDecision, rules: Rules) -> Verdict:
     """Promoted, kept or inconclusive, and the reason in words, from the two figures and
     the evidence."""
-    metric, value, margin = decision["metric"], decision["candidate_value"], rules.margin
-    current, champion_value = decision["champion_version"], decision["champion_value"]
-    if not decision["comparable"]:
-        reason = f"NOT COMPARABLE with {CHAMPION} v{current}: {decision['champion_value_how']}"
-        if not decision["same_task"]:
+    metric, value, margin = decision.metric, decision.candidate_value, rules.margin
+    current, champion_value = decision.champion_version, decision.champion_value
+    if not decision.comparable or champion_value is None:
+        reason = f"NOT COMPARABLE with {CHAMPION} v{current}: {decision.champion_value_how}"
+        if not decision.same_task:
             reason += (
                 "; a model of another task never replaces it (a new task gets a "
                 "registered model of its own: leave evaluate.model_name null)"
             )
-            return {"promoted": False, "decision": NOT_COMPARABLE, "reason": reason}
+            return Verdict(False, NOT_COMPARABLE, reason)
         if rules.allow_incomparable:
             reason += "; evaluate.allow_incomparable_promotion is true: promoted anyway"
-            return {"promoted": True, "decision": "promoted", "reason": reason}
+            return Verdict(True, "promoted", reason)
         reason = (
             f"{NOT_COMPARABLE} ({reason}); set evaluate.allow_incomparable_promotion to "
             "promote anyway"
         )
-        return {"promoted": False, "decision": NOT_COMPARABLE, "reason": reason}
+        return Verdict(False, NOT_COMPARABLE, reason)
     beats = value > champion_value + margin
     figures = (
         f"{metric} {value:.4f} {'beats' if beats else 'does not beat'} {CHAMPION} v{current} "
-        f"({champion_value:.4f}, {decision['champion_value_how']}) by more than margin {margin}"
+        f"({champion_value:.4f}, {decision.champion_value_how}) by more than margin {margin}"
     )
     if not beats:
-        return {"promoted": False, "decision": "kept", "reason": figures}
-    evidence = decision.get("evidence")
+        return Verdict(False, "kept", figures)
+    evidence = decision.evidence
     if evidence is None:
         reason = (
             f"{figures}, but without both models' answers on the same records there is "
             "no evidence the difference is more than chance"
         )
-        return {"promoted": False, "decision": INCONCLUSIVE, "reason": reason}
-    words = Evidence(**evidence).in_words()
-    if evidence["p_value"] >= rules.alpha:
+        return Verdict(False, INCONCLUSIVE, reason)
+    words = evidence.in_words()
+    if evidence.p_value >= rules.alpha:
         reason = (
             f"{figures}, but within chance ({words}; not below evaluate.promotion_alpha "
             f"{rules.alpha})"
         )
-        return {"promoted": False, "decision": INCONCLUSIVE, "reason": reason}
+        return Verdict(False, INCONCLUSIVE, reason)
     reason = f"{figures}, beyond chance ({words}; below evaluate.promotion_alpha {rules.alpha})"
-    return {"promoted": True, "decision": "promoted", "reason": reason}
+    return Verdict(True, "promoted", reason)
 
 
 class ChampionMoved(RuntimeError):
     """The alias moved after the comparison was made: the decision no longer holds."""
 
 
-def apply_decision(client: MlflowClient, model_name: str, decision: Mapping[str, Any]) -> None:
+def apply_decision(client: MlflowClient, model_name: str, decision: PromotionDecision) -> None:
     """Move ``champion`` to the candidate if the decision says so (idempotent), and only
     while it still points at the version the decision compared with (a compare-and-set:
     raises :class:`ChampionMoved` otherwise, leaving the alias where it is). A DVC
     experiment's version takes ``challenger`` instead, whatever the decision."""
-    if decision.get("experiment"):
-        client.set_registered_model_alias(model_name, CHALLENGER, decision["candidate_version"])
+    candidate = decision.candidate_version
+    if decision.experiment:
+        client.set_registered_model_alias(model_name, CHALLENGER, candidate)
         return
-    if not decision["promoted"]:
+    if not decision.promoted:
         return
-    candidate = decision["candidate_version"]
     now = champion_version(client, model_name)
-    if now not in (decision["champion_version"], candidate):
+    if now not in (decision.champion_version, candidate):
         raise ChampionMoved(
             f"{CHAMPION} of {model_name!r} moved to v{now} after version {candidate} was "
-            f"compared with v{decision['champion_version']}: not promoted; evaluate again "
+            f"compared with v{decision.champion_version}: not promoted; evaluate again "
             "to compare with the new champion"
         )
     client.set_registered_model_alias(model_name, CHAMPION, candidate)
@@ -563,9 +658,9 @@ def apply_decision(client: MlflowClient, model_name: str, decision: Mapping[str,
 def promote(
     client: MlflowClient,
     model_name: str,
-    choose: Callable[[], dict[str, Any]],
-    record: Callable[[dict[str, Any]], None],
-) -> dict[str, Any]:
+    choose: Callable[[], PromotionDecision],
+    record: Callable[[PromotionDecision], None],
+) -> PromotionDecision:
     """Under the promotion lock: ``choose`` a decision (read the champion, compare),
     ``record`` it, then move the alias if it says so. No run moves the alias on a
     comparison another run invalidated."""
@@ -584,7 +679,7 @@ def pending_decision(
     metric: str,
     definition: str,
     champion: str | None,
-) -> dict[str, Any] | None:
+) -> PromotionDecision | None:
     """A promotion recorded for this run and version whose alias move may not have happened.
 
     Evaluation writes its decision (to ``reports/eval_summary.json``) before moving the
@@ -606,4 +701,4 @@ def pending_decision(
         return None
     if champion not in (decision.get("champion_version"), version):
         return None  # the alias moved elsewhere since: decide afresh
-    return dict(decision)
+    return PromotionDecision.from_json(decision)

@@ -35,6 +35,7 @@ from tasks.evaluate.metrics import class_columns, metrics_by_name
 from tasks.evaluate.promotion import (
     Figure,
     NotComparable,
+    PromotionDecision,
     Rescored,
     Rules,
     check_margin,
@@ -397,9 +398,11 @@ def track_evaluation(measured: Measured) -> dict[str, Any]:
     # per-record answers and the matrix stay here: the record, the flow's result are summaries
     result = {k: v for k, v in metrics.items() if k not in PER_RECORD}
 
-    def record(decision: dict[str, Any]) -> None:
+    def record(decision: PromotionDecision) -> None:
         """The record before the alias moves: a crash after it is resumable."""
-        result.update(promotion=decision, run_id=runs["training"], eval_run_id=runs["evaluation"])
+        result.update(
+            promotion=decision.to_json(), run_id=runs["training"], eval_run_id=runs["evaluation"]
+        )
         result["model_version"] = version
         result["label_issues"] = sum(metrics["label_review"]["flagged"].values())  # a DVC metric
         # DVC metrics take the numbers only.
@@ -423,7 +426,7 @@ def track_evaluation(measured: Measured) -> dict[str, Any]:
     return result
 
 
-def promotion_decision(measured: Measured, version: str) -> dict[str, Any]:
+def promotion_decision(measured: Measured, version: str) -> PromotionDecision:
     """A decision recorded but not applied for this run and version, else a new one."""
     client, params, layout = measured.client, measured.params, measured.layout
     metrics, spec, store = measured.metrics, measured.spec, measured.store
@@ -473,4 +476,4 @@ def promotion_decision(measured: Measured, version: str) -> dict[str, Any]:
         rescore=rescore,
         experiment=dvc_experiment(),
     )
-    return {**decision, "model_name": model_name}
+    return replace(decision, model_name=model_name)

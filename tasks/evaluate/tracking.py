@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from mlflow.entities import Run
 
     from tasks.contracts.manifest import ShardManifest
+    from tasks.evaluate.promotion import PromotionDecision
 
 PER_CLASS_TABLE = "eval/per_class_table.json"  # an MLflow table (not eval/per_class.json)
 EVALUATES_TAG = "shardflow.evaluates"  # on an evaluation run: the training run it evaluates
@@ -128,47 +129,47 @@ def log_test_results(
     client.log_table(runs["evaluation"], per_class_table(metrics["per_class"]), PER_CLASS_TABLE)
 
 
-def decision_tags(decision: dict[str, Any]) -> dict[str, str]:
+def decision_tags(decision: PromotionDecision) -> dict[str, str]:
     """The decision in words, as tags: on the evaluation run and on the version it is about.
     With evidence: its method, the p-value, the interval of the difference, the test-set
     size."""
     tags = {
-        "promotion.decision": decision["decision"],
-        "promotion.promoted": str(decision["promoted"]).lower(),
-        "promotion.reason": decision["reason"],
-        "promotion.comparable": str(decision["comparable"]).lower(),
-        "promotion.definition": decision.get("definition", decision["metric"]),
-        "promotion.champion_version": str(decision.get("champion_version")),
-        "promotion.champion_value_source": str(decision.get("champion_value_source")),
-        "promotion.champion_value_how": str(decision.get("champion_value_how")),
+        "promotion.decision": str(decision.decision),
+        "promotion.promoted": str(decision.promoted).lower(),
+        "promotion.reason": str(decision.reason),
+        "promotion.comparable": str(decision.comparable).lower(),
+        "promotion.definition": decision.definition,
+        "promotion.champion_version": str(decision.champion_version),
+        "promotion.champion_value_source": str(decision.champion_value_source),
+        "promotion.champion_value_how": str(decision.champion_value_how),
     }
-    if decision.get("class_differences"):
-        tags["promotion.class_differences"] = decision["class_differences"]["in_words"]
-    if decision.get("shared_class_share") is not None:
-        tags["promotion.shared_class_share"] = f"{decision['shared_class_share']:.4f}"
-    if decision.get("experiment"):
-        tags["promotion.experiment"] = decision["experiment"]
-    unseen = decision.get("unseen")
+    if decision.class_differences:
+        tags["promotion.class_differences"] = decision.class_differences["in_words"]
+    if decision.shared_class_share is not None:
+        tags["promotion.shared_class_share"] = f"{decision.shared_class_share:.4f}"
+    if decision.experiment:
+        tags["promotion.experiment"] = decision.experiment
+    unseen = decision.unseen
     if unseen:  # the test records either model saw, left out of the comparison
         tags["promotion.left_out_records"] = str(unseen["left_out_records"])
         tags["promotion.left_out_why"] = unseen["in_words"]
-    evidence = decision.get("evidence")
+    evidence = decision.evidence
     if evidence:
         tags.update(
             {
-                "promotion.method": evidence["method"],
-                "promotion.p_value": f"{evidence['p_value']:.6g}",
-                "promotion.difference": f"{evidence['difference']:+.6f}",
-                "promotion.ci": f"{evidence['confidence']:.0%} CI {evidence['ci_low']:+.6f} "
-                f"to {evidence['ci_high']:+.6f}",
-                "promotion.test_records": str(evidence["test_records"]),
+                "promotion.method": evidence.method,
+                "promotion.p_value": f"{evidence.p_value:.6g}",
+                "promotion.difference": f"{evidence.difference:+.6f}",
+                "promotion.ci": f"{evidence.confidence:.0%} CI {evidence.ci_low:+.6f} "
+                f"to {evidence.ci_high:+.6f}",
+                "promotion.test_records": str(evidence.test_records),
             }
         )
     return {key: redact(value)[:MAX_TAG_CHARS] for key, value in tags.items()}
 
 
 def log_decision(
-    client: MlflowClient, run_id: str, model_name: str, version: str, decision: dict[str, Any]
+    client: MlflowClient, run_id: str, model_name: str, version: str, decision: PromotionDecision
 ) -> None:
     """The promotion decision onto the evaluation run (its words as tags, its figures as
     metrics) and, as tags, onto the registered version it decides about."""
@@ -177,11 +178,10 @@ def log_decision(
     from tasks.contracts import run_records
 
     now = run_records.timestamp_ms()
-    evidence = decision.get("evidence") or {}
     figures = {
-        "promotion.champion_value": decision["champion_value"],
-        "promotion.champion_recorded_value": decision.get("champion_recorded_value"),
-        "promotion.p_value": evidence.get("p_value"),
+        "promotion.champion_value": decision.champion_value,
+        "promotion.champion_recorded_value": decision.champion_recorded_value,
+        "promotion.p_value": None if decision.evidence is None else decision.evidence.p_value,
     }
     tags = decision_tags(decision)
     # The run's description (the MLflow run page opens on it) ends with the decision.

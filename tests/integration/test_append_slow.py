@@ -192,3 +192,25 @@ def test_a_set_placed_under_the_earlier_rule_is_placed_afresh_and_an_append_name
         project.shards, tmp_path / "v.json", tmp_path / "v.md", index_path=project.index
     )
     assert report["passed"] is True
+
+
+def test_append_keeps_old_shards_and_puts_new_images_in_new_shards(
+    grown: tuple[Project, dict[str, str], list[str]],
+) -> None:
+    project, before, new = grown
+    after = digests(project.shards)
+    base_shards = {f: h for f, h in before.items() if ".tfrecord-" in f}
+    assert base_shards and all(after[f] == h for f, h in base_shards.items())  # byte-identical
+    added = {f for f in after if f not in before}
+    assert added and all(f.startswith("gen-00001/") for f in added)
+
+    manifest = load_manifest(project.shards)
+    assert [g.number for g in manifest.generations] == [0, 1]
+    assert manifest.generations[0].base_fingerprint is None
+    assert manifest.generations[1].base_fingerprint == project.base_fingerprint
+    new_hashes = {hashlib.sha256((project.source / p).read_bytes()).hexdigest() for p in new}
+    contents = records_by_file(project.shards)
+    in_new = {h for f, rows in contents.items() if f.startswith("gen-00001/") for h, _ in rows}
+    in_old = {h for f, rows in contents.items() if not f.startswith("gen-") for h, _ in rows}
+    assert in_new == new_hashes and not in_old & new_hashes
+    assert sum(manifest.generations[1].num_records.values()) == len(new)

@@ -3,13 +3,14 @@ tests/unit/bench/test_bench_feeds.py)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from bench.feeds import FEEDS, FeedSet, measure_model
-from bench.gpu_check import Step, run_step
+from bench.gpu_check import Step, main, run_step
 from bench.read import write_seed_tfrecord
 from bench.train_step import input_params
 from tasks.contracts.manifest import load_manifest
@@ -74,3 +75,13 @@ def test_a_gpu_check_step_keeps_its_figures_and_a_cut_one_says_why(
     monkeypatch.setattr(subprocess, "run", too_slow)
     cut = run_step(Step("slow", ()), tmp_path / "cut", timeout_s=1)
     assert cut["outcome"] == "stopped after 1 s: the budget ran out" and cut["figures"] == {}
+
+
+def test_the_gpu_check_writes_every_step_even_those_the_budget_left_out(tmp_path: Path) -> None:
+    result = main(["--out", str(tmp_path), "--quick", "--budget-s", "0"])
+    written = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert written == result and written["devices"]["tensorflow_gpus"] == []
+    assert {step["outcome"] for step in written["steps"].values()} == {
+        "not run: the budget ran out"
+    }
+    assert list(written["steps"]) == ["read", "feeds-small_cnn", "input"]

@@ -15,6 +15,15 @@ from tests.unit.bench.test_bench import REPO_ROOT
 pytestmark = pytest.mark.slow
 
 
+FAKE_DVC = """
+import subprocess, sys, time
+print("Running stage 'ingest':", flush=True)
+# A stage process that outlives DVC and keeps the output stream open, as a hung stage does.
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+time.sleep(120)
+"""
+
+
 def test_both_orchestration_passes_run_their_own_copys_compiled_code(tmp_path: Path) -> None:
     """The direct pass imports the code of its copy, as every stage of a `dvc repro` pass
     imports its copy's, and each copy starts with its bytecode, as a checkout has after its
@@ -110,3 +119,33 @@ def test_a_bench_copy_never_touches_the_folder_the_working_copys_params_name(
     assert sorted((p.relative_to(photos), p.read_bytes()) for p in photos.rglob("*.jpg")) == before
     assert load_params(copy / "params.yaml").ingest.source_dir == COPY_SOURCE
     assert (copy / COPY_SOURCE / "circle" / "0.jpg").read_bytes() == b"bench"
+
+
+def test_a_hung_dvc_repro_is_killed_with_its_stages_at_the_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The orchestration bench reads `dvc repro`'s output as it streams; a hung run (its
+    stage holding the stream open) is killed, process group and all, at the timeout."""
+    import time
+
+    import psutil
+
+    from bench.orchestration import _run_dvc_repro
+
+    fake = tmp_path / "fake" / "dvc"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "__main__.py").write_text(FAKE_DVC)
+    monkeypatch.setenv("PYTHONPATH", str(fake.parent))
+    before = {p.pid for p in psutil.process_iter()}
+    start = time.perf_counter()
+    with pytest.raises(TimeoutError, match="ran past 3 s and was killed"):
+        _run_dvc_repro("evaluate", tmp_path, timeout=3)
+    assert time.perf_counter() - start < 30
+    time.sleep(0.5)
+    left = [
+        p
+        for p in psutil.process_iter(["pid", "cmdline"])
+        if p.pid not in before and "time.sleep(120)" in " ".join(p.info["cmdline"] or [])
+    ]
+    assert left == []

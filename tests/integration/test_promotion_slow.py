@@ -5,8 +5,13 @@ tests/unit/evaluate/test_promotion.py)."""
 from __future__ import annotations
 
 import json
+import os
 import re
-from collections.abc import Sequence
+import socket
+import subprocess
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -15,6 +20,7 @@ import pytest
 from mlflow import MlflowClient
 
 from tasks.contracts.validated_shards import ModelNotFromTheseShards, ShardsNotValidated
+from tasks.evaluate.promotion_lock import LOCK_SUFFIX, promotion_lock
 from tasks.evaluate.seen_records import (
     SeenRecords,
     log_seen_records,
@@ -29,7 +35,8 @@ from tasks.runtime.atomic import write_json
 from tasks.runtime.layout import Layout
 from tasks.runtime.params import default_params
 from tasks.runtime.tracking import CHAMPION, champion_version
-from tests.unit.evaluate.test_promotion import model_to_register
+from tests.unit.evaluate import test_promotion as unit_promotion
+from tests.unit.evaluate.test_promotion import Registry, model_to_register, store_with_runs
 
 pytestmark = pytest.mark.slow
 
@@ -335,7 +342,6 @@ def register_colour_champion(
 ) -> str:
     """A champion that tells ``classes`` (its own order) apart perfectly, with today's pixel
     spec, its recorded figure (a perfect 1.0) measured on an older test set."""
-    from dataclasses import replace
 
     champion = Layout(root)
     champion.model_dir.mkdir(parents=True)
@@ -620,3 +626,140 @@ def test_label_review_lands_in_reports_plots_and_the_evaluation_run(
     assert json.loads(trained.eval_metrics.read_text())["label_issues"] == errors  # not confusions
     recorded = json.loads(trained.eval_summary.read_text())
     assert recorded["label_review"] == result["label_review"]
+
+
+registry = unit_promotion.registry  # the unit tests' fixture, shared
+store = unit_promotion.store  # the unit tests' fixture, shared
+
+
+def test_two_processes_finding_the_same_dead_lock_never_both_hold_it(
+    registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both read the dead holder before either deletes its lock, and the second acts only
+    once the first holds the lock anew (the interleaving is forced): it waits for the lock
+    instead of deleting it from under the first. Two live holders (this process and its
+    parent) stand for two processes."""
+    import tasks.evaluate.promotion_lock as promotion_lock_module
+
+    client, lock = registry.client, f"{registry.name}{LOCK_SUFFIX}"
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead = f"{socket.gethostname()}:{gone.pid}"
+    client.create_registered_model(lock, tags={"holder": dead})
+    me = threading.local()
+    monkeypatch.setattr(promotion_lock_module, "lock_holder", lambda: me.holder)
+    both_saw_it = threading.Barrier(2, timeout=20)
+    first_holds = threading.Event()
+    read_holder = promotion_lock_module._lock_holder_tag
+
+    def slow_reader(client: MlflowClient, name: str) -> str | None:
+        held_by = read_holder(client, name)
+        if held_by == dead and not getattr(me, "waited", False):
+            me.waited = True
+            both_saw_it.wait()  # neither has deleted the dead lock yet
+            if me.second:  # ...and the second acts once the first holds the lock anew
+                first_holds.wait(20)
+        return held_by
+
+    monkeypatch.setattr(promotion_lock_module, "_lock_holder_tag", slow_reader)
+    inside, most_inside, errors = [0], [0], []
+    count = threading.Lock()
+
+    def promoter(pid: int) -> None:
+        me.holder, me.second = f"{socket.gethostname()}:{pid}", pid == os.getppid()
+        try:
+            with promotion_lock(client, registry.name, wait_s=20, poll_s=0.05):
+                with count:
+                    inside[0] += 1
+                    most_inside[0] = max(most_inside[0], inside[0])
+                if not me.second:
+                    first_holds.set()
+                threading.Event().wait(2.0)
+                with count:
+                    inside[0] -= 1
+        except BaseException as error:  # reported by the assertion below
+            errors.append(error)
+
+    threads = [threading.Thread(target=promoter, args=(p,)) for p in (os.getpid(), os.getppid())]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == [] and most_inside[0] == 1
+    assert not client.search_registered_models(f"name LIKE '{lock}%'")
+
+
+def test_registering_the_same_run_twice_reuses_its_version(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    new_mlflow_store: Callable[[Path], str],
+) -> None:
+    """A retried or repeated evaluation must not add a duplicate registry version."""
+    from tasks.evaluate.registry import register_model
+
+    client, runs = store_with_runs(new_mlflow_store, tmp_path, "mlflow.db", 2)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)
+    model_file, spec = model_to_register(tmp_path)
+    first = register_model(client, runs[0], model_file, "m", spec)
+    again = register_model(client, runs[0], model_file, "m", spec)
+    other = register_model(client, runs[1], model_file, "m", spec)
+    assert first == again == "1" and other == "2"
+
+
+def test_a_pyfunc_logged_early_is_deleted_when_another_evaluation_registered_first(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    new_mlflow_store: Callable[[Path], str],
+) -> None:
+    """Two evaluations of one training run, both logging their pyfunc while measuring: the
+    one that registers second reuses the first one's version and must not leave its own
+    pyfunc behind, unregistered, on the run."""
+    from tasks.evaluate.registry import log_due_pyfunc, register_model
+
+    client, runs = store_with_runs(new_mlflow_store, tmp_path, "mlflow.db", 1)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)
+    model_file, spec = model_to_register(tmp_path)
+    experiment = client.get_run(runs[0]).info.experiment_id
+    # from two workspaces (one evaluation at a time runs in each), before either registers
+    first = log_due_pyfunc(client, runs[0], model_file, "m", spec, "workspace-a")
+    second = log_due_pyfunc(client, runs[0], model_file, "m", spec, "workspace-b")
+    assert first and second and first != second
+
+    assert register_model(client, runs[0], model_file, "m", spec, first) == "1"
+    assert register_model(client, runs[0], model_file, "m", spec, second) == "1"
+
+    kept = [m.model_id for m in client.search_logged_models([experiment])]
+    assert kept == [first.removeprefix("models:/")]
+    # Registering the version's own pyfunc again (a repeated call) deletes nothing.
+    assert register_model(client, runs[0], model_file, "m", spec, first) == "1"
+    assert [m.model_id for m in client.search_logged_models([experiment])] == kept
+
+
+def test_registering_leaves_the_process_and_the_run_as_they_were(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    new_mlflow_store: Callable[[Path], str],
+) -> None:
+    """Registering in the client's store must not point the process, or the children it
+    starts later, at that store (their ``models:/m@champion`` would resolve there), nor end
+    the run that evaluation is still logging to."""
+    import mlflow
+
+    from tasks.evaluate.registry import register_model
+
+    client, runs = store_with_runs(new_mlflow_store, tmp_path, "project.db", 1)
+    own = f"sqlite:///{tmp_path / 'own.db'}"  # the store this process is configured for
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", own)
+    monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
+    before = (mlflow.get_tracking_uri(), mlflow.get_registry_uri())
+    model_file, spec = model_to_register(tmp_path)
+
+    assert register_model(client, runs[0], model_file, "m", spec) == "1"
+
+    assert client.get_model_version("m", "1").run_id == runs[0]  # in the client's store
+    assert (mlflow.get_tracking_uri(), mlflow.get_registry_uri()) == before == (own, own)
+    assert os.environ["MLFLOW_TRACKING_URI"] == own
+    assert "MLFLOW_REGISTRY_URI" not in os.environ
+    # Evaluation goes on logging to the run: it must not look finished yet, nor stay active.
+    assert client.get_run(runs[0]).info.status == "RUNNING"
+    assert mlflow.active_run() is None

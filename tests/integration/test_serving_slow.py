@@ -6,21 +6,33 @@ from __future__ import annotations
 
 import base64
 import http.client
+import io
 import json
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 
-from tasks.predict import log_pyfunc
+from tasks import predict
+from tasks.predict import ServingSpec, log_pyfunc, predict_images
+from tests.e2e.conftest import free_port
 from tests.unit.pixels.test_images import EPS
 from tests.unit.serve.test_predict import png_bytes, spec_for, tiny_keras_model
-from tests.unit.serve.test_serving import closed_by_server, jpeg_bytes, served, split_body
+from tests.unit.serve.test_serving import (
+    closed_by_server,
+    echo_app,
+    jpeg_bytes,
+    served,
+    split_body,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -60,6 +72,28 @@ def good_rows() -> list[str]:
         b64(png_bytes(rng.integers(0, 256, (24, 20, 3), dtype=np.uint8))),
         b64(jpeg_bytes(rng.integers(0, 256, (30, 40, 3), dtype=np.uint8))),
     ]
+
+
+@contextmanager
+def uvicorn_serving(app: object, http: object) -> Iterator[int]:
+    """``app`` under a real uvicorn server in this process, speaking ``http`` (a protocol
+    class); its port."""
+    import uvicorn
+
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, http=http, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.05)
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
 
 
 def test_each_bad_row_gets_its_error_through_the_scoring_app(logged_model: str) -> None:
@@ -342,3 +376,87 @@ def test_a_server_started_before_a_retraction_follows_the_champion_alias(
         client.set_registered_model_alias("served", CHAMPION, "2")
         status, version, answer = until(url, lambda status, _: status == 200)
         assert version == "2" and answer["predictions"]
+
+
+def test_a_batchs_rows_are_decoded_on_threads_and_answered_in_their_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+
+    rng = np.random.default_rng(0)
+    images: list[object] = [
+        png_bytes(rng.integers(0, 256, (20 + row, 30, 3), dtype=np.uint8)) for row in range(8)
+    ]
+    images[3] = b"not an image"
+    model, spec = tiny_keras_model(), spec_for()
+    one_by_one = predict_images(model, images, spec, batch_size=4, threads=1)
+
+    together = threading.Barrier(2, timeout=20)
+    real_model_input = predict.model_input
+
+    def paired_model_input(data: bytes, spec: ServingSpec) -> np.ndarray:
+        together.wait()  # passes only while another row of the batch is being decoded too
+        return real_model_input(data, spec)
+
+    monkeypatch.setattr(predict, "model_input", paired_model_input)
+    frame = predict_images(model, images, spec, batch_size=4, threads=2)
+    assert list(frame["error"] != "") == [row == 3 for row in range(8)]
+    np.testing.assert_array_equal(frame.to_numpy(), one_by_one.to_numpy())
+
+
+def test_decode_threads_hold_no_more_pixels_at_once_than_the_largest_image_allowed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A request of large images decodes them one at a time, however many threads there are:
+    its memory stays what one row at a time needed."""
+    import dataclasses
+
+    spec = dataclasses.replace(spec_for(), max_pixels=1000)
+    sizes = [(20, 30), (20, 20), (25, 40), (10, 30), (20, 30), (20, 20), (25, 40), (20, 50)]
+    images = [png_bytes(np.full((h, w, 3), 60, np.uint8)) for h, w in sizes]
+    held, most = 0, 0
+    lock = threading.Lock()
+    real_model_input = predict.model_input
+
+    def watched_model_input(data: bytes, spec: ServingSpec) -> np.ndarray:
+        nonlocal held, most
+        pixels = int(np.prod(Image.open(io.BytesIO(data)).size))
+        with lock:
+            held += pixels
+            most = max(most, held)
+        time.sleep(0.05)  # long enough for the other threads' rows to start meanwhile
+        with lock:
+            held -= pixels
+        return real_model_input(data, spec)
+
+    monkeypatch.setattr(predict, "model_input", watched_model_input)
+    frame = predict_images(tiny_keras_model(), images, spec, batch_size=8, threads=4)
+    assert list(frame["error"]) == [""] * len(images)
+    assert most <= 1000  # four rows at once would hold up to 3,600
+
+
+def test_connections_that_never_send_a_whole_request_head_are_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """uvicorn held a connection that sent nothing, or a head a byte at a time, for good: a
+    client could hold every connection the server may open. Past MLflow's request timeout
+    each is closed, a kept-alive one's next head too, and the server goes on answering."""
+    from tasks.serve.server import HeadDeadline
+
+    monkeypatch.setenv("MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT", "1")
+    with uvicorn_serving(echo_app(), HeadDeadline) as port:
+        silent = socket.create_connection(("127.0.0.1", port))
+        partial = socket.create_connection(("127.0.0.1", port))
+        partial.sendall(b"POST /invocations HTTP/1.1\r\nHost: x\r\n")
+        kept = socket.create_connection(("127.0.0.1", port))
+        kept.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+        kept.settimeout(30)
+        assert kept.recv(4096).startswith(b"HTTP/1.1 200")
+        kept.sendall(b"GET /ping HTTP/1.1\r\n")  # the next head, never finished
+        try:
+            for connection in (silent, partial, kept):
+                assert closed_by_server(connection)
+        finally:
+            for connection in (silent, partial, kept):
+                connection.close()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=30) as ping:
+            assert ping.status == 200

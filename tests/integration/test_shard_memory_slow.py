@@ -1,6 +1,6 @@
 """The shard planner's memory over indexes of a scale no unit test builds: the plan and an
 append's scan hold no record, and the plan's order is freed before the data diff (the
-planner itself: tests/unit/shard/test_shard.py)."""
+planner itself: tests/integration/test_shard_slow.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from tasks.contracts.index import iter_records, load_index, write_index
 from tasks.shard.planning import plan_shards
 from tasks.shard.stage import shard_stage
-from tests.unit.shard.test_shard import params
+from tests.shard_helpers import params
 
 pytestmark = pytest.mark.slow
 

@@ -11,8 +11,8 @@ from tasks.contracts.manifest import load_manifest
 from tasks.contracts.shard_swap import rebuild_folder, trash_folder
 from tasks.shard import stage as stage_module
 from tasks.shard.stage import shard_stage
+from tests.shard_helpers import params
 from tests.unit.contracts.test_shard_swap import Killed, killed_between_renames
-from tests.unit.shard.test_shard import params
 
 pytestmark = pytest.mark.slow
 

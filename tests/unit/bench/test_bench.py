@@ -284,45 +284,6 @@ def test_the_report_table_shows_the_orchestration_spread() -> None:
     assert (rows["orchestration_tax_iqr"], rows["orchestration_passes"]) == ("0.060", "5")
 
 
-FAKE_DVC = """
-import subprocess, sys, time
-print("Running stage 'ingest':", flush=True)
-# A stage process that outlives DVC and keeps the output stream open, as a hung stage does.
-subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-time.sleep(120)
-"""
-
-
-def test_a_hung_dvc_repro_is_killed_with_its_stages_at_the_timeout(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The orchestration bench reads `dvc repro`'s output as it streams; a hung run (its
-    stage holding the stream open) is killed, process group and all, at the timeout."""
-    import time
-
-    import psutil
-
-    from bench.orchestration import _run_dvc_repro
-
-    fake = tmp_path / "fake" / "dvc"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text("")
-    (fake / "__main__.py").write_text(FAKE_DVC)
-    monkeypatch.setenv("PYTHONPATH", str(fake.parent))
-    before = {p.pid for p in psutil.process_iter()}
-    start = time.perf_counter()
-    with pytest.raises(TimeoutError, match="ran past 3 s and was killed"):
-        _run_dvc_repro("evaluate", tmp_path, timeout=3)
-    assert time.perf_counter() - start < 30
-    time.sleep(0.5)
-    left = [
-        p
-        for p in psutil.process_iter(["pid", "cmdline"])
-        if p.pid not in before and "time.sleep(120)" in " ".join(p.info["cmdline"] or [])
-    ]
-    assert left == []
-
-
 def test_the_stage_memory_run_builds_a_real_set_then_diffs_against_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -17,7 +17,7 @@ from tasks.shard import stage as stage_module
 from tasks.shard.spec import ShardSpec
 from tasks.shard.stage import shard_stage
 from tasks.shard.writing import write_inline
-from tests.unit.shard.test_shard import digests, params
+from tests.shard_helpers import digests, params
 
 
 class Killed(Exception):

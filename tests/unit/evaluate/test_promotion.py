@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import re
 import socket
 import subprocess
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +18,11 @@ from tasks.evaluate.evidence import Answers
 from tasks.evaluate.promotion import (
     ChampionMoved,
     Figure,
+    PromotionDecision,
     Rescored,
     Rules,
     apply_decision,
+    blank_record,
     decide,
     pending_decision,
     promote,
@@ -111,7 +112,7 @@ class Registry:
             experiment=experiment,
         )
         apply_decision(self.client, self.name, decision)  # as run_evaluate does, after writing
-        return decision
+        return decision.to_json()  # the record as reports/eval_summary.json holds it
 
     def rescored_as_recorded(self, metric: str) -> Any:
         """A champion re-scored on the candidate's records as its recorded figure."""
@@ -301,10 +302,10 @@ def racing_promotion(
         "accuracy", "accuracy", value, "b" * 64, ("a", "b"), answers(value), TEST_HASHES, SEEN
     )
 
-    def choose() -> dict[str, Any]:
+    def choose() -> PromotionDecision:
         return decide(client, name, version, figure, rules=rules(), rescore=rescore)
 
-    return version, lambda: promote(client, name, choose, lambda decision: None)
+    return version, lambda: promote(client, name, choose, lambda decision: None).to_json()
 
 
 def test_a_promotion_whose_comparison_another_run_invalidated_never_moves_the_alias(
@@ -364,7 +365,7 @@ def test_the_alias_moves_only_while_it_is_where_the_comparison_found_it(
     registry.client.set_registered_model_alias(registry.name, CHAMPION, "1")
     registry.decide(0.9)  # ... but v3 took the alias meanwhile
     with pytest.raises(ChampionMoved, match=r"moved to v3 after version 2 was compared with v1"):
-        apply_decision(registry.client, registry.name, stale)
+        apply_decision(registry.client, registry.name, PromotionDecision.from_json(stale))
     assert registry.champion == "3"
 
 
@@ -385,63 +386,6 @@ def test_a_promotion_waits_for_the_lock_and_takes_over_one_a_dead_process_left(
     version, promotion = racing_promotion(registry, 0.8, None)
     assert promotion()["promoted"] is True and registry.champion == version
     assert not client.search_registered_models(f"name = '{lock}'")
-
-
-def test_two_processes_finding_the_same_dead_lock_never_both_hold_it(
-    registry: Registry, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Both read the dead holder before either deletes its lock, and the second acts only
-    once the first holds the lock anew (the interleaving is forced): it waits for the lock
-    instead of deleting it from under the first. Two live holders (this process and its
-    parent) stand for two processes."""
-    import tasks.evaluate.promotion_lock as promotion_lock_module
-
-    client, lock = registry.client, f"{registry.name}{LOCK_SUFFIX}"
-    gone = subprocess.Popen(["true"])
-    gone.wait()
-    dead = f"{socket.gethostname()}:{gone.pid}"
-    client.create_registered_model(lock, tags={"holder": dead})
-    me = threading.local()
-    monkeypatch.setattr(promotion_lock_module, "lock_holder", lambda: me.holder)
-    both_saw_it = threading.Barrier(2, timeout=20)
-    first_holds = threading.Event()
-    read_holder = promotion_lock_module._lock_holder_tag
-
-    def slow_reader(client: MlflowClient, name: str) -> str | None:
-        held_by = read_holder(client, name)
-        if held_by == dead and not getattr(me, "waited", False):
-            me.waited = True
-            both_saw_it.wait()  # neither has deleted the dead lock yet
-            if me.second:  # ...and the second acts once the first holds the lock anew
-                first_holds.wait(20)
-        return held_by
-
-    monkeypatch.setattr(promotion_lock_module, "_lock_holder_tag", slow_reader)
-    inside, most_inside, errors = [0], [0], []
-    count = threading.Lock()
-
-    def promoter(pid: int) -> None:
-        me.holder, me.second = f"{socket.gethostname()}:{pid}", pid == os.getppid()
-        try:
-            with promotion_lock(client, registry.name, wait_s=20, poll_s=0.05):
-                with count:
-                    inside[0] += 1
-                    most_inside[0] = max(most_inside[0], inside[0])
-                if not me.second:
-                    first_holds.set()
-                threading.Event().wait(2.0)
-                with count:
-                    inside[0] -= 1
-        except BaseException as error:  # reported by the assertion below
-            errors.append(error)
-
-    threads = [threading.Thread(target=promoter, args=(p,)) for p in (os.getpid(), os.getppid())]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert errors == [] and most_inside[0] == 1
-    assert not client.search_registered_models(f"name LIKE '{lock}%'")
 
 
 def model_to_register(tmp_path: Path) -> tuple[Path, Any]:
@@ -475,89 +419,18 @@ def store_with_runs(
     return client, [client.create_run(experiment).info.run_id for _ in range(runs)]
 
 
-def test_registering_the_same_run_twice_reuses_its_version(
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    new_mlflow_store: Callable[[Path], str],
-) -> None:
-    """A retried or repeated evaluation must not add a duplicate registry version."""
-    from tasks.evaluate.registry import register_model
-
-    client, runs = store_with_runs(new_mlflow_store, tmp_path, "mlflow.db", 2)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)
-    model_file, spec = model_to_register(tmp_path)
-    first = register_model(client, runs[0], model_file, "m", spec)
-    again = register_model(client, runs[0], model_file, "m", spec)
-    other = register_model(client, runs[1], model_file, "m", spec)
-    assert first == again == "1" and other == "2"
-
-
-def test_a_pyfunc_logged_early_is_deleted_when_another_evaluation_registered_first(
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    new_mlflow_store: Callable[[Path], str],
-) -> None:
-    """Two evaluations of one training run, both logging their pyfunc while measuring: the
-    one that registers second reuses the first one's version and must not leave its own
-    pyfunc behind, unregistered, on the run."""
-    from tasks.evaluate.registry import log_due_pyfunc, register_model
-
-    client, runs = store_with_runs(new_mlflow_store, tmp_path, "mlflow.db", 1)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)
-    model_file, spec = model_to_register(tmp_path)
-    experiment = client.get_run(runs[0]).info.experiment_id
-    # from two workspaces (one evaluation at a time runs in each), before either registers
-    first = log_due_pyfunc(client, runs[0], model_file, "m", spec, "workspace-a")
-    second = log_due_pyfunc(client, runs[0], model_file, "m", spec, "workspace-b")
-    assert first and second and first != second
-
-    assert register_model(client, runs[0], model_file, "m", spec, first) == "1"
-    assert register_model(client, runs[0], model_file, "m", spec, second) == "1"
-
-    kept = [m.model_id for m in client.search_logged_models([experiment])]
-    assert kept == [first.removeprefix("models:/")]
-    # Registering the version's own pyfunc again (a repeated call) deletes nothing.
-    assert register_model(client, runs[0], model_file, "m", spec, first) == "1"
-    assert [m.model_id for m in client.search_logged_models([experiment])] == kept
-
-
-def test_registering_leaves_the_process_and_the_run_as_they_were(
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    new_mlflow_store: Callable[[Path], str],
-) -> None:
-    """Registering in the client's store must not point the process, or the children it
-    starts later, at that store (their ``models:/m@champion`` would resolve there), nor end
-    the run that evaluation is still logging to."""
-    import mlflow
-
-    from tasks.evaluate.registry import register_model
-
-    client, runs = store_with_runs(new_mlflow_store, tmp_path, "project.db", 1)
-    own = f"sqlite:///{tmp_path / 'own.db'}"  # the store this process is configured for
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", own)
-    monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
-    before = (mlflow.get_tracking_uri(), mlflow.get_registry_uri())
-    model_file, spec = model_to_register(tmp_path)
-
-    assert register_model(client, runs[0], model_file, "m", spec) == "1"
-
-    assert client.get_model_version("m", "1").run_id == runs[0]  # in the client's store
-    assert (mlflow.get_tracking_uri(), mlflow.get_registry_uri()) == before == (own, own)
-    assert os.environ["MLFLOW_TRACKING_URI"] == own
-    assert "MLFLOW_REGISTRY_URI" not in os.environ
-    # Evaluation goes on logging to the run: it must not look finished yet, nor stay active.
-    assert client.get_run(runs[0]).info.status == "RUNNING"
-    assert mlflow.active_run() is None
-
-
 # -- the evaluate stage: refusals, fair comparison and crash recovery ------------------------
 
 
 def test_recorded_decision_is_pending_only_while_the_alias_has_not_moved(tmp_path: Path) -> None:
     path = tmp_path / "eval_summary.json"
-    decision = {"metric": "accuracy", "promoted": True, "champion_version": "1"}
-    write_json(path, {"run_id": "r", "model_version": "2", "promotion": decision})
+    decision = replace(
+        blank_record("2", Figure("accuracy", "accuracy", 0.9, TEST_SET), rules(), "1", None),
+        promoted=True,
+        decision="promoted",
+        reason="beats it",
+    )
+    write_json(path, {"run_id": "r", "model_version": "2", "promotion": decision.to_json()})
 
     def pending(run_id: str = "r", version: str = "2", champion: str | None = "1") -> Any:
         return pending_decision(
@@ -574,9 +447,46 @@ def test_recorded_decision_is_pending_only_while_the_alias_has_not_moved(tmp_pat
     assert pending(champion="3") is None  # another version took it since: decide afresh
     assert pending(run_id="other") is None and pending(version="3") is None
     write_json(
-        path, {"run_id": "r", "model_version": "2", "promotion": {**decision, "promoted": False}}
+        path,
+        {
+            "run_id": "r",
+            "model_version": "2",
+            "promotion": {**decision.to_json(), "promoted": False},
+        },
     )
     assert pending() is None
+
+
+# The record as JSON holds it: the keys each step of the decision adds, none more.
+BLANK_KEYS = {
+    "metric", "definition", "test_fingerprint", "test_records", "candidate_version",
+    "candidate_value", "margin", "alpha", "min_shared_class_share", "champion_version",
+    "champion_value", "champion_recorded_value", "champion_value_source", "champion_value_how",
+    "class_differences", "shared_class_share", "evidence", "unseen", "min_unseen_records",
+    "comparable", "same_task", "allow_incomparable", "experiment",
+    "promoted", "decision", "reason",
+}  # fmt: skip
+
+
+def test_the_decision_record_holds_the_keys_of_the_steps_taken(registry: Registry) -> None:
+    """The first version's record has the blank record's keys and the verdict; a compared
+    one adds the task's words; an experiment's adds the main line's verdict."""
+    assert set(registry.decide(0.5)) == BLANK_KEYS
+    assert set(registry.decide(0.6)) == BLANK_KEYS | {"task_words"}
+    experiment = registry.decide(0.7, experiment="lr-high")
+    assert set(experiment) == BLANK_KEYS | {"task_words", "would_have_promoted"}
+
+
+def test_a_decision_read_back_from_its_json_is_the_same_decision(registry: Registry) -> None:
+    """What ``reports/eval_summary.json`` holds reads back as the decision that wrote it,
+    evidence included: a pending promotion completes the decision that was made."""
+    registry.decide(0.5)
+    recorded = registry.decide(0.9)
+    assert recorded["evidence"]["p_value"] < 0.05
+    decision = PromotionDecision.from_json(recorded)
+    assert decision.evidence is not None and decision.evidence.p_value < 0.05
+    assert decision.to_json() == recorded
+    assert PromotionDecision.from_json(decision.to_json()) == decision
 
 
 # -- a fair comparison: the champion re-scored on today's test set, the same metric ----------

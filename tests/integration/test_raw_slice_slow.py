@@ -14,6 +14,8 @@ import tensorflow as tf
 from tasks.contracts import raw_slice, tf_reader
 from tasks.schema import RecordSchema
 
+pytestmark = pytest.mark.slow
+
 RANGES = [(0, 3), (2, 50), (100, 20), (0, 1500), (1490, 7)]
 
 

@@ -11,6 +11,8 @@ import tensorflow as tf
 from tasks.schema import RecordSchema
 from tasks.tfrecord import TFRecordWriter, encode_example, frame_record
 
+pytestmark = pytest.mark.slow
+
 
 def tf_example(features: dict[str, bytes | int]) -> bytes:
     feature = {

@@ -23,6 +23,8 @@ from tasks.tfrecord import (
     record_offsets,
 )
 
+pytestmark = pytest.mark.slow
+
 
 def tf_example(features: dict[str, bytes | int | list[int]]) -> bytes:
     def feature(value: bytes | int | list[int]) -> tf.train.Feature:

@@ -18,6 +18,8 @@ from tasks.evaluate import measurement as evaluate
 from tasks.predict import model_input, predict_images
 from tests.unit.serve.test_predict import png_bytes, spec_for
 
+pytestmark = pytest.mark.slow
+
 
 def counted_model() -> tuple[Any, list[int]]:
     """A small 16x16 classifier and the list its forward pass appends to each Python run."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import pickle
@@ -18,26 +17,15 @@ from tasks.contracts.manifest import MANIFEST_NAME, file_sha256, load_manifest
 from tasks.contracts.tf_reader import read_split
 from tasks.images import resize_image
 from tasks.ingest.stage import run_ingest
-from tasks.runtime.params import ShardParams, default_params
+from tasks.runtime.params import default_params
 from tasks.schema import HASH_KEY, LABEL_KEY
 from tasks.shard.planning import plan_shards
 from tasks.shard.stage import shard_stage
 from tasks.shard.writing import write_shard
 from tests.conftest import tiny_params, write_image_folder
+from tests.shard_helpers import SIZE, TINY, digests, params
 
-SIZE = (16, 16)
-TINY = 0.002  # MiB: about two 16x16 raw records per shard, so every split has several shards
-
-
-def params(**overrides: object) -> ShardParams:
-    values: dict[str, object] = {"image_size": SIZE, "target_shard_mb": TINY, "workers": 1}
-    return default_params(shard={**values, **overrides}).shard
-
-
-def digests(folder: Path) -> dict[str, str]:
-    """sha256 of every file in a folder (hidden plan file and manifest included)."""
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
-
+pytestmark = pytest.mark.slow
 
 # -- resize ----------------------------------------------------------------------------------
 

@@ -20,6 +20,8 @@ from tasks.schema import HASH_KEY, IMAGE_KEY, LABEL_KEY, SOURCE_KEY, RecordSchem
 from tasks.tfrecord import decode_example, encode_example
 from tests.tiny_shards import write_tiny_shards
 
+pytestmark = pytest.mark.slow
+
 SCHEMA = RecordSchema(height=6, width=10, encoding="raw")  # not square: no H/W swap passes
 
 

@@ -14,6 +14,8 @@ from tasks.runtime.params import ParamsError, default_params
 from tasks.train.stage import run_train, train
 from tests.tiny_shards import write_tiny_shards, write_validation_report
 
+pytestmark = pytest.mark.slow
+
 
 def gate(root: Path) -> object:
     layout = Layout(root)

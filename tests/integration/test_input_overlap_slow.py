@@ -23,6 +23,8 @@ from tasks.train.loop import (
     steps_per_epoch,
 )
 
+pytestmark = pytest.mark.slow
+
 
 def determinism_flags(ds: tf.data.Dataset) -> set[bytes]:
     """The ``deterministic`` attribute of every parallel op in ``ds``'s graph."""

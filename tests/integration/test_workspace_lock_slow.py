@@ -16,7 +16,9 @@ import pytest
 
 from tasks.runtime.workspace_lock import HOLDER_FILE, LOCK_ENV, lock_timeout_s, read_holder
 
-REPO = Path(__file__).resolve().parents[3]
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
 
 # Holds the lock (as `holder-cmd`), says so in ./ready, and keeps it until ./release exists.
 HOLDER = """

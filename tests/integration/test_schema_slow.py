@@ -10,6 +10,8 @@ import tensorflow as tf
 
 from tasks.schema import HASH_KEY, IMAGE_KEY, LABEL_KEY, SOURCE_KEY, RecordSchema
 
+pytestmark = pytest.mark.slow
+
 HEIGHT, WIDTH = 12, 20  # not square: a height/width swap cannot pass
 ENCODINGS = ["raw", "png", "jpeg"]
 

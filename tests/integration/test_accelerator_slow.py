@@ -26,6 +26,8 @@ from tasks.runtime.refusals import Refused
 from tasks.train.stage import device_tags, run_train
 from tests.nvidia_smi import H100, stand_in_nvidia_smi
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def driver_lists_a_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
