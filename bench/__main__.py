@@ -120,6 +120,20 @@ OPTIONS: list[tuple[str, Callable[[str], Any], Any, str]] = [
     ("--feed-batch", int, 0, "global batch of the feeds section; 0: each model's per GPU"),
     ("--orch-epochs", int, None, "train.epochs of orchestration runs"),
     ("--orch-passes", int, 5, "direct / dvc repro pass pairs of the orchestration tax (median)"),
+    (
+        "--orch-without",
+        _name_list,
+        [],
+        "latency pieces acting in stage processes (prestart, fast_exit) timed off too: a dvc "
+        "repro pass each, every pass",
+    ),
+    (
+        "--orch-data-without",
+        _name_list,
+        [],
+        "latency pieces acting inside the data stages (gc_pause, worker_cost) timed off too: "
+        "direct ingest, shard, validate passes with all on and each off, every pass",
+    ),
     ("--photos", int, 200, "camera photos per size"),
     (
         "--photo-sizes",
@@ -625,9 +639,17 @@ def orchestration(b: Bench) -> None:
         images=b.images,
         overrides={"train": {"epochs": epochs}} if epochs else {},
         passes=b.args.orch_passes,
+        without=b.args.orch_without,
+        data_without=b.args.orch_data_without,
         log=log,
     )
     figures = b.run.figures
+    for piece, saved in result["latency"].items():
+        figures[f"latency.{piece}"] = saved["saving"]
+        log(
+            f"   {piece}: {saved['with_s']} s with, {saved['without_s']} s without "
+            f"({saved['side']}), saving {100 * saved['saving']:.1f}% (passes {saved['per_pass']})"
+        )
     for key in ("orchestration_tax", "dvc_noop_s"):
         value = result.pop(key)
         figures[key] = None if value is None else round(value, 4)

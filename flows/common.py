@@ -138,6 +138,10 @@ def run_then_exit(main: Callable[[], object]) -> NoReturn:
 
     refusals_as_blocks(show_first=False)
     code = refusing(body, entry_name(main))
+    from tasks.runtime.latency import enabled
+
+    if not enabled("fast_exit"):
+        sys.exit(code)  # a normal exit, the interpreter's teardown included
     # What the interpreter's exit calls first (Py_FinalizeEx -> threading._shutdown): the
     # hooks of threading._register_atexit, then a join of every non-daemon thread. Joining
     # them without the hooks waited forever on a pool's idle workers.

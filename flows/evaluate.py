@@ -6,16 +6,6 @@ moves the champion alias only if it wins.
 
 from __future__ import annotations
 
-if __name__ == "__main__":
-    # `python -m flows.evaluate`: a child starts importing what measuring the model needs
-    # (Keras with TensorFlow, Matplotlib) now, while this process imports Prefect below and
-    # starts its flow; the evaluate task then measures the model in that child while this
-    # process opens the tracking store (MLflow's import).
-    from flows.common import prestart_stage_child
-    from tasks.evaluate import stage as _evaluate
-
-    prestart_stage_child(_evaluate.warm_up)
-
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -24,7 +14,13 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 
-from flows.common import code_version, run_then_exit, stage_main, start_where_warm
+from flows.common import (
+    code_version,
+    prestart_stage_child,
+    run_then_exit,
+    stage_main,
+    start_where_warm,
+)
 from flows.model_runs import link_mlflow_run, recorded_run_name, retry_unless_refused
 from flows.run_story import Progress, naming, run_parameter, run_params_path, untagged_task_runs
 from tasks.evaluate import stage as evaluate
@@ -84,6 +80,11 @@ def evaluate_flow(params_path: str = "params.yaml", root: str = ".") -> dict[str
 
 
 def main() -> None:
+    # A child starts importing what measuring the model needs (Keras with TensorFlow,
+    # Matplotlib) now, while this process checks the server and starts its flow; the
+    # evaluate task then measures the model in that child while this process opens the
+    # tracking store (MLflow's import).
+    prestart_stage_child(evaluate.warm_up)
     stage_main("evaluate", ("evaluate",), lambda _, params: evaluate_flow(params_path=params))
 
 

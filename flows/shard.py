@@ -6,25 +6,6 @@ ingest: editing how ingest checks or reports files does not reshard.
 
 from __future__ import annotations
 
-STAGES = ("shard", "compact")
-
-if __name__ == "__main__":
-    # `python -m flows.shard`: a rebuild's workers spawn and warm up now, while this process
-    # imports Prefect below, instead of after its flow has started. Params
-    # that do not load start none: the run below reports them.
-    from flows.common import configure_environment, parse_stage_args
-    from tasks.runtime.params import load_params
-    from tasks.shard.workers import prestart_stage_workers
-
-    configure_environment()  # the workers take this environment as it is now
-    _stages, _params_path = parse_stage_args(STAGES, "flows.shard")
-    try:
-        _params = load_params(_params_path).shard
-    except Exception:  # the run below reports bad params, with the stage's context
-        pass
-    else:
-        prestart_stage_workers(_params, compact=_stages == ["compact"])
-
 import math
 from collections.abc import Iterable, Iterator, Sized
 from concurrent.futures import Executor
@@ -43,7 +24,13 @@ import tasks.shard.stage as shard_stage
 import tasks.shard.staging as shard_staging
 import tasks.shard.workers as shard_workers
 import tasks.shard.writing as shard_writing
-from flows.common import code_version, run_then_exit, stage_main
+from flows.common import (
+    code_version,
+    configure_environment,
+    parse_stage_args,
+    run_then_exit,
+    stage_main,
+)
 from flows.run_story import (
     Progress,
     naming,
@@ -60,6 +47,8 @@ from tasks.contracts.shard_store import s3_client
 from tasks.runtime.layout import Layout
 from tasks.runtime.params import ShardParams, load_params
 from tasks.runtime.processes import dismiss_prestarted
+
+STAGES = ("shard", "compact")
 
 # Shards per Prefect task: each task run costs a run record and state events that the
 # Prefect server processes (CPU taken from the workers on a small machine), so a task
@@ -312,7 +301,21 @@ def shard_flow(
     return result
 
 
+def prestart() -> None:
+    """What ``python -m flows.shard`` does first: a rebuild's workers spawn and warm up while
+    this process checks the server, takes the lock and starts its flow. Params that do not
+    load start none: the run reports them."""
+    configure_environment()  # the workers take this environment as it is now
+    stages, params_path = parse_stage_args(STAGES, "flows.shard")
+    try:
+        params = load_params(params_path).shard
+    except Exception:  # the run reports bad params, with the stage's context
+        return
+    shard_workers.prestart_stage_workers(params, compact=stages == ["compact"])
+
+
 def main() -> None:
+    prestart()
     stage_main(
         "shard",
         STAGES,

@@ -7,19 +7,6 @@ is evaluated or served does not retrain it. ``flows/training.py`` composes this 
 
 from __future__ import annotations
 
-if __name__ == "__main__":
-    # `python -m flows.train`: a child starts importing what training runs (Keras with
-    # TensorFlow, MLflow) now, while this process imports Prefect below and starts its flow;
-    # the train task then runs in that child and reports each epoch back.
-    # Not for local workers (spawned by this process) nor another worker of a cluster.
-    from flows.common import prestart_stage_child
-    from tasks.train import child as _train_child
-    from tasks.train.cluster import config_is_chief as _chief
-    from tasks.train.cluster import requested_workers as _workers
-
-    if _chief() and _workers() == 1:
-        prestart_stage_child(_train_child.warm_up)
-
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -31,6 +18,7 @@ from flows.common import (
     code_version,
     configure_environment,
     parse_stage_args,
+    prestart_stage_child,
     run_then_exit,
     run_where_warm,
     stage_main,
@@ -157,6 +145,12 @@ def main() -> None:
         _, params_path = parse_stage_args(("train",), "flows.train")
         train_child.train_worker(load_params(run_params_path(".", params_path)), Layout("."))
         return
+    if requested_workers() == 1:
+        # A child starts importing what training runs (Keras with TensorFlow, MLflow) now,
+        # while this process checks the server and starts its flow; the train task then runs
+        # in that child and reports each epoch back. Not for local workers (spawned by this
+        # process).
+        prestart_stage_child(train_child.warm_up)
     stage_main("train", ("train",), lambda _, params: train_flow(params_path=params))
 
 

@@ -17,7 +17,9 @@ def paused_gc() -> Iterator[None]:
     (docs/performance.md has the saving). The collector runs again on exit (any cycle made
     meanwhile is collected then); inside an outer pause this is a no-op. Also a decorator.
     """
-    if not gc.isenabled():
+    from tasks.runtime.latency import enabled
+
+    if not gc.isenabled() or not enabled("gc_pause"):
         yield
         return
     gc.disable()

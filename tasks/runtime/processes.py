@@ -112,8 +112,10 @@ def prestart_pool(workers: int, *, warm: Callable[[], object] | None = None) -> 
     the workers spawn, import and warm up meanwhile, instead of after the flow has started.
     A pool nobody takes must be dismissed with :func:`dismiss_prestarted`.
     """
+    from tasks.runtime.latency import enabled
+
     key = (max(1, workers), warm)
-    if key not in _prestarted:
+    if key not in _prestarted and enabled("prestart"):
         _prestarted[key] = _new_pool(*key)
 
 
@@ -271,6 +273,10 @@ def _leave() -> None:
     """
     from multiprocessing import util
 
+    from tasks.runtime.latency import enabled
+
+    if not enabled("fast_exit"):
+        return  # multiprocessing's own exit: its exit work, then the interpreter's teardown
     try:
         util._exit_function()  # type: ignore[attr-defined]  # a normal exit runs it: finalizers
     finally:
@@ -363,7 +369,9 @@ def prestart_child(warm: Callable[[], object]) -> None:
     A stage's ``python -m`` entry point calls it before importing Prefect, so
     the child's heavy import (TensorFlow) overlaps the stage's own start-up.
     """
-    if warm not in _standing_by:
+    from tasks.runtime.latency import enabled
+
+    if warm not in _standing_by and enabled("prestart"):
         _standing_by[warm] = StandbyChild(warm)
 
 

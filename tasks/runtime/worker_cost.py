@@ -54,6 +54,10 @@ def worth_workers(seconds: Iterable[float], workers: int) -> bool:
     Summing stops there, so a first run over a million files estimates only its first few
     thousand.
     """
+    from tasks.runtime.latency import enabled
+
+    if not enabled("worker_cost"):
+        return workers >= 2  # no cost model: workers whenever more than one is asked for
     need = break_even_s(workers)
     total = 0.0
     for estimate in seconds:
