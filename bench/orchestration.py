@@ -32,6 +32,12 @@ from tasks.runtime.layout import Layout
 from tasks.runtime.params import Params, deep_merge, load_params
 
 
+def _source(params: Params, layout: Layout) -> None:
+    from tasks.ingest.source_check import write_listing
+
+    write_listing(layout.root, params.ingest.source_dir)
+
+
 def _ingest(params: Params, layout: Layout) -> None:
     from tasks.contracts.handoff import Target
     from tasks.ingest.stage import run_ingest
@@ -74,6 +80,7 @@ def _evaluate(params: Params, layout: Layout) -> None:
 
 # Stage name (as in dvc.yaml) -> the same work as its flow task, without Prefect or DVC.
 DIRECT_STAGES: dict[str, Callable[[Params, Layout], None]] = {
+    "source": _source,
     "ingest": _ingest,
     "shard": _shard,
     "validate": _validate,
