@@ -89,8 +89,9 @@ DIRECT_STAGES: dict[str, Callable[[Params, Layout], None]] = {
 }
 
 
-# A stage's input inside a folder of outputs (the train stage's pretrained weights).
-INPUTS_AMONG_OUTPUTS = ("models/pretrained/",)
+# Stage inputs inside folders of outputs: the train stage's pretrained weights, and the
+# exclusion list the source and ingest stages read (git-tracked).
+INPUTS_AMONG_OUTPUTS = ("models/pretrained/", "data/excluded.json")
 # Stage outputs and local state: each copy must start from a clean slate.
 NOT_COPIED = {
     "data",
