@@ -158,6 +158,13 @@ OPTIONS: list[tuple[str, Callable[[str], Any], Any, str]] = [
         "base set of the append section",
     ),
     (
+        "--append-without",
+        _name_list,
+        [],
+        "latency pieces acting in the data stages (gc_pause, worker_cost) timed off too: the "
+        "update with all on and each off, --passes pairs (at least 5)",
+    ),
+    (
         "--append-fraction",
         float,
         0.01,
@@ -718,9 +725,17 @@ def append(b: Bench) -> None:
         min_size=args.scaling_min_size,
         max_size=args.scaling_max_size,
         workers=b.cores,
+        without=args.append_without,
+        passes=max(5, args.passes),
         log=log,
     )
     f = b.run.figures
+    for piece, saved in result["details"]["latency"].items():
+        f[f"latency.{piece}"] = saved["saving"]
+        log(
+            f"   {piece}: update {saved['with_s']} s with, {saved['without_s']} s without, "
+            f"saving {100 * saved['saving']:.1f}% (passes {saved['per_pass']})"
+        )
     for key, value in result["figures"].items():
         f[key] = round(value, 4) if isinstance(value, float) else value
     f["details"]["append"] = result["details"]
