@@ -14,17 +14,12 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 
-from flows.common import (
-    code_version,
-    prestart_stage_child,
-    run_then_exit,
-    stage_main,
-    start_where_warm,
-)
+from flows.common import code_version, configure_environment, run_then_exit, stage_main
 from flows.model_runs import link_mlflow_run, recorded_run_name, retry_unless_refused
 from flows.run_story import Progress, naming, run_parameter, run_params_path, untagged_task_runs
 from tasks.evaluate import stage as evaluate
 from tasks.evaluate.stage import run_evaluate
+from tasks.runtime import latency
 from tasks.runtime.layout import Layout
 from tasks.runtime.params import Params, load_params
 
@@ -47,7 +42,7 @@ def evaluate_task(params: Params, layout: Layout) -> dict[str, Any]:
     progress = Progress("evaluate-progress", "test and val records predicted")
     # the longest silent wait of a run after training: say what it is
     print("evaluating the model on the test split, then the label review on val and test ...")
-    start = partial(start_where_warm, evaluate.warm_up, report=progress)
+    start = partial(latency.start_where_warm, evaluate.warm_up, report=progress)
     result = run_evaluate(params, layout, start)
     progress(1, 1)  # a split with no records predicts nothing and is done too
     run_name = recorded_run_name(layout)
@@ -83,8 +78,10 @@ def main() -> None:
     # A child starts importing what measuring the model needs (Keras with TensorFlow,
     # Matplotlib) now, while this process checks the server and starts its flow; the
     # evaluate task then measures the model in that child while this process opens the
-    # tracking store (MLflow's import).
-    prestart_stage_child(evaluate.warm_up)
+    # tracking store (MLflow's import). The offline settings first: the child takes this
+    # environment as it is.
+    configure_environment()
+    latency.prestart_child(evaluate.warm_up)
     stage_main("evaluate", ("evaluate",), lambda _, params: evaluate_flow(params_path=params))
 
 

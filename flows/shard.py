@@ -44,9 +44,9 @@ from flows.run_story import (
 from tasks.contracts.manifest import ShardFile
 from tasks.contracts.membership import archive_membership
 from tasks.contracts.shard_store import s3_client
+from tasks.runtime.latency import dismiss_prestarted
 from tasks.runtime.layout import Layout
 from tasks.runtime.params import ShardParams, load_params
-from tasks.runtime.processes import dismiss_prestarted
 
 STAGES = ("shard", "compact")
 

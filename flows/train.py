@@ -18,9 +18,7 @@ from flows.common import (
     code_version,
     configure_environment,
     parse_stage_args,
-    prestart_stage_child,
     run_then_exit,
-    run_where_warm,
     stage_main,
 )
 from flows.model_runs import REFUSALS, link_mlflow_run, retry_unless
@@ -34,6 +32,7 @@ from flows.run_story import (
     untagged_task_runs,
 )
 from tasks.contracts import manifest, run_records
+from tasks.runtime import latency
 from tasks.runtime.layout import Layout
 from tasks.runtime.params import Params, TrainParams, load_params
 from tasks.train import child as train_child
@@ -118,15 +117,17 @@ def train_task(params: Params, layout: Layout) -> dict[str, Any]:
 
 
 def train_where_warm(params: Params, layout: Layout, report: train_child.Report) -> dict[str, Any]:
-    """:func:`tasks.train.child.train`, in the prestarted child when one stands by, each
-    epoch reported back here. Local workers are spawned from this process instead (a
-    prestarted child is a daemon, and a daemon has no children)."""
+    """:func:`tasks.train.child.train`, in the child :func:`main` prestarted when one stands
+    by (:func:`tasks.runtime.latency.start_where_warm`), each epoch reported back here; else
+    here. Local workers are spawned from this process instead (a prestarted child is a
+    daemon, and a daemon has no children)."""
     tags = flow_run_tags()
     if requested_workers() > 1:
         return train_child.train(params, layout, tags, report)
-    return run_where_warm(
+    job = latency.start_where_warm(
         train_child.warm_up, train_child.train, params, layout, tags, report=report
     )
+    return job.result()  # type: ignore[no-any-return]
 
 
 @flow(name="train", log_prints=True, flow_run_name=naming("train", model_run_details))
@@ -149,8 +150,9 @@ def main() -> None:
         # A child starts importing what training runs (Keras with TensorFlow, MLflow) now,
         # while this process checks the server and starts its flow; the train task then runs
         # in that child and reports each epoch back. Not for local workers (spawned by this
-        # process).
-        prestart_stage_child(train_child.warm_up)
+        # process). The offline settings first: the child takes this environment as it is.
+        configure_environment()
+        latency.prestart_child(train_child.warm_up)
     stage_main("train", ("train",), lambda _, params: train_flow(params_path=params))
 
 

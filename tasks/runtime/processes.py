@@ -86,7 +86,8 @@ def capped_workers(requested: int, key: str, *, say: bool = True) -> int:
     return cores
 
 
-def _new_pool(workers: int, warm: Callable[[], object] | None) -> ProcessPoolExecutor:
+def start_pool(workers: int, warm: Callable[[], object] | None) -> ProcessPoolExecutor:
+    """A pool of ``workers`` spawned processes, each starting now and running ``warm`` first."""
     pool = ProcessPoolExecutor(
         max_workers=workers,
         mp_context=multiprocessing.get_context("spawn"),
@@ -99,32 +100,6 @@ def _new_pool(workers: int, warm: Callable[[], object] | None) -> ProcessPoolExe
     return pool
 
 
-# Pools a stage's entry point started before its own imports (see :func:`prestart_pool`),
-# by (workers, warm): the next :func:`spawn_pool` of the same shape takes one.
-_prestarted: dict[tuple[int, Callable[[], object] | None], ProcessPoolExecutor] = {}
-
-
-def prestart_pool(workers: int, *, warm: Callable[[], object] | None = None) -> None:
-    """Start :func:`spawn_pool`'s workers now, for the stage's first ``spawn_pool(workers,
-    warm=warm)`` to take.
-
-    A stage's ``python -m`` entry point calls it before importing Prefect:
-    the workers spawn, import and warm up meanwhile, instead of after the flow has started.
-    A pool nobody takes must be dismissed with :func:`dismiss_prestarted`.
-    """
-    from tasks.runtime.latency import enabled
-
-    key = (max(1, workers), warm)
-    if key not in _prestarted and enabled("prestart"):
-        _prestarted[key] = _new_pool(*key)
-
-
-def dismiss_prestarted() -> None:
-    """Shut down every prestarted pool no stage took (its idle workers end)."""
-    while _prestarted:
-        _prestarted.popitem()[1].shutdown(wait=True, cancel_futures=True)
-
-
 @contextmanager
 def spawn_pool(
     workers: int, *, warm: Callable[[], object] | None = None
@@ -132,12 +107,14 @@ def spawn_pool(
     """``workers`` spawned processes, all starting now; each runs ``warm`` once first.
 
     ``warm`` pays a worker's one-off cost (imports, a version probe) before any real work.
-    A pool of this shape started by :func:`prestart_pool` is taken instead of a new one.
+    A pool of this shape started by :func:`tasks.runtime.latency.prestart_pool` is taken
+    instead of a new one.
     On leaving, the pool waits for work already running; on an error, work not yet started
     is cancelled first.
     """
-    key = (max(1, workers), warm)
-    pool = _prestarted.pop(key, None) or _new_pool(*key)
+    from tasks.runtime.latency import take_pool
+
+    pool = take_pool(workers, warm) or start_pool(max(1, workers), warm)
     try:
         yield pool
     except BaseException:
@@ -260,27 +237,9 @@ def _child_main(
     try:
         _send_result(connection, fn, args)
     finally:
-        _leave()
+        from tasks.runtime.latency import end_child  # here: latency imports this module
 
-
-def _leave() -> None:
-    """End a one-job child at once, but with multiprocessing's own exit work done first.
-
-    ``os._exit`` skips the interpreter's shutdown (TensorFlow's and MLflow's exit handlers
-    only cost time here), and with it the finalizers that unregister the child's
-    semaphores; a job that made one (tqdm's lock for MLflow's download bars) left the
-    stage ending on resource_tracker's "leaked semaphore objects" warning.
-    """
-    from multiprocessing import util
-
-    from tasks.runtime.latency import enabled
-
-    if not enabled("fast_exit"):
-        return  # multiprocessing's own exit: its exit work, then the interpreter's teardown
-    try:
-        util._exit_function()  # type: ignore[attr-defined]  # a normal exit runs it: finalizers
-    finally:
-        os._exit(0)
+        end_child()
 
 
 # In a child, while its job runs: where :func:`report` sends.
@@ -326,8 +285,8 @@ class StandbyChild:
     :meth:`run`: :func:`run_in_child` for work whose arguments are not known yet, with the
     heavy import already under way.
 
-    A stage's entry point starts one before its own imports (validation's TensorFlow
-    cross-check: the child's TensorFlow import then overlaps the stage's Prefect import). A
+    A stage's ``main()`` starts one first (:func:`tasks.runtime.latency.prestart_child`:
+    validation's TensorFlow cross-check, whose import then overlaps the stage's start-up). A
     child that gets no job ends when the parent does: its end of the pipe closes.
     """
 
@@ -357,30 +316,6 @@ class StandbyChild:
         self._process.join(0)
 
 
-# Children a stage's entry point started before its own imports, by warm-up function
-# (see :func:`prestart_child`); each handed out once.
-_standing_by: dict[Callable[[], object], StandbyChild] = {}
-
-
-def prestart_child(warm: Callable[[], object]) -> None:
-    """Start a :class:`StandbyChild` warming up with ``warm`` now, for the stage's work to
-    take later with :func:`standby_child`.
-
-    A stage's ``python -m`` entry point calls it before importing Prefect, so
-    the child's heavy import (TensorFlow) overlaps the stage's own start-up.
-    """
-    from tasks.runtime.latency import enabled
-
-    if warm not in _standing_by and enabled("prestart"):
-        _standing_by[warm] = StandbyChild(warm)
-
-
-def standby_child(warm: Callable[[], object]) -> StandbyChild | None:
-    """The child :func:`prestart_child` started with ``warm``, once (None when there is
-    none, or it was taken)."""
-    return _standing_by.pop(warm, None)
-
-
 def _standby_main(connection: Connection, warm: Callable[[], object], parent: int) -> None:
     end_with_parent(parent)
     try:
@@ -399,4 +334,6 @@ def _standby_main(connection: Connection, warm: Callable[[], object], parent: in
             return
         _send_result(connection, fn, args)
     finally:
-        _leave()
+        from tasks.runtime.latency import end_child  # here: latency imports this module
+
+        end_child()

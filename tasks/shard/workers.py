@@ -12,8 +12,9 @@ from pathlib import Path
 
 from tasks.contracts.handoff import entry_path
 from tasks.images import preprocessing_version
+from tasks.runtime.latency import prestart_pool
 from tasks.runtime.params import ShardParams
-from tasks.runtime.processes import capped_workers, prestart_pool, spawn_pool
+from tasks.runtime.processes import capped_workers, spawn_pool
 from tasks.runtime.worker_cost import shard_seconds, worth_workers
 from tasks.shard.planning import ShardPlan
 from tasks.shard.spec import ShardSpec
@@ -50,15 +51,15 @@ def workers_from_the_start(params: ShardParams) -> bool:
 
 
 def prestart_stage_workers(params: ShardParams, *, compact: bool) -> None:
-    """What ``python -m flows.shard`` starts before its own imports: the workers of the run
+    """What ``python -m flows.shard`` starts first: the workers of the run
     its flow will make of ``params`` (:func:`run_params`), without saying why their count is
     capped: the flow says so, in its run's log too, and the terminal got it twice."""
     prestart_workers(run_params(params, compact=compact, say=False))
 
 
 def prestart_workers(params: ShardParams) -> None:
-    """Start a rebuild's workers before the stage's own imports (see
-    :func:`tasks.runtime.processes.prestart_pool`); the stage's pool takes them."""
+    """Start a rebuild's workers before the stage's flow (see
+    :func:`tasks.runtime.latency.prestart_pool`); the stage's pool takes them."""
     if workers_from_the_start(params):
         prestart_pool(params.workers, warm=warm_worker)
 

@@ -177,11 +177,11 @@ def test_the_stage_takes_the_workers_its_entry_point_started(
     (one worker) leaves none behind."""
     import tasks.shard.workers as shard
     from flows import shard as shard_flow
-    from tasks.runtime import processes
+    from tasks.runtime import latency, processes
 
     spawned: list[int] = []
-    real = processes._new_pool
-    monkeypatch.setattr(processes, "_new_pool", lambda n, warm: spawned.append(n) or real(n, warm))
+    real = processes.start_pool
+    monkeypatch.setattr(processes, "start_pool", lambda n, warm: spawned.append(n) or real(n, warm))
     params = default_params(
         shard={"image_size": [16, 16], "target_shard_mb": 0.002, "workers": 2}
     ).shard
@@ -196,14 +196,14 @@ def test_the_stage_takes_the_workers_its_entry_point_started(
     shard.prestart_workers(params)
     assert spawned == [2]
     taken = stage_run("taken", params)
-    assert spawned == [2] and not processes._prestarted
+    assert spawned == [2] and not latency._prestarted
     plain = stage_run("plain", params)  # nothing prestarted: the run spawns its own
     assert spawned == [2, 2]
     assert shard_bytes(taken.shards_dir) == shard_bytes(plain.shards_dir)
 
     shard.prestart_workers(params)
     stage_run("one-worker", params.model_copy(update={"workers": 1}))
-    assert spawned == [2, 2, 2] and not processes._prestarted
+    assert spawned == [2, 2, 2] and not latency._prestarted
 
 
 def test_a_batch_goes_to_the_pool_a_shard_at_a_time(tiny_index: Path, tmp_path: Path) -> None:
