@@ -380,7 +380,7 @@ def worker_start(b: Bench) -> None:
     b.run.figures["details"]["workers"] = result["details"]
     log(
         f"   workers start in {result['start_s']} s: break-even {result['break_even_s']} s "
-        "of one core's work (tasks.runtime.worker_cost holds "
+        "of one core's work (tasks.runtime.latency holds "
         f"{result['details']['constant_start_s']})"
     )
     entry = measure_handoff_entry(b.work / "handoff-entries", passes=max(3, b.args.passes))
@@ -389,7 +389,7 @@ def worker_start(b: Bench) -> None:
     b.run.figures["details"]["handoff"] = entry["details"]
     log(
         f"   a small image's hand-off entry costs the data side {entry['entry_ms']} ms "
-        "(tasks.runtime.worker_cost holds "
+        "(tasks.runtime.latency holds "
         f"{entry['details']['constant_entry_ms']} ms): entries are "
         f"kept from {entry['break_even_mp']} MP"
     )

@@ -1,11 +1,11 @@
 """How long a stage's spawned workers take to be ready, and what a hand-off entry costs: the
-constants of tasks.runtime.worker_cost.
+constants of tasks.runtime.latency.
 
 A pool of ``workers`` spawned processes is started the way each stage starts its own (the
 shard pool warms up with :func:`tasks.shard.workers.warm_worker`; an ingest worker imports
 :mod:`tasks.ingest.stage` when its first job arrives), and timed until every worker has run a job.
-The slower stage's median is the start-up :data:`tasks.runtime.worker_cost.WORKER_START_S` should
-hold; the break-even follows from it (:func:`tasks.runtime.worker_cost.break_even_s`).
+The slower stage's median is the start-up :data:`tasks.runtime.latency.WORKER_START_S` should
+hold; the break-even follows from it (:func:`tasks.runtime.latency.break_even_s`).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def time_pool_start(workers: int, warm: Callable[[], object]) -> float:
 
 def measure_worker_start(workers: int = 2, passes: int = 3) -> dict[str, Any]:
     """Median pool start-up per stage, the slower one, and its break-even for ``workers``."""
-    from tasks.runtime.worker_cost import WORKER_START_S, break_even_s
+    from tasks.runtime.latency import WORKER_START_S, break_even_s
     from tasks.shard.workers import warm_worker
 
     kinds: dict[str, Callable[[], object]] = {"shard": warm_worker, "ingest": import_ingest}
@@ -74,14 +74,14 @@ def measure_worker_start(workers: int = 2, passes: int = 3) -> dict[str, Any]:
 def every_decode_kept() -> Iterator[None]:
     """Ingest keeps every decode for the shard stage inside, small images too (the cost of
     a hand-off entry is taken as nothing): the alternative the cost model is measured against."""
-    from tasks.runtime import worker_cost
+    from tasks.runtime import latency
 
-    saved = worker_cost.HANDOFF_ENTRY_S, worker_cost.HANDOFF_SECONDS_PER_BYTE
-    worker_cost.HANDOFF_ENTRY_S = worker_cost.HANDOFF_SECONDS_PER_BYTE = 0.0
+    saved = latency.HANDOFF_ENTRY_S, latency.HANDOFF_SECONDS_PER_BYTE
+    latency.HANDOFF_ENTRY_S = latency.HANDOFF_SECONDS_PER_BYTE = 0.0
     try:
         yield
     finally:
-        worker_cost.HANDOFF_ENTRY_S, worker_cost.HANDOFF_SECONDS_PER_BYTE = saved
+        latency.HANDOFF_ENTRY_S, latency.HANDOFF_SECONDS_PER_BYTE = saved
 
 
 def data_side_s(source: Path, root: Path, *, handoff: bool) -> float:
@@ -113,10 +113,10 @@ def measure_handoff_entry(work: Path, images: int = 1000, passes: int = 3) -> di
     """What a hand-off entry of a small image costs the data side (ingest + shard) where it
     saves next to no decode: per image, every decode kept less none kept, on ``images`` JPEGs
     of 200-400 px (the bench's own set), median of ``passes`` alternating pairs; beside the
-    constant :func:`tasks.runtime.worker_cost.worth_handing_off` uses and the source megapixels from
+    constant :func:`tasks.runtime.latency.worth_handing_off` uses and the source megapixels from
     which, with that constant, an entry saves more than it costs."""
     from bench.images import generate_images
-    from tasks.runtime.worker_cost import (
+    from tasks.runtime.latency import (
         HANDED_OFF_PIXEL_FRACTION,
         HANDOFF_ENTRY_S,
         SHARD_SECONDS_PER_PIXEL,

@@ -43,7 +43,7 @@ import numpy as np
 from PIL import Image
 
 from tasks.images import RESIZE_POLICIES, draft_for, open_checked, resize_image
-from tasks.runtime.worker_cost import worth_handing_off
+from tasks.runtime.latency import worth_handing_off
 
 MAGIC = b"SFHANDO4"
 # The content's sha256; the target the pixels were made for (height, width, resize policy's
@@ -165,7 +165,7 @@ class HandoffWriter:
         ``key`` names) for the content ``sha256``, with its file's ``signature``; ``head``:
         the file's :func:`header_bytes`. False when it is not an ``L``/``RGB`` image, the
         shard stage would decode it at another scale, its entry would cost more than the
-        decode it saves (:func:`tasks.runtime.worker_cost.worth_handing_off`: small images), it is
+        decode it saves (:func:`tasks.runtime.latency.worth_handing_off`: small images), it is
         past the budget, or the write failed: the shard stage then decodes, as it always could."""
         if decoded.mode not in ("L", "RGB"):
             return False

@@ -48,10 +48,9 @@ from tasks.ingest.report import (
     build_report,
 )
 from tasks.runtime.atomic import write_json, write_text
-from tasks.runtime.gc_pause import paused_gc
+from tasks.runtime.latency import check_seconds, paused_gc, worth_workers
 from tasks.runtime.params import IngestParams
 from tasks.runtime.processes import capped_workers, spawn_pool
-from tasks.runtime.worker_cost import check_seconds, worth_workers
 
 
 def verdict_key(params: IngestParams) -> str:
@@ -145,7 +144,7 @@ CHUNK = 64  # files per job sent to a worker
 
 def check_estimates(source_dir: Path, paths: Iterable[str]) -> Iterator[float]:
     """Estimated seconds to check each file at ``paths`` (from its size, before any decode:
-    :func:`tasks.runtime.worker_cost.check_seconds`); files gone meanwhile count nothing."""
+    :func:`tasks.runtime.latency.check_seconds`); files gone meanwhile count nothing."""
     for path in paths:
         try:
             yield check_seconds(os.lstat(os.path.join(source_dir, path)).st_size)

@@ -41,7 +41,7 @@ from tasks.contracts.shard_swap import discard_rebuild, finish_swap, rebuild_fol
 from tasks.contracts.tfds_metadata import write_tfds_metadata
 from tasks.images import preprocessing_version
 from tasks.runtime.atomic import write_text
-from tasks.runtime.gc_pause import paused_gc
+from tasks.runtime.latency import paused_gc
 from tasks.runtime.params import ShardParams
 from tasks.shard.append import (
     REBUILD_HINT,

@@ -1,6 +1,6 @@
 """The shard stage's local worker processes: how many, when they start, their warm-up, and
 whether an append's new shards are worth them (the cost model of
-:mod:`tasks.runtime.worker_cost`)."""
+:mod:`tasks.runtime.latency`)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,9 @@ from pathlib import Path
 
 from tasks.contracts.handoff import entry_path
 from tasks.images import preprocessing_version
-from tasks.runtime.latency import prestart_pool
+from tasks.runtime.latency import prestart_pool, shard_seconds, worth_workers
 from tasks.runtime.params import ShardParams
 from tasks.runtime.processes import capped_workers, spawn_pool
-from tasks.runtime.worker_cost import shard_seconds, worth_workers
 from tasks.shard.planning import ShardPlan
 from tasks.shard.spec import ShardSpec
 
@@ -66,7 +65,7 @@ def prestart_workers(params: ShardParams) -> None:
 
 def shard_estimates(specs: Iterable[ShardSpec]) -> Iterator[float]:
     """Estimated seconds of each record of ``specs``
-    (:func:`tasks.runtime.worker_cost.shard_seconds`),
+    (:func:`tasks.runtime.latency.shard_seconds`),
     its size read from the index as the estimate goes, and whether ingest handed its decode
     off (an entry in the plan's hand-off folder); specs that are not a plan (sizes unknown)
     count as worth any workers."""
@@ -85,7 +84,7 @@ class LocalWorkers:
     """The local runner's worker processes (``shard.workers`` of them, spawned and warmed
     together), started when they pay off: a rebuild starts them with the stage, so they warm
     up while it plans; an append starts them on its first shards, and only when those are
-    worth it (:func:`tasks.runtime.worker_cost.worth_workers`). With one worker or Dask it has no
+    worth it (:func:`tasks.runtime.latency.worth_workers`). With one worker or Dask it has no
     pool.
 
     Plain processes rather than Prefect's process runner: a worker imports only the shard

@@ -127,7 +127,7 @@ def test_an_append_starts_workers_only_when_its_new_shards_are_worth_them(
     run_ingest(ingest.ingest, index, tmp_path / "ingest.json")
 
     started: list[int] = []
-    from tasks.runtime import worker_cost
+    from tasks.runtime import latency
     from tasks.shard import workers as shard_workers
 
     real = shard_workers.spawn_pool
@@ -148,8 +148,8 @@ def test_an_append_starts_workers_only_when_its_new_shards_are_worth_them(
     monkeypatch.setattr(shard_flow, "write_shards_task", Spied())
     append = params.model_copy(update={"mode": "append"})
     results, written, submitted = {}, {}, {}
-    for name, start_s in (("threads", worker_cost.WORKER_START_S), ("workers", 0.0)):
-        monkeypatch.setattr(worker_cost, "WORKER_START_S", start_s)
+    for name, start_s in (("threads", latency.WORKER_START_S), ("workers", 0.0)):
+        monkeypatch.setattr(latency, "WORKER_START_S", start_s)
         layout = Layout(tmp_path / name)
         shutil.copytree(tmp_path / "base", layout.shards_dir)
         started.clear()

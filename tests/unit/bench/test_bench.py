@@ -570,7 +570,7 @@ def test_the_hand_off_bench_keeps_every_decode_only_inside_its_alternative() -> 
     """The bench's alternative keeps a small image's decode, and the cost model decides
     again as it ships once the bench leaves it."""
     from bench.worker_start import every_decode_kept
-    from tasks.runtime.worker_cost import worth_handing_off
+    from tasks.runtime.latency import worth_handing_off
 
     assert not worth_handing_off(300 * 200, 300 * 200 * 3)
     with every_decode_kept():

@@ -16,7 +16,7 @@ from tasks.contracts import handoff
 from tasks.contracts.index import load_index
 from tasks.ingest import stage as ingest
 from tasks.ingest.stage import handoff_shares, run_ingest
-from tasks.runtime import worker_cost
+from tasks.runtime import latency
 from tasks.runtime.params import IngestParams, ShardParams, default_params
 from tasks.shard import spec
 from tasks.shard.stage import plan_stage, shard_stage
@@ -342,7 +342,7 @@ def test_the_stage_estimates_handed_off_records_as_no_decode(tmp_path: Path) -> 
         r["width"] * r["height"] for r in records if r["path"].split("/")[1] != "small.jpg"
     )
     assert 0 < pixels < sum(r["width"] * r["height"] for r in records)  # 14 of 16 kept
-    assert cold - warm == pytest.approx(worker_cost.SHARD_SECONDS_PER_PIXEL * pixels)
+    assert cold - warm == pytest.approx(latency.SHARD_SECONDS_PER_PIXEL * pixels)
 
 
 @keeps_every_decode

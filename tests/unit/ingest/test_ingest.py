@@ -223,7 +223,7 @@ def test_new_files_are_estimated_from_their_size_and_gone_files_count_nothing(
     tmp_path: Path,
 ) -> None:
     from tasks.ingest import stage as ingest_module
-    from tasks.runtime.worker_cost import check_seconds
+    from tasks.runtime.latency import check_seconds
 
     src = tmp_path / "src"
     generate(src, per_class=3, classes=("circle", "square"), min_size=16, max_size=24)
@@ -234,9 +234,9 @@ def test_new_files_are_estimated_from_their_size_and_gone_files_count_nothing(
 
 def test_parallel_ingest_matches_serial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tasks.ingest import stage as ingest_module
-    from tasks.runtime import worker_cost
+    from tasks.runtime import latency
 
-    monkeypatch.setattr(worker_cost, "WORKER_START_S", 0.0)  # tiny files: workers all the same
+    monkeypatch.setattr(latency, "WORKER_START_S", 0.0)  # tiny files: workers all the same
     started = []
     real_pool = ingest_module.spawn_pool
     monkeypatch.setattr(ingest_module, "spawn_pool", lambda n: started.append(n) or real_pool(n))
