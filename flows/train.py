@@ -97,8 +97,15 @@ def train_task(params: Params, layout: Layout) -> dict[str, Any]:
     logger = get_run_logger()
     planned = planned_epochs(params.train)
     progress = Progress("train-progress", f"epochs done of {planned} ({params.train.model})")
+    report = epoch_reporter(planned, progress, logger)
+    tags = flow_run_tags()
     with run_log():  # training's own warnings (a discarded backup) in this run's log
-        summary = train_where_warm(params, layout, epoch_reporter(planned, progress, logger))
+        if requested_workers() > 1:  # spawned from here: a prestarted child has no children
+            summary = train_child.train(params, layout, tags, report)
+        else:  # in the child main() prestarted, each epoch reported back; else here
+            summary = latency.start_where_warm(
+                train_child.warm_up, train_child.train, params, layout, tags, report=report
+            ).result()
     progress(planned, planned)  # early stopping ends a run before its planned epochs
     url = link_mlflow_run(summary["run_url"], summary["run_name"], "training run")
     kept = summary.get("model", {})  # the model's weights' epoch, not always the last one
@@ -114,20 +121,6 @@ def train_task(params: Params, layout: Layout) -> dict[str, Any]:
         url,
     )
     return {key: value for key, value in summary.items() if key != "history"}
-
-
-def train_where_warm(params: Params, layout: Layout, report: train_child.Report) -> dict[str, Any]:
-    """:func:`tasks.train.child.train`, in the child :func:`main` prestarted when one stands
-    by (:func:`tasks.runtime.latency.start_where_warm`), each epoch reported back here; else
-    here. Local workers are spawned from this process instead (a prestarted child is a
-    daemon, and a daemon has no children)."""
-    tags = flow_run_tags()
-    if requested_workers() > 1:
-        return train_child.train(params, layout, tags, report)
-    job = latency.start_where_warm(
-        train_child.warm_up, train_child.train, params, layout, tags, report=report
-    )
-    return job.result()  # type: ignore[no-any-return]
 
 
 @flow(name="train", log_prints=True, flow_run_name=naming("train", model_run_details))
