@@ -48,7 +48,7 @@ from tasks.ingest.report import (
     build_report,
 )
 from tasks.runtime.atomic import write_json, write_text
-from tasks.runtime.latency import check_seconds, paused_gc, worth_workers
+from tasks.runtime.latency import check_seconds, worth_workers
 from tasks.runtime.params import IngestParams
 from tasks.runtime.processes import capped_workers, spawn_pool
 
@@ -465,7 +465,6 @@ class PreviousRun:
         )
 
 
-@paused_gc()
 def run_ingest(
     params: IngestParams,
     index_path: Path,

@@ -10,8 +10,6 @@
 - ``worker_cost``: ingest and shard spawn worker processes only for work past one measured
   break-even (:func:`worth_workers`); the same figures decide whether ingest keeps a decode
   for the shard stage (:func:`worth_handing_off`, :mod:`tasks.contracts.handoff`).
-- ``gc_pause``: the cyclic garbage collector pauses while a stage builds large acyclic data
-  (:func:`paused_gc`).
 
 ``SHARDFLOW_LATENCY_OFF`` (comma-separated names of :data:`PIECES`) turns pieces off in this
 process and every process it starts (a stage's children, the stages ``dvc repro`` runs):
@@ -21,13 +19,11 @@ process and every process it starts (a stage's children, the stages ``dvc repro`
 
 from __future__ import annotations
 
-import gc
 import math
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
 from typing import Any, NoReturn, TypeVar
 
 from tasks.runtime import processes
@@ -35,7 +31,7 @@ from tasks.runtime import processes
 T = TypeVar("T")
 
 OFF_ENV = "SHARDFLOW_LATENCY_OFF"
-PIECES = ("prestart", "fast_exit", "gc_pause", "worker_cost")
+PIECES = ("prestart", "fast_exit", "worker_cost")
 
 
 def enabled(piece: str) -> bool:
@@ -247,26 +243,3 @@ def worth_handing_off(pixels: int, entry_bytes: int) -> bool:
     """
     saved = SHARD_SECONDS_PER_PIXEL * pixels * (1 - HANDED_OFF_PIXEL_FRACTION)
     return saved > HANDOFF_ENTRY_S + HANDOFF_SECONDS_PER_BYTE * entry_bytes
-
-
-# -- garbage-collector pause ---------------------------------------------------------------
-
-
-@contextmanager
-def paused_gc() -> Iterator[None]:
-    """Pause the cyclic garbage collector while a stage builds large acyclic data.
-
-    Index records, verdicts and record lists are dicts, lists and strings: reference
-    counting frees them and they form no cycle, yet the cyclic collector walks the whole
-    growing heap each time allocations pass its thresholds, a cost that grows with the heap
-    (docs/performance.md has the saving). The collector runs again on exit (any cycle made
-    meanwhile is collected then); inside an outer pause this is a no-op. Also a decorator.
-    """
-    if not gc.isenabled() or not enabled("gc_pause"):
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()

@@ -1,10 +1,9 @@
 """The latency seam: each piece on unless the bench's switch names it, and what each does
 when off (no process is started here); one cost model decides when a stage's spawned
-workers pay (ingest and shard alike); the stages' garbage-collector pause."""
+workers pay (ingest and shard alike)."""
 
 from __future__ import annotations
 
-import gc
 import math
 from collections.abc import Iterator
 
@@ -14,7 +13,6 @@ from tasks.runtime import latency
 from tasks.runtime.latency import (
     break_even_s,
     check_seconds,
-    paused_gc,
     shard_seconds,
     worth_handing_off,
     worth_workers,
@@ -123,22 +121,3 @@ def test_many_small_files_are_worth_workers() -> None:
     workers), most of it per file."""
     assert worth_workers((check_seconds(4000) for _ in range(10_000)), 2)
     assert not worth_workers((check_seconds(4000) for _ in range(100)), 2)
-
-
-def test_the_collector_is_paused_inside_and_back_after_an_error() -> None:
-    assert gc.isenabled()
-    with pytest.raises(ValueError), paused_gc():
-        assert not gc.isenabled()
-        raise ValueError("a stage failed")
-    assert gc.isenabled()
-
-
-def test_a_nested_pause_keeps_the_outer_one_and_the_decorator_form_works() -> None:
-    @paused_gc()
-    def inner() -> bool:
-        return gc.isenabled()
-
-    with paused_gc():
-        assert inner() is False
-        assert not gc.isenabled()  # the inner pause ended without re-enabling
-    assert gc.isenabled() and inner() is False and gc.isenabled()
