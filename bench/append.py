@@ -24,7 +24,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -296,14 +296,10 @@ def measure_append(
     min_size: int = 64,
     max_size: int = 128,
     workers: int = 2,
-    without: Sequence[str] = (),
-    passes: int = 5,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Figures (``append.*``) and details of one append of ``fraction`` new images to a set
-    of ``images``, against building the grown set from scratch. ``without``: latency pieces
-    (:data:`tasks.runtime.latency.PIECES`) whose worth the update is timed for too
-    (:func:`update_without`, ``passes`` pairs each)."""
+    of ``images``, against building the grown set from scratch."""
     from bench.images import generate_images
     from tasks.contracts.manifest import load_manifest
 
@@ -325,9 +321,6 @@ def measure_append(
     log(f"   full run: {total} images from scratch")
     from_scratch = data_side(params, full, full.root / "images", "rebuild")
 
-    pieces = {}
-    if without:
-        pieces = update_without(params, grow, source, new_names, without, passes=passes, log=log)
     log(f"   update: +{len(new_names)} images, shard.mode append")
     link_images(source, grow.root / "images", new_names)
     update = data_side(params, grow, grow.root / "images", "append")
@@ -352,74 +345,11 @@ def measure_append(
         "new_shards": list(new_shards),
         "base_push_objects": len(base_pushed),
         "push": {**sent, "dvc_printed": printed},
-        "latency": pieces,
         "note": "full run = ingest + rebuild + validate of the grown set from scratch; "
         "bytes = files new or replaced in the shard folder; push objects include the "
         "folder listing (.dir)",
     }
     return {"figures": report_figures(from_scratch, update, sent), "details": details}
-
-
-def update_without(
-    params: Params,
-    grow: Layout,
-    source: Path,
-    new_names: list[str],
-    without: Sequence[str],
-    *,
-    passes: int,
-    log: Callable[[str], None] = print,
-) -> dict[str, Any]:
-    """The update's data side (ingest + shard + validate of the new images) with every
-    latency piece on, and with each of ``without`` off (:mod:`tasks.runtime.latency`), in
-    turns, ``passes`` times, each from a copy of the base workspace; per piece the median of
-    each pass's ``1 - with / without``."""
-    import statistics
-
-    from tasks.runtime.latency import OFF_ENV
-
-    saved = grow.root.parent / "grow-base"
-    shutil.rmtree(saved, ignore_errors=True)
-    shutil.copytree(grow.root, saved, ignore=shutil.ignore_patterns("images"))
-    seconds: dict[str, list[float]] = {name: [] for name in ("", *without)}
-    for number in range(passes):
-        order = ["", *without]
-        for name in order if number % 2 == 0 else order[::-1]:
-            restore(grow.root, saved)
-            link_images(source, grow.root / "images", new_names)
-            os.environ[OFF_ENV] = name
-            try:
-                side = data_side(params, grow, grow.root / "images", "append")
-            finally:
-                os.environ.pop(OFF_ENV)
-                for rel in new_names:
-                    (grow.root / "images" / rel).unlink()
-            seconds[name].append(side["ingest_s"] + side["shard_s"] + side["validate_s"])
-            log(f"     update pass {number + 1} without {name or '-'}: {seconds[name][-1]:.2f} s")
-    restore(grow.root, saved)
-    shutil.rmtree(saved)
-    out: dict[str, Any] = {}
-    for piece in without:
-        pairs = [1 - w / o for w, o in zip(seconds[""], seconds[piece], strict=True)]
-        out[piece] = {
-            "with_s": round(statistics.median(seconds[""]), 3),
-            "without_s": round(statistics.median(seconds[piece]), 3),
-            "saving": round(statistics.median(pairs), 4),
-            "per_pass": [round(x, 4) for x in pairs],
-        }
-    return out
-
-
-def restore(root: Path, saved: Path) -> None:
-    """Put ``root`` back as ``saved`` holds it, its ``images`` folder apart."""
-    for entry in root.iterdir():
-        if entry.name == "images":
-            continue
-        if entry.is_dir():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
-    shutil.copytree(saved, root, dirs_exist_ok=True)
 
 
 def stage_workspaces(

@@ -297,45 +297,26 @@ def tax_spread(direct: list[dict[str, float]], dvc: list[dict[str, float]]) -> d
     }
 
 
-# The stages whose work the in-stage latency pieces (garbage-collector pause, the workers'
-# cost model) act in: the direct passes of ``data_without`` run only these.
-DATA_STAGES = ("ingest", "shard", "validate")
-
-
 def piece_savings(
     direct: list[dict[str, float]],
     dvc: list[dict[str, float]],
     off: dict[str, list[dict[str, float]]],
 ) -> dict[str, Any]:
-    """What each latency piece saves, from paired passes: for ``dvc:<piece>`` the
-    ``dvc repro`` pass with it off against the pass with all on run just before (and the
-    orchestration tax without it); for ``data:<piece>`` the direct data-stage pass with it
-    off against the one with all on (``data:``) of the same pass. ``saving`` is the median
-    of each pair's ``1 - with / without``."""
+    """What each latency piece saves, from paired passes: the ``dvc repro`` pass with it off
+    against the pass with all on run just before; ``saving`` is the median of each pair's
+    ``1 - with / without``, ``tax_without`` the orchestration tax without it."""
     out: dict[str, Any] = {}
-    for name, passes in off.items():
-        side, piece = name.split(":")
-        if not piece:
-            continue
-        if side == "dvc":
-            with_s = [p["total"] for p in dvc]
-            tax = [1 - d["total"] / p["total"] for d, p in zip(direct, passes, strict=True)]
-            extra: dict[str, Any] = {"tax_without": round(statistics.median(tax), 4)}
-        else:
-            with_s = [sum(v for k, v in p.items() if k in DATA_STAGES) for p in off["data:"]]
-            extra = {}
-        without_s = [
-            p["total"] if side == "dvc" else sum(v for k, v in p.items() if k in DATA_STAGES)
-            for p in passes
-        ]
+    with_s = [p["total"] for p in dvc]
+    for piece, passes in off.items():
+        without_s = [p["total"] for p in passes]
         savings = [1 - w / o for w, o in zip(with_s, without_s, strict=True)]
+        tax = [1 - d["total"] / p["total"] for d, p in zip(direct, passes, strict=True)]
         out[piece] = {
-            "side": side,
             "with_s": round(statistics.median(with_s), 3),
             "without_s": round(statistics.median(without_s), 3),
             "saving": round(statistics.median(savings), 4),
             "per_pass": [round(x, 4) for x in savings],
-            **extra,
+            "tax_without": round(statistics.median(tax), 4),
         }
     return out
 
@@ -377,15 +358,12 @@ def measure_orchestration(
     overrides: dict[str, Any] | None = None,
     passes: int = 5,
     without: Sequence[str] = (),
-    data_without: Sequence[str] = (),
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Time ``dvc repro`` vs direct calls over the stages both can run, then a no-op repro.
 
-    ``without``: latency pieces (:data:`tasks.runtime.latency.PIECES`) that act in the stage
-    processes; each pass adds a ``dvc repro`` pass with each one off, right after the pass
-    with all on. ``data_without``: pieces that act inside the data stages; each pass adds a
-    direct pass of those stages with all on and one with each off. Their figures are
+    ``without``: latency pieces (:data:`tasks.runtime.latency.PIECES`); each pass adds a
+    ``dvc repro`` pass with each one off, right after the pass with all on. Their figures are
     ``latency`` (:func:`piece_savings`).
 
     Each pass runs both from fresh copies, alternating (direct, dvc, direct, dvc, ...),
@@ -418,9 +396,7 @@ def measure_orchestration(
     skipped = [s for s in stages if s not in covered]
 
     direct_passes, dvc_passes = [], []
-    data_stages = [s for s in covered if s in DATA_STAGES]
-    off_passes: dict[str, list[dict[str, float]]] = {f"dvc:{p}": [] for p in without}
-    off_passes.update({f"data:{p}": [] for p in ("", *data_without)} if data_without else {})
+    off_passes: dict[str, list[dict[str, float]]] = {piece: [] for piece in without}
     for number in range(1, max(1, passes) + 1):
         direct_root = copy_repo(repo_root, work_dir / "direct", images=images, overrides=overrides)
         log(f"  pass {number}: direct: {', '.join(covered)}")
@@ -431,13 +407,8 @@ def measure_orchestration(
         log(f"    direct {direct_passes[-1]}; dvc repro {dvc_passes[-1]}")
         for piece in without:
             root = copy_repo(repo_root, work_dir / "dvc-off", images=images, overrides=overrides)
-            off_passes[f"dvc:{piece}"].append(_run_dvc_repro(covered[-1], root, off=[piece]))
-            log(f"    dvc repro without {piece}: {off_passes[f'dvc:{piece}'][-1]}")
-        for piece in ("", *data_without) if data_without else ():
-            root = copy_repo(repo_root, work_dir / "data-off", images=images, overrides=overrides)
-            off = [piece] if piece else []
-            off_passes[f"data:{piece}"].append(_run_direct(root, data_stages, off=off))
-            log(f"    data stages without {piece or '-'}: {off_passes[f'data:{piece}'][-1]}")
+            off_passes[piece].append(_run_dvc_repro(covered[-1], root, off=[piece]))
+            log(f"    dvc repro without {piece}: {off_passes[piece][-1]}")
     direct_s = min(p["total"] for p in direct_passes)
     dvc_s = min(p["total"] for p in dvc_passes)
     full_s = None

@@ -134,11 +134,7 @@ def runner_writer(
                 needed,
                 staging.url,
             )
-        # Shards not worth the workers (below tasks.runtime.latency's break-even) go as one
-        # task:
-        # the flow's threads would only share the GIL and add task runs.
-        small = local is not None and local.enabled and pool is None
-        size = max(1, total) if small else batch_size(total, workers)
+        size = batch_size(total, workers)
         pending: list[PrefectFuture[list[ShardFile]]] = []
         done = 0
 
