@@ -8,6 +8,9 @@
 - ``fast_exit``: a stage process (:func:`exit_now`) and a one-job child (:func:`end_child`)
   end without the interpreter's teardown, which with TensorFlow loaded takes seconds.
 
+The third piece kept, ingest's decodes handed to the shard stage, is a contract between the
+two stages (:mod:`tasks.contracts.handoff`), switched by ``ingest.handoff_mb``.
+
 ``SHARDFLOW_LATENCY_OFF`` (comma-separated names of :data:`PIECES`) turns pieces off in this
 process and every process it starts (a stage's children, the stages ``dvc repro`` runs):
 ``python -m bench`` sets it to time each piece with and without (docs/performance.md,
