@@ -38,7 +38,7 @@ SELF_CONTAINED = {
     "append",
     "photos",
     "plan_rss",
-    "worker_start",
+    "handoff_entry",
     "near_duplicates",
     "lineage",
     "label_review",
@@ -120,6 +120,13 @@ OPTIONS: list[tuple[str, Callable[[str], Any], Any, str]] = [
     ("--feed-batch", int, 0, "global batch of the feeds section; 0: each model's per GPU"),
     ("--orch-epochs", int, None, "train.epochs of orchestration runs"),
     ("--orch-passes", int, 5, "direct / dvc repro pass pairs of the orchestration tax (median)"),
+    (
+        "--orch-without",
+        _name_list,
+        [],
+        "latency pieces acting in stage processes (prestart, fast_exit) timed off too: a dvc "
+        "repro pass each, every pass",
+    ),
     ("--photos", int, 200, "camera photos per size"),
     (
         "--photo-sizes",
@@ -253,8 +260,6 @@ class Run:
             "plan_rss.stage_rebuild_1m_mb": None,
             "plan_rss.stage_append_10k_mb": None,
             "plan_rss.stage_append_1m_mb": None,
-            "workers.start_s": None,
-            "workers.break_even_s": None,
             "handoff.entry_ms": None,
             "handoff.break_even_mp": None,
             "near_duplicates.max_light_edit_bits": None,
@@ -350,25 +355,16 @@ def prepare(b: Bench) -> None:
     b.index = ingest_folder(b.images, b.work / f"ingest-{b.tag}", workers=b.cores)
 
 
-def worker_start(b: Bench) -> None:
-    from bench.worker_start import measure_handoff_entry, measure_worker_start
+def handoff_entry(b: Bench) -> None:
+    from bench.handoff_entry import measure_handoff_entry
 
-    result = measure_worker_start(workers=2, passes=max(3, b.args.passes))
-    b.run.figures["workers.start_s"] = result["start_s"]
-    b.run.figures["workers.break_even_s"] = result["break_even_s"]
-    b.run.figures["details"]["workers"] = result["details"]
-    log(
-        f"   workers start in {result['start_s']} s: break-even {result['break_even_s']} s "
-        "of one core's work (tasks.runtime.worker_cost holds "
-        f"{result['details']['constant_start_s']})"
-    )
     entry = measure_handoff_entry(b.work / "handoff-entries", passes=max(3, b.args.passes))
     for key in ("entry_ms", "break_even_mp"):
         b.run.figures[f"handoff.{key}"] = entry[key]
     b.run.figures["details"]["handoff"] = entry["details"]
     log(
         f"   a small image's hand-off entry costs the data side {entry['entry_ms']} ms "
-        "(tasks.runtime.worker_cost holds "
+        "(tasks.contracts.handoff holds "
         f"{entry['details']['constant_entry_ms']} ms): entries are "
         f"kept from {entry['break_even_mp']} MP"
     )
@@ -625,9 +621,16 @@ def orchestration(b: Bench) -> None:
         images=b.images,
         overrides={"train": {"epochs": epochs}} if epochs else {},
         passes=b.args.orch_passes,
+        without=b.args.orch_without,
         log=log,
     )
     figures = b.run.figures
+    for piece, saved in result["latency"].items():
+        figures[f"latency.{piece}"] = saved["saving"]
+        log(
+            f"   {piece}: {saved['with_s']} s with, {saved['without_s']} s without "
+            f"(dvc repro), saving {100 * saved['saving']:.1f}% (passes {saved['per_pass']})"
+        )
     for key in ("orchestration_tax", "dvc_noop_s"):
         value = result.pop(key)
         figures[key] = None if value is None else round(value, 4)
@@ -699,9 +702,6 @@ def append(b: Bench) -> None:
         log=log,
     )
     f = b.run.figures
-    for key, value in result["figures"].items():
-        f[key] = round(value, 4) if isinstance(value, float) else value
-    f["details"]["append"] = result["details"]
     log(
         f"   append +{result['details']['new_images']} images: bytes written "
         f"{f['append.bytes_written_fraction']} of the set, data side "
@@ -783,7 +783,7 @@ def label_review(b: Bench) -> None:
 
 # The sections, in the order they run (`--only` names them; `--skip-*` drops two).
 SECTIONS: dict[str, Callable[[Bench], None]] = {
-    "worker_start": worker_start,
+    "handoff_entry": handoff_entry,
     "read": read,
     "write": write,
     "photos": photos,

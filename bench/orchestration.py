@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,12 @@ import yaml
 
 from tasks.runtime.layout import Layout
 from tasks.runtime.params import Params, deep_merge, load_params
+
+
+def _source(params: Params, layout: Layout) -> None:
+    from tasks.ingest.source_check import write_listing
+
+    write_listing(layout.root, params.ingest.source_dir)
 
 
 def _ingest(params: Params, layout: Layout) -> None:
@@ -74,6 +80,7 @@ def _evaluate(params: Params, layout: Layout) -> None:
 
 # Stage name (as in dvc.yaml) -> the same work as its flow task, without Prefect or DVC.
 DIRECT_STAGES: dict[str, Callable[[Params, Layout], None]] = {
+    "source": _source,
     "ingest": _ingest,
     "shard": _shard,
     "validate": _validate,
@@ -82,8 +89,9 @@ DIRECT_STAGES: dict[str, Callable[[Params, Layout], None]] = {
 }
 
 
-# A stage's input inside a folder of outputs (the train stage's pretrained weights).
-INPUTS_AMONG_OUTPUTS = ("models/pretrained/",)
+# Stage inputs inside folders of outputs: the train stage's pretrained weights, and the
+# exclusion list the source and ingest stages read (git-tracked).
+INPUTS_AMONG_OUTPUTS = ("models/pretrained/", "data/excluded.json")
 # Stage outputs and local state: each copy must start from a clean slate.
 NOT_COPIED = {
     "data",
@@ -167,10 +175,16 @@ def compile_packages(root: Path) -> None:
             raise RuntimeError(f"{package} does not compile")
 
 
-def _env() -> dict[str, str]:
+def _env(off: Sequence[str] = ()) -> dict[str, str]:
+    """This process's environment for a run, with the latency pieces ``off`` turned off
+    (:mod:`tasks.runtime.latency`) in it and every process it starts."""
+    from tasks.runtime.latency import OFF_ENV
+
     # `python` in dvc.yaml commands must be this interpreter.
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    return {**os.environ, "PATH": path, "DVC_NO_ANALYTICS": "1", "DO_NOT_TRACK": "true"}
+    env = {**os.environ, "PATH": path, "DVC_NO_ANALYTICS": "1", "DO_NOT_TRACK": "true"}
+    env[OFF_ENV] = ",".join(off)
+    return env
 
 
 STAGE_LINE = re.compile(r"^Running stage '([^']+)'")
@@ -190,7 +204,9 @@ def stage_seconds(marks: list[tuple[float, str]], end: float) -> dict[str, float
     return {DVC_START: round(starts[0][0], 3), **seconds}
 
 
-def _run_dvc_repro(target: str, cwd: Path, timeout: float = 7200) -> dict[str, float]:
+def _run_dvc_repro(
+    target: str, cwd: Path, timeout: float = 7200, off: Sequence[str] = ()
+) -> dict[str, float]:
     """``dvc repro target``, timing each stage from its output as it streams; killed after
     ``timeout`` seconds, with its stages (reading the stream would otherwise wait on a hung
     run forever: a stage process holds the stream open after DVC itself is gone)."""
@@ -198,7 +214,7 @@ def _run_dvc_repro(target: str, cwd: Path, timeout: float = 7200) -> dict[str, f
     process = subprocess.Popen(
         [sys.executable, "-m", "dvc", "repro", target],
         cwd=cwd,
-        env=_env(),
+        env=_env(off),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -226,14 +242,14 @@ def _run_dvc_repro(target: str, cwd: Path, timeout: float = 7200) -> dict[str, f
     return {**stage_seconds(marks, end), "total": round(end, 3)}
 
 
-def _run_direct(root: Path, stages: list[str]) -> dict[str, float]:
+def _run_direct(root: Path, stages: list[str], off: Sequence[str] = ()) -> dict[str, float]:
     """The direct runner in a fresh interpreter; its own timing of each stage.
 
     It runs in its copy, so it imports that copy's code, as each stage of a ``dvc repro``
     pass imports its own copy's (not this checkout's, whose bytecode state differs); a
     runner that ran other code than its copy's is an error."""
     end, out = _run_with_output(
-        [sys.executable, "-m", "bench.orchestration", str(root), *stages], root
+        [sys.executable, "-m", "bench.orchestration", str(root), *stages], root, off=off
     )
     ran = json.loads(out.strip().splitlines()[-1])
     if Path(ran["code"]).resolve() != root.resolve():
@@ -281,6 +297,30 @@ def tax_spread(direct: list[dict[str, float]], dvc: list[dict[str, float]]) -> d
     }
 
 
+def piece_savings(
+    direct: list[dict[str, float]],
+    dvc: list[dict[str, float]],
+    off: dict[str, list[dict[str, float]]],
+) -> dict[str, Any]:
+    """What each latency piece saves, from paired passes: the ``dvc repro`` pass with it off
+    against the pass with all on run just before; ``saving`` is the median of each pair's
+    ``1 - with / without``, ``tax_without`` the orchestration tax without it."""
+    out: dict[str, Any] = {}
+    with_s = [p["total"] for p in dvc]
+    for piece, passes in off.items():
+        without_s = [p["total"] for p in passes]
+        savings = [1 - w / o for w, o in zip(with_s, without_s, strict=True)]
+        tax = [1 - d["total"] / p["total"] for d, p in zip(direct, passes, strict=True)]
+        out[piece] = {
+            "with_s": round(statistics.median(with_s), 3),
+            "without_s": round(statistics.median(without_s), 3),
+            "saving": round(statistics.median(savings), 4),
+            "per_pass": [round(x, 4) for x in savings],
+            "tax_without": round(statistics.median(tax), 4),
+        }
+    return out
+
+
 def _quartile(values: list[float], q: float) -> float:
     """Linear-interpolated quantile of sorted ``values`` (numpy's default method)."""
     at = q * (len(values) - 1)
@@ -289,11 +329,15 @@ def _quartile(values: list[float], q: float) -> float:
     return values[low] + (values[high] - values[low]) * (at - low)
 
 
-def _run_with_output(cmd: list[str], cwd: Path, timeout: float = 7200) -> tuple[float, str]:
-    """Run a command; return its wall seconds and standard output; raise with its output
-    tail when it fails."""
+def _run_with_output(
+    cmd: list[str], cwd: Path, timeout: float = 7200, off: Sequence[str] = ()
+) -> tuple[float, str]:
+    """Run a command (the latency pieces ``off`` turned off); return its wall seconds and
+    standard output; raise with its output tail when it fails."""
     start = time.perf_counter()
-    done = subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(
+        cmd, cwd=cwd, env=_env(off), capture_output=True, text=True, timeout=timeout
+    )
     elapsed = time.perf_counter() - start
     if done.returncode != 0:
         tail = (done.stdout + done.stderr).strip()[-3000:]
@@ -313,9 +357,14 @@ def measure_orchestration(
     images: Path,
     overrides: dict[str, Any] | None = None,
     passes: int = 5,
+    without: Sequence[str] = (),
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Time ``dvc repro`` vs direct calls over the stages both can run, then a no-op repro.
+
+    ``without``: latency pieces (:data:`tasks.runtime.latency.PIECES`); each pass adds a
+    ``dvc repro`` pass with each one off, right after the pass with all on. Their figures are
+    ``latency`` (:func:`piece_savings`).
 
     Each pass runs both from fresh copies, alternating (direct, dvc, direct, dvc, ...),
     timing every stage on each side. Training is most of either run and, on a small shared
@@ -347,6 +396,7 @@ def measure_orchestration(
     skipped = [s for s in stages if s not in covered]
 
     direct_passes, dvc_passes = [], []
+    off_passes: dict[str, list[dict[str, float]]] = {piece: [] for piece in without}
     for number in range(1, max(1, passes) + 1):
         direct_root = copy_repo(repo_root, work_dir / "direct", images=images, overrides=overrides)
         log(f"  pass {number}: direct: {', '.join(covered)}")
@@ -355,6 +405,10 @@ def measure_orchestration(
         log(f"  pass {number}: dvc repro {covered[-1]} (runs {', '.join(covered)})")
         dvc_passes.append(_run_dvc_repro(covered[-1], dvc_root))
         log(f"    direct {direct_passes[-1]}; dvc repro {dvc_passes[-1]}")
+        for piece in without:
+            root = copy_repo(repo_root, work_dir / "dvc-off", images=images, overrides=overrides)
+            off_passes[piece].append(_run_dvc_repro(covered[-1], root, off=[piece]))
+            log(f"    dvc repro without {piece}: {off_passes[piece][-1]}")
     direct_s = min(p["total"] for p in direct_passes)
     dvc_s = min(p["total"] for p in dvc_passes)
     full_s = None
@@ -379,6 +433,7 @@ def measure_orchestration(
         "dvc_rest_s": None if full_s is None else round(full_s, 3),
         "dvc_noop_passes": [round(s, 3) for s in noop],
         "overrides": overrides,
+        "latency": piece_savings(direct_passes, dvc_passes, off_passes),
     }
 
 

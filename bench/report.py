@@ -128,8 +128,6 @@ def format_table(figures: dict[str, Any], targets: list[dict[str, Any]]) -> str:
         lines.append(f"{key:<24}{_fmt(figures.get(key)):>14}  {unit}")
     for key in RSS_KEYS:
         lines.append(f"{key:<24}{_fmt(figures.get(key)):>14}  MB peak RSS")
-    for key in ("workers.start_s", "workers.break_even_s"):
-        lines.append(f"{key:<24}{_fmt(figures.get(key), 2):>14}  s")
     for key, unit in (
         ("handoff.entry_ms", "ms a small image's hand-off entry costs ingest + shard"),
         ("handoff.break_even_mp", "MP from which ingest keeps a decode for the shard stage"),

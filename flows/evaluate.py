@@ -6,16 +6,6 @@ moves the champion alias only if it wins.
 
 from __future__ import annotations
 
-if __name__ == "__main__":
-    # `python -m flows.evaluate`: a child starts importing what measuring the model needs
-    # (Keras with TensorFlow, Matplotlib) now, while this process imports Prefect below and
-    # starts its flow; the evaluate task then measures the model in that child while this
-    # process opens the tracking store (MLflow's import).
-    from flows.support.entry import prestart_stage_child
-    from tasks.evaluate import stage as _evaluate
-
-    prestart_stage_child(_evaluate.warm_up)
-
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -24,7 +14,8 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 
-from flows.support.entry import code_version, run_then_exit, stage_main, start_where_warm
+from flows.support.entry import code_version, run_then_exit, stage_main
+from flows.support.environment import configure_environment
 from flows.support.model_runs import link_mlflow_run, recorded_run_name, retry_unless_refused
 from flows.support.run_story import (
     Progress,
@@ -35,6 +26,7 @@ from flows.support.run_story import (
 )
 from tasks.evaluate import stage as evaluate
 from tasks.evaluate.stage import run_evaluate
+from tasks.runtime import latency
 from tasks.runtime.layout import Layout
 from tasks.runtime.params import Params, load_params
 
@@ -57,7 +49,7 @@ def evaluate_task(params: Params, layout: Layout) -> dict[str, Any]:
     progress = Progress("evaluate-progress", "test and val records predicted")
     # the longest silent wait of a run after training: say what it is
     print("evaluating the model on the test split, then the label review on val and test ...")
-    start = partial(start_where_warm, evaluate.warm_up, report=progress)
+    start = partial(latency.start_where_warm, evaluate.warm_up, report=progress)
     result = run_evaluate(params, layout, start)
     progress(1, 1)  # a split with no records predicts nothing and is done too
     run_name = recorded_run_name(layout)
@@ -90,6 +82,13 @@ def evaluate_flow(params_path: str = "params.yaml", root: str = ".") -> dict[str
 
 
 def main() -> None:
+    # A child starts importing what measuring the model needs (Keras with TensorFlow,
+    # Matplotlib) now, while this process checks the server and starts its flow; the
+    # evaluate task then measures the model in that child while this process opens the
+    # tracking store (MLflow's import). The offline settings first: the child takes this
+    # environment as it is.
+    configure_environment()
+    latency.prestart_child(evaluate.warm_up)
     stage_main("evaluate", ("evaluate",), lambda _, params: evaluate_flow(params_path=params))
 
 

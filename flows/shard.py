@@ -6,26 +6,6 @@ ingest: editing how ingest checks or reports files does not reshard.
 
 from __future__ import annotations
 
-STAGES = ("shard", "compact")
-
-if __name__ == "__main__":
-    # `python -m flows.shard`: a rebuild's workers spawn and warm up now, while this process
-    # imports Prefect below, instead of after its flow has started. Params
-    # that do not load start none: the run below reports them.
-    from flows.support.entry import parse_stage_args
-    from flows.support.environment import configure_environment
-    from tasks.runtime.params import load_params
-    from tasks.shard.workers import prestart_stage_workers
-
-    configure_environment()  # the workers take this environment as it is now
-    _stages, _params_path = parse_stage_args(STAGES, "flows.shard")
-    try:
-        _params = load_params(_params_path).shard
-    except Exception:  # the run below reports bad params, with the stage's context
-        pass
-    else:
-        prestart_stage_workers(_params, compact=_stages == ["compact"])
-
 import math
 from collections.abc import Iterable, Iterator, Sized
 from concurrent.futures import Executor
@@ -44,7 +24,8 @@ import tasks.shard.stage as shard_stage
 import tasks.shard.staging as shard_staging
 import tasks.shard.workers as shard_workers
 import tasks.shard.writing as shard_writing
-from flows.support.entry import code_version, run_then_exit, stage_main
+from flows.support.entry import code_version, parse_stage_args, run_then_exit, stage_main
+from flows.support.environment import configure_environment
 from flows.support.run_story import (
     Progress,
     naming,
@@ -58,10 +39,12 @@ from flows.support.run_story import (
 from tasks.contracts.manifest import ShardFile
 from tasks.contracts.membership import archive_membership
 from tasks.contracts.shard_store import s3_client
+from tasks.runtime.latency import dismiss_prestarted
 from tasks.runtime.layout import Layout
 from tasks.runtime.params import ShardParams, load_params
-from tasks.runtime.processes import dismiss_prestarted
 from tasks.shard.window import run_in_window
+
+STAGES = ("shard", "compact")
 
 # Shards per Prefect task: each task run costs a run record and state events that the
 # Prefect server processes (CPU taken from the workers on a small machine), so a task
@@ -147,11 +130,7 @@ def runner_writer(
                 needed,
                 staging.url,
             )
-        # Shards not worth the workers (below tasks.runtime.worker_cost's break-even) go as one
-        # task:
-        # the flow's threads would only share the GIL and add task runs.
-        small = local is not None and local.enabled and pool is None
-        size = max(1, total) if small else batch_size(total, workers)
+        size = batch_size(total, workers)
         done = 0
 
         def submit(batch: list[shard_spec.ShardSpec]) -> PrefectFuture[list[ShardFile]]:
@@ -311,7 +290,21 @@ def shard_flow(
     return result
 
 
+def prestart() -> None:
+    """What ``python -m flows.shard`` does first: a rebuild's workers spawn and warm up while
+    this process checks the server, takes the lock and starts its flow. Params that do not
+    load start none: the run reports them."""
+    configure_environment()  # the workers take this environment as it is now
+    stages, params_path = parse_stage_args(STAGES, "flows.shard")
+    try:
+        params = load_params(params_path).shard
+    except Exception:  # the run reports bad params, with the stage's context
+        return
+    shard_workers.prestart_stage_workers(params, compact=stages == ["compact"])
+
+
 def main() -> None:
+    prestart()
     stage_main(
         "shard",
         STAGES,

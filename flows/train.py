@@ -7,19 +7,6 @@ is evaluated or served does not retrain it. ``flows/training.py`` composes this 
 
 from __future__ import annotations
 
-if __name__ == "__main__":
-    # `python -m flows.train`: a child starts importing what training runs (Keras with
-    # TensorFlow, MLflow) now, while this process imports Prefect below and starts its flow;
-    # the train task then runs in that child and reports each epoch back.
-    # Not for local workers (spawned by this process) nor another worker of a cluster.
-    from flows.support.entry import prestart_stage_child
-    from tasks.train import child as _train_child
-    from tasks.train.cluster import config_is_chief as _chief
-    from tasks.train.cluster import requested_workers as _workers
-
-    if _chief() and _workers() == 1:
-        prestart_stage_child(_train_child.warm_up)
-
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -27,13 +14,7 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.support.entry import (
-    code_version,
-    parse_stage_args,
-    run_then_exit,
-    run_where_warm,
-    stage_main,
-)
+from flows.support.entry import code_version, parse_stage_args, run_then_exit, stage_main
 from flows.support.environment import configure_environment
 from flows.support.model_runs import REFUSALS, link_mlflow_run, retry_unless
 from flows.support.run_story import (
@@ -46,6 +27,7 @@ from flows.support.run_story import (
     untagged_task_runs,
 )
 from tasks.contracts import manifest, run_records
+from tasks.runtime import latency
 from tasks.runtime.layout import Layout
 from tasks.runtime.params import Params, TrainParams, load_params
 from tasks.train import child as train_child
@@ -110,8 +92,15 @@ def train_task(params: Params, layout: Layout) -> dict[str, Any]:
     logger = get_run_logger()
     planned = planned_epochs(params.train)
     progress = Progress("train-progress", f"epochs done of {planned} ({params.train.model})")
+    report = epoch_reporter(planned, progress, logger)
+    tags = flow_run_tags()
     with run_log():  # training's own warnings (a discarded backup) in this run's log
-        summary = train_where_warm(params, layout, epoch_reporter(planned, progress, logger))
+        if requested_workers() > 1:  # spawned from here: a prestarted child has no children
+            summary = train_child.train(params, layout, tags, report)
+        else:  # in the child main() prestarted, each epoch reported back; else here
+            summary = latency.start_where_warm(
+                train_child.warm_up, train_child.train, params, layout, tags, report=report
+            ).result()
     progress(planned, planned)  # early stopping ends a run before its planned epochs
     url = link_mlflow_run(summary["run_url"], summary["run_name"], "training run")
     kept = summary.get("model", {})  # the model's weights' epoch, not always the last one
@@ -127,18 +116,6 @@ def train_task(params: Params, layout: Layout) -> dict[str, Any]:
         url,
     )
     return {key: value for key, value in summary.items() if key != "history"}
-
-
-def train_where_warm(params: Params, layout: Layout, report: train_child.Report) -> dict[str, Any]:
-    """:func:`tasks.train.child.train`, in the prestarted child when one stands by, each
-    epoch reported back here. Local workers are spawned from this process instead (a
-    prestarted child is a daemon, and a daemon has no children)."""
-    tags = flow_run_tags()
-    if requested_workers() > 1:
-        return train_child.train(params, layout, tags, report)
-    return run_where_warm(
-        train_child.warm_up, train_child.train, params, layout, tags, report=report
-    )
 
 
 @flow(name="train", log_prints=True, flow_run_name=naming("train", model_run_details))
@@ -157,6 +134,13 @@ def main() -> None:
         _, params_path = parse_stage_args(("train",), "flows.train")
         train_child.train_worker(load_params(run_params_path(".", params_path)), Layout("."))
         return
+    if requested_workers() == 1:
+        # A child starts importing what training runs (Keras with TensorFlow, MLflow) now,
+        # while this process checks the server and starts its flow; the train task then runs
+        # in that child and reports each epoch back. Not for local workers (spawned by this
+        # process). The offline settings first: the child takes this environment as it is.
+        configure_environment()
+        latency.prestart_child(train_child.warm_up)
     stage_main("train", ("train",), lambda _, params: train_flow(params_path=params))
 
 

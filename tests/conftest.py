@@ -162,10 +162,10 @@ def prefect_harness() -> Iterator[None]:
 def every_decode_handed_off() -> Iterator[None]:
     """Ingest keeps every decode for the shard stage, small images too: tests of the hand-off
     itself use images far smaller than the photos it pays for
-    (:func:`tasks.runtime.worker_cost.worth_handing_off`). The bench's alternative
-    (:func:`bench.worker_start.every_decode_kept`), in this process only: ingest must run
+    (:func:`tasks.contracts.handoff.worth_handing_off`). The bench's alternative
+    (:func:`bench.handoff_entry.every_decode_kept`), in this process only: ingest must run
     without spawned workers."""
-    from bench.worker_start import every_decode_kept
+    from bench.handoff_entry import every_decode_kept
 
     with every_decode_kept():
         yield

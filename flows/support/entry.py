@@ -1,103 +1,32 @@
-"""How every flow entry point starts: offline settings, code-derived task versions, standby
-children, the stage's arguments, and its exit (a refusal as its block and exit status 2). The
+"""How every flow entry point starts: offline settings, code-derived task versions, the
+stage's arguments, and its exit (a refusal as its block and exit status 2). The
 offline settings are ``flows.support.environment``, the workspace lock and DVC's bookkeeping
 ``flows.support.dvc_steps``, refusals in the logs ``flows.support.refusal_logs``, and what the
 Prefect UI shows of a run ``flows.support.run_story``."""
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import NoReturn
 
 from flows.support.dvc_steps import hold_workspace
 from flows.support.environment import configure_environment
 from flows.support.refusal_logs import refusals_as_blocks
 from flows.support.run_story import run_tags, stage_settings
 from tasks.runtime.code_version import code_version as code_version  # task versions, re-exported
+from tasks.runtime.latency import exit_now
 from tasks.runtime.refusals import refusing
-
-T = TypeVar("T")
-
-
-def prestart_stage_child(warm: Callable[[], object]) -> None:
-    """What a stage's ``python -m`` entry point does first when its task runs in a child:
-    the offline settings, then the child, warming up with ``warm`` while the stage goes on
-    to import Prefect (:func:`tasks.runtime.processes.prestart_child`). In that order: the child
-    takes
-    the environment as it is at spawn."""
-    from tasks.runtime.processes import prestart_child
-
-    configure_environment()
-    prestart_child(warm)
-
-
-def _started_in_child(warm: Callable[[], object], fn: Callable[..., T], args: tuple) -> Any:
-    """``fn(*args)`` started in the child the stage's entry point prestarted with ``warm``:
-    its :class:`~tasks.runtime.processes.ChildResult`, or None when there is no such child (a
-    deployment run's process, a retry) or it is gone."""
-    from tasks.runtime.processes import standby_child
-
-    child = standby_child(warm)
-    if child is not None:
-        try:
-            return child.run(fn, *args)
-        except OSError:  # the prestarted child is gone
-            child.close()
-    return None
-
-
-def run_where_warm(
-    warm: Callable[[], object],
-    fn: Callable[..., T],
-    *args: object,
-    report: Callable[..., object] | None = None,
-) -> T:
-    """``fn(*args)`` in the child the stage's entry point prestarted with ``warm`` (its
-    imports done or under way), each message it reports (a tuple) handed to ``report(*message)``;
-    else ``fn(*args, report)`` here: a deployment run's process, or a retry."""
-    return start_where_warm(warm, fn, *args, report=report).result()  # type: ignore[no-any-return]
-
-
-def start_where_warm(
-    warm: Callable[[], object],
-    fn: Callable[..., T],
-    *args: object,
-    report: Callable[..., object] | None = None,
-) -> Any:
-    """``fn(*args)`` started now in the child the stage's entry point prestarted with
-    ``warm``, for this process to go on meanwhile; its value from ``.result()``, which hands
-    each message it reports (a tuple) to ``report(*message)``. Without such a child,
-    ``fn(*args, report)`` runs here when ``.result()`` asks for it
-    (:class:`tasks.runtime.processes.Later`)."""
-    from tasks.runtime.processes import Later
-
-    job = _started_in_child(warm, fn, args)
-    if job is None:
-        return Later(fn, *args, report) if report is not None else Later(fn, *args)
-    if report is not None:
-        job.on_report = lambda message: report(*message)
-    return job
 
 
 def run_then_exit(main: Callable[[], object]) -> NoReturn:
-    """A stage's ``python -m`` entry point: run ``main``, then end the process at once.
-
-    On success, what a normal exit does that matters still happens, in the interpreter's
-    order: threading's exit hooks tell idle thread pools to stop (MLflow's artifact
-    repositories keep one for the process's life), non-daemon threads finish, the exit
-    handlers run (Prefect's log and event workers drain, logging flushes, MLflow ends its
-    run) and the standard streams flush. What is skipped is the interpreter's teardown,
-    freeing every module and TensorFlow's static destructors: seconds per stage process
-    after its flow has finished (docs/performance.md), paid by every stage `dvc repro` runs.
-    A refusal (:class:`tasks.runtime.refusals.Refused`) is printed as one short block (exit
-    status 2); any other exception propagates as usual (traceback, status 1).
+    """A stage's ``python -m`` entry point: run ``main``, then end the process at once
+    (:func:`tasks.runtime.latency.exit_now`: no interpreter teardown). A refusal
+    (:class:`tasks.runtime.refusals.Refused`) is printed as one short block (exit status 2);
+    any other exception propagates as usual (traceback, status 1).
     """
-    import atexit
-    import threading
 
     def body() -> int:
         main()
@@ -105,14 +34,7 @@ def run_then_exit(main: Callable[[], object]) -> NoReturn:
 
     refusals_as_blocks(show_first=False)
     code = refusing(body, entry_name(main))
-    # What the interpreter's exit calls first (Py_FinalizeEx -> threading._shutdown): the
-    # hooks of threading._register_atexit, then a join of every non-daemon thread. Joining
-    # them without the hooks waited forever on a pool's idle workers.
-    threading._shutdown()  # type: ignore[attr-defined]
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    os._exit(code)
+    exit_now(code)
 
 
 def entry_name(main: Callable[[], object]) -> str:

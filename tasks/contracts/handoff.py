@@ -43,7 +43,34 @@ import numpy as np
 from PIL import Image
 
 from tasks.images import RESIZE_POLICIES, draft_for, open_checked, resize_image
-from tasks.runtime.worker_cost import worth_handing_off
+
+# The hand-off's cost model: the shard stage's decode that an entry saves against what the
+# entry costs (docs/performance.md, "When ingest keeps a decode").
+SHARD_SECONDS_PER_PIXEL = 2.5e-9  # shard: per source pixel decoded and resized
+# A record whose decode ingest handed off is made by ingest, which resizes its 1/8-scale
+# decode (1/64 of the pixels); the shard stage decodes and resizes none of it, and only
+# encodes and frames the kept pixels.
+HANDED_OFF_PIXEL_FRACTION = 1 / 64
+# A hand-off entry is a file of its own: ingest checksums, writes and renames it; the shard
+# stage reads, checks and removes it. The bench's `handoff.entry_ms` measures that cost net of
+# the decodes the entries save; the figure held here sits above it, so a small image is
+# decoded twice rather than handed off at a loss. Plus its pixels, written and read back.
+HANDOFF_ENTRY_S = 1.0e-3
+HANDOFF_SECONDS_PER_BYTE = 3.5e-3 / 2**20
+
+
+def worth_handing_off(pixels: int, entry_bytes: int) -> bool:
+    """Whether ingest keeping its decode of an image of ``pixels`` source pixels, in an entry
+    of ``entry_bytes``, costs less than the decode it saves the shard stage.
+
+    The data side's saving is the shard stage's decode less the resize ingest does instead;
+    the entry's cost is a file written, read back and removed. Photos (a few MP) save more
+    than their entry costs and are kept; small images save less and are decoded again (the
+    break-even size is the bench's ``handoff.break_even_mp``).
+    """
+    saved = SHARD_SECONDS_PER_PIXEL * pixels * (1 - HANDED_OFF_PIXEL_FRACTION)
+    return saved > HANDOFF_ENTRY_S + HANDOFF_SECONDS_PER_BYTE * entry_bytes
+
 
 MAGIC = b"SFHANDO4"
 # The content's sha256; the target the pixels were made for (height, width, resize policy's
@@ -165,7 +192,7 @@ class HandoffWriter:
         ``key`` names) for the content ``sha256``, with its file's ``signature``; ``head``:
         the file's :func:`header_bytes`. False when it is not an ``L``/``RGB`` image, the
         shard stage would decode it at another scale, its entry would cost more than the
-        decode it saves (:func:`tasks.runtime.worker_cost.worth_handing_off`: small images), it is
+        decode it saves (:func:`worth_handing_off`: small images), it is
         past the budget, or the write failed: the shard stage then decodes, as it always could."""
         if decoded.mode not in ("L", "RGB"):
             return False

@@ -239,7 +239,7 @@ def measure(
     """The trained model on the test split: its metrics, the per-class reports and plots,
     every test prediction and the label review, in the layout's files. TensorFlow, no
     tracking: :func:`run_evaluate` may start it in another process
-    (:func:`flows.support.entry.start_where_warm`) and open the tracking store meanwhile.
+    (:func:`tasks.runtime.latency.start_where_warm`) and open the tracking store meanwhile.
 
     ``progress(done, total)``: the records predicted (:func:`evaluate_model`); in a child
     without it, each goes to the parent as ``(done, total)``

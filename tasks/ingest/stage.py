@@ -10,10 +10,9 @@ reusing what the previous run found, and places every image in a split.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -48,10 +47,8 @@ from tasks.ingest.report import (
     build_report,
 )
 from tasks.runtime.atomic import write_json, write_text
-from tasks.runtime.gc_pause import paused_gc
 from tasks.runtime.params import IngestParams
 from tasks.runtime.processes import capped_workers, spawn_pool
-from tasks.runtime.worker_cost import check_seconds, worth_workers
 
 
 def verdict_key(params: IngestParams) -> str:
@@ -143,20 +140,10 @@ def write_signatures(
 CHUNK = 64  # files per job sent to a worker
 
 
-def check_estimates(source_dir: Path, paths: Iterable[str]) -> Iterator[float]:
-    """Estimated seconds to check each file at ``paths`` (from its size, before any decode:
-    :func:`tasks.runtime.worker_cost.check_seconds`); files gone meanwhile count nothing."""
-    for path in paths:
-        try:
-            yield check_seconds(os.lstat(os.path.join(source_dir, path)).st_size)
-        except (OSError, ValueError):  # quarantined by the inspection itself
-            continue
-
-
 @dataclass(frozen=True)
 class InspectionPlan:
     """How a run inspects its candidates: the decode limits, the chunks of new files for
-    workers (when they pay), and each unit of work's share of the hand-off bound."""
+    workers, and each unit of work's share of the hand-off bound."""
 
     limits: tuple[int, int, int, bool]  # max_pixels, min_side, max_bytes, draft
     chunks: list[list[int]]  # positions of the candidates without a known verdict
@@ -173,14 +160,12 @@ class InspectionPlan:
 def plan_inspection(
     source_dir: Path, candidates: list[Candidate], params: IngestParams, known: dict[str, list[Any]]
 ) -> InspectionPlan:
-    """Chunk the files without a ``known`` verdict and decide whether workers pay for them."""
+    """Chunk the files without a ``known`` verdict; workers check them when there are two
+    chunks or more and ``ingest.workers`` asks for two or more."""
     fresh = [i for i, c in enumerate(candidates) if c.path not in known]
     chunks = [fresh[i : i + CHUNK] for i in range(0, len(fresh), CHUNK)]
     workers = capped_workers(params.workers, "ingest.workers") if len(chunks) >= 2 else 1
-    parallel = len(chunks) >= 2 and worth_workers(
-        check_estimates(source_dir, (candidates[i].path for i in fresh)),
-        min(workers, len(chunks)),
-    )
+    parallel = len(chunks) >= 2 and workers >= 2
     budget = int(params.handoff_mb * 2**20)
     return InspectionPlan(
         limits=(
@@ -466,7 +451,6 @@ class PreviousRun:
         )
 
 
-@paused_gc()
 def run_ingest(
     params: IngestParams,
     index_path: Path,

@@ -86,7 +86,8 @@ def capped_workers(requested: int, key: str, *, say: bool = True) -> int:
     return cores
 
 
-def _new_pool(workers: int, warm: Callable[[], object] | None) -> ProcessPoolExecutor:
+def start_pool(workers: int, warm: Callable[[], object] | None) -> ProcessPoolExecutor:
+    """A pool of ``workers`` spawned processes, each starting now and running ``warm`` first."""
     pool = ProcessPoolExecutor(
         max_workers=workers,
         mp_context=multiprocessing.get_context("spawn"),
@@ -99,28 +100,12 @@ def _new_pool(workers: int, warm: Callable[[], object] | None) -> ProcessPoolExe
     return pool
 
 
-# Pools a stage's entry point started before its own imports (see :func:`prestart_pool`),
-# by (workers, warm): the next :func:`spawn_pool` of the same shape takes one.
-_prestarted: dict[tuple[int, Callable[[], object] | None], ProcessPoolExecutor] = {}
-
-
-def prestart_pool(workers: int, *, warm: Callable[[], object] | None = None) -> None:
-    """Start :func:`spawn_pool`'s workers now, for the stage's first ``spawn_pool(workers,
-    warm=warm)`` to take.
-
-    A stage's ``python -m`` entry point calls it before importing Prefect:
-    the workers spawn, import and warm up meanwhile, instead of after the flow has started.
-    A pool nobody takes must be dismissed with :func:`dismiss_prestarted`.
-    """
-    key = (max(1, workers), warm)
-    if key not in _prestarted:
-        _prestarted[key] = _new_pool(*key)
-
-
-def dismiss_prestarted() -> None:
-    """Shut down every prestarted pool no stage took (its idle workers end)."""
-    while _prestarted:
-        _prestarted.popitem()[1].shutdown(wait=True, cancel_futures=True)
+# Set by tasks.runtime.latency as it is imported (it imports this module, never the reverse):
+# where spawn_pool takes a prestarted pool from, and what a one-job child calls as it ends,
+# handed to each child as it starts (a reference the child imports).
+PoolSource = Callable[[int, Callable[[], object] | None], ProcessPoolExecutor | None]
+take_prestarted: PoolSource = lambda workers, warm: None  # noqa: E731  # none until latency sets it
+end_of_child: Callable[[], None] | None = None
 
 
 @contextmanager
@@ -130,12 +115,12 @@ def spawn_pool(
     """``workers`` spawned processes, all starting now; each runs ``warm`` once first.
 
     ``warm`` pays a worker's one-off cost (imports, a version probe) before any real work.
-    A pool of this shape started by :func:`prestart_pool` is taken instead of a new one.
+    A pool of this shape started by :func:`tasks.runtime.latency.prestart_pool` is taken
+    instead of a new one.
     On leaving, the pool waits for work already running; on an error, work not yet started
     is cancelled first.
     """
-    key = (max(1, workers), warm)
-    pool = _prestarted.pop(key, None) or _new_pool(*key)
+    pool = take_prestarted(workers, warm) or start_pool(max(1, workers), warm)
     try:
         yield pool
     except BaseException:
@@ -228,7 +213,9 @@ def run_in_child(fn: Callable[..., T], *args: object) -> ChildResult[T]:
     """
     context = multiprocessing.get_context("spawn")
     receiver, sender = context.Pipe(duplex=False)
-    process = context.Process(target=_child_main, args=(sender, fn, args, os.getpid()), daemon=True)
+    process = context.Process(
+        target=_child_main, args=(sender, fn, args, os.getpid(), end_of_child), daemon=True
+    )
     with _main_module_hidden():
         process.start()
     sender.close()
@@ -252,29 +239,18 @@ def end_with_parent(parent: int, *, every_s: float = 0.2) -> None:
 
 
 def _child_main(
-    connection: Connection, fn: Callable[..., object], args: tuple[object, ...], parent: int
+    connection: Connection,
+    fn: Callable[..., object],
+    args: tuple[object, ...],
+    parent: int,
+    end: Callable[[], None] | None,
 ) -> None:
     end_with_parent(parent)
     try:
         _send_result(connection, fn, args)
     finally:
-        _leave()
-
-
-def _leave() -> None:
-    """End a one-job child at once, but with multiprocessing's own exit work done first.
-
-    ``os._exit`` skips the interpreter's shutdown (TensorFlow's and MLflow's exit handlers
-    only cost time here), and with it the finalizers that unregister the child's
-    semaphores; a job that made one (tqdm's lock for MLflow's download bars) left the
-    stage ending on resource_tracker's "leaked semaphore objects" warning.
-    """
-    from multiprocessing import util
-
-    try:
-        util._exit_function()  # type: ignore[attr-defined]  # a normal exit runs it: finalizers
-    finally:
-        os._exit(0)
+        if end is not None:
+            end()
 
 
 # In a child, while its job runs: where :func:`report` sends.
@@ -320,8 +296,8 @@ class StandbyChild:
     :meth:`run`: :func:`run_in_child` for work whose arguments are not known yet, with the
     heavy import already under way.
 
-    A stage's entry point starts one before its own imports (validation's TensorFlow
-    cross-check: the child's TensorFlow import then overlaps the stage's Prefect import). A
+    A stage's ``main()`` starts one first (:func:`tasks.runtime.latency.prestart_child`:
+    validation's TensorFlow cross-check, whose import then overlaps the stage's start-up). A
     child that gets no job ends when the parent does: its end of the pipe closes.
     """
 
@@ -329,7 +305,7 @@ class StandbyChild:
         context = multiprocessing.get_context("spawn")
         self._connection, child_end = context.Pipe()
         self._process = context.Process(
-            target=_standby_main, args=(child_end, warm, os.getpid()), daemon=True
+            target=_standby_main, args=(child_end, warm, os.getpid(), end_of_child), daemon=True
         )
         with _main_module_hidden():
             self._process.start()
@@ -351,29 +327,12 @@ class StandbyChild:
         self._process.join(0)
 
 
-# Children a stage's entry point started before its own imports, by warm-up function
-# (see :func:`prestart_child`); each handed out once.
-_standing_by: dict[Callable[[], object], StandbyChild] = {}
-
-
-def prestart_child(warm: Callable[[], object]) -> None:
-    """Start a :class:`StandbyChild` warming up with ``warm`` now, for the stage's work to
-    take later with :func:`standby_child`.
-
-    A stage's ``python -m`` entry point calls it before importing Prefect, so
-    the child's heavy import (TensorFlow) overlaps the stage's own start-up.
-    """
-    if warm not in _standing_by:
-        _standing_by[warm] = StandbyChild(warm)
-
-
-def standby_child(warm: Callable[[], object]) -> StandbyChild | None:
-    """The child :func:`prestart_child` started with ``warm``, once (None when there is
-    none, or it was taken)."""
-    return _standing_by.pop(warm, None)
-
-
-def _standby_main(connection: Connection, warm: Callable[[], object], parent: int) -> None:
+def _standby_main(
+    connection: Connection,
+    warm: Callable[[], object],
+    parent: int,
+    end: Callable[[], None] | None,
+) -> None:
     end_with_parent(parent)
     try:
         try:
@@ -391,4 +350,5 @@ def _standby_main(connection: Connection, warm: Callable[[], object], parent: in
             return
         _send_result(connection, fn, args)
     finally:
-        _leave()
+        if end is not None:
+            end()

@@ -41,7 +41,6 @@ from tasks.contracts.shard_swap import discard_rebuild, finish_swap, rebuild_fol
 from tasks.contracts.tfds_metadata import write_tfds_metadata
 from tasks.images import preprocessing_version
 from tasks.runtime.atomic import write_text
-from tasks.runtime.gc_pause import paused_gc
 from tasks.runtime.params import ShardParams
 from tasks.shard.append import (
     REBUILD_HINT,
@@ -134,7 +133,6 @@ def _write_shards(
     return finalize_manifest(params, plan, results, folder), len(missing)
 
 
-@paused_gc()
 def plan_stage(
     params: ShardParams, index_path: Path, shards_dir: Path, *, handoff: str | None = None
 ) -> StagePlan:
@@ -356,7 +354,6 @@ def describe_generation(plan: StagePlan, shards_dir: Path) -> Generation:
     )
 
 
-@paused_gc()
 def write_stage_diff(
     plan: StagePlan, manifest: ShardManifest, shards_dir: Path, diff_path: Path
 ) -> dict[str, Any]:

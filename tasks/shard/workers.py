@@ -1,21 +1,15 @@
-"""The shard stage's local worker processes: how many, when they start, their warm-up, and
-whether an append's new shards are worth them (the cost model of
-:mod:`tasks.runtime.worker_cost`)."""
+"""The shard stage's local worker processes: how many, when they start, their warm-up."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from concurrent.futures import Executor
 from contextlib import ExitStack
-from pathlib import Path
 
-from tasks.contracts.handoff import entry_path
 from tasks.images import preprocessing_version
+from tasks.runtime.latency import prestart_pool
 from tasks.runtime.params import ShardParams
-from tasks.runtime.processes import capped_workers, prestart_pool, spawn_pool
-from tasks.runtime.worker_cost import shard_seconds, worth_workers
-from tasks.shard.planning import ShardPlan
+from tasks.runtime.processes import capped_workers, spawn_pool
 from tasks.shard.spec import ShardSpec
 
 
@@ -45,47 +39,29 @@ def run_params(params: ShardParams, *, compact: bool, say: bool = True) -> Shard
 
 def workers_from_the_start(params: ShardParams) -> bool:
     """Whether the run's workers start with it: a rebuild with local workers. An append
-    spawns workers only once its new shards prove worth them."""
+    spawns them on its first shards."""
     return pool_workers(params) > 0 and params.mode == "rebuild"
 
 
 def prestart_stage_workers(params: ShardParams, *, compact: bool) -> None:
-    """What ``python -m flows.shard`` starts before its own imports: the workers of the run
+    """What ``python -m flows.shard`` starts first: the workers of the run
     its flow will make of ``params`` (:func:`run_params`), without saying why their count is
     capped: the flow says so, in its run's log too, and the terminal got it twice."""
     prestart_workers(run_params(params, compact=compact, say=False))
 
 
 def prestart_workers(params: ShardParams) -> None:
-    """Start a rebuild's workers before the stage's own imports (see
-    :func:`tasks.runtime.processes.prestart_pool`); the stage's pool takes them."""
+    """Start a rebuild's workers before the stage's flow (see
+    :func:`tasks.runtime.latency.prestart_pool`); the stage's pool takes them."""
     if workers_from_the_start(params):
         prestart_pool(params.workers, warm=warm_worker)
 
 
-def shard_estimates(specs: Iterable[ShardSpec]) -> Iterator[float]:
-    """Estimated seconds of each record of ``specs``
-    (:func:`tasks.runtime.worker_cost.shard_seconds`),
-    its size read from the index as the estimate goes, and whether ingest handed its decode
-    off (an entry in the plan's hand-off folder); specs that are not a plan (sizes unknown)
-    count as worth any workers."""
-    if not isinstance(specs, ShardPlan):
-        yield math.inf
-        return
-    handoff = specs.common.get("handoff")
-    folder = Path(handoff) if handoff else None
-    for slot in specs.slots:
-        for record in specs.index_records(slot):
-            kept = folder is not None and entry_path(folder, record["sha256"]).exists()
-            yield shard_seconds(int(record["width"]), int(record["height"]), handed_off=kept)
-
-
 class LocalWorkers:
     """The local runner's worker processes (``shard.workers`` of them, spawned and warmed
-    together), started when they pay off: a rebuild starts them with the stage, so they warm
-    up while it plans; an append starts them on its first shards, and only when those are
-    worth it (:func:`tasks.runtime.worker_cost.worth_workers`). With one worker or Dask it has no
-    pool.
+    together): a rebuild starts them with the stage, so they warm up while it plans; an append
+    starts them on its first shards (a resumed or empty one starts none). With one worker or
+    Dask it has no pool.
 
     Plain processes rather than Prefect's process runner: a worker imports only the shard
     code (NumPy, Pillow, no Prefect, no TensorFlow), so it starts in a fraction of the time
@@ -107,12 +83,8 @@ class LocalWorkers:
         return self._stack.__exit__(*exc)  # type: ignore[arg-type]
 
     def for_shards(self, specs: Iterable[ShardSpec]) -> Executor | None:
-        """The pool to write ``specs`` in, started now if they are worth it; or None."""
-        if (
-            self.pool is None
-            and self.enabled
-            and worth_workers(shard_estimates(specs), self.params.workers)
-        ):
+        """The pool to write ``specs`` in, started now if not yet; None without workers."""
+        if self.pool is None and self.enabled:
             self._start()
         return self.pool
 

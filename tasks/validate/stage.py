@@ -32,7 +32,6 @@ from tasks.contracts.numpy_reader import (
 from tasks.contracts.shard_swap import finish_swap
 from tasks.contracts.tfds_metadata import tfds_files
 from tasks.runtime.atomic import write_json, write_text
-from tasks.runtime.gc_pause import paused_gc
 from tasks.runtime.layout import Layout
 from tasks.runtime.params import ValidateParams
 from tasks.runtime.processes import ChildResult, run_in_child
@@ -419,7 +418,6 @@ def validate_layout(layout: Layout, limits: ValidateParams, dataset: str) -> dic
     )
 
 
-@paused_gc()
 def run_validate(
     shards_dir: Path,
     report_path: Path,

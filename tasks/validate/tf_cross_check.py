@@ -27,17 +27,18 @@ def fingerprint(image: bytes, features: dict[str, Any]) -> list[Any]:
 def prestart() -> None:
     """Start the cross-check's child now: it imports TensorFlow while this process goes on.
 
-    ``python -m flows.validate`` calls it before importing Prefect, so the child's import
-    (validation's critical path on an append) overlaps the stage's own start-up. The
-    validation that follows sends its job with :func:`standby`."""
-    from tasks.runtime.processes import prestart_child  # here: the child itself never needs it
+    ``python -m flows.validate`` calls it first, so the child's import (validation's critical
+    path on an append) overlaps the stage's own start-up
+    (:func:`tasks.runtime.latency.prestart_child`). The validation that follows sends its job
+    with :func:`standby`."""
+    from tasks.runtime.latency import prestart_child  # here: the child itself never needs it
 
     prestart_child(tensorflow_without_keras)
 
 
 def standby() -> StandbyChild | None:
     """The child :func:`prestart` started, once (None when there is none, or it was taken)."""
-    from tasks.runtime.processes import standby_child
+    from tasks.runtime.latency import standby_child
 
     return standby_child(tensorflow_without_keras)
 

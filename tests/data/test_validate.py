@@ -567,11 +567,11 @@ def test_the_cross_check_child_reads_with_tensorflow_and_never_loads_keras(
 def test_a_prestarted_cross_check_child_takes_the_job(shards: Path, tmp_path: Path) -> None:
     """`python -m flows.validate` starts the cross-check's child before its own imports;
     the validation that follows sends its job there, once, and TensorFlow still reads."""
-    from tasks.runtime import processes
+    from tasks.runtime import latency
     from tasks.validate.stage import run_validate, tf_cross_check
 
     tf_cross_check.prestart()
-    child = processes._standing_by.get(tf_cross_check.tensorflow_without_keras)
+    child = latency._standing_by.get(tf_cross_check.tensorflow_without_keras)
     assert child is not None
     report = run_validate(shards, tmp_path / "v.json", tmp_path / "v.md")
     checks = {c["name"]: c for c in report["checks"]}

@@ -10,15 +10,14 @@ from typing import Any
 import pytest
 from mlflow.entities import Param
 
-from flows.support.entry import start_where_warm
 from tasks import predict
 from tasks.contracts.manifest import load_manifest
 from tasks.evaluate import registry
 from tasks.evaluate import stage as evaluate
-from tasks.runtime import processes, tf_imports, tracking
+from tasks.runtime import latency, processes, tf_imports, tracking
+from tasks.runtime.latency import prestart_child, start_where_warm
 from tasks.runtime.layout import Layout
 from tasks.runtime.params import load_params
-from tasks.runtime.processes import prestart_child
 from tests.trained_model import build_trained_project
 
 pytestmark = pytest.mark.slow
@@ -99,7 +98,7 @@ def test_the_model_is_measured_in_the_child_while_the_store_opens(
     result = evaluate.run_evaluate(params, layout, start)
 
     assert events == ["measuring started", "store opened", "measured"]  # v1 registered before
-    assert processes.standby_child(evaluate.warm_up) is None
+    assert latency.standby_child(evaluate.warm_up) is None
     for key in ("accuracy", "top_k_accuracy", "macro_f1"):
         assert result[key] == first[key]
     assert layout.test_predictions.read_text() == predictions

@@ -100,75 +100,6 @@ def test_dask_runner_needs_an_address() -> None:
         shard_task_runner(default_params().shard.model_copy(update={"runner": "dask"}))
 
 
-def test_an_append_starts_workers_only_when_its_new_shards_are_worth_them(
-    prefect_harness: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A few small new images are written by the flow's threads (two workers would take
-    longer to start), all in one task; the same append judged worth it goes to workers, in
-    batches: same bytes."""
-    import shutil
-
-    import flows.shard as shard_flow
-    from tasks.ingest.stage import run_ingest
-    from tasks.shard.stage import shard_stage
-    from tests.conftest import write_image_folder
-    from tests.unit.shard.test_append import add_images
-
-    source = write_image_folder(tmp_path / "images", per_class=8)
-    splits = {"train": 0.5, "val": 0.25, "test": 0.25}
-    ingest = default_params(ingest={"source_dir": str(source), "splits": splits, "workers": 1})
-    index = tmp_path / "index.json"
-    params = default_params(
-        shard={"image_size": [16, 16], "target_shard_mb": 0.002, "workers": 2}
-    ).shard
-    run_ingest(ingest.ingest, index, tmp_path / "ingest.json")
-    shard_stage(params, index, tmp_path / "base")  # generation 0, inline
-    add_images(source, "red", 6, seed=3)
-    run_ingest(ingest.ingest, index, tmp_path / "ingest.json")
-
-    started: list[int] = []
-    from tasks.runtime import worker_cost
-    from tasks.shard import workers as shard_workers
-
-    real = shard_workers.spawn_pool
-
-    def spy(workers: int, **kwargs: object) -> object:
-        started.append(workers)
-        return real(workers, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(shard_workers, "spawn_pool", spy)
-    batches: list[int] = []
-    task = shard_flow.write_shards_task
-
-    class Spied:  # the flow's task, counting the shards each submission carries
-        def submit(self, specs: list[Any], *args: object) -> object:
-            batches.append(len(specs))
-            return task.submit(specs, *args)  # type: ignore[call-overload]
-
-    monkeypatch.setattr(shard_flow, "write_shards_task", Spied())
-    append = params.model_copy(update={"mode": "append"})
-    results, written, submitted = {}, {}, {}
-    for name, start_s in (("threads", worker_cost.WORKER_START_S), ("workers", 0.0)):
-        monkeypatch.setattr(worker_cost, "WORKER_START_S", start_s)
-        layout = Layout(tmp_path / name)
-        shutil.copytree(tmp_path / "base", layout.shards_dir)
-        started.clear()
-        batches.clear()
-        results[name] = run_flow(layout, index, append)
-        written[name], submitted[name] = list(started), list(batches)
-        assert int(str(results[name]["added"])) == 6
-    assert written == {"threads": [], "workers": [2]}
-    # Not worth the workers: every new shard in one task, not spread over the threads.
-    new_shards = sum(submitted["workers"])
-    assert new_shards > 1 and submitted["threads"] == [new_shards]
-    assert len(submitted["workers"]) > 1
-    assert results["threads"]["fingerprint"] == results["workers"]["fingerprint"]
-    threads, workers = Layout(tmp_path / "threads"), Layout(tmp_path / "workers")
-    assert shard_bytes(threads.shards_dir / "gen-00001") == shard_bytes(
-        workers.shards_dir / "gen-00001"
-    )
-
-
 def test_the_stage_takes_the_workers_its_entry_point_started(
     prefect_harness: None, tiny_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -177,11 +108,11 @@ def test_the_stage_takes_the_workers_its_entry_point_started(
     (one worker) leaves none behind."""
     import tasks.shard.workers as shard
     from flows import shard as shard_flow
-    from tasks.runtime import processes
+    from tasks.runtime import latency, processes
 
     spawned: list[int] = []
-    real = processes._new_pool
-    monkeypatch.setattr(processes, "_new_pool", lambda n, warm: spawned.append(n) or real(n, warm))
+    real = processes.start_pool
+    monkeypatch.setattr(processes, "start_pool", lambda n, warm: spawned.append(n) or real(n, warm))
     params = default_params(
         shard={"image_size": [16, 16], "target_shard_mb": 0.002, "workers": 2}
     ).shard
@@ -196,14 +127,14 @@ def test_the_stage_takes_the_workers_its_entry_point_started(
     shard.prestart_workers(params)
     assert spawned == [2]
     taken = stage_run("taken", params)
-    assert spawned == [2] and not processes._prestarted
+    assert spawned == [2] and not latency._prestarted
     plain = stage_run("plain", params)  # nothing prestarted: the run spawns its own
     assert spawned == [2, 2]
     assert shard_bytes(taken.shards_dir) == shard_bytes(plain.shards_dir)
 
     shard.prestart_workers(params)
     stage_run("one-worker", params.model_copy(update={"workers": 1}))
-    assert spawned == [2, 2, 2] and not processes._prestarted
+    assert spawned == [2, 2, 2] and not latency._prestarted
 
 
 def test_a_batch_goes_to_the_pool_a_shard_at_a_time(tiny_index: Path, tmp_path: Path) -> None:

@@ -15,10 +15,10 @@ from flows.training import training_flow
 from tasks.evaluate import stage as tasks_evaluate
 from tasks.evaluate.registry import logged_model_id
 from tasks.evaluate.tracking import PER_CLASS_TABLE
-from tasks.runtime import processes, tracking
+from tasks.runtime import latency, tracking
+from tasks.runtime.latency import prestart_child
 from tasks.runtime.layout import Layout
 from tasks.runtime.params import default_params
-from tasks.runtime.processes import prestart_child
 from tasks.runtime.tracking import CHAMPION
 from tasks.train import child as train_child
 from tasks.train.stage import cpu_isa
@@ -151,19 +151,19 @@ def test_stage_entry_points_run_one_stage_each_and_tell_their_story(
     monkeypatch.setenv("SHARDFLOW_PIPELINE_ID", "train-story")
     monkeypatch.setattr("sys.argv", ["flows.train"])
     prestart_child(train_child.warm_up)  # what `python -m flows.train` does first
-    trainer = processes._standing_by[train_child.warm_up]
+    trainer = latency._standing_by[train_child.warm_up]
     train.main()
     assert layout.model_file.exists() and not layout.eval_metrics.exists()
     # The training ran in that child (its epochs reported back, below), which is gone.
-    assert processes.standby_child(train_child.warm_up) is None
+    assert latency.standby_child(train_child.warm_up) is None
     assert not trainer._process.is_alive()  # type: ignore[attr-defined]
     monkeypatch.setattr("sys.argv", ["flows.evaluate"])
     prestart_child(tasks_evaluate.warm_up)  # what `python -m flows.evaluate` does first
-    child = processes._standing_by[tasks_evaluate.warm_up]
+    child = latency._standing_by[tasks_evaluate.warm_up]
     evaluate.main()
     assert json.loads(layout.eval_summary.read_text())["model_version"] == "1"
     # The evaluation ran in that child, which is gone: nothing is left standing by.
-    assert processes.standby_child(tasks_evaluate.warm_up) is None
+    assert latency.standby_child(tasks_evaluate.warm_up) is None
     assert not child._process.is_alive()  # type: ignore[attr-defined]
 
     record = json.loads(layout.train_run.read_text())

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tasks.runtime import processes as processes_module
-from tasks.runtime.processes import dismiss_prestarted, prestart_pool, run_in_child, spawn_pool
+from tasks.runtime import latency
+from tasks.runtime.latency import dismiss_prestarted, prestart_pool
+from tasks.runtime.processes import run_in_child, spawn_pool
 
 pytestmark = pytest.mark.slow
 
@@ -66,17 +67,17 @@ def test_a_prestarted_pool_is_taken_by_the_spawn_pool_of_its_shape(
             done = list(pool.map(_work, [0.2] * 4))
         assert {pid for pid, _ in done} <= warmed
         assert len(list(tmp_path.iterdir())) == 3  # nothing spawned or warmed again
-        assert not processes_module._prestarted
+        assert not latency._prestarted
     finally:
         dismiss_prestarted()
 
 
 def test_a_prestarted_pool_nobody_takes_is_dismissed() -> None:
     prestart_pool(2)
-    (pool,) = processes_module._prestarted.values()
+    (pool,) = latency._prestarted.values()
     processes = list(pool._processes.values())  # type: ignore[attr-defined]
     dismiss_prestarted()
-    assert not processes_module._prestarted
+    assert not latency._prestarted
     for process in processes:
         process.join(30)
         assert not process.is_alive()
@@ -268,7 +269,8 @@ def test_a_childs_semaphores_are_released_when_it_ends(tmp_path: Path) -> None:
 
 KILLED_PARENT = """
 import sys, time
-from tasks.runtime.processes import StandbyChild, prestart_pool, run_in_child, _prestarted
+from tasks.runtime.latency import prestart_pool, _prestarted
+from tasks.runtime.processes import StandbyChild, run_in_child
 job = run_in_child(time.sleep, 120)
 standby = StandbyChild(time.time)
 standby.run(time.sleep, 120)
@@ -333,7 +335,7 @@ def test_a_stages_prestarted_child_starts_with_the_offline_settings(
     seen: list[str | None] = []
     monkeypatch.delenv("MLFLOW_DISABLE_TELEMETRY", raising=False)
     monkeypatch.setattr(
-        processes_module,
+        latency,
         "prestart_child",
         lambda warm: seen.append(os.environ.get("MLFLOW_DISABLE_TELEMETRY")),
     )

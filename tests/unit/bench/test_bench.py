@@ -530,10 +530,24 @@ def test_the_data_side_fits_one_line_through_every_pass(
 def test_the_hand_off_bench_keeps_every_decode_only_inside_its_alternative() -> None:
     """The bench's alternative keeps a small image's decode, and the cost model decides
     again as it ships once the bench leaves it."""
-    from bench.worker_start import every_decode_kept
-    from tasks.runtime.worker_cost import worth_handing_off
+    from bench.handoff_entry import every_decode_kept
+    from tasks.contracts.handoff import worth_handing_off
 
     assert not worth_handing_off(300 * 200, 300 * 200 * 3)
     with every_decode_kept():
         assert worth_handing_off(300 * 200, 300 * 200 * 3)
     assert not worth_handing_off(300 * 200, 300 * 200 * 3)
+
+
+def test_a_latency_pieces_saving_is_the_median_of_its_pairs() -> None:
+    """Each ``dvc repro`` pass without a piece is paired with the pass with all on before it;
+    a slow spell on one pair moves the median less than it moves the ratio of totals."""
+    from bench.orchestration import piece_savings
+
+    direct = [{"total": 50.0}, {"total": 50.0}, {"total": 50.0}]
+    dvc = [{"total": 60.0}, {"total": 120.0}, {"total": 60.0}]
+    off = {"prestart": [{"total": 66.0}, {"total": 60.0}, {"total": 64.0}]}
+    saved = piece_savings(direct, dvc, off)["prestart"]
+    assert saved["per_pass"] == [round(1 - 60 / 66, 4), -1.0, round(1 - 60 / 64, 4)]
+    assert saved["saving"] == round(1 - 60 / 64, 4)
+    assert saved["tax_without"] == round(1 - 50 / 64, 4)

@@ -13,14 +13,11 @@ from PIL import Image
 
 from tasks import images
 from tasks.contracts import handoff
-from tasks.contracts.index import load_index
 from tasks.ingest import stage as ingest
 from tasks.ingest.stage import handoff_shares, run_ingest
-from tasks.runtime import worker_cost
 from tasks.runtime.params import IngestParams, ShardParams, default_params
 from tasks.shard import spec
-from tasks.shard.stage import plan_stage, shard_stage
-from tasks.shard.workers import shard_estimates
+from tasks.shard.stage import shard_stage
 
 CLASSES = ("sea", "wood")
 
@@ -325,27 +322,6 @@ def test_the_stage_leaves_no_entry_behind(tmp_path: Path) -> None:
 
 
 @keeps_every_decode
-def test_the_stage_estimates_handed_off_records_as_no_decode(tmp_path: Path) -> None:
-    """Whether an append's new shards are worth spawning workers for counts a record whose
-    pixels ingest kept as no decode or resize, not as the decode it no longer is."""
-    source = write_sources(tmp_path / "images")
-    kept = tmp_path / "handoff"
-    index = tmp_path / "index.json"
-    ingest_for(64, source, index, kept)
-    folder = str(handoff.folder_for(kept, images.preprocessing_version()))
-    plan = plan_stage(shard_params(64), index, tmp_path / "shards", handoff=folder)
-    warm = sum(shard_estimates(plan.specs))
-    handoff.clear(kept)
-    cold = sum(shard_estimates(plan.specs))
-    records = load_index(index)["records"]
-    pixels = sum(
-        r["width"] * r["height"] for r in records if r["path"].split("/")[1] != "small.jpg"
-    )
-    assert 0 < pixels < sum(r["width"] * r["height"] for r in records)  # 14 of 16 kept
-    assert cold - warm == pytest.approx(worker_cost.SHARD_SECONDS_PER_PIXEL * pixels)
-
-
-@keeps_every_decode
 def test_bad_files_are_quarantined_with_reasons_and_never_handed_off(tmp_path: Path) -> None:
     """A truncated JPEG, a non-image and an empty file are quarantined with their reasons;
     found = accepted + quarantined + duplicates + skipped; only accepted content is kept."""
@@ -403,3 +379,15 @@ def test_only_decodes_worth_their_entry_are_kept(
     assert counted_decodes() - before == 4  # the thumbnails, decoded again
     shard_stage(shard_params(64), index, tmp_path / "cold")
     assert digests(tmp_path / "warm") == digests(tmp_path / "cold")
+
+
+def test_a_decode_is_handed_off_where_it_saves_more_than_its_entry_costs() -> None:
+    """Camera photos (2 and 12 MP, their 1/8 decodes as entries) are kept, thumbnails are
+    not; a larger entry for the same pixels needs more saving."""
+    assert handoff.worth_handing_off(4000 * 3000, 500 * 375 * 3)
+    assert handoff.worth_handing_off(1600 * 1200, 200 * 150 * 3)
+    assert not handoff.worth_handing_off(300 * 200, 300 * 200 * 3)  # a PNG, kept whole
+    assert not handoff.worth_handing_off(120 * 90, 120 * 90 * 3)
+    pixels = 1000 * 750
+    assert handoff.worth_handing_off(pixels, 1000)
+    assert not handoff.worth_handing_off(pixels, 2**20)

@@ -219,24 +219,9 @@ def test_missing_source_dir_names_it(tmp_path: Path) -> None:
         ingest(tmp_path / "nowhere", tmp_path)
 
 
-def test_new_files_are_estimated_from_their_size_and_gone_files_count_nothing(
-    tmp_path: Path,
-) -> None:
-    from tasks.ingest import stage as ingest_module
-    from tasks.runtime.worker_cost import check_seconds
-
-    src = tmp_path / "src"
-    generate(src, per_class=3, classes=("circle", "square"), min_size=16, max_size=24)
-    paths = [p.relative_to(src).as_posix() for p in sorted(src.rglob("*.png"))]
-    estimates = list(ingest_module.check_estimates(src, ["circle/missing.png", *paths]))
-    assert estimates == [check_seconds((src / p).stat().st_size) for p in paths]
-
-
 def test_parallel_ingest_matches_serial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tasks.ingest import stage as ingest_module
-    from tasks.runtime import worker_cost
 
-    monkeypatch.setattr(worker_cost, "WORKER_START_S", 0.0)  # tiny files: workers all the same
     started = []
     real_pool = ingest_module.spawn_pool
     monkeypatch.setattr(ingest_module, "spawn_pool", lambda n: started.append(n) or real_pool(n))
@@ -452,12 +437,8 @@ def test_ingest_workers_past_the_cores_are_capped_and_the_log_says_so(
     monkeypatch.setattr("tasks.runtime.processes.usable_cores", lambda: 2, raising=False)
     monkeypatch.setattr(tasks.ingest.stage, "CHUNK", 1)  # a chunk per file: 12 chunks
     asked: list[int] = []
-
-    def worth(estimates: object, workers: int) -> bool:
-        asked.append(workers)
-        return False  # decoded here: the count asked for is what this test is about
-
-    monkeypatch.setattr(tasks.ingest.stage, "worth_workers", worth)
+    real_pool = tasks.ingest.stage.spawn_pool
+    monkeypatch.setattr(tasks.ingest.stage, "spawn_pool", lambda n: asked.append(n) or real_pool(n))
     src = write_image_folder(tmp_path / "src", per_class=4)
     with caplog.at_level("WARNING", logger="tasks.runtime.processes"):
         report, _ = ingest(src, tmp_path, workers=64)

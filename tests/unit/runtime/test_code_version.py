@@ -51,9 +51,9 @@ def test_a_package_version_follows_every_module_in_it(
 
 
 def test_a_module_version_follows_its_own_file_only() -> None:
-    from tasks.runtime import atomic, gc_pause
+    from tasks.runtime import atomic, refusals
 
-    assert code_version(atomic) != code_version(gc_pause)
+    assert code_version(atomic) != code_version(refusals)
     assert code_version(atomic) == code_version("tasks.runtime.atomic")
 
 

@@ -1,19 +1,11 @@
-"""How long a stage's spawned workers take to be ready, and what a hand-off entry costs: the
-constants of tasks.runtime.worker_cost.
-
-A pool of ``workers`` spawned processes is started the way each stage starts its own (the
-shard pool warms up with :func:`tasks.shard.workers.warm_worker`; an ingest worker imports
-:mod:`tasks.ingest.stage` when its first job arrives), and timed until every worker has run a job.
-The slower stage's median is the start-up :data:`tasks.runtime.worker_cost.WORKER_START_S` should
-hold; the break-even follows from it (:func:`tasks.runtime.worker_cost.break_even_s`).
-"""
+"""What a hand-off entry costs the data side: the constants of
+:func:`tasks.contracts.handoff.worth_handing_off`."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -21,67 +13,18 @@ from typing import Any
 from bench.stats import median
 
 
-def _ready() -> tuple[int, float]:
-    """A probe job: which worker ran it, and when (wall clock, comparable across processes)."""
-    now = time.time()
-    time.sleep(0.01)  # long enough that one worker cannot drain the queue alone
-    return os.getpid(), now
-
-
-def import_ingest() -> None:
-    """An ingest worker's start-up: its stage module, imported by its first job."""
-    import tasks.ingest.stage  # noqa: F401
-
-
-def time_pool_start(workers: int, warm: Callable[[], object]) -> float:
-    """Seconds from starting a pool to the moment its last worker ran its first job."""
-    from tasks.runtime.processes import spawn_pool
-
-    start = time.time()
-    first: dict[int, float] = {}
-    with spawn_pool(workers, warm=warm) as pool:
-        while len(first) < workers:
-            for future in [pool.submit(_ready) for _ in range(2 * workers)]:
-                pid, at = future.result()
-                first[pid] = min(at, first.get(pid, at))
-    return max(first.values()) - start
-
-
-def measure_worker_start(workers: int = 2, passes: int = 3) -> dict[str, Any]:
-    """Median pool start-up per stage, the slower one, and its break-even for ``workers``."""
-    from tasks.runtime.worker_cost import WORKER_START_S, break_even_s
-    from tasks.shard.workers import warm_worker
-
-    kinds: dict[str, Callable[[], object]] = {"shard": warm_worker, "ingest": import_ingest}
-    runs = {
-        name: [time_pool_start(workers, warm) for _ in range(passes)]
-        for name, warm in kinds.items()
-    }
-    start_s = max(median(times) for times in runs.values())
-    return {
-        "start_s": round(start_s, 3),
-        "break_even_s": round(start_s * workers / (workers - 1), 3),
-        "details": {
-            "workers": workers,
-            "passes_s": {k: [round(t, 3) for t in v] for k, v in runs.items()},
-            "constant_start_s": WORKER_START_S,
-            "constant_break_even_s": break_even_s(workers),
-        },
-    }
-
-
 @contextmanager
 def every_decode_kept() -> Iterator[None]:
     """Ingest keeps every decode for the shard stage inside, small images too (the cost of
     a hand-off entry is taken as nothing): the alternative the cost model is measured against."""
-    from tasks.runtime import worker_cost
+    from tasks.contracts import handoff
 
-    saved = worker_cost.HANDOFF_ENTRY_S, worker_cost.HANDOFF_SECONDS_PER_BYTE
-    worker_cost.HANDOFF_ENTRY_S = worker_cost.HANDOFF_SECONDS_PER_BYTE = 0.0
+    saved = handoff.HANDOFF_ENTRY_S, handoff.HANDOFF_SECONDS_PER_BYTE
+    handoff.HANDOFF_ENTRY_S = handoff.HANDOFF_SECONDS_PER_BYTE = 0.0
     try:
         yield
     finally:
-        worker_cost.HANDOFF_ENTRY_S, worker_cost.HANDOFF_SECONDS_PER_BYTE = saved
+        handoff.HANDOFF_ENTRY_S, handoff.HANDOFF_SECONDS_PER_BYTE = saved
 
 
 def data_side_s(source: Path, root: Path, *, handoff: bool) -> float:
@@ -113,10 +56,10 @@ def measure_handoff_entry(work: Path, images: int = 1000, passes: int = 3) -> di
     """What a hand-off entry of a small image costs the data side (ingest + shard) where it
     saves next to no decode: per image, every decode kept less none kept, on ``images`` JPEGs
     of 200-400 px (the bench's own set), median of ``passes`` alternating pairs; beside the
-    constant :func:`tasks.runtime.worker_cost.worth_handing_off` uses and the source megapixels from
+    constant :func:`tasks.contracts.handoff.worth_handing_off` uses and the source megapixels from
     which, with that constant, an entry saves more than it costs."""
     from bench.images import generate_images
-    from tasks.runtime.worker_cost import (
+    from tasks.contracts.handoff import (
         HANDED_OFF_PIXEL_FRACTION,
         HANDOFF_ENTRY_S,
         SHARD_SECONDS_PER_PIXEL,
