@@ -554,8 +554,9 @@ class Quotas:
     def best(self, labels: Mapping[str, int]) -> str:
         """The split a group of ``labels`` (class -> images) fills least: the smallest sum,
         over its classes, of each split's count after it as a part of that split's quota.
-        Ties go to the split named first."""
-        order = list(self.shares)
+        Ties go to the split named first; a split of no share (the bench's all-train
+        indexes) is never chosen."""
+        order = [split for split, share in self.shares.items() if share > 0]
 
         def fill(split: str) -> tuple[float, int]:
             after = sum(

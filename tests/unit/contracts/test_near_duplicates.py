@@ -341,6 +341,17 @@ def test_groups_are_placed_whole_and_every_class_keeps_its_shares() -> None:
     assert flagged == [4, 30]  # spans two classes; holds more than 1% of the images
 
 
+def test_a_split_of_no_share_is_given_nothing() -> None:
+    """The bench indexes every image into train (val and test of no share): placement
+    divided by the share and stopped the bench's preparation with a ZeroDivisionError."""
+    items, _groups = skewed_grouped_set(11)
+
+    placement = place(items, {}, DISTANCE, {"train": 1.0, "val": 0.0, "test": 0.0}, seed=1337)
+
+    assert set(placement.splits.values()) == {"train"}
+    assert len(placement.splits) == len(items)
+
+
 def test_a_pair_the_hash_finds_is_near_only_when_the_thumbnails_agree() -> None:
     """Two images of one layout (one hash) but other pictures are two groups; validation
     finds no leak between them, and a real copy across splits is still found."""
