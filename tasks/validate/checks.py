@@ -49,11 +49,11 @@ def check_coverage(manifest: ShardManifest, contents: list[ShardContents]) -> di
     split (training validates on ``val``, evaluation scores ``test``), and train records of
     every class (a class the model never trains on cannot be learned).
 
-    ``ingest.splits`` puts every fraction above zero, but each image's split is drawn from its
-    content hash, so a small set can leave a split empty (36 images at 0.98/0.01/0.01 left
-    val and test without one; training then failed inside tf.data), and a class of a few
-    images can land wholly outside train. One class folder trained a model that always
-    answers it.
+    ``ingest.splits`` puts every fraction above zero, but each class keeps its share of every
+    split in whole images, so a small set can leave a split empty (36 images at
+    0.98/0.01/0.01 left val and test without one; training then failed inside tf.data), and
+    a class of a few images can land wholly outside train. One class folder trained a model
+    that always answers it.
     """
     total = sum(len(t.labels) for t in contents)
     per_split = labels_per_split(contents)
@@ -69,8 +69,9 @@ def check_coverage(manifest: ShardManifest, contents: list[ShardContents]) -> di
         ]
     reasons = [_coverage_reason(p) for p in problems]
     message = (
-        f"{'; '.join(reasons[:5])} (of {total} images; splits are drawn per image from its "
-        "content hash): add images or class folders, or raise an empty split's fraction in "
+        f"{'; '.join(reasons[:5])} (of {total} images; each class keeps its ingest.splits "
+        "fraction of every split, so a class of fewer images than 1/fraction gives that split "
+        "none): add images or class folders, or raise an empty split's fraction in "
         "ingest.splits"
     )
     ok = f"{len(manifest.classes)} classes, every split holds records, every class trains"

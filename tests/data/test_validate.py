@@ -131,6 +131,10 @@ def test_a_split_left_empty_fails_validation_and_names_the_param(tmp_path: Path)
     message = failed(report)["coverage"]["message"]
     assert "split 'val' holds no records; split 'test' holds no records (of 36 images" in message
     assert "ingest.splits" in message
+    # Splits are class shares in whole images (tasks.contracts.near_duplicates.Quotas), not
+    # a draw per image from its content hash, as the message said.
+    assert "a class of fewer images than 1/fraction gives that split none" in message
+    assert "content hash" not in message
     with pytest.raises(ValidationFailed, match="coverage"):
         raise_if_failed(report)
     # Read directly, the empty split names itself instead of failing inside tf.data.
