@@ -554,20 +554,34 @@ def step_tracking(job: Job) -> None:
 
 def step_prefect(job: Job) -> None:
     """The Prefect server's artifacts that name them, and the flow runs whose logs do: the
-    project's own server (started if it is down) or the one PREFECT_API_URL names."""
+    project's own server (started if it is down) or the one PREFECT_API_URL names there,
+    resolved in the project's root, never the server of the folder this command started in."""
     from prefect.client.orchestration import get_client
-    from prefect.settings import get_current_settings
+    from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from tasks.erasure.object_scrub import scrub_prefect
 
     if is_dvc_project(job.layout):
         run_steps(job.layout, [["-m", "flows.servers.prefect_server", "ensure"]])
-    elif get_current_settings().api.url is None:  # no server: nothing was logged to one
+    url = project_url(job.layout.root)
+    if url is None:  # no server: nothing was logged to one
         job.done("prefect", prefect_flow_runs=["no Prefect server configured"])
         return
-    with get_client(sync_client=True) as client:
+    with temporary_settings(updates={PREFECT_API_URL: url}), get_client(sync_client=True) as client:
         done = scrub_prefect(client, job.forgotten)
     job.done("prefect", prefect_flow_runs=done.flow_runs, prefect_artifacts=done.artifacts)
+
+
+def project_url(root: Path) -> str | None:
+    """PREFECT_API_URL as Prefect resolves it in the project at ``root`` (the environment,
+    its ``.env``, ``prefect.toml`` and profile), read by a process started there: this
+    process's settings are those of the folder it started in, which may be another
+    project's, naming another server."""
+    read = "from prefect.settings import PREFECT_API_URL as u; print(u.value() or '')"
+    done = subprocess.run(
+        [sys.executable, "-c", read], cwd=root, capture_output=True, text=True, check=True
+    )
+    return done.stdout.strip().rstrip("/") or None
 
 
 STEP_RUNS: dict[str, Callable[[Job], None]] = {
