@@ -82,6 +82,7 @@ def describe(lineage: ImageLineage) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from flows.support.authorship import print_refused
     from flows.support.environment import configure_environment
     from tasks.runtime.refusals import Refused
 
@@ -91,10 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         found = lineages(args.images, layout)
     except Refused as refusal:
-        print(f"lineage: {refusal}", file=sys.stderr)
-        if refusal.fix:
-            print(f"  fix: {refusal.fix}", file=sys.stderr)
-        return 2
+        return print_refused("lineage", refusal)
     if args.json:
         print(json.dumps([lineage.to_json() for lineage in found], indent=2, sort_keys=True))
     else:

@@ -13,13 +13,12 @@ size, preprocessing) is refused, champion or not, and so is a retracted version.
 from __future__ import annotations
 
 import argparse
-import getpass
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flows.support.authorship import git_user
+from flows.support.authorship import author, print_refused, version_decision_parser
 from tasks.contracts.manifest import load_manifest
 from tasks.evaluate.manual_promotion import Task, promote_by_hand
 from tasks.evaluate.registry import registered_spec
@@ -34,13 +33,7 @@ if TYPE_CHECKING:
 
 
 def parser() -> argparse.ArgumentParser:
-    made = argparse.ArgumentParser(prog="shardflow promote", description=__doc__.split("\n\n")[0])
-    made.add_argument("--version", required=True, help="the registered version to promote")
-    made.add_argument("--reason", required=True, help="why, recorded on the version")
-    made.add_argument("--by", help="who promotes it (default: git user.name, else login)")
-    made.add_argument("--root", default=".", help="the project root (default: .)")
-    made.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
-    return made
+    return version_decision_parser("promote", "promotes", __doc__.split("\n\n")[0])
 
 
 def current_task(root: Path) -> Task | None:
@@ -71,16 +64,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             model_name,
             args.version,
             reason=args.reason,
-            by=args.by or git_user(root) or getpass.getuser(),
+            by=author(args.by, root),
             min_shared_class_share=params.evaluate.min_shared_class_share,
             task=current_task(root),
             version_spec=version_spec(client, model_name, args.version),
         )
     except Refused as refused:
-        print(f"promote: {refused}", file=sys.stderr)
-        if refused.fix:
-            print(f"  fix: {refused.fix}", file=sys.stderr)
-        return 2
+        return print_refused("promote", refused)
     print(
         f"{done.model_name}@champion is v{done.version} (was "
         f"{'v' + done.previous if done.previous else 'none'}), by {done.by} at {done.at}: "

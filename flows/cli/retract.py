@@ -14,13 +14,12 @@ registered model is the current dataset's (``evaluate.model_name``, else named a
 from __future__ import annotations
 
 import argparse
-import getpass
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from flows.support.authorship import git_user
+from flows.support.authorship import author, print_refused, version_decision_parser
 from tasks.erasure.retraction import retract_by_hand
 from tasks.runtime import tracking
 from tasks.runtime.dataset_identity import model_name_for
@@ -29,13 +28,7 @@ from tasks.runtime.refusals import Refused
 
 
 def parser() -> argparse.ArgumentParser:
-    made = argparse.ArgumentParser(prog="shardflow retract", description=__doc__.split("\n\n")[0])
-    made.add_argument("--version", required=True, help="the registered version to retract")
-    made.add_argument("--reason", required=True, help="why, recorded on the version")
-    made.add_argument("--by", help="who retracts it (default: git user.name, else login)")
-    made.add_argument("--root", default=".", help="the project root (default: .)")
-    made.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
-    return made
+    return version_decision_parser("retract", "retracts", __doc__.split("\n\n")[0])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -48,14 +41,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             model_name,
             args.version,
             reason=args.reason,
-            by=args.by or git_user(root) or getpass.getuser(),
+            by=author(args.by, root),
             at=datetime.now(UTC).isoformat(timespec="seconds"),
         )
     except Refused as refused:
-        print(f"retract: {refused}", file=sys.stderr)
-        if refused.fix:
-            print(f"  fix: {refused.fix}", file=sys.stderr)
-        return 2
+        return print_refused("retract", refused)
     lost = ", ".join(removed) or "none"
     print(f"{model_name} v{args.version} is retracted (aliases removed: {lost}): {args.reason}")
     if "champion" in removed:

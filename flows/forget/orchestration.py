@@ -150,10 +150,9 @@ def start(args: argparse.Namespace, layout: Layout, params: Params) -> Job | Non
     """The unfinished erasure, resumed as it was recorded (``--resume``, or the same images
     and reason asked again) or abandoned (``--abandon``: None); else a new one, planned.
     A new erasure while another is unfinished is refused, naming it."""
-    from flows.support.authorship import git_user
+    from flows.support.authorship import author
     from tasks.contracts.forgotten import Erasure, load_forgotten
     from tasks.erasure.forget import ForgetRefused, check_agreement, plan_forget
-    from tasks.validate.data_gate import current_user
 
     record = load_forgotten(layout.forgotten)
     intent = layout.root / ".shardflow" / "forget" / "intent.json"
@@ -199,7 +198,7 @@ def start(args: argparse.Namespace, layout: Layout, params: Params) -> Job | Non
     erasure = Erasure(
         sha256=plan.hashes,
         asked=plan.asked,
-        by=args.by or git_user(layout.root) or current_user(),
+        by=author(args.by, layout.root),
         at=now(),
         reason=args.reason,
         models=args.models,
@@ -657,6 +656,7 @@ def forget(job: Job) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from flows.support.authorship import print_refused
     from flows.support.environment import configure_environment
     from tasks.runtime.params import load_params
     from tasks.runtime.refusals import Refused
@@ -683,10 +683,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 0
             forget(job)
     except Refused as refusal:
-        print(f"forget: {refusal}", file=sys.stderr)
-        if refusal.fix:
-            print(f"  fix: {refusal.fix}", file=sys.stderr)
-        return 2
+        return print_refused("forget", refusal)
     if args.json:
         summary: dict[str, Any] = job.erasure.model_dump(mode="json")
         print(json.dumps(summary, indent=2, sort_keys=True))
