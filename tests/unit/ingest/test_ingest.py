@@ -7,6 +7,7 @@ import io
 import json
 import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -437,8 +438,12 @@ def test_ingest_workers_past_the_cores_are_capped_and_the_log_says_so(
     monkeypatch.setattr("tasks.runtime.processes.usable_cores", lambda: 2, raising=False)
     monkeypatch.setattr(tasks.ingest.stage, "CHUNK", 1)  # a chunk per file: 12 chunks
     asked: list[int] = []
-    real_pool = tasks.ingest.stage.spawn_pool
-    monkeypatch.setattr(tasks.ingest.stage, "spawn_pool", lambda n: asked.append(n) or real_pool(n))
+
+    def threads(workers: int) -> ThreadPoolExecutor:
+        asked.append(workers)
+        return ThreadPoolExecutor(workers)  # the count asked is what this test is about
+
+    monkeypatch.setattr(tasks.ingest.stage, "spawn_pool", threads)
     src = write_image_folder(tmp_path / "src", per_class=4)
     with caplog.at_level("WARNING", logger="tasks.runtime.processes"):
         report, _ = ingest(src, tmp_path, workers=64)
