@@ -218,6 +218,12 @@ class Run:
             "read.folder": None,
             "read.seed": None,
             "read.raw": None,
+            "read.raw_buffered": None,
+            "read.jpeg_buffered": None,
+            "read.first_batch_share": None,
+            "read.first_batch_share_buffered": None,
+            "order.memory_10k_kb": None,
+            "order.memory_1m_kb": None,
             "read.raw_stock": None,
             "read.jpeg": None,
             "read.png": None,
@@ -374,6 +380,7 @@ def read(b: Bench) -> None:
     from bench import read as r
     from bench.datasets import fresh_shards
     from tasks.contracts import raw_slice
+    from tasks.contracts.tf_reader import ReadOrder
 
     args, size, work, tag = b.args, b.size, b.work, b.tag
     raw_shards = Path()
@@ -386,7 +393,20 @@ def read(b: Bench) -> None:
         params = b.base.shard.model_copy(update={"image_size": size, "encoding": encoding})
         shards = fresh_shards(params, b.index, work / f"read-{tag}-{encoding}", workers=b.cores)
         datasets[f"read.{encoding}"] = r.shardflow_dataset(shards, batch=args.batch)
+        if encoding in ("raw", "jpeg"):  # the reader before the global order, as reference
+            datasets[f"read.{encoding}_buffered"] = r.shardflow_dataset(
+                shards, batch=args.batch, order="buffered"
+            )
         if encoding == "raw":
+            # How long an epoch waits for its first batch, in the global and buffered order.
+            orders: tuple[tuple[ReadOrder, str], ...] = (
+                ("global", "read.first_batch_share"),
+                ("buffered", "read.first_batch_share_buffered"),
+            )
+            for order, key in orders:
+                first = r.first_batch_share(shards, batch=args.batch, order=order)
+                b.run.figures[key] = first["share"]
+                b.run.figures["details"][key] = first
             with raw_slice.stock_ops():  # the same read where the op is not built
                 datasets["read.raw_stock"] = r.shardflow_dataset(shards, batch=args.batch)
             # The physical limit: the same files as bare records, never parsed.
@@ -400,6 +420,11 @@ def read(b: Bench) -> None:
             )
     encoded, labels = r.source_jpegs(b.images)
     datasets["read.ceiling"] = r.ceiling_dataset(encoded, labels, size=size, batch=args.batch)
+    memory = r.order_memory({"order.memory_10k_kb": 10_000, "order.memory_1m_kb": 1_000_000})
+    b.run.figures["details"]["order.offsets_bytes_per_record"] = memory.pop(
+        "offsets_bytes_per_record"
+    )
+    b.run.figures.update(memory)
     if args.skip_s3:
         results = r.measure_reads(datasets, passes=args.passes, seconds=args.read_seconds)
     else:

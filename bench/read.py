@@ -16,7 +16,7 @@ from bench.images import list_images
 from bench.stats import alternating_passes, for_at_least
 from tasks.contracts.manifest import load_manifest
 from tasks.contracts.shard_store import SHARD_READ_CHUNK
-from tasks.contracts.tf_reader import read_split, shard_records
+from tasks.contracts.tf_reader import ReadOrder, read_split, shard_records
 from tasks.schema import IMAGE_KEY
 
 if TYPE_CHECKING:
@@ -133,8 +133,79 @@ def shard_image_bytes(shards_dir: Path, split: str = "train") -> tuple[list[byte
     return encoded, labels
 
 
-def shardflow_dataset(shards_dir: Path, *, batch: int) -> tf.data.Dataset:
-    return read_split(shards_dir, "train", batch_size=batch, training=True, seed=0)
+def shardflow_dataset(
+    shards_dir: Path, *, batch: int, order: ReadOrder = "global"
+) -> tf.data.Dataset:
+    """One training epoch as training reads it; ``order="buffered"`` is the reader before the
+    global order (files interleaved, records through a shuffle buffer), kept as the reference."""
+    return read_split(shards_dir, "train", batch_size=batch, training=True, seed=0, order=order)
+
+
+def first_batch_share(
+    shards_dir: Path, *, batch: int, order: ReadOrder = "global", epochs: int = 4
+) -> dict[str, Any]:
+    """How long the first batch of an epoch takes, as a share of that epoch's time, read as
+    training reads epochs: one iterator over them, each epoch seeded by its own number.
+
+    Epoch 0 is left out (tracing, thread pools, file cache); ``share`` is the median over
+    epochs 1 and later of (time from the previous epoch's last batch to this epoch's first)
+    over (this epoch's time)."""
+    import statistics
+    import time
+
+    import tensorflow as tf
+
+    from tasks.train.loop import epoch_seed
+
+    steps = load_manifest(shards_dir).split("train").num_records // batch
+
+    def one(number: tf.Tensor) -> tf.data.Dataset:
+        return read_split(
+            shards_dir, "train", batch_size=batch, training=True, seed=epoch_seed(0, number),
+            order=order,
+        ).take(steps)  # fmt: skip
+
+    iterator = iter(tf.data.Dataset.range(epochs).flat_map(one))
+    shares, firsts = [], []
+    for number in range(epochs):
+        start = time.perf_counter()
+        next(iterator)
+        first = time.perf_counter() - start
+        for _ in range(steps - 1):
+            next(iterator)
+        if number:
+            firsts.append(first)
+            shares.append(first / (time.perf_counter() - start))
+    return {
+        "share": round(statistics.median(shares), 4),
+        "first_batch_s": [round(f, 4) for f in firsts],
+        "shares": [round(s, 4) for s in shares],
+    }
+
+
+def order_memory(sizes: dict[str, int], *, batch: int = 64) -> dict[str, Any]:
+    """Peak bytes (tracemalloc) held while computing a whole epoch's global order batch by
+    batch, per split size: the order's own memory, which must not grow with the split. The
+    offset table beside it (``SplitLocations``: 16 bytes a record) is the split's index and
+    is reported apart."""
+    import tracemalloc
+
+    import numpy as np
+
+    from tasks.contracts.record_order import EpochOrder, batch_record_ids, epoch_steps
+
+    figures: dict[str, Any] = {}
+    for key, size in sizes.items():
+        tracemalloc.start()
+        order = EpochOrder(size, 0)
+        checksum = 0
+        for step in range(epoch_steps(size, batch)):
+            checksum ^= int(np.bitwise_xor.reduce(batch_record_ids(order, step, batch)))
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        figures[key] = round(peak / 1024, 2)
+    figures["offsets_bytes_per_record"] = 4 + 8 + 8
+    return figures
 
 
 def bytes_dataset(shards_dir: Path, *, batch: int, split: str = "train") -> tf.data.Dataset:

@@ -12,11 +12,13 @@ READ_KEYS = (
     "read.folder",
     "read.seed",
     "read.raw",
+    "read.raw_buffered",  # read.raw's shards through the reader before the global order
     "read.raw_stock",  # read.raw through stock ops only, as where its C++ op is not built
     "read.bytes_ceiling",  # read.raw's limit: the same files as bare records, never parsed
     "read.s3",  # read.raw's shards from a local S3 server, cold shard cache
     "read.s3_bytes_ceiling",  # read.s3's limit: the server's bare whole-object reads
     "read.jpeg",
+    "read.jpeg_buffered",  # read.jpeg's shards through the reader before the global order
     "read.png",
     "read.ceiling",
     "read.ceiling_shard_jpeg",  # extra: the jpeg shards' own bytes decoded from memory

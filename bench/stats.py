@@ -158,7 +158,17 @@ def targets_for(default_encoding: str) -> list[Target]:
     return [
         Target("read default encoding vs folder", default, "read.folder", ">=", 4.0),
         Target("read default encoding vs seed recipe", default, "read.seed", ">=", 10.0),
-        Target("read raw vs bare records", "read.raw", "read.bytes_ceiling", ">=", 0.8),
+        Target("read raw vs bare records", "read.raw", "read.bytes_ceiling", ">=", 0.85),
+        Target("read raw vs seed recipe", "read.raw", "read.seed", ">=", 10.0),
+        Target("read jpeg vs the buffered reader", "read.jpeg", "read.jpeg_buffered", ">=", 1.0),
+        Target("first batch of an epoch, share of it", "read.first_batch_share", None, "<=", 0.05),
+        Target(
+            "epoch order memory, 1M vs 10k records",
+            "order.memory_1m_kb",
+            "order.memory_10k_kb",
+            "<=",
+            1.2,
+        ),
         Target("read from S3 vs bare object reads", "read.s3", "read.s3_bytes_ceiling", ">=", 0.8),
         Target("read jpeg vs folder", "read.jpeg", "read.folder", ">=", 1.5),
         Target("read jpeg vs in-memory ceiling", "read.jpeg", "read.ceiling", ">=", 0.85),

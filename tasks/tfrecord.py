@@ -231,6 +231,32 @@ def read_framed(handle: BinaryIO) -> bytes | None:
     return data
 
 
+def read_framed_at(fd: int, offset: int, size: int, where: str) -> bytes:
+    """The data of the record framed in bytes ``[offset, offset + size)`` of the open file
+    ``fd`` (one positional read), CRCs checked and its length the one ``size`` implies; an
+    error naming ``where`` (file, byte) otherwise. The stock twin of the positional-read op
+    (``tasks.contracts.raw_slice``): the same bytes, or the same refusal."""
+    if size < HEADER_BYTES + FOOTER_BYTES:
+        raise CorruptRecord(f"{where}: no record fits in {size} bytes (a stale offset index?)")
+    framed = os.pread(fd, size, offset)
+    if len(framed) < size:
+        raise CorruptRecord(
+            f"{where}: the file ends inside the record (a truncated shard or a stale offset index)"
+        )
+    (length,) = struct.unpack("<Q", framed[:8])
+    if length != size - HEADER_BYTES - FOOTER_BYTES:
+        raise CorruptRecord(
+            f"{where}: the record says {length} bytes, the offset index "
+            f"{size - HEADER_BYTES - FOOTER_BYTES} (a stale offset index?)"
+        )
+    if _masked_crc(framed[:8]) != framed[8:HEADER_BYTES]:
+        raise CorruptRecord(f"{where}: the length's CRC does not match")
+    data = framed[HEADER_BYTES:-FOOTER_BYTES]
+    if _masked_crc(data) != framed[-FOOTER_BYTES:]:
+        raise CorruptRecord(f"{where}: the data's CRC does not match (a damaged shard)")
+    return data
+
+
 _CHUNK = 1 << 24  # a declared length is read this much at a time: never allocated whole
 
 

@@ -270,7 +270,7 @@ class _JsonPieces:
             return value
 
 
-def _checked_offsets(
+def checked_offsets(
     shards_dir: str | Path, manifest: ShardManifest
 ) -> dict[str, tuple[list[int], int]]:
     """(offsets, end) per shard file from ``offsets.json``, checked against the manifest."""
@@ -319,7 +319,7 @@ class SplitReader:
         self.schema = self.manifest.record_schema
         self.gzip = self.manifest.compression == "gzip"
         self.shards = self.manifest.split(split).shards
-        by_file = _checked_offsets(self.shards_dir, self.manifest)
+        by_file = checked_offsets(self.shards_dir, self.manifest)
         self.offsets = [by_file[shard.file][0] for shard in self.shards]
         self.ends = [by_file[shard.file][1] for shard in self.shards]
         self.starts = [0]  # position of each shard's first record within the split

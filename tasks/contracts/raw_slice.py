@@ -1,4 +1,9 @@
-"""Byte ranges of serialized records as uint8, in one copy where a C++ compiler is at hand.
+"""Records read at their offsets, and byte ranges of them, in one copy where a C++ compiler is
+at hand.
+
+``read_records_at`` reads framed TFRecords at given offsets of shard files (CRCs checked):
+``raw_slice.cc``'s positional-read op where it is built, else :func:`tasks.tfrecord.read_framed_at`
+through ``tf.numpy_function``: the same bytes in the same order, or the same refusal.
 
 Stock TensorFlow reads bytes at an offset in two copies: ``decode_raw`` copies each record's
 head into a tensor, then a slice copies the part wanted (a raw record's pixels start after a
@@ -26,6 +31,7 @@ from typing import Any
 
 from tasks.runtime.layout import shared_root
 from tasks.schema import RawLayout, RecordSchema, _bytes_match, raw_layout
+from tasks.tfrecord import read_framed_at
 
 SOURCE = Path(__file__).with_name("raw_slice.cc")
 OPS_DIR = Path(".shardflow") / "ops"  # outside a virtual environment
@@ -33,6 +39,48 @@ VENV_OPS_DIR = "shardflow-ops"
 COMPILER_ENV = "CXX"  # the C++ compiler; g++ where unset
 BUILD_TIMEOUT_S = 300
 _STOCK_ONLY = False  # set by stock_ops(): the bench times the stock path beside the op
+
+
+def read_records_at(files: Sequence[str], file_ids: Any, offsets: Any, sizes: Any) -> Any:
+    """string [B]: the data of the record framed at ``offsets[i]`` (``sizes[i]`` bytes with
+    header and footer) of ``files[file_ids[i]]``, CRCs checked; int32/int64 [B] tensors in."""
+    import tensorflow as tf
+
+    op = None if _STOCK_ONLY else loaded_op()
+    if op is not None:
+        return op.shardflow_read_records_at(file_ids, offsets, sizes, paths=list(files))
+    reader = FramedReader(files)
+    # Stateless as the op is: the same ids read the same bytes of immutable shards, and a
+    # stateful op would switch off prefetch under op determinism (train.deterministic).
+    records = tf.numpy_function(reader, [file_ids, offsets, sizes], tf.string, stateful=False)
+    return tf.ensure_shape(records, file_ids.shape)
+
+
+class FramedReader:
+    """The stock path of :func:`read_records_at`: ``os.pread`` on files opened once."""
+
+    def __init__(self, files: Sequence[str]) -> None:
+        self.files = tuple(files)
+        self._fds: dict[int, int] = {}
+
+    def __call__(self, file_ids: Any, offsets: Any, sizes: Any) -> Any:
+        import numpy as np
+
+        out = np.empty(len(file_ids), dtype=object)
+        for i, (file_id, offset, size) in enumerate(zip(file_ids, offsets, sizes, strict=True)):
+            where = f"{self.files[file_id]} at byte {offset}"
+            out[i] = read_framed_at(self._fd(int(file_id)), int(offset), int(size), where)
+        return out
+
+    def _fd(self, file_id: int) -> int:
+        fd = self._fds.get(file_id)
+        if fd is None:
+            fd = self._fds[file_id] = os.open(self.files[file_id], os.O_RDONLY | os.O_CLOEXEC)
+        return fd
+
+    def __del__(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
 
 
 def record_ranges(records: Any, ranges: Sequence[tuple[int, int]]) -> list[Any]:

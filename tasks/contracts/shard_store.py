@@ -23,7 +23,7 @@ import hashlib
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -159,6 +159,21 @@ class ShardStore:
                 self._pool = ThreadPoolExecutor(self.prefetch, thread_name_prefix="shard-fetch")
             path = self.cache_dir / shard.sha256
             self._ahead[shard.sha256] = self._pool.submit(self._download, shard, path)
+
+    def fetch_all(self, shards: Sequence[ShardFile]) -> list[Path]:
+        """Local verified paths of every one of ``shards``, their downloads run side by side:
+        a read in a global order needs every shard of its split from its first batch on, so
+        the cache must hold them all (an error naming the bound where it cannot)."""
+        needed = sum(shard.bytes for shard in shards)
+        if needed > self.max_bytes:
+            raise ShardStoreError(
+                f"the {len(shards)} shards of a split ({needed} bytes, {self.url}) do not fit "
+                f"the shard cache of {self.max_bytes} bytes; raise storage.cache_mb above "
+                f"{-(-needed // 2**20)}"
+            )
+        for shard in shards:
+            self.fetch_ahead(shard)
+        return [self.fetch(shard) for shard in shards]
 
     def clear(self) -> None:
         """Empty the cache (a cold start): the next read downloads every shard again."""

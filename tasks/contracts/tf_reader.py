@@ -5,12 +5,17 @@ It depends on the manifest and the record schema, never on the code that wrote t
 
 from __future__ import annotations
 
+import functools
+import random
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from tasks.contracts.manifest import ShardManifest, load_manifest
-from tasks.contracts.raw_slice import range_read
+from tasks.contracts.numpy_reader import OFFSETS_NAME, checked_offsets
+from tasks.contracts.raw_slice import range_read, read_records_at
+from tasks.contracts.record_order import EpochOrder, SplitLocations, batch_record_ids, epoch_steps
 from tasks.schema import IMAGE_KEY, LABEL_KEY
+from tasks.tfrecord import record_offsets
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -28,39 +33,70 @@ MAX_SHUFFLE_RECORDS = 4096
 READ_BUFFER_BYTES = 0
 
 
+ReadOrder = Literal["global", "buffered"]
+# Batches the training read keeps ready ahead of the step, beside the ones its parallel reads
+# have in flight: a bounded read-ahead, never a buffer that must fill before the first batch.
+READ_AHEAD_BATCHES = 2
+
+
 def read_split(
     shards_dir: str | Path,
     split: str,
     *,
     batch_size: int,
     training: bool,
-    seed: int | None = None,
+    seed: int | tf.Tensor | None = None,
     shuffle_buffer: int | None = None,
     manifest: ShardManifest | None = None,
     with_metadata: bool = False,
     file_shard: tuple[int, int] | None = None,
     store: ShardStore | None = None,
     ordered: bool = True,
+    order: ReadOrder = "global",
+    first_step: int | tf.Tensor = 0,
+    replicas: tuple[int, int, int] = (0, 1, 1),
 ) -> tf.data.Dataset:
     """Batched ``(images, labels)`` of one split: uint8 [B, H, W, 3] and int32 [B].
 
-    ``training=True`` shuffles files and records (reproducibly when ``seed`` is given) and
-    drops the last partial batch so every batch has a static shape. ``training=False``
-    reads in manifest order and keeps every record. The dataset's length is known from
-    the manifest without a scan. ``with_metadata=True`` yields the parsed feature dict
-    instead (adds ``content_hash`` and ``source``), for evaluation reports. With a
-    ``store`` (tasks.contracts.shard_store), shards come from object storage instead of
-    ``shards_dir``: each is downloaded whole and sha256-checked as the read reaches it,
-    then read locally.
-    ``file_shard=(i, n)`` reads only files i, i + n, ... of the split (one worker's share).
-    ``ordered=False`` lets training take records and batches as they are ready instead of
-    in the seed's order (faster where one file or batch lags; training only).
+    ``training=False`` reads in manifest order and keeps every record. ``training=True`` reads
+    one epoch: with ``order="global"`` (the default) the epoch is a seeded permutation of the
+    whole split (:mod:`tasks.contracts.record_order`, ``seed`` the epoch's own), ``batch_size``
+    the global batch, the last partial batch dropped, each record read at its offset
+    (:func:`tasks.contracts.raw_slice.read_records_at`) from ``first_step`` on, so a resumed
+    run reads exactly what an uninterrupted one read there; ``replicas=(first, local, total)``
+    yields, for each global batch, its slices ``first .. first + local - 1`` of ``total`` equal
+    ones (one worker's replicas), so every number of workers reads the same global batches.
+    GZIP shards cannot be entered at an offset: they are read as ``order="buffered"`` reads,
+    files shuffled and interleaved 8 at a time, records shuffled in a buffer
+    (``shuffle_buffer`` records, sized by bytes), ``file_shard=(i, n)`` taking files i, i + n,
+    ...; each element is one replica's batch (``batch_size`` over ``replicas``' total) and a
+    ``first_step`` there replays the epoch and drops the batches before it.
+    The dataset's length is known without a scan. ``with_metadata=True`` yields the parsed
+    feature dict instead (adds ``content_hash`` and ``source``), for evaluation reports. With
+    a ``store`` (tasks.contracts.shard_store), shards come from object storage instead of
+    ``shards_dir``, each sha256-checked before any of its records is read.
+    ``ordered=False`` lets training take batches as they are ready instead of in the seed's
+    order (faster where one read lags; training only).
     """
     import tensorflow as tf
 
     shards_dir = Path(shards_dir)
     manifest = manifest or (store.manifest() if store else load_manifest(shards_dir))
+    if training and order == "global" and manifest.compression == "none":
+        return _global_epoch(
+            shards_dir,
+            split,
+            manifest,
+            batch_size=batch_size,
+            seed=seed,
+            store=store,
+            ordered=ordered,
+            with_metadata=with_metadata,
+            first_step=first_step,
+            replicas=replicas,
+        )
     files, num_records = split_files(shards_dir, split, manifest, file_shard, store)
+    batch_size = batch_size // replicas[2] if training else batch_size  # one replica's slice
     deterministic = not training or (ordered and seed is not None)
     buffer = shuffle_buffer or default_shuffle_buffer(manifest, split)
     ds = tf.data.Dataset.from_tensor_slices(files)
@@ -85,9 +121,101 @@ def read_split(
     # entirely. Raw pixels are copied once, from their offset in each record (range_read);
     # stock ops, where its op is not built, copy the record's head, then slice.
     ds = ds.batch(batch_size, drop_remainder=training)
+    ds = ds.skip(first_step) if training else ds
     parse = batch_parser(manifest, with_metadata=with_metadata)
     ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
     return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def _global_epoch(
+    shards_dir: Path,
+    split: str,
+    manifest: ShardManifest,
+    *,
+    batch_size: int,
+    seed: int | tf.Tensor | None,
+    store: ShardStore | None,
+    ordered: bool,
+    with_metadata: bool,
+    first_step: int | tf.Tensor,
+    replicas: tuple[int, int, int],
+) -> tf.data.Dataset:
+    """One epoch of ``split`` in its seeded global order (see :func:`read_split`)."""
+    import tensorflow as tf
+
+    locations = split_locations(shards_dir, split, manifest, store)
+    first, local, total = replicas
+    steps = epoch_steps(len(locations), batch_size)
+    if not steps:
+        raise ValueError(
+            f"{shards_dir}: split {split!r} holds {len(locations)} records, fewer than one "
+            f"batch of {batch_size}; lower the batch size"
+        )
+    if batch_size % total:  # the order refuses it too, but only once the first read runs
+        raise ValueError(
+            f"batch size {batch_size} does not split into {total} equal replica batches; "
+            "make it a multiple of the replicas"
+        )
+    seed = random.SystemRandom().randrange(2**63) if seed is None else seed
+    locate = _locator(locations, batch_size, first, local, total)
+    files = locations.files
+
+    def read(element: tf.Tensor) -> tf.Tensor:
+        located = tf.numpy_function(
+            locate, [seed, element], [tf.int32, tf.int64, tf.int64], stateful=False
+        )
+        file_ids, offsets, sizes = (tf.ensure_shape(x, [batch_size // total]) for x in located)
+        return read_records_at(files, file_ids, offsets, sizes)
+
+    # One element per replica slice of each global batch, from the resumed step on: a
+    # position maps to its record on its own, so nothing before it is read or buffered.
+    ds = tf.data.Dataset.range(first_step * local, steps * local)
+    ds = ds.map(plain(read), num_parallel_calls=tf.data.AUTOTUNE, deterministic=ordered)
+    parse = batch_parser(manifest, with_metadata=with_metadata)
+    ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=ordered)
+    return ds.prefetch(READ_AHEAD_BATCHES)
+
+
+def _locator(locations: SplitLocations, batch_size: int, first: int, local: int, total: int) -> Any:
+    """``(seed, element) -> (file_ids, offsets, sizes)`` of that element's replica slice."""
+
+    @functools.lru_cache(maxsize=4)
+    def order(seed: int) -> EpochOrder:
+        return EpochOrder(len(locations), seed)
+
+    def locate(seed: Any, element: Any) -> tuple[Any, Any, Any]:
+        step, replica = divmod(int(element), local)
+        ids = batch_record_ids(order(int(seed)), step, batch_size, first + replica, total)
+        return locations.of(ids)
+
+    return locate
+
+
+def split_locations(
+    shards_dir: Path, split: str, manifest: ShardManifest, store: ShardStore | None
+) -> SplitLocations:
+    """Where each record of ``split`` lies, from the shard folder's ``offsets.json`` (checked
+    against the manifest), else from the record headers (CRC checked, data skipped). From a
+    ``store``, every shard of the split is downloaded (sha256 checked) first, all at once on
+    the store's threads, and its record headers read."""
+    shards = manifest.split(split).shards
+    if not shards or not manifest.split(split).num_records:
+        raise ValueError(
+            f"{shards_dir}: split {split!r} holds no records; validation fails such a set "
+            "(add images, or raise that split's fraction in ingest.splits)"
+        )
+    if store is None and (shards_dir / OFFSETS_NAME).exists():
+        by_file = checked_offsets(shards_dir, manifest)
+        return SplitLocations.from_offsets(
+            [shards_dir / shard.file for shard in shards], [by_file[s.file] for s in shards]
+        )
+    # No index (a store holds none; a set written before it existed): the headers tell.
+    paths = store.fetch_all(shards) if store else [shards_dir / shard.file for shard in shards]
+    found = [record_offsets(path) for path in paths]
+    ends = [(o[-1][0] + o[-1][1]) if o else 0 for o in found]
+    return SplitLocations.from_offsets(
+        paths, [([start for start, _ in o], end) for o, end in zip(found, ends, strict=True)]
+    )
 
 
 def batch_parser(manifest: ShardManifest, *, with_metadata: bool) -> Any:

@@ -184,26 +184,30 @@ class TrainInput:
         return ds.with_options(input_options(self.threads))
 
     def epoch(self, context: tf.distribute.InputContext, number: tf.Tensor) -> tf.data.Dataset:
-        """Epoch ``number`` of the pipeline ``context`` names: ``steps`` per-replica batches."""
-        # Sharded by file: worker i reads train files i, i + n, ... (AutoShardPolicy FILE,
-        # done by the reader so it still knows its record count). Repeated, then cut: an
-        # epoch is a count of steps, and a worker whose files hold fewer records wraps
-        # around within it.
+        """Epoch ``number`` of the pipeline ``context`` names: for each of the epoch's
+        ``steps`` global batches, one batch per replica of this pipeline (its slice of the
+        global batch: any number of workers reads the same global batches)."""
+        # Every worker reaches every record (the reader's global order); GZIP shards, read in
+        # the buffered order, are sharded by file instead: worker i reads files i, i + n, ...,
+        # repeated, then cut, as a worker whose files hold fewer records wraps around.
         params = self.params
+        replicas = self.strategy.num_replicas_in_sync
+        local = replicas // context.num_input_pipelines
         return (
             read_split(
                 self.shards_dir,
                 "train",
-                batch_size=context.get_per_replica_batch_size(params.batch_size),
+                batch_size=params.batch_size,
                 training=True,
                 seed=epoch_seed(params.seed, number),
                 manifest=self.manifest,
                 file_shard=(context.input_pipeline_id, context.num_input_pipelines),
                 store=self.store,
                 ordered=params.deterministic,
+                replicas=(context.input_pipeline_id * local, local, replicas),
             )
             .repeat()
-            .take(self.steps)
+            .take(self.steps * local)
         )
 
 

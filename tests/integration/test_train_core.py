@@ -65,8 +65,8 @@ def test_the_figures_reported_for_the_model_are_its_own_epochs(tiny_shards: Path
     from tasks.contracts.tf_reader import read_split
 
     params = train_params(
-        epochs=6, batch_size=8, learning_rate=0.1, lr_schedule="constant",
-        early_stopping_patience=6, augment=NO_AUGMENT,
+        epochs=5, batch_size=8, learning_rate=0.1, lr_schedule="constant",
+        early_stopping_patience=5, augment=NO_AUGMENT,
     )  # fmt: skip
     summary = run(tiny_shards, params)
     losses = summary.history["val_loss"]
