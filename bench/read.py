@@ -145,7 +145,8 @@ def first_batch_share(
     shards_dir: Path, *, batch: int, order: ReadOrder = "global", epochs: int = 4
 ) -> dict[str, Any]:
     """How long the first batch of an epoch takes, as a share of that epoch's time, read as
-    training reads epochs: one iterator over them, each epoch seeded by its own number.
+    training reads epochs (``tasks.train.loop.TrainInput``): one iterator over them, each
+    epoch seeded by its own number, a prefetch over them all.
 
     Epoch 0 is left out (tracing, thread pools, file cache); ``share`` is the median over
     epochs 1 and later of (time from the previous epoch's last batch to this epoch's first)
@@ -159,13 +160,14 @@ def first_batch_share(
 
     steps = load_manifest(shards_dir).split("train").num_records // batch
 
+    @tf.autograph.experimental.do_not_convert  # as training builds its epochs
     def one(number: tf.Tensor) -> tf.data.Dataset:
         return read_split(
             shards_dir, "train", batch_size=batch, training=True, seed=epoch_seed(0, number),
             order=order,
         ).take(steps)  # fmt: skip
 
-    iterator = iter(tf.data.Dataset.range(epochs).flat_map(one))
+    iterator = iter(tf.data.Dataset.range(epochs).flat_map(one).prefetch(tf.data.AUTOTUNE))
     shares, firsts = [], []
     for number in range(epochs):
         start = time.perf_counter()

@@ -170,6 +170,7 @@ def _global_epoch(
     # One element per replica slice of each global batch, from the resumed step on: a
     # position maps to its record on its own, so nothing before it is read or buffered.
     ds = tf.data.Dataset.range(first_step * local, steps * local)
+    ds = fetched_first(store, manifest.split(split).shards, ds) if store else ds
     ds = ds.map(plain(read), num_parallel_calls=tf.data.AUTOTUNE, deterministic=ordered)
     parse = batch_parser(manifest, with_metadata=with_metadata)
     ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=ordered)
@@ -191,6 +192,21 @@ def _locator(locations: SplitLocations, batch_size: int, first: int, local: int,
     return locate
 
 
+def fetched_first(store: ShardStore, shards: Any, elements: tf.data.Dataset) -> tf.data.Dataset:
+    """``elements``, each time they are iterated only once every one of ``shards`` is in
+    ``store``'s cache, sha256 checked (downloaded side by side where missing): a global order
+    reaches every shard from its first batch on."""
+    import tensorflow as tf
+
+    def fetch_all(_: Any) -> Any:
+        store.fetch_all(shards)
+        return _
+
+    start = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64))
+    start = start.map(lambda x: tf.numpy_function(fetch_all, [x], tf.int64, stateful=False))
+    return start.flat_map(lambda _: elements)
+
+
 def split_locations(
     shards_dir: Path, split: str, manifest: ShardManifest, store: ShardStore | None
 ) -> SplitLocations:
@@ -209,7 +225,9 @@ def split_locations(
         return SplitLocations.from_offsets(
             [shards_dir / shard.file for shard in shards], [by_file[s.file] for s in shards]
         )
-    # No index (a store holds none; a set written before it existed): the headers tell.
+    # No index (a store holds none; a set written before it existed): the headers tell. A
+    # store's shard lies in its cache under its sha256 (fetched_first puts it there again
+    # before each iteration).
     paths = store.fetch_all(shards) if store else [shards_dir / shard.file for shard in shards]
     found = [record_offsets(path) for path in paths]
     ends = [(o[-1][0] + o[-1][1]) if o else 0 for o in found]

@@ -280,3 +280,34 @@ def test_a_shards_url_that_is_not_s3_is_refused_naming_the_variable(
     monkeypatch.setenv(SHARDS_URL_ENV, url)
     with pytest.raises(ParamsError, match=f"{SHARDS_URL_ENV}='{url}'"):
         open_store(tmp_path, default_params().storage)
+
+
+def test_a_training_read_fetches_its_whole_split_again_after_the_cache_is_emptied(
+    tiny_shards: Path, s3_server: S3Server
+) -> None:
+    """The global order reaches every shard from the first batch on: each iteration puts
+    the split's shards in the cache (checked) before reading, so an emptied cache (an
+    eviction, a cold start) reads the same records, never a missing file."""
+    store = published(tiny_shards, s3_server)
+    ds = read_split(
+        tiny_shards / "elsewhere", "train", batch_size=4, training=True, seed=7,
+        with_metadata=True, store=store,
+    )  # fmt: skip
+    first = hashes(ds)
+    store.clear()
+    assert hashes(ds) == first
+    local = read_split(
+        tiny_shards / "data" / "shards", "train", batch_size=4, training=True, seed=7,
+        with_metadata=True,
+    )  # fmt: skip
+    assert hashes(local) == first
+
+
+def test_a_split_larger_than_the_cache_is_refused_naming_the_param(
+    tiny_shards: Path, s3_server: S3Server
+) -> None:
+    store = published(tiny_shards, s3_server)
+    needed = sum(s.bytes for s in store.manifest().split("train").shards)
+    store.max_bytes = needed - 1
+    with pytest.raises(ShardStoreError, match=r"do not fit the shard cache .* storage.cache_mb"):
+        read_split(tiny_shards, "train", batch_size=4, training=True, seed=1, store=store)
