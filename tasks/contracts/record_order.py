@@ -21,6 +21,7 @@ No TensorFlow here: the order is a pure function, tested and measured on its own
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -58,14 +59,15 @@ class EpochOrder:
         """Bits of each Feistel half: the domain ``4 ** half_bits`` is at least ``size``."""
         return max(1, ((self.size - 1).bit_length() + 1) // 2)
 
-    @property
-    def keys(self) -> tuple[int, ...]:
-        """One 64-bit key per round, from the seed alone."""
+    @functools.cached_property
+    def keys(self) -> tuple[np.uint64, ...]:
+        """One 64-bit key per round, from the seed alone (computed once per order)."""
         seed = int(self.seed) & 0xFFFFFFFFFFFFFFFF
         digest = hashlib.blake2b(
             seed.to_bytes(8, "little"), digest_size=8 * ROUNDS, person=b"shardflow-order"
         ).digest()
-        return tuple(int.from_bytes(digest[8 * i : 8 * i + 8], "little") for i in range(ROUNDS))
+        words = np.frombuffer(digest, dtype="<u8")
+        return tuple(np.uint64(word) for word in words)
 
     def record_ids(self, positions: Sequence[int] | np.ndarray) -> np.ndarray:
         """The record id at each of ``positions`` (int64 in ``[0, size)``), as int64."""
@@ -75,7 +77,7 @@ class EpochOrder:
                 f"positions must lie in [0, {self.size}), got {values.min()}..{values.max()}"
             )
         out = values.astype(np.uint64)
-        keys = [np.uint64(key) for key in self.keys]
+        keys = self.keys
         pending = np.arange(out.size)
         # Cycle walking: a value the network sends outside [0, size) goes through it again;
         # the network is a permutation of its domain, so each walk ends inside.
@@ -84,7 +86,7 @@ class EpochOrder:
             pending = pending[out[pending] >= np.uint64(self.size)]
         return out.astype(np.int64)
 
-    def _permute(self, values: np.ndarray, keys: list[np.uint64]) -> np.ndarray:
+    def _permute(self, values: np.ndarray, keys: tuple[np.uint64, ...]) -> np.ndarray:
         bits = np.uint64(self.half_bits)
         half = (np.uint64(1) << bits) - np.uint64(1)
         left, right = values >> bits, values & half
