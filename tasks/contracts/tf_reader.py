@@ -69,8 +69,10 @@ def read_split(
     GZIP shards cannot be entered at an offset: they are read as ``order="buffered"`` reads,
     files shuffled and interleaved 8 at a time, records shuffled in a buffer
     (``shuffle_buffer`` records, sized by bytes), ``file_shard=(i, n)`` taking files i, i + n,
-    ...; each element is one replica's batch (``batch_size`` over ``replicas``' total) and a
-    ``first_step`` there replays the epoch and drops the batches before it.
+    ...; each element is one replica's batch (``batch_size`` over ``replicas``' total), an
+    epoch the global order's count of steps (a worker with fewer records wraps around), and
+    a ``first_step`` there replays the epoch and drops the batches before it. Either order
+    yields, from ``first_step`` on, that epoch's remaining steps, ``local`` batches each.
     The dataset's length is known without a scan. ``with_metadata=True`` yields the parsed
     feature dict instead (adds ``content_hash`` and ``source``), for evaluation reports. With
     a ``store`` (tasks.contracts.shard_store), shards come from object storage instead of
@@ -96,6 +98,7 @@ def read_split(
             replicas=replicas,
         )
     files, num_records = split_files(shards_dir, split, manifest, file_shard, store)
+    steps = epoch_steps(manifest.split(split).num_records, batch_size)  # global batches
     batch_size = batch_size // replicas[2] if training else batch_size  # one replica's slice
     deterministic = not training or (ordered and seed is not None)
     buffer = shuffle_buffer or default_shuffle_buffer(manifest, split)
@@ -121,7 +124,11 @@ def read_split(
     # entirely. Raw pixels are copied once, from their offset in each record (range_read);
     # stock ops, where its op is not built, copy the record's head, then slice.
     ds = ds.batch(batch_size, drop_remainder=training)
-    ds = ds.skip(first_step) if training else ds
+    # An epoch is a count of steps, each one batch per replica: a worker whose files hold
+    # fewer records wraps around within it; a resumed epoch replays its order and drops the
+    # batches already trained on.
+    epoch = ds.repeat().take(steps * replicas[1]).skip(first_step * replicas[1])
+    ds = epoch if training else ds
     parse = batch_parser(manifest, with_metadata=with_metadata)
     ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
     return ds.prefetch(tf.data.AUTOTUNE)

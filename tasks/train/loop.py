@@ -188,26 +188,21 @@ class TrainInput:
         ``steps`` global batches, one batch per replica of this pipeline (its slice of the
         global batch: any number of workers reads the same global batches)."""
         # Every worker reaches every record (the reader's global order); GZIP shards, read in
-        # the buffered order, are sharded by file instead: worker i reads files i, i + n, ...,
-        # repeated, then cut, as a worker whose files hold fewer records wraps around.
+        # the buffered order, are sharded by file instead: worker i reads files i, i + n, ...
         params = self.params
         replicas = self.strategy.num_replicas_in_sync
         local = replicas // context.num_input_pipelines
-        return (
-            read_split(
-                self.shards_dir,
-                "train",
-                batch_size=params.batch_size,
-                training=True,
-                seed=epoch_seed(params.seed, number),
-                manifest=self.manifest,
-                file_shard=(context.input_pipeline_id, context.num_input_pipelines),
-                store=self.store,
-                ordered=params.deterministic,
-                replicas=(context.input_pipeline_id * local, local, replicas),
-            )
-            .repeat()
-            .take(self.steps * local)
+        return read_split(
+            self.shards_dir,
+            "train",
+            batch_size=params.batch_size,
+            training=True,
+            seed=epoch_seed(params.seed, number),
+            manifest=self.manifest,
+            file_shard=(context.input_pipeline_id, context.num_input_pipelines),
+            store=self.store,
+            ordered=params.deterministic,
+            replicas=(context.input_pipeline_id * local, local, replicas),
         )
 
 

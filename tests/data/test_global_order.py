@@ -80,6 +80,10 @@ def test_a_read_started_at_a_step_reads_what_the_whole_epoch_read_from_there(sha
     whole = epoch(shards)
     assert epoch(shards, first_step=4) == whole[4:]
     assert epoch(shards, first_step=tf.constant(4, tf.int64)) == whole[4:]
+    # the buffered order (GZIP shards) replays its seeded epoch and drops the steps done
+    buffered = epoch(shards, order="buffered")
+    assert len(buffered) == len(whole) and buffered != whole
+    assert epoch(shards, order="buffered", first_step=4) == buffered[4:]
 
 
 @pytest.mark.parametrize("workers", [2, 4])
