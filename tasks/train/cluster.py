@@ -18,9 +18,12 @@ import json
 import multiprocessing
 import os
 import queue
+import signal
 import socket
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +35,43 @@ TF_CONFIG_ENV = "TF_CONFIG"
 # After one worker dies, how long the others get to fail on their own (their collectives
 # error out) before they are stopped: a dead worker fails the run, never hangs it.
 DEAD_WORKER_GRACE_S = 20.0
+# The exit status of a training process stopped by SIGTERM once it saved where it stood: the
+# shell's for a process killed by SIGTERM (128 + 15), so a platform reads it as preempted.
+EXIT_PREEMPTED = 128 + signal.SIGTERM
+
+
+# -- a stop asked by SIGTERM ----------------------------------------------------------------
+
+
+class Preempted(RuntimeError):
+    """Training stopped on SIGTERM after saving where it stood (its epoch and step): a
+    rerun resumes there. A process it ends exits with :data:`EXIT_PREEMPTED`."""
+
+    exit_status = EXIT_PREEMPTED
+
+
+_stop_asked = threading.Event()
+
+
+def stop_asked() -> bool:
+    """Whether a SIGTERM reached this process while :func:`stop_on_sigterm` watched."""
+    return _stop_asked.is_set()
+
+
+@contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """Inside, SIGTERM only asks training to stop (:func:`stop_asked`): the step under way
+    finishes and its state is saved before the process ends. The handler before is put
+    back after. Only the main thread can set a handler; elsewhere SIGTERM keeps its own."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _stop_asked.clear()
+    previous = signal.signal(signal.SIGTERM, lambda *_: _stop_asked.set())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 # -- inside a worker -----------------------------------------------------------------------
@@ -211,6 +251,20 @@ def chief_value(strategy: tf.distribute.Strategy, value: float) -> float:
 
     per_replica = strategy.experimental_distribute_values_from_function(chief_replica_only)
     return float(strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None))
+
+
+def any_worker(strategy: tf.distribute.Strategy, flag: bool) -> bool:
+    """Whether ``flag`` holds on any worker, the same answer on every worker: a collective
+    with several workers (each calls it at the same point), the flag itself with one."""
+    import tensorflow as tf
+
+    if num_workers(strategy) == 1:
+        return flag
+    value = 1.0 if flag else 0.0
+    per_replica = strategy.experimental_distribute_values_from_function(
+        lambda _: tf.constant(value, tf.float32)
+    )
+    return float(strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)) > 0
 
 
 # -- the local launcher -------------------------------------------------------------------

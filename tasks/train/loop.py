@@ -3,7 +3,8 @@ worker's input, the compiled steps, the epochs of one phase and the input-bound 
 
 Keras 3's ``model.fit`` fails under MultiWorkerMirroredStrategy (keras-team/keras#20585), so
 the loop is ours: one step under ``strategy.run``, driving the Keras callbacks ``fit`` would.
-A phase resumes after its last committed epoch (``tasks.train.backup``); every worker reads
+A phase resumes at its last committed step (every ``checkpoint.every_steps`` steps and on
+SIGTERM), else after its last committed epoch (``tasks.train.backup``); every worker reads
 its own train files and the chief alone validates, sending the figures to the others.
 """
 
@@ -26,9 +27,16 @@ from tasks.runtime.accelerator import gpu_devices
 from tasks.runtime.params import ParamsError, TrainParams
 from tasks.runtime.processes import usable_cores
 from tasks.train import backup as train_backup
-from tasks.train.backup import BackupDirs
+from tasks.train.backup import BackupDirs, StepState, log
 from tasks.train.callbacks import ResumableEarlyStopping
-from tasks.train.cluster import chief_value, is_chief, num_workers
+from tasks.train.cluster import (
+    Preempted,
+    any_worker,
+    chief_value,
+    is_chief,
+    num_workers,
+    stop_asked,
+)
 
 MOVING_STATISTICS = ("moving_mean", "moving_variance")  # BatchNormalization's, by name
 
@@ -42,7 +50,8 @@ class Data:
     iterator of distributed batches from a given epoch on, and the val split (read by the
     chief)."""
 
-    batches: Callable[[int], Any]  # first epoch -> iterator over per-replica (images, labels)
+    # (first epoch, its first step) -> iterator over per-replica (images, labels)
+    batches: Callable[[int, int], Any]
     val: tf.data.Dataset
     steps_per_epoch: int
     global_batch: int
@@ -158,33 +167,42 @@ class TrainInput:
     threads: int | None
     tuning: InputTuning
 
-    def batches(self, first_epoch: int) -> Any:
-        """The batches of every epoch from ``first_epoch`` on, ``steps`` an epoch, each
-        epoch shuffled by a seed of its own: a run resumed at any epoch reads what an
-        uninterrupted run read there (one endless dataset reshuffles by how many passes its
-        process made, and a resumed process starts from the first). One iterator for them
-        all: building a dataset anew each epoch costs a noticeable share of a short epoch."""
+    def batches(self, first_epoch: int, first_step: int = 0) -> Any:
+        """The batches of every epoch from step ``first_step`` of ``first_epoch`` on,
+        ``steps`` an epoch, each epoch shuffled by a seed of its own: a run resumed at any
+        step reads what an uninterrupted run read there (one endless dataset reshuffles by
+        how many passes its process made, and a resumed process starts from the first). One
+        iterator for them all: building a dataset anew each epoch costs a noticeable share
+        of a short epoch."""
         ahead = tf.distribute.InputOptions(
             experimental_fetch_to_device=True,
             experimental_per_replica_buffer_size=self.tuning.device_buffer,
         )
-        epochs = partial(self.epochs, first_epoch)
+        epochs = partial(self.epochs, first_epoch, first_step)
         return iter(self.strategy.distribute_datasets_from_function(epochs, options=ahead))
 
-    def epochs(self, first_epoch: int, context: tf.distribute.InputContext) -> tf.data.Dataset:
-        """Every epoch from ``first_epoch`` on, as one dataset, for the input pipeline
-        ``context`` names."""
+    def epochs(
+        self, first_epoch: int, first_step: int, context: tf.distribute.InputContext
+    ) -> tf.data.Dataset:
+        """Every epoch from step ``first_step`` of ``first_epoch`` on, as one dataset, for
+        the input pipeline ``context`` names."""
 
         @tf.autograph.experimental.do_not_convert
         def epoch(number: tf.Tensor) -> tf.data.Dataset:
-            return self.epoch(context, number)
+            skipped = tf.where(number == first_epoch, tf.constant(first_step, tf.int64), 0)
+            return self.epoch(context, number, skipped)
 
         epochs = tf.data.Dataset.range(first_epoch, tf.int64.max)
         ds = epochs.flat_map(epoch).prefetch(tf.data.AUTOTUNE)
         return ds.with_options(input_options(self.threads))
 
-    def epoch(self, context: tf.distribute.InputContext, number: tf.Tensor) -> tf.data.Dataset:
-        """Epoch ``number`` of the pipeline ``context`` names: ``steps`` per-replica batches."""
+    def epoch(
+        self, context: tf.distribute.InputContext, number: tf.Tensor, first_step: Any = 0
+    ) -> tf.data.Dataset:
+        """Epoch ``number`` of the pipeline ``context`` names: its ``steps`` per-replica
+        batches from ``first_step`` on (an int or an int64 tensor). The order depends only
+        on the seed and the epoch (:func:`epoch_seed`), so the batches a resumed run skips
+        are those an uninterrupted one took: this reader replays the epoch and drops them."""
         # Sharded by file: worker i reads train files i, i + n, ... (AutoShardPolicy FILE,
         # done by the reader so it still knows its record count). Repeated, then cut: an
         # epoch is a count of steps, and a worker whose files hold fewer records wraps
@@ -204,6 +222,7 @@ class TrainInput:
             )
             .repeat()
             .take(self.steps)
+            .skip(first_step)
         )
 
 
@@ -352,11 +371,40 @@ def statistics_sync(model: keras.Model, strategy: tf.distribute.Strategy) -> Cal
 
 @dataclass(frozen=True)
 class Phase:
-    """Epochs ``[first, end)`` of one training phase, resumable from ``dirs``."""
+    """Epochs ``[first, end)`` of one training phase, resumable from ``dirs``, saving its
+    state inside an epoch every ``every_steps`` steps (``checkpoint.every_steps``; 0: only
+    on SIGTERM)."""
 
     first: int
     end: int
     dirs: BackupDirs
+    every_steps: int = 0
+
+
+def resume_point(
+    model: keras.Model, phase: Phase, strategy: tf.distribute.Strategy, steps: int
+) -> tuple[int, StepState | None]:
+    """The epoch the phase starts at and the state saved inside it, both loaded into
+    ``model``. Every worker restores the same step from the chief's backup, or the run is
+    refused: workers that disagree on where they are would wait on each other's
+    collectives."""
+    start = max(train_backup.restore_epoch(model, phase.dirs), phase.first)
+    inside = train_backup.restore_step(model, phase.dirs, start) if start < phase.end else None
+    step = inside.step if inside else 0
+    if chief_value(strategy, start) != start or chief_value(strategy, step) != step:
+        raise RuntimeError(
+            f"this worker restored epoch {start}, step {step} from {phase.dirs.read}, the "
+            "chief another: the backup dir must be one path that every worker mounts"
+        )
+    if inside:
+        log.warning(
+            "resumed at epoch %d, step %d (of %d): the state saved there (%s)",
+            start + 1,
+            step,
+            steps,
+            phase.dirs.read,
+        )
+    return start, inside
 
 
 def fit_phase(
@@ -374,14 +422,7 @@ def fit_phase(
 
     ``callbacks`` start with the epoch log; early stopping follows it, then the rest.
     """
-    # Every worker restores the same epoch from the chief's backup, or the run is refused:
-    # workers that disagree on where they are would wait on each other's collectives.
-    start = max(train_backup.restore_epoch(model, phase.dirs), phase.first)
-    if chief_value(strategy, start) != start:
-        raise RuntimeError(
-            f"this worker restored epoch {start} from {phase.dirs.read}, the chief another: "
-            "the backup dir must be one path that every worker mounts"
-        )
+    start, inside = resume_point(model, phase, strategy, data.steps_per_epoch)
     stopping: list[keras.callbacks.Callback] = []
     if params.early_stopping_patience > 0:
         stopping.append(
@@ -396,10 +437,15 @@ def fit_phase(
     model.stop_training = False
     hooks.on_train_begin()
     ended = start
-    batches = data.batches(start)
+    batches = data.batches(start, inside.step if inside else 0)
+    saves = set(
+        train_backup.checkpoint_steps(data.steps_per_epoch, steps.per_call, phase.every_steps)
+    )
     for epoch in range(start, phase.end):
         hooks.on_epoch_begin(epoch)
-        logs = run_epoch(steps, batches, data.steps_per_epoch)
+        boundary = partial(call_boundary, model, phase.dirs, strategy, epoch, saves)
+        logs = run_epoch(steps, batches, data.steps_per_epoch, inside, boundary)
+        inside = None
         if strategy.num_replicas_in_sync > 1:
             steps.sync_statistics()  # before validation, the backup and the model read them
         logs.update(validate(steps.evaluate, data.val, strategy))
@@ -408,6 +454,11 @@ def fit_phase(
         train_backup.save_epoch(model, phase.dirs, epoch)
         hooks.on_epoch_end(epoch, logs)
         ended = epoch + 1
+        if ended < phase.end and any_worker(strategy, stop_asked()):
+            raise Preempted(
+                f"stopped by SIGTERM after epoch {ended}, committed in {phase.dirs.write}: "
+                "rerun the train stage to resume there"
+            )
         if model.stop_training:  # early stopping; the same on every worker (same figures)
             break
     hooks.on_train_end()
@@ -417,23 +468,63 @@ def fit_phase(
     return ended, ended - 1
 
 
-def run_epoch(train: Steps, batches: Any, steps: int) -> dict[str, float]:
+def call_boundary(
+    model: keras.Model,
+    dirs: BackupDirs,
+    strategy: tf.distribute.Strategy,
+    epoch: int,
+    saves: set[int],
+    step: int,
+    totals: tf.Tensor,
+) -> None:
+    """Between two compiled calls, ``step`` steps into ``epoch``: save the state there when
+    the schedule (``saves``) or a SIGTERM asks, then stop on a SIGTERM. With several
+    workers they agree first (a SIGTERM to any one stops all at the same step)."""
+    stop = any_worker(strategy, stop_asked())
+    if step in saves or stop:
+        state = StepState.named(epoch, step, totals.numpy().tolist())
+        train_backup.save_step(model, dirs, state)
+    if stop:
+        raise Preempted(
+            f"stopped by SIGTERM at epoch {epoch + 1}, step {step}, its state saved in "
+            f"{dirs.write}: rerun the train stage to resume there"
+        )
+
+
+def run_epoch(
+    train: Steps,
+    batches: Any,
+    steps: int,
+    start: StepState | None = None,
+    boundary: Callable[[int, tf.Tensor], None] | None = None,
+) -> dict[str, float]:
     """One epoch of ``steps`` training steps on ``batches``, ``train.per_call`` a compiled
-    call and the rest one by one; loss and accuracy over it, images/s and step time."""
-    start = time.perf_counter()
-    calls, rest = divmod(steps, train.per_call) if train.per_call > 1 else (0, steps)
-    totals = tf.zeros(3)
-    for _ in range(calls):
-        totals += train.train_calls(batches)
-    for _ in range(rest):
-        totals += train.train(next(batches))
+    call and the rest one by one; loss and accuracy over it, images/s and step time.
+
+    ``start``: the state saved inside the epoch, whose step and partial totals it goes on
+    from (its calls fall where an uninterrupted epoch's do: saves are on call boundaries).
+    ``boundary(step, totals)`` runs after each call but the epoch's last."""
+    began = time.perf_counter()
+    calls, _ = divmod(steps, train.per_call) if train.per_call > 1 else (0, steps)
+    step = start.step if start else 0
+    totals = tf.constant(start.totals if start else (0.0, 0.0, 0.0), tf.float32)
+    while step < steps:
+        if step < calls * train.per_call:
+            totals += train.train_calls(batches)
+            step += train.per_call
+        else:
+            totals += train.train(next(batches))
+            step += 1
+        if boundary is not None and step < steps:
+            boundary(step, totals)
     loss_sum, correct, images = (float(x) for x in totals.numpy())  # waits for the last step
-    seconds = max(time.perf_counter() - start, 1e-9)
+    seconds = max(time.perf_counter() - began, 1e-9)
+    done = images - (start.totals[2] if start else 0.0)  # the images of this process's steps
     return {
         "loss": loss_sum / images,
         "accuracy": correct / images,
-        "images_per_sec": images / seconds,
-        "step_time_ms": 1000 * seconds / steps,
+        "images_per_sec": done / seconds,
+        "step_time_ms": 1000 * seconds / (steps - (start.step if start else 0)),
     }
 
 
@@ -465,7 +556,7 @@ def probe_input_bound(
     A ratio near 1 means the accelerator never waits for data; well above 1 means the input
     pipeline starves it. Logged per run so a starved accelerator shows in the MLflow UI.
     """
-    batches = data.batches(0)
+    batches = data.batches(0, 0)
     batch = next(batches)
     real_s = median_step_seconds(lambda: train_step(next(batches)), steps, warmup)
     in_memory_s = median_step_seconds(lambda: train_step(batch), steps, warmup)
