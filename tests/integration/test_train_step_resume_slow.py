@@ -167,3 +167,17 @@ def test_sigterm_saves_the_step_reached_and_exits_143_then_the_rerun_resumes_the
     run(tiny_shards, train)
     assert "resumed at epoch 1, step 3 (of 4)" in "\n".join(stage_warnings.lines)
     assert layout.model_file.exists()
+
+
+def test_the_checkpoint_interval_is_outside_the_backups_identity() -> None:
+    """Saving more or less often never discards a backup (nor retrains)."""
+    from tasks.runtime.params import default_params
+    from tasks.train.models import weights_lineage
+    from tasks.train.stage import backup_identity
+
+    often = default_params(checkpoint={"every_steps": 1})
+    rarely = default_params(checkpoint={"every_steps": 500})
+    lineage, fingerprint = weights_lineage(None), "0" * 64
+    assert backup_identity(often.train, fingerprint, lineage) == backup_identity(
+        rarely.train, fingerprint, lineage
+    )
