@@ -31,7 +31,12 @@ from tasks.runtime import latency
 from tasks.runtime.layout import Layout
 from tasks.runtime.params import Params, TrainParams, load_params
 from tasks.train import child as train_child
-from tasks.train.cluster import ClusterIncomplete, config_is_chief, requested_workers
+from tasks.train.cluster import (
+    ClusterIncomplete,
+    Preempted,
+    config_is_chief,
+    requested_workers,
+)
 from tasks.train.summary import epochs_words
 
 EPOCH_FIGURES = ("loss", "accuracy", "val_loss", "val_accuracy")
@@ -86,7 +91,8 @@ def model_run_details() -> Sequence[object]:
     retry_delay_seconds=10,
     # Never a refusal, nor a cluster that did not come together: its message says to start
     # every worker again, and a retry would rejoin with the collectives TensorFlow configured.
-    retry_condition_fn=retry_unless(*REFUSALS, ClusterIncomplete),
+    # Nor a SIGTERM's stop: the process is asked to end (its state is saved to resume from).
+    retry_condition_fn=retry_unless(*REFUSALS, ClusterIncomplete, Preempted),
 )
 def train_task(params: Params, layout: Layout) -> dict[str, Any]:
     logger = get_run_logger()
@@ -141,7 +147,29 @@ def main() -> None:
         # process). The offline settings first: the child takes this environment as it is.
         configure_environment()
         latency.prestart_child(train_child.warm_up)
+    forward_sigterm()
     stage_main("train", ("train",), lambda _, params: train_flow(params_path=params))
+
+
+def forward_sigterm() -> None:
+    """A SIGTERM to the stage process goes on to the processes training in its children
+    (the prestarted child, local workers) and to training in this process: each saves
+    where it stands and ends, and the stage ends with their status
+    (:data:`tasks.train.cluster.EXIT_PREEMPTED`) instead of dying first and taking the
+    unsaved state with it."""
+    import multiprocessing
+    import os
+    import signal
+
+    from tasks.train.cluster import ask_stop
+
+    def forward(signum: int, _: object) -> None:
+        ask_stop()
+        for child in multiprocessing.active_children():
+            if child.pid is not None:
+                os.kill(child.pid, signum)
+
+    signal.signal(signal.SIGTERM, forward)
 
 
 if __name__ == "__main__":

@@ -54,24 +54,31 @@ _stop_asked = threading.Event()
 
 
 def stop_asked() -> bool:
-    """Whether a SIGTERM reached this process while :func:`stop_on_sigterm` watched."""
+    """Whether training in this process was asked to stop (:func:`ask_stop`)."""
     return _stop_asked.is_set()
+
+
+def ask_stop() -> None:
+    """Ask the training under way in this process (or about to start) to save where it
+    stands and stop: what a SIGTERM does, from a handler that is not
+    :func:`stop_on_sigterm`'s (training in another thread than the main one)."""
+    _stop_asked.set()
 
 
 @contextmanager
 def stop_on_sigterm() -> Iterator[None]:
     """Inside, SIGTERM only asks training to stop (:func:`stop_asked`): the step under way
     finishes and its state is saved before the process ends. The handler before is put
-    back after. Only the main thread can set a handler; elsewhere SIGTERM keeps its own."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    _stop_asked.clear()
-    previous = signal.signal(signal.SIGTERM, lambda *_: _stop_asked.set())
+    back after, and the request is forgotten. Only the main thread can set a handler;
+    elsewhere the process's own handler may call :func:`ask_stop`."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, lambda *_: ask_stop()) if main else None
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+        _stop_asked.clear()
 
 
 # -- inside a worker -----------------------------------------------------------------------
@@ -335,6 +342,9 @@ def _worker_main(
     index = json.loads(tf_config)["task"]["index"]
     try:
         result = fn(*args, lambda *message: messages.put(("report", index, message)))
+    except Preempted as stopped:  # saved where it stood, as every worker did
+        messages.put(("preempted", index, str(stopped)))
+        raise SystemExit(EXIT_PREEMPTED) from stopped
     except BaseException as error:
         messages.put(("error", index, (f"{type(error).__name__}: {error}", _refusal(error))))
         raise
@@ -375,6 +385,8 @@ def launch_local_workers(
                 process.kill()
             process.join()
     outcomes.raise_failure()
+    if outcomes.preempted:
+        raise Preempted(outcomes.preempted[min(outcomes.preempted)])
     return outcomes.results[0]
 
 
@@ -388,6 +400,8 @@ class WorkerOutcomes:
     refusals: dict[int, BaseException] = field(default_factory=dict)
     # a worker gone without one (killed, out of memory)
     deaths: dict[int, str] = field(default_factory=dict)
+    # a worker stopped by SIGTERM once it saved where it stood
+    preempted: dict[int, str] = field(default_factory=dict)
 
     def collect(
         self,
@@ -409,13 +423,15 @@ class WorkerOutcomes:
                 on_report(payload)
             elif kind == "result":
                 self.results[index] = payload
+            elif kind == "preempted":
+                self.preempted[index] = payload
             elif kind == "error":
                 text, refusal = payload
                 self.errors[index] = f"worker {index} failed: {text}"
                 if refusal is not None:
                     self.refusals[index] = refusal
             self.note_deaths(processes)
-            if failed_at is None and (self.errors or self.deaths):
+            if failed_at is None and (self.errors or self.deaths or self.preempted):
                 failed_at = time.monotonic()
             if failed_at is not None and (
                 time.monotonic() - failed_at > grace_s
@@ -427,7 +443,8 @@ class WorkerOutcomes:
         """Each worker that ended with a failing exit code and no error of its own."""
         for index, process in enumerate(processes):
             code = process.exitcode
-            if code not in (None, 0) and index not in self.errors and index not in self.deaths:
+            known = (self.errors, self.deaths, self.preempted)
+            if code not in (None, 0) and all(index not in seen for seen in known):
                 self.deaths[index] = f"worker {index} (pid {process.pid}) died, exit code {code}"
 
     def raise_failure(self) -> None:
