@@ -385,8 +385,10 @@ def launch_local_workers(
                 process.kill()
             process.join()
     outcomes.raise_failure()
-    if outcomes.preempted:
-        raise Preempted(outcomes.preempted[min(outcomes.preempted)])
+    if outcomes.preempted:  # every worker stopped at the step they agreed on
+        stopped = ", ".join(str(index) for index in sorted(outcomes.preempted))
+        first = outcomes.preempted[min(outcomes.preempted)]
+        raise Preempted(f"{first} (workers {stopped} saved it and stopped)")
     return outcomes.results[0]
 
 
