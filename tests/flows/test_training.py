@@ -332,3 +332,30 @@ def test_a_cluster_that_did_not_come_together_is_not_retried(
     with pytest.raises(ClusterIncomplete, match=r"cluster\.join_timeout_s"):
         one_task()
     assert len(tried) == 1
+
+
+def test_training_stopped_by_sigterm_is_not_retried(
+    tiny_shards: Path, mlflow_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop on SIGTERM (the state saved, the process asked to end) is the stage's end:
+    a retry would train on in a process the platform is ending."""
+    from prefect import flow
+
+    from flows.train import train_task
+    from tasks.train.cluster import Preempted
+
+    tried: list[int] = []
+
+    def stopped(*args: object, **kwargs: object) -> object:
+        tried.append(1)
+        raise Preempted("stopped by SIGTERM at epoch 1, step 2")
+
+    monkeypatch.setattr(train_child, "train", stopped)
+
+    @flow
+    def one_task() -> object:
+        return train_task.with_options(retry_delay_seconds=0)(default_params(), Layout(tiny_shards))
+
+    with pytest.raises(Preempted, match="SIGTERM"):
+        one_task()
+    assert tried == [1]
