@@ -13,9 +13,10 @@ single-device run means what it always did and more replicas do not change the s
 
 A killed run resumes at the last step committed (every ``checkpoint.every_steps`` steps, and
 on SIGTERM, which then ends training: :class:`tasks.train.cluster.Preempted`), else at the
-epoch after the last one committed (``tasks.train.backup``), and only as the same run: same params, shards and training code. With several workers the
-chief decides which backup is resumed and records every output (the model, the metrics,
-MLflow); the others train beside it and write only scratch copies.
+epoch after the last one committed (``tasks.train.backup``), and only as the same run: same
+params, shards and training code. With several workers the chief decides which backup is
+resumed and records every output (the model, the metrics, MLflow); the others train beside
+it and write only scratch copies.
 """
 
 from __future__ import annotations

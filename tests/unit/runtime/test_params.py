@@ -13,6 +13,7 @@ import yaml
 from pydantic import ValidationError
 
 from tasks.runtime.params import (
+    REPO_PARAMS_PATH,
     AugmentParams,
     CheckpointParams,
     EvaluateParams,
@@ -24,7 +25,6 @@ from tasks.runtime.params import (
     TrainParams,
     WorkspaceParams,
     default_params,
-    REPO_PARAMS_PATH,
     load_params,
     shipped_params_text,
 )
@@ -517,6 +517,9 @@ def stage_param_values(dvc_yaml: dict[str, Any], raw: dict[str, Any]) -> dict[st
 def test_the_checkpoint_interval_is_no_stages_param() -> None:
     """Saving more or less often inside an epoch never reruns a stage (nor retrains)."""
     dvc_yaml = yaml.safe_load((REPO_PARAMS_PATH.parent / "dvc.yaml").read_text())
-    often, rarely = with_value("checkpoint.every_steps", 1), with_value("checkpoint.every_steps", 500)
+    often, rarely = (
+        with_value("checkpoint.every_steps", 1),
+        with_value("checkpoint.every_steps", 500),
+    )
     assert stage_param_values(dvc_yaml, often) == stage_param_values(dvc_yaml, rarely)
     assert Params.model_validate(often).train == Params.model_validate(rarely).train
