@@ -122,11 +122,18 @@ def batch_hashes(root: Path, train: TrainParams, epoch: int, step: int, count: i
     ]
 
 
+@pytest.mark.parametrize("per_call", [1, 2])
 def test_a_sigkill_inside_an_epoch_resumes_at_its_step_with_an_uninterrupted_runs_model(
-    tiny_shards: Path, tmp_path_factory: pytest.TempPathFactory, stage_warnings: Warnings
+    tiny_shards: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    stage_warnings: Warnings,
+    per_call: int,
 ) -> None:
+    """Saved every step, killed after step 2 of epoch 2: one step a call, or two (the save
+    then falls after the first call, the rerun's calls where the uninterrupted run's fell)."""
     layout = Layout(tiny_shards)
-    train = params()  # augmented: dropout and augmentation draw from the saved generators
+    # augmented: dropout and augmentation draw from the saved generators
+    train = params(steps_per_execution=per_call)
     status = killed_run(tiny_shards, train, 1, "SIGKILL", (1, 2))
     assert status == -signal.SIGKILL
     saved = StepState.from_json(json.loads((layout.backup_dir / "main" / STEP_NAME).read_text()))
