@@ -73,3 +73,21 @@ def test_an_unreadable_step_commit_names_its_file(tmp_path: Path) -> None:
     (tmp_path / STEP_NAME).write_text('{"epoch": 1}')
     with pytest.raises(BackupUnusable, match=STEP_NAME):
         committed_step(BackupDirs(tmp_path, tmp_path), 1)
+
+
+def test_a_step_state_goes_with_a_backup_of_other_params(tmp_path: Path) -> None:
+    """A mid-epoch state never outlives its backup's identity: another run's params
+    discard it with the backup, the reason logged."""
+    from tasks.train.backup import claim_backup, write_identity
+
+    backup = tmp_path / "train_backup"
+    made_with = {"params": {"train.learning_rate": 0.002}, "fingerprint": "a" * 64}
+    write_identity(backup, {**made_with, "code_version": "1"})
+    (backup / "main").mkdir()
+    state = StepState.named(0, 2, [1.0, 2.0, 32.0])
+    (backup / "main" / STEP_NAME).write_text(json.dumps(state.to_json()))
+    other = {"params": {"train.learning_rate": 0.001}, "fingerprint": "a" * 64, "code_version": "1"}
+    stored, reasons = claim_backup(backup, other)
+    assert stored is None
+    assert reasons == ["train.learning_rate changed 0.002 -> 0.001"]
+    assert not (backup / "main" / STEP_NAME).exists()
