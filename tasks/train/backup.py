@@ -275,17 +275,22 @@ def checkpoint_steps(steps: int, per_call: int, every_steps: int) -> list[int]:
 class StepState:
     """Where a run stood inside ``epoch``: ``step`` steps done, their partial ``totals``
     (loss sum, correct, images: the figures the epoch reports are made from), and the
-    files holding the weights with the optimizer and the random generators' states."""
+    files holding the weights with the optimizer, the random generators' states and, with
+    several replicas, each replica's own BatchNorm moving statistics (``statistics``: each
+    keeps its own until the epoch's end averages them; the weights file holds one)."""
 
     epoch: int
     step: int
     totals: tuple[float, float, float]
     weights: str
     random: str
+    statistics: str | None = None
 
     @classmethod
-    def named(cls, epoch: int, step: int, totals: Sequence[float]) -> StepState:
-        """The state of ``step`` of ``epoch``, with its files' names."""
+    def named(
+        cls, epoch: int, step: int, totals: Sequence[float], *, replicas: int = 1
+    ) -> StepState:
+        """The state of ``step`` of ``epoch`` on ``replicas`` replicas, with its files' names."""
         loss_sum, correct, images = (float(x) for x in totals)
         return cls(
             epoch,
@@ -293,6 +298,7 @@ class StepState:
             (loss_sum, correct, images),
             f"step-{epoch}-{step}.weights.h5",
             f"step-random-{epoch}-{step}.npz",
+            f"step-statistics-{epoch}-{step}.npz" if replicas > 1 else None,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -302,28 +308,42 @@ class StepState:
             "totals": list(self.totals),
             "weights": self.weights,
             "random": self.random,
+            "statistics": self.statistics,
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StepState:
         loss_sum, correct, images = (float(x) for x in data["totals"])
+        statistics = data.get("statistics")
         return cls(
             int(data["epoch"]),
             int(data["step"]),
             (loss_sum, correct, images),
             str(data["weights"]),
             str(data["random"]),
+            None if statistics is None else str(statistics),
         )
 
 
-def save_step(model: keras.Model, dirs: BackupDirs, state: StepState) -> None:
-    """Commit a mid-epoch ``state``: its weights and random state to files named by the
-    step, then ``step.json`` naming them, then the previous step's files go (as
-    :func:`save_epoch` commits an epoch: a kill at any point leaves one whole state)."""
+def save_step(
+    model: keras.Model,
+    dirs: BackupDirs,
+    state: StepState,
+    statistics: Sequence[np.ndarray] = (),
+) -> None:
+    """Commit a mid-epoch ``state``: its weights, random state and replicas' moving
+    ``statistics`` (where it names a file for them) to files named by the step, then
+    ``step.json`` naming them, then the previous step's files go (as :func:`save_epoch`
+    commits an epoch: a kill at any point leaves one whole state)."""
     dirs.write.mkdir(parents=True, exist_ok=True)
     save_state(model, dirs.write, state.weights, state.random)
+    if state.statistics:
+        tmp = dirs.write / f"tmp-{state.statistics}"
+        with tmp.open("wb") as handle:
+            np.savez(handle, *statistics)
+        os.replace(tmp, dirs.write / state.statistics)
     write_json(dirs.write / STEP_NAME, state.to_json())
-    drop_step_files(dirs.write, keep=(state.weights, state.random))
+    drop_step_files(dirs.write, keep=(state.weights, state.random, state.statistics or ""))
 
 
 def drop_step_files(folder: Path, keep: Sequence[str] = ()) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from tasks.contracts.manifest import ShardManifest
@@ -343,6 +344,49 @@ def replica_train_step(
     return train_step if xla else graph(train_step)
 
 
+def moving_statistics(model: keras.Model) -> list[Any]:
+    """The model's BatchNorm moving statistics, in its order."""
+    return [v for v in model.non_trainable_variables if v.path.endswith(MOVING_STATISTICS)]
+
+
+def replica_statistics(model: keras.Model, strategy: tf.distribute.Strategy) -> list[np.ndarray]:
+    """Every replica's own copy of each moving statistic, stacked ``(replica, ...)``: the
+    state a mid-epoch save must keep (the weights file holds one replica's copy, and each
+    replica keeps its own until the epoch's end averages them). A collective with several
+    workers: every worker calls it at the same step."""
+    statistics = moving_statistics(model)
+
+    @graph
+    def gathered() -> list[tf.Tensor]:
+        def own() -> list[tf.Tensor]:
+            return [tf.expand_dims(tf.identity(v.value), 0) for v in statistics]
+
+        return [strategy.gather(copies, axis=0) for copies in strategy.run(own)]
+
+    return [np.asarray(values) for values in gathered()]
+
+
+def place_replica_statistics(
+    model: keras.Model, strategy: tf.distribute.Strategy, saved: Sequence[np.ndarray]
+) -> None:
+    """Give each of this worker's replicas its own copy of the moving statistics from
+    ``saved`` (:func:`replica_statistics`'s, indexed by replica in the sync group)."""
+    statistics = moving_statistics(model)
+    if len(saved) != len(statistics):
+        raise train_backup.BackupUnusable(
+            f"{len(saved)} saved moving statistics for the model's {len(statistics)}"
+        )
+    mine = strategy.experimental_local_results(
+        strategy.experimental_distribute_values_from_function(
+            lambda context: [values[context.replica_id_in_sync_group] for values in saved]
+        )
+    )
+    for index, variable in enumerate(statistics):
+        copies = getattr(variable.value, "values", (variable.value,))  # this worker's devices
+        for copy, replica in zip(copies, mine, strict=True):
+            copy.assign(replica[index])
+
+
 def statistics_sync(model: keras.Model, strategy: tf.distribute.Strategy) -> Callable[[], None]:
     """A compiled call that averages the BatchNorm moving statistics over the replicas.
 
@@ -350,7 +394,7 @@ def statistics_sync(model: keras.Model, strategy: tf.distribute.Strategy) -> Cal
     aggregate them). An average of exponential moving averages is the moving average of the
     averaged batch statistics, so averaging once an epoch, before anyone reads them, equals
     averaging at every step."""
-    statistics = [v for v in model.non_trainable_variables if v.path.endswith(MOVING_STATISTICS)]
+    statistics = moving_statistics(model)
 
     @graph
     def sync_statistics() -> None:
@@ -396,6 +440,9 @@ def resume_point(
             f"this worker restored epoch {start}, step {step} from {phase.dirs.read}, the "
             "chief another: the backup dir must be one path that every worker mounts"
         )
+    if inside and inside.statistics:
+        with np.load(phase.dirs.read / inside.statistics) as saved:
+            place_replica_statistics(model, strategy, [saved[name] for name in saved.files])
     if inside:
         log.warning(
             "resumed at epoch %d, step %d (of %d): the state saved there (%s)",
@@ -482,8 +529,10 @@ def call_boundary(
     workers they agree first (a SIGTERM to any one stops all at the same step)."""
     stop = any_worker(strategy, stop_asked())
     if step in saves or stop:
-        state = StepState.named(epoch, step, totals.numpy().tolist())
-        train_backup.save_step(model, dirs, state)
+        replicas = strategy.num_replicas_in_sync
+        state = StepState.named(epoch, step, totals.numpy().tolist(), replicas=replicas)
+        statistics = replica_statistics(model, strategy) if replicas > 1 else []
+        train_backup.save_step(model, dirs, state, statistics)
     if stop:
         raise Preempted(
             f"stopped by SIGTERM at epoch {epoch + 1}, step {step}, its state saved in "

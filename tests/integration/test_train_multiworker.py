@@ -169,10 +169,13 @@ def test_worker_killed_mid_epoch_fails_the_run_and_the_rerun_resumes(tiny_shards
     assert [row["epoch"] for row in rows] == [1, 2, 3, 4]
 
 
-def test_a_sigterm_to_one_worker_stops_both_at_the_same_saved_step(tiny_shards: Path) -> None:
+def test_a_sigterm_to_one_worker_stops_both_at_the_same_saved_step(
+    tiny_shards: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     """Worker 1 alone gets SIGTERM at step 2 of epoch 2: both agree on that step (a flag
     reduced over the workers at each call's end), both save it and stop; the rerun resumes
-    there on every worker."""
+    there on every worker, each replica with its own BatchNorm moving statistics, and ends
+    with the model file of an uninterrupted run on two workers."""
     layout = Layout(tiny_shards)
     params = PARAMS.model_copy(update={"epochs": 2})
     args = (str(tiny_shards), params.model_dump_json(), 1, 2)
@@ -187,6 +190,13 @@ def test_a_sigterm_to_one_worker_stops_both_at_the_same_saved_step(tiny_shards: 
     summary = launch_local_workers(2, worker, (str(tiny_shards), params.model_dump_json(), None))
     assert summary["resumed_from_epoch"] == 1
     assert summary["epochs_completed"] == 2
+
+    whole = tmp_path_factory.mktemp("uninterrupted")
+    from tests.tiny_shards import write_tiny_shards
+
+    write_tiny_shards(whole)
+    launch_local_workers(2, worker, (str(whole), params.model_dump_json(), None))
+    assert layout.model_file.read_bytes() == Layout(whole).model_file.read_bytes()
 
 
 def test_fewer_train_files_than_workers_is_refused_naming_the_param(tiny_shards: Path) -> None:

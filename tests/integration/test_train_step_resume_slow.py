@@ -72,8 +72,8 @@ root, train_json, every, how, epoch, step = sys.argv[1:]
 at = (int(epoch), int(step))
 if how == "SIGKILL":
     save_step = backup.save_step
-    def save_then_die(model, dirs, state):
-        save_step(model, dirs, state)
+    def save_then_die(model, dirs, state, *statistics):
+        save_step(model, dirs, state, *statistics)
         if (state.epoch, state.step) == at:
             os.kill(os.getpid(), signal.SIGKILL)
     backup.save_step = save_then_die
@@ -92,9 +92,10 @@ except Preempted as stopped:
 """
 
 
-def killed_run(root: Path, train: TrainParams, every: int, how: str, at: tuple[int, int]) -> int:
-    """Train in a process of its own that ``how`` ends at step ``at[1]`` of epoch ``at[0]``;
-    its exit status."""
+def killed_run(
+    root: Path, train: TrainParams, every: int, how: str, at: tuple[int, int]
+) -> subprocess.CompletedProcess[str]:
+    """Train in a process of its own that ``how`` ends at step ``at[1]`` of epoch ``at[0]``."""
     env = {**os.environ, "PYTHONPATH": str(Path.cwd())}
     args = [str(root), train.model_dump_json(), str(every), how, *map(str, at)]
     done = subprocess.run(
@@ -104,7 +105,7 @@ def killed_run(root: Path, train: TrainParams, every: int, how: str, at: tuple[i
         env=env,
         check=False,
     )
-    return done.returncode
+    return done
 
 
 def history(layout: Layout) -> list[dict[str, Any]]:
@@ -134,8 +135,8 @@ def test_a_sigkill_inside_an_epoch_resumes_at_its_step_with_an_uninterrupted_run
     layout = Layout(tiny_shards)
     # augmented: dropout and augmentation draw from the saved generators
     train = params(steps_per_execution=per_call)
-    status = killed_run(tiny_shards, train, 1, "SIGKILL", (1, 2))
-    assert status == -signal.SIGKILL
+    killed = killed_run(tiny_shards, train, 1, "SIGKILL", (1, 2))
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     saved = StepState.from_json(json.loads((layout.backup_dir / "main" / STEP_NAME).read_text()))
     assert (saved.epoch, saved.step) == (1, 2)
 
@@ -164,8 +165,8 @@ def test_sigterm_saves_the_step_reached_and_exits_143_then_the_rerun_resumes_the
 ) -> None:
     layout = Layout(tiny_shards)
     train = params(epochs=1, augment=NO_AUGMENT)
-    status = killed_run(tiny_shards, train, 0, "SIGTERM", (0, 3))  # no scheduled saves
-    assert status == 143
+    stopped = killed_run(tiny_shards, train, 0, "SIGTERM", (0, 3))  # no scheduled saves
+    assert stopped.returncode == 143, stopped.stderr[-2000:]
     assert not layout.model_file.exists()
     saved = StepState.from_json(json.loads((layout.backup_dir / "main" / STEP_NAME).read_text()))
     assert (saved.epoch, saved.step) == (0, 3)
