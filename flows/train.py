@@ -86,7 +86,7 @@ def model_run_details() -> Sequence[object]:
     return [run_records.run_name(params, fingerprint)]
 
 
-# A retry resumes from the BackupAndRestore state, so it costs at most one epoch.
+# A retry resumes from the backup: it costs at most checkpoint.every_steps steps (an epoch at 0).
 @task(
     name="train",
     # Named, not imported: this process only versions the training code (the launcher and

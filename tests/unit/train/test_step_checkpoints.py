@@ -60,6 +60,15 @@ def test_a_step_state_survives_its_json_exactly() -> None:
     assert (again.weights, again.random) == ("step-3-7.weights.h5", "step-random-3-7.npz")
 
 
+def test_a_state_of_several_replicas_names_their_statistics_file() -> None:
+    """One replica's weights file holds one copy of the BatchNorm moving statistics: with
+    several replicas each one's own copy is saved beside it, and named in the commit."""
+    state = StepState.named(1, 4, [1.0, 2.0, 3.0], replicas=2)
+    assert state.statistics == "step-statistics-1-4.npz"
+    assert StepState.from_json(json.loads(json.dumps(state.to_json()))) == state
+    assert StepState.named(1, 4, [1.0, 2.0, 3.0]).statistics is None
+
+
 def test_only_a_state_inside_the_epoch_to_resume_is_used(tmp_path: Path) -> None:
     """A state left from an epoch that has since been committed is stale: ignored."""
     dirs = BackupDirs(tmp_path, tmp_path)
