@@ -367,15 +367,29 @@ def replica_statistics(model: keras.Model, strategy: tf.distribute.Strategy) -> 
 
 
 def place_replica_statistics(
-    model: keras.Model, strategy: tf.distribute.Strategy, saved: Sequence[np.ndarray]
+    model: keras.Model,
+    strategy: tf.distribute.Strategy,
+    saved: Sequence[np.ndarray],
+    source: Path,
 ) -> None:
     """Give each of this worker's replicas its own copy of the moving statistics from
-    ``saved`` (:func:`replica_statistics`'s, indexed by replica in the sync group)."""
+    ``saved`` (:func:`replica_statistics`'s, read from ``source``, indexed by replica in
+    the sync group). Saved on another number of replicas, they are left as the weights
+    file set them (the chief's copy on every replica), with a warning."""
     statistics = moving_statistics(model)
     if len(saved) != len(statistics):
         raise train_backup.BackupUnusable(
-            f"{len(saved)} saved moving statistics for the model's {len(statistics)}"
+            f"{source} holds {len(saved)} moving statistics, the model has {len(statistics)}"
         )
+    replicas = strategy.num_replicas_in_sync
+    if any(len(values) != replicas for values in saved):
+        log.warning(
+            "%s was saved on another number of replicas than %d: every replica resumes "
+            "with the chief's moving statistics",
+            source,
+            replicas,
+        )
+        return
     mine = strategy.experimental_local_results(
         strategy.experimental_distribute_values_from_function(
             lambda context: [values[context.replica_id_in_sync_group] for values in saved]
@@ -440,9 +454,10 @@ def resume_point(
             f"this worker restored epoch {start}, step {step} from {phase.dirs.read}, the "
             "chief another: the backup dir must be one path that every worker mounts"
         )
-    if inside and inside.statistics:
-        with np.load(phase.dirs.read / inside.statistics) as saved:
-            place_replica_statistics(model, strategy, [saved[name] for name in saved.files])
+    if inside and inside.statistics and strategy.num_replicas_in_sync > 1:
+        path = phase.dirs.read / inside.statistics
+        with np.load(path) as saved:
+            place_replica_statistics(model, strategy, [saved[name] for name in saved.files], path)
     if inside:
         log.warning(
             "resumed at epoch %d, step %d (of %d): the state saved there (%s)",
