@@ -8,7 +8,12 @@ is evaluated or served does not retrain it. ``flows/training.py`` composes this 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+import multiprocessing
+import os
+import signal
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -31,7 +36,13 @@ from tasks.runtime import latency
 from tasks.runtime.layout import Layout
 from tasks.runtime.params import Params, TrainParams, load_params
 from tasks.train import child as train_child
-from tasks.train.cluster import ClusterIncomplete, config_is_chief, requested_workers
+from tasks.train.cluster import (
+    ClusterIncomplete,
+    Preempted,
+    ask_stop,
+    config_is_chief,
+    requested_workers,
+)
 from tasks.train.summary import epochs_words
 
 EPOCH_FIGURES = ("loss", "accuracy", "val_loss", "val_accuracy")
@@ -75,7 +86,7 @@ def model_run_details() -> Sequence[object]:
     return [run_records.run_name(params, fingerprint)]
 
 
-# A retry resumes from the BackupAndRestore state, so it costs at most one epoch.
+# A retry resumes from the backup: it costs at most checkpoint.every_steps steps (an epoch at 0).
 @task(
     name="train",
     # Named, not imported: this process only versions the training code (the launcher and
@@ -86,7 +97,8 @@ def model_run_details() -> Sequence[object]:
     retry_delay_seconds=10,
     # Never a refusal, nor a cluster that did not come together: its message says to start
     # every worker again, and a retry would rejoin with the collectives TensorFlow configured.
-    retry_condition_fn=retry_unless(*REFUSALS, ClusterIncomplete),
+    # Nor a SIGTERM's stop: the process is asked to end (its state is saved to resume from).
+    retry_condition_fn=retry_unless(*REFUSALS, ClusterIncomplete, Preempted),
 )
 def train_task(params: Params, layout: Layout) -> dict[str, Any]:
     logger = get_run_logger()
@@ -94,7 +106,8 @@ def train_task(params: Params, layout: Layout) -> dict[str, Any]:
     progress = Progress("train-progress", f"epochs done of {planned} ({params.train.model})")
     report = epoch_reporter(planned, progress, logger)
     tags = flow_run_tags()
-    with run_log():  # training's own warnings (a discarded backup) in this run's log
+    # training's own warnings (a discarded backup, a resumed step) in this run's log
+    with run_log(), sigterm_to_training():
         if requested_workers() > 1:  # spawned from here: a prestarted child has no children
             summary = train_child.train(params, layout, tags, report)
         else:  # in the child main() prestarted, each epoch reported back; else here
@@ -116,6 +129,31 @@ def train_task(params: Params, layout: Layout) -> dict[str, Any]:
         url,
     )
     return {key: value for key, value in summary.items() if key != "history"}
+
+
+@contextmanager
+def sigterm_to_training() -> Iterator[None]:
+    """Inside, a SIGTERM to this process goes on to the processes training in its children
+    (the prestarted child, local workers) and to training in this process: each saves
+    where it stands and stops (:class:`tasks.train.cluster.Preempted`, which ends the stage
+    with status 143), instead of the flow engine's handler ending the wait and the child
+    with it, unsaved. The engine's handler is put back after. Only the main thread can set
+    a handler; elsewhere the engine's stays."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def forward(signum: int, _: object) -> None:
+        ask_stop()
+        for child in multiprocessing.active_children():
+            if child.pid is not None:
+                os.kill(child.pid, signum)
+
+    previous = signal.signal(signal.SIGTERM, forward)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @flow(name="train", log_prints=True, flow_run_name=naming("train", model_run_details))

@@ -25,11 +25,20 @@ def run_then_exit(main: Callable[[], object]) -> NoReturn:
     """A stage's ``python -m`` entry point: run ``main``, then end the process at once
     (:func:`tasks.runtime.latency.exit_now`: no interpreter teardown). A refusal
     (:class:`tasks.runtime.refusals.Refused`) is printed as one short block (exit status 2);
-    any other exception propagates as usual (traceback, status 1).
+    an exception carrying an ``exit_status`` (training stopped by SIGTERM once it saved
+    its state: 143) is printed in a line and ends the process with that status; any other
+    exception propagates as usual (traceback, status 1).
     """
 
     def body() -> int:
-        main()
+        try:
+            main()
+        except Exception as error:
+            status = getattr(error, "exit_status", None)
+            if not isinstance(status, int):
+                raise
+            print(f"{entry_name(main)}: {error}", file=sys.stderr, flush=True)
+            return status
         return 0
 
     refusals_as_blocks(show_first=False)

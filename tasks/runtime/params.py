@@ -335,6 +335,16 @@ class ClusterParams(StrictModel):
     join_timeout_s: float = Field(gt=0)
 
 
+class CheckpointParams(StrictModel):
+    """How often training saves where it stands inside an epoch (``tasks.train.backup``).
+    A save changes when a killed run resumes, never what it computes, so no stage and no
+    backup's identity depends on these: changing them never retrains."""
+
+    # steps between mid-epoch saves, counted from the epoch's start and rounded up to whole
+    # compiled calls (train.steps_per_execution); 0: only at epoch ends and on SIGTERM
+    every_steps: int = Field(ge=0)
+
+
 class ValidateParams(StrictModel):
     """Limits on how much a data change may move the dataset before validation fails."""
 
@@ -358,6 +368,7 @@ class Params(StrictModel):
     workspace: WorkspaceParams
     storage: StorageParams
     cluster: ClusterParams
+    checkpoint: CheckpointParams
 
     @model_validator(mode="after")
     def _backbone_options_need_a_backbone(self) -> Params:

@@ -1,6 +1,8 @@
 """The train stage's backup: which one a run may resume, and the state each epoch leaves.
 
-A killed run resumes at the epoch after the last one committed here: the weights with the
+A killed run resumes at the last step committed here (:class:`StepState`, every
+``checkpoint.every_steps`` steps and on SIGTERM), else at the epoch after the last one
+committed: the weights with the
 optimizer's state, the random generators' states (dropout, augmentation: Keras saves no seed
 generator with the weights), the epoch log (the figures of the epochs run before the kill), early
 stopping's wait, best value and best weights, and the frozen phase's end weights once it is
@@ -41,6 +43,7 @@ MAIN_PHASE_WEIGHTS = "main_phase.weights.h5"
 RANDOM_NAME = "random.npz"  # the seed generators' states, beside the weights they go with
 MAIN_PHASE_DONE = "main_phase.json"  # written after the weights: the frozen phase's commit
 EARLY_STOPPING_NAME = "early_stopping.json"
+STEP_NAME = "step.json"  # written after a mid-epoch state's files, naming them: its commit
 
 # The train stage's log (a flow shows it in its run's log, flows.support.run_story.run_log): a
 # discarded backup is the stage's news, wherever the code lives.
@@ -166,6 +169,9 @@ def save_epoch(model: keras.Model, dirs: BackupDirs, epoch: int) -> None:
         for stale in dirs.write.glob(pattern):
             if stale.name not in names:
                 stale.unlink()
+    # The epoch's mid-epoch state is stale now (restore_step ignores it): it goes too.
+    (dirs.write / STEP_NAME).unlink(missing_ok=True)
+    drop_step_files(dirs.write)
 
 
 def epoch_files(epoch: int) -> tuple[str, str]:
@@ -244,6 +250,134 @@ def restore_main_phase(model: keras.Model, dirs: BackupDirs) -> int | None:
     except Exception as error:
         raise BackupUnusable(f"cannot load {weights}: {error}") from error
     return int(json.loads(done.read_text())["epochs_completed"])
+
+
+# -- the state saved inside an epoch ------------------------------------------------------
+
+
+def checkpoint_interval(every_steps: int, per_call: int) -> int:
+    """Steps between mid-epoch saves: ``every_steps`` rounded up to whole compiled calls of
+    ``per_call`` steps (a save waits for its call to end); 0 (never) stays 0."""
+    if every_steps <= 0:
+        return 0
+    return -(-every_steps // per_call) * per_call
+
+
+def checkpoint_steps(steps: int, per_call: int, every_steps: int) -> list[int]:
+    """The steps of an epoch of ``steps`` after which a mid-epoch state is saved: every
+    :func:`checkpoint_interval` steps counted from the epoch's start, never its last step
+    (the epoch's own commit follows it)."""
+    interval = checkpoint_interval(every_steps, per_call)
+    return list(range(interval, steps, interval)) if interval else []
+
+
+@dataclass(frozen=True)
+class StepState:
+    """Where a run stood inside ``epoch``: ``step`` steps done, their partial ``totals``
+    (loss sum, correct, images: the figures the epoch reports are made from), and the
+    files holding the weights with the optimizer, the random generators' states and, with
+    several replicas, each replica's own BatchNorm moving statistics (``statistics``: each
+    keeps its own until the epoch's end averages them; the weights file holds one)."""
+
+    epoch: int
+    step: int
+    totals: tuple[float, float, float]
+    weights: str
+    random: str
+    statistics: str | None = None
+
+    @classmethod
+    def named(
+        cls, epoch: int, step: int, totals: Sequence[float], *, replicas: int = 1
+    ) -> StepState:
+        """The state of ``step`` of ``epoch`` on ``replicas`` replicas, with its files' names."""
+        loss_sum, correct, images = (float(x) for x in totals)
+        return cls(
+            epoch,
+            step,
+            (loss_sum, correct, images),
+            f"step-{epoch}-{step}.weights.h5",
+            f"step-random-{epoch}-{step}.npz",
+            f"step-statistics-{epoch}-{step}.npz" if replicas > 1 else None,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "step": self.step,
+            "totals": list(self.totals),
+            "weights": self.weights,
+            "random": self.random,
+            "statistics": self.statistics,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StepState:
+        loss_sum, correct, images = (float(x) for x in data["totals"])
+        statistics = data.get("statistics")
+        return cls(
+            int(data["epoch"]),
+            int(data["step"]),
+            (loss_sum, correct, images),
+            str(data["weights"]),
+            str(data["random"]),
+            None if statistics is None else str(statistics),
+        )
+
+
+def save_step(
+    model: keras.Model,
+    dirs: BackupDirs,
+    state: StepState,
+    statistics: Sequence[np.ndarray] = (),
+) -> None:
+    """Commit a mid-epoch ``state``: its weights, random state and replicas' moving
+    ``statistics`` (where it names a file for them) to files named by the step, then
+    ``step.json`` naming them, then the previous step's files go (as :func:`save_epoch`
+    commits an epoch: a kill at any point leaves one whole state)."""
+    dirs.write.mkdir(parents=True, exist_ok=True)
+    save_state(model, dirs.write, state.weights, state.random)
+    if state.statistics:
+        tmp = dirs.write / f"tmp-{state.statistics}"
+        with tmp.open("wb") as handle:
+            np.savez(handle, *statistics)
+        os.replace(tmp, dirs.write / state.statistics)
+    write_json(dirs.write / STEP_NAME, state.to_json())
+    drop_step_files(dirs.write, keep=(state.weights, state.random, state.statistics or ""))
+
+
+def drop_step_files(folder: Path, keep: Sequence[str] = ()) -> None:
+    """Delete the mid-epoch states' files in ``folder``, but those named in ``keep``."""
+    for stale in folder.glob("step-*"):
+        if stale.name not in keep:
+            stale.unlink()
+
+
+def committed_step(dirs: BackupDirs, epoch: int) -> StepState | None:
+    """The mid-epoch state committed inside ``epoch`` (the one after the last committed
+    epoch), if any: a state of an earlier epoch is stale, that epoch's commit replaced it."""
+    path = dirs.read / STEP_NAME
+    if not path.exists():
+        return None
+    try:
+        state = StepState.from_json(json.loads(path.read_text()))
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
+        raise BackupUnusable(f"cannot read {path}: {error}") from error
+    return state if state.epoch == epoch else None
+
+
+def restore_step(model: keras.Model, dirs: BackupDirs, epoch: int) -> StepState | None:
+    """Load the mid-epoch state committed inside ``epoch`` into ``model``; the state, or
+    None where there is none (the epoch starts at its first step)."""
+    state = committed_step(dirs, epoch)
+    if state is None:
+        return None
+    try:
+        model.load_weights(dirs.read / state.weights)
+        load_random_state(model, dirs.read / state.random)
+    except Exception as error:
+        raise BackupUnusable(f"cannot restore {dirs.read} at step {state.step}: {error}") from error
+    return state
 
 
 # -- the epoch log and early stopping, both surviving a kill -------------------------------

@@ -18,9 +18,12 @@ import json
 import multiprocessing
 import os
 import queue
+import signal
 import socket
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +35,50 @@ TF_CONFIG_ENV = "TF_CONFIG"
 # After one worker dies, how long the others get to fail on their own (their collectives
 # error out) before they are stopped: a dead worker fails the run, never hangs it.
 DEAD_WORKER_GRACE_S = 20.0
+# The exit status of a training process stopped by SIGTERM once it saved where it stood: the
+# shell's for a process killed by SIGTERM (128 + 15), so a platform reads it as preempted.
+EXIT_PREEMPTED = 128 + signal.SIGTERM
+
+
+# -- a stop asked by SIGTERM ----------------------------------------------------------------
+
+
+class Preempted(RuntimeError):
+    """Training stopped on SIGTERM after saving where it stood (its epoch and step): a
+    rerun resumes there. A process it ends exits with :data:`EXIT_PREEMPTED`."""
+
+    exit_status = EXIT_PREEMPTED
+
+
+_stop_asked = threading.Event()
+
+
+def stop_asked() -> bool:
+    """Whether training in this process was asked to stop (:func:`ask_stop`)."""
+    return _stop_asked.is_set()
+
+
+def ask_stop() -> None:
+    """Ask the training under way in this process (or about to start) to save where it
+    stands and stop: what a SIGTERM does, from a handler that is not
+    :func:`stop_on_sigterm`'s (training in another thread than the main one)."""
+    _stop_asked.set()
+
+
+@contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """Inside, SIGTERM only asks training to stop (:func:`stop_asked`): the step under way
+    finishes and its state is saved before the process ends. The handler before is put
+    back after, and the request is forgotten. Only the main thread can set a handler;
+    elsewhere the process's own handler may call :func:`ask_stop`."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, lambda *_: ask_stop()) if main else None
+    try:
+        yield
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+        _stop_asked.clear()
 
 
 # -- inside a worker -----------------------------------------------------------------------
@@ -213,6 +260,20 @@ def chief_value(strategy: tf.distribute.Strategy, value: float) -> float:
     return float(strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None))
 
 
+def any_worker(strategy: tf.distribute.Strategy, flag: bool) -> bool:
+    """Whether ``flag`` holds on any worker, the same answer on every worker: a collective
+    with several workers (each calls it at the same point), the flag itself with one."""
+    import tensorflow as tf
+
+    if num_workers(strategy) == 1:
+        return flag
+    value = 1.0 if flag else 0.0
+    per_replica = strategy.experimental_distribute_values_from_function(
+        lambda _: tf.constant(value, tf.float32)
+    )
+    return float(strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)) > 0
+
+
 # -- the local launcher -------------------------------------------------------------------
 
 
@@ -281,6 +342,9 @@ def _worker_main(
     index = json.loads(tf_config)["task"]["index"]
     try:
         result = fn(*args, lambda *message: messages.put(("report", index, message)))
+    except Preempted as stopped:  # saved where it stood, as every worker did
+        messages.put(("preempted", index, str(stopped)))
+        raise SystemExit(EXIT_PREEMPTED) from stopped
     except BaseException as error:
         messages.put(("error", index, (f"{type(error).__name__}: {error}", _refusal(error))))
         raise
@@ -321,6 +385,10 @@ def launch_local_workers(
                 process.kill()
             process.join()
     outcomes.raise_failure()
+    if outcomes.preempted:  # every worker stopped at the step they agreed on
+        stopped = ", ".join(str(index) for index in sorted(outcomes.preempted))
+        first = outcomes.preempted[min(outcomes.preempted)]
+        raise Preempted(f"{first} (workers {stopped} saved it and stopped)")
     return outcomes.results[0]
 
 
@@ -334,6 +402,8 @@ class WorkerOutcomes:
     refusals: dict[int, BaseException] = field(default_factory=dict)
     # a worker gone without one (killed, out of memory)
     deaths: dict[int, str] = field(default_factory=dict)
+    # a worker stopped by SIGTERM once it saved where it stood
+    preempted: dict[int, str] = field(default_factory=dict)
 
     def collect(
         self,
@@ -355,13 +425,15 @@ class WorkerOutcomes:
                 on_report(payload)
             elif kind == "result":
                 self.results[index] = payload
+            elif kind == "preempted":
+                self.preempted[index] = payload
             elif kind == "error":
                 text, refusal = payload
                 self.errors[index] = f"worker {index} failed: {text}"
                 if refusal is not None:
                     self.refusals[index] = refusal
             self.note_deaths(processes)
-            if failed_at is None and (self.errors or self.deaths):
+            if failed_at is None and (self.errors or self.deaths or self.preempted):
                 failed_at = time.monotonic()
             if failed_at is not None and (
                 time.monotonic() - failed_at > grace_s
@@ -373,7 +445,8 @@ class WorkerOutcomes:
         """Each worker that ended with a failing exit code and no error of its own."""
         for index, process in enumerate(processes):
             code = process.exitcode
-            if code not in (None, 0) and index not in self.errors and index not in self.deaths:
+            known = (self.errors, self.deaths, self.preempted)
+            if code not in (None, 0) and all(index not in seen for seen in known):
                 self.deaths[index] = f"worker {index} (pid {process.pid}) died, exit code {code}"
 
     def raise_failure(self) -> None:

@@ -3,7 +3,8 @@ worker's input, the compiled steps, the epochs of one phase and the input-bound 
 
 Keras 3's ``model.fit`` fails under MultiWorkerMirroredStrategy (keras-team/keras#20585), so
 the loop is ours: one step under ``strategy.run``, driving the Keras callbacks ``fit`` would.
-A phase resumes after its last committed epoch (``tasks.train.backup``); every worker reads
+A phase resumes at its last committed step (every ``checkpoint.every_steps`` steps and on
+SIGTERM), else after its last committed epoch (``tasks.train.backup``); every worker reads
 its own train files and the chief alone validates, sending the figures to the others.
 """
 
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from tasks.contracts.manifest import ShardManifest
@@ -26,9 +28,16 @@ from tasks.runtime.accelerator import gpu_devices
 from tasks.runtime.params import ParamsError, TrainParams
 from tasks.runtime.processes import usable_cores
 from tasks.train import backup as train_backup
-from tasks.train.backup import BackupDirs
+from tasks.train.backup import BackupDirs, StepState, log
 from tasks.train.callbacks import ResumableEarlyStopping
-from tasks.train.cluster import chief_value, is_chief, num_workers
+from tasks.train.cluster import (
+    Preempted,
+    any_worker,
+    chief_value,
+    is_chief,
+    num_workers,
+    stop_asked,
+)
 
 MOVING_STATISTICS = ("moving_mean", "moving_variance")  # BatchNormalization's, by name
 
@@ -42,7 +51,8 @@ class Data:
     iterator of distributed batches from a given epoch on, and the val split (read by the
     chief)."""
 
-    batches: Callable[[int], Any]  # first epoch -> iterator over per-replica (images, labels)
+    # (first epoch, its first step) -> iterator over per-replica (images, labels)
+    batches: Callable[[int, int], Any]
     val: tf.data.Dataset
     steps_per_epoch: int
     global_batch: int
@@ -158,35 +168,44 @@ class TrainInput:
     threads: int | None
     tuning: InputTuning
 
-    def batches(self, first_epoch: int) -> Any:
-        """The batches of every epoch from ``first_epoch`` on, ``steps`` an epoch, each
-        epoch shuffled by a seed of its own: a run resumed at any epoch reads what an
-        uninterrupted run read there (one endless dataset reshuffles by how many passes its
-        process made, and a resumed process starts from the first). One iterator for them
-        all: building a dataset anew each epoch costs a noticeable share of a short epoch."""
+    def batches(self, first_epoch: int, first_step: int = 0) -> Any:
+        """The batches of every epoch from step ``first_step`` of ``first_epoch`` on,
+        ``steps`` an epoch, each epoch shuffled by a seed of its own: a run resumed at any
+        step reads what an uninterrupted run read there (one endless dataset reshuffles by
+        how many passes its process made, and a resumed process starts from the first). One
+        iterator for them all: building a dataset anew each epoch costs a noticeable share
+        of a short epoch."""
         ahead = tf.distribute.InputOptions(
             experimental_fetch_to_device=True,
             experimental_per_replica_buffer_size=self.tuning.device_buffer,
         )
-        epochs = partial(self.epochs, first_epoch)
+        epochs = partial(self.epochs, first_epoch, first_step)
         return iter(self.strategy.distribute_datasets_from_function(epochs, options=ahead))
 
-    def epochs(self, first_epoch: int, context: tf.distribute.InputContext) -> tf.data.Dataset:
-        """Every epoch from ``first_epoch`` on, as one dataset, for the input pipeline
-        ``context`` names."""
+    def epochs(
+        self, first_epoch: int, first_step: int, context: tf.distribute.InputContext
+    ) -> tf.data.Dataset:
+        """Every epoch from step ``first_step`` of ``first_epoch`` on, as one dataset, for
+        the input pipeline ``context`` names."""
 
         @tf.autograph.experimental.do_not_convert
         def epoch(number: tf.Tensor) -> tf.data.Dataset:
-            return self.epoch(context, number)
+            skipped = tf.where(number == first_epoch, tf.constant(first_step, tf.int64), 0)
+            return self.epoch(context, number, skipped)
 
         epochs = tf.data.Dataset.range(first_epoch, tf.int64.max)
         ds = epochs.flat_map(epoch).prefetch(tf.data.AUTOTUNE)
         return ds.with_options(input_options(self.threads))
 
-    def epoch(self, context: tf.distribute.InputContext, number: tf.Tensor) -> tf.data.Dataset:
-        """Epoch ``number`` of the pipeline ``context`` names: for each of the epoch's
-        ``steps`` global batches, one batch per replica of this pipeline (its slice of the
-        global batch: any number of workers reads the same global batches)."""
+    def epoch(
+        self, context: tf.distribute.InputContext, number: tf.Tensor, first_step: Any = 0
+    ) -> tf.data.Dataset:
+        """Epoch ``number`` of the pipeline ``context`` names, from step ``first_step`` on (an
+        int or an int64 tensor): for each of its global batches, one batch per replica of
+        this pipeline (its slice of the global batch: any number of workers reads the same
+        global batches). The order depends only on the seed and the epoch
+        (:func:`epoch_seed`): the reader starts at the step itself (the global order) or
+        replays the epoch and drops the steps before it (GZIP shards)."""
         # Every worker reaches every record (the reader's global order); GZIP shards, read in
         # the buffered order, are sharded by file instead: worker i reads files i, i + n, ...
         params = self.params
@@ -202,6 +221,7 @@ class TrainInput:
             file_shard=(context.input_pipeline_id, context.num_input_pipelines),
             store=self.store,
             ordered=params.deterministic,
+            first_step=first_step,
             replicas=(context.input_pipeline_id * local, local, replicas),
         )
 
@@ -323,6 +343,63 @@ def replica_train_step(
     return train_step if xla else graph(train_step)
 
 
+def moving_statistics(model: keras.Model) -> list[Any]:
+    """The model's BatchNorm moving statistics, in its order."""
+    return [v for v in model.non_trainable_variables if v.path.endswith(MOVING_STATISTICS)]
+
+
+def replica_statistics(model: keras.Model, strategy: tf.distribute.Strategy) -> list[np.ndarray]:
+    """Every replica's own copy of each moving statistic, stacked ``(replica, ...)``: the
+    state a mid-epoch save must keep (the weights file holds one replica's copy, and each
+    replica keeps its own until the epoch's end averages them). A collective with several
+    workers: every worker calls it at the same step."""
+    statistics = moving_statistics(model)
+
+    @graph
+    def gathered() -> list[tf.Tensor]:
+        def own() -> list[tf.Tensor]:
+            return [tf.expand_dims(tf.identity(v.value), 0) for v in statistics]
+
+        return [strategy.gather(copies, axis=0) for copies in strategy.run(own)]
+
+    return [np.asarray(values) for values in gathered()]
+
+
+def place_replica_statistics(
+    model: keras.Model,
+    strategy: tf.distribute.Strategy,
+    saved: Sequence[np.ndarray],
+    source: Path,
+) -> None:
+    """Give each of this worker's replicas its own copy of the moving statistics from
+    ``saved`` (:func:`replica_statistics`'s, read from ``source``, indexed by replica in
+    the sync group). Saved on another number of replicas, they are left as the weights
+    file set them (the chief's copy on every replica), with a warning."""
+    statistics = moving_statistics(model)
+    if len(saved) != len(statistics):
+        raise train_backup.BackupUnusable(
+            f"{source} holds {len(saved)} moving statistics, the model has {len(statistics)}"
+        )
+    replicas = strategy.num_replicas_in_sync
+    if any(len(values) != replicas for values in saved):
+        log.warning(
+            "%s was saved on another number of replicas than %d: every replica resumes "
+            "with the chief's moving statistics",
+            source,
+            replicas,
+        )
+        return
+    mine = strategy.experimental_local_results(
+        strategy.experimental_distribute_values_from_function(
+            lambda context: [values[context.replica_id_in_sync_group] for values in saved]
+        )
+    )
+    for index, variable in enumerate(statistics):
+        copies = getattr(variable.value, "values", (variable.value,))  # this worker's devices
+        for copy, replica in zip(copies, mine, strict=True):
+            copy.assign(replica[index])
+
+
 def statistics_sync(model: keras.Model, strategy: tf.distribute.Strategy) -> Callable[[], None]:
     """A compiled call that averages the BatchNorm moving statistics over the replicas.
 
@@ -330,7 +407,7 @@ def statistics_sync(model: keras.Model, strategy: tf.distribute.Strategy) -> Cal
     aggregate them). An average of exponential moving averages is the moving average of the
     averaged batch statistics, so averaging once an epoch, before anyone reads them, equals
     averaging at every step."""
-    statistics = [v for v in model.non_trainable_variables if v.path.endswith(MOVING_STATISTICS)]
+    statistics = moving_statistics(model)
 
     @graph
     def sync_statistics() -> None:
@@ -351,11 +428,44 @@ def statistics_sync(model: keras.Model, strategy: tf.distribute.Strategy) -> Cal
 
 @dataclass(frozen=True)
 class Phase:
-    """Epochs ``[first, end)`` of one training phase, resumable from ``dirs``."""
+    """Epochs ``[first, end)`` of one training phase, resumable from ``dirs``, saving its
+    state inside an epoch every ``every_steps`` steps (``checkpoint.every_steps``; 0: only
+    on SIGTERM)."""
 
     first: int
     end: int
     dirs: BackupDirs
+    every_steps: int = 0
+
+
+def resume_point(
+    model: keras.Model, phase: Phase, strategy: tf.distribute.Strategy, steps: int
+) -> tuple[int, StepState | None]:
+    """The epoch the phase starts at and the state saved inside it, both loaded into
+    ``model``. Every worker restores the same step from the chief's backup, or the run is
+    refused: workers that disagree on where they are would wait on each other's
+    collectives."""
+    start = max(train_backup.restore_epoch(model, phase.dirs), phase.first)
+    inside = train_backup.restore_step(model, phase.dirs, start) if start < phase.end else None
+    step = inside.step if inside else 0
+    if chief_value(strategy, start) != start or chief_value(strategy, step) != step:
+        raise RuntimeError(
+            f"this worker restored epoch {start}, step {step} from {phase.dirs.read}, the "
+            "chief another: the backup dir must be one path that every worker mounts"
+        )
+    if inside and inside.statistics and strategy.num_replicas_in_sync > 1:
+        path = phase.dirs.read / inside.statistics
+        with np.load(path) as saved:
+            place_replica_statistics(model, strategy, [saved[name] for name in saved.files], path)
+    if inside:
+        log.warning(
+            "resumed at epoch %d, step %d (of %d): the state saved there (%s)",
+            start + 1,
+            step,
+            steps,
+            phase.dirs.read,
+        )
+    return start, inside
 
 
 def fit_phase(
@@ -373,14 +483,7 @@ def fit_phase(
 
     ``callbacks`` start with the epoch log; early stopping follows it, then the rest.
     """
-    # Every worker restores the same epoch from the chief's backup, or the run is refused:
-    # workers that disagree on where they are would wait on each other's collectives.
-    start = max(train_backup.restore_epoch(model, phase.dirs), phase.first)
-    if chief_value(strategy, start) != start:
-        raise RuntimeError(
-            f"this worker restored epoch {start} from {phase.dirs.read}, the chief another: "
-            "the backup dir must be one path that every worker mounts"
-        )
+    start, inside = resume_point(model, phase, strategy, data.steps_per_epoch)
     stopping: list[keras.callbacks.Callback] = []
     if params.early_stopping_patience > 0:
         stopping.append(
@@ -395,10 +498,15 @@ def fit_phase(
     model.stop_training = False
     hooks.on_train_begin()
     ended = start
-    batches = data.batches(start)
+    batches = data.batches(start, inside.step if inside else 0)
+    saves = set(
+        train_backup.checkpoint_steps(data.steps_per_epoch, steps.per_call, phase.every_steps)
+    )
     for epoch in range(start, phase.end):
         hooks.on_epoch_begin(epoch)
-        logs = run_epoch(steps, batches, data.steps_per_epoch)
+        boundary = partial(call_boundary, model, phase.dirs, strategy, epoch, saves)
+        logs = run_epoch(steps, batches, data.steps_per_epoch, inside, boundary)
+        inside = None
         if strategy.num_replicas_in_sync > 1:
             steps.sync_statistics()  # before validation, the backup and the model read them
         logs.update(validate(steps.evaluate, data.val, strategy))
@@ -407,6 +515,11 @@ def fit_phase(
         train_backup.save_epoch(model, phase.dirs, epoch)
         hooks.on_epoch_end(epoch, logs)
         ended = epoch + 1
+        if ended < phase.end and any_worker(strategy, stop_asked()):
+            raise Preempted(
+                f"stopped by SIGTERM after epoch {ended}, committed in {phase.dirs.write}: "
+                "rerun the train stage to resume there"
+            )
         if model.stop_training:  # early stopping; the same on every worker (same figures)
             break
     hooks.on_train_end()
@@ -416,23 +529,65 @@ def fit_phase(
     return ended, ended - 1
 
 
-def run_epoch(train: Steps, batches: Any, steps: int) -> dict[str, float]:
+def call_boundary(
+    model: keras.Model,
+    dirs: BackupDirs,
+    strategy: tf.distribute.Strategy,
+    epoch: int,
+    saves: set[int],
+    step: int,
+    totals: tf.Tensor,
+) -> None:
+    """Between two compiled calls, ``step`` steps into ``epoch``: save the state there when
+    the schedule (``saves``) or a SIGTERM asks, then stop on a SIGTERM. With several
+    workers they agree first (a SIGTERM to any one stops all at the same step)."""
+    stop = any_worker(strategy, stop_asked())
+    if step in saves or stop:
+        replicas = strategy.num_replicas_in_sync
+        state = StepState.named(epoch, step, totals.numpy().tolist(), replicas=replicas)
+        statistics = replica_statistics(model, strategy) if replicas > 1 else []
+        train_backup.save_step(model, dirs, state, statistics)
+    if stop:
+        raise Preempted(
+            f"stopped by SIGTERM at epoch {epoch + 1}, step {step}, its state saved in "
+            f"{dirs.write}: rerun the train stage to resume there"
+        )
+
+
+def run_epoch(
+    train: Steps,
+    batches: Any,
+    steps: int,
+    start: StepState | None = None,
+    boundary: Callable[[int, tf.Tensor], None] | None = None,
+) -> dict[str, float]:
     """One epoch of ``steps`` training steps on ``batches``, ``train.per_call`` a compiled
-    call and the rest one by one; loss and accuracy over it, images/s and step time."""
-    start = time.perf_counter()
-    calls, rest = divmod(steps, train.per_call) if train.per_call > 1 else (0, steps)
-    totals = tf.zeros(3)
-    for _ in range(calls):
-        totals += train.train_calls(batches)
-    for _ in range(rest):
-        totals += train.train(next(batches))
+    call and the rest one by one; loss and accuracy over it, images/s and step time.
+
+    ``start``: the state saved inside the epoch, whose step and partial totals it goes on
+    from (its calls fall where an uninterrupted epoch's do: saves are on call boundaries).
+    ``boundary(step, totals)`` runs after each call but the epoch's last."""
+    began = time.perf_counter()
+    calls, _ = divmod(steps, train.per_call) if train.per_call > 1 else (0, steps)
+    step = start.step if start else 0
+    totals = tf.constant(start.totals if start else (0.0, 0.0, 0.0), tf.float32)
+    while step < steps:
+        if step < calls * train.per_call:
+            totals += train.train_calls(batches)
+            step += train.per_call
+        else:
+            totals += train.train(next(batches))
+            step += 1
+        if boundary is not None and step < steps:
+            boundary(step, totals)
     loss_sum, correct, images = (float(x) for x in totals.numpy())  # waits for the last step
-    seconds = max(time.perf_counter() - start, 1e-9)
+    seconds = max(time.perf_counter() - began, 1e-9)
+    done = images - (start.totals[2] if start else 0.0)  # the images of this process's steps
     return {
         "loss": loss_sum / images,
         "accuracy": correct / images,
-        "images_per_sec": images / seconds,
-        "step_time_ms": 1000 * seconds / steps,
+        "images_per_sec": done / seconds,
+        "step_time_ms": 1000 * seconds / (steps - (start.step if start else 0)),
     }
 
 
@@ -464,7 +619,7 @@ def probe_input_bound(
     A ratio near 1 means the accelerator never waits for data; well above 1 means the input
     pipeline starves it. Logged per run so a starved accelerator shows in the MLflow UI.
     """
-    batches = data.batches(0)
+    batches = data.batches(0, 0)
     batch = next(batches)
     real_s = median_step_seconds(lambda: train_step(next(batches)), steps, warmup)
     in_memory_s = median_step_seconds(lambda: train_step(batch), steps, warmup)

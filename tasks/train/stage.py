@@ -11,10 +11,12 @@ local GPU) and MultiWorkerMirroredStrategy (workers under ``TF_CONFIG``, see
 ``train.batch_size`` is the global batch: split across every replica of every worker, so a
 single-device run means what it always did and more replicas do not change the step count.
 
-A killed run resumes at the epoch after the last one committed (``tasks.train.backup``),
-and only as the same run: same params, shards and training code. With several workers the
-chief decides which backup is resumed and records every output (the model, the metrics,
-MLflow); the others train beside it and write only scratch copies.
+A killed run resumes at the last step committed (every ``checkpoint.every_steps`` steps, and
+on SIGTERM, which then ends training: :class:`tasks.train.cluster.Preempted`), else at the
+epoch after the last one committed (``tasks.train.backup``), and only as the same run: same
+params, shards and training code. With several workers the chief decides which backup is
+resumed and records every output (the model, the metrics, MLflow); the others train beside
+it and write only scratch copies.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from tasks.runtime.accelerator import device_record, gpu_devices, select_acceler
 from tasks.runtime.atomic import write_json
 from tasks.runtime.code_version import code_version
 from tasks.runtime.layout import Layout
-from tasks.runtime.params import Params, TrainParams, flatten
+from tasks.runtime.params import CheckpointParams, Params, TrainParams, flatten
 from tasks.runtime.tf_imports import keras_without_extras
 from tasks.train import backup as train_backup
 from tasks.train import models
@@ -66,6 +68,7 @@ from tasks.train.cluster import (
     is_chief,
     meet,
     num_workers,
+    stop_on_sigterm,
     strategy_name,
     worker_name,
 )
@@ -244,6 +247,7 @@ def train(
     callbacks: Sequence[keras.callbacks.Callback] = (),
     inputs: TrainInputs | None = None,
     join_timeout_s: float | None = None,
+    checkpoint: CheckpointParams | None = None,
 ) -> TrainSummary:
     """Train ``params.model`` on the layout's train split (val for early stopping).
 
@@ -255,6 +259,8 @@ def train(
     worker calls this; the chief alone writes. ``inputs``: :func:`check_inputs`'s, where the
     caller checked them (:func:`run_train`, which may read the shards from object storage);
     else the layout's shard folder, checked here. ``join_timeout_s``: :func:`meet`'s.
+    ``checkpoint``: how often to save inside an epoch (None: only on SIGTERM, which ends
+    training with :class:`tasks.train.cluster.Preempted` once the state is saved).
     """
     # The strategy first: the multi-worker one must exist before any other TensorFlow op.
     strategy = strategy or choose_strategy()
@@ -265,8 +271,11 @@ def train(
     stored = claim_or_start_backup(layout.backup_dir, inputs.identity) if chief else None
     meet(strategy, join_timeout_s)  # the first collective: after the chief's claim, bounded
     policy = precision_policy(params, gpu=on_gpu(strategy))
-    with global_precision(policy):
-        fitted = fit_or_start_over(params, layout, inputs, dirs, strategy, callbacks, stored)
+    every_steps = checkpoint.every_steps if checkpoint else 0
+    with global_precision(policy), stop_on_sigterm():
+        fitted = fit_or_start_over(
+            params, layout, inputs, dirs, strategy, callbacks, stored, every_steps
+        )
     rows = read_epoch_log(fitted.epoch_log.path)
     # Every worker saves (TensorFlow may need each one to read its variables); the chief's
     # copy is the model. The same weights give the same bytes.
@@ -306,18 +315,20 @@ def fit_or_start_over(
     strategy: tf.distribute.Strategy,
     callbacks: Sequence[keras.callbacks.Callback],
     stored: dict[str, Any] | None,
+    every_steps: int = 0,
 ) -> Fitted:
     """:func:`fit_phases`, once more from nothing where the backup's identity matched but its
     state does not fit this model (the chief discards it, keeping the MLflow run it names)."""
+    fit = partial(fit_phases, params, layout.shards_dir, inputs, dirs, strategy, callbacks)
     try:
-        return fit_phases(params, layout.shards_dir, inputs, dirs, strategy, callbacks)
+        return fit(every_steps)
     except BackupUnusable as error:
         if is_chief(strategy):
             discard_backup(layout.backup_dir, [str(error)])
             run_id = (stored or {}).get("mlflow_run_id")
             write_identity(layout.backup_dir, inputs.identity, run_id)
         chief_value(strategy, 0.0)  # the backup is gone before anyone looks again
-        return fit_phases(params, layout.shards_dir, inputs, dirs, strategy, callbacks)
+        return fit(every_steps)
 
 
 def summarize(
@@ -361,10 +372,12 @@ def fit_phases(
     dirs: BackupDirs,
     strategy: tf.distribute.Strategy,
     callbacks: Sequence[keras.callbacks.Callback],
+    every_steps: int = 0,
 ) -> Fitted:
     """Build the model and fit it: the frozen (or only) phase, then fine-tuning if asked.
 
-    Each phase resumes from its own backup dir. The frozen phase commits its end weights and
+    Each phase resumes from its own backup dir, saving inside an epoch every
+    ``every_steps`` steps (0: only on SIGTERM). The frozen phase commits its end weights and
     epoch count before its backup goes, so a kill between the phases resumes fine-tuning
     from those weights instead of redoing the frozen phase.
     """
@@ -380,7 +393,7 @@ def fit_phases(
     fine_tune = params.fine_tune_layers > 0 and params.fine_tune_epochs > 0
     done = train_backup.restore_main_phase(model, dirs) if fine_tune else None
     if done is None:
-        main = Phase(0, params.epochs, dirs.phase("main"))
+        main = Phase(0, params.epochs, dirs.phase("main"), every_steps)
         done, weights_epoch = fit_phase(
             model, data, main, strategy, steps, params=params, callbacks=hooks
         )
@@ -395,7 +408,7 @@ def fit_phases(
         lr = params.learning_rate * FINE_TUNE_LR_FACTOR
         compile_model(model, params, lr, data.steps_per_epoch * params.fine_tune_epochs)
     tune_steps = step_functions(model, strategy, data, params.steps_per_execution)  # new set
-    tune = Phase(done, done + params.fine_tune_epochs, dirs.phase("fine_tune"))
+    tune = Phase(done, done + params.fine_tune_epochs, dirs.phase("fine_tune"), every_steps)
     _, weights_epoch = fit_phase(
         model, data, tune, strategy, tune_steps, params=params, callbacks=hooks
     )
@@ -452,6 +465,7 @@ def run_train(
                 callbacks=callbacks,
                 inputs=inputs,
                 join_timeout_s=timeout,
+                checkpoint=params.checkpoint,
             )
         )
     if untracked := models.untracked_weights(params.train.weights):
@@ -467,6 +481,7 @@ def run_train(
                 callbacks=[MlflowEpochMetrics(client, run_id), *callbacks],
                 inputs=inputs,
                 join_timeout_s=timeout,
+                checkpoint=params.checkpoint,
             )
     except BaseException:
         client.set_terminated(run_id, status="FAILED")  # the id stays in the backup to resume

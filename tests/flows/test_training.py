@@ -332,3 +332,76 @@ def test_a_cluster_that_did_not_come_together_is_not_retried(
     with pytest.raises(ClusterIncomplete, match=r"cluster\.join_timeout_s"):
         one_task()
     assert len(tried) == 1
+
+
+def test_training_stopped_by_sigterm_is_not_retried(
+    tiny_shards: Path, mlflow_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop on SIGTERM (the state saved, the process asked to end) is the stage's end:
+    a retry would train on in a process the platform is ending."""
+    from prefect import flow
+
+    from flows.train import train_task
+    from tasks.train.cluster import Preempted
+
+    tried: list[int] = []
+
+    def stopped(*args: object, **kwargs: object) -> object:
+        tried.append(1)
+        raise Preempted("stopped by SIGTERM at epoch 1, step 2")
+
+    monkeypatch.setattr(train_child, "train", stopped)
+
+    @flow
+    def one_task() -> object:
+        return train_task.with_options(retry_delay_seconds=0)(default_params(), Layout(tiny_shards))
+
+    with pytest.raises(Preempted, match="SIGTERM"):
+        one_task()
+    assert tried == [1]
+
+
+def test_sigterm_to_the_stage_process_stops_its_training_child_where_it_saved(
+    project: Path, mlflow_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`python -m flows.train` trains in the child it prestarted: a SIGTERM to the stage
+    process (a platform ending it) reaches that child, which saves where it stands and
+    stops; the stage ends with that stop (status 143 at its entry point) and the MLflow run
+    is not marked finished."""
+    import os
+    import signal
+
+    from flows import train
+    from tasks.train import cluster
+    from tasks.train.backup import EPOCH_NAME, STEP_NAME
+    from tasks.train.cluster import Preempted
+
+    written = yaml.safe_load((project / "params.yaml").read_text())
+    written["train"]["epochs"] = 30  # the child trains on long after the first epoch's line
+    (project / "params.yaml").write_text(yaml.safe_dump(written))
+    line = train.epoch_line
+
+    def first_line_then_sigterm(epoch: int, planned: int, logs: dict[str, float]) -> str:
+        if epoch == 0:  # the child is training on: the stage is asked to end
+            os.kill(os.getpid(), signal.SIGTERM)
+        return line(epoch, planned, logs)
+
+    monkeypatch.setattr(train, "epoch_line", first_line_then_sigterm)
+    monkeypatch.chdir(project)
+    monkeypatch.setattr("sys.argv", ["flows.train"])
+    handler = signal.getsignal(signal.SIGTERM)
+    prestart_child(train_child.warm_up)
+    try:
+        with pytest.raises(Preempted, match="stopped by SIGTERM"):
+            train.main()
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+        cluster._stop_asked.clear()  # this process trained nothing; its own request goes
+    layout = Layout(project)
+    assert not layout.model_file.exists()
+    main = layout.backup_dir / "main"
+    committed = json.loads((main / EPOCH_NAME).read_text())["epoch"]
+    saved = json.loads((main / STEP_NAME).read_text()) if (main / STEP_NAME).exists() else {}
+    assert 0 <= committed < 29 and saved.get("epoch", committed + 1) == committed + 1
+    run_id = json.loads((layout.backup_dir / "identity.json").read_text())["mlflow_run_id"]
+    assert MlflowClient(mlflow_uri, mlflow_uri).get_run(run_id).info.status == "FAILED"

@@ -27,7 +27,8 @@ from tasks.contracts.manifest import load_manifest
 from tasks.evaluate.measurement import evaluate_model
 from tasks.runtime.layout import Layout
 from tasks.runtime.params import ParamsError, TrainParams, default_params
-from tasks.train.cluster import WorkerFailed, launch_local_workers
+from tasks.train.backup import STEP_NAME, StepState
+from tasks.train.cluster import Preempted, WorkerFailed, launch_local_workers
 from tasks.train.loop import check_distributable
 from tasks.train.stage import read_epoch_log
 from tests.train_helpers import NO_AUGMENT, run
@@ -78,6 +79,20 @@ class DieMidEpoch(keras.callbacks.Callback):
             threading.Timer(0.05, kill).start()
 
 
+def sigterm_at(epoch: int, step: int) -> None:
+    """In this worker: SIGTERM to itself as its training reaches ``step`` of ``epoch``."""
+    from tasks.train import loop
+
+    boundary = loop.call_boundary
+
+    def term_then_boundary(*args: Any) -> None:
+        if (args[3], args[5]) == (epoch, step):  # model, dirs, strategy, epoch, saves, step
+            os.kill(os.getpid(), signal.SIGTERM)
+        boundary(*args)
+
+    loop.call_boundary = term_then_boundary  # type: ignore[assignment]
+
+
 def worker(
     root: str, params_json: str, die_at: int | None, send: Callable[[object], None]
 ) -> dict[str, Any]:
@@ -96,6 +111,15 @@ def worker(
         strategy=strategy,
         callbacks=callbacks,
     ).to_json()  # as it crosses back from the worker process
+
+
+def terminated_worker(
+    root: str, params_json: str, epoch: int, step: int, send: Callable[[object], None]
+) -> dict[str, Any]:
+    """:func:`worker`, worker 1 sending itself SIGTERM at ``step`` of ``epoch``."""
+    if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 1:
+        sigterm_at(epoch, step)
+    return worker(root, params_json, None, send)
 
 
 def two_workers(root: Path, *, die_at: int | None = None) -> dict[str, Any]:
@@ -143,6 +167,36 @@ def test_worker_killed_mid_epoch_fails_the_run_and_the_rerun_resumes(tiny_shards
     assert summary["epochs_completed"] == PARAMS.epochs
     rows = json.loads(layout.train_history.read_text())
     assert [row["epoch"] for row in rows] == [1, 2, 3, 4]
+
+
+def test_a_sigterm_to_one_worker_stops_both_at_the_same_saved_step(
+    tiny_shards: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Worker 1 alone gets SIGTERM at step 2 of epoch 2: both agree on that step (a flag
+    reduced over the workers at each call's end), both save it and stop; the rerun resumes
+    there on every worker, each replica with its own BatchNorm moving statistics, and ends
+    with the model file of an uninterrupted run on two workers."""
+    layout = Layout(tiny_shards)
+    params = PARAMS.model_copy(update={"epochs": 2})
+    args = (str(tiny_shards), params.model_dump_json(), 1, 2)
+    with pytest.raises(Preempted, match=r"epoch 2, step 2.*\(workers 0, 1 saved it and stopped\)"):
+        launch_local_workers(2, terminated_worker, args, grace_s=30.0)
+    chief = layout.backup_dir / "main" / STEP_NAME
+    other = layout.backup_dir.with_name(f"{layout.backup_dir.name}-scratch") / "worker-1"
+    for path in (chief, other / "main" / STEP_NAME):
+        saved = StepState.from_json(json.loads(path.read_text()))
+        assert (saved.epoch, saved.step) == (1, 2)
+    assert not layout.model_file.exists()
+    summary = launch_local_workers(2, worker, (str(tiny_shards), params.model_dump_json(), None))
+    assert summary["resumed_from_epoch"] == 1
+    assert summary["epochs_completed"] == 2
+
+    whole = tmp_path_factory.mktemp("uninterrupted")
+    from tests.tiny_shards import write_tiny_shards
+
+    write_tiny_shards(whole)
+    launch_local_workers(2, worker, (str(whole), params.model_dump_json(), None))
+    assert layout.model_file.read_bytes() == Layout(whole).model_file.read_bytes()
 
 
 def test_fewer_train_files_than_workers_is_refused_naming_the_param(tiny_shards: Path) -> None:

@@ -13,7 +13,9 @@ import yaml
 from pydantic import ValidationError
 
 from tasks.runtime.params import (
+    REPO_PARAMS_PATH,
     AugmentParams,
+    CheckpointParams,
     EvaluateParams,
     IngestParams,
     Params,
@@ -95,6 +97,7 @@ def test_every_key_is_required(tmp_path: Path, key: str) -> None:
         AugmentParams,
         EvaluateParams,
         WorkspaceParams,
+        CheckpointParams,
     ],
 )
 def test_code_has_no_defaults(model: type[Params]) -> None:
@@ -143,6 +146,8 @@ def test_repository_params_hold_the_new_keys() -> None:
         ("train.augment.crop", 1.0, "less than 1"),
         ("train.augment.brightness", -0.1, "greater than or equal to 0"),
         ("workspace.lock_timeout_s", 0, "greater than 0"),
+        ("checkpoint.every_steps", -1, "greater than or equal to 0"),
+        ("checkpoint.every_steps", 2.5, "valid integer"),
         ("train.model", "resnet9000", "'efficientnet_b0' or 'resnet50'"),
         (
             "evaluate.promotion_metric",
@@ -487,3 +492,34 @@ def test_the_resize_policies_are_the_preprocessings_own(
         load_params(path)
     monkeypatch.setattr(tasks.images, "RESIZE_POLICIES", (*tasks.images.RESIZE_POLICIES, "fit"))
     assert load_params(path).shard.resize == "fit"
+
+
+# -- settings no stage depends on ------------------------------------------------------------
+
+
+def stage_param_values(dvc_yaml: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
+    """What DVC hashes as each stage's params: the value of every key its ``params:`` names
+    (a section or a dotted key of params.yaml), by stage."""
+
+    def value(key: str) -> Any:
+        node: Any = raw
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        return node
+
+    values: dict[str, Any] = {}
+    for name, stage in dvc_yaml["stages"].items():
+        keys = [key for key in stage.get("params", []) if isinstance(key, str)]
+        values[name] = {key: value(key) for key in keys}
+    return values
+
+
+def test_the_checkpoint_interval_is_no_stages_param() -> None:
+    """Saving more or less often inside an epoch never reruns a stage (nor retrains)."""
+    dvc_yaml = yaml.safe_load((REPO_PARAMS_PATH.parent / "dvc.yaml").read_text())
+    often, rarely = (
+        with_value("checkpoint.every_steps", 1),
+        with_value("checkpoint.every_steps", 500),
+    )
+    assert stage_param_values(dvc_yaml, often) == stage_param_values(dvc_yaml, rarely)
+    assert Params.model_validate(often).train == Params.model_validate(rarely).train
