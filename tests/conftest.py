@@ -121,9 +121,9 @@ def tf_cross_check_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
     run in the test's process, which has TensorFlow imported already, instead of a spawned
     child importing it again: about 3 s of CPU a validation. For tests of what validation
     reports (the data gate's refusals, a forget's result), not of how it runs the check:
-    the child itself is tested in tests/data/test_validate.py and
-    tests/integration/test_pool_slow.py, and every `dvc repro` of the end-to-end tests runs
-    the stage as users do."""
+    the child itself is tested by its own entry in tests/data/test_validate.py and
+    tests/integration/test_pool_slow.py, tests/integration/test_append_slow.py validates
+    through it, and every `dvc repro` of the end-to-end tests runs the stage as users do."""
     import tasks.validate.stage
 
     monkeypatch.setattr(tasks.validate.stage, "run_in_child", InThisProcess)
