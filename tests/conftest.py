@@ -101,6 +101,34 @@ def tf_op_determinism(on: bool) -> Iterator[None]:
         (config.enable_op_determinism if was else config.disable_op_determinism)()
 
 
+class InThisProcess:
+    """:func:`tasks.runtime.processes.run_in_child`'s stand-in: ``fn(*args)`` runs in this
+    process when its result is asked for, as a child would have run it."""
+
+    def __init__(self, fn: Callable[..., object], *args: object) -> None:
+        self._fn, self._args = fn, args
+
+    def result(self, timeout: float | None = None) -> object:
+        return self._fn(*self._args)
+
+    def cancel(self) -> None:
+        """Nothing runs until :meth:`result` is asked for."""
+
+
+@pytest.fixture
+def tf_cross_check_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Validation's TensorFlow cross-check (:func:`tasks.validate.stage.start_cross_check`)
+    run in the test's process, which has TensorFlow imported already, instead of a spawned
+    child importing it again: about 3 s of CPU a validation. For tests of what validation
+    reports (the data gate's refusals, a forget's result), not of how it runs the check:
+    the child itself is tested by its own entry in tests/data/test_validate.py and
+    tests/integration/test_pool_slow.py, tests/integration/test_append_slow.py validates
+    through it, and every `dvc repro` of the end-to-end tests runs the stage as users do."""
+    import tasks.validate.stage
+
+    monkeypatch.setattr(tasks.validate.stage, "run_in_child", InThisProcess)
+
+
 @pytest.fixture
 def tiny_dataset(tmp_path: Path) -> Path:
     """A 3-class x 12-image folder dataset; returns the source dir."""

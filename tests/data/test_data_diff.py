@@ -18,6 +18,9 @@ from tasks.train.stage import ShardsNotValidated, check_validated
 from tasks.validate.stage import run_validate
 from tests.unit.shard.test_append import Project, add_images
 
+# What validation reports, not how it runs its TensorFlow cross-check (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("tf_cross_check_in_process")
+
 
 def limits(**changes: Any) -> ValidateParams:
     """The data gate's limits of params.yaml with ``changes``."""

@@ -29,6 +29,9 @@ from tasks.validate.stage import ValidationFailed, data_gate, raise_if_failed, r
 from tests.data.test_data_diff import limits
 from tests.unit.shard.test_append import Project, add_images
 
+# What validation reports, not how it runs its TensorFlow cross-check (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("tf_cross_check_in_process")
+
 STRICT = limits(max_class_share_shift=0.1, allow_new_classes=False)
 
 

@@ -35,6 +35,11 @@ from tasks.tfrecord import (
 )
 from tasks.validate.stage import ValidationFailed, raise_if_failed, run_validate
 
+# Validation's TensorFlow cross-check runs in this process (tests/conftest.py): these tests
+# are about what each check reports. The child itself is tested below with its own entry
+# (`run_in_child` of tasks.runtime.processes, the prestarted child), which this leaves alone.
+pytestmark = pytest.mark.usefixtures("tf_cross_check_in_process")
+
 ALL_CHECKS = [
     "manifest",
     "files",

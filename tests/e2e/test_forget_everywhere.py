@@ -182,6 +182,8 @@ def pictures(client: Any, run_id: str) -> list[str]:
     return found
 
 
+# The build validates in this process: its report, not the cross-check's child (tests/conftest.py).
+@pytest.mark.usefixtures("tf_cross_check_in_process")
 def test_forget_leaves_no_copy_and_a_champion_that_never_saw_it(
     project: Project, stores: Stores, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -5,9 +5,11 @@ starts (flows/demo/team_demo.py). Two ``pipeline/team`` runs are started at once
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,7 +19,14 @@ from typing import Any
 
 import pytest
 
-from flows.demo.team_demo import WATCH_INTERVAL_S, Team, publish, start_workers, started_team
+from flows.demo.team_demo import (
+    WATCH_INTERVAL_S,
+    WORKER_PREFIX,
+    Team,
+    publish,
+    start_workers,
+    started_team,
+)
 from tasks.runtime.params import shipped_params_text
 from tests.e2e.conftest import REPO, Project, api_post, command_line, make_project, run
 from tests.e2e.test_tracking_server import files_holding, prefect_records
@@ -37,7 +46,21 @@ def team(tmp_path: Path, prefect_server: str) -> Iterator[tuple[Team, Project]]:
         proj.env = {**proj.env, **team.s3_env, "MLFLOW_TRACKING_URI": team.tracking_url}
         publish(team, proj.root, proj.env)
         start_workers(team)
-        yield team, proj
+        try:
+            yield team, proj
+        finally:
+            kill_workers(team)
+
+
+def kill_workers(team: Team) -> None:
+    """SIGKILL each worker's process group, before the team stops the rest: a Prefect worker
+    that has run flows outlasts the grace period ``Team.stop`` gives it after SIGTERM, 30 s
+    of waiting on nothing; how a worker stops is not what these tests check."""
+    for name, process, _ in team.processes:
+        if name.startswith(WORKER_PREFIX) and process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
 
 
 def watch(

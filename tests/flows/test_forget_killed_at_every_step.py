@@ -29,7 +29,9 @@ from tasks.validate.stage import run_validate
 from tests.flows.test_forget_identity import tree_digests
 from tests.unit.erasure.test_lineage import layout_project, shard_set
 
-pytestmark = pytest.mark.slow
+# The result's validation: what it reports, not how it runs its TensorFlow cross-check
+# (tests/conftest.py).
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("tf_cross_check_in_process")]
 
 REPO = Path(__file__).resolve().parents[2]
 A, B = "images/red/001.png", "images/green/002.png"

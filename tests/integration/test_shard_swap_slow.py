@@ -17,6 +17,7 @@ from tests.unit.contracts.test_shard_swap import Killed, killed_between_renames
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.usefixtures("tf_cross_check_in_process")  # its report, not the check's child
 @pytest.mark.parametrize("new_set_complete", [True, False])
 def test_validation_finishes_a_swap_cut_between_the_renames(
     tiny_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, new_set_complete: bool
