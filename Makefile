@@ -67,7 +67,7 @@ run: install  ## params.yaml checked, demo data if it reads data/demo and it is 
 compact: install  ## ingest if the sources changed, fold every shard generation into one (a rebuild), record it, rerun what follows
 	$(BIN)/python -m flows.servers.prefect_server ensure
 	$(BIN)/python -m tasks.runtime.workspace_lock -- bash -c \
-	  '$(BIN)/dvc repro ingest && $(BIN)/python -m flows.shard compact && $(BIN)/dvc commit --force shard && $(BIN)/dvc repro'
+	  '$(BIN)/dvc repro ingest && $(BIN)/python -m flows.launch.shard compact && $(BIN)/dvc commit --force shard && $(BIN)/dvc repro'
 
 
 lint: install  ## ruff, mypy and the import-linter contracts (training never imports ingest or shard code)

@@ -1,4 +1,5 @@
-"""The evaluate stage as a flow: ``python -m flows.evaluate`` (what `dvc repro` runs).
+"""The evaluate stage as a flow; ``python -m flows.launch.evaluate`` (what `dvc repro` runs)
+starts its measuring child, then runs :func:`main`.
 
 Evaluates the trained model on the test split, logs onto its training run, registers it and
 moves the champion alias only if it wins.
@@ -15,7 +16,6 @@ from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 
 from flows.support.entry import code_version, run_then_exit, stage_main
-from flows.support.environment import configure_environment
 from flows.support.model_runs import link_mlflow_run, recorded_run_name, retry_unless_refused
 from flows.support.run_story import (
     Progress,
@@ -82,13 +82,8 @@ def evaluate_flow(params_path: str = "params.yaml", root: str = ".") -> dict[str
 
 
 def main() -> None:
-    # A child starts importing what measuring the model needs (Keras with TensorFlow,
-    # Matplotlib) now, while this process checks the server and starts its flow; the
-    # evaluate task then measures the model in that child while this process opens the
-    # tracking store (MLflow's import). The offline settings first: the child takes this
-    # environment as it is.
-    configure_environment()
-    latency.prestart_child(evaluate.warm_up)
+    """The stage: its task measures the model in the child :mod:`flows.launch.evaluate`
+    started, else here."""
     stage_main("evaluate", ("evaluate",), lambda _, params: evaluate_flow(params_path=params))
 
 

@@ -1,4 +1,5 @@
-"""The shard stage as a flow: ``python -m flows.shard`` (what `dvc repro` runs).
+"""The shard stage as a flow; ``python -m flows.launch.shard`` (what `dvc repro` runs) starts a
+rebuild's workers, then runs :func:`main`.
 
 Imports only what sharding runs (the preprocessing, the schema, the index format), never
 ingest: editing how ingest checks or reports files does not reshard.
@@ -24,8 +25,7 @@ import tasks.shard.stage as shard_stage
 import tasks.shard.staging as shard_staging
 import tasks.shard.workers as shard_workers
 import tasks.shard.writing as shard_writing
-from flows.support.entry import code_version, parse_stage_args, run_then_exit, stage_main
-from flows.support.environment import configure_environment
+from flows.support.entry import code_version, run_then_exit, stage_main
 from flows.support.run_story import (
     Progress,
     naming,
@@ -43,8 +43,6 @@ from tasks.runtime.latency import dismiss_prestarted
 from tasks.runtime.layout import Layout
 from tasks.runtime.params import ShardParams, load_params
 from tasks.shard.window import run_in_window
-
-STAGES = ("shard", "compact")
 
 # Shards per Prefect task: each task run costs a run record and state events that the
 # Prefect server processes (CPU taken from the workers on a small machine), so a task
@@ -290,24 +288,12 @@ def shard_flow(
     return result
 
 
-def prestart() -> None:
-    """What ``python -m flows.shard`` does first: a rebuild's workers spawn and warm up while
-    this process checks the server, takes the lock and starts its flow. Params that do not
-    load start none: the run reports them."""
-    configure_environment()  # the workers take this environment as it is now
-    stages, params_path = parse_stage_args(STAGES, "flows.shard")
-    try:
-        params = load_params(params_path).shard
-    except Exception:  # the run reports bad params, with the stage's context
-        return
-    shard_workers.prestart_stage_workers(params, compact=stages == ["compact"])
-
-
 def main() -> None:
-    prestart()
+    """The stage: its pool takes the workers :mod:`flows.launch.shard` started, else starts
+    its own."""
     stage_main(
         "shard",
-        STAGES,
+        shard_workers.STAGES,
         lambda stages, params: shard_flow(params_path=params, compact=stages == ["compact"]),
     )
 

@@ -1,4 +1,5 @@
-"""The train stage as a flow: ``python -m flows.train`` (what `dvc repro` runs).
+"""The train stage as a flow; ``python -m flows.launch.train`` (what `dvc repro` runs) starts
+its training child, then runs :func:`main`.
 
 Imports only what training runs, never evaluation or prediction code: editing how a model
 is evaluated or served does not retrain it. ``flows/training.py`` composes this stage and
@@ -172,13 +173,7 @@ def main() -> None:
         _, params_path = parse_stage_args(("train",), "flows.train")
         train_child.train_worker(load_params(run_params_path(".", params_path)), Layout("."))
         return
-    if requested_workers() == 1:
-        # A child starts importing what training runs (Keras with TensorFlow, MLflow) now,
-        # while this process checks the server and starts its flow; the train task then runs
-        # in that child and reports each epoch back. Not for local workers (spawned by this
-        # process). The offline settings first: the child takes this environment as it is.
-        configure_environment()
-        latency.prestart_child(train_child.warm_up)
+    # The train task trains in the child flows.launch.train started, else here.
     stage_main("train", ("train",), lambda _, params: train_flow(params_path=params))
 
 

@@ -1,4 +1,5 @@
-"""The validate stage as a flow: ``python -m flows.validate`` (what `dvc repro` runs)."""
+"""The validate stage as a flow; ``python -m flows.launch.validate`` (what `dvc repro` runs)
+starts its TensorFlow child, then runs :func:`main`."""
 
 from __future__ import annotations
 
@@ -10,14 +11,12 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from flows.support.entry import code_version, run_then_exit, stage_main
-from flows.support.environment import configure_environment
 from flows.support.run_story import naming, run_parameter, untagged_task_runs
 from tasks.contracts import manifest
 from tasks.runtime.dataset_identity import dataset_identity
 from tasks.runtime.layout import Layout
 from tasks.runtime.params import Params, load_params
 from tasks.validate import stage as validate
-from tasks.validate import tf_cross_check
 
 
 @task(
@@ -72,12 +71,8 @@ def validate_flow(params_path: str = "params.yaml", root: str = ".") -> dict[str
 
 
 def main() -> None:
-    # The TensorFlow cross-check's child starts importing TensorFlow now, while this process
-    # checks the server, takes the lock and starts its flow; on an append that import is
-    # validation's critical path. The offline settings first: the child takes this
-    # environment as it is now.
-    configure_environment()
-    tf_cross_check.prestart()
+    """The stage: its cross-check takes the child :mod:`flows.launch.validate` started, else
+    starts one."""
     stage_main("validate", ("validate",), lambda _, params: validate_flow(params_path=params))
 
 

@@ -125,7 +125,7 @@ def source_tags(stage: str, environ: Mapping[str, str] | None = None) -> dict[st
     except (KeyError, OSError):  # no passwd entry nor USER in a bare container
         user = "unknown"
     return {
-        "mlflow.source.name": f"python -m flows.{stage} ({runner})",
+        "mlflow.source.name": f"python -m flows.launch.{stage} ({runner})",
         "mlflow.source.type": "LOCAL",
         "mlflow.user": user,
     }

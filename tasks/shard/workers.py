@@ -12,6 +12,9 @@ from tasks.runtime.params import ShardParams
 from tasks.runtime.processes import capped_workers, spawn_pool
 from tasks.shard.spec import ShardSpec
 
+# What the shard stage's command runs: a shard run, or a compaction (every generation into one).
+STAGES = ("shard", "compact")
+
 
 def warm_worker() -> None:
     """A shard worker's one-off start-up: the shard package's imports (done by unpickling this
@@ -44,7 +47,7 @@ def workers_from_the_start(params: ShardParams) -> bool:
 
 
 def prestart_stage_workers(params: ShardParams, *, compact: bool) -> None:
-    """What ``python -m flows.shard`` starts first: the workers of the run
+    """What ``python -m flows.launch.shard`` starts first: the workers of the run
     its flow will make of ``params`` (:func:`run_params`), without saying why their count is
     capped: the flow says so, in its run's log too, and the terminal got it twice."""
     prestart_workers(run_params(params, compact=compact, say=False))

@@ -574,7 +574,7 @@ def test_the_cross_check_child_reads_with_tensorflow_and_never_loads_keras(
 
 
 def test_a_prestarted_cross_check_child_takes_the_job(shards: Path, tmp_path: Path) -> None:
-    """`python -m flows.validate` starts the cross-check's child before its own imports;
+    """`python -m flows.launch.validate` starts the cross-check's child before it imports the flow;
     the validation that follows sends its job there, once, and TensorFlow still reads."""
     from tasks.runtime import latency
     from tasks.validate.stage import run_validate, tf_cross_check

@@ -34,14 +34,14 @@ SEED = 20240611
 STAGES: dict[str, tuple[str, Callable[[Path], bool]]] = {
     "ingest": ("flows.ingest", lambda root: True),
     "shard": (
-        "flows.shard",  # a shard (or its temporary file) exists: writing has begun
+        "flows.launch.shard",  # a shard (or its temporary file) exists: writing has begun
         lambda root: any(
             ".tfrecord" in p.name for p in rebuild_folder(root / "data/shards").glob("*")
         ),
     ),
-    "validate": ("flows.validate", lambda root: True),
+    "validate": ("flows.launch.validate", lambda root: True),
     "train": (
-        "flows.train",
+        "flows.launch.train",
         lambda root: (root / ".shardflow/train_backup" / IDENTITY_NAME).exists(),
     ),
 }

@@ -94,7 +94,7 @@ def test_the_model_is_measured_in_the_child_while_the_store_opens(
         assert isinstance(job, processes.ChildResult)  # the prestarted child took it
         return Watched(job)
 
-    prestart_child(evaluate.warm_up)  # what `python -m flows.evaluate` does first
+    prestart_child(evaluate.warm_up)  # what `python -m flows.launch.evaluate` does first
     result = evaluate.run_evaluate(params, layout, start)
 
     assert events == ["measuring started", "store opened", "measured"]  # v1 registered before

@@ -24,14 +24,14 @@ def stage(name: str) -> dict[str, object]:
 
 def test_train_stage_neither_imports_nor_lists_evaluation_code() -> None:
     spec = stage("train")
-    assert entry_module(str(spec["cmd"])) == "flows.train"
-    assert not set(code_deps(REPO, "flows.train")) & EVALUATION_CODE
+    assert entry_module(str(spec["cmd"])) == "flows.launch.train"
+    assert not set(code_deps(REPO, "flows.launch.train")) & EVALUATION_CODE
     assert not set(map(str, spec["deps"])) & EVALUATION_CODE  # type: ignore[call-overload]
 
 
 def test_evaluate_stage_runs_its_own_module_with_the_evaluation_code() -> None:
     spec = stage("evaluate")
-    assert entry_module(str(spec["cmd"])) == "flows.evaluate"
+    assert entry_module(str(spec["cmd"])) == "flows.launch.evaluate"
     deps = set(map(str, spec["deps"]))  # type: ignore[call-overload]
     assert deps >= EVALUATION_CODE and "models/model.keras" in deps
-    assert "flows/train.py" not in code_deps(REPO, "flows.evaluate")
+    assert "flows/train.py" not in code_deps(REPO, "flows.launch.evaluate")

@@ -16,7 +16,6 @@ from tasks.evaluate import stage as tasks_evaluate
 from tasks.evaluate.registry import logged_model_id
 from tasks.evaluate.tracking import PER_CLASS_TABLE
 from tasks.runtime import latency, tracking
-from tasks.runtime.latency import prestart_child
 from tasks.runtime.layout import Layout
 from tasks.runtime.params import default_params
 from tasks.runtime.tracking import CHAMPION
@@ -138,19 +137,21 @@ def test_flow_trains_evaluates_tracks_and_promotes(
 def test_stage_entry_points_run_one_stage_each_and_tell_their_story(
     project: Path, mlflow_uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """What the dvc.yaml stages run: `python -m flows.train`, then `python -m flows.evaluate`,
-    each task in the child its entry point prestarted.
+    """What the dvc.yaml stages run: `python -m flows.launch.train`, then `python -m
+    flows.launch.evaluate`, each task in the child its command started.
 
     Through the Prefect API: both runs share the pipeline tag and are named after the MLflow
     run; the train run logs every epoch line (reported from its child), its progress artifact
     reaches 100 and a link artifact leads to the MLflow run's page."""
     from flows import evaluate, train
+    from flows.launch import evaluate as launch_evaluate
+    from flows.launch import train as launch_train
 
     layout = Layout(project)
     monkeypatch.chdir(project)
     monkeypatch.setenv("SHARDFLOW_PIPELINE_ID", "train-story")
     monkeypatch.setattr("sys.argv", ["flows.train"])
-    prestart_child(train_child.warm_up)  # what `python -m flows.train` does first
+    launch_train.prestart()  # what `python -m flows.launch.train` does first
     trainer = latency._standing_by[train_child.warm_up]
     train.main()
     assert layout.model_file.exists() and not layout.eval_metrics.exists()
@@ -158,7 +159,7 @@ def test_stage_entry_points_run_one_stage_each_and_tell_their_story(
     assert latency.standby_child(train_child.warm_up) is None
     assert not trainer._process.is_alive()  # type: ignore[attr-defined]
     monkeypatch.setattr("sys.argv", ["flows.evaluate"])
-    prestart_child(tasks_evaluate.warm_up)  # what `python -m flows.evaluate` does first
+    launch_evaluate.prestart()  # what `python -m flows.launch.evaluate` does first
     child = latency._standing_by[tasks_evaluate.warm_up]
     evaluate.main()
     assert json.loads(layout.eval_summary.read_text())["model_version"] == "1"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -322,7 +323,7 @@ def _running(pid: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize("stage", ["flows.evaluate", "flows.validate"])
+@pytest.mark.parametrize("stage", ["flows.launch.evaluate", "flows.launch.validate"])
 def test_a_stages_prestarted_child_starts_with_the_offline_settings(
     stage: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -343,3 +344,61 @@ def test_a_stages_prestarted_child_starts_with_the_offline_settings(
     monkeypatch.setattr(common, "run_then_exit", lambda main: main())
     runpy.run_module(stage, run_name="__main__")
     assert seen == ["true"]
+
+
+# A stage's command run as `python -m` runs it, with the start of its children, the stage's
+# run and the exit replaced by notes of what happened, in order, each with whether Prefect
+# was imported by then: no server, no flow, no child.
+COMMAND_ORDER = """
+import json, runpy, sys
+from flows.support import entry
+from tasks.runtime import latency, processes
+from tasks.shard import workers
+
+events = []
+
+def note(what):
+    return lambda *args, **kwargs: events.append([what, "prefect" in sys.modules])
+
+processes.usable_cores = lambda: 2  # a rebuild's 2 workers, on any machine
+latency.prestart_child = note("child")
+workers.prestart_pool = note("workers")
+entry.stage_main = lambda *args: events.append(["stage", "prefect" in sys.modules])
+entry.run_then_exit = lambda main: main()
+sys.argv = sys.argv[1:]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+print(json.dumps(events))
+"""
+
+
+@pytest.mark.parametrize(
+    ("stage", "children"),
+    [("shard", "workers"), ("validate", "child"), ("train", "child"), ("evaluate", "child")],
+)
+def test_a_stages_command_starts_its_children_before_prefect_is_imported(
+    stage: str, children: str, tmp_path: Path
+) -> None:
+    """The command dvc.yaml runs for a stage starts the stage's children (a TensorFlow child,
+    a rebuild's shard workers) before the stage imports Prefect (over a second of imports),
+    so those imports overlap; then the stage runs, its flow module imported."""
+    import yaml
+
+    from tasks.runtime.stage_deps import entry_module
+
+    repo = Path(__file__).resolve().parents[2]
+    cmd = str(yaml.safe_load((repo / "dvc.yaml").read_text())["stages"][stage]["cmd"])
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["shard"].update(workers=2, mode="rebuild", runner="local")  # workers from the start
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    env = {k: v for k, v in os.environ.items() if k not in {"TF_CONFIG", "SHARDFLOW_TRAIN_WORKERS"}}
+    command = [sys.executable, "-c", COMMAND_ORDER, entry_module(cmd)]
+    ran = subprocess.run(
+        [*command, "--params", str(tmp_path / "params.yaml")],
+        cwd=repo,
+        env={**env, "PYTHONPATH": str(repo)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout.splitlines()[-1]) == [[children, False], ["stage", True]]

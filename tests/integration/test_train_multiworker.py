@@ -37,10 +37,10 @@ pytestmark = pytest.mark.slow
 
 
 def train_stage(root: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """The train stage's command, ``python -m flows.train``, run in ``root`` with ``env``;
-    its output kept, and 10 minutes at most."""
+    """The train stage's command, ``python -m flows.launch.train``, run in ``root`` with
+    ``env``; its output kept, and 10 minutes at most."""
     return subprocess.run(
-        [sys.executable, "-m", "flows.train"],
+        [sys.executable, "-m", "flows.launch.train"],
         cwd=root,
         env=env,
         capture_output=True,

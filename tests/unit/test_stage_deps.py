@@ -45,6 +45,20 @@ def test_stage_deps_name_every_module_it_runs(stage: str) -> None:
     assert not missing, f"dvc.yaml stage {stage!r} runs {missing} but does not list them in deps"
 
 
+@pytest.mark.parametrize(
+    "stage", sorted(s for s, spec in stages(REPO).items() if "flows." in str(spec["cmd"]))
+)
+def test_a_stages_command_runs_its_own_flow_and_no_other_stages(stage: str) -> None:
+    """A stage's command (``flows.launch.validate``, which starts the stage's children before
+    Prefect's import, or the flow module itself) runs its own flow module and no other stage's
+    flow or command: an edit to one stage reruns no other."""
+    names = [s for s in stages(REPO) if s != stage]
+    others = {f"flows/{s}.py" for s in names} | {f"flows/launch/{s}.py" for s in names}
+    deps = set(code_deps(REPO, entry_module(str(stages(REPO)[stage]["cmd"]))))
+    assert f"flows/{stage}.py" in deps
+    assert sorted(deps & others) == []
+
+
 def test_the_served_pyfunc_logged_by_path_is_evaluations_code_not_trainings() -> None:
     assert "tasks/serve/serving_model.py" in code_deps(REPO, "flows.evaluate")
     assert "tasks/serve/serving_model.py" not in code_deps(REPO, "flows.train")

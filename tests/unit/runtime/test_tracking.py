@@ -105,10 +105,10 @@ def test_an_experiment_made_before_its_kind_was_tagged_opens_on_the_runs_table(
 def test_the_source_names_the_stage_and_what_ran_it() -> None:
     experiment = {"DVC_EXP_NAME": "lr-high", "DVC_STAGE": "train"}
     assert run_records.source_tags("train", experiment)["mlflow.source.name"] == (
-        "python -m flows.train (dvc exp run lr-high)"
+        "python -m flows.launch.train (dvc exp run lr-high)"
     )
     repro = run_records.source_tags("evaluate", {"DVC_STAGE": "evaluate", "DVC_ROOT": "/r"})
-    assert repro["mlflow.source.name"] == "python -m flows.evaluate (dvc repro)"
+    assert repro["mlflow.source.name"] == "python -m flows.launch.evaluate (dvc repro)"
     assert run_records.dvc_experiment({"DVC_STAGE": "train", "DVC_ROOT": "/r"}) is None
     assert run_records.dvc_experiment(experiment) == "lr-high"
 
@@ -152,7 +152,7 @@ def test_train_run_records_params_lineage_and_dataset(tiny_shards: Path, mlflow_
     assert run.data.tags["data.test_records"] == "30"
     assert not [key for key in run.data.metrics if key.startswith("data.")]
     # the Source and User columns: the entry point, what ran it, and who
-    assert run.data.tags["mlflow.source.name"] == "python -m flows.train (python)"
+    assert run.data.tags["mlflow.source.name"] == "python -m flows.launch.train (python)"
     assert run.data.tags["mlflow.source.type"] == "LOCAL" and run.data.tags["mlflow.user"]
     assert run.inputs is not None
     [dataset] = run.inputs.dataset_inputs
