@@ -391,7 +391,7 @@ def test_sigterm_to_the_stage_process_stops_its_training_child_where_it_saved(
     monkeypatch.chdir(project)
     monkeypatch.setattr("sys.argv", ["flows.train"])
     handler = signal.getsignal(signal.SIGTERM)
-    prestart_child(train_child.warm_up)
+    latency.prestart_child(train_child.warm_up)  # what `python -m flows.launch.train` does
     try:
         with pytest.raises(Preempted, match="stopped by SIGTERM"):
             train.main()
