@@ -111,5 +111,5 @@ def test_the_train_input_is_every_epochs_batches_in_order(tiny_shards: Path) -> 
         return [(int(tf.reduce_sum(tf.cast(x, tf.int64))), y.numpy().tolist()) for x, y in batches]
 
     want = [row for n in range(3) for row in rows(reads.epoch(context, tf.constant(n, tf.int64)))]
-    assert rows(reads.epochs(0, context).take(3 * reads.steps)) == want
+    assert rows(reads.epochs(0, 0, context).take(3 * reads.steps)) == want
     assert len({str(row) for row in want}) > reads.steps  # the epochs are shuffled apart

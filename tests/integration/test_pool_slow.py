@@ -325,25 +325,30 @@ def _running(pid: int) -> bool:
 
 @pytest.mark.parametrize("stage", ["flows.launch.evaluate", "flows.launch.validate"])
 def test_a_stages_prestarted_child_starts_with_the_offline_settings(
-    stage: str, monkeypatch: pytest.MonkeyPatch
+    stage: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """The child is spawned before the stage's own set-up: it must already see the offline
     environment (MLflow's telemetry off), as the stage process does."""
+    import importlib
     import runpy
 
     from flows.support import entry as common
 
     seen: list[str | None] = []
+    monkeypatch.chdir(tmp_path)  # whatever runs, nothing lands in the checkout
     monkeypatch.delenv("MLFLOW_DISABLE_TELEMETRY", raising=False)
     monkeypatch.setattr(
         latency,
         "prestart_child",
         lambda warm: seen.append(os.environ.get("MLFLOW_DISABLE_TELEMETRY")),
     )
-    monkeypatch.setattr(common, "stage_main", lambda *args: None)  # no server, no flow
+    # The stage itself does not run (no server, no flow): its flow module's main() is
+    # replaced where the command calls it, whenever that module was first imported.
+    flow = importlib.import_module(stage.replace(".launch", ""))
+    monkeypatch.setattr(flow, "main", lambda: seen.append("stage"))
     monkeypatch.setattr(common, "run_then_exit", lambda main: main())
     runpy.run_module(stage, run_name="__main__")
-    assert seen == ["true"]
+    assert seen == ["true", "stage"]
 
 
 # A stage's command run as `python -m` runs it, with the start of its children, the stage's
