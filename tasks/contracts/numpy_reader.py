@@ -102,7 +102,7 @@ def write_record_index(
                     if pending[0] == file:
                         entry = _checked_entry(pending[1], base_shards[file], base)
                 if entry is None:
-                    entry = _read_entry(shards_dir / file, counts[file], gzip_compressed)
+                    entry = read_entry(shards_dir / file, counts[file], gzip_compressed)
                 offsets, end = entry
                 if not gzip_compressed:
                     write_dali_index(shards_dir / dali_index_file(file), offsets, end)
@@ -166,7 +166,7 @@ def dali_index_problem(shard_path: Path, index_path: Path) -> str | None:
     return None
 
 
-def _read_entry(path: Path, num_records: int, gzip_compressed: bool) -> tuple[list[int], int]:
+def read_entry(path: Path, num_records: int, gzip_compressed: bool) -> tuple[list[int], int]:
     """A shard's record offsets and end, from its record headers."""
     found = record_offsets(path, gzip_compressed=gzip_compressed)
     if len(found) != num_records:

@@ -11,11 +11,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from tasks.contracts.manifest import ShardManifest, load_manifest
-from tasks.contracts.numpy_reader import OFFSETS_NAME, checked_offsets
+from tasks.contracts.numpy_reader import OFFSETS_NAME, checked_offsets, read_entry
 from tasks.contracts.raw_slice import range_read, read_records_at
 from tasks.contracts.record_order import EpochOrder, SplitLocations, batch_record_ids, epoch_steps
 from tasks.schema import IMAGE_KEY, LABEL_KEY
-from tasks.tfrecord import record_offsets
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -236,11 +235,11 @@ def split_locations(
     # store's shard lies in its cache under its sha256 (fetched_first puts it there again
     # before each iteration).
     paths = store.fetch_all(shards) if store else [shards_dir / shard.file for shard in shards]
-    found = [record_offsets(path) for path in paths]
-    ends = [(o[-1][0] + o[-1][1]) if o else 0 for o in found]
-    return SplitLocations.from_offsets(
-        paths, [([start for start, _ in o], end) for o, end in zip(found, ends, strict=True)]
-    )
+    entries = [
+        read_entry(path, shard.num_records, gzip_compressed=False)
+        for path, shard in zip(paths, shards, strict=True)
+    ]
+    return SplitLocations.from_offsets(paths, entries)
 
 
 def batch_parser(manifest: ShardManifest, *, with_metadata: bool) -> Any:
