@@ -104,18 +104,32 @@ def batch_record_ids(
     order: EpochOrder, step: int, global_batch: int, replica: int = 0, replicas: int = 1
 ) -> np.ndarray:
     """Record ids of ``replica``'s slice (of ``replicas`` equal ones) of global batch ``step``."""
+    return slices_record_ids(order, [step], global_batch, [replica], replicas)[0]
+
+
+def slices_record_ids(
+    order: EpochOrder,
+    steps: Sequence[int] | np.ndarray,
+    global_batch: int,
+    replica_ids: Sequence[int] | np.ndarray,
+    replicas: int,
+) -> np.ndarray:
+    """int64 [k, global_batch / replicas]: row ``i`` holds the record ids of replica
+    ``replica_ids[i]``'s slice of global batch ``steps[i]`` (:func:`batch_record_ids` for
+    ``k`` slices in one call: a reader locates a few batches at a time)."""
     if global_batch % replicas:
         raise ValueError(
             f"train.batch_size={global_batch} does not split into {replicas} equal replica "
             "batches; make it a multiple of the replicas"
         )
-    if not 0 <= step < epoch_steps(order.size, global_batch):
-        raise IndexError(
-            f"step {step} is past the {epoch_steps(order.size, global_batch)} steps of an epoch"
-        )
+    step_array = np.asarray(steps, dtype=np.int64)
+    last = epoch_steps(order.size, global_batch)
+    if step_array.size and (step_array.min() < 0 or step_array.max() >= last):
+        raise IndexError(f"step {step_array.max()} is past the {last} steps of an epoch")
     per_replica = global_batch // replicas
-    start = step * global_batch + replica * per_replica
-    return order.record_ids(np.arange(start, start + per_replica, dtype=np.int64))
+    starts = step_array * global_batch + np.asarray(replica_ids, dtype=np.int64) * per_replica
+    positions = starts[:, None] + np.arange(per_replica, dtype=np.int64)
+    return order.record_ids(positions.ravel()).reshape(positions.shape)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from tasks.contracts.record_order import (
     SplitLocations,
     batch_record_ids,
     epoch_steps,
+    slices_record_ids,
 )
 from tasks.tfrecord import CorruptRecord, frame_record, read_framed_at
 
@@ -57,6 +58,20 @@ def test_replica_slices_make_up_the_global_batch_for_any_number_of_replicas(repl
         whole = batch_record_ids(order, step, 32)
         parts = [batch_record_ids(order, step, 32, r, replicas) for r in range(replicas)]
         assert np.concatenate(parts).tolist() == whole.tolist()
+
+
+def test_slices_located_together_are_the_slices_located_one_by_one() -> None:
+    """The reader locates a few replica slices per call: any mix of steps and replicas in
+    one call gives each row what that slice alone gives, and a step past the epoch in the
+    mix is refused."""
+    order = EpochOrder(333, 5)
+    steps, replica_ids = [3, 3, 4, 9, 0], [0, 3, 1, 2, 3]
+    rows = slices_record_ids(order, steps, 32, replica_ids, 4)
+    assert rows.shape == (5, 8)
+    for row, step, replica in zip(rows, steps, replica_ids, strict=True):
+        assert row.tolist() == batch_record_ids(order, step, 32, replica, 4).tolist()
+    with pytest.raises(IndexError, match="past the 10 steps"):
+        slices_record_ids(order, [2, 10], 32, [0, 0], 1)
 
 
 def test_an_epoch_reads_whole_batches_and_never_a_record_twice() -> None:
