@@ -20,7 +20,7 @@ line break before each shard; same shards, same bytes)::
     ...
     },"version":1}
 
-Pure Python: no TensorFlow, no boto3.
+Pure Python: an import-linter contract keeps TensorFlow and boto3 out.
 """
 
 from __future__ import annotations
@@ -33,11 +33,12 @@ from pathlib import Path
 from typing import Any
 
 from tasks.contracts.manifest import ShardFile, ShardManifest
+from tasks.runtime.atomic import write_text
 
 BLOCKS_NAME = "blocks.json"
 BLOCKS_VERSION = 1
 # One ranged GET a block: large enough that a request's overhead is small beside its bytes,
-# small enough that a bad byte costs one block again and blocks in flight stay few MiB.
+# small enough that a bad byte is placed within a MiB and blocks in flight take few MiB.
 BLOCK_SIZE = 1 << 20
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -102,10 +103,11 @@ def hash_blocks(path: Path, shard: ShardFile, block_size: int = BLOCK_SIZE) -> S
 
 def block_list_text(fingerprint: str, entries: list[ShardBlocks], block_size: int) -> str:
     """The list's bytes: entries sorted by shard file, one a line."""
-    lines = ",\n".join(entry.to_json() for entry in sorted(entries, key=lambda e: e.file))
+    ordered = sorted(entries, key=lambda entry: entry.file)
+    lines = "".join(f"{',' if n else ''}\n{entry.to_json()}" for n, entry in enumerate(ordered))
     return (
-        f'{{"block_size":{block_size},"fingerprint":{json.dumps(fingerprint)},"shards":{{\n'
-        f'{lines}{chr(10) if lines else ""}}},"version":{BLOCKS_VERSION}}}\n'
+        f'{{"block_size":{block_size},"fingerprint":{json.dumps(fingerprint)},"shards":{{'
+        f'{lines}\n}},"version":{BLOCKS_VERSION}}}\n'
     )
 
 
@@ -139,8 +141,6 @@ def write_block_list(
     block_size: int = BLOCK_SIZE,
 ) -> None:
     """Write ``blocks.json`` for the manifest's shards (atomically; same shards, same bytes)."""
-    from tasks.runtime.atomic import write_text
-
     entries = block_entries(manifest, shards_dir, base=base, block_size=block_size)
     write_text(
         Path(shards_dir) / BLOCKS_NAME,

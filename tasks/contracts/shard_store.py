@@ -2,11 +2,13 @@
 
 A shard set published under an ``s3://bucket/prefix/`` (the shard directory's files under the
 same relative names, ``blocks.json`` and ``manifest.json`` beside them) is read without
-copying the whole set first: each shard is fetched as blocks (:mod:`tasks.contracts.shard_blocks`),
-ranged GETs of one block each, several in flight, each block's sha256 checked against the
-block list as it arrives and written at its offset; the shard is handed to the reader as a
-local file only once all its blocks passed. A bad block is refused naming the shard, the
-block and its byte range. The reader's tf.data pipeline is the local one, reading local
+copying the whole set first: each shard is fetched as blocks
+(:mod:`tasks.contracts.shard_blocks`), ranged GETs of one block each, several in flight, each
+block's sha256 checked against the block list as it arrives and written at its offset; the
+shard is handed to the reader as a local file only once all its blocks passed. A bad block
+is refused naming the shard, the block and its byte range. A fresh shard is not hashed whole
+again: every block of it was checked, against a list whose entry carries the manifest's size
+and sha256 of that shard. The reader's tf.data pipeline is the local one, reading local
 files; it names the next shards ahead of need and the store fetches them on threads of its
 own (``prefetch`` shards at a time), so the gate checks each shard as it arrives, not the
 whole set up front.

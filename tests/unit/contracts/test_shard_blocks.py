@@ -50,6 +50,10 @@ def shard_folder(root: Path, sizes: dict[str, int], *, seed: int = 0) -> ShardMa
     )
 
 
+def shard_of(manifest: ShardManifest, name: str = "train-0") -> ShardFile:
+    return next(s for i in manifest.splits.values() for s in i.shards if s.file == name)
+
+
 def test_the_block_list_is_deterministic_and_hashes_every_block(tmp_path: Path) -> None:
     manifest = shard_folder(tmp_path, SIZES)
     write_block_list(manifest, tmp_path, block_size=BLOCK)
@@ -132,10 +136,6 @@ def test_an_append_on_a_list_of_another_set_hashes_the_base_again(tmp_path: Path
     write_block_list(grown, tmp_path, base, block_size=BLOCK)
     listed = parse_block_list((tmp_path / BLOCKS_NAME).read_text(), where=BLOCKS_NAME)
     assert listed.shards["train-0"] == hash_blocks(tmp_path / "train-0", shard_of(base), BLOCK)
-
-
-def shard_of(manifest: ShardManifest, name: str = "train-0") -> ShardFile:
-    return next(s for i in manifest.splits.values() for s in i.shards if s.file == name)
 
 
 def edit_entry(data: dict[str, Any], change: str) -> str:
