@@ -1,16 +1,26 @@
 """Shards read straight from object storage, through a bounded local cache.
 
 A shard set published under an ``s3://bucket/prefix/`` (the shard directory's files under the
-same relative names, ``manifest.json`` beside them) is read without copying the whole set
-first: each shard is downloaded whole, its sha256 checked against the manifest while it
-streams in, and only then handed to the reader as a local file. The reader's tf.data
-pipeline is the local one, reading local files; it names the next shards ahead of need and
-the store downloads them on threads of its own (``prefetch`` at a time), so the gate checks
-each shard as it arrives, not the whole set up front.
+same relative names, ``blocks.json`` and ``manifest.json`` beside them) is read without
+copying the whole set first: each shard is fetched as blocks
+(:mod:`tasks.contracts.shard_blocks`), ranged GETs of one block each, several in flight, each
+block's sha256 checked against the block list as it arrives and written at its offset; the
+shard is handed to the reader as a local file only once all its blocks passed. A bad block
+is refused naming the shard, the block and its byte range. A fresh shard is not hashed whole
+again: every block of it was checked, against a list whose entry carries the manifest's size
+and sha256 of that shard. The reader's tf.data pipeline is the local one, reading local
+files; it names the next shards ahead of need and the store fetches them on threads of its
+own (``prefetch`` shards at a time), so the gate checks each shard as it arrives, not the
+whole set up front.
+
+The block list is read once per store, with the manifest, and checked against it: a list
+that does not describe the manifest's shards is refused naming it. A set published before
+block lists (none in the store) is read as it was then, each shard in one GET checked by its
+whole sha256, and one log line says so.
 
 The cache lives in the repository (``.shardflow/shard_cache/``), holds files named by their
 sha256, and never holds more than ``max_bytes``: room for a shard is made (least recently
-used first) before its download starts.
+used first) before its download starts. A cached shard read again is hashed again.
 
 TensorFlow 2.21 has no ``s3://`` file system (tensorflow-io does not load on it), so the
 download is boto3's; the endpoint and credentials are boto3's own environment variables
@@ -20,16 +30,28 @@ download is boto3's; the endpoint and credentials are boto3's own environment va
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from tasks.contracts.manifest import MANIFEST_NAME, ShardFile, ShardManifest, parse_manifest
+from tasks.contracts.shard_blocks import (
+    BLOCK_SIZE,
+    BLOCKS_NAME,
+    BlockList,
+    BlockListError,
+    ShardBlocks,
+    block_entries,
+    block_list_text,
+    check_block_list,
+    parse_block_list,
+)
 from tasks.runtime.params import ParamsError
 
 if TYPE_CHECKING:
@@ -42,10 +64,23 @@ SHARDS_URL_ENV = "SHARDFLOW_SHARDS_URL"
 CACHE_DIR = Path(".shardflow") / "shard_cache"
 # Downloads are read, hashed and written in 1 MiB pieces: memory stays bounded per shard.
 SHARD_READ_CHUNK = 1 << 20
+# Blocks in flight for the whole store (each one in memory from its GET until its write):
+# at least this many, at least ``prefetch`` so each shard fetched ahead has one moving.
+BLOCKS_IN_FLIGHT = 8
+
+log = logging.getLogger(__name__)
 
 
 class ShardStoreError(RuntimeError):
     """A shard that could not be fetched, or that arrived with other bytes than the manifest's."""
+
+
+class _NoSuchObject(ShardStoreError):
+    """The key is not in the store."""
+
+
+class _OutOfRange(ShardStoreError):
+    """A ranged GET starting past the object's end."""
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -96,39 +131,39 @@ class ShardStore:
         self._entries: OrderedDict[str, int] = OrderedDict()  # sha256 -> bytes, oldest first
         self._reserved = 0  # bytes of downloads in flight
         self._manifest: ShardManifest | None = None
+        self._blocks: BlockList | None = None  # None with the manifest: a set without a list
+        self._manifest_lock = threading.Lock()
         # Downloads started ahead, by sha256. They run on threads of their own: a download
         # waiting on the network in a tf.data map held one of tf.data's threads (as many as
         # cores), so 2 cores downloaded 2 shards at a time and parsed nothing meanwhile.
         self._ahead: dict[str, Future[Path]] = {}
         self._pool: ThreadPoolExecutor | None = None
+        self._block_pool: ThreadPoolExecutor | None = None  # every shard's blocks, shared
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         self._adopt_existing()
 
     # -- public -----------------------------------------------------------------------------
 
     def manifest(self) -> ShardManifest:
-        """The set's manifest, read from the store (its fingerprint checked)."""
-        if self._manifest is None:
-            key = self.prefix + MANIFEST_NAME
-            body = self._get(key).read()
-            manifest = parse_manifest(body.decode(), where=f"s3://{self.bucket}/{key}")
-            largest = max((s.bytes for i in manifest.splits.values() for s in i.shards), default=0)
-            # Shards downloaded ahead and not yet opened stay cached: room for the ones in
-            # flight, the ones waiting to be read and the one being read.
-            needed = (2 * self.prefetch + 1) * largest
-            if self.max_bytes < needed:
-                raise ValueError(
-                    f"shard cache of {self.max_bytes} bytes cannot hold {2 * self.prefetch + 1} "
-                    f"shards of up to {largest} bytes ({self.url}); raise the cache bound to "
-                    f"{needed} bytes or lower prefetch"
-                )
-            self._manifest = manifest
-        return self._manifest
+        """The set's manifest, read from the store (its fingerprint checked), and with it
+        the set's block list (checked against it; see :meth:`block_list`)."""
+        with self._manifest_lock:
+            if self._manifest is None:
+                manifest = self._read_manifest()
+                self._blocks = self._read_block_list(manifest)
+                self._manifest = manifest
+            return self._manifest
+
+    def block_list(self) -> BlockList | None:
+        """The set's block list, read once with the manifest; None for a set published
+        without one (its shards are fetched whole, each checked by its sha256)."""
+        self.manifest()
+        return self._blocks
 
     def fetch(self, shard: ShardFile) -> Path:
         """A local path holding exactly ``shard``'s bytes (sha256 checked), else an error
         naming the shard. A cached copy is re-hashed too: nothing unchecked reaches a model;
-        a download started by ``fetch_ahead`` was checked as it streamed in."""
+        a download started by ``fetch_ahead`` was checked block by block as it arrived."""
         with self._lock:
             ahead = self._ahead.pop(shard.sha256, None)
         if ahead is not None:
@@ -188,34 +223,54 @@ class ShardStore:
 
     # -- internals --------------------------------------------------------------------------
 
-    def _download(self, shard: ShardFile, path: Path) -> Path:
-        key = self.prefix + shard.file
+    def _read_manifest(self) -> ShardManifest:
+        key = self.prefix + MANIFEST_NAME
+        with self._get(key) as body:
+            manifest = parse_manifest(body.read().decode(), where=f"s3://{self.bucket}/{key}")
+        largest = max((s.bytes for i in manifest.splits.values() for s in i.shards), default=0)
+        # Shards downloaded ahead and not yet opened stay cached: room for the ones in
+        # flight, the ones waiting to be read and the one being read.
+        needed = (2 * self.prefetch + 1) * largest
+        if self.max_bytes < needed:
+            raise ValueError(
+                f"shard cache of {self.max_bytes} bytes cannot hold {2 * self.prefetch + 1} "
+                f"shards of up to {largest} bytes ({self.url}); raise the cache bound to "
+                f"{needed} bytes or lower prefetch"
+            )
+        return manifest
+
+    def _read_block_list(self, manifest: ShardManifest) -> BlockList | None:
+        """The store's ``blocks.json``, checked against ``manifest`` (refused naming it
+        where it does not describe those shards); None, with one log line, where absent."""
+        key = self.prefix + BLOCKS_NAME
         where = f"s3://{self.bucket}/{key}"
+        try:
+            with self._get(key) as body:
+                text = body.read().decode()
+        except _NoSuchObject:
+            log.warning(
+                "%s: no block list; each shard of %s is fetched whole and checked by its sha256 "
+                "(republish the shard set to fetch them by blocks)",
+                where,
+                self.url,
+            )
+            return None
+        try:
+            return check_block_list(parse_block_list(text, where=where), manifest, where=where)
+        except BlockListError as error:
+            raise ShardStoreError(str(error)) from error
+
+    def _download(self, shard: ShardFile, path: Path) -> Path:
+        """Fetch ``shard`` into the cache at ``path``: by blocks where the set has a block
+        list, else whole; a part file until every byte is checked."""
+        listed = self.block_list()
         self._reserve(shard.sha256, shard.bytes)
         part = path.with_name(f"{path.name}.{threading.get_ident()}.part")
         try:
-            digest, size = hashlib.sha256(), 0
-            body = self._get(key)
-            with part.open("wb") as out, body:
-                while block := body.read(SHARD_READ_CHUNK):
-                    size += len(block)
-                    if size > shard.bytes:  # a bigger object never fills the cache past its bound
-                        break
-                    digest.update(block)
-                    out.write(block)
-            if size != shard.bytes or digest.hexdigest() != shard.sha256:
-                got = (
-                    f"sha256 {digest.hexdigest()[:12]}"
-                    if size == shard.bytes
-                    else f"{size} bytes"
-                    if size < shard.bytes
-                    else f"more than {shard.bytes} bytes"
-                )
-                raise ShardStoreError(
-                    f"shard {shard.file} ({where}) has {got}, the manifest says "
-                    f"{shard.bytes} bytes with sha256 {shard.sha256[:12]}: refused before any of "
-                    f"its records were read; republish the shard set"
-                )
+            if listed is None or not shard.bytes:  # no list, or no byte to ask a range of
+                self._fetch_whole(shard, part)
+            else:
+                self._fetch_blocks(shard, self._entry(listed, shard), listed.block_size, part)
             os.replace(part, path)
         except BaseException:
             part.unlink(missing_ok=True)
@@ -226,6 +281,105 @@ class ShardStore:
             self._reserved -= shard.bytes
             self._entries[shard.sha256] = shard.bytes
         return path
+
+    def _entry(self, listed: BlockList, shard: ShardFile) -> ShardBlocks:
+        """``shard``'s entry in the store's list (checked against the store's manifest): a
+        shard of another manifest is refused, its bytes are not the store's."""
+        entry = listed.shards.get(shard.file)
+        if entry is None or (entry.bytes, entry.sha256) != (shard.bytes, shard.sha256):
+            raise ShardStoreError(
+                f"shard {shard.file} ({shard.bytes} bytes, sha256 {shard.sha256[:12]}) is not "
+                f"in the set at {self.url} (its {BLOCKS_NAME} lists it otherwise or not at "
+                "all): read the manifest published there, or republish the shard set"
+            )
+        return entry
+
+    def _fetch_blocks(
+        self, shard: ShardFile, entry: ShardBlocks, block_size: int, part: Path
+    ) -> None:
+        """Every block of ``shard`` on the store's block threads, each checked and written at
+        its offset in ``part``; the first bad block (lowest number) is the error raised,
+        once no block is still writing."""
+        with part.open("wb") as out:
+            fd = out.fileno()
+            pool = self._blocks_pool()
+            futures = [
+                pool.submit(self._fetch_block, shard, entry, n, block_size, fd)
+                for n in range(len(entry.blocks))
+            ]
+            wait(futures, return_when=FIRST_EXCEPTION)
+            if any(f.done() and f.exception() for f in futures):
+                for future in futures:
+                    future.cancel()
+            wait(futures)  # none writes to ``out`` once it closes
+            for future in futures:
+                error = None if future.cancelled() else future.exception()
+                if error is not None:
+                    raise error
+
+    def _fetch_block(
+        self, shard: ShardFile, entry: ShardBlocks, number: int, block_size: int, fd: int
+    ) -> None:
+        """One ranged GET: block ``number`` of ``shard``, its sha256 checked against the
+        list before it is written at its offset."""
+        key = self.prefix + shard.file
+        first, last = entry.span(number, block_size)
+        try:
+            response = self._get_object(key, Range=f"bytes={first}-{last}")
+            with response["Body"] as body:
+                data = body.read(last - first + 2)  # a byte past the range shows a longer answer
+            total = str(response.get("ContentRange", "")).rpartition("/")[2]
+        except _OutOfRange:
+            data, total = b"", ""
+        got = hashlib.sha256(data).hexdigest()
+        if len(data) != last - first + 1 or got != entry.blocks[number]:
+            what = f"{len(data)} bytes" if len(data) != last - first + 1 else f"sha256 {got[:12]}"
+        elif total not in ("", "*", str(shard.bytes)):
+            what = f"the right bytes, but the object holds {total} bytes"
+        else:
+            os.pwrite(fd, data, first)
+            return
+        raise ShardStoreError(
+            f"shard {shard.file} (s3://{self.bucket}/{key}): block {number} (bytes "
+            f"{first}-{last}) has {what}, {BLOCKS_NAME} says {last - first + 1} bytes with "
+            f"sha256 {entry.blocks[number][:12]} (the manifest: {shard.bytes} bytes): refused "
+            "before any of its records were read; republish the shard set"
+        )
+
+    def _blocks_pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._block_pool is None:
+                threads = max(self.prefetch, BLOCKS_IN_FLIGHT)
+                self._block_pool = ThreadPoolExecutor(threads, thread_name_prefix="shard-block")
+            return self._block_pool
+
+    def _fetch_whole(self, shard: ShardFile, part: Path) -> None:
+        """One GET of the whole shard (a set without a block list), its sha256 checked as
+        it streams into ``part``."""
+        key = self.prefix + shard.file
+        where = f"s3://{self.bucket}/{key}"
+        digest, size = hashlib.sha256(), 0
+        body = self._get(key)
+        with part.open("wb") as out, body:
+            while block := body.read(SHARD_READ_CHUNK):
+                size += len(block)
+                if size > shard.bytes:  # a bigger object never fills the cache past its bound
+                    break
+                digest.update(block)
+                out.write(block)
+        if size != shard.bytes or digest.hexdigest() != shard.sha256:
+            got = (
+                f"sha256 {digest.hexdigest()[:12]}"
+                if size == shard.bytes
+                else f"{size} bytes"
+                if size < shard.bytes
+                else f"more than {shard.bytes} bytes"
+            )
+            raise ShardStoreError(
+                f"shard {shard.file} ({where}) has {got}, the manifest says "
+                f"{shard.bytes} bytes with sha256 {shard.sha256[:12]}: refused before any of "
+                f"its records were read; republish the shard set"
+            )
 
     def _reserve(self, sha256: str, size: int) -> None:
         """Make room for ``size`` bytes, evicting the least recently used shards."""
@@ -245,17 +399,25 @@ class ShardStore:
         return sum(self._entries.values())
 
     def _get(self, key: str) -> Any:
+        """The body of ``key`` (a stream)."""
+        return self._get_object(key)["Body"]
+
+    def _get_object(self, key: str, **options: str) -> Any:
+        """boto3's ``get_object`` response for ``key`` (``options``: a ``Range``), its
+        errors turned into ones that name the object."""
         from botocore.exceptions import ClientError
 
         try:
-            return self._client.get_object(Bucket=self.bucket, Key=key)["Body"]
+            return self._client.get_object(Bucket=self.bucket, Key=key, **options)
         except ClientError as error:
             code = error.response.get("Error", {}).get("Code", "")
             if code in ("NoSuchKey", "404", "NotFound"):
-                raise ShardStoreError(
+                raise _NoSuchObject(
                     f"s3://{self.bucket}/{key}: no such object; publish the shard set there "
                     f"(python -m tasks.contracts.shard_store publish data/shards {self.url})"
                 ) from error
+            if code == "InvalidRange":
+                raise _OutOfRange(f"s3://{self.bucket}/{key}: {error}") from error
             raise ShardStoreError(f"s3://{self.bucket}/{key}: {error}") from error
 
     def _adopt_existing(self) -> None:
@@ -283,18 +445,37 @@ def _sha256_of(path: Path) -> str | None:
 
 
 def publish(shards_dir: str | Path, url: str, *, client: Any = None) -> int:
-    """Upload a shard directory's manifest and shards to ``url``; the manifest goes last, so
-    a reader never sees a manifest whose shards are not all there. Returns files uploaded."""
+    """Upload a shard directory's shards, block list and manifest to ``url``; the manifest
+    goes last, so a reader never sees a manifest whose shards are not all there. The folder's
+    ``blocks.json`` is checked against its manifest (refused naming it where it does not
+    describe those shards); a folder without one (written before block lists) gets one built
+    from its shards, uploaded and never written there. Returns files uploaded."""
     from tasks.contracts.manifest import load_manifest
 
     shards_dir = Path(shards_dir)
     manifest = load_manifest(shards_dir)
+    listed = _block_list_text(shards_dir, manifest)
     bucket, prefix = split_url(url)
     client = client or s3_client()
     files = [s.file for info in manifest.splits.values() for s in info.shards]
-    for name in [*files, MANIFEST_NAME]:
+    for name in files:
         client.upload_file(str(shards_dir / name), bucket, prefix + name)
-    return len(files) + 1
+    client.put_object(Bucket=bucket, Key=prefix + BLOCKS_NAME, Body=listed.encode())
+    client.upload_file(str(shards_dir / MANIFEST_NAME), bucket, prefix + MANIFEST_NAME)
+    return len(files) + 2
+
+
+def _block_list_text(shards_dir: Path, manifest: ShardManifest) -> str:
+    """The folder's ``blocks.json``, checked against ``manifest``, or one built from its
+    shards where it has none."""
+    path = shards_dir / BLOCKS_NAME
+    if not path.exists():
+        return block_list_text(
+            manifest.fingerprint, block_entries(manifest, shards_dir), BLOCK_SIZE
+        )
+    text = path.read_text()
+    check_block_list(parse_block_list(text, where=str(path)), manifest, where=str(path))
+    return text
 
 
 def shards_url() -> str | None:

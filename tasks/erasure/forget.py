@@ -35,6 +35,7 @@ from tasks.contracts.manifest import (
 )
 from tasks.contracts.membership import Membership, write_membership
 from tasks.contracts.numpy_reader import write_record_index
+from tasks.contracts.shard_blocks import write_block_list
 from tasks.contracts.tfds_metadata import write_tfds_metadata
 from tasks.erasure.identity import Forgotten, holds, mentions
 from tasks.erasure.lineage import IndexView, resolve
@@ -309,6 +310,7 @@ def _rewrite(shards_dir: Path, manifest: ShardManifest, hashes: set[str]) -> Sha
     new = manifest.model_copy(update={"splits": splits, "generations": generations})
     new.fingerprint = new.compute_fingerprint()
     write_record_index(new, shards_dir)
+    write_block_list(new, shards_dir, manifest)  # untouched shards keep their entries
     write_tfds_metadata(new, shards_dir)
     write_text(shards_dir / MANIFEST_NAME, new.to_json())
     write_membership(new, shards_dir)

@@ -37,6 +37,7 @@ from tasks.contracts.manifest import (
 )
 from tasks.contracts.membership import write_membership
 from tasks.contracts.numpy_reader import write_record_index
+from tasks.contracts.shard_blocks import BLOCKS_NAME, write_block_list
 from tasks.contracts.shard_swap import discard_rebuild, finish_swap, rebuild_folder, swap_in
 from tasks.contracts.tfds_metadata import write_tfds_metadata
 from tasks.images import preprocessing_version
@@ -254,6 +255,8 @@ def finalize_manifest(
     if base is not None and not specs:
         if not (shards_dir / MEMBERSHIP_NAME).exists():  # a set written before memberships
             write_membership(base, shards_dir)
+        if not (shards_dir / BLOCKS_NAME).exists():  # a set written before block lists
+            write_block_list(base, shards_dir)
         return base
     if [r.file for r in results] != specs.files or any(
         r.num_records != slot.num_records for r, slot in zip(results, specs.slots, strict=True)
@@ -288,6 +291,8 @@ def finalize_manifest(
     )
     # offsets for readers without TensorFlow; an append reuses the base's (checked)
     write_record_index(manifest, Path(shards_dir), base)
+    # each block's sha256, for reads from object storage; an append keeps the base's entries
+    write_block_list(manifest, Path(shards_dir), base)
     write_tfds_metadata(manifest, Path(shards_dir))  # tfds.builder_from_directory(shards_dir)
     write_membership(manifest, shards_dir)  # where each image is, for `shardflow lineage`
     write_text(shards_dir / MANIFEST_NAME, manifest.to_json())

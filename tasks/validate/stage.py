@@ -29,6 +29,7 @@ from tasks.contracts.numpy_reader import (
     dali_index_files,
     dali_index_problem,
 )
+from tasks.contracts.shard_blocks import BLOCKS_NAME
 from tasks.contracts.shard_swap import finish_swap
 from tasks.contracts.tfds_metadata import tfds_files
 from tasks.runtime.atomic import write_json, write_text
@@ -133,7 +134,7 @@ def check_extra_files(manifest: ShardManifest, shards_dir: Path) -> dict[str, An
     """Nothing in the shard folder but the set's own files: a shard the manifest does not
     list (left by hand, or copied from another set) is read by any reader that globs for
     shards, and is versioned with the set, while no record of the set accounts for it."""
-    expected = own_files(manifest) | {OFFSETS_NAME, *tfds_files(manifest)}
+    expected = own_files(manifest) | {OFFSETS_NAME, BLOCKS_NAME, *tfds_files(manifest)}
     expected |= dali_index_files(manifest)
     extra = sorted(set(folder_entries(shards_dir)) - expected)
     shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")

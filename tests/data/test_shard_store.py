@@ -11,8 +11,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tasks.contracts.manifest import load_manifest
-from tasks.contracts.shard_store import CACHE_DIR, ShardStore, ShardStoreError, publish
+from tasks.contracts.manifest import MANIFEST_NAME, load_manifest
+from tasks.contracts.shard_blocks import BLOCKS_NAME, write_block_list
+from tasks.contracts.shard_store import (
+    BLOCKS_IN_FLIGHT,
+    CACHE_DIR,
+    ShardStore,
+    ShardStoreError,
+    publish,
+)
 from tasks.contracts.tf_reader import read_split, shard_records
 from tests.conftest import tf_op_determinism
 from tests.s3_server import S3Server
@@ -60,15 +67,43 @@ def test_store_read_gives_the_local_records_in_the_local_order(
     }
 
 
+# Small blocks, so that a tiny shard (a few KiB) is fetched as several.
+SMALL_BLOCK = 1024
+
+
+def published_in_blocks(root: Path, s3_server: S3Server, **options: Any) -> ShardStore:
+    """``root``'s shards published with a block list of :data:`SMALL_BLOCK` blocks."""
+    shards_dir = root / "data" / "shards"
+    write_block_list(load_manifest(shards_dir), shards_dir, block_size=SMALL_BLOCK)
+    return published(root, s3_server, **options)
+
+
+def recorded_gets(store: ShardStore) -> list[dict[str, Any]]:
+    """Every ``get_object`` call the store makes from now on (its keyword arguments)."""
+    calls: list[dict[str, Any]] = []
+    real_get = store._client.get_object
+
+    def recorded(**kwargs: Any) -> Any:
+        calls.append(kwargs)
+        return real_get(**kwargs)
+
+    store._client.get_object = recorded
+    return calls
+
+
+@pytest.mark.parametrize("listed", [True, False], ids=["by-blocks", "without-block-list"])
 def test_a_corrupted_object_is_refused_naming_it_before_any_of_its_records(
-    tiny_shards: Path, s3_server: S3Server
+    tiny_shards: Path, s3_server: S3Server, listed: bool
 ) -> None:
     store = published(tiny_shards, s3_server, prefetch=1)
+    if not listed:  # a set published before block lists: each shard checked whole
+        client: Any = s3_server.client()
+        client.delete_object(Bucket=s3_server.bucket, Key=f"sets/tiny/{BLOCKS_NAME}")
     shards_dir = tiny_shards / "data" / "shards"
     bad = load_manifest(shards_dir).split("test").shards[1]
     data = bytearray((shards_dir / bad.file).read_bytes())
     data[len(data) // 2] ^= 0xFF  # same size, other bytes
-    client: Any = s3_server.client()
+    client = s3_server.client()
     client.put_object(Bucket=s3_server.bucket, Key=f"sets/tiny/{bad.file}", Body=bytes(data))
     import tensorflow as tf
 
@@ -311,3 +346,178 @@ def test_a_split_larger_than_the_cache_is_refused_naming_the_param(
     store.max_bytes = needed - 1
     with pytest.raises(ShardStoreError, match=r"do not fit the shard cache .* storage.cache_mb"):
         read_split(tiny_shards, "train", batch_size=4, training=True, seed=1, store=store)
+
+
+def test_one_changed_byte_is_refused_naming_its_shard_and_block_before_any_of_its_records(
+    tiny_shards: Path, s3_server: S3Server
+) -> None:
+    """A shard is fetched block by block, each checked against the block list as it
+    arrives: one byte changed in the store is refused naming the shard, the block and its
+    byte range, and none of that shard's records reaches the reader or the cache."""
+    import tensorflow as tf
+
+    store = published_in_blocks(tiny_shards, s3_server, prefetch=1)
+    shards_dir = tiny_shards / "data" / "shards"
+    manifest = load_manifest(shards_dir)
+    bad = manifest.split("test").shards[1]
+    data = bytearray((shards_dir / bad.file).read_bytes())
+    assert len(data) > 3 * SMALL_BLOCK
+    data[2 * SMALL_BLOCK + 5] ^= 0x01  # one bit of one byte of block 2
+    client: Any = s3_server.client()
+    client.put_object(Bucket=s3_server.bucket, Key=f"sets/tiny/{bad.file}", Body=bytes(data))
+    refusal = rf"shard {bad.file} .*block 2 \(bytes 2048-3071\).*republish"
+    with pytest.raises(ShardStoreError, match=refusal):
+        store.fetch(bad)
+    seen: list[bytes] = []
+    ds = read_split(
+        shards_dir, "test", batch_size=1, training=False, with_metadata=True, store=store
+    )
+    with pytest.raises(tf.errors.OpError, match=refusal):
+        for batch in ds:
+            seen.extend(batch["content_hash"].numpy().tolist())
+    assert len(seen) == manifest.split("test").shards[0].num_records  # the good shard, whole
+    assert not (tiny_shards / CACHE_DIR / bad.sha256).exists()
+    assert not list((tiny_shards / CACHE_DIR).glob("*.part"))
+
+
+def test_a_shard_is_fetched_as_ranged_block_requests_several_in_flight(
+    tmp_path: Path, s3_server: S3Server
+) -> None:
+    """Each block is one ``Range: bytes=a-b`` GET; a shard's blocks are in flight side by
+    side, never more than ``BLOCKS_IN_FLIGHT`` at once."""
+    from tests.tiny_shards import write_tiny_shards
+
+    write_tiny_shards(tmp_path, per_class={"train": 40, "val": 2, "test": 2}, shards_per_split=1)
+    store = published_in_blocks(tmp_path, s3_server, prefetch=1)
+    shard = store.manifest().split("train").shards[0]
+    blocks = -(-shard.bytes // SMALL_BLOCK)
+    assert blocks > BLOCKS_IN_FLIGHT
+    calls = recorded_gets(store)
+    real_get = store._client.get_object
+    in_flight, most = 0, 0
+    changed = threading.Condition()
+
+    def held_get(**kwargs: Any) -> Any:
+        """Each GET waits (3 s at most) until BLOCKS_IN_FLIGHT of them are in flight."""
+        nonlocal in_flight, most
+        with changed:
+            in_flight += 1
+            most = max(most, in_flight)
+            changed.notify_all()
+            changed.wait_for(lambda: most >= BLOCKS_IN_FLIGHT, timeout=3)
+        try:
+            return real_get(**kwargs)
+        finally:
+            with changed:
+                in_flight -= 1
+
+    store._client.get_object = held_get
+    path = store.fetch(shard)
+    assert path.read_bytes() == (tmp_path / "data" / "shards" / shard.file).read_bytes()
+    assert {c["Key"] for c in calls} == {f"sets/tiny/{shard.file}"}
+    expected = [
+        f"bytes={n * SMALL_BLOCK}-{min((n + 1) * SMALL_BLOCK, shard.bytes) - 1}"
+        for n in range(blocks)
+    ]
+    assert sorted(c["Range"] for c in calls) == sorted(expected)
+    assert most == BLOCKS_IN_FLIGHT
+
+
+@pytest.mark.parametrize("change", ["entry", "other set", "not a list"])
+def test_a_block_list_that_disagrees_with_the_manifest_is_refused_naming_it(
+    tiny_shards: Path,
+    s3_server: S3Server,
+    tmp_path_factory: pytest.TempPathFactory,
+    change: str,
+) -> None:
+    import json
+
+    store = published(tiny_shards, s3_server)
+    client: Any = s3_server.client()
+    key = f"sets/tiny/{BLOCKS_NAME}"
+    listed = json.loads(client.get_object(Bucket=s3_server.bucket, Key=key)["Body"].read())
+    shard = load_manifest(tiny_shards / "data" / "shards").split("val").shards[0]
+    named = shard.file
+    if change == "entry":
+        listed["shards"][shard.file]["bytes"] += 1
+        text = json.dumps(listed)
+    elif change == "other set":
+        from tests.tiny_shards import write_tiny_shards
+
+        other = write_tiny_shards(tmp_path_factory.mktemp("other"), seed=1)
+        publish(other, s3_server.url("other"))
+        text = client.get_object(Bucket=s3_server.bucket, Key=f"other/{BLOCKS_NAME}")["Body"].read()
+        named = "another set"
+    else:
+        text, named = "{}", "not a block list"
+    client.put_object(Bucket=s3_server.bucket, Key=key, Body=text)
+    gets = recorded_gets(store)
+    with pytest.raises(ShardStoreError, match=f"s3://{s3_server.bucket}/{key}: .*{named}"):
+        store.manifest()
+    with pytest.raises(ShardStoreError, match=f"s3://{s3_server.bucket}/{key}"):
+        store.fetch(shard)
+    assert not [g for g in gets if g["Key"] == f"sets/tiny/{shard.file}"]  # no shard fetched
+
+
+def test_a_set_published_without_a_block_list_is_read_whole_with_one_log_line(
+    tiny_shards: Path, s3_server: S3Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = published(tiny_shards, s3_server)
+    client: Any = s3_server.client()
+    client.delete_object(Bucket=s3_server.bucket, Key=f"sets/tiny/{BLOCKS_NAME}")
+    gets = recorded_gets(store)
+    shards_dir = tiny_shards / "data" / "shards"
+    with caplog.at_level("WARNING", logger="tasks.contracts.shard_store"):
+        remote = read_split(shards_dir, "val", batch_size=4, training=False, store=store)
+        local = read_split(shards_dir, "val", batch_size=4, training=False)
+        for (ri, rl), (li, ll) in zip(remote, local, strict=True):
+            np.testing.assert_array_equal(ri.numpy(), li.numpy())
+            np.testing.assert_array_equal(rl.numpy(), ll.numpy())
+    shards = load_manifest(shards_dir).split("val").shards
+    assert sorted(g["Key"] for g in gets if g["Key"] != f"sets/tiny/{MANIFEST_NAME}") == sorted(
+        [f"sets/tiny/{BLOCKS_NAME}", *(f"sets/tiny/{s.file}" for s in shards)]
+    )
+    assert not [g for g in gets if "Range" in g]  # each shard in one GET
+    warned = [r.getMessage() for r in caplog.records if BLOCKS_NAME in r.getMessage()]
+    assert len(warned) == 1 and "no block list" in warned[0]
+
+
+def test_publish_uploads_the_block_list_before_the_manifest(
+    tiny_shards: Path, s3_server: S3Server
+) -> None:
+    """The manifest goes last; a folder without blocks.json (written before block lists)
+    gets the list the shard stage would write, built from its shards and uploaded only."""
+    shards_dir = tiny_shards / "data" / "shards"
+    client: Any = s3_server.client()
+    keys: list[str] = []
+    real_upload, real_put = client.upload_file, client.put_object
+
+    def upload_file(path: str, bucket: str, key: str) -> Any:
+        keys.append(key)
+        return real_upload(path, bucket, key)
+
+    def put_object(**kwargs: Any) -> Any:
+        keys.append(kwargs["Key"])
+        return real_put(**kwargs)
+
+    client.upload_file, client.put_object = upload_file, put_object
+    assert not (shards_dir / BLOCKS_NAME).exists()
+    publish(shards_dir, s3_server.url("sets", "tiny"), client=client)
+    # (upload_file calls put_object itself: each key counts where it first appears)
+    order = list(dict.fromkeys(keys))
+    assert order[-2:] == [f"sets/tiny/{BLOCKS_NAME}", f"sets/tiny/{MANIFEST_NAME}"]
+    assert not (shards_dir / BLOCKS_NAME).exists()  # the folder DVC tracks is left as it was
+    uploaded = client.get_object(Bucket=s3_server.bucket, Key=f"sets/tiny/{BLOCKS_NAME}")
+    write_block_list(load_manifest(shards_dir), shards_dir)
+    assert uploaded["Body"].read() == (shards_dir / BLOCKS_NAME).read_bytes()
+
+
+def test_a_cached_shard_read_again_is_checked_again(tiny_shards: Path, s3_server: S3Server) -> None:
+    store = published(tiny_shards, s3_server)
+    shard = store.manifest().split("train").shards[0]
+    path = store.fetch(shard)
+    path.write_bytes(b"not the shard")  # changed on disk after it was checked
+    gets = recorded_gets(store)
+    again = store.fetch(shard)
+    assert again.read_bytes() == (tiny_shards / "data" / "shards" / shard.file).read_bytes()
+    assert [g["Key"] for g in gets] == [f"sets/tiny/{shard.file}"]  # fetched anew

@@ -19,6 +19,7 @@ from tasks.contracts.index import load_index
 from tasks.contracts.manifest import MEMBERSHIP_NAME, load_manifest, stream_records
 from tasks.contracts.membership import Membership
 from tasks.contracts.numpy_reader import iter_split
+from tasks.contracts.shard_blocks import BLOCK_SIZE, BLOCKS_NAME, block_entries, block_list_text
 from tasks.erasure.forget import (
     ForgetRefused,
     affected_shards,
@@ -120,6 +121,8 @@ def test_forget_rewrites_only_the_shards_that_held_the_images(fresh: Built) -> N
     assert len(listed) == manifest.total_records and not set(listed) & set(plan.hashes)
     read = sum(1 for split in manifest.splits for _ in iter_split(shards, split))
     assert read == manifest.total_records  # the offset index matches the rewritten files
+    fresh_list = block_list_text(manifest.fingerprint, block_entries(manifest, shards), BLOCK_SIZE)
+    assert (shards / BLOCKS_NAME).read_text() == fresh_list  # so does the block list
     with Membership(shards / MEMBERSHIP_NAME) as membership:
         assert membership.fingerprint == manifest.fingerprint
         assert membership.find(sha) == [] and membership.count == manifest.total_records

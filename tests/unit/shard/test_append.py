@@ -381,3 +381,35 @@ def test_an_append_rereads_only_the_base_shards_whose_offsets_are_stale(
         records.offsets_json(manifest, project.shards), sort_keys=True, separators=(",", ":")
     )
     assert offsets_path.read_text() == want + "\n"  # the bytes of the whole document
+
+
+def test_an_append_keeps_the_block_lists_old_entries_and_adds_the_new_shards(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shard stage writes blocks.json beside offsets.json; an append keeps each base
+    shard's entry byte for byte (not read again) and adds the new generation's."""
+    import tasks.contracts.shard_blocks as blocks
+
+    project = Project(tmp_path)
+    base = project.update("rebuild")
+    old = (project.shards / blocks.BLOCKS_NAME).read_text()
+    base_files = {s.file for i in base.splits.values() for s in i.shards}
+    add_images(project.source, "red", 5, seed=1)
+    hashed: list[str] = []
+    real = blocks.hash_blocks
+
+    def spy(path: Path, shard: Any, block_size: int = blocks.BLOCK_SIZE) -> Any:
+        hashed.append(shard.file)
+        return real(path, shard, block_size)
+
+    monkeypatch.setattr(blocks, "hash_blocks", spy)
+    manifest = project.update("append")
+    new_files = {s.file for i in manifest.splits.values() for s in i.shards} - base_files
+    assert new_files and set(hashed) == new_files
+    text = (project.shards / blocks.BLOCKS_NAME).read_text()
+    entries = {line.rstrip(",") for line in text.splitlines()[1:-1]}
+    assert {line.rstrip(",") for line in old.splitlines()[1:-1]} <= entries
+    assert len(entries) == len(base_files | new_files)
+    monkeypatch.setattr(blocks, "hash_blocks", real)
+    fresh = blocks.block_entries(manifest, project.shards)  # every shard read now
+    assert text == blocks.block_list_text(manifest.fingerprint, fresh, blocks.BLOCK_SIZE)
