@@ -2,11 +2,11 @@
 
 A shard set published under an ``s3://bucket/prefix/`` (the shard directory's files under the
 same relative names, ``blocks.json`` and ``manifest.json`` beside them) is read without
-copying the whole set first: each shard is fetched as blocks
-(:mod:`tasks.contracts.shard_blocks`), ranged GETs of one block each, several in flight, each
-block's sha256 checked against the block list as it arrives and written at its offset; the
-shard is handed to the reader as a local file only once all its blocks passed. A bad block
-is refused naming the shard, the block and its byte range. A fresh shard is not hashed whole
+copying the whole set first: each shard is streamed in one GET and checked block by block
+(:mod:`tasks.contracts.shard_blocks`), each block's sha256 against the block list as it
+arrives, before it is written; the shard is handed to the reader as a local file only once
+all its blocks passed. A bad block stops the download and is refused naming the shard, the
+block and its byte range. A fresh shard is not hashed whole
 again: every block of it was checked, against a list whose entry carries the manifest's size
 and sha256 of that shard. The reader's tf.data pipeline is the local one, reading local
 files; it names the next shards ahead of need and the store fetches them on threads of its
@@ -35,7 +35,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
@@ -64,9 +64,6 @@ SHARDS_URL_ENV = "SHARDFLOW_SHARDS_URL"
 CACHE_DIR = Path(".shardflow") / "shard_cache"
 # Downloads are read, hashed and written in 1 MiB pieces: memory stays bounded per shard.
 SHARD_READ_CHUNK = 1 << 20
-# Blocks in flight for the whole store (each one in memory from its GET until its write):
-# at least this many, at least ``prefetch`` so each shard fetched ahead has one moving.
-BLOCKS_IN_FLIGHT = 8
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +74,6 @@ class ShardStoreError(RuntimeError):
 
 class _NoSuchObject(ShardStoreError):
     """The key is not in the store."""
-
-
-class _OutOfRange(ShardStoreError):
-    """A ranged GET starting past the object's end."""
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -138,7 +131,6 @@ class ShardStore:
         # cores), so 2 cores downloaded 2 shards at a time and parsed nothing meanwhile.
         self._ahead: dict[str, Future[Path]] = {}
         self._pool: ThreadPoolExecutor | None = None
-        self._block_pool: ThreadPoolExecutor | None = None  # every shard's blocks, shared
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         self._adopt_existing()
 
@@ -225,7 +217,8 @@ class ShardStore:
 
     def _read_manifest(self) -> ShardManifest:
         key = self.prefix + MANIFEST_NAME
-        with self._get(key) as body:
+        body = self._get(key)
+        with body:
             manifest = parse_manifest(body.read().decode(), where=f"s3://{self.bucket}/{key}")
         largest = max((s.bytes for i in manifest.splits.values() for s in i.shards), default=0)
         # Shards downloaded ahead and not yet opened stay cached: room for the ones in
@@ -245,7 +238,8 @@ class ShardStore:
         key = self.prefix + BLOCKS_NAME
         where = f"s3://{self.bucket}/{key}"
         try:
-            with self._get(key) as body:
+            body = self._get(key)
+            with body:
                 text = body.read().decode()
         except _NoSuchObject:
             log.warning(
@@ -267,7 +261,7 @@ class ShardStore:
         self._reserve(shard.sha256, shard.bytes)
         part = path.with_name(f"{path.name}.{threading.get_ident()}.part")
         try:
-            if listed is None or not shard.bytes:  # no list, or no byte to ask a range of
+            if listed is None:  # a set published before block lists
                 self._fetch_whole(shard, part)
             else:
                 self._fetch_blocks(shard, self._entry(listed, shard), listed.block_size, part)
@@ -297,61 +291,47 @@ class ShardStore:
     def _fetch_blocks(
         self, shard: ShardFile, entry: ShardBlocks, block_size: int, part: Path
     ) -> None:
-        """Every block of ``shard`` on the store's block threads, each checked and written at
-        its offset in ``part``; the first bad block (lowest number) is the error raised,
-        once no block is still writing."""
-        with part.open("wb") as out:
-            fd = out.fileno()
-            pool = self._blocks_pool()
-            futures = [
-                pool.submit(self._fetch_block, shard, entry, n, block_size, fd)
-                for n in range(len(entry.blocks))
-            ]
-            wait(futures, return_when=FIRST_EXCEPTION)
-            if any(f.done() and f.exception() for f in futures):
-                for future in futures:
-                    future.cancel()
-            wait(futures)  # none writes to ``out`` once it closes
-            for future in futures:
-                error = None if future.cancelled() else future.exception()
-                if error is not None:
-                    raise error
-
-    def _fetch_block(
-        self, shard: ShardFile, entry: ShardBlocks, number: int, block_size: int, fd: int
-    ) -> None:
-        """One ranged GET: block ``number`` of ``shard``, its sha256 checked against the
-        list before it is written at its offset."""
+        """``shard`` in one GET, streamed into ``part`` a block at a time, each block's sha256
+        checked against the list before it is written: the first bad block stops the
+        download and is refused naming its number and byte range. One GET a shard, not one a
+        block: ranged GETs read the train split at 0.39 of the server's bare whole-object
+        reads, whole streams at 0.70 (moto behind the bench's 90 MB/s link, same run)."""
         key = self.prefix + shard.file
-        first, last = entry.span(number, block_size)
-        try:
-            response = self._get_object(key, Range=f"bytes={first}-{last}")
-            with response["Body"] as body:
-                data = body.read(last - first + 2)  # a byte past the range shows a longer answer
-            total = str(response.get("ContentRange", "")).rpartition("/")[2]
-        except _OutOfRange:
-            data, total = b"", ""
-        got = hashlib.sha256(data).hexdigest()
-        if len(data) != last - first + 1 or got != entry.blocks[number]:
-            what = f"{len(data)} bytes" if len(data) != last - first + 1 else f"sha256 {got[:12]}"
-        elif total not in ("", "*", str(shard.bytes)):
-            what = f"the right bytes, but the object holds {total} bytes"
-        else:
-            os.pwrite(fd, data, first)
-            return
-        raise ShardStoreError(
-            f"shard {shard.file} (s3://{self.bucket}/{key}): block {number} (bytes "
-            f"{first}-{last}) has {what}, {BLOCKS_NAME} says {last - first + 1} bytes with "
-            f"sha256 {entry.blocks[number][:12]} (the manifest: {shard.bytes} bytes): refused "
-            "before any of its records were read; republish the shard set"
-        )
+        body = self._get(key)  # boto3's stream (entered, it would be urllib3's, unchecked)
+        with body, part.open("wb") as out:
+            for number in range(len(entry.blocks)):
+                first, last = entry.span(number, block_size)
+                data = _read_up_to(body, last - first + 1)
+                got = hashlib.sha256(data).hexdigest()
+                if len(data) != last - first + 1 or got != entry.blocks[number]:
+                    short = len(data) != last - first + 1
+                    self._refuse_block(shard, entry, number, block_size, short, data, got)
+                out.write(data)
+            if body.read(1):  # a longer object never fills the cache past its bound
+                raise ShardStoreError(
+                    f"shard {shard.file} (s3://{self.bucket}/{key}) holds more than the "
+                    f"{shard.bytes} bytes the manifest says: refused before any of its records "
+                    "were read; republish the shard set"
+                )
 
-    def _blocks_pool(self) -> ThreadPoolExecutor:
-        with self._lock:
-            if self._block_pool is None:
-                threads = max(self.prefetch, BLOCKS_IN_FLIGHT)
-                self._block_pool = ThreadPoolExecutor(threads, thread_name_prefix="shard-block")
-            return self._block_pool
+    def _refuse_block(
+        self,
+        shard: ShardFile,
+        entry: ShardBlocks,
+        number: int,
+        block_size: int,
+        short: bool,
+        data: bytes,
+        got: str,
+    ) -> None:
+        first, last = entry.span(number, block_size)
+        what = f"{len(data)} bytes" if short else f"sha256 {got[:12]}"
+        raise ShardStoreError(
+            f"shard {shard.file} (s3://{self.bucket}/{self.prefix}{shard.file}): block {number} "
+            f"(bytes {first}-{last}) has {what}, {BLOCKS_NAME} says {last - first + 1} bytes "
+            f"with sha256 {entry.blocks[number][:12]} (the manifest: {shard.bytes} bytes): "
+            "refused before any of its records were read; republish the shard set"
+        )
 
     def _fetch_whole(self, shard: ShardFile, part: Path) -> None:
         """One GET of the whole shard (a set without a block list), its sha256 checked as
@@ -399,16 +379,11 @@ class ShardStore:
         return sum(self._entries.values())
 
     def _get(self, key: str) -> Any:
-        """The body of ``key`` (a stream)."""
-        return self._get_object(key)["Body"]
-
-    def _get_object(self, key: str, **options: str) -> Any:
-        """boto3's ``get_object`` response for ``key`` (``options``: a ``Range``), its
-        errors turned into ones that name the object."""
+        """The body of ``key`` (a stream), boto3's errors turned into ones that name it."""
         from botocore.exceptions import ClientError
 
         try:
-            return self._client.get_object(Bucket=self.bucket, Key=key, **options)
+            return self._client.get_object(Bucket=self.bucket, Key=key)["Body"]
         except ClientError as error:
             code = error.response.get("Error", {}).get("Code", "")
             if code in ("NoSuchKey", "404", "NotFound"):
@@ -416,8 +391,6 @@ class ShardStore:
                     f"s3://{self.bucket}/{key}: no such object; publish the shard set there "
                     f"(python -m tasks.contracts.shard_store publish data/shards {self.url})"
                 ) from error
-            if code == "InvalidRange":
-                raise _OutOfRange(f"s3://{self.bucket}/{key}: {error}") from error
             raise ShardStoreError(f"s3://{self.bucket}/{key}: {error}") from error
 
     def _adopt_existing(self) -> None:
@@ -434,6 +407,15 @@ class ShardStore:
             while self._entries and self._total() > self.max_bytes:
                 old, _ = self._entries.popitem(last=False)
                 (self.cache_dir / old).unlink(missing_ok=True)
+
+
+def _read_up_to(body: Any, size: int) -> bytes:
+    """``size`` bytes of the stream ``body``, fewer only where it ends first."""
+    pieces, got = [], 0
+    while got < size and (piece := body.read(size - got)):
+        pieces.append(piece)
+        got += len(piece)
+    return b"".join(pieces)
 
 
 def _sha256_of(path: Path) -> str | None:

@@ -14,7 +14,6 @@ import pytest
 from tasks.contracts.manifest import MANIFEST_NAME, load_manifest
 from tasks.contracts.shard_blocks import BLOCKS_NAME, write_block_list
 from tasks.contracts.shard_store import (
-    BLOCKS_IN_FLIGHT,
     CACHE_DIR,
     ShardStore,
     ShardStoreError,
@@ -380,47 +379,50 @@ def test_one_changed_byte_is_refused_naming_its_shard_and_block_before_any_of_it
     assert not list((tiny_shards / CACHE_DIR).glob("*.part"))
 
 
-def test_a_shard_is_fetched_as_ranged_block_requests_several_in_flight(
+def test_a_bad_block_stops_its_shards_download_where_it_lies(
     tmp_path: Path, s3_server: S3Server
 ) -> None:
-    """Each block is one ``Range: bytes=a-b`` GET; a shard's blocks are in flight side by
-    side, never more than ``BLOCKS_IN_FLIGHT`` at once."""
+    """A shard is one GET, checked block by block as it streams in: a bad block is refused
+    as soon as it has arrived, the rest of the shard is never read (a whole-shard sha256
+    reads every byte first), and a good shard arrives whole from one GET."""
     from tests.tiny_shards import write_tiny_shards
 
     write_tiny_shards(tmp_path, per_class={"train": 40, "val": 2, "test": 2}, shards_per_split=1)
     store = published_in_blocks(tmp_path, s3_server, prefetch=1)
     shard = store.manifest().split("train").shards[0]
-    blocks = -(-shard.bytes // SMALL_BLOCK)
-    assert blocks > BLOCKS_IN_FLIGHT
+    assert shard.bytes > 6 * SMALL_BLOCK
     calls = recorded_gets(store)
     real_get = store._client.get_object
-    in_flight, most = 0, 0
-    changed = threading.Condition()
+    streamed = 0
 
-    def held_get(**kwargs: Any) -> Any:
-        """Each GET waits (3 s at most) until BLOCKS_IN_FLIGHT of them are in flight."""
-        nonlocal in_flight, most
-        with changed:
-            in_flight += 1
-            most = max(most, in_flight)
-            changed.notify_all()
-            changed.wait_for(lambda: most >= BLOCKS_IN_FLIGHT, timeout=3)
-        try:
-            return real_get(**kwargs)
-        finally:
-            with changed:
-                in_flight -= 1
+    def counted_get(**kwargs: Any) -> Any:
+        response = real_get(**kwargs)
+        body, read = response["Body"], response["Body"].read
 
-    store._client.get_object = held_get
+        def counted(*args: Any) -> bytes:
+            nonlocal streamed
+            data: bytes = read(*args)
+            streamed += len(data)
+            return data
+
+        body.read = counted
+        return response
+
+    store._client.get_object = counted_get
     path = store.fetch(shard)
     assert path.read_bytes() == (tmp_path / "data" / "shards" / shard.file).read_bytes()
-    assert {c["Key"] for c in calls} == {f"sets/tiny/{shard.file}"}
-    expected = [
-        f"bytes={n * SMALL_BLOCK}-{min((n + 1) * SMALL_BLOCK, shard.bytes) - 1}"
-        for n in range(blocks)
-    ]
-    assert sorted(c["Range"] for c in calls) == sorted(expected)
-    assert most == BLOCKS_IN_FLIGHT
+    assert [sorted(c) for c in calls] == [["Bucket", "Key"]]  # one GET, no ranges
+    assert streamed == shard.bytes
+
+    data = bytearray(path.read_bytes())
+    data[2 * SMALL_BLOCK + 5] ^= 0x01  # block 2 of many
+    client: Any = s3_server.client()
+    client.put_object(Bucket=s3_server.bucket, Key=f"sets/tiny/{shard.file}", Body=bytes(data))
+    store.clear()
+    streamed = 0
+    with pytest.raises(ShardStoreError, match=r"block 2 \(bytes 2048-3071\)"):
+        store.fetch(shard)
+    assert streamed == 3 * SMALL_BLOCK  # blocks 0, 1 and the bad one, nothing after it
 
 
 @pytest.mark.parametrize("change", ["entry", "other set", "not a list"])
