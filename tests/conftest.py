@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import shutil
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -175,15 +176,39 @@ for _name, _value in {
 
 
 @pytest.fixture(scope="session")
-def prefect_harness() -> Iterator[None]:
+def prefect_database(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A migrated, empty Prefect server database (tests/prefect_database.py), made once for
+    the session and its xdist workers: copy it into a test server's home before the server
+    starts (:func:`tests.prefect_database.seed_home`); never write to it."""
+    from tests.prefect_database import migrated_database
+
+    base = tmp_path_factory.getbasetemp()
+    # each xdist worker's base is a folder of the session's own (pytest-N/popen-gwK)
+    return migrated_database(base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base)
+
+
+@pytest.fixture(scope="session")
+def prefect_harness(prefect_database: Path) -> Iterator[None]:
     """A temporary Prefect server for the whole session (started once, ~10-20 s): flows
     run here as `dvc repro` runs them, through their task runners. Every module that runs
     flows in this process uses it: a harness per module cost a server start (about 10 s of
-    CPU) per module and worker, ten of them a suite."""
+    CPU) per module and worker, ten of them a suite. Its database starts as a copy of the
+    migrated one, in the temporary folder Prefect's harness makes (and removes) for it."""
+    import tempfile
+
+    import prefect.testing.utilities
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
+    def seeded_folder() -> str:
+        folder = tempfile.mkdtemp()
+        shutil.copyfile(prefect_database, Path(folder) / "prefect-test.db")
+        return folder
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(prefect.testing.utilities, "mkdtemp", seeded_folder)
+        with prefect_test_harness(server_startup_timeout=120):
+            patch.undo()
+            yield
 
 
 @pytest.fixture

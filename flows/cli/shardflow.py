@@ -121,7 +121,16 @@ def ui_steps(extra: Sequence[str]) -> Steps:
     # The store goes by the environment (main() passes it on), never on the command line,
     # which every user of the machine can read (ps).
     os.environ["MLFLOW_BACKEND_STORE_URI"] = uri
-    return [module("mlflow", "ui", *address, *extra)]
+    return [module("mlflow", "ui", *address, *ui_workers(extra), *extra)]
+
+
+def ui_workers(extra: Sequence[str]) -> list[str]:
+    """One server process for the UI unless ``extra`` names a count: one person's browser
+    over a local SQLite store needs no more, and `mlflow ui`'s default of 4 started five
+    processes each importing MLflow's server (about 15 s of CPU before the UI answered, 5 s
+    with one)."""
+    named = any(arg in ("-w", "--workers") or arg.startswith("--workers=") for arg in extra)
+    return [] if named else ["--workers", "1"]
 
 
 def serve_model_steps(extra: Sequence[str]) -> Steps:
@@ -269,7 +278,8 @@ OPTIONS: dict[str, list[str] | str] = {
     "ui": (
         "options: those of `mlflow ui` (`mlflow ui --help`), passed on:\n"
         f"  --port N           listen on N (default {urlsplit(MLFLOW_UI_URL).port} while free, "
-        "else a free port)"
+        "else a free port)\n"
+        "  --workers N        server processes (default 1; `mlflow ui`'s own default is 4)"
     ),
     "serve-model": "options:\n  --port N                     listen on N (default: a free port)\n"
     + "\n".join(

@@ -18,6 +18,7 @@ import yaml
 
 from flows.servers.prefect_server import start_server, wait_healthy
 from tasks.runtime.params import shipped_params_text
+from tests.prefect_database import seed_home
 
 REPO = Path(__file__).resolve().parents[2]
 PROJECT_FILES = [
@@ -49,9 +50,12 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real `prefect server start` on 127.0.0.1 (SQLite in a temp PREFECT_HOME)."""
-    home = tmp_path_factory.mktemp("prefect_home")
+def prefect_server(
+    tmp_path_factory: pytest.TempPathFactory, prefect_database: Path
+) -> Iterator[str]:
+    """A real `prefect server start` on 127.0.0.1 (SQLite in a temp PREFECT_HOME, a copy of
+    the session's migrated database)."""
+    home = seed_home(tmp_path_factory.mktemp("prefect_home"), prefect_database)
     port = free_port()
     url = f"http://127.0.0.1:{port}/api"
     env = {"PREFECT_HOME": str(home), "PREFECT_API_URL": url}
@@ -177,10 +181,12 @@ def project(tmp_path: Path, prefect_server: str) -> Project:
 
 
 @pytest.fixture
-def project_without_server(tmp_path: Path) -> Iterator[Project]:
+def project_without_server(tmp_path: Path, prefect_database: Path) -> Iterator[Project]:
     """The project pointed at a free local port where no Prefect server runs (yet): the first
-    stage has to start one. Whatever server the project started is stopped afterwards."""
+    stage has to start one, in the project's PREFECT_HOME (holding a copy of the session's
+    migrated database). Whatever server the project started is stopped afterwards."""
     proj = make_project(tmp_path, f"http://127.0.0.1:{free_port()}/api")
+    seed_home(Path(proj.env["PREFECT_HOME"]), prefect_database)
     try:
         yield proj
     finally:

@@ -18,6 +18,7 @@ import pytest
 
 from tasks.evaluate.store_check import REBUILD, StoreLostRuns, check_store
 from tests.e2e.conftest import REPO, Project, api_post, free_port
+from tests.prefect_database import seed_home
 
 pytestmark = pytest.mark.slow
 
@@ -147,14 +148,14 @@ def test_dvc_repro_end_to_end(
     assert {p.name: p.read_bytes() for p in shards.iterdir()} == before
 
 
-def test_concurrent_starters_start_one_server(tmp_path: Path) -> None:
+def test_concurrent_starters_start_one_server(tmp_path: Path, prefect_database: Path) -> None:
     """Two stages that find no server at once start one server between them, not two."""
     url = f"http://127.0.0.1:{free_port()}/api"
     env = {
         **os.environ,
         "PYTHONPATH": str(REPO),
         "PREFECT_API_URL": url,
-        "PREFECT_HOME": str(tmp_path / "prefect_home"),
+        "PREFECT_HOME": str(seed_home(tmp_path / "prefect_home", prefect_database)),
     }
     ensure = [sys.executable, "-m", "flows.servers.prefect_server", "ensure"]
     starters = [

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import REPO, Project, api_post, make_project
+from tests.prefect_database import seed_home
 
 pytestmark = pytest.mark.slow
 
@@ -66,12 +67,14 @@ def is_up(url: str) -> bool:
 
 
 @pytest.fixture
-def clones(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
-    """Clone A (the project's Prefect and DVC config) and, made later by the test, B."""
+def clones(tmp_path: Path, prefect_database: Path) -> Iterator[tuple[Path, Path]]:
+    """Clone A (the project's Prefect and DVC config, and a migrated server database in its
+    .prefect/) and, made later by the test, B."""
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir()
     for name in ("prefect.toml", "dvc.yaml"):
         shutil.copy2(REPO / name, a / name)
+    seed_home(a / ".prefect", prefect_database)
     try:
         yield a, b
     finally:
@@ -87,7 +90,7 @@ def clones(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
 
 
 def test_each_clone_uses_its_own_server_and_stops_only_its_own(
-    clones: tuple[Path, Path],
+    clones: tuple[Path, Path], prefect_database: Path
 ) -> None:
     a, b = clones
     said = server(a, "ensure")
@@ -98,6 +101,7 @@ def test_each_clone_uses_its_own_server_and_stops_only_its_own(
     # B is a copy of A made while A's server runs (`cp -r`, .prefect/ included): B's record
     # names A's port, where A's server answers. B must not use it, nor stop it.
     shutil.copytree(a, b, ignore=shutil.ignore_patterns("*.db*"))
+    seed_home(b / ".prefect", prefect_database)  # an empty one: B's server starts sooner
     said = server(b, "stop")
     assert "no Prefect server started by this clone" in said
     assert f"{url_a} answers with the server of the clone {a}" in said

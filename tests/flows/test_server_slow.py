@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from flows.servers import prefect_server as server
+from tests.prefect_database import seed_home
 from tests.unit.flows import test_server as unit
 from tests.unit.flows.test_server import REPO, settings_in
 
@@ -34,7 +35,7 @@ def test_the_recorded_server_is_what_prefect_commands_at_the_root_reach(clone: P
 
 
 def test_the_server_starts_from_an_interpreter_with_no_prefect_script_beside_it(
-    tmp_path: Path,
+    tmp_path: Path, prefect_database: Path
 ) -> None:
     """A bare interpreter that finds Prefect on PYTHONPATH (site packages carried to a
     machine, as for the GPU bench) has no `prefect` script in its folder: the server is
@@ -55,7 +56,7 @@ def test_the_server_starts_from_an_interpreter_with_no_prefect_script_beside_it(
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(Path.cwd()), sysconfig.get_paths()["purelib"]]),
-        "PREFECT_HOME": str(tmp_path / "home"),
+        "PREFECT_HOME": str(seed_home(tmp_path / "home", prefect_database)),
     }
     result = subprocess.run(
         [str(bare), "-c", script, str(tmp_path / "server.log")],

@@ -122,6 +122,24 @@ def test_ui_finds_the_store_as_every_entry_point_does(
     assert not any("sqlite" in arg for step in recorder.steps for arg in step)
 
 
+def test_ui_serves_from_one_process_unless_a_count_is_given(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`mlflow ui` starts 4 server processes by default, each importing MLflow's server:
+    one serves a person's browser; `--workers` / `-w` still choose, given once."""
+    recorder = Recorder()
+    monkeypatch.setattr(cli, "run_step", recorder.step)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'absent.db'}")
+    given = [["--workers", "3"], ["-w", "2"], ["--workers=5"]]
+    for extra in ([], *given):
+        assert cli.main(["ui", *extra]) == 0
+    default, *chosen = recorder.steps
+    assert default[default.index("--workers") :][:2] == ["--workers", "1"]
+    for step, extra in zip(chosen, given, strict=True):
+        assert step[-len(extra) :] == extra and "1" not in step[step.index("ui") :], step
+
+
 @pytest.mark.parametrize("command", ["ui", "serve-model"])
 def test_no_credential_reaches_a_childs_command_line(
     command: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
