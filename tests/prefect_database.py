@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 
 from filelock import FileLock
@@ -33,20 +34,29 @@ def migrated_database(folder: Path) -> Path:
     return template
 
 
-def make_template(template: Path) -> None:
-    """Start a server on a fresh home, wait until it is healthy (migrated, its block types
-    registered), stop it, and copy its database (a consistent copy: SQLite's backup)."""
-    home = template.with_suffix(".home")
+@contextlib.contextmanager
+def running_server(home: Path) -> Iterator[str]:
+    """A real ``prefect server start`` on a free loopback port, ``home`` its Prefect home,
+    healthy before its API address is yielded, stopped after."""
     port = free_port()
     url = f"http://127.0.0.1:{port}/api"
     env = {"PREFECT_HOME": str(home), "PREFECT_API_URL": url}
     process = start_server("127.0.0.1", port, home / "server.log", env=env)
     try:
         wait_healthy(url, timeout=120, process=process)
+        yield url
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=30)
+
+
+def make_template(template: Path) -> None:
+    """Start a server on a fresh home, wait until it is healthy (migrated, its block types
+    registered), stop it, and copy its database (a consistent copy: SQLite's backup)."""
+    home = template.with_suffix(".home")
+    with running_server(home):
+        pass
     partial = template.with_suffix(".partial")
     with (
         contextlib.closing(sqlite3.connect(home / DATABASE)) as source,

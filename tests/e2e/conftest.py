@@ -16,9 +16,8 @@ import psutil
 import pytest
 import yaml
 
-from flows.servers.prefect_server import start_server, wait_healthy
 from tasks.runtime.params import shipped_params_text
-from tests.prefect_database import seed_home
+from tests.prefect_database import running_server, seed_home
 
 REPO = Path(__file__).resolve().parents[2]
 PROJECT_FILES = [
@@ -56,16 +55,8 @@ def prefect_server(
     """A real `prefect server start` on 127.0.0.1 (SQLite in a temp PREFECT_HOME, a copy of
     the session's migrated database)."""
     home = seed_home(tmp_path_factory.mktemp("prefect_home"), prefect_database)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/api"
-    env = {"PREFECT_HOME": str(home), "PREFECT_API_URL": url}
-    process = start_server("127.0.0.1", port, home / "server.log", env=env)
-    try:
-        wait_healthy(url, timeout=120, process=process)
+    with running_server(home) as url:
         yield url
-    finally:
-        os.killpg(process.pid, 15)
-        process.wait(timeout=30)
 
 
 def api_post(api_url: str, path: str, body: dict[str, Any]) -> Any:
