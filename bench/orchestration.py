@@ -205,11 +205,16 @@ def stage_seconds(marks: list[tuple[float, str]], end: float) -> dict[str, float
 
 
 def _run_dvc_repro(
-    target: str, cwd: Path, timeout: float = 7200, off: Sequence[str] = ()
+    target: str,
+    cwd: Path,
+    timeout: float = 7200,
+    off: Sequence[str] = (),
+    transcript: Path | None = None,
 ) -> dict[str, float]:
     """``dvc repro target``, timing each stage from its output as it streams; killed after
     ``timeout`` seconds, with its stages (reading the stream would otherwise wait on a hung
-    run forever: a stage process holds the stream open after DVC itself is gone)."""
+    run forever: a stage process holds the stream open after DVC itself is gone). Its output,
+    each line with the second it arrived at, goes to ``transcript``: a slow pass tells why."""
     start = time.perf_counter()
     process = subprocess.Popen(
         [sys.executable, "-m", "dvc", "repro", target],
@@ -232,6 +237,8 @@ def _run_dvc_repro(
         process.wait()
     finally:
         deadline.cancel()
+        if transcript is not None:
+            transcript.write_text("".join(f"{at:9.3f} {line}" for at, line in marks))
     end = time.perf_counter() - start
     if end >= timeout:
         raise TimeoutError(f"`dvc repro {target}` in {cwd} ran past {timeout} s and was killed")
@@ -403,7 +410,8 @@ def measure_orchestration(
         direct_passes.append(_run_direct(direct_root, covered))
         dvc_root = copy_repo(repo_root, work_dir / "dvc", images=images, overrides=overrides)
         log(f"  pass {number}: dvc repro {covered[-1]} (runs {', '.join(covered)})")
-        dvc_passes.append(_run_dvc_repro(covered[-1], dvc_root))
+        transcript = work_dir / f"dvc-repro-pass-{number}.log"
+        dvc_passes.append(_run_dvc_repro(covered[-1], dvc_root, transcript=transcript))
         log(f"    direct {direct_passes[-1]}; dvc repro {dvc_passes[-1]}")
         for piece in without:
             root = copy_repo(repo_root, work_dir / "dvc-off", images=images, overrides=overrides)

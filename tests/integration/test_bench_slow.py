@@ -125,7 +125,8 @@ def test_a_hung_dvc_repro_is_killed_with_its_stages_at_the_timeout(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The orchestration bench reads `dvc repro`'s output as it streams; a hung run (its
-    stage holding the stream open) is killed, process group and all, at the timeout."""
+    stage holding the stream open) is killed, process group and all, at the timeout, and
+    what it printed is kept with the second each line came, to tell where it hung."""
     import time
 
     import psutil
@@ -139,9 +140,12 @@ def test_a_hung_dvc_repro_is_killed_with_its_stages_at_the_timeout(
     monkeypatch.setenv("PYTHONPATH", str(fake.parent))
     before = {p.pid for p in psutil.process_iter()}
     start = time.perf_counter()
+    transcript = tmp_path / "dvc-repro-pass-1.log"
     with pytest.raises(TimeoutError, match="ran past 3 s and was killed"):
-        _run_dvc_repro("evaluate", tmp_path, timeout=3)
+        _run_dvc_repro("evaluate", tmp_path, timeout=3, transcript=transcript)
     assert time.perf_counter() - start < 30
+    at, line = transcript.read_text().split(maxsplit=1)
+    assert 0 < float(at) < 3 and line == "Running stage 'ingest':\n"
     time.sleep(0.5)
     left = [
         p
