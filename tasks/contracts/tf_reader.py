@@ -189,6 +189,8 @@ def _global_epoch(
     ds = tf.data.Dataset.range(first_step * local, end, LOCATE_CHUNK)
     ds = fetched_first(store, manifest.split(split).shards, ds) if store else ds
     ds = ds.map(plain(located)).unbatch()
+    # unbatch hides the count; an epoch's length stays known without a scan
+    ds = ds.apply(tf.data.experimental.assert_cardinality(end - first_step * local))
     read = plain(lambda *where: read_records_at(files, *where))
     ds = ds.map(read, num_parallel_calls=tf.data.AUTOTUNE, deterministic=ordered)
     parse = batch_parser(manifest, with_metadata=with_metadata)

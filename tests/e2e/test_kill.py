@@ -22,6 +22,7 @@ import pytest
 from tasks.contracts.index import load_index
 from tasks.contracts.manifest import MANIFEST_NAME, MEMBERSHIP_NAME, records_file_name
 from tasks.contracts.numpy_reader import OFFSETS_NAME
+from tasks.contracts.shard_blocks import BLOCKS_NAME
 from tasks.contracts.shard_swap import rebuild_folder, trash_folder
 from tasks.contracts.tfds_metadata import DATASET_INFO_NAME, FEATURES_NAME, LABELS_NAME
 from tasks.train.stage import IDENTITY_NAME
@@ -50,6 +51,7 @@ SIDECARS = {
     MANIFEST_NAME,
     records_file_name(0),
     OFFSETS_NAME,
+    BLOCKS_NAME,
     DATASET_INFO_NAME,
     FEATURES_NAME,
     LABELS_NAME,
