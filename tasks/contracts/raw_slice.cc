@@ -1,7 +1,8 @@
 // ShardflowDecodeRawAt: bytes [offset, offset + length) of each serialized record, as uint8.
 // ShardflowReadRecordsAt: the records framed at given offsets of shard files, CRCs checked.
+// ShardflowReadRawAt: those records' pixels and labels, read straight into the batch.
 //
-// The same result as decode_raw(records, uint8, fixed_length=offset + length)[:, offset:]
+// ShardflowDecodeRawAt gives the same result as decode_raw(records, uint8, fixed_length=offset + length)[:, offset:]
 // (a record shorter than offset + length reads as zeros past its end), in one copy: the
 // stock ops copy each record once into a tensor and once more to drop the bytes before
 // `offset`. Built and loaded by raw_slice.py, its module.
@@ -94,10 +95,8 @@ REGISTER_KERNEL_BUILDER(Name("ShardflowDecodeRawAt").Device(::tensorflow::DEVICE
 
 // ShardflowReadRecordsAt: record i is the TFRecord framed at byte offsets[i] of
 // paths[file_ids[i]], sizes[i] bytes with its header and footer: one positional read
-// (preadv) puts the header and footer aside and the data straight into the output string.
-// The header's length must equal the size the index gives, and both masked CRC32Cs must
-// match, or the op fails naming the file and the offset: a stale index or a damaged shard
-// never passes as data. Files are opened on first use and kept open by the kernel.
+// (preadv) puts the header and footer aside and the data straight into the output string,
+// checked as ShardFiles::ReadFramed says.
 REGISTER_OP("ShardflowReadRecordsAt")
     .Input("file_ids: int32")
     .Input("offsets: int64")
@@ -116,8 +115,8 @@ namespace {
 constexpr int64_t kHeaderBytes = 12;  // uint64 length, masked CRC32C of the length
 constexpr int64_t kFooterBytes = 4;   // masked CRC32C of the data
 
-uint32_t MaskedCrc(const char* data, size_t size) {
-  const uint32_t crc = static_cast<uint32_t>(absl::ComputeCrc32c(absl::string_view(data, size)));
+uint32_t Masked(absl::crc32c_t sum) {
+  const uint32_t crc = static_cast<uint32_t>(sum);
   return ((crc >> 15) | (crc << 17)) + 0xa282ead8u;
 }
 
@@ -151,89 +150,97 @@ bool ReadFully(int fd, iovec* iov, int count, off_t offset, int* error) {
   return true;
 }
 
-}  // namespace
+constexpr int kMaxDataParts = 3;
 
-class ReadRecordsAtOp : public OpKernel {
+// The shard files of one kernel, opened on first use and kept open; and the framed read
+// both kernels make: the record at `offset` of file `id`, `size` bytes with its header and
+// footer, its data scattered over `data` (at most kMaxDataParts buffers, their lengths
+// summing to the data's), one preadv. The header's length must equal the size the index
+// gives, and both masked CRC32Cs must match, or the read fails naming the file and the
+// offset: a stale index or a damaged shard never passes as data.
+class ShardFiles {
  public:
-  explicit ReadRecordsAtOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("paths", &paths_));
-    fds_.assign(paths_.size(), -1);
-  }
+  ShardFiles(const char* op, std::vector<std::string> paths)
+      : op_(op), paths_(std::move(paths)), fds_(paths_.size(), -1) {}
 
-  ~ReadRecordsAtOp() override {
+  ~ShardFiles() {
     for (int fd : fds_) {
       if (fd >= 0) close(fd);
     }
   }
 
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& ids = ctx->input(0);
-    const Tensor& offsets = ctx->input(1);
-    const Tensor& sizes = ctx->input(2);
-    OP_REQUIRES(ctx,
-                TensorShapeUtils::IsVector(ids.shape()) && offsets.shape() == ids.shape() &&
-                    sizes.shape() == ids.shape(),
-                ::tensorflow::errors::InvalidArgument(
-                    "ShardflowReadRecordsAt: file_ids, offsets and sizes must be vectors of one "
-                    "length, got ",
-                    ids.shape().DebugString(), ", ", offsets.shape().DebugString(), ", ",
-                    sizes.shape().DebugString()));
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, ids.shape(), &out));
-    const auto id = ids.flat<int32_t>();
-    const auto offset = offsets.flat<int64_t>();
-    const auto size = sizes.flat<int64_t>();
-    auto records = out->flat<tstring>();
-    for (int64_t i = 0; i < id.size(); ++i) {
-      OP_REQUIRES(ctx, id(i) >= 0 && id(i) < static_cast<int64_t>(paths_.size()),
-                  ::tensorflow::errors::InvalidArgument("ShardflowReadRecordsAt: file id ", id(i),
-                                                        " is not one of the ", paths_.size(),
-                                                        " files"));
-      const std::string& path = paths_[id(i)];
-      const std::string where = path + " at byte " + std::to_string(offset(i));
-      OP_REQUIRES(ctx, offset(i) >= 0 && size(i) >= kHeaderBytes + kFooterBytes,
-                  ::tensorflow::errors::InvalidArgument("ShardflowReadRecordsAt: ", where,
-                                                        ": no record fits in ", size(i),
-                                                        " bytes (a stale offset index?)"));
-      int fd = -1;
-      OP_REQUIRES_OK(ctx, Open(id(i), &fd));
-      const int64_t length = size(i) - kHeaderBytes - kFooterBytes;
-      char header[kHeaderBytes];
-      char footer[kFooterBytes];
-      records(i).resize_uninitialized(length);
-      iovec iov[3] = {{header, kHeaderBytes}, {records(i).data(), static_cast<size_t>(length)},
-                      {footer, kFooterBytes}};
-      int error = 0;
-      OP_REQUIRES(ctx, ReadFully(fd, iov, 3, offset(i), &error),
-                  ::tensorflow::errors::DataLoss(
-                      "ShardflowReadRecordsAt: ", where, ": ",
-                      error ? std::strerror(error) : "the file ends inside the record",
-                      " (a truncated shard or a stale offset index)"));
-      uint64_t stored = 0;
-      std::memcpy(&stored, header, sizeof(stored));
-      OP_REQUIRES(ctx, stored == static_cast<uint64_t>(length),
-                  ::tensorflow::errors::DataLoss("ShardflowReadRecordsAt: ", where,
-                                                 ": the record says ", stored,
-                                                 " bytes, the offset index ", length,
-                                                 " (a stale offset index?)"));
-      OP_REQUIRES(ctx, MaskedCrc(header, 8) == LoadU32(header + 8),
-                  ::tensorflow::errors::DataLoss("ShardflowReadRecordsAt: ", where,
-                                                 ": the length's CRC does not match"));
-      OP_REQUIRES(ctx, MaskedCrc(records(i).data(), length) == LoadU32(footer),
-                  ::tensorflow::errors::DataLoss("ShardflowReadRecordsAt: ", where,
-                                                 ": the data's CRC does not match (a damaged "
-                                                 "shard)"));
+  size_t size() const { return paths_.size(); }
+
+  // The data bytes of the record at `offset` of `id` that `size` frames, or an error.
+  ::tensorflow::Status CheckedSize(int32_t id, int64_t offset, int64_t size,
+                                   int64_t* length) const {
+    if (id < 0 || id >= static_cast<int64_t>(paths_.size())) {
+      return ::tensorflow::errors::InvalidArgument(op_, ": file id ", id, " is not one of the ",
+                                                   paths_.size(), " files");
     }
+    if (offset < 0 || size < kHeaderBytes + kFooterBytes) {
+      return ::tensorflow::errors::InvalidArgument(op_, ": ", Where(id, offset),
+                                                   ": no record fits in ", size,
+                                                   " bytes (a stale offset index?)");
+    }
+    *length = size - kHeaderBytes - kFooterBytes;
+    return ::tensorflow::OkStatus();
+  }
+
+  ::tensorflow::Status ReadFramed(int32_t id, int64_t offset, int64_t length,
+                                  const iovec* data, int parts) {
+    int fd = -1;
+    TF_RETURN_IF_ERROR(Open(id, &fd));
+    char header[kHeaderBytes];
+    char footer[kFooterBytes];
+    iovec iov[kMaxDataParts + 2];
+    iov[0] = {header, kHeaderBytes};
+    std::copy(data, data + parts, iov + 1);
+    iov[parts + 1] = {footer, kFooterBytes};
+    int error = 0;
+    if (!ReadFully(fd, iov, parts + 2, offset, &error)) {
+      return ::tensorflow::errors::DataLoss(
+          op_, ": ", Where(id, offset), ": ",
+          error ? std::strerror(error) : "the file ends inside the record",
+          " (a truncated shard or a stale offset index)");
+    }
+    uint64_t stored = 0;
+    std::memcpy(&stored, header, sizeof(stored));
+    if (stored != static_cast<uint64_t>(length)) {
+      return ::tensorflow::errors::DataLoss(op_, ": ", Where(id, offset), ": the record says ",
+                                            stored, " bytes, the offset index ", length,
+                                            " (a stale offset index?)");
+    }
+    if (Masked(absl::ComputeCrc32c(absl::string_view(header, 8))) != LoadU32(header + 8)) {
+      return ::tensorflow::errors::DataLoss(op_, ": ", Where(id, offset),
+                                            ": the length's CRC does not match");
+    }
+    absl::crc32c_t sum(0);
+    for (int part = 0; part < parts; ++part) {  // `data` as given: ReadFully moved iov's
+      sum = absl::ExtendCrc32c(
+          sum, absl::string_view(static_cast<const char*>(data[part].iov_base),
+                                 data[part].iov_len));
+    }
+    if (Masked(sum) != LoadU32(footer)) {
+      return ::tensorflow::errors::DataLoss(op_, ": ", Where(id, offset),
+                                            ": the data's CRC does not match (a damaged "
+                                            "shard)");
+    }
+    return ::tensorflow::OkStatus();
   }
 
  private:
+  std::string Where(int32_t id, int64_t offset) const {
+    return paths_[id] + " at byte " + std::to_string(offset);
+  }
+
   ::tensorflow::Status Open(int32_t id, int* fd) {
     std::lock_guard<std::mutex> hold(mutex_);
     if (fds_[id] < 0) {
       const int opened = open(paths_[id].c_str(), O_RDONLY | O_CLOEXEC);
       if (opened < 0) {
-        return ::tensorflow::errors::NotFound("ShardflowReadRecordsAt: cannot open ", paths_[id],
-                                              ": ", std::strerror(errno));
+        return ::tensorflow::errors::NotFound(op_, ": cannot open ", paths_[id], ": ",
+                                              std::strerror(errno));
       }
       fds_[id] = opened;
     }
@@ -241,12 +248,183 @@ class ReadRecordsAtOp : public OpKernel {
     return ::tensorflow::OkStatus();
   }
 
+  const char* op_;
   std::vector<std::string> paths_;
   std::vector<int> fds_;
   std::mutex mutex_;
 };
 
+std::vector<std::string> PathsAttr(OpKernelConstruction* ctx) {
+  std::vector<std::string> paths;
+  const ::tensorflow::Status read = ctx->GetAttr("paths", &paths);
+  if (!read.ok()) ctx->CtxFailure(__FILE__, __LINE__, read);
+  return paths;
+}
+
+::tensorflow::Status SameLengthVectors(const char* op, const Tensor& ids, const Tensor& offsets,
+                                       const Tensor& sizes) {
+  if (TensorShapeUtils::IsVector(ids.shape()) && offsets.shape() == ids.shape() &&
+      sizes.shape() == ids.shape()) {
+    return ::tensorflow::OkStatus();
+  }
+  return ::tensorflow::errors::InvalidArgument(
+      op, ": file_ids, offsets and sizes must be vectors of one length, got ",
+      ids.shape().DebugString(), ", ", offsets.shape().DebugString(), ", ",
+      sizes.shape().DebugString());
+}
+
+bool MatchesMasked(const char* actual, const std::string& want, const std::string& mask) {
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (((actual[i] ^ want[i]) & mask[i]) != 0) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+class ReadRecordsAtOp : public OpKernel {
+ public:
+  explicit ReadRecordsAtOp(OpKernelConstruction* ctx)
+      : OpKernel(ctx), files_("ShardflowReadRecordsAt", PathsAttr(ctx)) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& ids = ctx->input(0);
+    const Tensor& offsets = ctx->input(1);
+    const Tensor& sizes = ctx->input(2);
+    OP_REQUIRES_OK(ctx, SameLengthVectors("ShardflowReadRecordsAt", ids, offsets, sizes));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, ids.shape(), &out));
+    const auto id = ids.flat<int32_t>();
+    const auto offset = offsets.flat<int64_t>();
+    const auto size = sizes.flat<int64_t>();
+    auto records = out->flat<tstring>();
+    for (int64_t i = 0; i < id.size(); ++i) {
+      int64_t length = 0;
+      OP_REQUIRES_OK(ctx, files_.CheckedSize(id(i), offset(i), size(i), &length));
+      records(i).resize_uninitialized(length);
+      const iovec data = {records(i).data(), static_cast<size_t>(length)};
+      OP_REQUIRES_OK(ctx, files_.ReadFramed(id(i), offset(i), length, &data, 1));
+    }
+  }
+
+ private:
+  ShardFiles files_;
+};
+
 REGISTER_KERNEL_BUILDER(Name("ShardflowReadRecordsAt").Device(::tensorflow::DEVICE_CPU),
                         ReadRecordsAtOp);
+
+// ShardflowReadRawAt: ShardflowReadRecordsAt's records, framed, sized and CRC checked alike,
+// each read with one preadv whose pixels land in row i of `images` (the batch itself) and
+// whose label is the byte at `label_offset`: no record string, no second copy. Row i is
+// trusted only where record i's bytes before the pixels equal `head` on the bits of
+// `head_mask` and the bytes after them begin with `tail` on `tail_mask` (the layout proof
+// of tasks.schema.raw_layout); `proven` is false if any record of the batch is not, and
+// the caller then reads the batch by parsing it.
+REGISTER_OP("ShardflowReadRawAt")
+    .Input("file_ids: int32")
+    .Input("offsets: int64")
+    .Input("sizes: int64")
+    .Attr("paths: list(string)")
+    .Attr("image_bytes: int >= 1")
+    .Attr("label_offset: int >= 0")
+    .Attr("head: string")
+    .Attr("head_mask: string")
+    .Attr("tail: string")
+    .Attr("tail_mask: string")
+    .Output("images: uint8")
+    .Output("labels: int32")
+    .Output("proven: bool")
+    .SetShapeFn([](InferenceContext* c) {
+      int64_t image_bytes;
+      TF_RETURN_IF_ERROR(c->GetAttr("image_bytes", &image_bytes));
+      ShapeHandle ids;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &ids));
+      c->set_output(0, c->Matrix(c->Dim(ids, 0), image_bytes));
+      c->set_output(1, ids);
+      c->set_output(2, c->Scalar());
+      return ::tensorflow::OkStatus();
+    });
+
+class ReadRawAtOp : public OpKernel {
+ public:
+  explicit ReadRawAtOp(OpKernelConstruction* ctx)
+      : OpKernel(ctx), files_("ShardflowReadRawAt", PathsAttr(ctx)) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("image_bytes", &image_bytes_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("label_offset", &label_offset_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("head", &head_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("head_mask", &head_mask_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("tail", &tail_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("tail_mask", &tail_mask_));
+    const int64_t tail_offset = static_cast<int64_t>(head_.size()) + image_bytes_;
+    OP_REQUIRES(ctx,
+                head_mask_.size() == head_.size() && tail_mask_.size() == tail_.size() &&
+                    label_offset_ >= tail_offset &&
+                    label_offset_ < tail_offset + static_cast<int64_t>(tail_.size()),
+                ::tensorflow::errors::InvalidArgument(
+                    "ShardflowReadRawAt: each mask must be as long as its template and the "
+                    "label must lie in the tail"));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& ids = ctx->input(0);
+    const Tensor& offsets = ctx->input(1);
+    const Tensor& sizes = ctx->input(2);
+    OP_REQUIRES_OK(ctx, SameLengthVectors("ShardflowReadRawAt", ids, offsets, sizes));
+    const auto id = ids.flat<int32_t>();
+    const auto offset = offsets.flat<int64_t>();
+    const auto size = sizes.flat<int64_t>();
+    TensorShape shape;  // an error, never TensorShape's CHECK abort, where it cannot be
+    OP_REQUIRES_OK(ctx, TensorShape::BuildTensorShape({id.size(), image_bytes_}, &shape));
+    Tensor* images = nullptr;
+    Tensor* labels = nullptr;
+    Tensor* proven = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, shape, &images));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, ids.shape(), &labels));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({}), &proven));
+    auto label = labels->flat<int32_t>();
+    uint8* row = images->flat<uint8>().data();
+    const int64_t head_bytes = static_cast<int64_t>(head_.size());
+    const int64_t laid_out = head_bytes + image_bytes_ + static_cast<int64_t>(tail_.size());
+    std::string head(head_bytes, '\0');
+    std::string rest;
+    bool all = true;
+    for (int64_t i = 0; i < id.size(); ++i, row += image_bytes_) {
+      int64_t length = 0;
+      OP_REQUIRES_OK(ctx, files_.CheckedSize(id(i), offset(i), size(i), &length));
+      if (length < laid_out) {  // too short for the layout: read and checked, never trusted
+        rest.resize(length);
+        const iovec data = {rest.data(), rest.size()};
+        OP_REQUIRES_OK(ctx, files_.ReadFramed(id(i), offset(i), length, &data, 1));
+        std::memset(row, 0, image_bytes_);
+        label(i) = 0;
+        all = false;
+        continue;
+      }
+      rest.resize(length - head_bytes - image_bytes_);
+      const iovec data[3] = {{head.data(), head.size()},
+                             {row, static_cast<size_t>(image_bytes_)},
+                             {rest.data(), rest.size()}};
+      OP_REQUIRES_OK(ctx, files_.ReadFramed(id(i), offset(i), length, data, 3));
+      const bool laid = MatchesMasked(head.data(), head_, head_mask_) &&
+                        MatchesMasked(rest.data(), tail_, tail_mask_);
+      label(i) = laid ? static_cast<uint8>(rest[label_offset_ - head_bytes - image_bytes_]) : 0;
+      all = all && laid;
+    }
+    proven->scalar<bool>()() = all;
+  }
+
+ private:
+  ShardFiles files_;
+  int64_t image_bytes_;
+  int64_t label_offset_;
+  std::string head_;
+  std::string head_mask_;
+  std::string tail_;
+  std::string tail_mask_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("ShardflowReadRawAt").Device(::tensorflow::DEVICE_CPU),
+                        ReadRawAtOp);
 
 }  // namespace shardflow

@@ -3,7 +3,9 @@ at hand.
 
 ``read_records_at`` reads framed TFRecords at given offsets of shard files (CRCs checked):
 ``raw_slice.cc``'s positional-read op where it is built, else :func:`tasks.tfrecord.read_framed_at`
-through ``tf.numpy_function``: the same bytes in the same order, or the same refusal.
+through ``tf.numpy_function``: the same bytes in the same order, or the same refusal. For a
+raw batch, :meth:`RangeReadSchema.read_at` reads the pixels of such records straight into
+the batch and their labels beside it, framing and CRCs checked alike.
 
 Stock TensorFlow reads bytes at an offset in two copies: ``decode_raw`` copies each record's
 head into a tensor, then a slice copies the part wanted (a raw record's pixels start after a
@@ -30,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.runtime.layout import shared_root
-from tasks.schema import RawLayout, RecordSchema, _bytes_match, raw_layout
+from tasks.schema import IMAGE_KEY, LABEL_KEY, RawLayout, RecordSchema, _bytes_match, raw_layout
 from tasks.tfrecord import read_framed_at
 
 SOURCE = Path(__file__).with_name("raw_slice.cc")
@@ -136,6 +138,36 @@ class RangeReadSchema(RecordSchema):
             _bytes_match(record_bytes[:, layout.tail_offset :], layout.tail, layout.tail_mask),
         )
         return layout, record_bytes, proven
+
+    def read_at(self, files: Sequence[str], file_ids: Any, offsets: Any, sizes: Any) -> Any:
+        """``(images, labels)`` of the records :func:`read_records_at` reads, uint8 [B, H, W, C]
+        and int32 [B]: each record's pixels read from its file straight into its row of the
+        batch where every record of the batch proves the layout, else the records read and
+        parsed (:meth:`RecordSchema.parse_batch`). What the records parsed hold, either way."""
+        import tensorflow as tf
+
+        layout = raw_layout(self.height * self.width * self.channels)
+        images, labels, proven = loaded_op().shardflow_read_raw_at(
+            file_ids,
+            offsets,
+            sizes,
+            paths=list(files),
+            image_bytes=layout.image_bytes,
+            label_offset=layout.label_offset,
+            head=layout.head,
+            head_mask=layout.head_mask,
+            tail=layout.tail,
+            tail_mask=layout.tail_mask,
+        )
+        shape = (file_ids.shape[0], *self.image_shape)
+
+        def parsed() -> tuple[Any, Any]:
+            records = read_records_at(files, file_ids, offsets, sizes)
+            features = self.parse_batch(records, metadata=False)
+            return features[IMAGE_KEY], features[LABEL_KEY]
+
+        images, labels = tf.cond(proven, lambda: (tf.reshape(images, shape), labels), parsed)
+        return tf.ensure_shape(images, shape), labels
 
 
 def range_read(schema: RecordSchema) -> RecordSchema:

@@ -14,7 +14,7 @@ import numpy as np
 
 from tasks.contracts.manifest import ShardManifest, load_manifest
 from tasks.contracts.numpy_reader import OFFSETS_NAME, checked_offsets, read_entry
-from tasks.contracts.raw_slice import range_read, read_records_at
+from tasks.contracts.raw_slice import RangeReadSchema, range_read, read_records_at
 from tasks.contracts.record_order import (
     EpochOrder,
     SplitLocations,
@@ -191,6 +191,12 @@ def _global_epoch(
     ds = ds.map(plain(located)).unbatch()
     # unbatch hides the count; an epoch's length stays known without a scan
     ds = ds.apply(tf.data.experimental.assert_cardinality(end - first_step * local))
+    schema = range_read(manifest.record_schema)
+    if isinstance(schema, RangeReadSchema) and not with_metadata:
+        # raw pixels read from the files straight into the batch: no record strings
+        read = plain(lambda *where: schema.read_at(files, *where))
+        ds = ds.map(read, num_parallel_calls=tf.data.AUTOTUNE, deterministic=ordered)
+        return ds.prefetch(READ_AHEAD_BATCHES)
     read = plain(lambda *where: read_records_at(files, *where))
     ds = ds.map(read, num_parallel_calls=tf.data.AUTOTUNE, deterministic=ordered)
     parse = batch_parser(manifest, with_metadata=with_metadata)

@@ -107,9 +107,13 @@ def test_an_offset_index_of_other_shards_is_refused_naming_it(shards: Path) -> N
         epoch(shards)
 
 
-@pytest.mark.parametrize("stock", [False, True], ids=["op", "stock"])
+@pytest.mark.parametrize(
+    ("stock", "with_metadata"),
+    [(False, True), (False, False), (True, True)],
+    ids=["op", "op into the batch", "stock"],
+)
 def test_a_damaged_record_fails_the_read_naming_the_file_and_byte(
-    shards: Path, stock: bool
+    shards: Path, stock: bool, with_metadata: bool
 ) -> None:
     manifest = load_manifest(shards)
     shard = shards / manifest.split("train").shards[0].file
@@ -124,7 +128,16 @@ def test_a_damaged_record_fails_the_read_naming_the_file_and_byte(
             tf.errors.OpError, match=rf"{shard.name} at byte 0: the data's CRC does not match"
         ),
     ):
-        epoch(shards, batch_size=72 // 8 * 8)
+        list(
+            read_split(
+                shards,
+                "train",
+                batch_size=72 // 8 * 8,
+                training=True,
+                seed=5,
+                with_metadata=with_metadata,
+            )
+        )
 
 
 def test_a_split_of_many_files_mixes_them_in_every_batch(tmp_path: Path) -> None:

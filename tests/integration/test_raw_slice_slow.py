@@ -12,7 +12,8 @@ import pytest
 import tensorflow as tf
 
 from tasks.contracts import raw_slice, tf_reader
-from tasks.schema import RecordSchema
+from tasks.schema import RecordSchema, raw_layout
+from tasks.tfrecord import encode_example, frame_record
 
 pytestmark = pytest.mark.slow
 
@@ -108,6 +109,65 @@ def test_the_reader_reads_the_same_batches_either_way() -> None:
         stock = schema.parse_batch(batch, metadata=True)
         for key, want in stock.items():
             np.testing.assert_array_equal(fused[key].numpy(), want.numpy(), err_msg=key)
+
+
+def test_raw_records_read_into_the_batch_are_the_records_parsed(tmp_path: Path) -> None:
+    """The op that reads a record's pixels straight into its batch row gives what reading the
+    record and parsing it gives: for the writer's records, for records that do not prove the
+    layout (a label over 127: a 2-byte varint) and beside a record too short for it."""
+    schema = RecordSchema(4, 4, "raw")
+    rng = np.random.default_rng(2)
+    labels = [0, 5, 127, 3, 200, 1]
+    written = [
+        schema.serialize(
+            schema.encode_image(rng.integers(0, 256, (4, 4, 3), dtype=np.uint8)),
+            label,
+            "cd" * 32,
+            f"class/{i}.jpg",
+        )
+        for i, label in enumerate(labels)
+    ] + [encode_example({"label": 1})]
+    path = tmp_path / "records.tfrecord"
+    path.write_bytes(b"".join(frame_record(data) for data in written))
+    sizes = [len(data) + 16 for data in written]
+    offsets = np.cumsum([0, *sizes[:-1]])
+    fused = raw_slice.range_read(schema)
+    assert isinstance(fused, raw_slice.RangeReadSchema)
+
+    def both(rows: list[int]) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
+        where = (
+            tf.constant([0] * len(rows), tf.int32),
+            tf.constant(offsets[rows], tf.int64),
+            tf.constant([sizes[r] for r in rows], tf.int64),
+        )
+        images, got_labels = fused.read_at([str(path)], *where)
+        parsed = schema.parse_batch(raw_slice.read_records_at([str(path)], *where), metadata=False)
+        return (images.numpy(), got_labels.numpy()), (
+            parsed["image"].numpy(),
+            parsed["label"].numpy(),
+        )
+
+    for rows in ([0, 1, 2, 3], [0, 4, 5]):  # proven, then parsed (label 200)
+        (images, got_labels), (want_images, want_labels) = both(rows)
+        assert images.shape == (len(rows), 4, 4, 3)
+        np.testing.assert_array_equal(images, want_images)
+        np.testing.assert_array_equal(got_labels, want_labels)
+        np.testing.assert_array_equal(got_labels, [labels[r] for r in rows])
+    op = raw_slice.loaded_op()
+    layout = raw_layout(4 * 4 * 3)
+    *_, proven = op.shardflow_read_raw_at(
+        [0, 0],
+        offsets[[0, 6]],
+        [sizes[0], sizes[6]],
+        paths=[str(path)],
+        image_bytes=layout.image_bytes,
+        label_offset=layout.label_offset,
+        head=layout.head,
+        head_mask=layout.head_mask,
+        tail=layout.tail,
+        tail_mask=layout.tail_mask,
+    )
+    assert not proven.numpy()  # the short record is read, CRC checked, and never trusted
 
 
 def fake_compiler(tmp_path: Path, body: str) -> Path:
