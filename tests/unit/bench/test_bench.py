@@ -66,8 +66,12 @@ def test_timed_passes_discards_warmup_and_counts_items() -> None:
     assert result["per_s"] > 0
 
 
-def test_alternating_passes_take_turns_after_every_warmup() -> None:
+def test_alternating_passes_take_turns_after_every_warmup(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     calls: list[str] = []
+    # Writes of the runs before reach the disk before each timed pass, not inside it.
+    monkeypatch.setattr("bench.stats.os.sync", lambda: calls.append("sync"))
 
     def counter(name: str, items: int) -> Callable[[], int]:
         def run() -> int:
@@ -78,7 +82,7 @@ def test_alternating_passes_take_turns_after_every_warmup() -> None:
 
     results = alternating_passes({"a": counter("a", 10), "b": counter("b", 20)}, passes=2)
     # Each warm-up first, then the timed passes in turns: a slow spell hits both figures.
-    assert calls == ["a", "b", "a", "b", "a", "b"]
+    assert calls == ["a", "b", "sync", "a", "sync", "b", "sync", "a", "sync", "b"]
     assert [len(r["passes"]) for r in results.values()] == [2, 2]
     assert (results["a"]["items"], results["b"]["items"]) == (10, 20)
 
