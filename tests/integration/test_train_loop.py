@@ -180,3 +180,31 @@ def test_several_steps_per_compiled_call_train_the_same_model(tiny_shards: Path)
     assert counts == [[72 // 16]] * 2
     for single, several in zip(*weights, strict=True):
         np.testing.assert_array_equal(single, several)
+
+
+def test_the_input_probe_times_its_two_feeds_in_turns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reader-fed and memory-fed steps alternate in rounds, each turn's first step untimed:
+    a slow spell of the host (here the second round) falls on both feeds alike."""
+    from tasks.train import loop
+
+    clock = [0.0]
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: clock[0])
+    calls: list[str] = []
+
+    class Done:
+        def numpy(self) -> None:
+            pass
+
+    def feed(name: str, seconds: float) -> Any:
+        def step() -> Done:
+            calls.append(name)
+            clock[0] += seconds * (4.0 if 7 <= len(calls) <= 12 else 1.0)
+            return Done()
+
+        return step
+
+    reader, memory = loop.median_step_seconds_in_turns(
+        [feed("reader", 0.03), feed("memory", 0.02)], steps=6, warmup=1, rounds=3
+    )
+    assert calls == (["reader"] * 3 + ["memory"] * 3) * 3  # 3 rounds, 1 untimed + 2 a turn
+    assert (reader, memory) == (pytest.approx(0.03), pytest.approx(0.02))
