@@ -215,6 +215,7 @@ def _run_dvc_repro(
     ``timeout`` seconds, with its stages (reading the stream would otherwise wait on a hung
     run forever: a stage process holds the stream open after DVC itself is gone). Its output,
     each line with the second it arrived at, goes to ``transcript``: a slow pass tells why."""
+    os.sync()  # the copy's writes reach the disk before the pass, not inside it
     start = time.perf_counter()
     process = subprocess.Popen(
         [sys.executable, "-m", "dvc", "repro", target],
@@ -255,6 +256,7 @@ def _run_direct(root: Path, stages: list[str], off: Sequence[str] = ()) -> dict[
     It runs in its copy, so it imports that copy's code, as each stage of a ``dvc repro``
     pass imports its own copy's (not this checkout's, whose bytecode state differs); a
     runner that ran other code than its copy's is an error."""
+    os.sync()  # the copy's writes reach the disk before the pass, not inside it
     end, out = _run_with_output(
         [sys.executable, "-m", "bench.orchestration", str(root), *stages], root, off=off
     )

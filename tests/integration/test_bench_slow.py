@@ -138,11 +138,15 @@ def test_a_hung_dvc_repro_is_killed_with_its_stages_at_the_timeout(
     (fake / "__init__.py").write_text("")
     (fake / "__main__.py").write_text(FAKE_DVC)
     monkeypatch.setenv("PYTHONPATH", str(fake.parent))
+    # the writes before a pass (its fresh copy) reach the disk before it is timed
+    synced: list[int] = []
+    monkeypatch.setattr("bench.orchestration.os.sync", lambda: synced.append(len(synced)))
     before = {p.pid for p in psutil.process_iter()}
     start = time.perf_counter()
     transcript = tmp_path / "dvc-repro-pass-1.log"
     with pytest.raises(TimeoutError, match="ran past 3 s and was killed"):
         _run_dvc_repro("evaluate", tmp_path, timeout=3, transcript=transcript)
+    assert synced == [0]
     assert time.perf_counter() - start < 30
     at, line = transcript.read_text().split(maxsplit=1)
     assert 0 < float(at) < 3 and line == "Running stage 'ingest':\n"
