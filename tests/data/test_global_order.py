@@ -20,6 +20,8 @@ from tasks.contracts import raw_slice
 from tasks.contracts.manifest import load_manifest
 from tasks.contracts.numpy_reader import write_record_index
 from tasks.contracts.tf_reader import read_split
+from tasks.runtime.params import default_params
+from tasks.shard.stage import shard_stage
 from tasks.tfrecord import decode_example, open_records, read_framed
 from tests.tiny_shards import write_tiny_shards
 
@@ -84,6 +86,21 @@ def test_a_read_started_at_a_step_reads_what_the_whole_epoch_read_from_there(sha
     buffered = epoch(shards, order="buffered")
     assert len(buffered) == len(whole) and buffered != whole
     assert epoch(shards, order="buffered", first_step=4) == buffered[4:]
+
+
+def test_a_gzip_set_resumed_at_a_step_replays_its_epoch_and_drops_the_steps_done(
+    tiny_index: Path, tmp_path: Path
+) -> None:
+    """GZIP shards cannot be entered at an offset: the global order falls back to the
+    buffered one, and a read started at a step yields what the whole epoch yielded there."""
+    shards = tmp_path / "gzip"
+    params = {"image_size": (16, 16), "target_shard_mb": 0.002, "workers": 1}
+    shard_stage(default_params(shard={**params, "compression": "gzip"}).shard, tiny_index, shards)
+    assert load_manifest(shards).compression == "gzip"
+    whole = epoch(shards, batch_size=2)
+    assert len(whole) >= 4 and all(len(batch) == 2 for batch in whole)
+    assert epoch(shards, batch_size=2, first_step=3) == whole[3:]
+    assert epoch(shards, batch_size=2, seed=6) != whole
 
 
 @pytest.mark.parametrize("workers", [2, 4])
