@@ -147,7 +147,26 @@ class RangeReadSchema(RecordSchema):
         import tensorflow as tf
 
         layout = raw_layout(self.height * self.width * self.channels)
-        images, labels, proven = loaded_op().shardflow_read_raw_at(
+        images, labels, proven = read_raw_at(files, layout, file_ids, offsets, sizes)
+        shape = (file_ids.shape[0], *self.image_shape)
+
+        def parsed() -> tuple[Any, Any]:
+            records = read_records_at(files, file_ids, offsets, sizes)
+            features = self.parse_batch(records, metadata=False)
+            return features[IMAGE_KEY], features[LABEL_KEY]
+
+        images, labels = tf.cond(proven, lambda: (tf.reshape(images, shape), labels), parsed)
+        return tf.ensure_shape(images, shape), labels
+
+
+def read_raw_at(
+    files: Sequence[str], layout: RawLayout, file_ids: Any, offsets: Any, sizes: Any
+) -> tuple[Any, Any, Any]:
+    """The op's read of :func:`read_records_at`'s records laid out as ``layout``: uint8
+    [B, image bytes] (each record's pixels), int32 [B] labels and a scalar bool, true where
+    every record proved the layout (rows of records that did not are not theirs)."""
+    return tuple(
+        loaded_op().shardflow_read_raw_at(
             file_ids,
             offsets,
             sizes,
@@ -159,15 +178,7 @@ class RangeReadSchema(RecordSchema):
             tail=layout.tail,
             tail_mask=layout.tail_mask,
         )
-        shape = (file_ids.shape[0], *self.image_shape)
-
-        def parsed() -> tuple[Any, Any]:
-            records = read_records_at(files, file_ids, offsets, sizes)
-            features = self.parse_batch(records, metadata=False)
-            return features[IMAGE_KEY], features[LABEL_KEY]
-
-        images, labels = tf.cond(proven, lambda: (tf.reshape(images, shape), labels), parsed)
-        return tf.ensure_shape(images, shape), labels
+    )
 
 
 def range_read(schema: RecordSchema) -> RecordSchema:

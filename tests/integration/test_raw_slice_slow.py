@@ -153,19 +153,8 @@ def test_raw_records_read_into_the_batch_are_the_records_parsed(tmp_path: Path) 
         np.testing.assert_array_equal(images, want_images)
         np.testing.assert_array_equal(got_labels, want_labels)
         np.testing.assert_array_equal(got_labels, [labels[r] for r in rows])
-    op = raw_slice.loaded_op()
-    layout = raw_layout(4 * 4 * 3)
-    *_, proven = op.shardflow_read_raw_at(
-        [0, 0],
-        offsets[[0, 6]],
-        [sizes[0], sizes[6]],
-        paths=[str(path)],
-        image_bytes=layout.image_bytes,
-        label_offset=layout.label_offset,
-        head=layout.head,
-        head_mask=layout.head_mask,
-        tail=layout.tail,
-        tail_mask=layout.tail_mask,
+    *_, proven = raw_slice.read_raw_at(
+        [str(path)], raw_layout(4 * 4 * 3), [0, 0], offsets[[0, 6]], [sizes[0], sizes[6]]
     )
     assert not proven.numpy()  # the short record is read, CRC checked, and never trusted
 
