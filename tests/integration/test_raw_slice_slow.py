@@ -84,23 +84,28 @@ def test_the_reader_cuts_raw_batches_with_the_op() -> None:
         assert "ShardflowDecodeRawAt" not in op_types(schema)
 
 
+def written_records(
+    schema: RecordSchema, labels: list[int], rng: np.random.Generator, content_hash: str
+) -> list[bytes]:
+    """Raw 4x4 records as the writer serializes them, random pixels, one a label."""
+    return [
+        schema.serialize(
+            schema.encode_image(rng.integers(0, 256, (4, 4, 3), dtype=np.uint8)),
+            label,
+            content_hash,
+            f"class/{i}.jpg",
+        )
+        for i, label in enumerate(labels)
+    ]
+
+
 def test_the_reader_reads_the_same_batches_either_way() -> None:
     """Records of the writer, and records the fast path refuses, alike through the op."""
     schema = RecordSchema(4, 4, "raw")
     rng = np.random.default_rng(1)
 
     def batch(labels: list[int]) -> tf.Tensor:
-        return tf.constant(
-            [
-                schema.serialize(
-                    schema.encode_image(rng.integers(0, 256, (4, 4, 3), dtype=np.uint8)),
-                    label,
-                    "ab" * 32,
-                    f"class/{i}.jpg",
-                )
-                for i, label in enumerate(labels)
-            ]
-        )
+        return tf.constant(written_records(schema, labels, rng, "ab" * 32))
 
     # a label over 127 is a 2-byte varint: that batch goes through parse_example
     batches = [batch([0, 5, 127, 3]), batch([0, 5, 200, 3])]
@@ -118,15 +123,7 @@ def test_raw_records_read_into_the_batch_are_the_records_parsed(tmp_path: Path) 
     schema = RecordSchema(4, 4, "raw")
     rng = np.random.default_rng(2)
     labels = [0, 5, 127, 3, 200, 1]
-    written = [
-        schema.serialize(
-            schema.encode_image(rng.integers(0, 256, (4, 4, 3), dtype=np.uint8)),
-            label,
-            "cd" * 32,
-            f"class/{i}.jpg",
-        )
-        for i, label in enumerate(labels)
-    ] + [encode_example({"label": 1})]
+    written = [*written_records(schema, labels, rng, "cd" * 32), encode_example({"label": 1})]
     path = tmp_path / "records.tfrecord"
     path.write_bytes(b"".join(frame_record(data) for data in written))
     sizes = [len(data) + 16 for data in written]
