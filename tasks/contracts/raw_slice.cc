@@ -2,10 +2,11 @@
 // ShardflowReadRecordsAt: the records framed at given offsets of shard files, CRCs checked.
 // ShardflowReadRawAt: those records' pixels and labels, read straight into the batch.
 //
-// ShardflowDecodeRawAt gives the same result as decode_raw(records, uint8, fixed_length=offset + length)[:, offset:]
-// (a record shorter than offset + length reads as zeros past its end), in one copy: the
-// stock ops copy each record once into a tensor and once more to drop the bytes before
-// `offset`. Built and loaded by raw_slice.py, its module.
+// ShardflowDecodeRawAt gives the same result as
+// decode_raw(records, uint8, fixed_length=offset + length)[:, offset:] (a record shorter
+// than offset + length reads as zeros past its end), in one copy: the stock ops copy each
+// record once into a tensor and once more to drop the bytes before `offset`. Built and
+// loaded by raw_slice.py, its module.
 #include <fcntl.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -168,8 +169,6 @@ class ShardFiles {
       if (fd >= 0) close(fd);
     }
   }
-
-  size_t size() const { return paths_.size(); }
 
   // The data bytes of the record at `offset` of `id` that `size` frames, or an error.
   ::tensorflow::Status CheckedSize(int32_t id, int64_t offset, int64_t size,
