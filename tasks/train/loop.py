@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from tasks.contracts.manifest import ShardManifest
 from tasks.contracts.shard_store import ShardStore
-from tasks.contracts.tf_reader import read_split
+from tasks.contracts.tf_reader import read_options, read_split
 from tasks.runtime.accelerator import gpu_devices
 from tasks.runtime.params import ParamsError, TrainParams
 from tasks.runtime.processes import usable_cores
@@ -87,8 +87,8 @@ class InputTuning:
     # the copy of the next batch then waits for the step to take the current one).
     device_buffer: int = 2
     # Cores a GPU's runtime keeps (its launch and copy threads) out of tf.data's private
-    # pool and autotuning budget, per local GPU, at most half the cores; 0 lets tf.data
-    # take every core as on the CPU.
+    # pool (the reads' parallelism: tasks.contracts.tf_reader.read_options), per local GPU,
+    # at most half the cores; 0 lets tf.data take every core as on the CPU.
     cores_per_gpu: int = 2
 
 
@@ -98,16 +98,6 @@ def input_threads(cores: int, gpus: int, tuning: InputTuning) -> int | None:
     if not gpus or not tuning.cores_per_gpu:
         return None
     return max(1, cores - min(tuning.cores_per_gpu * gpus, cores // 2))
-
-
-def input_options(threads: int | None) -> tf.data.Options:
-    """A private tf.data thread pool and autotuning CPU budget of ``threads`` (None: the
-    defaults), so the reader does not take the cores the accelerator's runtime runs on."""
-    options = tf.data.Options()
-    if threads is not None:
-        options.threading.private_threadpool_size = threads
-        options.autotune.cpu_budget = threads
-    return options
 
 
 def check_distributable(
@@ -195,7 +185,7 @@ class TrainInput:
 
         epochs = tf.data.Dataset.range(first_epoch, tf.int64.max)
         ds = epochs.flat_map(epoch).prefetch(tf.data.AUTOTUNE)
-        return ds.with_options(input_options(self.threads))
+        return ds.with_options(read_options(self.threads))
 
     def epoch(
         self, context: tf.distribute.InputContext, number: tf.Tensor, first_step: Any = 0

@@ -11,13 +11,12 @@ import pytest
 import tensorflow as tf
 
 from tasks.contracts.manifest import load_manifest
-from tasks.contracts.tf_reader import read_split
+from tasks.contracts.tf_reader import read_options, read_split
 from tasks.runtime.layout import Layout
 from tasks.runtime.params import ParamsError, default_params
 from tasks.train.loop import (
     InputTuning,
     TrainInput,
-    input_options,
     input_threads,
     read_data,
     steps_per_epoch,
@@ -43,6 +42,20 @@ def test_unordered_reading_only_when_training_is_not_deterministic(tiny_shards: 
     assert determinism_flags(read(training=True, seed=1, ordered=False)) == {b"false"}
     # Evaluation and validation keep the manifest's order whatever is asked.
     assert determinism_flags(read(training=False, ordered=False)) == {b"true"}
+
+
+def test_every_read_runs_without_tf_data_s_autotuner(tiny_shards: Path) -> None:
+    """Training's endless input, each order of an epoch and an evaluation read keep tf.data's
+    autotuner off (their maps run on the pool's threads): deleting an iterator with it on
+    waited for the autotuner's thread, up to a second after an epoch read from a store."""
+    shards = Layout(tiny_shards).shards_dir
+    reads = [
+        read_split(shards, "train", batch_size=8, training=True, seed=1),
+        read_split(shards, "train", batch_size=8, training=True, seed=1, order="buffered"),
+        read_split(shards, "test", batch_size=8, training=False, with_metadata=True),
+        train_input(shards).epochs(0, 0, tf.distribute.InputContext()),
+    ]
+    assert [ds.options().autotune.enabled for ds in reads] == [False] * len(reads)
 
 
 def test_batches_go_to_the_device_two_ahead(
@@ -77,9 +90,8 @@ def test_the_reader_leaves_cores_to_the_gpu_runtime(
 ) -> None:
     assert input_threads(cores, gpus, InputTuning()) == threads
     assert input_threads(cores, gpus, InputTuning(cores_per_gpu=0)) is None  # switched off
-    options = input_options(threads)
+    options = read_options(threads)
     assert options.threading.private_threadpool_size == threads
-    assert options.autotune.cpu_budget == threads
 
 
 def test_more_steps_per_call_than_an_epoch_holds_is_refused(tiny_shards: Path) -> None:
