@@ -15,6 +15,7 @@ leaves no worker waiting for good.
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing
 import os
 import queue
@@ -292,6 +293,15 @@ def requested_workers() -> int:
     return int(raw)
 
 
+# TensorFlow's error where a worker's server cannot bind the port its TF_CONFIG names. The
+# ports are free when picked and bound by the workers seconds later, once TensorFlow is
+# imported (it takes a port number, not a socket): another process may take one between.
+# The cluster then starts again on other ports, at most CLUSTER_STARTS times in all.
+PORT_TAKEN = "Could not start gRPC server"
+log = logging.getLogger(__name__)
+CLUSTER_STARTS = 3
+
+
 def free_ports(count: int) -> list[int]:
     """Ports free on 127.0.0.1 now (held open together so no two are the same)."""
     sockets = []
@@ -368,6 +378,33 @@ def launch_local_workers(
 
     Spawned, never forked: TensorFlow and fork do not mix.
     """
+    for start in range(1, CLUSTER_STARTS + 1):
+        outcomes = _run_cluster(workers, fn, args, on_report, grace_s)
+        if not outcomes.port_taken() or start == CLUSTER_STARTS:
+            break
+        log.warning(
+            "a worker could not bind the port its TF_CONFIG names (%s); the cluster starts "
+            "again on other free ports (%d of %d)",
+            outcomes.port_taken(),
+            start + 1,
+            CLUSTER_STARTS,
+        )
+    outcomes.raise_failure()
+    if outcomes.preempted:  # every worker stopped at the step they agreed on
+        stopped = ", ".join(str(index) for index in sorted(outcomes.preempted))
+        first = outcomes.preempted[min(outcomes.preempted)]
+        raise Preempted(f"{first} (workers {stopped} saved it and stopped)")
+    return outcomes.results[0]
+
+
+def _run_cluster(
+    workers: int,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    on_report: Callable[[Any], object],
+    grace_s: float,
+) -> WorkerOutcomes:
+    """One start of the local cluster on ports free now: what its workers sent back."""
     context = multiprocessing.get_context("spawn")
     messages = context.Queue()
     processes = [
@@ -384,12 +421,7 @@ def launch_local_workers(
             if process.exitcode is None:
                 process.kill()
             process.join()
-    outcomes.raise_failure()
-    if outcomes.preempted:  # every worker stopped at the step they agreed on
-        stopped = ", ".join(str(index) for index in sorted(outcomes.preempted))
-        first = outcomes.preempted[min(outcomes.preempted)]
-        raise Preempted(f"{first} (workers {stopped} saved it and stopped)")
-    return outcomes.results[0]
+    return outcomes
 
 
 @dataclass
@@ -404,6 +436,14 @@ class WorkerOutcomes:
     deaths: dict[int, str] = field(default_factory=dict)
     # a worker stopped by SIGTERM once it saved where it stood
     preempted: dict[int, str] = field(default_factory=dict)
+
+    def port_taken(self) -> str:
+        """A worker's error when its server could not bind its port and no worker has a
+        result (none trained: the cluster's collectives never formed; the others' errors or
+        exits follow from it), else an empty string. A refusal is never retried."""
+        if self.results or self.refusals:
+            return ""
+        return next((e for e in self.errors.values() if PORT_TAKEN in e), "")
 
     def collect(
         self,
