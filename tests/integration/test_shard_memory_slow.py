@@ -54,10 +54,14 @@ def test_an_appends_scan_keeps_no_order_key_of_the_records_it_leaves_out(tmp_pat
             mask[-new:] = False
             return mask
 
-        tracemalloc.start()
-        scan = scan_index(params(), index_path, exclude=leave_out, spill_dir=tmp_path)
-        peaks[n] = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
+        # tracemalloc counts every thread's allocations, an earlier test's threads in the
+        # same worker too: the lower peak of two scans is the scan's own
+        for _ in range(2):
+            tracemalloc.start()
+            scan = scan_index(params(), index_path, exclude=leave_out, spill_dir=tmp_path)
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+            peaks[n] = min(peaks.get(n, peak), peak)
         everything = scan_index(params(), index_path, offset_bits=scan.offset_bits)
         kept = {offset for offset, _ in list(iter_records(index_path))[-new:]}
         low = (1 << scan.offset_bits) - 1
